@@ -1,0 +1,53 @@
+"""ddp_lab: the helper package of the ddp-lab course on PyTorch data-parallel training.
+
+``import ddp_lab as dl`` gives the launcher (``dl.spawn``), the ``%%ddp`` cell magic
+(registered automatically inside IPython), and the language switch for messages.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ddp_lab.i18n import get_language, set_language
+from ddp_lab.launcher import (
+    DistributedError,
+    DistributedTimeoutError,
+    RankFailure,
+    set_timeout,
+    shutdown,
+    spawn,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "DistributedError",
+    "DistributedTimeoutError",
+    "RankFailure",
+    "get_language",
+    "set_language",
+    "set_timeout",
+    "shutdown",
+    "spawn",
+]
+
+
+def load_ipython_extension(ipython: Any) -> None:
+    """``%load_ext ddp_lab``: register ``%%ddp`` and warm up the launcher."""
+    from ddp_lab import launcher, magic
+
+    magic.register(ipython)
+    launcher.prestart()
+
+
+def _autoload() -> None:
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return
+    ip = get_ipython()
+    if ip is not None and hasattr(ip, "register_magic_function"):
+        load_ipython_extension(ip)
+
+
+_autoload()

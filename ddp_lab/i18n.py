@@ -1,0 +1,149 @@
+"""Learner-facing messages in English and Chinese, and the language switch.
+
+The language comes from ``set_language`` or, at import, from the ``DDP_LAB_LANG``
+environment variable ("en" or "zh"). Only text shown to learners lives here;
+identifiers, docstrings and comments stay in English.
+"""
+
+from __future__ import annotations
+
+import os
+
+LANGUAGES = ("en", "zh")
+
+_language = os.environ.get("DDP_LAB_LANG", "en").lower()[:2]
+if _language not in LANGUAGES:
+    _language = "en"
+
+MESSAGES: dict[str, dict[str, str]] = {
+    "bad_nprocs_type": {
+        "en": "nprocs must be a whole number of processes, got {value!r}.",
+        "zh": "nprocs 必须是整数（进程个数），但收到的是 {value!r}。",
+    },
+    "bad_nprocs_small": {
+        "en": "nprocs must be at least 1, got {value}.",
+        "zh": "nprocs 至少为 1，但收到的是 {value}。",
+    },
+    "bad_nprocs_large": {
+        "en": (
+            "nprocs={value} is too many for this machine ({cpus} CPU cores): the limit is "
+            "{limit}. Each rank is a full Python process; try 2 or 4."
+        ),
+        "zh": (
+            "nprocs={value} 对这台机器（{cpus} 个 CPU 核）来说太多了：上限是 {limit}。"
+            "每个 rank 都是一个完整的 Python 进程，建议用 2 或 4。"
+        ),
+    },
+    "bad_backend": {
+        "en": "Unknown backend {value!r}: choose one of {choices}.",
+        "zh": "未知的后端 {value!r}：请从 {choices} 中选择。",
+    },
+    "nccl_no_gpus": {
+        "en": (
+            "The nccl backend needs one CUDA GPU per rank: you asked for {nprocs} ranks, "
+            "this machine has {gpus} GPU(s). Use backend='gloo' (runs on CPU) or 'auto'."
+        ),
+        "zh": (
+            "nccl 后端要求每个 rank 一块 CUDA GPU：你要 {nprocs} 个 rank，"
+            "这台机器只有 {gpus} 块 GPU。请改用 backend='gloo'（在 CPU 上运行）或 'auto'。"
+        ),
+    },
+    "backend_unavailable": {
+        "en": "The {backend} backend is not available in this PyTorch build.",
+        "zh": "当前安装的 PyTorch 不支持 {backend} 后端。",
+    },
+    "bad_timeout": {
+        "en": "timeout must be a positive number of seconds or None, got {value!r}.",
+        "zh": "timeout 必须是正的秒数或 None，但收到的是 {value!r}。",
+    },
+    "not_callable": {
+        "en": "The first argument must be a function to run on every rank, got {value!r}.",
+        "zh": "第一个参数必须是要在每个 rank 上运行的函数，但收到的是 {value!r}。",
+    },
+    "join_false": {
+        "en": "ddp_lab.spawn always waits for the ranks (join=True); join=False is not supported.",
+        "zh": "ddp_lab.spawn 总是等待所有 rank 结束（join=True），不支持 join=False。",
+    },
+    "unpicklable": {
+        "en": (
+            "Cannot send {what} to the child processes: {error}. Every rank is a separate "
+            "process, so what the function uses must be picklable. Create it inside the "
+            "function instead."
+        ),
+        "zh": (
+            "无法把 {what} 发送给子进程：{error}。每个 rank 都是独立的进程，"
+            "函数用到的对象必须可以被 pickle。请改为在函数内部创建它。"
+        ),
+    },
+    "name_what": {"en": "the name {name!r}", "zh": "名字 {name!r}"},
+    "arg_what": {"en": "argument {index} of args", "zh": "args 的第 {index} 个参数"},
+    "fn_what": {"en": "the function {name!r}", "zh": "函数 {name!r}"},
+    "rank_raised": {
+        "en": "rank {rank} raised {error}",
+        "zh": "rank {rank} 抛出了异常 {error}",
+    },
+    "rank_exit_code": {
+        "en": "rank {rank} exited with code {code} without raising an exception (os._exit or sys.exit?)",
+        "zh": "rank {rank} 以退出码 {code} 结束，但没有抛出异常（调用了 os._exit 或 sys.exit？）",
+    },
+    "rank_signal": {
+        "en": "rank {rank} was killed by signal {signal}",
+        "zh": "rank {rank} 被信号 {signal} 杀死",
+    },
+    "ranks_failed": {
+        "en": "{count} of {nprocs} ranks failed; the first to fail was rank {first}.",
+        "zh": "{nprocs} 个 rank 中有 {count} 个失败；最先失败的是 rank {first}。",
+    },
+    "ranks_stopped": {
+        "en": "ranks stopped by the launcher after the failure: {ranks}",
+        "zh": "出错后被启动器停止的 rank：{ranks}",
+    },
+    "traceback_of": {"en": "traceback of rank {rank}", "zh": "rank {rank} 的 traceback"},
+    "output_of": {"en": "output of rank {rank}", "zh": "rank {rank} 的输出"},
+    "stack_of": {
+        "en": "where rank {rank} was stuck (Python stack)",
+        "zh": "rank {rank} 卡住的位置（Python 调用栈）",
+    },
+    "timeout": {
+        "en": (
+            "Timed out after {timeout:g} s: ranks {ranks} were still running and were stopped. "
+            "A hang usually means the ranks called different collectives, or one rank "
+            "skipped one. Pass timeout=... (or %%ddp --timeout S) if the work is just slow."
+        ),
+        "zh": (
+            "超时（{timeout:g} 秒）：rank {ranks} 仍在运行，已被停止。卡住通常意味着各 rank "
+            "调用了不同的集合通信，或者某个 rank 跳过了一次集合通信。如果只是计算较慢，"
+            "请传入 timeout=...（或 %%ddp --timeout S）。"
+        ),
+    },
+    "interrupted": {
+        "en": "Interrupted: all ranks were stopped.",
+        "zh": "已中断：所有 rank 都已停止。",
+    },
+    "zygote_died": {
+        "en": "The launcher's helper process died unexpectedly; it will be restarted on the next call.",
+        "zh": "启动器的辅助进程意外退出；下次调用时会自动重启。",
+    },
+    "your_code_here": {"en": "your code here", "zh": "在这里写你的代码"},
+}
+
+
+def set_language(lang: str) -> None:
+    """Select the language of learner-facing messages: "en" or "zh"."""
+    global _language
+    lang = str(lang).lower()[:2]
+    if lang not in LANGUAGES:
+        raise ValueError(f"language must be one of {LANGUAGES} / 语言必须是 {LANGUAGES} 之一")
+    _language = lang
+    os.environ["DDP_LAB_LANG"] = lang  # ranks started later inherit it
+
+
+def get_language() -> str:
+    """Return the current language code."""
+    return _language
+
+
+def t(key: str, **kwargs: object) -> str:
+    """Return message ``key`` in the current language, formatted with ``kwargs``."""
+    entry = MESSAGES[key]
+    return entry.get(_language, entry["en"]).format(**kwargs)
