@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ddp_lab.grading import grade
 from ddp_lab.i18n import get_language, set_language
 from ddp_lab.launcher import (
     DistributedError,
@@ -17,6 +18,7 @@ from ddp_lab.launcher import (
     shutdown,
     spawn,
 )
+from ddp_lab.notebook import setup, show_source, tr
 
 __version__ = "0.1.0"
 
@@ -25,10 +27,14 @@ __all__ = [
     "DistributedTimeoutError",
     "RankFailure",
     "get_language",
+    "grade",
     "set_language",
     "set_timeout",
+    "setup",
+    "show_source",
     "shutdown",
     "spawn",
+    "tr",
 ]
 
 
@@ -47,6 +53,9 @@ def _autoload() -> None:
         return
     ip = get_ipython()
     if ip is not None and hasattr(ip, "register_magic_function"):
+        from ddp_lab.notebook import detect_language
+
+        set_language(detect_language())
         load_ipython_extension(ip)
 
 

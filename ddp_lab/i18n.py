@@ -125,6 +125,34 @@ MESSAGES: dict[str, dict[str, str]] = {
         "zh": "启动器的辅助进程意外退出；下次调用时会自动重启。",
     },
     "your_code_here": {"en": "your code here", "zh": "在这里写你的代码"},
+    "grade_pass": {
+        "en": "PASS {grade_id}: all hidden cases passed, {points}/{points} points",
+        "zh": "通过 {grade_id}：全部隐藏测试用例通过，得分 {points}/{points}",
+    },
+    "grade_fail": {
+        "en": "FAIL {grade_id}: 0/{points} points. {detail}",
+        "zh": "未通过 {grade_id}：得分 0/{points}。{detail}",
+    },
+    "grade_not_implemented": {
+        "en": "the exercise is not solved yet (NotImplementedError: replace the stub with your code).",
+        "zh": "练习还没有完成（NotImplementedError：请用你的代码替换占位代码）。",
+    },
+    "grade_case_failed": {
+        "en": "hidden case {index} of {total} ({case}) failed: {why}",
+        "zh": "第 {index} 个隐藏测试用例（共 {total} 个；{case}）未通过：{why}",
+    },
+    "grade_raised": {
+        "en": "your code raised {error}",
+        "zh": "你的代码抛出了异常 {error}",
+    },
+    "grade_mismatch": {
+        "en": "expected {expected}, got {actual}",
+        "zh": "期望得到 {expected}，实际得到 {actual}",
+    },
+    "grade_unknown": {
+        "en": "unknown exercise {grade_id!r}",
+        "zh": "未知的练习 {grade_id!r}",
+    },
 }
 
 

@@ -314,6 +314,7 @@ def spawn(
     backend: str | None = None,
     timeout: float | None = -1,
     stream: bool = False,
+    quiet: bool = False,
 ) -> list[Any]:
     """Run ``fn(rank, *args)`` in ``nprocs`` processes and return their results in rank order.
 
@@ -327,6 +328,7 @@ def spawn(
         timeout: seconds before the ranks' stacks are printed and the ranks stopped;
             -1 means the global default (``set_timeout``), None means no limit.
         stream: print output lines as they come instead of in rank order at the end.
+        quiet: print nothing; the output is still attached to a ``DistributedError``.
     """
     if not callable(fn):
         raise TypeError(t("not_callable", value=fn))
@@ -337,14 +339,14 @@ def spawn(
     backend = resolve_backend(backend, nprocs)
     args = tuple(args)
     payload = dumps_job(FunctionJob(fn, args, nprocs, backend), fn, args)
-    return run_payload(payload, nprocs, limit, stream)
+    return run_payload(payload, nprocs, limit, stream, quiet)
 
 
 class _Output:
     """Reads the ranks' capture files and prints them with ``[rank N]`` prefixes."""
 
-    def __init__(self, workdir: str, nprocs: int) -> None:
-        self.workdir, self.nprocs = workdir, nprocs
+    def __init__(self, workdir: str, nprocs: int, quiet: bool = False) -> None:
+        self.workdir, self.nprocs, self.quiet = workdir, nprocs, quiet
         self.offsets = {(r, s): 0 for r in range(nprocs) for s in ("out", "err")}
         self.partial = {key: "" for key in self.offsets}
 
@@ -366,7 +368,7 @@ class _Output:
         if final and lines and lines[-1] == "":
             lines.pop()
         out = sys.stdout if stream == "out" else sys.stderr
-        if lines:
+        if lines and not self.quiet:
             out.write("".join(f"[rank {rank}] {line}\n" for line in lines))
             out.flush()
 
@@ -414,14 +416,16 @@ def _read_result(workdir: str, rank: int) -> tuple[str, Any] | None:
                           "exc": None})
 
 
-def run_payload(payload: bytes, nprocs: int, limit: float, stream: bool) -> list[Any]:
+def run_payload(payload: bytes, nprocs: int, limit: float, stream: bool = False,
+                quiet: bool = False) -> list[Any]:
     """Launch ``nprocs`` ranks of a pickled job and supervise them to the end."""
     with _lock:
         zygote = _get_zygote()
         zygote.wait_ready()
         workdir = tempfile.mkdtemp(prefix="ddp_lab_")
         try:
-            return _supervise(zygote, payload, nprocs, limit, stream, workdir)
+            return _supervise(zygote, payload, nprocs, limit, stream and not quiet, workdir,
+                              quiet)
         except BaseException:
             if not zygote.alive():
                 shutdown_unlocked()
@@ -438,14 +442,14 @@ def shutdown_unlocked() -> None:
 
 
 def _supervise(zygote: _Zygote, payload: bytes, nprocs: int, limit: float, stream: bool,
-               workdir: str) -> list[Any]:
+               workdir: str, quiet: bool) -> list[Any]:
     zygote.send({
         "op": "launch", "nprocs": nprocs, "payload": payload, "workdir": workdir,
         "port": free_port(), "env": dict(os.environ), "cwd": os.getcwd(),
         "sys_path": list(sys.path), "argv": list(sys.argv[:1]),
         "linecache": _notebook_linecache(),
     })
-    output = _Output(workdir, nprocs)
+    output = _Output(workdir, nprocs, quiet)
     statuses: dict[int, int] = {}
     exit_order: list[int] = []
     stopping: set[int] = set()  # ranks the launcher itself is stopping
@@ -560,7 +564,7 @@ def _collect(workdir: str, nprocs: int, statuses: dict[int, int], exit_order: li
         ranks = sorted(stopping)
         hung = [RankFailure(r, t("stack_of", rank=r), stack=stacks.get(r, "")) for r in ranks]
         for r in ranks:
-            if stacks.get(r):
+            if stacks.get(r) and not output.quiet:
                 sys.stderr.write(f"--- {t('stack_of', rank=r)} ---\n{stacks[r]}")
         raise DistributedTimeoutError(
             t("timeout", timeout=limit, ranks=", ".join(map(str, ranks))),

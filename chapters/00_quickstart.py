@@ -1,0 +1,168 @@
+# ---
+# jupyter:
+#   jupytext:
+#     notebook_metadata_filter: ddp_lab
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+#   ddp_lab:
+#     title:
+#       en: "00 Welcome and quickstart"
+#       zh: "00 欢迎与快速上手"
+# ---
+
+# %% [markdown] lang="en"
+# # 00 Welcome and quickstart
+#
+# This course teaches PyTorch data-parallel training from the inside: you will run
+# several **processes** (one per **rank**) from this notebook, watch them talk to each
+# other through **collectives** such as **all-reduce**, and rebuild `DataParallel`,
+# the ring all-reduce and `DistributedDataParallel` yourself. Everything runs on a laptop
+# CPU with the `gloo` backend; on a machine with GPUs the same cells use `nccl`.
+#
+# **How to use the course.** Lessons are in `notebooks/en/`, exercises in
+# `exercises/en/` (solutions in `solutions/en/`). The Chinese edition is in the `zh`
+# folders; the code is the same in both. Run cells from top to bottom with
+# Shift+Enter.
+
+# %% [markdown] lang="zh"
+# # 00 欢迎与快速上手
+#
+# 本课程从内部讲解 PyTorch 的数据并行训练：你将在这个 notebook 里启动多个**进程**
+# （每个进程是一个 **rank**），观察它们通过**集合通信**（例如**全归约** all-reduce）
+# 互相通信，并亲手重写 `DataParallel`、环形全归约（ring all-reduce）和
+# `DistributedDataParallel`。所有内容都能在笔记本电脑的 CPU 上用 `gloo` 后端运行；
+# 在有 GPU 的机器上，同样的代码单元会使用 `nccl`。
+#
+# **如何使用本课程。** 课程正文在 `notebooks/zh/`，练习在 `exercises/zh/`
+# （参考答案在 `solutions/zh/`）。英文版在 `en` 文件夹中，两种语言的代码完全相同。
+# 用 Shift+Enter 从上到下依次运行代码单元。
+
+# %%
+import torch
+import torch.distributed as dist
+
+import ddp_lab as dl
+
+dl.setup()  # picks this notebook's language and a font that can draw Chinese
+print(torch.__version__, "| CUDA available:", torch.cuda.is_available())
+
+# %% [markdown] lang="en"
+# ## Several processes from one notebook: `dl.spawn`
+#
+# `dl.spawn(fn, args=(...), nprocs=N)` works like `torch.multiprocessing.spawn`: it calls
+# `fn(rank, *args)` in `N` separate processes. Unlike `mp.spawn`, it accepts functions
+# defined in a notebook cell, prints each rank's output in rank order, and returns what
+# each rank returned. Each rank finds `MASTER_ADDR`, `MASTER_PORT` (a free port chosen
+# for this call), `RANK` and `WORLD_SIZE` in its environment, so
+# `dist.init_process_group("gloo")` needs no other arguments.
+
+# %% [markdown] lang="zh"
+# ## 在一个 notebook 里启动多个进程：`dl.spawn`
+#
+# `dl.spawn(fn, args=(...), nprocs=N)` 的用法与 `torch.multiprocessing.spawn` 相同：
+# 它在 `N` 个独立进程中调用 `fn(rank, *args)`。与 `mp.spawn` 不同的是，它可以运行在
+# notebook 单元里定义的函数，按 rank 顺序打印每个 rank 的输出，并返回每个 rank 的返回值。
+# 每个 rank 的环境变量中都有 `MASTER_ADDR`、`MASTER_PORT`（本次调用挑选的空闲端口）、
+# `RANK` 和 `WORLD_SIZE`，所以 `dist.init_process_group("gloo")` 不需要其他参数。
+
+# %%
+def hello(rank, greeting):
+    dist.init_process_group("gloo")
+    t = torch.tensor([float(rank)])
+    dist.all_reduce(t)  # every rank ends with the sum 0 + 1 + ... + (N-1)
+    print(f"{greeting} from rank {rank} of {dist.get_world_size()}, sum = {t.item()}")
+    return rank * 10
+
+
+results = dl.spawn(hello, args=("hello",), nprocs=4)
+print(results)
+
+# %% [markdown] lang="en"
+# ## The `%%ddp` cell magic
+#
+# For short experiments, `%%ddp -n N` runs the body of a cell on `N` ranks with the
+# **process group** already initialised. Inside the cell, `rank`, `world_size` and
+# `device` are defined, and names from earlier cells (like `hello` above) can be used.
+
+# %% [markdown] lang="zh"
+# ## `%%ddp` 单元魔法命令
+#
+# 做小实验时，`%%ddp -n N` 会在 `N` 个 rank 上运行整个单元，并且**进程组**已经初始化好。
+# 单元内可以直接使用 `rank`、`world_size` 和 `device`，也可以使用前面单元里定义的名字。
+
+# %%
+# %%ddp -n 2
+x = torch.ones(3) * (rank + 1)
+dist.all_reduce(x)
+print(f"rank {rank}/{world_size} on {device}: {x.tolist()}")
+
+# %% [markdown] lang="en"
+# When a rank fails, the launcher stops the other ranks and raises one error that names
+# the failing rank and shows its traceback. A hang (for example two ranks waiting in
+# different collectives) ends at the timeout with the stack of every stuck rank.
+
+# %% [markdown] lang="zh"
+# 当某个 rank 出错时，启动器会停止其他 rank，并抛出一个指明出错 rank 并附带其
+# traceback 的异常。如果程序卡住（例如两个 rank 在等待不同的集合通信），到达超时时间后
+# 会打印每个卡住的 rank 的调用栈。
+
+# %%
+def fails_on_rank_1(rank):
+    if rank == 1:
+        raise ValueError("something went wrong on this rank")
+    return "ok"
+
+
+try:
+    dl.spawn(fails_on_rank_1, nprocs=2)
+except dl.DistributedError as err:
+    print("failed ranks:", err.ranks)
+
+# %% [markdown] lang="en" tags=["exercise"]
+# ## Exercise: the mean over ranks (2 points)
+#
+# Write `average_across_ranks(value)`: every rank passes its own tensor `value`, and every
+# rank must get back the element-wise mean of all ranks' tensors. Use `dist.all_reduce`
+# (which sums by default) and `dist.get_world_size()`. The graded cell runs your function
+# on hidden world sizes, shapes and dtypes and compares it with PyTorch.
+
+# %% [markdown] lang="zh" tags=["exercise"]
+# ## 练习：跨 rank 求平均（2 分）
+#
+# 编写 `average_across_ranks(value)`：每个 rank 传入自己的张量 `value`，每个 rank
+# 都要得到所有 rank 张量的逐元素平均值。请使用 `dist.all_reduce`（默认求和）和
+# `dist.get_world_size()`。评分单元会在隐藏的 world size、形状和数据类型上运行你的函数，
+# 并与 PyTorch 的结果比较。
+
+# %% tags=["exercise"]
+def average_across_ranks(value: torch.Tensor) -> torch.Tensor:
+    ### BEGIN SOLUTION
+    total = value.clone()
+    dist.all_reduce(total, op=dist.ReduceOp.SUM)
+    return total / dist.get_world_size()
+    ### END SOLUTION
+
+
+# %% tags=["exercise"]
+# %%ddp -n 3
+print(rank, average_across_ranks(torch.tensor([float(rank)])).item())
+
+# %% tags=["grade"] grade_id="00.average" points=2
+dl.grade("00.average", average_across_ranks)
+
+# %% [markdown] lang="en"
+# ## What next
+#
+# Check your work with `ddp-lab check exercises/en/00_quickstart.ipynb` in a terminal.
+# Then start with chapter 01, the GPU software stack.
+
+# %% [markdown] lang="zh"
+# ## 接下来
+#
+# 在终端里运行 `ddp-lab check exercises/zh/00_quickstart.ipynb` 检查你的练习。
+# 然后从第 01 章（GPU 软件栈）开始学习。
