@@ -96,8 +96,11 @@ def render(nb: nbformat.NotebookNode, src: str, lang: str, kind: str) -> nbforma
         new = copy.deepcopy(cell)
         _clean_meta(new)
         if new.cell_type == "code":
-            new.source = (stub_solutions(new.source, lang) if kind == "exercises"
-                          else strip_markers(new.source))
+            new.source = (
+                stub_solutions(new.source, lang)
+                if kind == "exercises"
+                else strip_markers(new.source)
+            )
             new.outputs, new.execution_count = [], None
             if "grade" in tags:
                 meta = new.metadata
@@ -112,8 +115,12 @@ def render(nb: nbformat.NotebookNode, src: str, lang: str, kind: str) -> nbforma
     out.metadata = {
         "kernelspec": {"display_name": "Python 3", "language": "python", "name": "python3"},
         "language_info": {"name": "python"},
-        "ddp_lab": {"generated_from": src, "kind": kind, "lang": lang,
-                    "title": title.get(lang, "")},
+        "ddp_lab": {
+            "generated_from": src,
+            "kind": kind,
+            "lang": lang,
+            "title": title.get(lang, ""),
+        },
     }
     # Stable cell ids: the same source always gives the same file.
     for i, cell in enumerate(out.cells):

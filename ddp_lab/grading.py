@@ -96,13 +96,18 @@ def grade(grade_id: str, *objects: Any) -> None:
     index, total = 0, None
     try:
         total = next(cases)  # a checker first yields how many cases it has
-        for index, _label in enumerate(cases, start=1):
-            pass
+        for _label in cases:
+            index += 1
     except NotImplementedError:
         detail = t("grade_not_implemented")
     except CaseFailed as exc:
-        detail = t("grade_case_failed", index=index + 1, total=total, case=exc.args[1]
-                   if len(exc.args) > 1 else "-", why=exc.args[0])
+        detail = t(
+            "grade_case_failed",
+            index=index + 1,
+            total=total,
+            case=exc.args[1] if len(exc.args) > 1 else "-",
+            why=exc.args[0],
+        )
     except Exception as exc:  # noqa: BLE001  # the learner's code crashed
         from ddp_lab.launcher import DistributedError
 
@@ -115,8 +120,7 @@ def grade(grade_id: str, *objects: Any) -> None:
             why = t("grade_raised", error=f"{type(exc).__name__}: {_first_line(exc)}")
             detail = t("grade_case_failed", index=index + 1, total=total, case="-", why=why)
     else:
-        print(MESSAGES["grade_pass"][get_language()].format(grade_id=grade_id,
-                                                            points=chk.points))
+        print(MESSAGES["grade_pass"][get_language()].format(grade_id=grade_id, points=chk.points))
         return
     print(t("grade_fail", grade_id=grade_id, points=chk.points, detail=detail))
     raise AssertionError(f"{grade_id}: 0/{chk.points}")

@@ -163,7 +163,6 @@ def set_language(lang: str) -> None:
     if lang not in LANGUAGES:
         raise ValueError(f"language must be one of {LANGUAGES} / 语言必须是 {LANGUAGES} 之一")
     _language = lang
-    os.environ["DDP_LAB_LANG"] = lang  # ranks started later inherit it
 
 
 def get_language() -> str:

@@ -26,8 +26,9 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import cloudpickle
 
@@ -83,8 +84,12 @@ class RankFailure:
 class DistributedError(RuntimeError):
     """One or more ranks failed; ``failures`` lists them, the first to fail first."""
 
-    def __init__(self, summary: str, failures: list[RankFailure] | None = None,
-                 outputs: dict[int, tuple[str, str]] | None = None) -> None:
+    def __init__(
+        self,
+        summary: str,
+        failures: list[RankFailure] | None = None,
+        outputs: dict[int, tuple[str, str]] | None = None,
+    ) -> None:
         super().__init__(summary)
         self.summary = summary
         self.failures = failures or []
@@ -244,8 +249,11 @@ def resolve_backend(backend: str | None, nprocs: int) -> str | None:
     gpus = cuda_device_count()
     if backend == "auto":
         backend = "nccl" if gpus >= nprocs and dist.is_nccl_available() else "gloo"
-    available = {"gloo": dist.is_gloo_available, "nccl": dist.is_nccl_available,
-                 "mpi": dist.is_mpi_available}[backend]()
+    available = {
+        "gloo": dist.is_gloo_available,
+        "nccl": dist.is_nccl_available,
+        "mpi": dist.is_mpi_available,
+    }[backend]()
     if backend == "nccl" and gpus < nprocs:
         raise ValueError(t("nccl_no_gpus", nprocs=nprocs, gpus=gpus))
     if not available:
@@ -386,8 +394,11 @@ class _Output:
         result = []
         for s in ("out", "err"):
             try:
-                with open(os.path.join(self.workdir, f"{rank}.{s}"), encoding="utf-8",
-                          errors="backslashreplace") as f:
+                with open(
+                    os.path.join(self.workdir, f"{rank}.{s}"),
+                    encoding="utf-8",
+                    errors="backslashreplace",
+                ) as f:
                     result.append(f.read())
             except FileNotFoundError:
                 result.append("")
@@ -412,20 +423,22 @@ def _read_result(workdir: str, rank: int) -> tuple[str, Any] | None:
     except FileNotFoundError:
         return None
     except Exception as exc:  # noqa: BLE001  # e.g. a class the parent cannot import
-        return ("error", {"type": type(exc).__name__, "message": str(exc), "traceback": "",
-                          "exc": None})
+        return (
+            "error",
+            {"type": type(exc).__name__, "message": str(exc), "traceback": "", "exc": None},
+        )
 
 
-def run_payload(payload: bytes, nprocs: int, limit: float, stream: bool = False,
-                quiet: bool = False) -> list[Any]:
+def run_payload(
+    payload: bytes, nprocs: int, limit: float, stream: bool = False, quiet: bool = False
+) -> list[Any]:
     """Launch ``nprocs`` ranks of a pickled job and supervise them to the end."""
     with _lock:
         zygote = _get_zygote()
         zygote.wait_ready()
         workdir = tempfile.mkdtemp(prefix="ddp_lab_")
         try:
-            return _supervise(zygote, payload, nprocs, limit, stream and not quiet, workdir,
-                              quiet)
+            return _supervise(zygote, payload, nprocs, limit, stream and not quiet, workdir, quiet)
         except BaseException:
             if not zygote.alive():
                 shutdown_unlocked()
@@ -441,14 +454,29 @@ def shutdown_unlocked() -> None:
         _zygote = None
 
 
-def _supervise(zygote: _Zygote, payload: bytes, nprocs: int, limit: float, stream: bool,
-               workdir: str, quiet: bool) -> list[Any]:
-    zygote.send({
-        "op": "launch", "nprocs": nprocs, "payload": payload, "workdir": workdir,
-        "port": free_port(), "env": dict(os.environ), "cwd": os.getcwd(),
-        "sys_path": list(sys.path), "argv": list(sys.argv[:1]),
-        "linecache": _notebook_linecache(),
-    })
+def _supervise(
+    zygote: _Zygote,
+    payload: bytes,
+    nprocs: int,
+    limit: float,
+    stream: bool,
+    workdir: str,
+    quiet: bool,
+) -> list[Any]:
+    zygote.send(
+        {
+            "op": "launch",
+            "nprocs": nprocs,
+            "payload": payload,
+            "workdir": workdir,
+            "port": free_port(),
+            "env": dict(os.environ),
+            "cwd": os.getcwd(),
+            "sys_path": list(sys.path),
+            "argv": list(sys.argv[:1]),
+            "linecache": _notebook_linecache(),
+        }
+    )
     output = _Output(workdir, nprocs, quiet)
     statuses: dict[int, int] = {}
     exit_order: list[int] = []
@@ -490,8 +518,9 @@ def _supervise(zygote: _Zygote, payload: bytes, nprocs: int, limit: float, strea
         print(t("interrupted"), file=sys.stderr)
         raise
     output.finish()
-    return _collect(workdir, nprocs, statuses, exit_order, stopping, timed_out, limit, stacks,
-                    output)
+    return _collect(
+        workdir, nprocs, statuses, exit_order, stopping, timed_out, limit, stacks, output
+    )
 
 
 def _stop_all(zygote: _Zygote) -> None:
@@ -536,9 +565,17 @@ def _dump_stacks(zygote: _Zygote, workdir: str, ranks: set[int]) -> dict[int, st
     return stacks
 
 
-def _collect(workdir: str, nprocs: int, statuses: dict[int, int], exit_order: list[int],
-             stopping: set[int], timed_out: bool, limit: float, stacks: dict[int, str],
-             output: _Output) -> list[Any]:
+def _collect(
+    workdir: str,
+    nprocs: int,
+    statuses: dict[int, int],
+    exit_order: list[int],
+    stopping: set[int],
+    timed_out: bool,
+    limit: float,
+    stacks: dict[int, str],
+    output: _Output,
+) -> list[Any]:
     results: list[Any] = [None] * nprocs
     failures: list[RankFailure] = []
     for rank in exit_order:
@@ -554,8 +591,9 @@ def _collect(workdir: str, nprocs: int, statuses: dict[int, int], exit_order: li
                 except Exception:  # noqa: BLE001
                     exc = None
             error = f"{info['type']}: {info['message']}" if info["message"] else info["type"]
-            failures.append(RankFailure(rank, t("rank_raised", rank=rank, error=error),
-                                        info["traceback"], exc))
+            failures.append(
+                RankFailure(rank, t("rank_raised", rank=rank, error=error), info["traceback"], exc)
+            )
         elif rank not in stopping or timed_out:
             if not (timed_out and rank in stopping):
                 failures.append(RankFailure(rank, _describe_status(rank, statuses[rank])))
@@ -568,7 +606,9 @@ def _collect(workdir: str, nprocs: int, statuses: dict[int, int], exit_order: li
                 sys.stderr.write(f"--- {t('stack_of', rank=r)} ---\n{stacks[r]}")
         raise DistributedTimeoutError(
             t("timeout", timeout=limit, ranks=", ".join(map(str, ranks))),
-            [f for f in failures if f.rank not in stopping] + hung, outputs)
+            [f for f in failures if f.rank not in stopping] + hung,
+            outputs,
+        )
     if failures:
         own = [f for f in failures if f.rank not in stopping] or failures
         summary = t("ranks_failed", count=len(own), nprocs=nprocs, first=own[0].rank)

@@ -30,8 +30,9 @@ def used_names(code: types.CodeType) -> set[str]:
 class CellJob:
     """Runs a cell body in a fresh namespace on one rank."""
 
-    def __init__(self, source: str, filename: str, namespace: dict[str, Any], nprocs: int,
-                 backend: str) -> None:
+    def __init__(
+        self, source: str, filename: str, namespace: dict[str, Any], nprocs: int, backend: str
+    ) -> None:
         self.source, self.filename, self.namespace = source, filename, namespace
         self.nprocs, self.backend = nprocs, backend
 
@@ -49,9 +50,15 @@ class CellJob:
         return None
 
 
-def run_cell(source: str, user_ns: dict[str, Any], nprocs: int = 2, backend: str = "auto",
-             timeout: float | None = -1, stream: bool = False,
-             filename: str = "<ddp cell>") -> None:
+def run_cell(
+    source: str,
+    user_ns: dict[str, Any],
+    nprocs: int = 2,
+    backend: str = "auto",
+    timeout: float | None = -1,
+    stream: bool = False,
+    filename: str = "<ddp cell>",
+) -> None:
     """What ``%%ddp`` does, callable without IPython (used by the tests)."""
     nprocs = launcher.check_nprocs(nprocs)
     limit = launcher.DEFAULT_TIMEOUT if timeout == -1 else launcher._check_timeout(timeout)
@@ -65,8 +72,13 @@ def run_cell(source: str, user_ns: dict[str, Any], nprocs: int = 2, backend: str
         except Exception as exc:  # noqa: BLE001
             from ddp_lab.i18n import t
 
-            raise ValueError(t("unpicklable", what=t("name_what", name=name),
-                               error=f"{type(exc).__name__}: {exc}")) from None
+            raise ValueError(
+                t(
+                    "unpicklable",
+                    what=t("name_what", name=name),
+                    error=f"{type(exc).__name__}: {exc}",
+                )
+            ) from None
     job = CellJob(source, filename, namespace, nprocs, backend)
     payload = launcher.dumps_job(job, run_cell, ())
     launcher.run_payload(payload, nprocs, limit, stream)
@@ -85,7 +97,14 @@ def register(ipython: Any) -> None:
         """%%ddp -n N [--backend gloo|nccl|auto] [--timeout S] [--stream]: run on N ranks."""
         args = magic_arguments.parse_argstring(ddp, line)
         filename = ipython.compile.cache(cell) if hasattr(ipython, "compile") else "<ddp cell>"
-        run_cell(cell, ipython.user_ns, args.nprocs, args.backend,
-                 None if args.timeout == 0 else args.timeout, args.stream, filename)
+        run_cell(
+            cell,
+            ipython.user_ns,
+            args.nprocs,
+            args.backend,
+            None if args.timeout == 0 else args.timeout,
+            args.stream,
+            filename,
+        )
 
     ipython.register_magic_function(ddp, magic_kind="cell", magic_name="ddp")

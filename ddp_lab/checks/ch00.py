@@ -25,7 +25,9 @@ def _run_case(rank: int, fn: Callable, shape: tuple, dtype: torch.dtype, seed: i
     if got.shape != expected.shape:
         return f"shape: expected {tuple(expected.shape)}, got {tuple(got.shape)}"
     if not torch.allclose(got.to(expected.dtype), expected, rtol=1e-5, atol=1e-6):
-        return f"values: expected {expected.flatten()[:3].tolist()}, got {got.flatten()[:3].tolist()}"
+        return (
+            f"values: expected {expected.flatten()[:3].tolist()}, got {got.flatten()[:3].tolist()}"
+        )
     return ""
 
 
@@ -39,10 +41,15 @@ def check_average(rng: random.Random, average_across_ranks: Callable) -> Iterato
         shape = tuple(rng.randint(1, 5) for _ in range(rng.randint(1, 2)))
         dtype = rng.choice([torch.float32, torch.float64])
         case = f"world_size={world_size}, dtype={str(dtype).replace('torch.', '')}"
-        results = spawn(_run_case, args=(average_across_ranks, shape, dtype, rng.randrange(10**6)),
-                        nprocs=world_size, backend="gloo", quiet=True, timeout=60)
+        results = spawn(
+            _run_case,
+            args=(average_across_ranks, shape, dtype, rng.randrange(10**6)),
+            nprocs=world_size,
+            backend="gloo",
+            quiet=True,
+            timeout=60,
+        )
         for rank, problem in enumerate(results):
             if problem:
-                raise fail(mismatch("the mean over ranks", f"rank {rank}: {problem}").args[0],
-                           case)
+                raise fail(mismatch("the mean over ranks", f"rank {rank}: {problem}").args[0], case)
         yield case

@@ -1,0 +1,69 @@
+"""Shared fixtures: process-tree and port inspection for leak checks."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+
+def descendants(pid: int) -> set[int]:
+    """Every live process below ``pid`` (read from /proc, no psutil needed)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:
+            continue
+        fields = text[text.rindex(")") + 2 :].split()
+        if fields[0] == "Z":  # zombies are gone already, just not reaped
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    out: set[int] = set()
+    todo = [pid]
+    while todo:
+        for c in children.get(todo.pop(), []):
+            if c not in out:
+                out.add(c)
+                todo.append(c)
+    return out
+
+
+def tcp_states(port: int) -> list[str]:
+    """TCP states (hex codes, 0A = LISTEN, 01 = ESTABLISHED) of sockets on local ``port``."""
+    states = []
+    for name in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(name).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            parts = line.split()
+            if int(parts[1].rsplit(":", 1)[1], 16) == port:
+                states.append(parts[3])
+    return states
+
+
+def rank_processes() -> set[int]:
+    """Rank processes (and anything they started) still alive below the launcher's zygote."""
+    from ddp_lab import launcher
+
+    if launcher._zygote is None:
+        return set()
+    return descendants(launcher._zygote.proc.pid)
+
+
+@pytest.fixture
+def no_leaks():
+    """Assert a test leaves no rank processes and no new files in /dev/shm."""
+    shm_before = set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
+    yield
+    import time
+
+    deadline = time.monotonic() + 5
+    while rank_processes() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert rank_processes() == set()
+    shm_after = set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
+    assert shm_after - shm_before == set()
