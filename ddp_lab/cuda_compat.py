@@ -1,0 +1,344 @@
+"""Versions of the GPU stack: parse what the tools print and decide what fits together.
+
+The driver (libcuda, reported by ``nvidia-smi``) supports every CUDA runtime up to the
+"CUDA Version" it prints; a runtime (libcudart: the one bundled in a PyTorch wheel, or the
+toolkit that ``nvcc`` belongs to) needs a driver at least as new as NVIDIA's published
+minimum. Within one major version, NVIDIA's *minor version compatibility* lets a newer
+runtime run on an older driver of the same family, with limits (no JIT of newer PTX).
+
+Teaching version: PyTorch has no such checker; the rule for nvcc vs torch mirrors
+``torch.utils.cpp_extension._check_cuda_version`` (major must match, minor may differ).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from ddp_lab.i18n import get_language
+
+Version = tuple[int, ...]
+
+# NVIDIA, "CUDA Toolkit Release Notes", Table 3 (toolkit driver version, Linux x86_64,
+# minimum driver of each toolkit's GA release):
+# https://docs.nvidia.com/cuda/cuda-toolkit-release-notes/index.html#id5
+MIN_DRIVER_LINUX: dict[tuple[int, int], str] = {
+    (13, 0): "580.65.06",
+    (12, 9): "575.51.03",
+    (12, 8): "570.26",
+    (12, 6): "560.28.03",
+    (12, 5): "555.42.02",
+    (12, 4): "550.54.14",
+    (12, 3): "545.23.06",
+    (12, 2): "535.54.03",
+    (12, 1): "530.30.02",
+    (12, 0): "525.60.13",
+    (11, 8): "520.61.05",
+    (11, 7): "515.43.04",
+    (11, 6): "510.39.01",
+    (11, 5): "495.29.05",
+    (11, 4): "470.42.01",
+    (11, 3): "465.19.01",
+    (11, 2): "460.27.03",
+    (11, 1): "455.23",
+    (11, 0): "450.36.06",
+    (10, 2): "440.33",
+    (10, 1): "418.39",
+    (10, 0): "410.48",
+    (9, 2): "396.26",
+    (9, 1): "390.46",
+    (9, 0): "384.81",
+}
+# Same release notes, Table 2 (minor version compatibility): the oldest driver that runs
+# any runtime of that major version. CUDA 10 and older have no minor version compatibility.
+MINOR_COMPAT_MIN_DRIVER: dict[int, str] = {13: "580.65.06", 12: "525.60.13", 11: "450.80.02"}
+
+OK, WARNING, PROBLEM = "ok", "warning", "problem"
+
+
+def parse_version(text: str) -> Version:
+    """'535.104.05' -> (535, 104, 5); '12.1' -> (12, 1). Raises ValueError otherwise."""
+    m = re.fullmatch(r"\s*v?(\d+(?:\.\d+)*)\s*", str(text))
+    if not m:
+        raise ValueError(
+            _pick(
+                en=f"Not a version number: {text!r} (expected digits and dots, e.g. 535.104.05).",
+                zh=f"不是版本号：{text!r}（应由数字和点组成，例如 535.104.05）。",
+            )
+        )
+    return tuple(int(p) for p in m.group(1).split("."))
+
+
+def fmt(version: Version | None) -> str:
+    """(12, 1) -> '12.1'; None -> '-'."""
+    return "-" if version is None else ".".join(str(p) for p in version)
+
+
+def fmt_driver(version: Version) -> str:
+    """(470, 82, 1) -> '470.82.01': drivers print their minor parts with two digits."""
+    return ".".join([str(version[0]), *(f"{p:02d}" for p in version[1:])])
+
+
+def max_cuda_for_driver(driver: str | Version) -> tuple[int, int] | None:
+    """The newest CUDA (major, minor) whose minimum driver is <= ``driver`` (Linux)."""
+    d = parse_version(driver) if isinstance(driver, str) else tuple(driver)
+    fits = [cuda for cuda, need in MIN_DRIVER_LINUX.items() if d >= parse_version(need)]
+    return max(fits) if fits else None
+
+
+@dataclass
+class SmiInfo:
+    """What ``nvidia-smi`` told us: driver version, the newest CUDA it supports, GPUs."""
+
+    driver: Version | None = None
+    cuda: tuple[int, int] | None = None  # the header's "CUDA Version" (driver 410 and later)
+    gpus: tuple[str, ...] = ()
+    error: str = ""  # nvidia-smi ran but could not talk to the driver
+
+
+_SMI_ERRORS = (
+    "has failed because it couldn't communicate with the NVIDIA driver",
+    "Failed to initialize NVML",
+    "No devices were found",
+    "command not found",
+    "No such file or directory",
+)
+
+
+def parse_nvidia_smi(text: str | None) -> SmiInfo | None:
+    """Parse the default table of ``nvidia-smi``; None when it is missing or empty."""
+    if not text or not text.strip():
+        return None
+    for needle in _SMI_ERRORS:
+        if needle in text:
+            line = next(ln for ln in text.splitlines() if needle in ln)
+            return SmiInfo(error=line.strip())
+    info = SmiInfo()
+    m = re.search(r"Driver Version:\s*([\d.]+)", text)
+    if m:
+        info.driver = parse_version(m.group(1))
+    m = re.search(r"CUDA Version:\s*(\d+)\.(\d+)", text)
+    if m:
+        info.cuda = (int(m.group(1)), int(m.group(2)))
+    elif info.driver is not None:
+        info.cuda = max_cuda_for_driver(info.driver)  # drivers before 410 do not print it
+    # GPU rows look like "|   0  NVIDIA A100-SXM4-80GB          On  |".
+    names = re.findall(r"^\|\s+\d+\s+(.+?)\s+(?:On|Off)\s+\|", text, flags=re.M)
+    info.gpus = tuple(n.strip() for n in names)
+    if info.driver is None:
+        return SmiInfo(error=text.strip().splitlines()[0])
+    return info
+
+
+def parse_nvcc(text: str | None) -> tuple[int, int] | None:
+    """CUDA (major, minor) from ``nvcc -V`` ("Cuda compilation tools, release 12.1, ...")."""
+    m = re.search(r"release (\d+)\.(\d+)", text or "")
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+def parse_torch_cuda(text: str | None) -> tuple[int, int] | None:
+    """The CUDA of a torch build: '12.1' (torch.version.cuda), '2.3.0+cu121' or 'cu118'.
+
+    None for a CPU build ('2.3.0+cpu', None, '').
+    """
+    if not text:
+        return None
+    text = str(text).strip()
+    m = re.search(r"cu(\d+)(\d)$", text)  # cu121 -> 12.1, cu118 -> 11.8, cu92 -> 9.2
+    if m:
+        return int(m.group(1)), int(m.group(2))
+    m = re.fullmatch(r"(\d+)\.(\d+)(?:\.\d+)?", text)
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+def _pick(en: str, zh: str) -> str:
+    return zh if get_language() == "zh" else en
+
+
+@dataclass
+class Verdict:
+    """A decision with the component to change (``"nothing"`` when it fits)."""
+
+    level: str  # ok / warning / problem
+    change: str  # nothing / driver / torch / toolkit
+    en: str
+    zh: str
+
+    @property
+    def text(self) -> str:
+        return _pick(self.en, self.zh)
+
+
+def check_driver_runtime(driver: str | Version, runtime: str | tuple[int, int]) -> Verdict:
+    """Can a CUDA ``runtime`` (e.g. torch's '12.1') run on this ``driver`` (e.g. '535.54.03')?"""
+    d = parse_version(driver) if isinstance(driver, str) else tuple(driver)
+    r = parse_version(runtime)[:2] if isinstance(runtime, str) else tuple(runtime)[:2]
+    top = max_cuda_for_driver(d)
+    need = MIN_DRIVER_LINUX.get(r)
+    if top is not None and r <= top:
+        return Verdict(
+            OK,
+            "nothing",
+            en=f"driver {fmt_driver(d)} supports CUDA up to {fmt(top)} >= {fmt(r)}",
+            zh=f"驱动 {fmt_driver(d)} 最高支持 CUDA {fmt(top)} >= {fmt(r)}",
+        )
+    family = MINOR_COMPAT_MIN_DRIVER.get(r[0])
+    if family and d >= parse_version(family):
+        return Verdict(
+            WARNING,
+            "driver",
+            en=(
+                f"driver {fmt_driver(d)} supports CUDA {fmt(top)}, older than {fmt(r)}; it "
+                f"runs through minor version compatibility (same major {r[0]}, driver "
+                f">= {family}) but newer PTX cannot be JIT-compiled: upgrade the "
+                f"driver to >= {need or family} when you can"
+            ),
+            zh=(
+                f"驱动 {fmt_driver(d)} 只支持到 CUDA {fmt(top)}，低于 {fmt(r)}；依靠小版本兼容"
+                f"（同为 {r[0]}.x，驱动 >= {family}）可以运行，但无法 JIT 编译更新的 PTX："
+                f"有条件时把驱动升级到 >= {need or family}"
+            ),
+        )
+    return Verdict(
+        PROBLEM,
+        "driver",
+        en=(
+            f"driver {fmt_driver(d)} supports CUDA up to {fmt(top)}, too old for CUDA "
+            f"{fmt(r)}: upgrade the driver to >= {need or '?'} or install a torch "
+            f"build for CUDA <= {fmt(top)}"
+        ),
+        zh=(
+            f"驱动 {fmt_driver(d)} 最高只支持 CUDA {fmt(top)}，运行不了 CUDA {fmt(r)}："
+            f"把驱动升级到 >= {need or '?'}，或安装面向 CUDA <= {fmt(top)} 的 torch"
+        ),
+    )
+
+
+def check_nvcc_torch(nvcc: tuple[int, int] | None, torch_cuda: tuple[int, int] | None) -> Verdict:
+    """Can this nvcc build extensions for this torch? (the rule of torch's cpp_extension)."""
+    if nvcc is None or torch_cuda is None:
+        return Verdict(
+            OK,
+            "nothing",
+            en="nothing to compare (no nvcc or a CPU build)",
+            zh="无需比较（没有 nvcc，或是 CPU 版 torch）",
+        )
+    if nvcc[0] != torch_cuda[0]:
+        return Verdict(
+            WARNING,
+            "toolkit",
+            en=(
+                f"nvcc {fmt(nvcc)} vs torch's CUDA {fmt(torch_cuda)}: different major "
+                f"versions, so building CUDA extensions fails; running torch is not "
+                f"affected. Install a {torch_cuda[0]}.x toolkit and point CUDA_HOME at it"
+            ),
+            zh=(
+                f"nvcc {fmt(nvcc)} 与 torch 的 CUDA {fmt(torch_cuda)} 主版本不同，"
+                f"编译 CUDA 扩展会失败；运行 torch 不受影响。请安装 {torch_cuda[0]}.x 的"
+                f"工具包并让 CUDA_HOME 指向它"
+            ),
+        )
+    if nvcc != torch_cuda:
+        return Verdict(
+            OK,
+            "nothing",
+            en=f"nvcc {fmt(nvcc)} vs torch {fmt(torch_cuda)}: same major, builds work "
+            "(torch only warns about the minor difference)",
+            zh=f"nvcc {fmt(nvcc)} 与 torch {fmt(torch_cuda)} 主版本相同，可以编译扩展"
+            "（torch 只对小版本差异给出警告）",
+        )
+    return Verdict(
+        OK,
+        "nothing",
+        en=f"nvcc {fmt(nvcc)} matches torch's CUDA",
+        zh=f"nvcc {fmt(nvcc)} 与 torch 的 CUDA 一致",
+    )
+
+
+def compat_rows(driver: str | Version) -> list[tuple[str, str, str]]:
+    """What the checker widget draws: (CUDA version, minimum driver, level) per CUDA release."""
+    d = parse_version(driver) if isinstance(driver, str) else tuple(driver)
+    return [
+        (fmt(cuda), need, check_driver_runtime(d, cuda).level)
+        for cuda, need in sorted(MIN_DRIVER_LINUX.items())
+    ]
+
+
+def compat_widget(driver: str | None = None, runtime: str | None = None):  # noqa: ANN201
+    """An ipywidgets checker: pick a driver and a CUDA runtime, see whether they fit and why.
+
+    ``driver`` and ``runtime`` preselect values (e.g. the detected ones); otherwise the
+    newest driver and CUDA 12.1 are shown.
+    """
+    import ipywidgets as w
+    import matplotlib.pyplot as plt
+    from IPython.display import display
+
+    from ddp_lab.notebook import tr
+
+    drivers = sorted(
+        {
+            *MIN_DRIVER_LINUX.values(),
+            *MINOR_COMPAT_MIN_DRIVER.values(),
+            *([driver] if driver else []),
+        },
+        key=parse_version,
+    )
+    cudas = [fmt(c) for c in sorted(MIN_DRIVER_LINUX)]
+    if runtime and fmt(parse_version(runtime)[:2]) not in cudas:
+        cudas.append(fmt(parse_version(runtime)[:2]))
+    pick_driver = w.Dropdown(
+        options=drivers, value=driver or drivers[-1], description=tr(en="driver", zh="驱动")
+    )
+    pick_cuda = w.Dropdown(
+        options=cudas,
+        value=fmt(parse_version(runtime)[:2]) if runtime else "12.1",
+        description=tr(en="CUDA runtime", zh="CUDA 运行时"),
+    )
+    verdict = w.HTML()
+    out = w.Output()
+    colors = {OK: "#4caf50", WARNING: "#ff9800", PROBLEM: "#e53935"}
+
+    def redraw(*_: object) -> None:
+        v = check_driver_runtime(pick_driver.value, pick_cuda.value)
+        verdict.value = f"<b style='color:{colors[v.level]}'>{v.level.upper()}</b>: {v.text}"
+        rows = compat_rows(pick_driver.value)
+        with out:
+            out.clear_output(wait=True)
+            fig, ax = plt.subplots(figsize=(7, 3.2))
+            xs = range(len(rows))
+            heights = [
+                parse_version(need)[0] + parse_version(need)[1] / 1000 for _, need, _ in rows
+            ]
+            edge = ["black" if c == pick_cuda.value else "none" for c, _, _ in rows]
+            ax.bar(
+                xs, heights, color=[colors[lv] for _, _, lv in rows], edgecolor=edge, linewidth=2
+            )
+            d = parse_version(pick_driver.value)
+            ax.axhline(
+                d[0] + (d[1] if len(d) > 1 else 0) / 1000,
+                color="black",
+                ls="--",
+                label=tr(en=f"your driver {pick_driver.value}", zh=f"你的驱动 {pick_driver.value}"),
+            )
+            ax.set_xticks(list(xs), [c for c, _, _ in rows], rotation=60, fontsize=7)
+            ax.set_ylim(370, 600)
+            ax.set_xlabel(tr(en="CUDA runtime version", zh="CUDA 运行时版本"))
+            ax.set_ylabel(tr(en="minimum driver (Linux)", zh="最低驱动版本（Linux）"))
+            ax.set_title(
+                tr(
+                    en="Green: supported, orange: minor version compatibility, red: too old",
+                    zh="绿：支持；橙：小版本兼容；红：驱动太旧",
+                ),
+                fontsize=9,
+            )
+            ax.legend(loc="upper left", fontsize=8)
+            fig.tight_layout()
+            plt.show()
+
+    pick_driver.observe(redraw, names="value")
+    pick_cuda.observe(redraw, names="value")
+    redraw()
+    box = w.VBox([w.HBox([pick_driver, pick_cuda]), verdict, out])
+    display(box)
+    return box
