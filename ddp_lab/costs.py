@@ -1,0 +1,196 @@
+"""Alpha-beta-gamma cost models of all-reduce algorithms, and an interactive plot of them.
+
+The model: sending a message of ``m`` bytes between two ranks takes ``alpha + m * beta``
+(alpha the latency, beta = 1 / bandwidth); reducing ``m`` bytes takes ``m * gamma``. A rank
+can send one message and receive one message at the same time, over one link. For an
+all-reduce of ``S`` bytes on ``N`` ranks:
+
+- reduce + broadcast via one root (parameter server):
+  2(N-1)(alpha + S beta) + (N-1) S gamma; the root sends (N-1) S
+- binomial tree reduce + broadcast: 2 log2 N (alpha + S beta) + log2 N S gamma; root: log2 N S
+- recursive halving + doubling: 2 log2 N alpha + 2(N-1)/N S beta + (N-1)/N S gamma;
+  every rank sends 2(N-1)/N S
+- butterfly (recursive doubling): log2 N (alpha + S beta + S gamma); every rank: log2 N S
+- ring: 2(N-1) alpha + 2(N-1)/N S beta + (N-1)/N S gamma; every rank sends 2(N-1)/N S
+- segmented ring (p segments per chunk): 2(N-1) p alpha + 2(N-1)/N S beta + (N-1)/N S gamma / p
+
+How this differs from the source notes: their reduce + broadcast formula,
+``2 (alpha + S/B) + N S C``, lets the root receive N-1 messages at once at full bandwidth;
+with one link the root receives them one after the other, hence the factor N-1. log2 N is
+rounded up when N is not a power of two (the tree and butterfly need extra steps then).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+
+def _log2(n: int) -> int:
+    return math.ceil(math.log2(n)) if n > 1 else 0
+
+
+def parameter_server(n: int, size: float, alpha: float, beta: float, gamma: float = 0.0) -> float:
+    """Reduce to one root over its single link, then broadcast from it."""
+    return 2 * (n - 1) * (alpha + size * beta) + (n - 1) * size * gamma
+
+
+def binomial_tree(n: int, size: float, alpha: float, beta: float, gamma: float = 0.0) -> float:
+    """Reduce up a binomial tree, broadcast down it: log2 N full-size rounds each way."""
+    return 2 * _log2(n) * (alpha + size * beta) + _log2(n) * size * gamma
+
+
+def halving_doubling(n: int, size: float, alpha: float, beta: float, gamma: float = 0.0) -> float:
+    """Rabenseifner: reduce-scatter by recursive halving, all-gather by recursive doubling."""
+    frac = (n - 1) / n
+    return 2 * _log2(n) * alpha + 2 * frac * size * beta + frac * size * gamma
+
+
+def butterfly(n: int, size: float, alpha: float, beta: float, gamma: float = 0.0) -> float:
+    """Recursive doubling: log2 N rounds, each exchanging and reducing the whole buffer."""
+    return _log2(n) * (alpha + size * beta + size * gamma)
+
+
+def ring(n: int, size: float, alpha: float, beta: float, gamma: float = 0.0) -> float:
+    """Reduce-scatter then all-gather around a ring: 2(N-1) steps of S/N bytes."""
+    frac = (n - 1) / n
+    return 2 * (n - 1) * alpha + 2 * frac * size * beta + frac * size * gamma
+
+
+def segmented_ring(
+    n: int, size: float, alpha: float, beta: float, gamma: float = 0.0, segments: int = 4
+) -> float:
+    """Ring with each chunk cut into ``segments`` pieces, reduced while the next one travels.
+
+    More messages (latency grows p-fold) in exchange for hiding all but 1/p of the
+    reduction behind the transfers: it pays off for large S, when S gamma >> alpha.
+    """
+    frac = (n - 1) / n
+    return 2 * (n - 1) * segments * alpha + 2 * frac * size * beta + frac * size * gamma / segments
+
+
+ALGORITHMS: dict[str, Callable[..., float]] = {
+    "parameter server": parameter_server,
+    "binomial tree": binomial_tree,
+    "halving-doubling": halving_doubling,
+    "butterfly": butterfly,
+    "ring": ring,
+    "segmented ring": segmented_ring,
+}
+
+
+def bytes_sent(algorithm: str, n: int, size: float) -> float:
+    """The most bytes any single rank sends during one all-reduce of ``size`` bytes."""
+    if n == 1:
+        return 0.0
+    per_rank = {
+        "parameter server": (n - 1) * size,
+        "binomial tree": _log2(n) * size,
+        "halving-doubling": 2 * (n - 1) / n * size,
+        "butterfly": _log2(n) * size,
+        "ring": 2 * (n - 1) / n * size,
+        "segmented ring": 2 * (n - 1) / n * size,
+    }
+    return per_rank[algorithm]
+
+
+def curves(
+    ns: Sequence[int],
+    size: float,
+    alpha: float,
+    bandwidth: float,
+    gamma: float = 0.0,
+    algorithms: Sequence[str] | None = None,
+) -> dict[str, list[float]]:
+    """Time of every algorithm for every N in ``ns`` (seconds): what ``cost_widget`` draws.
+
+    Args:
+        size: bytes to all-reduce. alpha: seconds per message. bandwidth: bytes per second.
+        gamma: seconds per byte reduced.
+    """
+    if size <= 0 or alpha < 0 or bandwidth <= 0 or gamma < 0:
+        raise ValueError("size and bandwidth must be > 0, alpha and gamma >= 0")
+    beta = 1.0 / bandwidth
+    names = list(algorithms or ALGORITHMS)
+    return {name: [ALGORITHMS[name](n, size, alpha, beta, gamma) for n in ns] for name in names}
+
+
+def plot_curves(
+    ax: Any, max_n: int, size: float, alpha: float, bandwidth: float, gamma: float = 0.0
+) -> Any:
+    """Draw time against N for every algorithm on ``ax``."""
+    from ddp_lab.notebook import tr
+
+    ns = list(range(2, max_n + 1))
+    for name, times in curves(ns, size, alpha, bandwidth, gamma).items():
+        ax.plot(ns, [t * 1e3 for t in times], marker=".", label=name)
+    ax.set_xlabel(tr(en="number of ranks N", zh="rank 数 N"))
+    ax.set_ylabel(tr(en="time of one all-reduce (ms)", zh="一次全归约的时间（毫秒）"))
+    ax.set_title(
+        tr(
+            en=f"S = {size / 2**20:g} MiB, alpha = {alpha * 1e6:g} us, "
+            f"bandwidth = {bandwidth / 1e9:g} GB/s",
+            zh=f"S = {size / 2**20:g} MiB，延迟 alpha = {alpha * 1e6:g} 微秒，"
+            f"带宽 = {bandwidth / 1e9:g} GB/s",
+        )
+    )
+    ax.set_yscale("log")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+    return ax
+
+
+def cost_widget() -> Any:
+    """Sliders for N, message size, latency and bandwidth over a plot of time against N."""
+    import ipywidgets as widgets
+    import matplotlib.pyplot as plt
+    from IPython.display import display
+
+    from ddp_lab.notebook import tr
+
+    style = {"description_width": "initial"}
+    max_n = widgets.IntSlider(
+        value=16, min=2, max=64, description=tr(en="max N", zh="最大 N"), style=style
+    )
+    size_mb = widgets.FloatLogSlider(
+        value=64,
+        base=2,
+        min=-10,
+        max=12,
+        style=style,
+        description=tr(en="size (MiB)", zh="消息大小（MiB）"),
+    )
+    alpha_us = widgets.FloatLogSlider(
+        value=10,
+        base=10,
+        min=-1,
+        max=4,
+        style=style,
+        description=tr(en="latency (us)", zh="延迟（微秒）"),
+    )
+    bw_gb = widgets.FloatLogSlider(
+        value=10,
+        base=10,
+        min=-1,
+        max=3,
+        style=style,
+        description=tr(en="bandwidth (GB/s)", zh="带宽（GB/s）"),
+    )
+    out = widgets.Output()
+
+    def redraw(_: Any = None) -> None:
+        with out:
+            out.clear_output(wait=True)
+            fig, ax = plt.subplots(figsize=(7, 4))
+            plot_curves(
+                ax, max_n.value, size_mb.value * 2**20, alpha_us.value * 1e-6, bw_gb.value * 1e9
+            )
+            plt.show()
+
+    for w in (max_n, size_mb, alpha_us, bw_gb):
+        w.observe(redraw, names="value")
+    redraw()
+    box = widgets.VBox([widgets.HBox([max_n, size_mb]), widgets.HBox([alpha_us, bw_gb]), out])
+    display(box)
+    return box
