@@ -42,6 +42,7 @@ class Facts:
         default_factory=dict
     )  # toolkit folder (bin/nvcc and include/cuda_runtime.h) -> its ``nvcc -V``
     nvcc_text: str | None = None  # ``nvcc -V`` of the nvcc on PATH
+    usr_local_cuda: bool = False  # whether /usr/local/cuda exists (torch's last guess)
     torch_version: str = ""
     torch_cuda: str | None = None  # torch.version.cuda
     cudnn: int | None = None
@@ -78,12 +79,16 @@ def _run(cmd: list[str], timeout: float = 10) -> str:
         return f"{cmd[0]}: {exc}"
 
 
-def find_cuda_home(env: dict[str, str], nvcc_path: str | None) -> str | None:
+def find_cuda_home(
+    env: dict[str, str], nvcc_path: str | None, usr_local_cuda: bool | None = None
+) -> str | None:
     """Where torch's cpp_extension looks for CUDA (mirrors its ``_find_cuda_home`` on Linux)."""
     home = env.get("CUDA_HOME") or env.get("CUDA_PATH")
     if home is None and nvcc_path:
         home = os.path.dirname(os.path.dirname(nvcc_path))
-    if home is None and os.path.exists("/usr/local/cuda"):
+    if usr_local_cuda is None:
+        usr_local_cuda = os.path.exists("/usr/local/cuda")
+    if home is None and usr_local_cuda:
         home = "/usr/local/cuda"
     return home
 
@@ -135,6 +140,7 @@ def gather() -> Facts:
     smi = shutil.which("nvidia-smi")
     f.nvidia_smi = _run([smi]) if smi else None
     f.nvcc_path = shutil.which("nvcc")
+    f.usr_local_cuda = os.path.exists("/usr/local/cuda")
     homes = {os.path.dirname(os.path.dirname(p)) for p in glob.glob("/usr/local/cuda*/bin/nvcc")}
     for var in ("CUDA_HOME", "CUDA_PATH", "CONDA_PREFIX"):
         if f.env.get(var):
@@ -314,7 +320,7 @@ def _toolkit_findings(f: Facts) -> list[Finding]:
                 "" if v.level == OK else v.zh,
             )
         )
-    home = find_cuda_home(f.env, f.nvcc_path)
+    home = find_cuda_home(f.env, f.nvcc_path, f.usr_local_cuda)
     source = (
         "CUDA_HOME"
         if f.env.get("CUDA_HOME")

@@ -1,0 +1,218 @@
+"""doctor: GPU situations from fixtures, this machine for real, CLI and JSON output."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from torch.utils import cpp_extension
+
+from ddp_lab import doctor as dr
+
+FIX = Path(__file__).parent / "fixtures"
+
+
+def smi(name: str) -> str:
+    return next((FIX / "nvidia-smi").glob(f"{name}*")).read_text()
+
+
+def nvcc(version: str) -> str:
+    return (FIX / "nvcc" / f"{version}.txt").read_text()
+
+
+BASE = dr.Facts(
+    env={},
+    torch_version="2.5.1+cu121",
+    torch_cuda="12.1",
+    cudnn=90100,
+    nccl="2.21.5",
+    backends={"gloo": True, "nccl": True, "mpi": False},
+    device_count=1,
+    shm_bytes=16 << 30,
+    nofile=(65536, 65536),
+    loopback="",
+    interfaces=["lo", "eth0"],
+    nvidia_smi=smi("535"),
+)
+
+
+def by_key(facts: dr.Facts) -> dict[str, dr.Finding]:
+    return {f.key: f for f in dr.analyse(facts)}
+
+
+def test_good_gpu_machine_is_all_ok() -> None:
+    found = by_key(BASE)
+    assert {f.level for f in found.values()} == {"ok"}, found
+    assert "535.104.05" in found["driver"].value and "12.2" in found["driver"].value
+
+
+def test_driver_too_old_for_torch() -> None:
+    f = by_key(dataclasses.replace(BASE, nvidia_smi=smi("470")))
+    assert f["driver_vs_torch"].level == "problem"
+    assert ">= 530.30.02" in f["driver_vs_torch"].en and f["driver_vs_torch"].zh
+
+
+def test_driver_minor_version_compatibility() -> None:
+    f = by_key(dataclasses.replace(BASE, nvidia_smi=smi("525")))
+    assert f["driver_vs_torch"].level == "warning"
+
+
+@pytest.mark.parametrize(
+    "name,needle", [("failed_no_driver", "install"), ("nvml_mismatch", "reboot")]
+)
+def test_driver_broken(name: str, needle: str) -> None:
+    f = by_key(dataclasses.replace(BASE, nvidia_smi=smi(name), device_count=0))
+    assert f["driver"].level == "problem" and needle in f["driver"].en
+
+
+def test_no_nvidia_smi_cpu_build_is_fine_cuda_build_warns() -> None:
+    cpu = dataclasses.replace(
+        BASE,
+        nvidia_smi=None,
+        torch_cuda=None,
+        nccl=None,
+        backends={"gloo": True, "nccl": False, "mpi": False},
+        device_count=0,
+    )
+    assert by_key(cpu)["driver"].level == "ok"
+    assert by_key(dataclasses.replace(BASE, nvidia_smi=None))["driver"].level == "warning"
+
+
+def test_cpu_build_on_gpu_machine_warns() -> None:
+    f = by_key(
+        dataclasses.replace(
+            BASE,
+            torch_cuda=None,
+            nccl=None,
+            device_count=0,
+            backends={"gloo": True, "nccl": False, "mpi": False},
+        )
+    )
+    assert f["driver_vs_torch"].level == "warning"
+
+
+def test_cuda_visible_devices_hides_all() -> None:
+    f = by_key(dataclasses.replace(BASE, device_count=0, env={"CUDA_VISIBLE_DEVICES": ""}))
+    assert f["devices"].level == "problem" and "CUDA_VISIBLE_DEVICES" in f["devices"].value
+
+
+def test_nvcc_missing_is_ok_and_says_why() -> None:
+    f = by_key(BASE)
+    assert f["nvcc"].level == "ok" and "not needed" in f["nvcc"].value
+
+
+def test_two_toolkits_and_nvcc_of_other_major(tmp_path) -> None:
+    a, b = tmp_path / "cuda-11.8", tmp_path / "cuda-12.1"
+    for home in (a, b):
+        (home / "bin").mkdir(parents=True)
+        (home / "bin" / "nvcc").write_text("")
+    facts = dataclasses.replace(
+        BASE,
+        env={"CUDA_HOME": str(b)},
+        nvcc_path=str(a / "bin" / "nvcc"),
+        nvcc_text=nvcc("11.8"),
+        toolkits={str(a): nvcc("11.8"), str(b): nvcc("12.1")},
+    )
+    f = by_key(facts)
+    assert f["toolkits"].level == "warning"
+    assert f["nvcc"].level == "warning" and "CUDA_HOME" in f["nvcc"].en
+    assert f["cuda_home"].level == "ok" and "from CUDA_HOME" in f["cuda_home"].value
+
+
+@pytest.mark.parametrize(
+    "env,nvcc_rel",
+    [
+        ({"CUDA_HOME": "/opt/cuda-x"}, "/usr/bin/nvcc"),
+        ({"CUDA_PATH": "/opt/cuda-y"}, None),
+        ({}, "/opt/conda/bin/nvcc"),
+        ({}, None),
+    ],
+)
+def test_find_cuda_home_matches_torch(monkeypatch, env: dict, nvcc_rel: str | None) -> None:
+    """Oracle: torch.utils.cpp_extension._find_cuda_home under the same environment."""
+    for k in ("CUDA_HOME", "CUDA_PATH"):
+        monkeypatch.delenv(k, raising=False)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setattr(cpp_extension.shutil, "which", lambda name: nvcc_rel)
+    assert dr.find_cuda_home(dict(os.environ), nvcc_rel) == cpp_extension._find_cuda_home()
+
+
+def test_small_shm_low_nofile_bad_ifname_and_leftover_rank() -> None:
+    facts = dataclasses.replace(
+        BASE,
+        shm_bytes=64 << 20,
+        nofile=(1024, 4096),
+        env={
+            "NCCL_SOCKET_IFNAME": "ib0",
+            "GLOO_SOCKET_IFNAME": "eth",
+            "RANK": "3",
+            "NCCL_P2P_DISABLE": "1",
+        },
+    )
+    f = by_key(facts)
+    assert f["shm"].level == "problem" and "--shm-size" in f["shm"].en
+    assert f["nofile"].level == "warning" and "ulimit -n 4096" in f["nofile"].en
+    assert f["NCCL_SOCKET_IFNAME"].level == "problem"
+    assert "GLOO_SOCKET_IFNAME" not in f  # "eth" is a prefix of eth0: NCCL/Gloo accept it
+    assert f["leftover"].level == "warning" and f["NCCL_P2P_DISABLE"].level == "warning"
+    assert "RANK=3" in f["env"].value
+
+
+def test_loopback_failure_is_a_problem() -> None:
+    f = by_key(dataclasses.replace(BASE, loopback="rank 0: timeout"))
+    assert f["loopback"].level == "problem"
+
+
+def test_every_finding_not_ok_has_a_fix_in_both_languages() -> None:
+    facts = dataclasses.replace(
+        BASE,
+        nvidia_smi=smi("470"),
+        shm_bytes=1 << 20,
+        nofile=(256, 256),
+        loopback="x",
+        device_count=0,
+        env={"CUDA_VISIBLE_DEVICES": "", "WORLD_SIZE": "2"},
+    )
+    for f in dr.analyse(facts):
+        assert f.level in ("ok", "warning", "problem")
+        if f.level != "ok":
+            assert f.en and f.zh, f
+
+
+def test_gather_on_this_machine_is_fast_and_consistent() -> None:
+    import torch
+    import torch.distributed as dist
+
+    start = time.perf_counter()
+    facts = dr.gather()
+    assert time.perf_counter() - start < 15
+    assert facts.torch_version == torch.__version__
+    assert facts.backends["gloo"] == dist.is_gloo_available()
+    assert facts.loopback == ""  # gloo works over loopback on this machine
+    report = dr.doctor(facts)
+    assert report[0].key == "torch" and str(report)
+
+
+def test_cli_json_and_exit_code() -> None:
+    p = subprocess.run(
+        [sys.executable, "-m", "ddp_lab.cli", "doctor", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    data = json.loads(p.stdout)
+    problems = data["summary"]["problem"]
+    assert p.returncode == (1 if problems else 0)
+    assert {f["level"] for f in data["findings"]} <= {"ok", "warning", "problem"}
+
+
+def test_html_report() -> None:
+    html = dr.doctor(BASE)._repr_html_()
+    assert html.startswith("<table>") and "driver" in html

@@ -1,0 +1,157 @@
+"""ranks: the rank arithmetic against real torchrun launches, CUDA_VISIBLE_DEVICES, ch02's checker."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from ddp_lab import ranks
+from ddp_lab.checks import ch02
+from ddp_lab.grading import CaseFailed
+
+
+def _model_from_torchrun(seen: list[dict], gpus: int = 4) -> list[ranks.Proc]:
+    nodes = sorted(
+        {(r["GROUP_RANK"], r["LOCAL_WORLD_SIZE"], r["CUDA_VISIBLE_DEVICES"]) for r in seen}
+    )
+    return ranks.assign(
+        [n for _, n, _ in nodes], cuda_visible_devices=[c for _, _, c in nodes], gpus_per_node=gpus
+    )
+
+
+@pytest.mark.parametrize("rdzv", ["c10d", "static"])
+def test_assign_matches_torchrun_two_nodes_of_different_sizes(rdzv: str) -> None:
+    """Oracle: torchrun --nnodes=2 on localhost, one agent per simulated node."""
+    seen = ranks.torchrun_assignment([2, 3], ["3,1", None], rdzv_backend=rdzv)
+    model = _model_from_torchrun(seen)
+    assert [
+        (p.rank, p.local_rank, p.node_rank, p.world_size, p.local_world_size) for p in model
+    ] == [
+        (r["RANK"], r["LOCAL_RANK"], r["GROUP_RANK"], r["WORLD_SIZE"], r["LOCAL_WORLD_SIZE"])
+        for r in seen
+    ]
+    assert len(seen) == 5 and {r["WORLD_SIZE"] for r in seen} == {5}
+    if rdzv == "static":  # node ranks are the --node_rank we gave
+        assert [r["GROUP_RANK"] for r in seen] == [r["agent"] for r in seen]
+    # torchrun passes CUDA_VISIBLE_DEVICES through unchanged; the GPU is the local_rank-th entry
+    for p, r in zip(model, seen, strict=True):
+        if r["CUDA_VISIBLE_DEVICES"] == "3,1":
+            assert p.gpu == [3, 1][p.local_rank]
+
+
+def test_visible_gpus_rules() -> None:
+    assert ranks.visible_gpus(None, 4) == [0, 1, 2, 3]
+    assert ranks.visible_gpus("", 4) == []
+    assert ranks.visible_gpus("-1", 4) == []
+    assert ranks.visible_gpus("2,0", 4) == [2, 0]
+    assert ranks.visible_gpus("1,7,2", 4) == [1]  # stops at the first invalid entry
+    assert ranks.visible_gpus("GPU-8a3f,1", 4) == ["GPU-8a3f", 1]
+
+
+@given(st.lists(st.integers(1, 6), min_size=1, max_size=5))
+def test_assign_ranks_are_a_permutation_and_contiguous_per_node(counts: list[int]) -> None:
+    procs = ranks.assign(counts)
+    assert [p.rank for p in procs] == list(range(sum(counts)))
+    for node, n in enumerate(counts):
+        mine = [p for p in procs if p.node_rank == node]
+        assert [p.local_rank for p in mine] == list(range(n))
+        assert mine[0].rank == sum(counts[:node])
+        assert all(p.world_size == sum(counts) and p.local_world_size == n for p in mine)
+
+
+def test_assign_more_processes_than_visible_gpus() -> None:
+    procs = ranks.assign(3, nnodes=1, cuda_visible_devices="5,6", gpus_per_node=8)
+    assert [p.gpu for p in procs] == [5, 6, None]
+    assert [p.device for p in procs] == ["cuda:0", "cuda:1", None]
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        dict(nproc_per_node=0),
+        dict(nproc_per_node=2, nnodes=0),
+        dict(nproc_per_node=[2, 2], nnodes=3),
+        dict(nproc_per_node=2, nnodes=2, cuda_visible_devices=["0"]),
+        dict(nproc_per_node=True),
+    ],
+)
+def test_assign_rejects_bad_input(kwargs: dict) -> None:
+    with pytest.raises(ValueError):
+        ranks.assign(**kwargs)
+
+
+# ---- chapter 02's checker ---------------------------------------------------------------
+
+
+def _reference(counts, cvds, gpus):
+    return [
+        {k: getattr(p, k) for k in ch02.KEYS}
+        for p in ranks.assign(counts, cuda_visible_devices=cvds, gpus_per_node=gpus)
+    ]
+
+
+def _wrong_homogeneous(counts, cvds, gpus):  # rank = node * nproc + local
+    out = _reference(counts, cvds, gpus)
+    for d in out:
+        d["rank"] = d["node_rank"] * counts[d["node_rank"]] + d["local_rank"]
+    return out
+
+
+def _wrong_ignores_visible(counts, cvds, gpus):
+    return [
+        d | {"gpu": d["local_rank"], "device": f"cuda:{d['local_rank']}"}
+        for d in _reference(counts, cvds, gpus)
+    ]
+
+
+def _wrong_global_rank_as_device(counts, cvds, gpus):
+    return [d | {"device": f"cuda:{d['rank']}"} for d in _reference(counts, cvds, gpus)]
+
+
+def _wrong_local_world_size(counts, cvds, gpus):  # world_size = processes on this node
+    return [d | {"world_size": counts[d["node_rank"]]} for d in _reference(counts, cvds, gpus)]
+
+
+@pytest.fixture(scope="module")
+def torchrun_cached(request):
+    """Run the torchrun oracle once for this module, then replay it (keeps tests short)."""
+    real = ranks.torchrun_assignment
+    cache: dict = {}
+
+    def cached(counts, cvds, **kw):
+        key = (tuple(counts), tuple(cvds))
+        if key not in cache:
+            cache[key] = real(counts, cvds, **kw)
+        return cache[key]
+
+    ranks.torchrun_assignment = cached
+    yield
+    ranks.torchrun_assignment = real
+
+
+def _drive(fn, seed):
+    gen = ch02.check_place(random.Random(seed), fn)
+    next(gen)
+    for _ in gen:
+        pass
+
+
+def test_checker_accepts_reference(torchrun_cached) -> None:
+    _drive(_reference, 0)
+
+
+@pytest.mark.parametrize(
+    "wrong",
+    [
+        _wrong_homogeneous,
+        _wrong_ignores_visible,
+        _wrong_global_rank_as_device,
+        _wrong_local_world_size,
+    ],
+)
+def test_checker_rejects_typical_wrong_solutions(torchrun_cached, wrong) -> None:
+    with pytest.raises(CaseFailed):
+        _drive(wrong, 0)
