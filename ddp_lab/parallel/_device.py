@@ -158,6 +158,61 @@ def copy_to(tensor: torch.Tensor, device: int, step: str) -> torch.Tensor:
     return tag(tensor.detach().clone(), device)
 
 
+def _tensors(obj: Any) -> list[torch.Tensor]:
+    if isinstance(obj, torch.Tensor):
+        return [obj]
+    if isinstance(obj, (list, tuple)):
+        return [t for o in obj for t in _tensors(o)]
+    if isinstance(obj, dict):
+        return [t for o in obj.values() for t in _tensors(o)]
+    return []
+
+
+def record_alloc(name: str, dev: int, obj: Any) -> None:
+    """Record that the tensors in ``obj`` now occupy memory on ``dev`` (for memory plots)."""
+    if _traces:
+        nbytes = sum(t.numel() * t.element_size() for t in _tensors(obj))
+        _record(Event("alloc", name, src=dev, dst=dev, nbytes=nbytes))
+
+
+@contextmanager
+def count_saved(
+    dev: int, module: torch.nn.Module | None = None, name: str = "activations"
+) -> Iterator[None]:
+    """Record the bytes autograd saves for backward inside the block (the activations).
+
+    Tensors that are the module's own parameters or buffers are not counted again.
+    Only active inside ``trace()``: the hooks cost time.
+    """
+    if not _traces:
+        yield
+        return
+    own: set[int] = set()
+    if module is not None:
+        for sub in module.modules():
+            for t in [
+                *getattr(sub, "_former_parameters", {}).values(),
+                *sub._parameters.values(),
+                *sub._buffers.values(),
+            ]:
+                if t is not None:
+                    own.add(t.data_ptr())
+    seen: set[int] = set()
+    total = 0
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        nonlocal total
+        ptr = t.untyped_storage().data_ptr()
+        if t.data_ptr() not in own and ptr not in seen:
+            seen.add(ptr)
+            total += t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        yield
+    _record(Event("alloc", name, src=dev, dst=dev, nbytes=total))
+
+
 def current_device() -> int:
     """The simulated device of the calling thread (set by ``parallel_apply``), else -1."""
     return getattr(_local, "device", HOST)

@@ -27,6 +27,7 @@ from ddp_lab.parallel._device import (
     copy_to,
     device_index,
     get_device,
+    record_alloc,
     record_copy,
     tag,
 )
@@ -89,7 +90,9 @@ class Gather(Function):
         ctx.input_sizes = tuple(i.size(dim) for i in inputs)
         for t in inputs:
             record_copy(t, target, "gather")
-        return tag(torch.cat(inputs, dim), target)
+        out = tag(torch.cat(inputs, dim), target)
+        record_alloc("gathered", target, out)
+        return out
 
     @staticmethod
     def backward(ctx: Any, grad_output: torch.Tensor) -> tuple[Any, ...]:

@@ -19,7 +19,16 @@ import torch
 from torch import nn
 from torch._utils import ExceptionWrapper
 
-from ddp_lab.parallel._device import HOST, device, device_index, get_device, phase, tag
+from ddp_lab.parallel._device import (
+    HOST,
+    count_saved,
+    device,
+    device_index,
+    get_device,
+    phase,
+    record_alloc,
+    tag,
+)
 from ddp_lab.parallel._messages import msg
 
 
@@ -92,11 +101,12 @@ def parallel_apply(
             # torch needs a CUDA tensor here; an untagged (host) tensor runs on device i
             dev = i if t is None or get_device(t) == HOST else get_device(t)
         try:
-            with device(dev), phase("forward", dev):
+            with device(dev), phase("forward", dev), count_saved(dev, module):
                 if not isinstance(input, (list, tuple)):
                     input = (input,)  # also avoids iterating over a tensor's rows
                 output = module(*input, **kwargs)
             _tag_all(output, dev)
+            record_alloc("output", dev, output)
             with lock:
                 results[i] = output
         except Exception:

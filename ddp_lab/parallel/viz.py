@@ -1,0 +1,219 @@
+"""Pictures of a traced DataParallel step: transfers, a timeline, memory per device.
+
+Each ``*_data`` function computes what its plot draws (tested without a browser); each
+``plot_*`` function draws it with matplotlib; ``chunk_sizes_widget`` is the interactive
+explorer of default vs balanced chunk sizes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+from ddp_lab.notebook import tr
+from ddp_lab.parallel._device import HOST, Trace, count_saved, phase, trace
+from ddp_lab.parallel.balanced import balanced_chunk_sizes, default_chunk_sizes
+
+STEPS = ("scatter", "broadcast", "gather", "scatter_grad", "reduce_add")
+
+
+def traced_step(
+    model: nn.Module,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    output_device: int = 0,
+) -> Trace:
+    """Run forward, loss and backward of ``model`` (a DataParallel) under ``trace()``."""
+    with trace() as t:
+        out = model(x)
+        # the loss runs on the output device only, over the whole batch
+        with phase("loss", output_device), count_saved(output_device, name="loss"):
+            loss = loss_fn(out, y)
+        with phase("backward"):
+            loss.backward()
+    return t
+
+
+def transfer_table(t: Trace) -> dict[str, dict[tuple[int, int], int]]:
+    """Bytes moved in each step of a traced DataParallel step, per (source, destination)."""
+    table: dict[str, dict[tuple[int, int], int]] = {s: {} for s in STEPS}
+    for (name, src, dst), nbytes in t.bytes_moved().items():
+        table.setdefault(name, {})[(src, dst)] = nbytes
+    return table
+
+
+def plot_transfers(t: Trace, n_devices: int) -> Any:
+    """One panel per step: arrows from source to destination, labelled in KiB."""
+    import matplotlib.pyplot as plt
+
+    table = transfer_table(t)
+    steps = [s for s in table if table[s]]
+    fig, axes = plt.subplots(1, len(steps), figsize=(3.1 * len(steps), 3.2))
+    axes = [axes] if len(steps) == 1 else list(axes)
+    ys = {HOST: n_devices} | {d: n_devices - 1 - d for d in range(n_devices)}
+    titles = {
+        "scatter": tr("1 scatter inputs", "1 切分分发输入"),
+        "broadcast": tr("2 replicate (broadcast)", "2 复制模型（广播）"),
+        "gather": tr("4 gather outputs", "4 收集输出"),
+        "scatter_grad": tr("5 scatter output grads", "5 切分分发输出梯度"),
+        "reduce_add": tr("6 sum parameter grads", "6 参数梯度求和"),
+        "gather_grad": tr("input grads to host", "输入梯度回到主机"),
+    }
+    for ax, step in zip(axes, steps, strict=True):
+        for name, y in ys.items():
+            label = "host" if name == HOST else f"dev {name}"
+            ax.text(
+                0.5,
+                y,
+                label,
+                ha="center",
+                va="center",
+                bbox={"boxstyle": "round", "fc": "#eef" if name != 0 else "#fdd"},
+            )
+        pairs = table[step]
+        # the "hub" is the end every arrow shares (host or device 0); label the other end
+        ends = [set(p) for p in pairs]
+        hub = set.intersection(*ends) if ends else set()
+        for (src, dst), nbytes in pairs.items():
+            other = dst if src in hub else src
+            ax.annotate(
+                "",
+                xy=(0.62, ys[dst]),
+                xytext=(0.62, ys[src]),
+                arrowprops={
+                    "arrowstyle": "->",
+                    "color": "C0",
+                    "connectionstyle": f"arc3,rad={-0.4 if ys[dst] < ys[src] else 0.4}",
+                },
+            )
+            size = f"{nbytes / 1024:.0f} KiB" if nbytes >= 1024 else f"{nbytes} B"
+            ax.text(0.9, ys[other], size, fontsize=7, va="center")
+        ax.set_title(titles.get(step, step), fontsize=9)
+        ax.set_xlim(0, 1.3)
+        ax.set_ylim(-0.7, n_devices + 0.7)
+        ax.axis("off")
+    fig.tight_layout()
+    return fig
+
+
+def timeline_data(t: Trace) -> list[tuple[str, str, float, float]]:
+    """(row, phase, start ms, duration ms) for each timed phase, in start order."""
+    rows = []
+    for e in sorted(t.phases(), key=lambda e: e.start):
+        row = tr("main thread", "主线程") if e.thread == "MainThread" else e.thread
+        rows.append((row, e.name, e.start * 1e3, (e.end - e.start) * 1e3))
+    return rows
+
+
+def plot_timeline(t: Trace) -> Any:
+    """Horizontal bars: when each phase ran, one row per thread."""
+    import matplotlib.pyplot as plt
+
+    data = timeline_data(t)
+    rows = sorted({r for r, *_ in data}, key=lambda r: (not r.startswith("rep"), r))
+    names = sorted({p for _, p, *_ in data})
+    colors = {p: f"C{i}" for i, p in enumerate(names)}
+    fig, ax = plt.subplots(figsize=(8, 0.5 + 0.45 * len(rows)))
+    for row, name, start, dur in data:
+        ax.barh(rows.index(row), dur, left=start, color=colors[name], edgecolor="k")
+    for name, c in colors.items():
+        ax.barh(0, 0, color=c, label=name)
+    ax.set_yticks(range(len(rows)), rows)
+    ax.set_xlabel(tr("time (ms)", "时间（毫秒）"))
+    ax.legend(fontsize=8, ncol=len(colors), loc="upper center", bbox_to_anchor=(0.5, -0.35))
+    fig.tight_layout()
+    return fig
+
+
+def memory_by_device(
+    t: Trace, model: nn.Module, n_devices: int, output_device: int = 0
+) -> dict[int, dict[str, int]]:
+    """Bytes each device holds at the end of a traced step, by kind (a simple model).
+
+    Counts the parameter copy and its gradient on every used device, the input chunk,
+    the activations saved for backward and the replica's output; on ``output_device``
+    also the gathered output, its gradient, the loss's saved tensors and the summed
+    gradients. Caching allocators, workspaces and fragmentation are left out.
+    """
+    n_params = sum(p.numel() * p.element_size() for p in model.parameters())
+    n_bufs = sum(b.numel() * b.element_size() for b in model.buffers())
+    used = sorted({e.src for e in t.phases() if e.name == "forward"})
+    mem: dict[int, dict[str, int]] = {d: {} for d in range(n_devices)}
+
+    def add(d: int, kind: str, nbytes: int) -> None:
+        mem[d][kind] = mem[d].get(kind, 0) + nbytes
+
+    for d in used:
+        add(d, "parameters", n_params + n_bufs)
+        add(d, "gradients", n_params)
+    for e in t.copies("scatter"):
+        add(e.dst, "input chunk", e.nbytes)
+    for e in t.events:
+        if e.kind == "alloc" and e.name in ("activations", "output", "loss"):
+            add(e.dst, e.name, e.nbytes)
+        elif e.kind == "alloc" and e.name == "gathered":
+            add(output_device, "gathered output + grad", 2 * e.nbytes)
+    if output_device not in used:
+        add(output_device, "parameters", n_params + n_bufs)
+    add(output_device, "summed gradients", n_params)
+    return mem
+
+
+def plot_memory(mem: dict[int, dict[str, int]], title: str = "") -> Any:
+    """Stacked bars of ``memory_by_device`` in KiB."""
+    import matplotlib.pyplot as plt
+
+    kinds = sorted({k for m in mem.values() for k in m})
+    fig, ax = plt.subplots(figsize=(6, 3))
+    bottom = [0.0] * len(mem)
+    for i, kind in enumerate(kinds):
+        vals = [mem[d].get(kind, 0) / 1024 for d in sorted(mem)]
+        ax.bar([f"dev {d}" for d in sorted(mem)], vals, bottom=bottom, label=kind, color=f"C{i}")
+        bottom = [b + v for b, v in zip(bottom, vals, strict=True)]
+    ax.set_ylabel("KiB")
+    ax.set_title(title)
+    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1, 0.5))
+    fig.tight_layout()
+    return fig
+
+
+def chunk_plot_data(batch_size: int, num_devices: int, gpu0_bsz: int) -> dict[str, list[int]]:
+    """What the chunk-size widget draws: the default and the balanced split."""
+    return {
+        "default": default_chunk_sizes(batch_size, num_devices),
+        "balanced": balanced_chunk_sizes(batch_size, num_devices, gpu0_bsz),
+    }
+
+
+def chunk_sizes_widget() -> Any:
+    """Sliders for batch size, device count and gpu0_bsz; bars of both splits."""
+    import ipywidgets as w
+    import matplotlib.pyplot as plt
+
+    def draw(batch_size: int, num_devices: int, gpu0_bsz: int) -> None:
+        data = chunk_plot_data(batch_size, num_devices, gpu0_bsz)
+        fig, ax = plt.subplots(figsize=(6, 2.6))
+        xs = range(num_devices)
+        ax.bar(
+            [x - 0.2 for x in xs],
+            data["default"],
+            0.4,
+            label=tr("default (torch.chunk)", "默认（torch.chunk）"),
+        )
+        ax.bar([x + 0.2 for x in xs], data["balanced"], 0.4, label=tr("balanced", "均衡"))
+        ax.axhline(gpu0_bsz, ls=":", c="gray")
+        ax.set_xticks(list(xs), [f"dev {x}" for x in xs])
+        ax.set_ylabel(tr("rows", "行数"))
+        ax.legend(fontsize=8)
+        plt.show()
+
+    return w.interactive(
+        draw,
+        batch_size=w.IntSlider(30, 1, 128),
+        num_devices=w.IntSlider(4, 1, 8),
+        gpu0_bsz=w.IntSlider(4, 0, 64),
+    )
