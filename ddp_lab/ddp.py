@@ -108,14 +108,18 @@ class NaiveDDP(nn.Module):
         self.module = module
         self.broadcast_buffers = broadcast_buffers
         self.process_group = process_group
+        self._sync_buffers_next = True
         # Ranks built their models from different random states (or only rank 0 loaded a
         # checkpoint): from here on, every rank holds rank 0's model.
         broadcast_state(module_states(module), src=0, group=process_group)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         """Run the wrapped module; first copy rank 0's buffers if ``broadcast_buffers``."""
-        if self.broadcast_buffers:
+        if self.broadcast_buffers and self._sync_buffers_next:
             broadcast_state(list(self.module.buffers()), src=0, group=self.process_group)
+        # torch's rule: buffers are synced before a forward only if the previous forward
+        # was a training one (grad enabled); after an eval forward they are not.
+        self._sync_buffers_next = torch.is_grad_enabled()
         return self.module(*args, **kwargs)
 
     def trainable_parameters(self) -> Iterator[nn.Parameter]:

@@ -1,0 +1,334 @@
+"""Bucketed DDP: all-reduce gradient buckets during backward, overlapping communication.
+
+Each trainable parameter gets a post-accumulate-grad hook. When every gradient of a
+bucket is ready, the bucket is flattened into one buffer, divided by the world size and
+sent with an asynchronous ``all_reduce``; backward goes on computing the earlier layers'
+gradients meanwhile. A callback queued on the autograd engine runs when backward ends:
+it waits for every bucket and copies the averaged values back into ``param.grad``, so
+``loss.backward()`` returns with synchronised gradients, as under torch's DDP.
+
+How the teaching version differs from PyTorch's ``DistributedDataParallel``:
+- the reducer is ~100 lines of Python instead of C++ (``torch/csrc/distributed/c10d/
+  reducer.cpp``); gradients are copied into the bucket (torch can make them views of it,
+  ``gradient_as_bucket_view=True``);
+- buckets keep the order given by ``assign_buckets`` (torch rebuilds them after the first
+  iteration in the order gradients really arrived);
+- a parameter without a gradient raises an error at the end of backward (torch's
+  ``find_unused_parameters=True`` marks it ready instead); one dtype and device per model;
+- no comm hooks, static graph, join or mixed precision.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.autograd import Variable
+
+from ddp_lab.ddp import broadcast_state, check_wrappable, module_states
+from ddp_lab.i18n import get_language
+from ddp_lab.notebook import tr
+
+DEFAULT_BUCKET_CAP_MB = 25.0  # torch's default
+DEFAULT_FIRST_BUCKET_MB = 1.0  # torch's dist._DEFAULT_FIRST_BUCKET_BYTES, in MiB
+MB = 1024 * 1024
+
+_MESSAGES = {
+    "bad_cap": {
+        "en": "bucket_cap_mb must be a positive number of MiB or None (25), got {value!r}.",
+        "zh": "bucket_cap_mb 必须是正数（单位 MiB）或 None（即 25），但收到的是 {value!r}。",
+    },
+    "mixed": {
+        "en": "BucketedDDP needs every trainable parameter on one dtype and device; got {kinds}.",
+        "zh": "BucketedDDP 要求所有可训练参数的 dtype 和设备相同，但发现了 {kinds}。",
+    },
+    "unused": {
+        "en": "Backward ended but bucket(s) {buckets} never got the gradients of {names}: "
+        "those parameters took no part in computing the loss. torch's DDP raises a similar "
+        "error unless find_unused_parameters=True.",
+        "zh": "反向传播结束了，但桶 {buckets} 始终没有收到 {names} 的梯度：这些参数没有参与"
+        "计算损失。torch 的 DDP 在这种情况下也会报类似的错，除非设置 find_unused_parameters=True。",
+    },
+}
+
+
+def _message(key: str, **kwargs: object) -> str:
+    entry = _MESSAGES[key]
+    return entry.get(get_language(), entry["en"]).format(**kwargs)
+
+
+def check_cap(value: Any) -> float | None:
+    """Validate a ``bucket_cap_mb`` argument (None means torch's default)."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise ValueError(_message("bad_cap", value=value))
+    return float(value)
+
+
+def assign_buckets(
+    params: Sequence[torch.Tensor], bucket_cap_mb: float | None = None
+) -> list[list[int]]:
+    """Group parameter indices into buckets, in the order the buckets will be all-reduced.
+
+    torch's rule (``dist._compute_bucket_assignment_by_size``): walk the parameters in
+    definition order and close a bucket as soon as it holds at least the cap; the first
+    bucket's cap is 1 MiB when ``bucket_cap_mb`` is None (the default, 25 MiB). The list
+    is then reversed, because backward produces the last layers' gradients first.
+    """
+    cap = check_cap(bucket_cap_mb)
+    limits = (
+        [DEFAULT_FIRST_BUCKET_MB * MB, DEFAULT_BUCKET_CAP_MB * MB] if cap is None else [cap * MB]
+    )
+    buckets: list[list[int]] = []
+    current: list[int] = []
+    size = 0
+    for i, p in enumerate(params):
+        current.append(i)
+        size += p.numel() * p.element_size()
+        if size >= limits[min(len(buckets), len(limits) - 1)]:
+            buckets.append(current)
+            current, size = [], 0
+    if current:
+        buckets.append(current)
+    return buckets[::-1]
+
+
+@dataclass
+class StepTimeline:
+    """What happened in one training step, in seconds since its forward began."""
+
+    forward: tuple[float, float] = (0.0, 0.0)
+    grads: list[tuple[float, str]] = field(default_factory=list)
+    comm: list[tuple[float, float]] = field(default_factory=list)  # (launch, done) per bucket
+    synced: float = 0.0  # when backward returned with every bucket averaged
+
+    @property
+    def backward_end(self) -> float:
+        """When the last gradient was ready."""
+        return max(t for t, _ in self.grads)
+
+    def overlap(self) -> float:
+        """Fraction of the communication time spent while backward was still running."""
+        end = self.backward_end
+        total = sum(done - start for start, done in self.comm)
+        hidden = sum(max(0.0, min(done, end) - start) for start, done in self.comm)
+        return hidden / total if total > 0 else 0.0
+
+
+class _Bucket:
+    def __init__(self, params: list[nn.Parameter]) -> None:
+        self.params = params
+        self.flat = torch.empty(
+            sum(p.numel() for p in params), dtype=params[0].dtype, device=params[0].device
+        )
+        self.pending = len(params)
+        self.work: Any = None
+
+
+class BucketedDDP(nn.Module):
+    """DDP with gradient buckets all-reduced asynchronously while backward runs.
+
+    Used exactly like ``DistributedDataParallel``: forward, ``loss.backward()``,
+    ``optimizer.step()``; ``with model.no_sync():`` accumulates gradients locally.
+
+    Args:
+        bucket_cap_mb: bucket size in MiB; None gives torch's default (25, first bucket 1).
+        record_timeline: keep a ``StepTimeline`` per step in ``self.timeline``.
+    """
+
+    def __init__(
+        self,
+        module: nn.Module,
+        bucket_cap_mb: float | None = None,
+        broadcast_buffers: bool = True,
+        process_group: Any = None,
+        record_timeline: bool = False,
+    ) -> None:
+        check_cap(bucket_cap_mb)
+        check_wrappable(module, "BucketedDDP")
+        params = [p for p in module.parameters() if p.requires_grad]
+        kinds = {(str(p.dtype), str(p.device)) for p in params}
+        if len(kinds) > 1:
+            raise ValueError(_message("mixed", kinds=sorted(kinds)))
+        super().__init__()
+        self.module = module
+        self.broadcast_buffers = broadcast_buffers
+        self.process_group = process_group
+        self.require_backward_grad_sync = True  # the flag torch's no_sync() turns off
+        self.record_timeline = record_timeline
+        self.timeline: list[StepTimeline] = []
+        self._world_size = dist.get_world_size(process_group)
+        self._names = {id(p): n for n, p in module.named_parameters()}
+        broadcast_state(module_states(module), src=0, group=process_group)
+        self.bucket_indices = assign_buckets(params, bucket_cap_mb)
+        self.buckets = [_Bucket([params[i] for i in idx]) for idx in self.bucket_indices]
+        self._bucket_of = {id(p): b for b in self.buckets for p in b.params}
+        self._next = 0  # buckets are launched in index order: the same order on every rank
+        self._queued = False
+        self._sync_buffers_next = True
+        self._t0 = 0.0
+        self._step: StepTimeline | None = None
+        for p in params:
+            p.register_post_accumulate_grad_hook(self._on_grad_ready)
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        """Run the wrapped module, after copying rank 0's buffers (torch's rule)."""
+        self._t0 = time.perf_counter()
+        if self.broadcast_buffers and self._sync_buffers_next:
+            broadcast_state(list(self.module.buffers()), src=0, group=self.process_group)
+        self._sync_buffers_next = torch.is_grad_enabled() and self.require_backward_grad_sync
+        out = self.module(*args, **kwargs)
+        if self.record_timeline and self._sync_buffers_next:
+            self._step = StepTimeline(forward=(0.0, self._now()))
+        return out
+
+    @contextmanager
+    def no_sync(self) -> Iterator[None]:
+        """Backward passes inside only accumulate local gradients; the next one syncs them."""
+        previous = self.require_backward_grad_sync
+        self.require_backward_grad_sync = False
+        try:
+            yield
+        finally:
+            self.require_backward_grad_sync = previous
+
+    def _now(self) -> float:
+        return time.perf_counter() - self._t0
+
+    def _on_grad_ready(self, param: nn.Parameter) -> None:
+        if not self.require_backward_grad_sync:
+            return
+        if not self._queued:
+            # Runs once backward has finished: like the C++ reducer's finalize_backward.
+            Variable._execution_engine.queue_callback(self._finalize)
+            self._queued = True
+        if self._step is not None:
+            self._step.grads.append((self._now(), self._names.get(id(param), "?")))
+        self._bucket_of[id(param)].pending -= 1
+        # Launch only in bucket order, even if a later bucket filled first, so that every
+        # rank issues the same collectives in the same order.
+        while self._next < len(self.buckets) and self.buckets[self._next].pending == 0:
+            self._launch(self.buckets[self._next])
+            self._next += 1
+
+    @torch.no_grad()
+    def _launch(self, bucket: _Bucket) -> None:
+        torch.cat([p.grad.reshape(-1) for p in bucket.params], out=bucket.flat)
+        bucket.flat.div_(self._world_size)  # divide first, then sum: torch's order
+        bucket.work = dist.all_reduce(bucket.flat, group=self.process_group, async_op=True)
+        if self._step is not None:
+            record, start = self._step.comm, self._now()
+            bucket.work.get_future().then(lambda _: record.append((start, self._now())))
+
+    @torch.no_grad()
+    def _finalize(self) -> None:
+        try:
+            missing = [i for i, b in enumerate(self.buckets) if b.work is None]
+            if missing:
+                names = [
+                    self._names.get(id(p), "?")
+                    for i in missing
+                    for p in self.buckets[i].params
+                    if p.grad is None
+                ]
+                raise RuntimeError(_message("unused", buckets=missing, names=names))
+            for bucket in self.buckets:
+                bucket.work.wait()
+                offset = 0
+                for p in bucket.params:
+                    n = p.numel()
+                    p.grad.copy_(bucket.flat[offset : offset + n].view_as(p))
+                    offset += n
+            if self._step is not None:
+                self._step.synced = self._now()
+                while len(self._step.comm) < len(self.buckets):  # the last callbacks
+                    time.sleep(1e-4)
+                self.timeline.append(self._step)
+        finally:
+            for b in self.buckets:
+                b.pending, b.work = len(b.params), None
+            self._next, self._queued, self._step = 0, False, None
+
+
+def plot_timeline(step: StepTimeline, ax: Any = None) -> Any:
+    """Draw one step: forward, gradients becoming ready, each bucket's all-reduce."""
+    import matplotlib.pyplot as plt
+
+    if ax is None:
+        _, ax = plt.subplots(figsize=(8, 1.2 + 0.35 * len(step.comm)))
+    ms = 1000.0
+    f0, f1 = step.forward
+    ax.broken_barh([(f0 * ms, (f1 - f0) * ms)], (0.6, 0.8), color="tab:gray")
+    ax.broken_barh([(f1 * ms, (step.backward_end - f1) * ms)], (0.6, 0.8), color="tab:blue")
+    ax.plot([t * ms for t, _ in step.grads], [1.0] * len(step.grads), "k|", markersize=12)
+    for i, (start, done) in enumerate(step.comm):
+        ax.broken_barh([(start * ms, (done - start) * ms)], (1.6 + i, 0.8), color="tab:orange")
+    ax.axvline(step.synced * ms, color="tab:red", linestyle="--")
+    ax.set_yticks([1.0] + [2.0 + i for i in range(len(step.comm))])
+    ax.set_yticklabels(
+        [tr(en="forward | backward", zh="前向 | 反向")]
+        + [tr(en=f"all-reduce bucket {i}", zh=f"全归约 桶 {i}") for i in range(len(step.comm))]
+    )
+    ax.set_xlabel(
+        tr(
+            en="ms since the forward began (red: backward() returned)",
+            zh="自前向开始的毫秒数（红线：backward() 返回）",
+        )
+    )
+    ax.set_title(
+        tr(
+            en=f"communication hidden behind backward: {step.overlap():.0%}",
+            zh=f"被反向计算掩盖的通信：{step.overlap():.0%}",
+        )
+    )
+    return ax
+
+
+def bucket_plan(module: nn.Module, bucket_cap_mb: float | None) -> list[list[str]]:
+    """The names of the trainable parameters in each bucket, in all-reduce order."""
+    named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
+    return [
+        [named[i][0] for i in idx] for idx in assign_buckets([p for _, p in named], bucket_cap_mb)
+    ]
+
+
+def bucket_widget(
+    module: nn.Module, caps_mb: Sequence[float] = (0.05, 0.1, 0.25, 0.5, 1, 25)
+) -> Any:
+    """A slider over ``bucket_cap_mb`` that draws which parameters share a bucket."""
+    import ipywidgets as widgets
+    import matplotlib.pyplot as plt
+
+    named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
+    sizes = [p.numel() * p.element_size() / MB for _, p in named]
+
+    def draw(bucket_cap_mb: float) -> None:
+        plan = assign_buckets([p for _, p in named], bucket_cap_mb)
+        _, ax = plt.subplots(figsize=(8, 0.3 * len(named) + 1))
+        colors = plt.get_cmap("tab10")
+        for b, idx in enumerate(plan):
+            for i in idx:
+                ax.barh(i, sizes[i], color=colors(b % 10))
+                ax.text(sizes[i], i, f" {tr(en='bucket', zh='桶')} {b}", va="center")
+        ax.set_yticks(range(len(named)), [n for n, _ in named])
+        ax.invert_yaxis()
+        ax.set_xlabel(tr(en="gradient size (MiB)", zh="梯度大小（MiB）"))
+        ax.set_title(
+            tr(
+                en=f"bucket_cap_mb={bucket_cap_mb}: {len(plan)} bucket(s)",
+                zh=f"bucket_cap_mb={bucket_cap_mb}：{len(plan)} 个桶",
+            )
+        )
+        plt.show()
+
+    slider = widgets.SelectionSlider(
+        options=list(caps_mb), value=caps_mb[0], description="bucket_cap_mb"
+    )
+    return widgets.interactive(draw, bucket_cap_mb=slider)
