@@ -1,0 +1,377 @@
+# ---
+# jupyter:
+#   jupytext:
+#     notebook_metadata_filter: ddp_lab
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+#   ddp_lab:
+#     title:
+#       en: "01 The GPU software stack and NCCL"
+#       zh: "01 GPU 软件栈与 NCCL"
+# ---
+
+# %% [markdown] lang="en"
+# # 01 The GPU software stack and NCCL
+#
+# Before any distributed code runs, five pieces must fit together: the **driver**, the CUDA
+# runtime that PyTorch ships, the **CUDA toolkit** (with `nvcc`), cuDNN and NCCL. This
+# chapter inspects *your* machine. Where it has no GPU, cells say so and show what a GPU
+# machine prints, using real outputs stored with the course (clearly labelled).
+
+# %% [markdown] lang="zh"
+# # 01 GPU 软件栈与 NCCL
+#
+# 在运行任何分布式代码之前，五个部分必须相互匹配：**驱动**（driver）、PyTorch 自带的 CUDA
+# 运行时、**CUDA 工具包**（CUDA toolkit，含 `nvcc`）、cuDNN 和 NCCL。本章检查的是*你自己的*
+# 机器。如果没有 GPU，代码单元会说明这一点，并展示 GPU 机器上的真实输出（课程自带，
+# 已明确标注）。
+
+# %%
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+import ddp_lab as dl
+from ddp_lab import cuda_compat as cc
+from ddp_lab.doctor import doctor
+
+dl.setup()
+FIXTURES = Path(dl.__file__).resolve().parent.parent / "tests" / "fixtures"
+print("torch", torch.__version__, "| torch.version.cuda =", torch.version.cuda)
+
+# %% [markdown] lang="en"
+# ## Driver API vs runtime API
+#
+# - The **driver API** lives in `libcuda.so`, installed with the GPU driver. `nvidia-smi`
+#   talks to the driver, and the "CUDA Version" in its header is the *newest* CUDA that this
+#   driver can run, not an installed CUDA.
+# - The **runtime API** lives in `libcudart.so`. A PyTorch wheel bundles its own copy (its
+#   version is `torch.version.cuda`); a CUDA toolkit has another, and `nvcc -V` prints the
+#   toolkit's version. `nvcc` knows nothing about the driver.
+#
+# So `nvidia-smi` and `nvcc -V` usually print *different* CUDA versions. That is fine when
+# the driver's number is the larger one; it is fatal when PyTorch's runtime is newer than
+# what the driver supports. Let us ask this machine.
+
+# %% [markdown] lang="zh"
+# ## 驱动 API 与运行时 API
+#
+# - **驱动 API**（driver API）在 `libcuda.so` 中，随 GPU 驱动一起安装。`nvidia-smi` 与驱动
+#   通信，它表头里的 "CUDA Version" 是这个驱动*最高*能运行的 CUDA 版本，并不是已安装的 CUDA。
+# - **运行时 API**（runtime API）在 `libcudart.so` 中。PyTorch 的 wheel 自带一份（版本就是
+#   `torch.version.cuda`）；CUDA 工具包里还有另一份，`nvcc -V` 打印的是工具包的版本。
+#   `nvcc` 对驱动一无所知。
+#
+# 因此 `nvidia-smi` 和 `nvcc -V` 打印的 CUDA 版本通常*不同*。只要驱动的版本号更大就没有问题；
+# 如果 PyTorch 的运行时比驱动支持的更新，就无法运行。我们来问问这台机器。
+
+# %%
+def run(cmd):
+    """Run a command and return what it printed, or None when it is not installed."""
+    if shutil.which(cmd[0]) is None:
+        return None
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=20)
+    return p.stdout + p.stderr
+
+
+smi_text = run(["nvidia-smi"])
+nvcc_text = run(["nvcc", "-V"])
+if smi_text is None:
+    print("nvidia-smi: not found on this machine (no NVIDIA driver).")
+    smi_text = (FIXTURES / "nvidia-smi" / "535.104.05_cuda12.2_h100.txt").read_text()
+    print("=== EXAMPLE from an H100 machine (not this machine) ===")
+print("\n".join(smi_text.splitlines()[:10]))
+print("--- nvcc -V on this machine ---" if nvcc_text else "nvcc: not found on this machine")
+print(nvcc_text or "")
+
+# %%
+info = cc.parse_nvidia_smi(smi_text)
+print("driver:", cc.fmt_driver(info.driver), "| newest CUDA it runs:", cc.fmt(info.cuda))
+print("nvcc's CUDA:", cc.fmt(cc.parse_nvcc(nvcc_text)), "| torch's CUDA runtime:", torch.version.cuda)
+print(cc.check_driver_runtime(info.driver, "12.1").text)
+print(cc.check_driver_runtime(info.driver, "12.8").text)
+
+# %% [markdown] lang="en"
+# The rule comes from NVIDIA's table of minimum driver versions per CUDA release (CUDA
+# Toolkit Release Notes, Tables 2 and 3, Linux x86_64:
+# https://docs.nvidia.com/cuda/cuda-toolkit-release-notes/). Within one major version,
+# *minor version compatibility* lets, say, a CUDA 12.4 runtime run on a 12.0 driver
+# (>= 525.60.13), without JIT compilation of newer PTX: that is a warning, not an error.
+
+# %% [markdown] lang="zh"
+# 这条规则来自 NVIDIA 发布的各 CUDA 版本最低驱动版本表（CUDA Toolkit Release Notes 的
+# 表 2 和表 3，Linux x86_64：https://docs.nvidia.com/cuda/cuda-toolkit-release-notes/）。
+# 在同一个主版本内，*小版本兼容*（minor version compatibility）允许例如 CUDA 12.4 的运行时在
+# 12.0 的驱动（>= 525.60.13）上运行，但不能 JIT 编译更新的 PTX：这是警告，不是错误。
+
+# %%
+for cuda, need in list(cc.MIN_DRIVER_LINUX.items())[:6]:
+    print(f"CUDA {cc.fmt(cuda):>5} needs driver >= {need}")
+
+# %% [markdown] lang="en"
+# ### Interactive checker
+#
+# Pick a driver and a CUDA runtime (the detected ones are preselected when there is a GPU).
+# Bars show the minimum driver of each CUDA release; the dashed line is your driver.
+
+# %% [markdown] lang="zh"
+# ### 交互式检查器
+#
+# 选择一个驱动版本和一个 CUDA 运行时版本（有 GPU 时会预先选中检测到的版本）。柱子表示每个
+# CUDA 版本要求的最低驱动，虚线是你的驱动。
+
+# %%
+cc.compat_widget(driver=cc.fmt_driver(info.driver), runtime=torch.version.cuda or "12.1");
+
+# %% [markdown] lang="en"
+# ## cuDNN, NCCL and the backends of this build
+#
+# cuDNN (the neural-network kernels) and NCCL (GPU collectives) also come inside the
+# PyTorch wheel. A CPU build has neither: the only distributed backend is `gloo`.
+
+# %% [markdown] lang="zh"
+# ## cuDNN、NCCL 以及当前版本支持的后端
+#
+# cuDNN（神经网络算子库）和 NCCL（GPU 集合通信库）同样包含在 PyTorch 的 wheel 中。
+# CPU 版本两者都没有：唯一可用的分布式后端（backend）是 `gloo`。
+
+# %%
+print("cuDNN:", torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None)
+print("gloo:", dist.is_gloo_available(), "| nccl:", dist.is_nccl_available(),
+      "| mpi:", dist.is_mpi_available())
+if dist.is_nccl_available() and torch.cuda.is_available():
+    print("NCCL bundled with torch:", torch.cuda.nccl.version())
+else:
+    print("No NCCL in this build: torch.cuda.nccl.version() would fail here, so we skip it.")
+
+# %% [markdown] lang="en"
+# Which `libnccl` did the process really load? Your `LD_LIBRARY_PATH` does not decide it
+# alone: the wheel's copy (from the `nvidia-nccl-cu12` package) is found first unless you
+# `LD_PRELOAD` yours. The memory map of the process tells the truth:
+
+# %% [markdown] lang="zh"
+# 进程实际加载的是哪个 `libnccl`？这并不只由 `LD_LIBRARY_PATH` 决定：除非你用 `LD_PRELOAD`
+# 指定自己的版本，否则会先找到 wheel 自带的那一份（来自 `nvidia-nccl-cu12` 包）。
+# 进程的内存映射会给出真实答案：
+
+# %%
+loaded = sorted({line.split()[-1] for line in open("/proc/self/maps") if "libnccl" in line})
+print(loaded or "no libnccl is loaded in this process (CPU build of torch)")
+
+# %% [markdown] lang="en"
+# ### Building NCCL without root (and testing it)
+#
+# The source notes build NCCL in a home folder, which works, but two of their steps are
+# wrong: they add the build's `include/` folder to `PATH` (headers are not programs; NCCL's
+# build has no `bin/`), and their `LD_LIBRARY_PATH` points at a different folder than
+# `BUILDDIR`. The steps, with the tag chosen to match your CUDA and kernels only for your
+# GPU (here compute capability 9.0, an H100):
+#
+# ```bash
+# git clone https://github.com/NVIDIA/nccl.git && cd nccl
+# git checkout v2.21.5-1                     # a tag whose release notes list your CUDA
+# make -j8 src.build BUILDDIR=$HOME/opt/nccl CUDA_HOME=/usr/local/cuda-12.1 \
+#      NVCC_GENCODE="-gencode=arch=compute_90,code=sm_90"
+# export LD_LIBRARY_PATH=$HOME/opt/nccl/lib:$LD_LIBRARY_PATH   # lib/, not include/ or bin/
+# git clone https://github.com/NVIDIA/nccl-tests.git && cd nccl-tests
+# make MPI=0 CUDA_HOME=/usr/local/cuda-12.1 NCCL_HOME=$HOME/opt/nccl
+# ./build/all_reduce_perf -b 8 -e 256M -f 2 -g 2     # 2 GPUs, 8 B to 256 MB
+# ```
+#
+# `all_reduce_perf` prints per size `algbw` (bytes / time) and `busbw`
+# (`algbw * 2(n-1)/n` for all-reduce: the traffic each link really carries, comparable to
+# the hardware bandwidth). The cell below runs the build only where `nvcc` and a GPU exist.
+
+# %% [markdown] lang="zh"
+# ### 无 root 权限编译 NCCL（并测试）
+#
+# 源笔记在用户目录下编译 NCCL，这个思路可行，但有两步是错的：把编译结果的 `include/` 目录加入了
+# `PATH`（头文件不是可执行程序，NCCL 的编译结果也没有 `bin/`），而且 `LD_LIBRARY_PATH` 指向的
+# 目录与 `BUILDDIR` 不同。正确的步骤如下：选择与你的 CUDA 匹配的 tag，只为你的 GPU 生成代码
+# （这里是计算能力 9.0，即 H100）：
+#
+# ```bash
+# git clone https://github.com/NVIDIA/nccl.git && cd nccl
+# git checkout v2.21.5-1                     # 选择发布说明中列出你的 CUDA 版本的 tag
+# make -j8 src.build BUILDDIR=$HOME/opt/nccl CUDA_HOME=/usr/local/cuda-12.1 \
+#      NVCC_GENCODE="-gencode=arch=compute_90,code=sm_90"
+# export LD_LIBRARY_PATH=$HOME/opt/nccl/lib:$LD_LIBRARY_PATH   # 是 lib/，不是 include/ 或 bin/
+# git clone https://github.com/NVIDIA/nccl-tests.git && cd nccl-tests
+# make MPI=0 CUDA_HOME=/usr/local/cuda-12.1 NCCL_HOME=$HOME/opt/nccl
+# ./build/all_reduce_perf -b 8 -e 256M -f 2 -g 2     # 2 块 GPU，8 B 到 256 MB
+# ```
+#
+# `all_reduce_perf` 对每个数据量打印 `algbw`（字节数 / 时间）和 `busbw`（对全归约（all-reduce）
+# 是 `algbw * 2(n-1)/n`：每条链路实际承载的流量，可以直接与硬件带宽比较）。下面的单元只在
+# 有 `nvcc` 和 GPU 的机器上才会真的编译。
+
+# %%
+def busbw(algbw_gbs, n):
+    """nccl-tests' bus bandwidth of all-reduce on n ranks."""
+    return algbw_gbs * 2 * (n - 1) / n
+
+
+print("algbw 100 GB/s on 8 GPUs -> busbw", busbw(100, 8), "GB/s")
+if shutil.which("nvcc") and torch.cuda.is_available():
+    print("nvcc and a GPU are here: run the commands above in a terminal (minutes).")
+else:
+    print("Skipped: building NCCL needs nvcc and a GPU (found nvcc:", bool(shutil.which("nvcc")),
+          "| GPU:", torch.cuda.is_available(), ").")
+
+# %% [markdown] lang="en"
+# ## Where PyTorch looks for CUDA when it builds extensions
+#
+# `torch.utils.cpp_extension` uses `CUDA_HOME`, else `CUDA_PATH`, else the folder above the
+# `nvcc` found on `PATH`, else `/usr/local/cuda`. A conda toolkit (`conda install
+# cuda-toolkit`) puts `nvcc` in `$CONDA_PREFIX/bin`, so activating the environment is
+# enough. A trap this very machine shows: a wrapper script `/usr/local/bin/nvcc` makes the
+# guess `/usr/local`, which has no CUDA headers.
+
+# %% [markdown] lang="zh"
+# ## PyTorch 编译扩展时去哪里找 CUDA
+#
+# `torch.utils.cpp_extension` 依次使用 `CUDA_HOME`、`CUDA_PATH`、`PATH` 上找到的 `nvcc` 的
+# 上两级目录，最后是 `/usr/local/cuda`。用 conda 安装的工具包（`conda install cuda-toolkit`）
+# 把 `nvcc` 放在 `$CONDA_PREFIX/bin`，所以激活环境就够了。本机就能演示一个陷阱：
+# 包装脚本 `/usr/local/bin/nvcc` 会让 torch 猜成 `/usr/local`，而那里没有 CUDA 头文件。
+
+# %%
+from ddp_lab.doctor import find_cuda_home
+
+nvcc_path = shutil.which("nvcc")
+home = find_cuda_home(dict(os.environ), nvcc_path)
+print("nvcc on PATH:", nvcc_path, "-> CUDA home torch would use:", home)
+if home:
+    print("has include/cuda_runtime.h:", os.path.exists(os.path.join(home, "include", "cuda_runtime.h")))
+print("with CUDA_HOME=/usr/local/cuda-12.1:",
+      find_cuda_home({"CUDA_HOME": "/usr/local/cuda-12.1"}, nvcc_path))
+
+# %% [markdown] lang="en"
+# ## Installing a matching torch build
+#
+# Pick the wheel index whose CUDA is **<=** the "CUDA Version" of `nvidia-smi` (for example
+# `pip install torch --index-url https://download.pytorch.org/whl/cu121`), or the CPU build
+# (`.../whl/cpu`) on a machine without a GPU. The source notes pin `torch==1.10.1+cu102`
+# and claim "torch >= 1.9 is unstable": that claim came from one elastic-agent warning
+# ("Received 1 death signal"), which only says a worker was stopped. Use a current release.
+
+# %% [markdown] lang="zh"
+# ## 安装匹配的 torch
+#
+# 选择 CUDA 版本 **<=** `nvidia-smi` 显示的 "CUDA Version" 的 wheel 源（例如
+# `pip install torch --index-url https://download.pytorch.org/whl/cu121`），没有 GPU 的机器用
+# CPU 版本（`.../whl/cpu`）。源笔记固定使用 `torch==1.10.1+cu102`，并说"torch >= 1.9 不稳定"：
+# 这个说法只来自一条 elastic agent 的警告（"Received 1 death signal"），它只表示某个 worker
+# 被停止了。请使用当前的版本。
+
+# %% [markdown] lang="en"
+# ## `ddp-lab doctor`: everything in one report
+#
+# In a terminal run `ddp-lab doctor` (or `ddp-lab doctor --json`). In a notebook:
+
+# %% [markdown] lang="zh"
+# ## `ddp-lab doctor`：一份报告看全部
+#
+# 在终端运行 `ddp-lab doctor`（或 `ddp-lab doctor --json`）。在 notebook 中：
+
+# %%
+report = doctor()
+print(report)
+
+# %% [markdown] lang="en"
+# The same checks on situations this machine cannot produce, from stored outputs: a driver
+# that is too old for a CUDA 12.1 build, and a broken driver after an upgrade without reboot.
+
+# %% [markdown] lang="zh"
+# 用保存的输出检查这台机器无法产生的情况：驱动对 CUDA 12.1 版本的 torch 来说太旧，
+# 以及升级驱动后没有重启导致的驱动故障。
+
+# %%
+from dataclasses import replace
+
+from ddp_lab.doctor import analyse, gather
+
+facts = gather()
+for name in ["470.82.01_cuda11.4_a100.txt", "nvml_mismatch.txt"]:
+    fake = replace(facts, torch_cuda="12.1", nvidia_smi=(FIXTURES / "nvidia-smi" / name).read_text())
+    for f in analyse(fake):
+        if f.key in ("driver", "driver_vs_torch") and f.level != "ok":
+            print(f"[{f.level}] {f.key}: {f.value}\n    -> {f.fix}")
+
+# %% [markdown] lang="en" tags=["exercise"]
+# ## Exercise: can this setup run this torch build? (3 points)
+#
+# Write `diagnose(nvidia_smi, nvcc_v, torch_build)`. It receives the text printed by
+# `nvidia-smi` and by `nvcc -V`, and a torch version such as `"2.5.1+cu121"` or
+# `"2.5.1+cpu"`. Return a tuple `(level, change)`:
+#
+# - CPU build: `("ok", "nothing")` without a working driver, `("warning", "torch")` with one.
+# - CUDA build and no working driver: `("problem", "driver")`.
+# - Driver too old: `("problem", "driver")`, or `("warning", "driver")` when minor version
+#   compatibility lets it run (use `cc.check_driver_runtime`).
+# - Otherwise compare `nvcc` with torch's CUDA (`cc.check_nvcc_torch`): a different major
+#   gives `("warning", "toolkit")`; everything else `("ok", "nothing")`.
+#
+# The parsers `cc.parse_nvidia_smi`, `cc.parse_nvcc` and `cc.parse_torch_cuda` help.
+# Compare versions as numbers, never as text.
+
+# %% [markdown] lang="zh" tags=["exercise"]
+# ## 练习：这套环境能运行这个 torch 吗？（3 分）
+#
+# 编写 `diagnose(nvidia_smi, nvcc_v, torch_build)`。它接收 `nvidia-smi` 和 `nvcc -V` 打印的
+# 文本，以及一个 torch 版本，例如 `"2.5.1+cu121"` 或 `"2.5.1+cpu"`。返回元组
+# `(level, change)`：
+#
+# - CPU 版本：没有可用驱动时返回 `("ok", "nothing")`，有驱动时返回 `("warning", "torch")`。
+# - CUDA 版本但没有可用驱动：`("problem", "driver")`。
+# - 驱动太旧：`("problem", "driver")`；若小版本兼容使其可以运行，则返回
+#   `("warning", "driver")`（使用 `cc.check_driver_runtime`）。
+# - 否则比较 `nvcc` 与 torch 的 CUDA（`cc.check_nvcc_torch`）：主版本不同返回
+#   `("warning", "toolkit")`；其余情况返回 `("ok", "nothing")`。
+#
+# 可以使用解析函数 `cc.parse_nvidia_smi`、`cc.parse_nvcc` 和 `cc.parse_torch_cuda`。
+# 版本要按数字比较，不要按文本比较。
+
+# %% tags=["exercise"]
+def diagnose(nvidia_smi: str, nvcc_v: str, torch_build: str) -> tuple[str, str]:
+    ### BEGIN SOLUTION
+    torch_cuda = cc.parse_torch_cuda(torch_build)
+    smi = cc.parse_nvidia_smi(nvidia_smi)
+    has_driver = smi is not None and not smi.error
+    if torch_cuda is None:
+        return ("warning", "torch") if has_driver else ("ok", "nothing")
+    if not has_driver:
+        return ("problem", "driver")
+    v = cc.check_driver_runtime(smi.driver, torch_cuda)
+    if v.level != "ok":
+        return (v.level, v.change)
+    n = cc.check_nvcc_torch(cc.parse_nvcc(nvcc_v), torch_cuda)
+    return (n.level, n.change)
+    ### END SOLUTION
+
+
+# %% tags=["exercise"]
+print(diagnose((FIXTURES / "nvidia-smi" / "525.60.13_cuda12.0_a100.txt").read_text(),
+               (FIXTURES / "nvcc" / "11.8.txt").read_text(), "2.5.1+cu124"))
+
+# %% tags=["grade"] grade_id="01.diagnose" points=3
+dl.grade("01.diagnose", diagnose)
+
+# %% [markdown] lang="en"
+# ## What next
+#
+# Chapter 02 starts several processes and gives each one its rank.
+
+# %% [markdown] lang="zh"
+# ## 接下来
+#
+# 第 02 章会启动多个进程，并给每个进程分配 rank。
