@@ -1,0 +1,108 @@
+"""Tests of ddp_lab.costs: the alpha-beta-gamma models, checked against counted traffic."""
+
+from __future__ import annotations
+
+import math
+
+import matplotlib
+import pytest
+import torch
+import torch.distributed as dist
+from hypothesis import given
+from hypothesis import strategies as st
+
+import ddp_lab as dl
+from ddp_lab import costs, ring
+
+matplotlib.use("Agg")
+
+
+def _ps_all_reduce_bytes(rank: int, numel: int) -> int:
+    """Reduce + broadcast through rank 0 with send/recv; return the bytes this rank sent."""
+    n, sent = dist.get_world_size(), 0
+    x = torch.ones(numel)
+    if rank == 0:
+        buf = torch.empty(numel)
+        for peer in range(1, n):
+            dist.recv(buf, peer)
+            x += buf
+        for peer in range(1, n):
+            dist.send(x, peer)
+            sent += x.numel() * 4
+    else:
+        dist.send(x, 0)
+        sent += x.numel() * 4
+        dist.recv(x, 0)
+    assert torch.all(x == n)
+    return sent
+
+
+@pytest.mark.parametrize("world_size", [2, 3, 4])
+def test_bytes_sent_match_real_traffic(world_size):
+    numel = 120
+    ps = dl.spawn(
+        _ps_all_reduce_bytes, args=(numel,), nprocs=world_size, backend="gloo", quiet=True
+    )
+    assert max(ps) == costs.bytes_sent("parameter server", world_size, numel * 4)
+    traces = dl.spawn(
+        ring.traced_run, args=(world_size, numel), nprocs=world_size, backend="gloo", quiet=True
+    )
+    ring_bytes = max(sum(s["sent_numel"] for s in t) * 8 for t in traces)
+    assert ring_bytes == costs.bytes_sent("ring", world_size, numel * 8)
+
+
+@given(
+    n=st.integers(2, 256),
+    size=st.floats(1e3, 1e10),
+    alpha=st.floats(0, 1e-3),
+    bw=st.floats(1e8, 1e12),
+)
+def test_ring_never_loses_to_the_parameter_server(n, size, alpha, bw):
+    beta = 1 / bw
+    assert costs.ring(n, size, alpha, beta) <= costs.parameter_server(n, size, alpha, beta) * (
+        1 + 1e-12
+    )
+
+
+def test_bandwidth_terms():
+    s, beta = 1e9, 1e-9
+    # Ring and halving-doubling are bandwidth optimal: 2(N-1)/N S beta, below 2 S beta.
+    for n in (2, 4, 64, 1024):
+        assert costs.ring(n, s, 0, beta) == pytest.approx(2 * (n - 1) / n * s * beta)
+        assert costs.halving_doubling(n, s, 0, beta) == pytest.approx(costs.ring(n, s, 0, beta))
+    # Butterfly moves the whole buffer log2 N times; the parameter server 2(N-1) times.
+    assert costs.butterfly(8, s, 0, beta) == pytest.approx(3 * s * beta)
+    assert costs.parameter_server(8, s, 0, beta) == pytest.approx(14 * s * beta)
+    # The notes' formula 2(alpha + S/B) would not grow with N at all.
+    assert costs.parameter_server(16, s, 0, beta) > 7 * costs.parameter_server(2, s, 0, beta)
+
+
+def test_latency_terms_and_non_powers_of_two():
+    assert costs.ring(8, 0, 1.0, 0) == 14
+    assert costs.halving_doubling(8, 0, 1.0, 0) == 6
+    assert costs.binomial_tree(5, 0, 1.0, 0) == 2 * math.ceil(math.log2(5))
+
+
+def test_segments_trade_latency_for_hidden_reduction():
+    n, s, alpha, beta, gamma = 4, 2**26, 1e-5, 1e-10, 1e-9
+    one = costs.segmented_ring(n, s, alpha, beta, gamma, segments=1)
+    assert one == pytest.approx(costs.ring(n, s, alpha, beta, gamma))
+    assert costs.segmented_ring(n, s, alpha, beta, gamma, segments=8) < one
+    tiny = 1024  # small messages: more segments only add latency
+    assert costs.segmented_ring(n, tiny, alpha, beta, gamma, 8) > costs.ring(
+        n, tiny, alpha, beta, gamma
+    )
+
+
+def test_curves_validate_and_draw():
+    with pytest.raises(ValueError):
+        costs.curves([2, 4], size=0, alpha=1e-6, bandwidth=1e9)
+    c = costs.curves([2, 4, 8], 2**20, 1e-5, 1e9)
+    assert set(c) == set(costs.ALGORITHMS) and all(len(v) == 3 for v in c.values())
+    import matplotlib.pyplot as plt
+
+    _, ax = plt.subplots()
+    costs.plot_curves(ax, 8, 2**20, 1e-5, 1e9)
+    assert len(ax.lines) == len(costs.ALGORITHMS)
+    box = costs.cost_widget()
+    box.children[0].children[0].value = 4  # moving a slider redraws
