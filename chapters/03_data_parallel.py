@@ -1,0 +1,756 @@
+# ---
+# jupyter:
+#   jupytext:
+#     notebook_metadata_filter: ddp_lab
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+#   ddp_lab:
+#     title:
+#       en: "03 DataParallel from the inside"
+#       zh: "03 从内部看 DataParallel"
+# ---
+
+# %% [markdown] lang="en"
+# # 03 DataParallel from the inside
+#
+# `nn.DataParallel` (DP) is **data parallel** training in one process: every forward it
+# **scatters** the batch over the GPUs, **replicates** the model onto each of them, runs the
+# **replicas** in parallel threads and **gathers** the outputs on GPU 0. In this chapter
+# you run each of these steps yourself, check that the result equals the single-device
+# model, measure where the time and the memory go, and build the "balanced" variant.
+#
+# You need no GPU: `ddp_lab.parallel` holds teaching versions of `torch.nn.parallel`
+# with the same names, signatures and autograd rules, where "device `i`" is a label on a
+# copied CPU tensor.
+
+# %% [markdown] lang="zh"
+# # 03 从内部看 DataParallel
+#
+# `nn.DataParallel`（DP）是在**一个进程**里完成的**数据并行**训练：每次前向传播，它都把一批数据
+# **切分分发**（scatter）到各块 GPU，把模型**复制**（replicate）到每块 GPU 上，在多个线程里
+# 并行运行这些**副本**（replica），最后把输出**收集**（gather）到 GPU 0。本章你将亲手运行每一步，
+# 验证结果与单设备模型完全一致，测量时间和显存花在了哪里，并实现“均衡”版本。
+#
+# 你不需要 GPU：`ddp_lab.parallel` 提供了 `torch.nn.parallel` 的教学版本，名字、签名和自动求导
+# 规则都与 PyTorch 相同，只是“设备 `i`”变成了贴在 CPU 张量副本上的一个标签。
+
+# %%
+import copy
+import threading
+import time
+import warnings
+
+import torch
+from torch import nn
+
+import ddp_lab as dl
+import ddp_lab.parallel as P
+from ddp_lab.parallel import viz
+
+dl.setup()
+torch.manual_seed(0)
+N_GPUS = torch.cuda.device_count()
+print("torch", torch.__version__, "| GPUs:", N_GPUS)
+
+# %% [markdown] lang="en"
+# ## Why you cannot watch the real one on a CPU
+#
+# PyTorch's primitives need CUDA tensors, and `nn.DataParallel` without GPUs has an empty
+# `device_ids` and simply calls the module. The next cell shows both on this machine.
+
+# %% [markdown] lang="zh"
+# ## 为什么在 CPU 上看不到真正的 DataParallel
+#
+# PyTorch 的这几个基本操作都要求 CUDA 张量；没有 GPU 时，`nn.DataParallel` 的 `device_ids`
+# 是空列表，它只是直接调用模型。下一个单元在本机上展示这两点。
+
+# %%
+import torch.nn.parallel as tp
+
+for name, call in [("scatter", lambda: tp.scatter(torch.ones(4), [0, 1])),
+                   ("replicate", lambda: tp.replicate(nn.Linear(2, 2), [0, 1])),
+                   ("gather", lambda: tp.gather([torch.ones(2), torch.ones(2)], 0))]:
+    try:
+        call()
+        print(f"torch.nn.parallel.{name}: ran (this machine has GPUs)")
+    except Exception as err:  # noqa: BLE001  # we show whatever torch raises
+        print(f"torch.nn.parallel.{name}: {type(err).__name__}: {err}")
+print("nn.DataParallel(...).device_ids =", nn.DataParallel(nn.Linear(2, 2)).device_ids)
+
+# %% [markdown] lang="en"
+# ## The four steps
+#
+# Here is the `forward` of our mini `DataParallel`. Compare it with
+# `torch/nn/parallel/data_parallel.py`: the same calls in the same order. Only the
+# `phase(...)` blocks are new; they time each step for the timeline later.
+
+# %% [markdown] lang="zh"
+# ## 四个步骤
+#
+# 下面是我们的迷你 `DataParallel` 的 `forward`。把它和 `torch/nn/parallel/data_parallel.py`
+# 对照着读：调用相同，顺序也相同。唯一新增的是 `phase(...)` 代码块，它们为后面的时间线记录每一步的耗时。
+
+# %%
+dl.show_source(P.DataParallel.forward)
+
+# %% [markdown] lang="en"
+# ### Step 1: scatter
+#
+# `scatter` cuts every tensor along `dim` with `torch.chunk`, which rounds the chunk size
+# **up**: 10 rows on 4 devices give 3, 3, 3, 1, and 6 rows on 4 devices give only
+# **three** chunks, so device 3 gets no replica at all. Non-tensors are passed by reference
+# to every device; tuples, lists and dicts are walked; keyword arguments are scattered the
+# same way (`scatter_kwargs`).
+
+# %% [markdown] lang="zh"
+# ### 第 1 步：切分分发（scatter）
+#
+# `scatter` 用 `torch.chunk` 沿 `dim` 切开每个张量，而 `torch.chunk` 把每块的大小**向上取整**：
+# 10 行分给 4 个设备得到 3、3、3、1；6 行分给 4 个设备只得到**三块**，于是设备 3 根本不会有副本。
+# 非张量对象以引用方式原样交给每个设备；tuple、list 和 dict 会被逐层展开；关键字参数也按同样方式
+# 切分（`scatter_kwargs`）。
+
+# %%
+devices = [0, 1, 2, 3]
+for rows in (10, 6, 3):
+    chunks = P.scatter(torch.arange(rows), devices)
+    print(f"{rows:2d} rows ->", [c.tolist() for c in chunks],
+          "on devices", [P.get_device(c) for c in chunks])
+
+inputs, kwargs = P.scatter_kwargs((torch.arange(4.0), "relu"), {"mask": torch.ones(4, 2)},
+                                  [0, 1])
+for i in range(2):
+    print(f"device {i}: args={inputs[i]}, mask shape={tuple(kwargs[i]['mask'].shape)}")
+
+# %% [markdown] lang="en"
+# ### Step 2: replicate
+#
+# `replicate` copies the parameters with the `Broadcast` autograd function. The replica on
+# device 0 *shares storage* with your model; the others are copies. A replica's
+# "parameters" are not leaves any more: they have a `grad_fn`, and that is how backward
+# finds its way back to your model's parameters.
+
+# %% [markdown] lang="zh"
+# ### 第 2 步：复制模型（replicate）
+#
+# `replicate` 用自动求导函数 `Broadcast` 复制参数，也就是**广播**（broadcast）。设备 0 上的副本与
+# 你的模型**共享存储**，其他副本是拷贝。副本里的“参数”已经不再是叶子张量：它们带有 `grad_fn`，
+# 反向传播正是沿着它回到你的模型参数的。
+
+# %%
+model = nn.Sequential(nn.Linear(4, 3), nn.ReLU(), nn.Linear(3, 2))
+r0, r1 = P.replicate(model, [0, 1])
+w = model[0].weight
+print("replica 0 shares storage:", r0[0].weight.data_ptr() == w.data_ptr())
+print("replica 1 shares storage:", r1[0].weight.data_ptr() == w.data_ptr(),
+      "| lives on device", P.get_device(r1[0].weight))
+print("replica weight is a leaf:", r1[0].weight.is_leaf, "| grad_fn:", r1[0].weight.grad_fn)
+print("parameters() of a replica:", list(r1.parameters()))
+
+# %% [markdown] lang="en"
+# ### Step 3: parallel_apply
+#
+# `parallel_apply` starts one Python **thread** per replica (DP uses threads; DDP uses one
+# **process** per GPU, as the next chapters show; the source notes say "threads" for
+# both, which is wrong for DDP). The model below prints what each replica sees.
+
+# %% [markdown] lang="zh"
+# ### 第 3 步：并行执行（parallel_apply）
+#
+# `parallel_apply` 为每个副本启动一个 Python **线程**（DP 用线程；DDP 则是每块 GPU 一个**进程**，
+# 后面几章会看到。源笔记说两者都用线程，对 DDP 来说是错的）。下面的模型会打印每个副本看到的内容。
+
+# %%
+class Talker(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(8, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.fc(x)
+        print(f"  in {threading.current_thread().name} on device {P.current_device()}: "
+              f"input {tuple(x.shape)} -> output {tuple(out.shape)}")
+        return out
+
+
+out = P.DataParallel(Talker(), device_ids=[0, 1, 2])(torch.randn(6, 8))
+print("outside: output", tuple(out.shape), "on device", P.get_device(out))
+
+# %% [markdown] lang="en"
+# When a replica raises, `parallel_apply` re-raises the same exception type in your thread,
+# with the replica's index, device and original traceback in the message.
+
+# %% [markdown] lang="zh"
+# 当某个副本抛出异常时，`parallel_apply` 会在你的线程里重新抛出同类型的异常，消息里带有副本编号、
+# 设备和原始 traceback。
+
+# %%
+class FailsOnSmallChunks(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if len(x) < 3:
+            raise ValueError(f"chunk of {len(x)} rows is too small")
+        return x
+
+
+try:
+    P.DataParallel(FailsOnSmallChunks(), device_ids=[0, 1, 2, 3])(torch.randn(10, 2))
+except ValueError as err:
+    print(str(err).splitlines()[0], "...", str(err).splitlines()[-1])
+
+# %% [markdown] lang="en"
+# ### Step 4: gather, and what backward sends back
+#
+# `gather` concatenates the outputs on device 0. Backward runs the steps in reverse:
+# `Gather`'s backward **scatters the gradient of the output** (one of the source notes
+# says "the loss is scattered to the other GPUs": it is this gradient, not the loss), each
+# replica runs its own backward, and `Broadcast`'s backward **sums the replicas' parameter
+# gradients** onto device 0 (`ReduceAddCoalesced`). The picture comes from a traced step of
+# a model with 500 outputs: every arrow is a copy that really happened, with its size.
+
+# %% [markdown] lang="zh"
+# ### 第 4 步：收集（gather），以及反向传播送回了什么
+#
+# `gather` 把各个输出拼接到设备 0 上。反向传播按相反的顺序执行：`Gather` 的反向把**输出的梯度
+# 切分分发**到各设备（某篇源笔记说“主 GPU 把 loss scatter 到其余 GPU”，实际上分发的是这个梯度，
+# 而不是 loss）；每个副本各自反向传播；`Broadcast` 的反向把各副本的**参数梯度求和**到设备 0
+# （`ReduceAddCoalesced`）。下图来自一次被记录下来的训练步（模型有 500 个输出）：每个箭头都是一次
+# 真实发生的拷贝，并标出了大小。
+
+# %%
+wide = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 500))
+x, y = torch.randn(48, 16), torch.randint(0, 500, (48,))
+step_trace = viz.traced_step(P.DataParallel(wide, [0, 1, 2]), x, y,
+                             nn.functional.cross_entropy)
+fig = viz.plot_transfers(step_trace, 3)
+
+# %% [markdown] lang="en"
+# ## Proof: mini-DP computes what one device computes
+#
+# A small CNN on the scikit-learn digits (8x8 images). We compare the outputs and every
+# parameter gradient of the single-device model with those of mini-DP on 3 devices,
+# including an uneven batch (50 rows: chunks 17, 17, 16), in float64.
+
+# %% [markdown] lang="zh"
+# ## 证明：迷你 DP 的计算结果与单设备完全相同
+#
+# 用 scikit-learn 自带的手写数字数据集（8x8 图像）训练一个小 CNN。我们在 float64 下比较单设备模型
+# 与 3 个设备上的迷你 DP 的输出和每个参数的梯度，其中包括不能均分的批（50 行：分成 17、17、16）。
+
+# %%
+from sklearn.datasets import load_digits
+
+digits = load_digits()
+images = torch.tensor(digits.images, dtype=torch.float64).unsqueeze(1) / 16
+labels = torch.tensor(digits.target)
+
+
+def make_cnn() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Conv2d(1, 8, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+                         nn.Flatten(), nn.Linear(8 * 4 * 4, 10)).double()
+
+
+def outputs_and_grads(model: nn.Module, net: nn.Module, xb: torch.Tensor, yb: torch.Tensor):
+    model.zero_grad()
+    out = net(xb)
+    nn.functional.cross_entropy(out, yb).backward()
+    return out.detach(), [p.grad.clone() for p in model.parameters()]
+
+
+cnn = make_cnn()
+for batch in (48, 50):
+    xb, yb = images[:batch], labels[:batch]
+    ref_out, ref_grads = outputs_and_grads(cnn, cnn, xb, yb)
+    dp_out, dp_grads = outputs_and_grads(cnn, P.DataParallel(cnn, [0, 1, 2]), xb, yb)
+    grad_diff = max((a - b).abs().max().item() for a, b in zip(ref_grads, dp_grads))
+    print(f"batch {batch}: max |output diff| = {(ref_out - dp_out).abs().max().item():.1e}, "
+          f"max |grad diff| = {grad_diff:.1e}")
+
+# %% [markdown] lang="en"
+# And five SGD steps with mini-DP end at the same parameters as five steps on one device.
+# The optimizer is built from the model's parameters as usual: it is not wrapped.
+
+# %% [markdown] lang="zh"
+# 再用 SGD 训练五步：迷你 DP 与单设备最终得到相同的参数。优化器照常用模型参数创建，不需要包装。
+
+# %%
+single, wrapped = make_cnn(), P.DataParallel(make_cnn(), [0, 1, 2])
+opts = [torch.optim.SGD(m.parameters(), lr=0.5) for m in (single, wrapped)]
+for step in range(5):
+    xb, yb = images[step * 64:(step + 1) * 64], labels[step * 64:(step + 1) * 64]
+    losses = []
+    for net, opt in zip((single, wrapped), opts):
+        opt.zero_grad()
+        loss = nn.functional.cross_entropy(net(xb), yb)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    print(f"step {step}: loss one device {losses[0]:.6f} | mini-DP {losses[1]:.6f}")
+print("max |param diff| after 5 steps:",
+      max((a - b).abs().max().item()
+          for a, b in zip(single.parameters(), wrapped.module.parameters())))
+
+# %% [markdown] lang="en"
+# ## BatchNorm under DataParallel
+#
+# A model with **buffers** behaves differently. In training mode each replica normalises
+# its chunk with *that chunk's* mean and variance, so the output is not the full-batch
+# BatchNorm. And the running statistics: only the replica on device 0 shares its buffers
+# with your model, so after the step `running_mean` holds **device 0's chunk only**; the
+# other replicas' updates are thrown away with the replicas. In eval mode the running
+# stats are used and DP matches one device again. (DDP has the same per-chunk
+# normalisation; `SyncBatchNorm` fixes it, in a later chapter.)
+
+# %% [markdown] lang="zh"
+# ## DataParallel 下的 BatchNorm
+#
+# 带有**缓冲区**（buffer）的模型表现不同。训练模式下，每个副本用*自己那一块*的均值和方差做归一化，
+# 所以输出并不等于对整批做 BatchNorm。再看滑动统计量（running stats）：只有设备 0 上的副本与你的模型
+# 共享缓冲区，所以这一步之后 `running_mean` 里**只有设备 0 那一块**的统计；其他副本的更新随着副本
+# 一起被丢弃了。在 eval 模式下使用的是滑动统计量，DP 又与单设备一致。（DDP 也是按块归一化；
+# 后面的章节会用 `SyncBatchNorm` 解决。）
+
+# %%
+torch.manual_seed(1)
+bn = nn.BatchNorm1d(4).double()
+xb = torch.randn(12, 4, dtype=torch.float64) * 2 + 3
+fresh = copy.deepcopy(bn)
+out_dp = P.DataParallel(bn, [0, 1, 2])(xb)
+out_full = copy.deepcopy(fresh)(xb)
+out_chunks = torch.cat([copy.deepcopy(fresh)(c) for c in xb.chunk(3)])
+print("train: equals full-batch BN:", torch.allclose(out_dp, out_full),
+      "| equals per-chunk BN:", torch.allclose(out_dp, out_chunks))
+only_chunk0 = copy.deepcopy(fresh)
+only_chunk0(xb[:4])
+whole = copy.deepcopy(fresh)
+whole(xb)
+print("running_mean after DP      :", bn.running_mean.numpy().round(3))
+print("... from chunk 0 alone     :", only_chunk0.running_mean.numpy().round(3))
+print("... from the whole batch   :", whole.running_mean.numpy().round(3))
+bn.eval()
+whole.load_state_dict(bn.state_dict())
+whole.eval()
+print("eval: equals one device:", torch.allclose(P.DataParallel(bn, [0, 1, 2])(xb), whole(xb)))
+
+# %% [markdown] lang="en"
+# ## Returning per-device losses
+#
+# To save memory on device 0 (next sections) models often compute the loss *inside*
+# `forward`. Each replica then returns a scalar, `gather` turns the scalars into a vector
+# with one loss per device (with a warning), and you call `loss.mean()`. That mean
+# weights every **chunk** equally: with uneven chunks it is not the batch mean. This is
+# the "slight difference" one source note reports for Hugging Face models; it is not
+# noise. Weight by the chunk sizes, or make the chunks equal.
+
+# %% [markdown] lang="zh"
+# ## 返回每个设备的 loss
+#
+# 为了节省设备 0 的显存（见后面几节），模型常常在 `forward` 里直接算 loss。这时每个副本返回一个标量，
+# `gather` 把这些标量拼成一个向量，每个设备一个 loss（并给出警告），然后你调用 `loss.mean()`。
+# 这个平均值对每一**块**同等加权：块大小不相等时，它不等于整批的平均 loss。某篇源笔记提到的
+# Hugging Face 模型的“细微差异”就是这个原因，并不是噪声。解决办法：按块大小加权，或者让各块一样大。
+
+# %%
+class WithLoss(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = make_cnn()
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return nn.functional.cross_entropy(self.net(x), y)
+
+
+with_loss = WithLoss()
+xb, yb = images[:10], labels[:10]
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore")  # "all input tensors were scalars": expected here
+    per_device = P.DataParallel(with_loss, [0, 1, 2, 3])(xb, yb)
+sizes = P.default_chunk_sizes(10, 4)
+print("chunk sizes:", sizes, "| per-device losses:", per_device.detach().numpy().round(4))
+print(f"loss.mean()          = {per_device.mean().item():.6f}")
+weighted = (per_device * torch.tensor(sizes, dtype=per_device.dtype)).sum() / 10
+print(f"weighted by sizes    = {weighted.item():.6f}")
+print(f"loss of whole batch  = {with_loss(xb, yb).item():.6f}")
+
+# %% [markdown] lang="en"
+# ## Where the time goes, and why DDP is faster
+#
+# A traced training step of the CNN on 3 devices (after one warm-up step). Every step
+# pays for `replicate` again (the replicas are thrown away after `forward`), starts new
+# threads, and runs the loss and the optimizer on device 0 alone.
+
+# %% [markdown] lang="zh"
+# ## 时间花在哪里，以及为什么 DDP 更快
+#
+# 下面记录 CNN 在 3 个设备上的一次训练步（先预热一步）。每一步都要重新 `replicate`（`forward`
+# 结束后副本就被丢弃），重新启动线程，而 loss 和优化器只在设备 0 上运行。
+
+# %%
+dp_cnn = P.DataParallel(make_cnn(), [0, 1, 2])
+xb, yb = images[:256], labels[:256]
+viz.traced_step(dp_cnn, xb, yb, nn.functional.cross_entropy)  # warm-up
+step_trace = viz.traced_step(dp_cnn, xb, yb, nn.functional.cross_entropy)
+for row, name, start, dur in viz.timeline_data(step_trace):
+    print(f"{row:12s} {name:10s} starts {start:7.2f} ms, takes {dur:6.2f} ms")
+fig = viz.plot_timeline(step_trace)
+
+# %% [markdown] lang="en"
+# The threads share one interpreter, so Python code in `forward` runs one thread at a
+# time (the GIL); only time inside torch kernels can overlap. A forward made of many small
+# operations shows it: more "devices" do not make it faster here. DDP avoids all of this:
+# it replicates once at construction, runs one process per GPU (one interpreter each),
+# keeps outputs and loss on each GPU, and overlaps the gradient all-reduce with backward.
+# (On this 2-core CPU all simulated devices share the same cores, so these timings show the
+# overheads, not GPU speed-ups.)
+
+# %% [markdown] lang="zh"
+# 这些线程共享同一个解释器，`forward` 里的 Python 代码同一时刻只有一个线程在执行（GIL）；只有在
+# torch 内核里的时间可以重叠。一个由许多小操作组成的 `forward` 就能说明这一点：这里增加“设备”并不会
+# 更快。DDP 避开了所有这些开销：只在构造时复制一次模型，每块 GPU 一个进程（各有自己的解释器），
+# 输出和 loss 留在各自的 GPU 上，并且让梯度的全归约（all-reduce）与反向传播重叠。
+# （在这台 2 核 CPU 上，所有模拟设备共用同样的核心，所以这些时间展示的是额外开销，而不是 GPU 的加速。）
+
+# %%
+class ManySmallOps(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.ones(8))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for _ in range(300):  # Python-bound: each op is tiny
+            x = x * self.w + 0.001
+        return x
+
+
+def median_ms(fn, repeats: int = 5) -> float:
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - start) * 1e3)
+    return sorted(times)[len(times) // 2]
+
+
+small = ManySmallOps()
+xs = torch.randn(64, 8)
+with torch.no_grad():
+    base = median_ms(lambda: small(xs))
+    for n in (1, 2, 4):
+        t_n = median_ms(lambda: P.DataParallel(small, list(range(n)))(xs))
+        print(f"{n} device(s): {t_n:6.1f} ms per forward (one device, no DP: {base:.1f} ms)")
+
+# %% [markdown] lang="en"
+# ## Why device 0 needs more memory
+#
+# Device 0 holds everything the other devices hold for their chunk, plus the gathered
+# output of the **whole** batch and its gradient, the loss's saved tensors for the whole
+# batch, and the summed gradients. The bars count these bytes in a traced step of a model
+# with a wide output layer (like a language model's vocabulary), split evenly.
+
+# %% [markdown] lang="zh"
+# ## 为什么设备 0 需要更多显存
+#
+# 设备 0 除了要保存和其他设备一样的那一份（自己那一块数据所需的东西），还要保存**整批**的收集后输出及其
+# 梯度、整批 loss 计算时保存的张量，以及求和后的梯度。下面的柱状图统计了一次被记录的训练步中这些字节数，
+# 模型的输出层很宽（类似语言模型的词表），数据均分。
+
+# %%
+vocab_model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 2000))
+xv, yv = torch.randn(96, 32), torch.randint(0, 2000, (96,))
+even_trace = viz.traced_step(P.DataParallel(vocab_model, [0, 1, 2, 3]), xv, yv,
+                             nn.functional.cross_entropy)
+even_mem = viz.memory_by_device(even_trace, vocab_model, 4)
+for d, kinds in even_mem.items():
+    print(f"device {d}: {sum(kinds.values()) / 1024:7.0f} KiB")
+fig = viz.plot_memory(even_mem, dl.tr("even split (24 rows each)", "均分（每个设备 24 行）"))
+
+# %% [markdown] lang="en"
+# ## A balanced DataParallel
+#
+# The fix from the source notes: give device 0 a smaller chunk (`gpu0_bsz`) and spread the
+# rest over the other devices. Our rule: if the default split already gives device 0 at
+# most `gpu0_bsz` rows, keep it; otherwise device 0 gets exactly `gpu0_bsz` and the others
+# share the rest, the lower-numbered devices taking one extra row each for the remainder.
+# `gpu0_bsz=0` leaves device 0 out of the computation (it still gathers).
+
+# %% [markdown] lang="zh"
+# ## 均衡的 DataParallel
+#
+# 源笔记给出的办法：给设备 0 一个更小的块（`gpu0_bsz`），其余数据分给其他设备。我们的规则是：如果默认切分
+# 给设备 0 的行数已经不超过 `gpu0_bsz`，就保持默认切分；否则设备 0 恰好分到 `gpu0_bsz` 行，其余设备平分
+# 剩下的行，除不尽的余数由编号较小的设备各多分一行。`gpu0_bsz=0` 时设备 0 不参与计算（但仍负责收集）。
+
+# %%
+dl.show_source(P.balanced_chunk_sizes)
+
+# %%
+bal_trace = viz.traced_step(P.BalancedDataParallel(6, vocab_model, [0, 1, 2, 3]), xv, yv,
+                            nn.functional.cross_entropy)
+bal_mem = viz.memory_by_device(bal_trace, vocab_model, 4)
+print("chunk sizes:", P.balanced_chunk_sizes(96, 4, 6))
+for d in range(4):
+    print(f"device {d}: even {sum(even_mem[d].values()) / 1024:6.0f} KiB -> "
+          f"balanced {sum(bal_mem[d].values()) / 1024:6.0f} KiB")
+fig = viz.plot_memory(bal_mem, dl.tr("balanced, gpu0_bsz=6", "均衡，gpu0_bsz=6"))
+
+# %% [markdown] lang="en"
+# ### Two mistakes in the notes' balanced DataParallel
+#
+# 1. Its rule falls back to the default split whenever `gpu0_bsz` is not *smaller than the
+#    other devices' share*. With 10 rows, 4 devices and `gpu0_bsz=2` the others' share is
+#    (10 - 2) // 3 = 2, so it falls back to `torch.chunk`, which gives device 0 **three**
+#    rows: more than the cap it was asked to respect. Compare device 0's *default* share
+#    instead (below, the notes' rule re-implemented).
+# 2. It passes `chunk_sizes` to `torch.nn.parallel.scatter_kwargs`, which has no such
+#    parameter (the code it came from had its own `scatter_kwargs`): the call fails.
+
+# %% [markdown] lang="zh"
+# ### 源笔记里均衡 DataParallel 的两个错误
+#
+# 1. 只要 `gpu0_bsz` 不*小于其他设备的份额*，它就退回默认切分。10 行、4 个设备、`gpu0_bsz=2` 时，
+#    其他设备的份额是 (10 - 2) // 3 = 2，于是退回 `torch.chunk`，结果设备 0 分到了**三**行，
+#    超过了要求遵守的上限。应当与设备 0 在*默认切分*下的份额比较（下面重新实现了笔记的规则来对比）。
+# 2. 它把 `chunk_sizes` 传给 `torch.nn.parallel.scatter_kwargs`，而这个函数没有这个参数（那段代码原本
+#    来自一个自带 `scatter_kwargs` 的项目）：调用会直接失败。
+
+# %%
+import inspect
+
+
+def notes_rule(batch: int, n: int, gpu0: int) -> list[int]:
+    unit = (batch - gpu0) // (n - 1)
+    if gpu0 >= unit:  # the notes' test
+        return P.default_chunk_sizes(batch, n)
+    sizes = [gpu0] + [unit] * (n - 1)
+    for i in range(batch - sum(sizes)):
+        sizes[i + 1] += 1
+    return sizes
+
+
+for case in [(52, 3, 16), (53, 3, 16), (10, 4, 2)]:
+    print(case, "notes:", notes_rule(*case), "| fixed:", P.balanced_chunk_sizes(*case))
+from torch.nn.parallel.scatter_gather import scatter_kwargs
+
+print("torch scatter_kwargs", inspect.signature(scatter_kwargs))
+try:
+    scatter_kwargs((torch.ones(10, 2),), {}, [0, 1], [4, 6], dim=0)
+except TypeError as err:
+    print("TypeError:", err)
+
+# %% tags=["lesson"]
+# Move the sliders: the default split (torch.chunk) vs the balanced one; the dotted line is
+# gpu0_bsz.
+viz.chunk_sizes_widget()
+
+# %% [markdown] lang="en"
+# ## `.module`, saving and loading
+#
+# The wrapper keeps your model as `.module`, so every key of its `state_dict` starts with
+# `"module."`. Save `dp.module.state_dict()` (plain keys) and load into `dp.module` or
+# into a plain model. One source note saves `model.module.state_dict()` and then loads
+# it into a fresh `DataParallel(...)`: the keys do not match. If you have a file with
+# `module.` keys, `consume_prefix_in_state_dict_if_present` strips the prefix.
+
+# %% [markdown] lang="zh"
+# ## `.module`、保存与加载
+#
+# 包装器把你的模型保存在 `.module` 里，所以它的 `state_dict` 的每个键都以 `"module."` 开头。
+# 保存 `dp.module.state_dict()`（不带前缀的键），然后加载到 `dp.module` 或普通模型里。某篇源笔记保存的是
+# `model.module.state_dict()`，却加载进一个新建的 `DataParallel(...)`：键对不上。如果你手里的文件带有
+# `module.` 前缀，可以用 `consume_prefix_in_state_dict_if_present` 去掉前缀。
+
+# %%
+import io
+
+from torch.nn.modules.utils import consume_prefix_in_state_dict_if_present
+
+dp = P.DataParallel(make_cnn(), [0, 1])
+print("keys of dp.state_dict():", list(dp.state_dict())[:2])
+buffer = io.BytesIO()
+torch.save(dp.module.state_dict(), buffer)
+buffer.seek(0)
+saved = torch.load(buffer)
+try:
+    P.DataParallel(make_cnn(), [0, 1]).load_state_dict(saved)  # the notes' mistake
+except RuntimeError as err:
+    print("RuntimeError:", str(err).splitlines()[0], "...")
+P.DataParallel(make_cnn(), [0, 1]).module.load_state_dict(saved)
+prefixed = dict(dp.state_dict())
+consume_prefix_in_state_dict_if_present(prefixed, "module.")
+print("plain model loads the stripped keys:", make_cnn().load_state_dict(prefixed))
+
+# %% [markdown] lang="en"
+# ## Two more mistakes from the notes
+#
+# **Unwrapping right after wrapping.** `net = DataParallel(model); net = net.module` gives
+# back the original model: nothing is scattered and one device does all the work. Keep the
+# wrapper for training and use `.module` only to save or inspect.
+#
+# **Wrapping the optimizer.** `DataParallel(optimizer)` makes no sense: an optimizer is
+# not a Module, and it only updates the parameters of the model you built it from, which
+# is what you want. PyTorch accepts it without a word on a CPU, and the wrapper then has
+# no `step()`; ours refuses it with a clear message.
+
+# %% [markdown] lang="zh"
+# ## 源笔记中的另外两个错误
+#
+# **包装后立刻解包。** `net = DataParallel(model); net = net.module` 拿回的就是原来的模型：
+# 不会切分数据，所有工作都由一个设备完成。训练时保留包装器，只在保存或查看时使用 `.module`。
+#
+# **包装优化器。** `DataParallel(optimizer)` 没有意义：优化器不是 Module，它只更新创建它时传入的模型
+# 参数，而这正是你需要的。在 CPU 上 PyTorch 一声不吭地接受了它，但包装后的对象没有 `step()`；
+# 我们的版本会直接拒绝，并给出清楚的提示。
+
+# %%
+net = P.DataParallel(Talker(), [0, 1, 2])
+net = net.module  # the mistake
+with P.trace() as tr:
+    net(torch.randn(6, 8))
+print("copies after unwrapping:", len(tr.copies()), "| threads used:",
+      {e.thread for e in tr.phases()} or "none (one plain call)")
+
+optimizer = torch.optim.SGD(make_cnn().parameters(), lr=0.1)
+wrapped_opt = nn.DataParallel(optimizer)
+try:
+    wrapped_opt.step()
+except AttributeError as err:
+    print("torch:", type(err).__name__, err)
+try:
+    P.DataParallel(optimizer)
+except TypeError as err:
+    print("ddp_lab:", err)
+
+# %% [markdown] lang="en"
+# ## On a machine with two or more GPUs
+#
+# The next cell runs PyTorch's own `scatter`, `replicate`, `parallel_apply`, `gather` and
+# `nn.DataParallel` and compares them with ours. Without two GPUs it says so and skips.
+
+# %% [markdown] lang="zh"
+# ## 在有两块或更多 GPU 的机器上
+#
+# 下一个单元会运行 PyTorch 自己的 `scatter`、`replicate`、`parallel_apply`、`gather` 和
+# `nn.DataParallel`，并与我们的版本比较。没有两块 GPU 时，它会说明原因并跳过。
+
+# %%
+if N_GPUS >= 2:
+    gpu_model = make_cnn().float().cuda(0)
+    xg = images[:50].float()
+    theirs = tp.gather(tp.parallel_apply(tp.replicate(gpu_model, [0, 1]),
+                                         tp.scatter(xg.cuda(0), [0, 1])), 0)
+    ours = P.gather(P.parallel_apply(P.replicate(copy.deepcopy(gpu_model).cpu(), [0, 1]),
+                                     P.scatter(xg, [0, 1])), 0)
+    print("torch chunks:", [c.shape[0] for c in tp.scatter(xg.cuda(0), [0, 1])],
+          "| ours:", [c.shape[0] for c in P.scatter(xg, [0, 1])])
+    print("same outputs:", torch.allclose(theirs.cpu(), ours, atol=1e-5))
+    print("nn.DataParallel same:", torch.allclose(
+        nn.DataParallel(gpu_model, [0, 1])(xg.cuda(0)).cpu(), ours, atol=1e-5))
+else:
+    print(dl.tr(en=f"Skipped: this machine has {N_GPUS} GPU(s); torch.nn.parallel needs 2.",
+                zh=f"已跳过：这台机器有 {N_GPUS} 块 GPU，torch.nn.parallel 需要 2 块。"))
+
+# %% [markdown] lang="en" tags=["exercise"]
+# ## Exercise 1: balanced chunk sizes (2 points)
+#
+# Write `balanced_chunk_sizes(batch_size, num_devices, gpu0_bsz)` returning a list with the
+# rows of each device, following the rule of the balanced section: keep `torch.chunk`'s
+# split (padded with zeros to `num_devices` entries) when it gives device 0 at most
+# `gpu0_bsz` rows or there is one device; otherwise device 0 gets `gpu0_bsz` and the others
+# share the rest, lower-numbered devices taking the remainder's extra rows. Do not call
+# `P.balanced_chunk_sizes`. The hidden cases include `gpu0_bsz=0`, batches smaller than
+# the device count, and the case where the notes' rule goes wrong.
+
+# %% [markdown] lang="zh" tags=["exercise"]
+# ## 练习 1：均衡切分的块大小（2 分）
+#
+# 编写 `balanced_chunk_sizes(batch_size, num_devices, gpu0_bsz)`，返回每个设备分到的行数列表，
+# 规则与“均衡的 DataParallel”一节相同：当 `torch.chunk` 的切分（用 0 补齐到 `num_devices` 项）给设备 0
+# 的行数不超过 `gpu0_bsz`，或者只有一个设备时，保持这个切分；否则设备 0 分到 `gpu0_bsz` 行，其余设备平分
+# 剩下的行，余数由编号较小的设备各多分一行。不要调用 `P.balanced_chunk_sizes`。隐藏测试用例包括
+# `gpu0_bsz=0`、批大小小于设备数，以及源笔记的规则出错的情况。
+
+# %% tags=["exercise"]
+def balanced_chunk_sizes(batch_size: int, num_devices: int, gpu0_bsz: int) -> list[int]:
+    ### BEGIN SOLUTION
+    chunks = [len(c) for c in torch.arange(batch_size).chunk(num_devices)]
+    even = chunks + [0] * (num_devices - len(chunks))
+    if num_devices == 1 or gpu0_bsz >= even[0]:
+        return even
+    base, extra = divmod(batch_size - gpu0_bsz, num_devices - 1)
+    return [gpu0_bsz] + [base + (1 if i < extra else 0) for i in range(num_devices - 1)]
+    ### END SOLUTION
+
+
+# %% tags=["exercise"]
+print(balanced_chunk_sizes(53, 3, 16), balanced_chunk_sizes(10, 4, 2))
+
+# %% tags=["grade"] grade_id="03.balanced_chunks" points=2
+dl.grade("03.balanced_chunks", balanced_chunk_sizes)
+
+# %% [markdown] lang="en" tags=["exercise"]
+# ## Exercise 2: gather with its backward (3 points)
+#
+# Write the autograd function `MyGather`: `MyGather.apply(target_device, dim, *inputs)`
+# concatenates the inputs along `dim` (ours also copies them to `target_device`; you may
+# ignore devices). Its `backward` must give each input the slice of the output gradient
+# that came from it: chunks can have **different sizes**, and `dim` can be 1. Return one
+# gradient per argument of `forward` (`None` for `target_device` and `dim`). The graded
+# cell compares values and gradients with single-device `torch.cat` on hidden shapes.
+
+# %% [markdown] lang="zh" tags=["exercise"]
+# ## 练习 2：带反向传播的 gather（3 分）
+#
+# 编写自动求导函数 `MyGather`：`MyGather.apply(target_device, dim, *inputs)` 沿 `dim` 拼接各个输入
+# （我们的版本还会把它们拷贝到 `target_device`；你可以忽略设备）。它的 `backward` 必须把输出梯度中
+# 来自每个输入的那一段交还给该输入：各块的**大小可以不同**，`dim` 也可能是 1。`forward` 的每个参数都要
+# 返回一个梯度（`target_device` 和 `dim` 返回 `None`）。评分单元会在隐藏的形状上，把数值和梯度与单设备的
+# `torch.cat` 比较。
+
+# %% tags=["exercise"]
+class MyGather(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, target_device, dim, *inputs):
+        ### BEGIN SOLUTION
+        ctx.dim = dim
+        ctx.sizes = [t.size(dim) for t in inputs]
+        return torch.cat(inputs, dim)
+        ### END SOLUTION
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        ### BEGIN SOLUTION
+        return (None, None, *grad_output.split(ctx.sizes, ctx.dim))
+        ### END SOLUTION
+
+
+# %% tags=["grade"] grade_id="03.gather" points=3
+dl.grade("03.gather", MyGather)
+
+# %% [markdown] lang="en"
+# ## Summary
+#
+# - DP's forward is scatter, replicate, parallel_apply, gather, every step; backward runs
+#   them in reverse: the output gradient is scattered, the parameter gradients are summed.
+# - It computes what one device computes, except for layers that use batch statistics.
+# - It is slow because of the replication every step, the GIL and the work on device 0;
+#   device 0 also needs the most memory, which a balanced split reduces.
+# - Save `dp.module.state_dict()`; never unwrap before training; never wrap an optimizer.
+#
+# Next: DistributedDataParallel, one process per device.
+
+# %% [markdown] lang="zh"
+# ## 小结
+#
+# - DP 每一步的前向都是 scatter、replicate、parallel_apply、gather；反向按相反顺序执行：
+#   输出梯度被切分分发，参数梯度被求和。
+# - 除了使用批统计量的层以外，它的计算结果与单设备完全相同。
+# - 它慢的原因是每步都要复制模型、GIL，以及集中在设备 0 上的工作；设备 0 的显存占用也最大，
+#   均衡切分可以缓解。
+# - 保存 `dp.module.state_dict()`；不要在训练前解包；不要包装优化器。
+#
+# 下一步：DistributedDataParallel，每个设备一个进程。
