@@ -1,0 +1,268 @@
+# ---
+# jupyter:
+#   jupytext:
+#     notebook_metadata_filter: ddp_lab
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+#   ddp_lab:
+#     title:
+#       en: "02 Processes, ranks and the words of distributed training"
+#       zh: "02 进程、rank 与分布式训练的基本术语"
+# ---
+
+# %% [markdown] lang="en"
+# # 02 Processes, ranks and the words of distributed training
+#
+# **Why parallelise?** Either the model does not fit on one device (split the *model*:
+# **model parallel**), or one device is too slow for the data you need per step (split the
+# *batch*: **data parallel**, each **replica** sees a part of the batch and the gradients
+# are averaged). `DataParallel` (DP) does data parallelism with *threads* in one process;
+# `DistributedDataParallel` (DDP) uses one *process* per replica. DDP has three usage modes:
+# one GPU per process (the recommended one), several GPUs per process holding copies of the
+# model (works, slower: DP inside each process), and several GPUs per process holding
+# *parts* of the model (DDP combined with model parallelism, for models too big for a GPU).
+#
+# The source notes say "DP uses threads, DDP uses threads": DDP uses **processes**, and
+# the reason is the GIL, which we now measure.
+
+# %% [markdown] lang="zh"
+# # 02 进程、rank 与分布式训练的基本术语
+#
+# **为什么要并行？** 要么模型在一个设备上放不下（切分*模型*：**模型并行**），要么一个设备处理
+# 每步所需的数据太慢（切分*批*：**数据并行**，每个**副本**处理批的一部分，再对梯度求平均）。
+# `DataParallel`（DP）在一个进程里用*线程*做数据并行；`DistributedDataParallel`（DDP）为每个
+# 副本使用一个*进程*。DDP 有三种用法：每个进程一块 GPU（推荐）；每个进程多块 GPU、每块放一份
+# 模型副本（能跑但更慢：相当于每个进程里再做 DP）；每个进程多块 GPU、每块放模型的*一部分*
+# （DDP 与模型并行结合，用于单卡放不下的模型）。
+#
+# 源笔记写着"DP 使用多线程，DDP 使用多线程"：DDP 使用的是**多进程**，原因是 GIL，
+# 下面我们来测量它。
+
+# %%
+import os
+import threading
+import time
+
+import matplotlib.pyplot as plt
+import torch
+
+import ddp_lab as dl
+from ddp_lab import ranks
+
+dl.setup()
+print("CPU cores:", os.cpu_count())
+
+# %% [markdown] lang="en"
+# ## Threads vs processes, measured
+#
+# Two equal jobs, run one after the other, in two threads, and in two processes
+# (`dl.spawn`). Pure-Python work holds the GIL, so threads take turns; torch operations
+# release the GIL while they compute, so threads do run in parallel there. Each job limits
+# torch to one thread so that only *our* parallelism is measured.
+
+# %% [markdown] lang="zh"
+# ## 线程与进程：实际测量
+#
+# 两个相同的任务，分别顺序执行、用两个线程执行、用两个进程（`dl.spawn`）执行。纯 Python
+# 计算会一直持有 GIL，所以线程只能轮流运行；torch 运算在计算时会释放 GIL，所以线程在这里
+# 真的可以并行。每个任务都把 torch 限制为单线程，这样测到的只是*我们自己*的并行。
+
+# %%
+def python_job(_=None):
+    total = 0
+    for i in range(600_000):
+        total += i * i % 7
+    return total
+
+
+def torch_job(_=None):
+    torch.set_num_threads(1)
+    a = torch.randn(384, 384)
+    for _ in range(25):
+        a = torch.tanh(a @ a / 384)
+    return float(a.sum())
+
+
+def timed(fn):
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def in_threads(job):
+    threads = [threading.Thread(target=job) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+
+threads_before = torch.get_num_threads()
+dl.spawn(lambda rank: None, nprocs=2)  # warm up the launcher so its start-up is not counted
+spawn_overhead = timed(lambda: dl.spawn(lambda rank: None, nprocs=2))
+results = {}
+for name, job in [("pure Python", python_job), ("torch ops", torch_job)]:
+    torch.set_num_threads(1)
+    results[name] = {
+        "sequential": timed(lambda: [job(), job()]),
+        "2 threads": timed(lambda: in_threads(job)),
+        "2 processes": timed(lambda: dl.spawn(lambda rank: job(), nprocs=2)) - spawn_overhead,
+    }
+torch.set_num_threads(threads_before)
+for name, r in results.items():
+    print(name, {k: f"{v:.2f} s" for k, v in r.items()},
+          "| speed-up threads x%.2f, processes x%.2f"
+          % (r["sequential"] / r["2 threads"], r["sequential"] / r["2 processes"]))
+
+# %%
+fig, ax = plt.subplots(figsize=(6, 3))
+modes = ["sequential", "2 threads", "2 processes"]
+for i, (name, r) in enumerate(results.items()):
+    ax.bar([j + 0.38 * i for j in range(3)], [r[m] for m in modes], width=0.36,
+           label=tr_name if (tr_name := dl.tr(en=name, zh={"pure Python": "纯 Python",
+                                                              "torch ops": "torch 运算"}[name])) else name)
+ax.set_xticks([j + 0.19 for j in range(3)],
+              [dl.tr(en=m, zh={"sequential": "顺序", "2 threads": "2 个线程",
+                               "2 processes": "2 个进程"}[m]) for m in modes])
+ax.set_ylabel(dl.tr(en="seconds (lower is better)", zh="秒（越低越好）"))
+ax.set_title(dl.tr(en="Two equal jobs on this machine", zh="本机上的两个相同任务"))
+ax.legend()
+plt.show()
+
+# %% [markdown] lang="en"
+# Read your numbers: pure Python in threads is no faster than sequential (the GIL), while
+# processes approach 2x on 2 free cores; torch ops gain in threads too. The notes' claim
+# "one Python process can only use one CPU core" is therefore too strong: native code that
+# releases the GIL (torch kernels, NCCL calls) uses many cores from one process. DP still
+# suffers, because its Python code (scatter, replicate, gather) runs under the GIL.
+
+# %% [markdown] lang="zh"
+# 看看你的数字：线程中的纯 Python 并不比顺序执行快（GIL 的缘故），而在 2 个空闲核上进程接近
+# 2 倍；torch 运算在线程中也能加速。因此笔记中"一个 Python 进程只能用一个 CPU 核"的说法
+# 过于绝对：释放 GIL 的原生代码（torch 算子、NCCL 调用）可以在一个进程里使用多个核。
+# DP 仍然吃亏，因为它的 Python 代码（scatter、replicate、gather）在 GIL 下运行。
+
+# %% [markdown] lang="en"
+# ## world size, rank, local rank, node
+#
+# A launch runs on `nnodes` **nodes** with `nproc_per_node` processes each. The **world
+# size** is the number of processes; each has a **rank** (0 to world_size - 1, an identity,
+# not a priority) and a **local rank** (its index on its node, used to pick its GPU).
+# The processes form the default **process group**; they meet at `MASTER_ADDR:MASTER_PORT`
+# (the **rendezvous**). `torch.distributed.local_rank()` from the source notes does not
+# exist: the launcher gives `LOCAL_RANK` in the environment.
+
+# %% [markdown] lang="zh"
+# ## world size、rank、本地 rank、节点
+#
+# 一次启动在 `nnodes` 个**节点**上运行，每个节点 `nproc_per_node` 个进程。**world size**
+# （进程总数）是进程的个数；每个进程有一个 **rank**（0 到 world_size - 1，是身份编号，不是
+# 优先级）和一个**本地 rank**（它在本节点上的编号，用来选择 GPU）。这些进程组成默认的
+# **进程组**，在 `MASTER_ADDR:MASTER_PORT` 汇合（rendezvous）。源笔记中的
+# `torch.distributed.local_rank()` 并不存在：启动器通过环境变量 `LOCAL_RANK` 提供本地 rank。
+
+# %%
+print("torch.distributed has local_rank():", hasattr(torch.distributed, "local_rank"))
+dl.show_source(ranks.assign)
+
+# %% [markdown] lang="en"
+# Move the sliders. `CUDA_VISIBLE_DEVICES=4,5,6,7` with 4 processes per node puts local
+# rank 0 on physical GPU 4; with 8 processes (a mistake in the source notes) local ranks
+# 4-7 get no GPU at all.
+
+# %% [markdown] lang="zh"
+# 拖动滑块试试。`CUDA_VISIBLE_DEVICES=4,5,6,7` 且每节点 4 个进程时，本地 rank 0 使用物理
+# GPU 4；如果每节点 8 个进程（源笔记中的错误），本地 rank 4-7 根本没有 GPU。
+
+# %%
+ranks.rank_table_widget(nnodes=2, nproc_per_node=4, gpus_per_node=8);
+
+# %%
+for p in ranks.assign(8, nnodes=1, cuda_visible_devices="4,5,6,7", gpus_per_node=8)[3:6]:
+    print(p)
+
+# %% [markdown] lang="en"
+# ## What torchrun really does
+#
+# We start two torchrun agents on this machine, each pretending to be a node, with
+# `--rdzv-backend=c10d` and a free port. Note `--node_rank`: with the c10d rendezvous it is
+# **ignored**, and the rendezvous numbers the nodes itself (see `GROUP_RANK`). Nodes may
+# even have different sizes.
+
+# %% [markdown] lang="zh"
+# ## torchrun 实际做了什么
+#
+# 我们在本机启动两个 torchrun 代理，每个假装是一个节点，使用 `--rdzv-backend=c10d` 和一个
+# 空闲端口。注意 `--node_rank`：使用 c10d 汇合时它会被**忽略**，节点编号由汇合过程自己分配
+# （见 `GROUP_RANK`）。各节点的进程数甚至可以不同。
+
+# %% tags=["lesson"]
+seen = ranks.torchrun_assignment([2, 3], ["1,0", None])
+for row in seen:
+    print(row)
+
+# %% [markdown] lang="en" tags=["exercise"]
+# ## Exercise: place every process (3 points)
+#
+# Write `place(nproc_per_node, cuda_visible_devices, gpus_per_node)`: `nproc_per_node` and
+# `cuda_visible_devices` are lists with one entry per node, in node-rank order (an entry
+# of `cuda_visible_devices` is a string or `None` for unset). Return one dict per process,
+# in global rank order, with keys `rank`, `local_rank`, `node_rank`, `world_size`,
+# `device` (`"cuda:<local rank>"`, or `None` when no GPU is visible for it) and `gpu` (the
+# physical GPU index, or `None`). CUDA's rule: unset shows all GPUs; the list stops at the
+# first invalid entry. The graded cell compares you with a real torchrun launch.
+
+# %% [markdown] lang="zh" tags=["exercise"]
+# ## 练习：为每个进程定位（3 分）
+#
+# 编写 `place(nproc_per_node, cuda_visible_devices, gpus_per_node)`：`nproc_per_node` 和
+# `cuda_visible_devices` 都是按节点编号顺序、每个节点一项的列表（`cuda_visible_devices` 的
+# 每一项是字符串，或表示未设置的 `None`）。按全局 rank 顺序为每个进程返回一个 dict，键为
+# `rank`、`local_rank`、`node_rank`、`world_size`、`device`（`"cuda:<本地 rank>"`，没有可见
+# GPU 时为 `None`）和 `gpu`（物理 GPU 编号，或 `None`）。CUDA 的规则：未设置时所有 GPU 可见；
+# 列表在第一个无效项处截止。评分单元会把你的结果与真实的 torchrun 启动结果比较。
+
+# %% tags=["exercise"]
+def place(nproc_per_node, cuda_visible_devices, gpus_per_node):
+    ### BEGIN SOLUTION
+    world_size = sum(nproc_per_node)
+    out, base = [], 0
+    for node, (n, cvd) in enumerate(zip(nproc_per_node, cuda_visible_devices)):
+        visible = []
+        for token in ([] if cvd is None else cvd.split(",")):
+            if not token.strip().isdigit() or int(token) >= gpus_per_node:
+                break
+            visible.append(int(token))
+        if cvd is None:
+            visible = list(range(gpus_per_node))
+        for local in range(n):
+            ok = local < len(visible)
+            out.append({"rank": base + local, "local_rank": local, "node_rank": node,
+                        "world_size": world_size, "device": f"cuda:{local}" if ok else None,
+                        "gpu": visible[local] if ok else None})
+        base += n
+    return out
+    ### END SOLUTION
+
+
+# %% tags=["exercise"]
+for row in place([2, 3], ["7,1", None], 8):
+    print(row)
+
+# %% tags=["grade"] grade_id="02.place" points=3
+dl.grade("02.place", place)
+
+# %% [markdown] lang="en"
+# ## What next
+#
+# Chapter 03 makes these processes talk: point-to-point messages and collectives.
+
+# %% [markdown] lang="zh"
+# ## 接下来
+#
+# 下一章让这些进程互相通信：点对点通信和集合通信。
