@@ -128,6 +128,11 @@ class _Bucket:
         self.flat = torch.empty(
             sum(p.numel() for p in params), dtype=params[0].dtype, device=params[0].device
         )
+        # One view per parameter, shaped like it, into the flat buffer sent to all_reduce.
+        self.views = [
+            v.view_as(p)
+            for v, p in zip(self.flat.split([p.numel() for p in params]), params, strict=True)
+        ]
         self.pending = len(params)
         self.work: Any = None
 
@@ -175,6 +180,8 @@ class BucketedDDP(nn.Module):
         self._sync_buffers_next = True
         self._t0 = 0.0
         self._step: StepTimeline | None = None
+        self._launched: dict[int, float] = {}
+        self._done: dict[int, float] = {}
         for p in params:
             p.register_post_accumulate_grad_hook(self._on_grad_ready)
 
@@ -215,17 +222,21 @@ class BucketedDDP(nn.Module):
         # Launch only in bucket order, even if a later bucket filled first, so that every
         # rank issues the same collectives in the same order.
         while self._next < len(self.buckets) and self.buckets[self._next].pending == 0:
-            self._launch(self.buckets[self._next])
+            self._launch(self._next)
             self._next += 1
 
     @torch.no_grad()
-    def _launch(self, bucket: _Bucket) -> None:
-        torch.cat([p.grad.reshape(-1) for p in bucket.params], out=bucket.flat)
-        bucket.flat.div_(self._world_size)  # divide first, then sum: torch's order
+    def _launch(self, index: int) -> None:
+        bucket = self.buckets[index]
+        start = self._now()
+        for p, view in zip(bucket.params, bucket.views, strict=True):
+            torch.div(p.grad, self._world_size, out=view)  # divide, then sum: torch's order
         bucket.work = dist.all_reduce(bucket.flat, group=self.process_group, async_op=True)
         if self._step is not None:
-            record, start = self._step.comm, self._now()
-            bucket.work.get_future().then(lambda _: record.append((start, self._now())))
+            done = self._done
+            # Runs on the backend's thread when the all-reduce has finished.
+            bucket.work.get_future().then(lambda _: done.__setitem__(index, self._now()))
+            self._launched[index] = start
 
     @torch.no_grad()
     def _finalize(self) -> None:
@@ -241,20 +252,20 @@ class BucketedDDP(nn.Module):
                 raise RuntimeError(_message("unused", buckets=missing, names=names))
             for bucket in self.buckets:
                 bucket.work.wait()
-                offset = 0
-                for p in bucket.params:
-                    n = p.numel()
-                    p.grad.copy_(bucket.flat[offset : offset + n].view_as(p))
-                    offset += n
+                torch._foreach_copy_([p.grad for p in bucket.params], bucket.views)
             if self._step is not None:
                 self._step.synced = self._now()
-                while len(self._step.comm) < len(self.buckets):  # the last callbacks
+                while len(self._done) < len(self.buckets):  # the last callbacks may lag
                     time.sleep(1e-4)
+                self._step.comm = [
+                    (self._launched[i], self._done[i]) for i in range(len(self._done))
+                ]
                 self.timeline.append(self._step)
         finally:
             for b in self.buckets:
                 b.pending, b.work = len(b.params), None
             self._next, self._queued, self._step = 0, False, None
+            self._launched, self._done = {}, {}
 
 
 def plot_timeline(step: StepTimeline, ax: Any = None) -> Any:
