@@ -10,6 +10,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from torch.utils.data import DistributedSampler
 from torch.utils.data import DistributedSampler as TorchSampler
 
 from ddp_lab import sampler as S
@@ -293,3 +294,14 @@ def test_indices_checker_stops_on_not_implemented():
 
     with pytest.raises(NotImplementedError):
         _run_checker(stub)
+
+
+def test_indices_checker_refuses_calling_the_real_sampler():
+    def cheat(n, R, rank, epoch=0, seed=0, shuffle=True, drop_last=False):
+        s = DistributedSampler(range(n), R, rank, shuffle=shuffle, seed=seed, drop_last=drop_last)
+        s.set_epoch(epoch)
+        return list(s)
+
+    assert ch06.uses_forbidden(cheat, ch06.FORBIDDEN["06.indices"]) == "DistributedSampler"
+    with pytest.raises(CaseFailed):
+        _run_checker(cheat)

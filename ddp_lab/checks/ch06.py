@@ -12,6 +12,42 @@ from torch.utils.data import DistributedSampler
 from ddp_lab.grading import checker, fail, mismatch
 
 
+def uses_forbidden(fn: Callable, names: set[str]) -> str:
+    """The first of ``names`` that ``fn``'s code refers to (the exercise must not call them)."""
+    code = getattr(fn, "__code__", None)
+    todo, seen = [code] if code is not None else [], set()
+    while todo:
+        c = todo.pop()
+        seen |= set(c.co_names)
+        todo += [k for k in c.co_consts if hasattr(k, "co_names")]
+    hits = sorted(seen & names)
+    return hits[0] if hits else ""
+
+
+FORBIDDEN = {
+    "06.indices": {
+        "DistributedSampler",
+        "pad_or_trim",
+        "padded_indices",
+        "assignment_grid",
+        "num_samples_for",
+    },
+    "06.accuracy": {"gather_in_index_order", "gather_by_index", "all_reduce_accuracy"},
+}
+_FORBIDDEN_MSG = {
+    "en": "write it yourself: your function calls {name}",
+    "zh": "请自己实现：你的函数调用了 {name}",
+}
+
+
+def _check_forbidden(grade_id: str, fn: Callable) -> None:
+    from ddp_lab.i18n import get_language
+
+    name = uses_forbidden(fn, FORBIDDEN[grade_id])
+    if name:
+        raise fail(_FORBIDDEN_MSG[get_language()].format(name=name), "-")
+
+
 def torch_indices(
     n: int, replicas: int, rank: int, epoch: int, seed: int, shuffle: bool, drop_last: bool
 ) -> list[int]:
@@ -95,6 +131,7 @@ def index_cases(rng: random.Random) -> list[tuple[str, dict]]:
 def check_indices(rng: random.Random, distributed_indices: Callable) -> Iterator[object]:
     cases = index_cases(rng)
     yield len(cases)
+    _check_forbidden("06.indices", distributed_indices)
     for label, args in cases:
         for rank in range(args["num_replicas"]):
             expected = torch_indices(
@@ -181,6 +218,7 @@ def check_accuracy(rng: random.Random, gathered_accuracy: Callable) -> Iterator[
 
     plan = accuracy_cases(rng)
     yield sum(len(d) for _, d in plan)
+    _check_forbidden("06.accuracy", gathered_accuracy)
     for replicas, datasets in plan:
         results = spawn(
             _run_accuracy,
