@@ -1,0 +1,537 @@
+# ---
+# jupyter:
+#   jupytext:
+#     notebook_metadata_filter: ddp_lab
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+#   ddp_lab:
+#     title:
+#       en: "08 A full DDP training run"
+#       zh: "08 一次完整的 DDP 训练"
+# ---
+
+# %% [markdown] lang="en"
+# # 08 A full DDP training run
+#
+# Chapter 07 built DDP itself. This chapter uses torch's `DistributedDataParallel` the way
+# a real program does, from the first line to a clean shutdown, on a real data set that
+# ships with scikit-learn (the 8x8 handwritten digits: nothing to download). The program
+# is `ddp_lab/train.py`; you can run it with `torchrun` in a terminal, and this notebook
+# runs the very same code through `dl.spawn`. Along the way we check several claims of the
+# source notes with running code; a few of them are wrong.
+
+# %% [markdown] lang="zh"
+# # 08 一次完整的 DDP 训练
+#
+# 第 07 章我们自己实现了 DDP。本章像真实程序那样使用 torch 的 `DistributedDataParallel`：
+# 从第一行代码一直到干净地退出，数据集是 scikit-learn 自带的 8x8 手写数字（无需下载）。
+# 训练程序是 `ddp_lab/train.py`：你可以在终端里用 `torchrun` 运行它，本 notebook 则通过
+# `dl.spawn` 运行完全相同的代码。我们会顺带用可运行的代码检验源笔记中的若干说法，其中有几条是错的。
+
+# %%
+import tempfile
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+
+import ddp_lab as dl
+from ddp_lab import data, train
+
+dl.setup()
+workdir = Path(tempfile.mkdtemp(prefix="ddp_lab_ch08_"))  # checkpoints and data of this notebook
+print(torch.__version__, "| GPUs:", torch.cuda.device_count())
+
+# %% [markdown] lang="en"
+# ## What a real DDP program contains
+#
+# | step | in `ddp_lab/train.py` |
+# | --- | --- |
+# | start one process per rank | the **launcher** (`torchrun`, `dl.spawn`) sets `RANK`, `WORLD_SIZE`, `LOCAL_RANK`, `MASTER_ADDR`, `MASTER_PORT` |
+# | join the **process group** | `dist.init_process_group(backend)`, no other arguments |
+# | prepare data once per node | `data.zero_first()` around the preparation |
+# | give each rank its own **shard** | `DistributedSampler` + `set_epoch(epoch)` |
+# | the same initial model, wrapped | `torch.manual_seed(seed)`, then `DDP(model)` |
+# | batch and **learning rate** | per-rank batch x world size = global batch; LR scaled to it |
+# | log the loss of every rank | `all_reduce` of (sum, count) |
+# | evaluate on every rank | `all_gather`, then drop the sampler's **padding** |
+# | progress on rank 0 only | `Progress(enabled=rank == 0)` |
+# | **checkpoint** | rank 0 saves `model.module.state_dict()`, then `dist.barrier()`; load with `map_location` |
+# | resume, shut down | `--resume`; `dist.destroy_process_group()` in `finally` |
+#
+# The same file is a command-line program. Here is its `--help`, and the commands that run
+# it on one node and on two nodes:
+
+# %% [markdown] lang="zh"
+# ## 一个真实的 DDP 程序包含什么
+#
+# | 步骤 | 在 `ddp_lab/train.py` 中 |
+# | --- | --- |
+# | 每个 rank 启动一个进程 | **启动器**（`torchrun`、`dl.spawn`）设置 `RANK`、`WORLD_SIZE`、`LOCAL_RANK`、`MASTER_ADDR`、`MASTER_PORT` |
+# | 加入**进程组**（process group） | `dist.init_process_group(backend)`，不需要其他参数 |
+# | 每个节点只准备一次数据 | 用 `data.zero_first()` 包住准备数据的代码 |
+# | 每个 rank 拿到自己的**分片**（shard） | `DistributedSampler` + `set_epoch(epoch)` |
+# | 相同的初始模型，再包装 | `torch.manual_seed(seed)`，然后 `DDP(model)` |
+# | 批与**学习率**（learning rate） | 每个 rank 的批大小 x world size = 全局批大小；学习率随之缩放 |
+# | 记录所有 rank 的损失 | 对 (总和, 个数) 做 `all_reduce` |
+# | 每个 rank 都参与评估 | `all_gather`，再去掉采样器的**填充**（padding） |
+# | 只在 rank 0 显示进度 | `Progress(enabled=rank == 0)` |
+# | **检查点**（checkpoint） | rank 0 保存 `model.module.state_dict()`，然后 `dist.barrier()`；加载时用 `map_location` |
+# | 恢复训练、退出 | `--resume`；在 `finally` 中调用 `dist.destroy_process_group()` |
+#
+# 同一个文件也是命令行程序。下面是它的 `--help`，以及在一个节点和两个节点上运行它的命令：
+
+# %%
+train.make_parser().print_help()
+print()
+print("# one node, 2 ranks:")
+print("torchrun --standalone --nproc_per_node=2 -m ddp_lab.train --checkpoint-dir ckpt")
+print("# two nodes (run one line on each machine; ADDR = the first machine's address):")
+for node in (0, 1):
+    print(f"torchrun --nnodes=2 --node-rank={node} --nproc-per-node=2 "
+          "--master-addr=ADDR --master-port=PORT -m ddp_lab.train --checkpoint-dir ckpt")
+
+# %% [markdown] lang="en"
+# The notes parse the local rank with `parser.add_argument("--local_rank", default=-1)`:
+# without `type=int` the value is a string, and `torch.cuda.set_device("1")` fails.
+# `torchrun` does not pass that argument at all; it sets the `LOCAL_RANK` environment
+# variable (only the deprecated `torch.distributed.launch` passes `--local-rank`). And
+# `torch.distributed.local_rank()`, also in the notes, does not exist:
+
+# %% [markdown] lang="zh"
+# 笔记里用 `parser.add_argument("--local_rank", default=-1)` 解析本地 rank（local rank）：
+# 没有 `type=int` 时得到的是字符串，`torch.cuda.set_device("1")` 会出错。`torchrun`
+# 根本不传这个参数，而是设置环境变量 `LOCAL_RANK`（只有已弃用的
+# `torch.distributed.launch` 才传 `--local-rank`）。笔记里的
+# `torch.distributed.local_rank()` 也并不存在：
+
+# %%
+import argparse
+
+notes_parser = argparse.ArgumentParser()
+notes_parser.add_argument("--local_rank", default=-1)
+print(repr(notes_parser.parse_args(["--local_rank", "1"]).local_rank), "<- a str")
+print(repr(train.make_parser().parse_args(["--local_rank", "1"]).local_rank), "<- type=int")
+print("dist.local_rank exists:", hasattr(dist, "local_rank"))
+
+# %% [markdown] lang="en"
+# ## Prepare the data once: the zero-first pattern
+#
+# When every rank downloads or decodes the data set at the same time, they overwrite each
+# other's files. `zero_first` lets local rank 0 do the work while the others wait at a
+# **barrier**, then releases them. Each rank calls `dist.barrier()` exactly once: the
+# others *before* the body, rank 0 *after* it. The file is written under a temporary name
+# and renamed, so two nodes that share a disk cannot corrupt it.
+
+# %% [markdown] lang="zh"
+# ## 只准备一次数据：zero-first 模式
+#
+# 如果每个 rank 同时下载或解码数据集，它们会互相覆盖文件。`zero_first` 让本地 rank 0
+# 先做这件事，其他 rank 在**屏障**（barrier）处等待，完成后再放行。每个 rank 恰好调用一次
+# `dist.barrier()`：其他 rank 在代码块*之前*调用，rank 0 在代码块*之后*调用。文件先以临时名字
+# 写入再重命名，所以共享同一块磁盘的两个节点也不会把它写坏。
+
+# %%
+dl.show_source(data.zero_first)
+
+
+# %%
+def prepare_and_report(rank, folder):
+    import time
+
+    start = time.perf_counter()
+    train_set, test_set = data.load_digits_split(folder)
+    print(f"train {len(train_set)}, test {len(test_set)} samples, "
+          f"ready after {time.perf_counter() - start:.2f}s")
+    return sorted(p.name for p in Path(folder).iterdir())
+
+
+print(dl.spawn(prepare_and_report, args=(str(workdir / "data"),), nprocs=2, backend="gloo")[0])
+
+# %% [markdown] lang="en"
+# ## A new shuffle every epoch: `set_epoch`
+#
+# The notes observe that with `DistributedSampler` "the order does not change between
+# epochs, nor between runs". That is exactly what happens when `sampler.set_epoch(epoch)`
+# is missing: the sampler shuffles with `seed + epoch`, and its epoch stays 0. The same order
+# on every run is by design (every rank must compute the same permutation); change `seed=`
+# to get another one.
+
+# %% [markdown] lang="zh"
+# ## 每一轮（epoch）都重新打乱：`set_epoch`
+#
+# 笔记观察到使用 `DistributedSampler` 时"每个 epoch 之间、每次运行之间的顺序都一样"。
+# 这正是缺少 `sampler.set_epoch(epoch)` 的结果：采样器用 `seed + epoch` 打乱，而它的
+# epoch 一直是 0。每次运行顺序相同是有意设计的（每个 rank 必须算出同一个排列）；想要不同的顺序，
+# 请修改 `seed=`。
+
+# %%
+toy = TensorDataset(torch.arange(10))
+for use_set_epoch in (False, True):
+    sampler = DistributedSampler(toy, num_replicas=2, rank=0)
+    orders = []
+    for epoch in range(3):
+        if use_set_epoch:
+            sampler.set_epoch(epoch)
+        orders.append(list(sampler))
+    print(f"set_epoch={use_set_epoch}: rank 0 reads {orders}")
+
+# %% [markdown] lang="en"
+# ## Per-rank batch, global batch and the learning rate
+#
+# `--batch-size` is per rank: with N ranks one optimizer step sees N times as many samples
+# and there are N times fewer steps per epoch. The notes scale the learning rate linearly
+# (Goyal et al., 2017) and mention the square-root rule; `train.scaled_lr` does both, for an
+# LR tuned at a global batch of 32:
+
+# %% [markdown] lang="zh"
+# ## 每个 rank 的批、全局批与学习率
+#
+# `--batch-size` 指每个 rank 的批大小：N 个 rank 时，一次优化器更新看到 N 倍的样本，每轮的
+# 步数少 N 倍。笔记按线性规则缩放学习率（Goyal 等，2017），也提到了平方根规则；
+# `train.scaled_lr` 两者都支持。下表中的学习率是针对全局批大小 32 调好的：
+
+# %%
+print(f"{'ranks':>5} {'global batch':>12} {'steps/epoch':>11} {'linear lr':>9} {'sqrt lr':>8}")
+for n in (1, 2, 4, 8):
+    steps = -(-1438 // n // 32)
+    print(f"{n:>5} {32 * n:>12} {steps:>11} {train.scaled_lr(0.05, 32 * n, 32, 'linear'):>9.3f}"
+          f" {train.scaled_lr(0.05, 32 * n, 32, 'sqrt'):>8.3f}")
+
+# %% [markdown] lang="en"
+# ## The loss to log is the mean over ranks
+#
+# One of the notes says "this loss is the sum of every process's loss". It is not: each rank
+# computes the loss of its own batch only; DDP averages the *gradients*, never the loss value.
+# To log the loss of the whole step, all-reduce it. Run it:
+
+# %% [markdown] lang="zh"
+# ## 要记录的损失是各 rank 的平均值
+#
+# 有一篇笔记说"这个 loss 是各个进程的 loss 之和"。并非如此：每个 rank 只计算自己那一批的
+# 损失；DDP 平均的是*梯度*，从不改动损失的值。要记录整步的损失，需要对它做全归约（all-reduce）。
+# 运行看看：
+
+# %% tags=["lesson"]
+def local_loss(rank):
+    torch.manual_seed(0)
+    model = DDP(torch.nn.Linear(4, 3))
+    torch.manual_seed(1 + rank)  # each rank its own batch
+    x, y = torch.randn(8, 4), torch.randint(0, 3, (8,))
+    loss = F.cross_entropy(model(x), y)
+    loss.backward()
+    logged = loss.detach().clone()
+    dist.all_reduce(logged)
+    print(f"local loss {loss.item():.4f}, mean over ranks {logged.item() / 2:.4f}")
+
+
+dl.spawn(local_loss, nprocs=2, backend="gloo")
+
+# %% [markdown] lang="en"
+# The notes' helper is `reduce_value(value, average=True)`, called as
+# `reduce_value(loss, world_size)`: `world_size` lands in `average`. It still averages only
+# because any non-zero number is true; write `reduce_value(loss, average=True)`.
+# `train.mean_across_ranks` all-reduces (sum, count), which also stays right when ranks saw
+# different numbers of samples.
+
+# %% [markdown] lang="zh"
+# 笔记里的辅助函数是 `reduce_value(value, average=True)`，调用时却写成
+# `reduce_value(loss, world_size)`：`world_size` 被传给了 `average`。它仍然求了平均，只是因为
+# 非零整数为真；应写成 `reduce_value(loss, average=True)`。`train.mean_across_ranks` 对
+# （总和, 个数）做全归约，即使各 rank 看到的样本数不同，结果也是正确的。
+
+# %% [markdown] lang="en"
+# ## Evaluation without padding bias
+#
+# To make the shards equal, `DistributedSampler` repeats the first samples: 5 samples on 4
+# ranks become 8 slots. The notes gather every rank's results with `all_gather` and average
+# them, so the repeated samples count twice. Below, only sample 0 is classified correctly:
+
+# %% [markdown] lang="zh"
+# ## 没有填充偏差的评估
+#
+# 为了让各分片一样大，`DistributedSampler` 会重复开头的样本：5 个样本分给 4 个 rank 变成 8 个位置。
+# 笔记用 `all_gather` 收集（all-gather）所有 rank 的结果再求平均，于是重复的样本被算了两次。
+# 下面只有样本 0 被分类正确：
+
+# %%
+five = TensorDataset(torch.arange(5))
+correct = torch.tensor([1.0, 0, 0, 0, 0])
+shards = [list(DistributedSampler(five, num_replicas=4, rank=r, shuffle=False)) for r in range(4)]
+gathered = torch.tensor([i for shard in shards for i in shard])  # what all_gather collects
+print("shards:", shards)
+print(f"naive mean of the gathered results: {correct[gathered].mean().item():.3f}")
+print(f"each sample counted once:           {train.unpadded_mean(gathered, correct[gathered]):.3f}"
+      f"  (true accuracy {correct.mean().item():.3f})")
+
+# %% [markdown] lang="en"
+# `train.evaluate` gathers each sample's index with its result and counts every index once,
+# so the distributed accuracy equals a single-process evaluation (a test checks this on 2 and
+# 3 ranks). The digits test set has 359 samples on purpose: 2 or 4 ranks need padding.
+
+# %% [markdown] lang="zh"
+# `train.evaluate` 在收集结果时连同每个样本的下标一起收集，每个下标只计一次，所以分布式计算的准确率
+# 与单进程评估完全相同（测试在 2 和 3 个 rank 上验证了这一点）。数字数据集的测试集特意取 359 个样本：
+# 2 或 4 个 rank 时都需要填充。
+
+# %%
+dl.show_source(train.evaluate)
+
+# %% [markdown] lang="en"
+# ## The training run
+#
+# Now the whole program on 2 ranks, 3 epochs (the command-line default is 10). Only rank 0
+# prints its progress bar. The checkpoint goes to a temporary folder.
+
+# %% [markdown] lang="zh"
+# ## 训练
+#
+# 现在在 2 个 rank 上运行整个程序，训练 3 轮（命令行默认是 10 轮）。只有 rank 0 打印进度条。
+# 检查点保存在一个临时文件夹里。
+
+# %% tags=["lesson"]
+common = ["--threads", "1", "--data-dir", str(workdir / "data")]
+ckpt = workdir / "ckpt"
+histories = train.launch([*common, "--epochs", "3", "--checkpoint-dir", str(ckpt)], nprocs=2)
+h = histories[0]
+print("same weights on both ranks:",
+      histories[0]["final_weights_sum"] == histories[1]["final_weights_sum"])
+print(f"test accuracy {100 * h['test_acc'][-1]:.2f}%, training time {sum(h['epoch_time']):.1f}s")
+
+
+# %% tags=["lesson"]
+def plot_history(history):
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(9, 3))
+    epochs = range(1, len(history["train_loss"]) + 1)
+    ax1.plot(epochs, history["train_loss"], "o-", label=dl.tr(en="train", zh="训练"))
+    ax1.plot(epochs, history["test_loss"], "s-", label=dl.tr(en="test", zh="测试"))
+    ax1.set(xlabel=dl.tr(en="epoch", zh="轮"), ylabel=dl.tr(en="loss", zh="损失"))
+    ax1.legend()
+    ax2.plot(epochs, [100 * a for a in history["test_acc"]], "o-")
+    ax2.set(xlabel=dl.tr(en="epoch", zh="轮"), ylabel=dl.tr(en="test accuracy (%)",
+                                                          zh="测试准确率（%）"))
+    fig.tight_layout()
+    plt.show()
+
+
+plot_history(h)
+
+# %% [markdown] lang="en"
+# ## Checkpoint, `map_location` and resume
+#
+# Rank 0 alone writes `model.module.state_dict()` (the plain model's weights, without the
+# `module.` prefix of the wrapper), then every rank waits at `dist.barrier()`, so nobody
+# reads a half-written file. `torch.load(path, map_location=device)` puts the tensors on the
+# reading rank's device: without it, tensors saved from `cuda:0` go back to `cuda:0` on
+# every rank. Resume loads the weights before `DDP(model)` (its construction broadcasts rank
+# 0's weights anyway) and the optimizer's momentum on every rank (nothing broadcasts that).
+# Resuming for one more epoch:
+
+# %% [markdown] lang="zh"
+# ## 检查点、`map_location` 与恢复训练
+#
+# 只由 rank 0 写入 `model.module.state_dict()`（普通模型的权重，没有包装器的 `module.` 前缀），
+# 然后所有 rank 在 `dist.barrier()` 处等待，这样谁也不会读到写了一半的文件。
+# `torch.load(path, map_location=device)` 把张量放到读取它的 rank 的设备上：不加它，从
+# `cuda:0` 保存的张量在每个 rank 上都会回到 `cuda:0`。恢复训练时在 `DDP(model)` 之前加载权重
+# （DDP 构造时本来就会广播 rank 0 的权重），并且每个 rank 都要加载优化器的动量
+# （没有任何操作会广播它）。再恢复训练 1 轮：
+
+# %% tags=["lesson"]
+state = torch.load(ckpt / "last.pt", map_location="cpu", weights_only=True)
+print("checkpoint:", sorted(state), "| epoch", state["epoch"],
+      "| first keys:", list(state["model"])[:2])
+resumed = train.launch([*common, "--epochs", "4", "--checkpoint-dir", str(ckpt), "--resume"],
+                       nprocs=2)
+plot_history(resumed[0])
+
+# %% [markdown] lang="en"
+# On GPUs the same program picks `nccl`, sets `torch.cuda.set_device(LOCAL_RANK)` and loads
+# checkpoints with `map_location=cuda:LOCAL_RANK`. This cell runs it when there are at least
+# two GPUs:
+
+# %% [markdown] lang="zh"
+# 在 GPU 上，同一个程序会选择 `nccl`，调用 `torch.cuda.set_device(LOCAL_RANK)`，并用
+# `map_location=cuda:LOCAL_RANK` 加载检查点。有至少两块 GPU 时，下面的单元会真正运行它：
+
+# %% tags=["lesson"]
+if torch.cuda.device_count() >= 2:
+    gpu = train.launch(["--epochs", "2", "--backend", "nccl", "--data-dir",
+                        str(workdir / "data")], nprocs=2)
+    print(f"nccl: test accuracy {100 * gpu[0]['test_acc'][-1]:.2f}%")
+else:
+    print(dl.tr(en="Skipped: no 2 GPUs here. With them this cell trains with backend nccl and "
+                   "prints the test accuracy.",
+                zh="已跳过：这里没有 2 块 GPU。有 GPU 时，本单元用 nccl 后端训练并打印测试准确率。"))
+
+# %% [markdown] lang="en"
+# ## Scaling: time per epoch on 1, 2 (and 4) ranks
+#
+# Each rank uses one thread, and an epoch is as long as its slowest rank. What a 2-core
+# machine can show: 2 ranks split the work of one epoch, but they also wait for each other
+# at every step's all-reduce, and anything else running on the machine slows the slowest
+# rank. 4 ranks on 2 cores cannot be faster than 2, so the cell adds 4 ranks only where
+# there are at least 4 cores. What
+# it cannot show: on GPUs each rank has its own device, the model is far larger, and the
+# all-reduce overlaps with the backward pass, so the time per epoch drops almost like
+# 1/N until communication or data loading dominates.
+
+# %% [markdown] lang="zh"
+# ## 扩展性：1、2（和 4）个 rank 时每轮的时间
+#
+# 每个 rank 使用一个线程，一轮的时间由最慢的 rank 决定。2 核机器能展示的是：2 个 rank
+# 分担一轮的工作，但每一步的全归约都要互相等待，机器上运行的其他程序也会拖慢最慢的 rank。
+# 4 个 rank 共用 2 个核不可能比 2 个 rank 更快，所以只有在至少 4 个核时，本单元才加上 4 个 rank。
+# 它展示不了的是：在 GPU 上每个 rank 有自己的设备，模型也大得多，全归约与反向传播重叠
+# （overlap），所以在通信或数据加载成为瓶颈之前，每轮时间几乎按 1/N 下降。
+
+# %% tags=["lesson"]
+import os
+
+ranks = [1, 2, 4] if (os.cpu_count() or 1) >= 4 else [1, 2]
+times = []
+for n in ranks:
+    run = train.launch([*common, "--epochs", "2", "--quiet"], nprocs=n)
+    times.append(min(run[0]["epoch_time"]))  # the faster epoch: less noise from the machine
+    print(f"{n} rank(s): {times[-1]:.3f}s per epoch, speed-up {times[0] / times[-1]:.2f}x")
+plt.figure(figsize=(4, 3))
+plt.plot(ranks, times, "o-")
+plt.xlabel(dl.tr(en="ranks", zh="rank 数"))
+plt.ylabel(dl.tr(en="seconds per epoch", zh="每轮秒数"))
+plt.xticks(ranks)
+plt.show()
+
+# %% [markdown] lang="en"
+# ## The buggy training function
+#
+# This `buggy_fit` gathers real mistakes from the source notes. Find them before reading on:
+# it creates the optimizer inside the loop (its momentum restarts at every step, and there is
+# no `zero_grad`), never calls `set_epoch`, lets every rank save, saves the DDP wrapper (keys
+# start with `module.`), and returns each rank's own loss as "the" loss.
+
+# %% [markdown] lang="zh"
+# ## 有错误的训练函数
+#
+# 下面的 `buggy_fit` 集中了源笔记里真实出现过的错误。先自己找一找再往下读：它在循环里创建优化器
+# （动量每一步都从零开始，而且没有 `zero_grad`），从不调用 `set_epoch`，让每个 rank 都保存检查点，
+# 保存的是 DDP 包装器（键名以 `module.` 开头），并把每个 rank 自己的损失当作"总"损失返回。
+
+# %%
+def buggy_fit(model, dataset, epochs, batch_size, lr, checkpoint_path):
+    ddp_model = DDP(model)
+    sampler = DistributedSampler(dataset)
+    loader = DataLoader(dataset, batch_size=batch_size, sampler=sampler)
+    losses = []
+    for epoch in range(epochs):
+        total = 0.0
+        for x, y in loader:
+            optimizer = torch.optim.SGD(ddp_model.parameters(), lr=lr, momentum=0.9)
+            loss = F.cross_entropy(ddp_model(x), y)
+            loss.backward()
+            optimizer.step()
+            total += loss.item()
+        losses.append(total / len(loader))
+    torch.save(ddp_model.state_dict(), checkpoint_path)
+    return losses
+
+
+# %% tags=["lesson"]
+def run_buggy(rank, folder):
+    train_set, _ = data.load_digits_split(folder)
+    torch.manual_seed(0)
+    model = train.SmallCNN()
+    losses = buggy_fit(model, train_set, 2, 32, 0.05, f"{folder}/buggy.pt")
+    dist.barrier()
+    keys = list(torch.load(f"{folder}/buggy.pt", weights_only=True))[:2]
+    print(f"losses {[round(v, 3) for v in losses]} | checkpoint keys {keys}")
+
+
+dl.spawn(run_buggy, args=(str(workdir / "data"),), nprocs=2, backend="gloo")
+
+# %% [markdown] lang="en" tags=["exercise"]
+# ## Exercise: fix the training function (5 points)
+#
+# Write `fit(model, dataset, epochs, batch_size, lr, checkpoint_path)`. It runs on every rank
+# of an initialised gloo process group and must:
+# - wrap `model` in `DDP` and train it in place with `torch.optim.SGD(..., lr=lr,
+#   momentum=0.9)` created once, `F.cross_entropy`, and `zero_grad()` every step;
+# - read batches from `DataLoader(dataset, batch_size=batch_size, sampler=sampler)` with
+#   `sampler = DistributedSampler(dataset)` and `sampler.set_epoch(epoch)` every epoch;
+# - return one loss per epoch: the mean over all ranks of each rank's average batch loss,
+#   the same list on every rank;
+# - at the end, save the plain model's `state_dict()` to `checkpoint_path` from rank 0 only,
+#   then `dist.barrier()`.
+#
+# The graded cell runs your function on hidden data and models with 2 or 3 ranks and checks
+# what it does: the samples each rank reads, who saves, the checkpoint, the parameters on
+# every rank against a correct DDP run, the losses and the accuracy.
+
+# %% [markdown] lang="zh" tags=["exercise"]
+# ## 练习：修好训练函数（5 分）
+#
+# 编写 `fit(model, dataset, epochs, batch_size, lr, checkpoint_path)`。它在一个已经初始化的
+# gloo 进程组的每个 rank 上运行，必须：
+# - 用 `DDP` 包装 `model` 并就地训练它：只创建一次 `torch.optim.SGD(..., lr=lr, momentum=0.9)`，
+#   使用 `F.cross_entropy`，每一步都调用 `zero_grad()`；
+# - 从 `DataLoader(dataset, batch_size=batch_size, sampler=sampler)` 读取批，其中
+#   `sampler = DistributedSampler(dataset)`，并且每一轮都调用 `sampler.set_epoch(epoch)`；
+# - 每轮返回一个损失：各 rank 平均批损失在所有 rank 上的平均值，每个 rank 返回相同的列表；
+# - 最后只由 rank 0 把普通模型的 `state_dict()` 保存到 `checkpoint_path`，然后调用 `dist.barrier()`。
+#
+# 评分单元会在隐藏的数据和模型上用 2 或 3 个 rank 运行你的函数，并检查它的行为：每个 rank 读取的样本、
+# 谁保存了检查点、检查点本身、每个 rank 上的参数（与正确的 DDP 训练比较）、损失和准确率。
+
+# %% tags=["exercise"]
+def fit(model, dataset, epochs, batch_size, lr, checkpoint_path):
+    ### BEGIN SOLUTION
+    ddp_model = DDP(model)
+    optimizer = torch.optim.SGD(ddp_model.parameters(), lr=lr, momentum=0.9)
+    sampler = DistributedSampler(dataset)
+    loader = DataLoader(dataset, batch_size=batch_size, sampler=sampler)
+    losses = []
+    for epoch in range(epochs):
+        sampler.set_epoch(epoch)
+        total = 0.0
+        for x, y in loader:
+            optimizer.zero_grad()
+            loss = F.cross_entropy(ddp_model(x), y)
+            loss.backward()
+            optimizer.step()
+            total += loss.item()
+        mean = torch.tensor(total / len(loader))
+        dist.all_reduce(mean)
+        losses.append(mean.item() / dist.get_world_size())
+    if dist.get_rank() == 0:
+        torch.save(ddp_model.module.state_dict(), checkpoint_path)
+    dist.barrier()
+    return losses
+    ### END SOLUTION
+
+
+# %% tags=["grade"] grade_id="08.fit" points=5
+dl.grade("08.fit", fit)
+
+# %% [markdown] lang="en"
+# ## Summary
+#
+# A DDP program is an ordinary training loop plus a handful of rules: every rank runs the
+# same code, reads its own shard (re-shuffled by `set_epoch`), starts from the same weights,
+# logs numbers reduced over all ranks, and lets rank 0 alone talk to the outside world
+# (progress, checkpoints), with a barrier where others depend on it. The same file runs under
+# `torchrun` on one node or many.
+
+# %% [markdown] lang="zh"
+# ## 小结
+#
+# DDP 程序就是普通的训练循环加上几条规则：每个 rank 运行相同的代码，读取自己的分片（用 `set_epoch`
+# 每轮重新打乱），从相同的权重开始，记录在所有 rank 上归约过的数值，并且只让 rank 0 与外界交互
+# （进度、检查点），在其他 rank 依赖它的地方放一个屏障。同一个文件可以在 `torchrun` 下运行于一个或多个节点。
