@@ -447,27 +447,46 @@ with torch.no_grad():
 # %% [markdown] lang="en"
 # ## Why device 0 needs more memory
 #
-# Device 0 holds everything the other devices hold for their chunk, plus the gathered
-# output of the **whole** batch and its gradient, the loss's saved tensors for the whole
-# batch, and the summed gradients. The bars count these bytes in a traced step of a model
-# with a wide output layer (like a language model's vocabulary), split evenly.
+# Device 0 holds what every device holds for its own chunk, plus the gathered output of
+# the **whole** batch and its gradient, the tensors the loss saves for the whole batch,
+# and the summed gradients. The bars count these bytes in a traced step of a small
+# segmentation-style CNN (8 class scores per pixel, so the output is large), split evenly
+# over 4 devices.
 
 # %% [markdown] lang="zh"
 # ## 为什么设备 0 需要更多显存
 #
-# 设备 0 除了要保存和其他设备一样的那一份（自己那一块数据所需的东西），还要保存**整批**的收集后输出及其
-# 梯度、整批 loss 计算时保存的张量，以及求和后的梯度。下面的柱状图统计了一次被记录的训练步中这些字节数，
-# 模型的输出层很宽（类似语言模型的词表），数据均分。
+# 设备 0 除了保存每个设备为自己那一块数据保存的东西，还要保存**整批**的收集后输出及其梯度、loss 为整批
+# 数据保存的张量，以及求和后的梯度。下面的柱状图统计了一次被记录的训练步中这些字节数。模型是一个小的
+# 分割式 CNN（每个像素 8 个类别分数，所以输出很大），数据均分到 4 个设备。
 
 # %%
-vocab_model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 2000))
-xv, yv = torch.randn(96, 32), torch.randint(0, 2000, (96,))
-even_trace = viz.traced_step(P.DataParallel(vocab_model, [0, 1, 2, 3]), xv, yv,
-                             nn.functional.cross_entropy)
-even_mem = viz.memory_by_device(even_trace, vocab_model, 4)
+class Segmenter(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.net = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(),
+                                 nn.Conv2d(16, 16, 3, padding=1), nn.ReLU(), nn.Conv2d(16, 8, 1))
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor | None = None) -> torch.Tensor:
+        scores = self.net(x)
+        # with labels, return this replica's loss instead of its (large) scores
+        return scores if y is None else nn.functional.cross_entropy(scores, y)
+
+
+seg = Segmenter()
+xs_img, ys_img = torch.randn(32, 3, 16, 16), torch.randint(0, 8, (32, 16, 16))
+
+
+def memory_kib(dp_model, loss_fn) -> dict:
+    step = viz.traced_step(dp_model, xs_img, ys_img, loss_fn)
+    return viz.memory_by_device(step, seg, 4)
+
+
+even_mem = memory_kib(P.DataParallel(seg, [0, 1, 2, 3]), nn.functional.cross_entropy)
 for d, kinds in even_mem.items():
-    print(f"device {d}: {sum(kinds.values()) / 1024:7.0f} KiB")
-fig = viz.plot_memory(even_mem, dl.tr("even split (24 rows each)", "均分（每个设备 24 行）"))
+    print(f"device {d}: {sum(kinds.values()) / 1024:5.0f} KiB")
+fig = viz.plot_memory(even_mem, dl.tr("even split, loss on device 0", "均分，loss 在设备 0 上计算"))
 
 # %% [markdown] lang="en"
 # ## A balanced DataParallel
@@ -488,15 +507,30 @@ fig = viz.plot_memory(even_mem, dl.tr("even split (24 rows each)", "均分（每
 # %%
 dl.show_source(P.balanced_chunk_sizes)
 
+# %% [markdown] lang="en"
+# Below, three set-ups side by side: the even split, the balanced split with
+# `gpu0_bsz=2`, and the even split with the loss computed *inside* each replica (the
+# per-device losses of the previous section). Balancing only moves the chunk-sized part;
+# the whole-batch output and loss stay on device 0. Computing the loss in the replicas
+# removes them: device 0 then gathers 4 numbers.
+
+# %% [markdown] lang="zh"
+# 下面并排比较三种设置：均分；`gpu0_bsz=2` 的均衡切分；以及均分但在每个副本*内部*计算 loss（即上一节的
+# 每设备 loss）。均衡切分只能挪走与块大小成正比的那部分；整批的输出和 loss 仍然留在设备 0 上。在副本内部
+# 计算 loss 则把它们去掉了：设备 0 只需收集 4 个数。
+
 # %%
-bal_trace = viz.traced_step(P.BalancedDataParallel(6, vocab_model, [0, 1, 2, 3]), xv, yv,
-                            nn.functional.cross_entropy)
-bal_mem = viz.memory_by_device(bal_trace, vocab_model, 4)
-print("chunk sizes:", P.balanced_chunk_sizes(96, 4, 6))
+print("balanced chunk sizes:", P.balanced_chunk_sizes(32, 4, 2))
+bal_mem = memory_kib(P.BalancedDataParallel(2, seg, [0, 1, 2, 3]), nn.functional.cross_entropy)
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore")  # per-device scalar losses: expected
+    inside_mem = memory_kib(P.DataParallel(seg, [0, 1, 2, 3]), None)
 for d in range(4):
-    print(f"device {d}: even {sum(even_mem[d].values()) / 1024:6.0f} KiB -> "
-          f"balanced {sum(bal_mem[d].values()) / 1024:6.0f} KiB")
-fig = viz.plot_memory(bal_mem, dl.tr("balanced, gpu0_bsz=6", "均衡，gpu0_bsz=6"))
+    print(f"device {d}: even {sum(even_mem[d].values()) / 1024:5.0f} KiB | "
+          f"balanced {sum(bal_mem[d].values()) / 1024:5.0f} KiB | "
+          f"loss inside {sum(inside_mem[d].values()) / 1024:5.0f} KiB")
+fig = viz.plot_memory(bal_mem, dl.tr("balanced, gpu0_bsz=2", "均衡，gpu0_bsz=2"))
+fig = viz.plot_memory(inside_mem, dl.tr("even, loss inside the replicas", "均分，loss 在副本内计算"))
 
 # %% [markdown] lang="en"
 # ### Two mistakes in the notes' balanced DataParallel
@@ -738,7 +772,8 @@ dl.grade("03.gather", MyGather)
 #   them in reverse: the output gradient is scattered, the parameter gradients are summed.
 # - It computes what one device computes, except for layers that use batch statistics.
 # - It is slow because of the replication every step, the GIL and the work on device 0;
-#   device 0 also needs the most memory, which a balanced split reduces.
+#   device 0 also needs the most memory: a balanced split helps, the loss inside the
+#   replicas helps more.
 # - Save `dp.module.state_dict()`; never unwrap before training; never wrap an optimizer.
 #
 # Next: DistributedDataParallel, one process per device.
@@ -750,7 +785,7 @@ dl.grade("03.gather", MyGather)
 #   输出梯度被切分分发，参数梯度被求和。
 # - 除了使用批统计量的层以外，它的计算结果与单设备完全相同。
 # - 它慢的原因是每步都要复制模型、GIL，以及集中在设备 0 上的工作；设备 0 的显存占用也最大，
-#   均衡切分可以缓解。
+#   均衡切分有所帮助，在副本内部计算 loss 帮助更大。
 # - 保存 `dp.module.state_dict()`；不要在训练前解包；不要包装优化器。
 #
 # 下一步：DistributedDataParallel，每个设备一个进程。

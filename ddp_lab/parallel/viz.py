@@ -24,15 +24,19 @@ def traced_step(
     model: nn.Module,
     x: torch.Tensor,
     y: torch.Tensor,
-    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None,
     output_device: int = 0,
 ) -> Trace:
-    """Run forward, loss and backward of ``model`` (a DataParallel) under ``trace()``."""
+    """Run forward, loss and backward of ``model`` (a DataParallel) under ``trace()``.
+
+    With ``loss_fn=None`` the model computes its loss inside ``forward`` (``model(x, y)``
+    returns one loss per device) and the step's loss is their mean.
+    """
     with trace() as t:
-        out = model(x)
+        out = model(x) if loss_fn is not None else model(x, y)
         # the loss runs on the output device only, over the whole batch
         with phase("loss", output_device), count_saved(output_device, name="loss"):
-            loss = loss_fn(out, y)
+            loss = loss_fn(out, y) if loss_fn is not None else out.mean()
         with phase("backward"):
             loss.backward()
     return t
