@@ -186,7 +186,7 @@ def locate(
         else:
             found[ex.grade_id] = hits[0]
     # Key cells in release order: graded cells and exercise code cells (by id).
-    ids = {c.get("id"): i for i, c in enumerate(sub.cells) if c.cell_type == "code"}
+    ids = {c.get("id"): i for i, c in enumerate(sub.cells) if c.cell_type == "code" and c.get("id")}
     keys: list[tuple[str | None, int]] = []  # (grade_id or None, position in sub)
     for c in release.cells:
         if _is_graded(c) and str(c.metadata["grade_id"]) in found:
@@ -285,41 +285,21 @@ def run_nbval(
         {
             TOKEN_VAR: token,
             "DDP_LAB_LANG": lang,
+            # Only nbval and this module: other installed plugins double the start-up time.
+            "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1",
             "PYTHONPATH": os.pathsep.join(
                 [str(PACKAGE_PARENT), *filter(None, [os.environ.get("PYTHONPATH")])]
             ),
         }
     )
-    cmd = [
-        sys.executable,
-        "-m",
-        "pytest",
-        "--nbval-lax",
-        "--nbval-current-env",
-        f"--nbval-cell-timeout={cell_timeout:g}",
-        "-p",
-        "no:cacheprovider",
-        "-p",
-        "ddp_lab.grader",
-        f"--junitxml={junit}",
-        "-o",
-        "junit_family=xunit1",
-        "-c",
-        "pytest.ini",
-        "--rootdir",
-        ".",
-        "-q",
-        path.name,
-    ]
+    fixed = "-p nbval.plugin --nbval-lax --nbval-current-env -p no:cacheprovider -p ddp_lab.grader"
+    fixed += " -o junit_family=xunit1 -c pytest.ini --rootdir . -q"
+    cmd = [sys.executable, "-m", "pytest", *fixed.split(), f"--junitxml={junit}"]
+    cmd += [f"--nbval-cell-timeout={cell_timeout:g}", path.name]
     with open(log, "wb") as out:
-        proc = subprocess.Popen(
-            cmd,
-            cwd=path.parent,
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+        # Its own session: a total timeout kills pytest and everything in its group at once.
+        kw = {"cwd": path.parent, "env": env, "stdout": out, "stderr": subprocess.STDOUT}
+        proc = subprocess.Popen(cmd, start_new_session=True, **kw)
         try:
             proc.wait(timeout=timeout)
             why = ""
@@ -356,6 +336,8 @@ def score(
     exercises = exercises_of(release)
     try:
         sub = nbformat.read(path, as_version=4)
+        if not isinstance(sub.get("cells"), list):
+            raise ValueError("no list of cells")
     except Exception as exc:  # noqa: BLE001  # any unreadable file scores 0, the rest go on
         why = msg("why_invalid", lang, error=f"{type(exc).__name__}: {str(exc)[:200]}")
         return lang, [Result(e.grade_id, 0, e.points, "invalid", why) for e in exercises]
@@ -550,7 +532,11 @@ def grade_main(args: argparse.Namespace) -> int:
     title = release.metadata.get("ddp_lab", {}).get("title", release_path.stem)
 
     def one(i: int) -> tuple[str, list[Result]]:
-        sub_lang, results = score(release, subs[i], args.cell_timeout, args.timeout)
+        try:
+            sub_lang, results = score(release, subs[i], args.cell_timeout, args.timeout)
+        except Exception as exc:  # noqa: BLE001  # a bug here must not stop the other gradings
+            sub_lang, why = lang, msg("why_error", lang, error=f"{type(exc).__name__}: {exc}")
+            results = [Result(e.grade_id, 0, e.points, "error", why) for e in exercises_of(release)]
         text = [
             f"# {msg('feedback', sub_lang, student=names[i], title=title)}",
             "",

@@ -288,6 +288,7 @@ def test_synthetic_partial_tampering_and_a_kernel_crash(tmp_path: Path) -> None:
     dan = synthetic_solved()
     dan.cells[3].source = "def g():\n    return 3"
     write(dan, subs / "dan.ipynb")
+    (subs / "erin.ipynb").write_text("{}", encoding="utf-8")  # JSON, but not a notebook
     out = tmp_path / "out"
     start = time.monotonic()
     assert grade(release, subs, out, "--cell-timeout", "300", "--jobs", "2") == 0
@@ -301,6 +302,8 @@ def test_synthetic_partial_tampering_and_a_kernel_crash(tmp_path: Path) -> None:
         ("carol", "t.b"): (0, 2, "kernel-died"),
         ("dan", "t.a"): (1, 1, "passed"),
         ("dan", "t.b"): (0, 2, "failed"),
+        ("erin", "t.a"): (0, 1, "invalid"),
+        ("erin", "t.b"): (0, 2, "invalid"),
     }
     assert elapsed < 200  # a dead kernel is noticed at once, not after the 300 s cell timeout
     assert "B 3" in (out / "feedback" / "dan.md").read_text(encoding="utf-8")
