@@ -1,0 +1,527 @@
+# ---
+# jupyter:
+#   jupytext:
+#     notebook_metadata_filter: ddp_lab
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+#   ddp_lab:
+#     title:
+#       en: "04 Collective communication"
+#       zh: "04 集合通信"
+# ---
+
+# %% [markdown] lang="en"
+# # 04 Collective communication
+#
+# Data-parallel training needs only a handful of ways for processes to exchange tensors.
+# This chapter shows every one of them at work on several ranks: **point-to-point**
+# messages (`send`/`recv`, `isend`/`irecv`) and the **collectives** `broadcast`, `reduce`,
+# `all_reduce`, `gather`, `all_gather`, `scatter`, `reduce_scatter`, `all_to_all` and
+# `barrier`. Then it asks which **backend** supports what, measures it on your machine,
+# and compares five ways to build an all-reduce with a cost model. You finish by writing
+# two collectives yourself.
+
+# %% [markdown] lang="zh"
+# # 04 集合通信
+#
+# 数据并行训练只需要少数几种进程间交换张量的方式。本章在多个 rank 上逐一演示：
+# **点对点通信**（point-to-point：`send`/`recv`、`isend`/`irecv`）以及
+# **集合通信**（collective）`broadcast`、`reduce`、`all_reduce`、`gather`、`all_gather`、
+# `scatter`、`reduce_scatter`、`all_to_all` 和 `barrier`。接着我们讨论哪个**后端**
+# （backend）支持哪些操作，并在你的机器上实际测一遍；然后用代价模型比较实现全归约
+# （all-reduce）的五种方法。最后你将亲手实现两个集合通信操作。
+
+# %%
+import time
+
+import matplotlib.pyplot as plt
+import torch
+import torch.distributed as dist
+
+import ddp_lab as dl
+from ddp_lab import collectives, costs
+
+dl.setup()
+print(torch.__version__, "| gloo:", dist.is_gloo_available(), "| nccl:", dist.is_nccl_available(),
+      "| mpi:", dist.is_mpi_available())
+
+# %% [markdown] lang="en"
+# ## Point-to-point: `send` and `recv`
+#
+# `dist.send(tensor, dst)` sends a tensor to one rank; `dist.recv(tensor, src)` receives
+# into a tensor that must already have the right shape and dtype. Both **block**: `send`
+# returns when the message has been handed over, `recv` when it has arrived.
+
+# %% [markdown] lang="zh"
+# ## 点对点通信：`send` 与 `recv`
+#
+# `dist.send(tensor, dst)` 把一个张量发给某一个 rank；`dist.recv(tensor, src)` 把收到的
+# 数据写入一个形状和数据类型都已确定的张量。两者都是**阻塞**的：`send` 在消息交付后才返回，
+# `recv` 在数据到达后才返回。
+
+# %%
+# %%ddp -n 2
+x = torch.arange(4.0) if rank == 0 else torch.zeros(4)
+if rank == 0:
+    dist.send(x, dst=1)
+else:
+    dist.recv(x, src=0)
+print(f"rank {rank}: {x.tolist()}")
+
+# %% [markdown] lang="en"
+# ### Ordering matters: a deadlock
+#
+# Two ranks want to swap tensors. The obvious code has both ranks `send` first and `recv`
+# second. With Gloo, `send` waits until the peer has posted the matching `recv`, so both
+# ranks wait for each other forever: a **deadlock**. The launcher's **timeout** stops the
+# ranks and shows where each one was stuck (here after 5 seconds).
+
+# %% [markdown] lang="zh"
+# ### 顺序很重要：死锁
+#
+# 两个 rank 想交换张量。最直观的写法是两边都先 `send` 再 `recv`。在 Gloo 上，`send`
+# 要等对方执行了对应的 `recv` 才会完成，于是两个 rank 永远互相等待：这就是**死锁**
+# （deadlock）。启动器的**超时**（timeout）机制会停止这些 rank，并显示每个 rank 卡在哪里
+# （这里设为 5 秒）。
+
+# %%
+def swap_send_first(rank):
+    other = 1 - rank
+    mine, theirs = torch.full((3,), float(rank)), torch.empty(3)
+    dist.send(mine, dst=other)  # both ranks block here, each waiting for the other's recv
+    dist.recv(theirs, src=other)
+    return theirs.tolist()
+
+
+try:
+    dl.spawn(swap_send_first, nprocs=2, backend="gloo", timeout=5, quiet=True)
+except dl.DistributedTimeoutError as err:
+    print(err.summary.splitlines()[0])
+    for failure in err.failures:
+        stuck = [line.strip() for line in failure.stack.splitlines() if "swap_send_first" in line]
+        print(f"rank {failure.rank} was stuck at:", stuck[:1])
+
+# %% [markdown] lang="en"
+# Two fixes. **Order by rank**: even ranks send first, odd ranks receive first, so every
+# `send` meets a `recv`. Or **post both at once** with the non-blocking `isend`/`irecv`,
+# which return a request object, and `wait()` on both. The second form is also what
+# NCCL needs (there a blocking send can wait for the receiver too), and
+# `dist.batch_isend_irecv` issues a list of them together.
+
+# %% [markdown] lang="zh"
+# 有两种修正方法。**按 rank 排序**：偶数 rank 先发后收，奇数 rank 先收后发，这样每个
+# `send` 都能遇到一个 `recv`。或者用非阻塞的 `isend`/`irecv` **同时发起**收和发：
+# 它们返回一个请求对象，再对两者调用 `wait()`。后一种写法也是 NCCL 所需要的（在 NCCL
+# 上阻塞的发送同样可能等待接收方），`dist.batch_isend_irecv` 可以一次发起一组这样的操作。
+
+# %%
+def swap_odd_even(rank):
+    other = 1 - rank
+    mine, theirs = torch.full((3,), float(rank)), torch.empty(3)
+    if rank % 2 == 0:
+        dist.send(mine, dst=other)
+        dist.recv(theirs, src=other)
+    else:
+        dist.recv(theirs, src=other)
+        dist.send(mine, dst=other)
+    return theirs.tolist()
+
+
+def swap_nonblocking(rank):
+    other = 1 - rank
+    mine, theirs = torch.full((3,), float(rank)), torch.empty(3)
+    send_req = dist.isend(mine, dst=other)
+    recv_req = dist.irecv(theirs, src=other)
+    recv_req.wait()
+    send_req.wait()
+    return theirs.tolist()
+
+
+print("odd/even:   ", dl.spawn(swap_odd_even, nprocs=2, backend="gloo"))
+print("isend/irecv:", dl.spawn(swap_nonblocking, nprocs=2, backend="gloo"))
+
+# %% [markdown] lang="en"
+# ## The collectives, one picture each
+#
+# A collective is called by **every** rank of the **process group**, with matching
+# arguments. In each picture, rank r starts with the numbers 10(r+1), 10(r+1)+1, ...
+# (colour = the rank the value came from; gold = a sum over ranks; grey "?" = left
+# unspecified by PyTorch). The pictures are computed by `collectives.model`, and the
+# tests of `ddp_lab` check that model against the real operations. After each picture,
+# a cell runs the real call on 4 ranks.
+#
+# **Broadcast** copies the root's tensor to every rank.
+
+# %% [markdown] lang="zh"
+# ## 集合通信，一图一个
+#
+# 集合通信必须由**进程组**里的**每一个** rank 以相互匹配的参数调用。每张图中，rank r
+# 一开始持有 10(r+1)、10(r+1)+1、……（颜色表示数值来自哪个 rank；金色表示多个 rank
+# 的和；灰色“?”表示 PyTorch 不保证其内容）。这些图由 `collectives.model` 计算，
+# `ddp_lab` 的测试会用真实的操作来验证这个模型。每张图后面都有一个单元在 4 个 rank 上
+# 执行真正的调用。
+#
+# **广播**（broadcast）把根 rank 的张量复制到所有 rank。
+
+# %%
+collectives.draw("broadcast", 4)
+plt.show()
+
+# %%
+# %%ddp -n 4
+x = torch.arange(4.0) + 10 * (rank + 1)
+dist.broadcast(x, src=0)
+print(x.tolist())
+
+# %% [markdown] lang="en"
+# **Reduce** combines (by default sums) every rank's tensor into the root's tensor. The
+# other ranks' tensors may hold partial results afterwards: do not use them.
+
+# %% [markdown] lang="zh"
+# **归约**（reduce）把所有 rank 的张量合并（默认求和）到根 rank 的张量中。之后其他 rank
+# 的张量里可能是中间结果，不要使用它们。
+
+# %%
+collectives.draw("reduce", 4)
+plt.show()
+
+# %%
+# %%ddp -n 4
+x = torch.arange(4.0) + 10 * (rank + 1)
+dist.reduce(x, dst=0)
+print(x.tolist(), "<- the sum" if rank == 0 else "<- unspecified")
+
+# %% [markdown] lang="en"
+# **All-reduce** leaves the combined tensor on every rank: it is the operation at the
+# heart of data-parallel training (every rank ends with the sum of all gradients). The
+# `op` argument chooses the combination; this PyTorch's Gloo also accepts `AVG`.
+
+# %% [markdown] lang="zh"
+# **全归约**（all-reduce）让每个 rank 都得到合并后的张量：它是数据并行训练的核心操作
+# （每个 rank 最终都得到所有梯度之和）。参数 `op` 选择合并方式；当前版本 PyTorch 的
+# Gloo 也支持 `AVG`。
+
+# %%
+collectives.draw("all_reduce", 4)
+plt.show()
+
+# %%
+# %%ddp -n 4
+for op in ["SUM", "AVG", "PRODUCT", "MIN", "MAX"]:
+    x = torch.tensor([rank + 1.0, 10.0 * (rank + 1)])
+    dist.all_reduce(x, op=getattr(dist.ReduceOp, op))
+    if rank == 0:
+        print(f"{op:8s}", x.tolist())
+
+# %% [markdown] lang="en"
+# **Gather** collects one tensor from every rank into a list on the root;
+# **all-gather** gives that list to every rank.
+
+# %% [markdown] lang="zh"
+# **收集**（gather）把每个 rank 的一个张量收集到根 rank 的列表里；**全收集**
+# （all-gather）让每个 rank 都得到这个列表。
+
+# %%
+fig, axes = plt.subplots(2, 2, figsize=(10, 6))
+collectives.draw("gather", 4, axes=axes[0])
+collectives.draw("all_gather", 4, axes=axes[1])
+plt.show()
+
+# %%
+# %%ddp -n 4
+x = torch.tensor([10.0 * (rank + 1)])
+out = [torch.zeros(1) for _ in range(world_size)] if rank == 0 else None
+dist.gather(x, out, dst=0)
+everyone = [torch.zeros(1) for _ in range(world_size)]
+dist.all_gather(everyone, x)
+print("gather:", None if out is None else [t.item() for t in out],
+      "| all_gather:", [t.item() for t in everyone])
+
+# %% [markdown] lang="en"
+# **Scatter** is the reverse of gather: the root hands piece i of a list to rank i.
+# **Reduce-scatter** sums piece i over all ranks and leaves the result on rank i: it is
+# the first half of the ring all-reduce of chapter 05.
+
+# %% [markdown] lang="zh"
+# **散播**（scatter）是收集的逆操作：根 rank 把列表中的第 i 块交给 rank i。
+# **归约散播**（reduce-scatter）把所有 rank 的第 i 块求和，结果留在 rank i 上：它正是
+# 第 05 章环形全归约的前半部分。
+
+# %%
+fig, axes = plt.subplots(2, 2, figsize=(10, 6))
+collectives.draw("scatter", 4, axes=axes[0])
+collectives.draw("reduce_scatter", 4, axes=axes[1])
+plt.show()
+
+# %%
+# %%ddp -n 4
+pieces = list((torch.arange(4.0) + 10 * (rank + 1)).chunk(world_size))
+mine = torch.zeros(1)
+dist.scatter(mine, pieces if rank == 0 else None, src=0)
+summed = torch.zeros(1)
+dist.reduce_scatter(summed, pieces)
+print("scatter:", mine.item(), "| reduce_scatter:", summed.item())
+
+# %% [markdown] lang="en"
+# **All-to-all** sends piece i of every rank to rank i: a transpose of the data across
+# ranks (used to reshuffle activations in expert and sequence parallelism).
+# **Barrier** moves no data; every rank waits until all ranks have reached it.
+
+# %% [markdown] lang="zh"
+# **全交换**（all-to-all）把每个 rank 的第 i 块发给 rank i：相当于跨 rank 的数据转置
+# （专家并行和序列并行里用它重新分配激活值）。**屏障**（barrier）不传输数据；每个 rank
+# 都要等到所有 rank 都到达这里才继续。
+
+# %%
+collectives.draw("all_to_all", 4)
+plt.show()
+
+# %%
+# %%ddp -n 4
+pieces = list((torch.arange(4.0) + 10 * (rank + 1)).chunk(world_size))
+received = [torch.zeros(1) for _ in range(world_size)]
+dist.all_to_all(received, pieces)
+time.sleep(0.2 * rank)  # rank 3 arrives last...
+start = time.perf_counter()
+dist.barrier()
+waited = time.perf_counter() - start  # ...so rank 0 waits longest at the barrier
+print("all_to_all:", [t.item() for t in received], f"| waited {waited:.2f} s at the barrier")
+
+# %% [markdown] lang="en"
+# ## Which backend supports what
+#
+# The source notes (002) copy a support table from an old release of the PyTorch
+# documentation. Rather than trust any table, ask your own installation: `collectives.probe`
+# runs every operation above on 2 ranks and compares the result with the model.
+
+# %% [markdown] lang="zh"
+# ## 哪个后端支持哪些操作
+#
+# 源笔记（002）里的支持表抄自旧版 PyTorch 文档。与其相信某张表，不如直接问你自己的安装：
+# `collectives.probe` 在 2 个 rank 上运行上面的每一个操作，并把结果与模型比较。
+
+# %%
+probed = collectives.probe("gloo", "cpu")
+for op, result in probed.items():
+    print(f"gloo/cpu  {op:15s} {result}")
+if torch.cuda.device_count() >= 2 and dist.is_nccl_available():
+    for op, result in collectives.probe("nccl", "cuda").items():
+        print(f"nccl/cuda {op:15s} {result}")
+else:
+    print(dl.tr(en="No 2 GPUs here: nccl cannot be probed; the documented table follows.",
+                zh="这里没有 2 块 GPU，无法实测 nccl；下面给出文档中的表。"))
+
+# %% [markdown] lang="en"
+# The documented table of PyTorch 2.x for all three backends (`?` for MPI on GPU: it
+# depends on whether your MPI was built with CUDA support), and the cells where the notes'
+# table is out of date. Gloo on CPU now has `reduce_scatter` and `all_to_all` (your probe
+# just ran them), Gloo on GPU gained most collectives, and NCCL has `scatter`.
+
+# %% [markdown] lang="zh"
+# 下面是 PyTorch 2.x 文档中三个后端的支持表（MPI 在 GPU 上为 `?`：取决于你的 MPI 编译时
+# 是否支持 CUDA），以及笔记中那张表已经过时的格子。Gloo 在 CPU 上现在支持
+# `reduce_scatter` 和 `all_to_all`（你的探测刚刚运行过它们），Gloo 在 GPU 上增加了大部分
+# 集合通信操作，NCCL 也支持了 `scatter`。
+
+# %%
+columns = list(next(iter(collectives.DOCUMENTED.values())))
+print(f"{'':15s}" + "".join(f"{c:>10s}" for c in columns))
+for op, row in collectives.DOCUMENTED.items():
+    print(f"{op:15s}" + "".join(f"{row[c]:>10s}" for c in columns))
+print()
+for op, where, notes, docs in collectives.table_differences():
+    print(dl.tr(en=f"{op:15s} {where:9s} notes: {notes}  docs: {docs}",
+                zh=f"{op:15s} {where:9s} 笔记：{notes}  文档：{docs}"))
+
+# %% [markdown] lang="en"
+# ## What an all-reduce costs: the alpha-beta-gamma model
+#
+# A message of m bytes between two ranks takes α + mβ: α is the **latency**, β = 1/B the
+# time per byte at **bandwidth** B. Reducing m bytes costs mγ. Each rank has one link and
+# can send and receive one message at a time. For an all-reduce of S bytes on N ranks:
+#
+# | algorithm | time | most bytes one rank sends |
+# | --- | --- | --- |
+# | reduce + broadcast through one root ("parameter server") | 2(N-1)(α + Sβ) + (N-1)Sγ | (N-1)S (the root) |
+# | binomial tree reduce, then broadcast | 2⌈log₂N⌉(α + Sβ) + ⌈log₂N⌉Sγ | ⌈log₂N⌉S |
+# | recursive halving (reduce-scatter) + doubling (all-gather) | 2log₂N·α + 2(N-1)/N·Sβ + (N-1)/N·Sγ | 2(N-1)/N·S |
+# | butterfly (recursive doubling, whole buffer) | log₂N(α + Sβ + Sγ) | log₂N·S |
+# | ring (reduce-scatter + all-gather) | 2(N-1)α + 2(N-1)/N·Sβ + (N-1)/N·Sγ | 2(N-1)/N·S |
+#
+# Ring and halving-doubling send the least data, 2(N-1)/N·S < 2S whatever N is; the
+# ring pays 2(N-1) latencies for it, halving-doubling only 2log₂N (but needs N to be a
+# power of two). NCCL picks ring or tree by message size for this reason.
+#
+# **A mistake in the notes (004).** They give 2(α + S/B) + NSC for reduce + broadcast. That
+# assumes the root receives the N-1 tensors at the same time at full bandwidth. With one
+# link it receives them one after another: the root alone moves (N-1)S bytes in and
+# (N-1)S bytes out. The cell below counts the bytes that really pass through the root.
+# (The notes' "recursive halving and doubling" formula, 2log₂N(α + S/B + SC), is the
+# binomial tree's; real halving-doubling sends halves, quarters, ... of the buffer.)
+
+# %% [markdown] lang="zh"
+# ## 一次全归约的代价：alpha-beta-gamma 模型
+#
+# 两个 rank 之间一条 m 字节的消息耗时 α + mβ：α 是**延迟**（latency），β = 1/B 是
+# **带宽**（bandwidth）为 B 时每字节的时间。归约 m 字节耗时 mγ。每个 rank 只有一条链路，
+# 同一时刻能发送一条、接收一条消息。对 N 个 rank 上 S 字节的全归约：
+#
+# | 算法 | 时间 | 单个 rank 最多发送的字节数 |
+# | --- | --- | --- |
+# | 经由一个根 rank 的归约 + 广播（“参数服务器”） | 2(N-1)(α + Sβ) + (N-1)Sγ | (N-1)S（根 rank） |
+# | 二项树归约，再广播 | 2⌈log₂N⌉(α + Sβ) + ⌈log₂N⌉Sγ | ⌈log₂N⌉S |
+# | 递归减半（归约散播）+ 递归加倍（全收集） | 2log₂N·α + 2(N-1)/N·Sβ + (N-1)/N·Sγ | 2(N-1)/N·S |
+# | 蝶形（butterfly，递归加倍，交换整个缓冲区） | log₂N(α + Sβ + Sγ) | log₂N·S |
+# | 环形（归约散播 + 全收集） | 2(N-1)α + 2(N-1)/N·Sβ + (N-1)/N·Sγ | 2(N-1)/N·S |
+#
+# 环形和递归减半/加倍发送的数据最少，无论 N 多大都是 2(N-1)/N·S < 2S；环形为此付出
+# 2(N-1) 次延迟，递归减半/加倍只需 2log₂N 次（但要求 N 是 2 的幂）。正因如此，NCCL
+# 会根据消息大小在环形和树形之间选择。
+#
+# **笔记（004）中的一个错误。** 笔记给出的归约 + 广播耗时是 2(α + S/B) + NSC。
+# 这相当于假设根 rank 能以满带宽同时接收 N-1 个张量。只有一条链路时，它只能一个接一个地
+# 接收：仅根 rank 就要收 (N-1)S 字节、发 (N-1)S 字节。下面的单元统计真正经过根 rank
+# 的字节数。（笔记中“递归减半与加倍”的公式 2log₂N(α + S/B + SC) 其实是二项树的；
+# 真正的递归减半/加倍每次只发送缓冲区的一半、四分之一……）
+
+# %%
+def bytes_through_root(rank, numel):
+    """All-reduce as reduce + broadcast through rank 0, counting the bytes rank 0 moves."""
+    n = dist.get_world_size()
+    x, moved = torch.ones(numel), 0
+    if rank == 0:
+        incoming = torch.empty(numel)
+        for peer in range(1, n):  # one link: one message after another
+            dist.recv(incoming, src=peer)
+            x += incoming
+            moved += incoming.numel() * 4
+        for peer in range(1, n):
+            dist.send(x, dst=peer)
+            moved += x.numel() * 4
+    else:
+        dist.send(x, dst=0)
+        dist.recv(x, src=0)
+    return moved
+
+
+size = 1 << 20  # elements (4 MiB of float32)
+for n in (2, 3, 4):
+    moved = dl.spawn(bytes_through_root, args=(size,), nprocs=n, backend="gloo")[0]
+    print(f"N={n}: the root moved {moved / 2**20:.0f} MiB = 2(N-1)S; "
+          f"model: {2 * costs.bytes_sent('parameter server', n, size * 4) / 2**20:.0f} MiB; "
+          f"the notes' formula assumes 2S = {2 * size * 4 / 2**20:.0f} MiB")
+
+# %% [markdown] lang="en"
+# Move the sliders: message size, latency and bandwidth, and the largest N. With small
+# messages latency dominates and the log-step algorithms win; with large ones the ring and
+# halving-doubling win, and the parameter server grows linearly with N.
+
+# %% [markdown] lang="zh"
+# 拖动滑块：消息大小、延迟、带宽以及最大的 N。消息小时延迟占主导，步数为 log 级的算法
+# 胜出；消息大时环形和递归减半/加倍胜出，而参数服务器的时间随 N 线性增长。
+
+# %%
+costs.cost_widget();
+
+# %% [markdown] lang="en"
+# A static view for two cases: 4 KiB and 256 MiB, with 10 µs latency and 10 GB/s.
+
+# %% [markdown] lang="zh"
+# 两种情形的静态图：4 KiB 和 256 MiB，延迟 10 微秒，带宽 10 GB/s。
+
+# %%
+fig, axes = plt.subplots(1, 2, figsize=(13, 4))
+costs.plot_curves(axes[0], 64, 4 * 2**10, 10e-6, 10e9)
+costs.plot_curves(axes[1], 64, 256 * 2**20, 10e-6, 10e9)
+plt.show()
+
+# %% [markdown] lang="en" tags=["exercise"]
+# ## Exercise 1: all-reduce from reduce + broadcast (3 points)
+#
+# Write `reduce_broadcast_all_reduce(tensor)`: it must sum `tensor` over all ranks **in
+# place** (like `dist.all_reduce(tensor)`) using only `dist.reduce` and `dist.broadcast`,
+# and return `tensor`. The graded cell runs it on 2 to 4 ranks with hidden shapes and
+# dtypes and compares with `dist.all_reduce`; calling `dist.all_reduce` yourself fails.
+
+# %% [markdown] lang="zh" tags=["exercise"]
+# ## 练习 1：用归约 + 广播实现全归约（3 分）
+#
+# 编写 `reduce_broadcast_all_reduce(tensor)`：只用 `dist.reduce` 和 `dist.broadcast`，
+# **原地**（像 `dist.all_reduce(tensor)` 一样）把 `tensor` 在所有 rank 上求和，并返回
+# `tensor`。评分单元会在 2 到 4 个 rank 上、用隐藏的形状和数据类型运行它，并与
+# `dist.all_reduce` 比较；如果你自己调用了 `dist.all_reduce`，评分不通过。
+
+# %% tags=["exercise"]
+def reduce_broadcast_all_reduce(tensor: torch.Tensor) -> torch.Tensor:
+    ### BEGIN SOLUTION
+    dist.reduce(tensor, dst=0)  # rank 0 now holds the sum...
+    dist.broadcast(tensor, src=0)  # ...and hands it to everyone
+    return tensor
+    ### END SOLUTION
+
+
+# %% tags=["exercise"]
+# %%ddp -n 3
+print(rank, reduce_broadcast_all_reduce(torch.tensor([rank + 1.0])).item())
+
+# %% tags=["grade"] grade_id="04.all_reduce" points=3
+dl.grade("04.all_reduce", reduce_broadcast_all_reduce)
+
+# %% [markdown] lang="en" tags=["exercise"]
+# ## Exercise 2: all-gather from point-to-point messages (3 points)
+#
+# Write `send_recv_all_gather(tensor_list, tensor)` with the signature of `dist.all_gather`:
+# afterwards `tensor_list[i]` (the tensors already in the list, filled in place) holds rank
+# i's `tensor`, on every rank. Use only `send`/`recv`/`isend`/`irecv`. Mind the order of
+# your messages (remember the deadlock above), and make it work for any world size.
+
+# %% [markdown] lang="zh" tags=["exercise"]
+# ## 练习 2：用点对点通信实现全收集（3 分）
+#
+# 编写 `send_recv_all_gather(tensor_list, tensor)`，签名与 `dist.all_gather` 相同：
+# 调用结束后，每个 rank 上的 `tensor_list[i]`（列表里原有的张量，原地写入）都是
+# rank i 的 `tensor`。只能使用 `send`/`recv`/`isend`/`irecv`。注意消息的顺序（回想上面的
+# 死锁），并且要适用于任意 world size。
+
+# %% tags=["exercise"]
+def send_recv_all_gather(tensor_list: list[torch.Tensor], tensor: torch.Tensor) -> None:
+    ### BEGIN SOLUTION
+    rank, n = dist.get_rank(), dist.get_world_size()
+    # Post every send without blocking, then receive from each peer in rank order.
+    sends = [dist.isend(tensor, dst=peer) for peer in range(n) if peer != rank]
+    for peer in range(n):
+        if peer == rank:
+            tensor_list[peer].copy_(tensor)
+        else:
+            dist.recv(tensor_list[peer], src=peer)
+    for request in sends:
+        request.wait()
+    ### END SOLUTION
+
+
+# %% tags=["exercise"]
+# %%ddp -n 3
+out = [torch.zeros(2) for _ in range(world_size)]
+send_recv_all_gather(out, torch.full((2,), float(rank)))
+print(rank, [t.tolist() for t in out])
+
+# %% tags=["grade"] grade_id="04.all_gather" points=3
+dl.grade("04.all_gather", send_recv_all_gather)
+
+# %% [markdown] lang="en"
+# ## What next
+#
+# Your all-reduce sends the whole tensor to one root and back: its cost grows with N.
+# Chapter 05 builds the ring all-reduce, whose traffic per rank stays below 2S for any N,
+# and measures it against `dist.all_reduce`.
+
+# %% [markdown] lang="zh"
+# ## 接下来
+#
+# 你的全归约把整个张量发到一个根 rank 再发回来：代价随 N 增长。第 05 章将实现环形全归约，
+# 无论 N 多大，每个 rank 的通信量都低于 2S，并与 `dist.all_reduce` 做性能对比。
