@@ -72,13 +72,22 @@ def test_bad_dataset_len_is_refused():
 
 
 def fixed_by_gathering(correct, dataset_len):
-    return E.gather_in_index_order(correct, dataset_len).float().mean().item()
+    # Written with dist directly: the checker refuses calls to ddp_lab.evaluation's fixes.
+    parts = [torch.empty_like(correct) for _ in range(dist.get_world_size())]
+    dist.all_gather(parts, correct)
+    return torch.stack(parts, dim=1).flatten()[:dataset_len].float().mean().item()
 
 
 def fixed_by_counting(correct, dataset_len):
     rank, world = dist.get_rank(), dist.get_world_size()
     real = len(range(rank, dataset_len, world))  # this rank's slots that are not padding
-    return E.all_reduce_accuracy(correct[:real].sum(), real)
+    counts = torch.tensor([correct[:real].sum().item(), real], dtype=torch.float64)
+    dist.all_reduce(counts)
+    return (counts[0] / counts[1]).item()
+
+
+def uses_the_package(correct, dataset_len):
+    return E.gather_in_index_order(correct, dataset_len).float().mean().item()
 
 
 def naive_mean(correct, dataset_len):
@@ -112,7 +121,14 @@ def test_accuracy_checker_accepts_both_fixes(fixed):
 
 @pytest.mark.parametrize(
     "wrong",
-    [naive_mean, trimmed_in_rank_order, divided_by_dataset_len, mean_of_rank_means, local_only],
+    [
+        naive_mean,
+        trimmed_in_rank_order,
+        divided_by_dataset_len,
+        mean_of_rank_means,
+        local_only,
+        uses_the_package,
+    ],
 )
 def test_accuracy_checker_rejects_biased_evaluations(wrong):
     with pytest.raises(CaseFailed):
