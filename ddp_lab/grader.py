@@ -467,14 +467,14 @@ def check_main(args: argparse.Namespace) -> int:
         print(problem, file=sys.stderr)
         return 2
     try:
-        release = reference_for(nbformat.read(path, as_version=4))
-    except Exception:  # noqa: BLE001  # score() reports the unreadable file itself
-        release = None
-    if release is not None and not exercises_of(release):
-        print(msg("no_graded", language_of(release), path=path), file=sys.stderr)
+        nb = nbformat.read(path, as_version=4)
+    except Exception as exc:  # noqa: BLE001  # any unreadable file: say why, in one line
+        error = f"{type(exc).__name__}: {str(exc)[:200]}"
+        print(f"{path}: {msg('why_invalid', _cli_lang(), error=error)}", file=sys.stderr)
         return 1
-    if release is None:
-        print(msg("why_invalid", _cli_lang(), error=path), file=sys.stderr)
+    release = reference_for(nb)
+    if nb.metadata.get("ddp_lab", {}).get("kind") == "notebooks" or not exercises_of(release):
+        print(msg("no_graded", language_of(nb), path=path), file=sys.stderr)
         return 1
     lang, results = score(release, path, args.cell_timeout, args.timeout)
     print(path)

@@ -389,3 +389,19 @@ def test_check_unsolved_exercise_fails_in_its_language(capsys) -> None:
     out = capsys.readouterr().out
     assert "00.average: 未通过, 0/2" in out and "总分 0/2" in out
     assert "NotImplementedError" in out
+
+
+def test_check_compares_with_the_release_rebuilt_from_the_chapter(tmp_path: Path, capsys) -> None:
+    # The learner's copy lives elsewhere and its graded cell now prints the passing line.
+    nb = read(ROOT / "solutions" / "en" / "00_quickstart.ipynb")
+    nb.cells[graded_index(nb)].source = f"print({grade_pass_line('00.average', 2, 'en')!r})"
+    nb.cells[graded_index(nb)].outputs = []
+    assert cli.main(["check", str(write(nb, tmp_path / "mine.ipynb"))]) == 1
+    out = capsys.readouterr().out
+    assert "00.average: graded cell changed, 0/2" in out and "copy it back" in out
+    lesson = ROOT / "notebooks" / "zh" / "00_quickstart.ipynb"
+    assert cli.main(["check", str(lesson)]) == 1
+    assert "没有评分单元" in capsys.readouterr().err
+    (tmp_path / "broken.ipynb").write_text("{", encoding="utf-8")
+    assert cli.main(["check", str(tmp_path / "broken.ipynb")]) == 1
+    assert "not a valid notebook" in capsys.readouterr().err
