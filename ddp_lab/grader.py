@@ -259,6 +259,15 @@ def _token_pids(token: str) -> list[int]:
     return [p for p in pids if p != os.getpid()]
 
 
+_RUNNING: dict[int, str] = {}  # process group -> token of each grading run in progress
+
+
+def kill_all_runs() -> None:
+    """Stop every grading run of this process (on Ctrl-C: their sessions do not get it)."""
+    for pgid, token in list(_RUNNING.items()):
+        kill_run(pgid, token)
+
+
 def kill_run(pgid: int, token: str) -> None:
     """SIGKILL the run's process group, then every process with its token, until none is left."""
     with contextlib.suppress(OSError):
@@ -300,6 +309,7 @@ def run_nbval(
         # Its own session: a total timeout kills pytest and everything in its group at once.
         kw = {"cwd": path.parent, "env": env, "stdout": out, "stderr": subprocess.STDOUT}
         proc = subprocess.Popen(cmd, start_new_session=True, **kw)
+        _RUNNING[proc.pid] = token
         try:
             proc.wait(timeout=timeout)
             why = ""
@@ -308,6 +318,7 @@ def run_nbval(
         finally:  # also after a normal end: no zygote or rank may outlive the run
             kill_run(proc.pid, token)
             proc.wait()
+            _RUNNING.pop(proc.pid, None)
     if why or not junit.exists():
         tail = log.read_text(encoding="utf-8", errors="replace").strip().splitlines()[-1:]
         return None, why or msg("why_error", lang, error=" ".join(tail)[-300:])
@@ -547,8 +558,15 @@ def grade_main(args: argparse.Namespace) -> int:
         print(f"{names[i]}: " + report_lines(results, lang)[-1], flush=True)
         return names[i], results
 
-    with ThreadPoolExecutor(max_workers=args.jobs or os.cpu_count() or 1) as pool:
+    pool = ThreadPoolExecutor(max_workers=args.jobs or os.cpu_count() or 1)
+    try:
         graded = list(pool.map(one, range(len(subs))))
+    except KeyboardInterrupt:
+        pool.shutdown(wait=False, cancel_futures=True)
+        kill_all_runs()
+        raise
+    finally:
+        pool.shutdown()
     with open(out / "gradebook.csv", "w", newline="", encoding="utf-8") as f:
         writer = csv.writer(f)
         writer.writerow(["student", "exercise", "points", "max_points", "status"])

@@ -10,6 +10,9 @@ from __future__ import annotations
 import copy
 import csv
 import os
+import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -63,9 +66,9 @@ def solved(release: nbformat.NotebookNode, code: str = SOLUTION) -> nbformat.Not
     return nb
 
 
-def leftover_processes() -> list[int]:
-    """Processes started by a grading run of this test process that are still alive."""
-    prefix = f"{grader.TOKEN_VAR}={os.getpid()}-".encode()
+def leftover_processes(grader_pid: int | None = None) -> list[int]:
+    """Processes started by the grading runs of a process (this one) that are still alive."""
+    prefix = f"{grader.TOKEN_VAR}={grader_pid or os.getpid()}-".encode()
     pids = []
     for entry in Path("/proc").glob("[0-9]*"):
         try:
@@ -405,3 +408,35 @@ def test_check_compares_with_the_release_rebuilt_from_the_chapter(tmp_path: Path
     (tmp_path / "broken.ipynb").write_text("{", encoding="utf-8")
     assert cli.main(["check", str(tmp_path / "broken.ipynb")]) == 1
     assert "not a valid notebook" in capsys.readouterr().err
+
+
+def test_ctrl_c_stops_every_grading_run(tmp_path: Path) -> None:
+    release = write(synthetic_release(), tmp_path / "release.ipynb")
+    for name in ("ann", "ben"):
+        nb = synthetic_solved()
+        nb.cells[1].source += "\nwhile True:\n    pass\n"
+        write(nb, tmp_path / "subs" / f"{name}.ipynb")
+    cmd = [
+        sys.executable,
+        "-m",
+        "ddp_lab.cli",
+        "grade",
+        "--release",
+        str(release),
+        str(tmp_path / "subs"),
+        "--out",
+        str(tmp_path / "out"),
+        "--jobs",
+        "2",
+    ]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and len(leftover_processes(proc.pid)) < 2:
+        time.sleep(0.5)  # wait until both notebooks run
+    assert leftover_processes(proc.pid), "no grading run started within 60 s"
+    time.sleep(2)
+    proc.send_signal(signal.SIGINT)
+    out = proc.communicate(timeout=60)[0].decode()
+    assert proc.returncode != 0 and "KeyboardInterrupt" in out
+    assert leftover_processes(proc.pid) == []
+    assert not (tmp_path / "out" / "gradebook.csv").exists()
