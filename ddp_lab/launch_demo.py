@@ -248,7 +248,11 @@ def format_table(
     ),
 ) -> str:
     """The records as an aligned text table (one row per process)."""
-    rows = [list(columns)] + [[str(r.get(c)) for c in columns] for r in records]
+
+    def cell(value: object) -> str:  # one line per row, whatever the value holds
+        return "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(value))
+
+    rows = [list(columns)] + [[cell(r.get(c)) for c in columns] for r in records]
     widths = [max(len(row[i]) for row in rows) for i in range(len(columns))]
     return "\n".join(
         "  ".join(v.rjust(w) for v, w in zip(row, widths, strict=True)) for row in rows
