@@ -100,14 +100,17 @@ for n, R in [(10, 4), (12, 4), (2, 7), (0, 3), (13, 5)]:
 #
 # Take 10 samples on 4 ranks without shuffling: `total_size` is 12, so two indices are
 # added, and they are **copies of the first indices**, 0 and 1. Then each rank takes every
-# `R`-th index starting at its rank (`indices[rank::R]`), not a contiguous block.
+# `R`-th index starting at its rank (`indices[rank::R]`), not a contiguous block. So the
+# notes' claim that the sampler makes sure every process gets *different* data is not quite
+# true: below, ranks 2 and 3 read samples 0 and 1 again.
 
 # %% [markdown] lang="zh"
 # ## 填充：从头重复索引
 #
 # 取 10 个样本、4 个 rank、不打乱：`total_size` 是 12，所以要补两个索引，补的是**开头的
 # 索引的副本**：0 和 1。然后每个 rank 从自己的编号开始，每隔 `R` 个取一个
-# （`indices[rank::R]`），而不是取连续的一段。
+# （`indices[rank::R]`），而不是取连续的一段。因此笔记中"采样器确保不同进程的数据不同"的
+# 说法并不完全正确：下例中 rank 2 和 rank 3 又读了一遍样本 0 和 1。
 
 # %%
 def shards(n, R, **kwargs):
@@ -212,7 +215,7 @@ def epochs_on_rank(rank, call_set_epoch):
 
 
 dl.spawn(epochs_on_rank, args=(False,), nprocs=2, backend="gloo")
-dl.spawn(epochs_on_rank, args=(True,), nprocs=2, backend="gloo")
+dl.spawn(epochs_on_rank, args=(True,), nprocs=2, backend="gloo");
 
 # %% [markdown] lang="en"
 # The seed must be the **same on every rank**. A tempting mistake is `seed=rank` (or a
@@ -397,7 +400,7 @@ def evaluate_on_rank(rank, model, X_val, y_val):
         print(f"fixed, all_reduce of counts:         {fixed_counts:.4f}")
 
 
-dl.spawn(evaluate_on_rank, args=(model, X_val, y_val), nprocs=4, backend="gloo")
+dl.spawn(evaluate_on_rank, args=(model, X_val, y_val), nprocs=4, backend="gloo");
 
 # %% [markdown] lang="en"
 # Three correct fixes, each giving the single-process accuracy:
@@ -462,16 +465,36 @@ try:
 except dl.DistributedTimeoutError as err:
     print(type(err).__name__, "- ranks stuck:", err.ranks)
 
+
+def shortest_steps(rank):
+    steps = torch.tensor([3 if rank == 0 else 2])
+    dist.all_reduce(steps, op=dist.ReduceOp.MIN)  # agree on the shortest shard: drop the rest
+    for _ in range(steps.item()):
+        grad = torch.ones(4)
+        dist.all_reduce(grad)
+    dist.barrier()
+    return steps.item()
+
+
+steps = dl.spawn(shortest_steps, nprocs=2, backend="gloo")
+print("cut to the shortest shard, steps per rank:", steps)
+
 # %% [markdown] lang="en"
-# Two tools. `drop_last=True` (in the sampler, or by cutting every rank to the shortest
-# shard) makes the counts equal by dropping a few samples. The `Join` context manager
+# Two tools. The first drops data: `drop_last=True` in the sampler, or every rank cutting
+# its shard to the shortest one (the second function above agrees on it with an
+# `all_reduce(op=MIN)` and finishes). The `Join` context manager
 # (`torch.distributed.algorithms.Join`) keeps the data: a rank that runs out of batches
-# keeps answering the others' gradient all-reduces with zeros until every rank is done.
+# keeps answering the others' gradient all-reduces with zeros until every rank is done. By
+# default the sum is still divided by the initial world size, so those last steps are
+# smaller (DDP's `join(divide_by_initial_world_size=...)` changes that).
 
 # %% [markdown] lang="zh"
-# 两个工具。`drop_last=True`（在采样器里设置，或者把每个 rank 都截到最短分片的长度）丢掉少量
-# 样本，使批数相同。`Join` 上下文管理器（`torch.distributed.algorithms.Join`）则保留全部数据：
-# 先用完数据的 rank 会继续用零参与其他 rank 的梯度全归约，直到所有 rank 都结束。
+# 两个工具。第一种是丢掉数据：在采样器里设置 `drop_last=True`，或者让每个 rank 都把分片截到
+# 最短分片的长度（上面第二个函数用 `all_reduce(op=MIN)` 约定这个长度，于是顺利结束）。
+# `Join` 上下文管理器（`torch.distributed.algorithms.Join`）则保留全部数据：先用完数据的 rank
+# 会继续用零参与其他 rank 的梯度全归约，直到所有 rank 都结束。默认情况下求和结果仍然除以
+# 初始的 world size，所以最后这几步的更新更小（DDP 的 `join(divide_by_initial_world_size=...)`
+# 可以改变这一点）。
 
 # %%
 def uneven_with_join(rank, X, y):
@@ -491,7 +514,7 @@ def uneven_with_join(rank, X, y):
     print(f"{math.ceil(len(mine) / 8)} batches, weight checksum {model.module.weight.sum():.6f}")
 
 
-dl.spawn(uneven_with_join, args=(X, y), nprocs=2, backend="gloo")
+dl.spawn(uneven_with_join, args=(X, y), nprocs=2, backend="gloo");
 
 # %% [markdown] lang="en" tags=["exercise"]
 # ## Exercise 1: the sampler's indices (4 points)
@@ -588,7 +611,7 @@ def try_accuracy(rank):
         print(f"true {correct_all.mean():.3f}, biased {b:.3f}, yours {g:.3f}")
 
 
-dl.spawn(try_accuracy, nprocs=4, backend="gloo")
+dl.spawn(try_accuracy, nprocs=4, backend="gloo");
 
 # %% tags=["grade"] grade_id="06.accuracy" points=3
 dl.grade("06.accuracy", gathered_accuracy)
