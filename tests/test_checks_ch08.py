@@ -14,7 +14,9 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler
 
+import ddp_lab as dl
 from ddp_lab import grading
+from ddp_lab.checks import ch08
 
 
 def make_fit(bug: str = ""):
@@ -30,7 +32,7 @@ def make_fit(bug: str = ""):
         for epoch in range(epochs):
             if bug != "no_set_epoch":
                 sampler.set_epoch(epoch)
-            total = 0.0
+            total, count = 0.0, 0
             for x, y in loader:
                 if bug == "optimizer_in_loop":
                     optimizer = torch.optim.SGD(ddp.parameters(), lr=lr, momentum=0.9)
@@ -39,8 +41,9 @@ def make_fit(bug: str = ""):
                 loss = F.cross_entropy(ddp(x), y)
                 loss.backward()
                 optimizer.step()
-                total += loss.item()
-            mean = torch.tensor(total / len(loader))
+                total += loss.item() * (len(y) if bug == "per_sample_mean" else 1)
+                count += len(y)
+            mean = torch.tensor(total / (count if bug == "per_sample_mean" else len(loader)))
             if bug == "rank0_loss":
                 losses.append(mean.item())  # each rank logs its own loss: rank 0's is "the" loss
                 continue
@@ -73,6 +76,51 @@ def _grade(fn, capsys) -> str:
 
 def test_correct_fit_passes(capsys):
     assert _grade(make_fit(), capsys).startswith("PASS 08.fit")
+
+
+def test_loss_averaged_over_samples_is_accepted_too(capsys):
+    assert _grade(make_fit("per_sample_mean"), capsys).startswith("PASS 08.fit")
+
+
+def _oracle_case(rank, case):
+    x, y, model = ch08.make_case(case)
+    ch08.reference_fit(
+        model, torch.utils.data.TensorDataset(x, y), case["epochs"], case["batch_size"], case["lr"]
+    )
+    return [p.detach() for p in model.parameters()]
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_the_oracle_equals_a_single_process_simulation_of_ddp(world):
+    """DDP = every step, the gradient of the mean of the ranks' batch losses."""
+    case = {
+        "seed": 7,
+        "n": 29,
+        "features": 4,
+        "classes": 3,
+        "hidden": 8,
+        "epochs": 2,
+        "batch_size": 4,
+        "lr": 0.05,
+    }
+    got = dl.spawn(_oracle_case, args=(case,), nprocs=world, backend="gloo", quiet=True)
+    x, y, model = ch08.make_case(case)
+    dataset = torch.utils.data.TensorDataset(x, y)
+    optimizer = torch.optim.SGD(model.parameters(), lr=case["lr"], momentum=0.9)
+    samplers = [DistributedSampler(dataset, num_replicas=world, rank=r) for r in range(world)]
+    for epoch in range(case["epochs"]):
+        for s in samplers:
+            s.set_epoch(epoch)
+        shards = [list(s) for s in samplers]
+        for start in range(0, len(shards[0]), case["batch_size"]):
+            optimizer.zero_grad()
+            batches = [torch.tensor(sh[start : start + case["batch_size"]]) for sh in shards]
+            loss = sum(F.cross_entropy(model(x[b]), y[b]) for b in batches) / world
+            loss.backward()
+            optimizer.step()
+    for rank_params in got:
+        for p, q in zip(model.parameters(), rank_params, strict=True):
+            torch.testing.assert_close(q, p.detach(), rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize(
