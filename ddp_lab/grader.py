@@ -515,6 +515,13 @@ def student_names(subs: list[Path], release_stem: str) -> list[str]:
     return names
 
 
+def _title(path: Path, default: str) -> str:
+    """The notebook's title (in its own language), or ``default``."""
+    with contextlib.suppress(Exception):
+        return str(json.loads(path.read_text(encoding="utf-8"))["metadata"]["ddp_lab"]["title"])
+    return default
+
+
 def grade_main(args: argparse.Namespace) -> int:
     """``ddp-lab grade --release R SUBMISSIONS...``: write gradebook.csv and feedback files."""
     lang = _cli_lang()
@@ -549,7 +556,7 @@ def grade_main(args: argparse.Namespace) -> int:
             sub_lang, why = lang, msg("why_error", lang, error=f"{type(exc).__name__}: {exc}")
             results = [Result(e.grade_id, 0, e.points, "error", why) for e in exercises_of(release)]
         text = [
-            f"# {msg('feedback', sub_lang, student=names[i], title=title)}",
+            f"# {msg('feedback', sub_lang, student=names[i], title=_title(subs[i], title))}",
             "",
             *report_lines(results, sub_lang),
             "",

@@ -347,8 +347,9 @@ def test_grade_chapter00_submissions_in_one_call(tmp_path: Path) -> None:
     subs = tmp_path / "submissions"
     write(solved(release), subs / "correct.ipynb")
     write(solved(release, WRONG), subs / "wrong.ipynb")
-    nb = solved(release)
-    nb.cells[graded_index(nb)].source = f"print({grade_pass_line('00.average', 2, 'en')!r})"
+    # A learner of the zh edition hard-codes the passing line (zh and en code are the same).
+    nb = read(ROOT / "solutions" / "zh" / "00_quickstart.ipynb")
+    nb.cells[graded_index(nb)].source = f"print({grade_pass_line('00.average', 2, 'zh')!r})"
     write(nb, subs / "changed.ipynb")
     nb = solved(release)
     del nb.cells[graded_index(nb)]
@@ -378,6 +379,8 @@ def test_grade_chapter00_submissions_in_one_call(tmp_path: Path) -> None:
     assert "20 s" in (out / "feedback" / "runaway.md").read_text(encoding="utf-8")
     assert "valid notebook" in (out / "feedback" / "broken.md").read_text(encoding="utf-8")
     assert "moved" in (out / "feedback" / "moved.md").read_text(encoding="utf-8")
+    changed = (out / "feedback" / "changed.md").read_text(encoding="utf-8")
+    assert "00 欢迎与快速上手" in changed and "评分单元被修改" in changed
     assert leftover_processes() == []
 
 
