@@ -1,0 +1,808 @@
+# ---
+# jupyter:
+#   jupytext:
+#     notebook_metadata_filter: ddp_lab
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+#   ddp_lab:
+#     title:
+#       en: "09 Launching for real and debugging"
+#       zh: "09 真实的启动方式与调试"
+# ---
+
+# %% [markdown] lang="en"
+# # 09 Launching for real and debugging
+#
+# Until now `dl.spawn` started your ranks. On a cluster you use PyTorch's own **launchers**:
+# `torchrun` (and its deprecated ancestor `torch.distributed.launch`) or
+# `torch.multiprocessing.spawn`. This chapter runs each of them from the notebook (as a
+# subprocess, with a free port and a timeout), shows what each gives to your processes,
+# runs a two-node job on this one machine, and then triggers, for real, the errors you will
+# meet, with their cause and fix.
+
+# %% [markdown] lang="zh"
+# # 09 真实的启动方式与调试
+#
+# 到目前为止都是 `dl.spawn` 帮你启动 rank。在集群上，你会用 PyTorch 自己的**启动器**（launcher）：
+# `torchrun`（以及它已被弃用的前身 `torch.distributed.launch`）或 `torch.multiprocessing.spawn`。
+# 本章在 notebook 里逐一运行它们（作为子进程，使用空闲端口并设置超时），看看它们分别给你的进程
+# 提供了什么；在这一台机器上运行一个“两节点”任务；然后真实地触发你将会遇到的各种错误，并给出原因和解决办法。
+
+# %%
+import argparse
+import datetime
+import os
+import socket
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import torch
+import torch.distributed as dist
+
+import ddp_lab as dl
+from ddp_lab import errors
+from ddp_lab import launch_demo as ld
+
+dl.setup()
+print(torch.__version__)
+
+# %% [markdown] lang="en" tags=["lesson"]
+# ## 1. What a launcher gives each process
+#
+# Every launcher does two things: it starts one process per rank, and it tells each process
+# who it is. Our demo workers are small functions in `ddp_lab.launch_demo`, started as
+# `python -m ddp_lab.launch_demo WORKER`; each prints one line with what it received.
+# The launches take a few seconds each, so the next cell starts all of this chapter's launches
+# in the background (two at a time); the cells below wait for their own one.
+
+# %% [markdown] lang="zh" tags=["lesson"]
+# ## 1. 启动器给每个进程提供了什么
+#
+# 每个启动器都做两件事：为每个 rank 启动一个进程，并告诉每个进程“你是谁”。我们的演示 worker 是
+# `ddp_lab.launch_demo` 里的小函数，用 `python -m ddp_lab.launch_demo WORKER` 启动；每个 worker
+# 打印一行，列出它收到的信息。每次启动要几秒钟，所以下一个单元会在后台一次性开始本章的所有启动
+# （每次同时运行两个）；后面的单元各自等待自己那一次的结果。
+
+# %% tags=["lesson"]
+dl.show_source(ld.worker_env)
+
+# %% tags=["lesson"]
+pool = ThreadPoolExecutor(max_workers=2)
+runs = {
+    "torchrun": pool.submit(ld.torchrun, "env", nproc_per_node=2),
+    "legacy": pool.submit(ld.legacy_launch, "legacy_args", nproc_per_node=2),
+    "mp_spawn": pool.submit(ld.mp_spawn, "init", nprocs=2),
+    "crash": pool.submit(ld.torchrun, "crash", nproc_per_node=2, max_restarts=1),
+    "signal": pool.submit(ld.signal_agent, "sleep"),
+    "two_nodes": pool.submit(ld.two_nodes, "env", nproc_per_node=2),
+    "c10d": pool.submit(ld.two_nodes, "env", nproc_per_node=2, rdzv_backend="c10d"),
+}
+print(sorted(runs))
+
+# %% [markdown] lang="en" tags=["lesson"]
+# ### `torchrun`
+#
+# `torchrun --standalone --nproc_per_node=2 script.py` starts an *agent* process, which
+# starts two workers and sets their environment: `RANK` (global rank), `LOCAL_RANK` (rank on
+# this node), `WORLD_SIZE`, `LOCAL_WORLD_SIZE`, `GROUP_RANK` (the node's rank),
+# `MASTER_ADDR`/`MASTER_PORT` (where rank 0's store listens) and
+# `TORCHELASTIC_RESTART_COUNT`. `--standalone` sets up a private **rendezvous** on a
+# free port, so two jobs on one machine never collide. Each rank is its own process (its own
+# pid): data parallel with DDP uses processes, not threads.
+
+# %% [markdown] lang="zh" tags=["lesson"]
+# ### `torchrun`
+#
+# `torchrun --standalone --nproc_per_node=2 script.py` 会启动一个 *agent* 进程，由它启动两个 worker
+# 并设置它们的环境变量：`RANK`（全局 rank）、`LOCAL_RANK`（本节点上的 rank）、`WORLD_SIZE`、
+# `LOCAL_WORLD_SIZE`、`GROUP_RANK`（节点的编号）、`MASTER_ADDR`/`MASTER_PORT`（rank 0 的 store
+# 监听的地址）以及 `TORCHELASTIC_RESTART_COUNT`。`--standalone` 在空闲端口上建立一个私有的
+# **汇合（rendezvous）**，所以同一台机器上的两个任务不会冲突。每个 rank 都是一个独立进程（pid 各不相同）：
+# DDP 的数据并行用的是进程，不是线程。
+
+# %% tags=["lesson"]
+r = runs["torchrun"].result()
+r.show(pattern="^(?!.*OMP_NUM_THREADS)")
+print(ld.format_table(r.records(), ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE",
+                                    "MASTER_ADDR", "MASTER_PORT", "pid", "nice")))
+assert [rec["RANK"] for rec in r.records()] == ["0", "1"]
+
+# %% [markdown] lang="en" tags=["lesson"]
+# **Correction of the source notes.** One note calls the rank "the priority of the process".
+# It is only an index: the `nice` column above is the scheduling priority the OS uses, and it
+# is the same for every rank. Rank 0 is special only because your code (and the rendezvous
+# store) treat it so.
+
+# %% [markdown] lang="zh" tags=["lesson"]
+# **纠正源笔记。** 有一篇笔记把 rank 说成“进程的优先级”。它只是一个编号：上表中的 `nice` 列才是
+# 操作系统调度用的优先级，而它在每个 rank 上都一样。rank 0 之所以特殊，只是因为你的代码（以及汇合用的
+# store）这样对待它。
+
+# %% [markdown] lang="en" tags=["lesson"]
+# ### `torch.distributed.launch` (deprecated) and `--local-rank`
+#
+# The old launcher still runs, prints a `FutureWarning`, and passes `--local-rank=N`
+# (with a hyphen since PyTorch 2.0) as a command-line argument, in addition to the
+# environment. The source notes parse `--local_rank` (underscore) with `type=str`. The
+# worker below uses the notes' parser and then a fixed one.
+
+# %% [markdown] lang="zh" tags=["lesson"]
+# ### `torch.distributed.launch`（已弃用）与 `--local-rank`
+#
+# 旧的启动器仍然能运行，会打印一条 `FutureWarning`，并且除了环境变量之外，还会在命令行上传入
+# `--local-rank=N`（PyTorch 2.0 起用连字符）。源笔记用 `type=str` 解析 `--local_rank`（下划线）。
+# 下面的 worker 先用笔记里的解析器，再用修正后的解析器。
+
+# %% tags=["lesson"]
+dl.show_source(ld.worker_legacy_args)
+
+# %% tags=["lesson"]
+r = runs["legacy"].result()
+r.show(pattern="FutureWarning|unrecognized")
+for rec in r.records():
+    print(f"argv={rec['argv']}  notes' parser: {rec['notes_parser']}  fixed: {rec['fixed_parser']!r}")
+errors.explain(r, "bad_flag")
+
+# %% [markdown] lang="en" tags=["lesson"]
+# Even when the old spelling arrives (`--local_rank=0`, as PyTorch 1.x passed it), `type=str`
+# gives the string `"0"`, and `"0" == 0` is false: a guard like `if local_rank == 0: save()`
+# then never saves on any rank. The fix: read `int(os.environ["LOCAL_RANK"])` (every launcher
+# sets it), or at least `type=int`.
+
+# %% [markdown] lang="zh" tags=["lesson"]
+# 即使收到的是旧写法（`--local_rank=0`，PyTorch 1.x 就是这样传的），`type=str` 得到的也是字符串
+# `"0"`，而 `"0" == 0` 为假：像 `if local_rank == 0: save()` 这样的判断在任何 rank 上都不会保存。
+# 解决办法：读取 `int(os.environ["LOCAL_RANK"])`（每个启动器都会设置它），至少也要用 `type=int`。
+
+# %% tags=["lesson"]
+notes_parser = argparse.ArgumentParser()
+notes_parser.add_argument("--local_rank", type=str, default=-1)  # as in the notes
+local_rank = notes_parser.parse_args(["--local_rank=0"]).local_rank
+print(repr(local_rank), "== 0 ->", local_rank == 0)
+
+fixed_parser = argparse.ArgumentParser()
+fixed_parser.add_argument("--local-rank", "--local_rank", dest="local_rank", type=int)
+print(repr(fixed_parser.parse_args(["--local_rank=0"]).local_rank),
+      repr(fixed_parser.parse_args(["--local-rank=0"]).local_rank))
+
+# %% [markdown] lang="en" tags=["lesson"]
+# Another note calls `torch.distributed.local_rank()`. That function does not exist:
+
+# %% [markdown] lang="zh" tags=["lesson"]
+# 另一篇笔记调用了 `torch.distributed.local_rank()`。这个函数并不存在：
+
+# %% tags=["lesson"]
+with errors.expect("no_local_rank"):
+    dist.local_rank()
+
+# %% [markdown] lang="en" tags=["lesson"]
+# ### `torch.multiprocessing.spawn`
+#
+# `mp.spawn(fn, nprocs=N)` starts `N` fresh Python processes and calls `fn(i, ...)`: it
+# passes only the index `i` and sets **no** environment variable. So
+# `init_process_group()` with the default `env://` fails, and you must pass `rank`,
+# `world_size` and an address yourself. (It also pickles `fn` by name, which is why it
+# cannot run functions defined in a notebook; `dl.spawn` can.)
+
+# %% [markdown] lang="zh" tags=["lesson"]
+# ### `torch.multiprocessing.spawn`
+#
+# `mp.spawn(fn, nprocs=N)` 启动 `N` 个全新的 Python 进程并调用 `fn(i, ...)`：它只传入编号 `i`，
+# **不**设置任何环境变量。因此用默认 `env://` 调用 `init_process_group()` 会失败，你必须自己传入
+# `rank`、`world_size` 和地址。（它还按名字 pickle `fn`，所以无法运行 notebook 里定义的函数；
+# `dl.spawn` 可以。）
+
+# %% tags=["lesson"]
+r = runs["mp_spawn"].result()
+print(ld.format_table(r.records(), ("DEMO_SPAWN_INDEX", "RANK", "WORLD_SIZE", "MASTER_PORT", "pid")))
+print(r.records()[0]["init"])
+errors.explain(r.records()[0]["init"], "env_not_set")
+
+# %% [markdown] lang="en" tags=["lesson"]
+# `dl.spawn` behaves like `torchrun` here: it sets the same variables, so the default
+# `env://` works.
+
+# %% [markdown] lang="zh" tags=["lesson"]
+# `dl.spawn` 在这一点上和 `torchrun` 一样：它设置同样的环境变量，所以默认的 `env://` 可以直接使用。
+
+# %% tags=["lesson"]
+def show_env(rank):
+    return {k: os.environ[k] for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR")}
+
+
+for env in dl.spawn(show_env, nprocs=2):
+    print(env)
+
+# %% [markdown] lang="en" tags=["lesson"]
+# ## 2. When a worker dies, and the "death signal"
+#
+# With `--max-restarts=1`, when a worker fails the agent stops the others and restarts the
+# whole group once (`TORCHELASTIC_RESTART_COUNT` becomes 1). If it fails again, torchrun
+# exits with a `ChildFailedError` report whose *Root Cause* names the first rank to fail.
+
+# %% [markdown] lang="zh" tags=["lesson"]
+# ## 2. worker 挂掉时，以及 “death signal”
+#
+# 使用 `--max-restarts=1` 时，一旦有 worker 失败，agent 会停掉其余 worker，并把整组重启一次
+# （`TORCHELASTIC_RESTART_COUNT` 变为 1）。如果再次失败，torchrun 会以 `ChildFailedError`
+# 报告退出，其中的 *Root Cause* 指出第一个失败的 rank。
+
+# %% tags=["lesson"]
+r = runs["crash"].result()
+print(ld.format_table(r.records(), ("TORCHELASTIC_RESTART_COUNT", "RANK", "pid")))
+r.show(pattern="RuntimeError: simulated|Root Cause|rank +:|exitcode|ChildFailedError")
+errors.explain(r, "child_failed")
+
+# %% [markdown] lang="en" tags=["lesson"]
+# One note says "torch 1.8 rarely fails, torch>=1.9 is unstable" and quotes
+# `Received 1 death signal, shutting down workers`. That line is the agent saying it was
+# *sent a signal* from outside (1 is SIGHUP: the terminal or ssh session closed). Here we
+# send SIGTERM to the agent while the workers train:
+
+# %% [markdown] lang="zh" tags=["lesson"]
+# 有一篇笔记说“torch 1.8 基本不出错，torch>=1.9 不稳定”，并引用了
+# `Received 1 death signal, shutting down workers`。这行日志是 agent 在说它*从外部收到了信号*
+# （1 是 SIGHUP：终端或 ssh 会话关闭了）。下面我们在 worker 训练时向 agent 发送 SIGTERM：
+
+# %% tags=["lesson"]
+r = runs["signal"].result()
+r.show(pattern="death signal|closing signal|SignalException")
+errors.explain(r, "death_signal")
+
+# %% [markdown] lang="en" tags=["lesson"]
+# The fix is not an older PyTorch: run long jobs under `tmux`/`nohup` or a scheduler, save
+# checkpoints, and let `--max-restarts` (or the scheduler) resume.
+
+# %% [markdown] lang="zh" tags=["lesson"]
+# 解决办法不是换旧版 PyTorch：在 `tmux`/`nohup` 或调度器下运行长任务，保存检查点，并让
+# `--max-restarts`（或调度器）恢复运行。
+
+# %% [markdown] lang="en" tags=["lesson"]
+# ## 3. Two nodes on one machine
+#
+# A multi-node job runs one `torchrun` per node with the same `--nnodes`,
+# `--master_addr` and `--master_port`, and a different `--node_rank`. Here both
+# "nodes" are this machine (127.0.0.1), each with `--nproc_per_node=2`:
+
+# %% [markdown] lang="zh" tags=["lesson"]
+# ## 3. 在一台机器上跑两个节点
+#
+# 多节点任务在每个节点上各运行一个 `torchrun`，它们的 `--nnodes`、`--master_addr`、`--master_port`
+# 相同，`--node_rank` 不同。这里两个“节点”都是本机（127.0.0.1），每个节点 `--nproc_per_node=2`：
+
+# %% tags=["lesson"]
+for r in runs["two_nodes"].result():
+    r.show(pattern="^$")
+rows = [rec for r in runs["two_nodes"].result() for rec in r.records()]
+print(ld.format_table(sorted(rows, key=lambda rec: int(rec["RANK"]))))
+
+# %% [markdown] lang="en" tags=["lesson"]
+# `RANK = GROUP_RANK × LOCAL_WORLD_SIZE + LOCAL_RANK`, and `WORLD_SIZE` is 4 on both nodes.
+# One note computes the world size as `torch.cuda.device_count()`: that is the GPU count of
+# *one* node (2 here, like `LOCAL_WORLD_SIZE`), not 4. Read `WORLD_SIZE` (or
+# `dist.get_world_size()`).
+#
+# With the **c10d rendezvous** (`--rdzv_backend=c10d --rdzv_endpoint=HOST:PORT`) you do not
+# give `--node_rank`: the agents get their node ranks when they meet, and nodes may join
+# late or be replaced (elastic training). The same job again, c10d this time:
+
+# %% [markdown] lang="zh" tags=["lesson"]
+# `RANK = GROUP_RANK × LOCAL_WORLD_SIZE + LOCAL_RANK`，两个节点上的 `WORLD_SIZE` 都是 4。有一篇笔记
+# 用 `torch.cuda.device_count()` 作为 world size：那只是*一个*节点上的 GPU 数（这里是 2，和
+# `LOCAL_WORLD_SIZE` 一样），不是 4。请读取 `WORLD_SIZE`（或 `dist.get_world_size()`）。
+#
+# 使用 **c10d 汇合**（`--rdzv_backend=c10d --rdzv_endpoint=HOST:PORT`）时不需要 `--node_rank`：
+# agent 在汇合时得到各自的节点编号，节点还可以晚到或被替换（弹性训练）。同一个任务，这次用 c10d：
+
+# %% tags=["lesson"]
+results = runs["c10d"].result()
+results[0].show(pattern="^$")
+rows = [rec for r in results for rec in r.records()]
+print(ld.format_table(sorted(rows, key=lambda rec: int(rec["RANK"]))))
+assert sorted(int(rec["RANK"]) for rec in rows) == [0, 1, 2, 3]
+
+# %% [markdown] lang="en" tags=["lesson"]
+# A misspelt flag, like the notes' `--master_adderss` (or `--master_address`), is refused
+# before anything starts:
+
+# %% [markdown] lang="zh" tags=["lesson"]
+# 拼错的参数，比如笔记里的 `--master_adderss`（或 `--master_address`），在任何进程启动之前就会被拒绝：
+
+# %% tags=["lesson"]
+cmd = ld.torchrun_command("env", 2, nnodes=2, node_rank=0)
+cmd = [a.replace("--master_addr", "--master_adderss") for a in cmd]
+r = ld.run(cmd, timeout=30)
+errors.explain(r, "bad_flag")
+
+# %% [markdown] lang="en" tags=["lesson"]
+# **On real machines** `--master_addr` is the address of node 0 that every node can reach,
+# the port must be open in the firewall between nodes, and every node must start (else the
+# others wait until the rendezvous timeout). When a machine has several network interfaces,
+# choose the one to use with `GLOO_SOCKET_IFNAME` (gloo) or `NCCL_SOCKET_IFNAME` (NCCL); a
+# name the machine does not have fails at once:
+
+# %% [markdown] lang="zh" tags=["lesson"]
+# **在真实的多台机器上**，`--master_addr` 是每个节点都能访问到的 0 号节点的地址，节点之间的防火墙
+# 必须放行该端口，而且每个节点都必须启动（否则其他节点会一直等到汇合超时）。机器有多块网卡时，用
+# `GLOO_SOCKET_IFNAME`（gloo）或 `NCCL_SOCKET_IFNAME`（NCCL）指定使用哪一块；写了一个不存在的网卡名会立即失败：
+
+# %% tags=["lesson"]
+def wrong_interface(rank):
+    os.environ["GLOO_SOCKET_IFNAME"] = "eth9"  # no such interface here
+    dist.init_process_group("gloo")
+
+
+with errors.expect("no_interface"):
+    dl.spawn(wrong_interface, nprocs=2, quiet=True, timeout=30)
+
+# %% [markdown] lang="en" tags=["lesson"]
+# When you outgrow one machine, a cluster launcher starts the `torchrun` of every node for
+# you: Slurm (`srun torchrun ...`, node list from `SLURM_*` variables), Kubernetes
+# (TorchX, the Kubeflow PyTorchJob), or libraries such as Accelerate and Lightning. They all
+# end up setting the same variables you saw above.
+
+# %% [markdown] lang="zh" tags=["lesson"]
+# 当一台机器不够用时，集群启动器会替你在每个节点上启动 `torchrun`：Slurm（`srun torchrun ...`，
+# 节点列表来自 `SLURM_*` 环境变量）、Kubernetes（TorchX、Kubeflow 的 PyTorchJob），或者
+# Accelerate、Lightning 这样的库。它们最终设置的都是上面看到的那些变量。
+
+# %% [markdown] lang="en" tags=["lesson"]
+# ### GPUs and `CUDA_VISIBLE_DEVICES`
+#
+# One note runs `CUDA_VISIBLE_DEVICES=0,1,2,3 ... --nproc_per_node=8`: local ranks 4-7 then
+# ask for GPUs that are not visible and fail with `invalid device ordinal`. Another sets
+# `CUDA_VISIBLE_DEVICES` inside the script after start: it only works if CUDA is not yet
+# initialised in that process; set it on the command line instead.
+
+# %% [markdown] lang="zh" tags=["lesson"]
+# ### GPU 与 `CUDA_VISIBLE_DEVICES`
+#
+# 有一篇笔记运行 `CUDA_VISIBLE_DEVICES=0,1,2,3 ... --nproc_per_node=8`：本地 rank 4-7 会请求不可见的
+# GPU，并以 `invalid device ordinal` 失败。另一篇在脚本启动后才在脚本里设置 `CUDA_VISIBLE_DEVICES`：
+# 只有当该进程还没有初始化 CUDA 时才有效；应该在命令行上设置。
+
+# %% tags=["lesson"]
+if torch.cuda.is_available():
+    probe = ("import os, torch; n = torch.cuda.device_count(); "
+             "os.environ['CUDA_VISIBLE_DEVICES'] = '0'; print('after setting it late:', "
+             "torch.cuda.device_count(), 'of', n); torch.cuda.set_device(n)")
+    r = ld.run([sys.executable, "-c", probe], timeout=60)
+    print(r.stdout)
+    errors.explain(r, "invalid_ordinal")
+else:
+    print(dl.tr(en="[No GPU here: what a GPU machine shows] With 4 visible GPUs, local ranks "
+                   "4..7 fail in torch.cuda.set_device with 'CUDA error: invalid device "
+                   "ordinal'.",
+                zh="[这里没有 GPU：有 GPU 的机器上会显示] 只有 4 块可见 GPU 时，本地 rank 4..7 在 "
+                   "torch.cuda.set_device 处以 'CUDA error: invalid device ordinal' 失败。"))
+
+# %% [markdown] lang="en" tags=["lesson"]
+# ## 4. Init methods and timeouts
+#
+# `init_process_group` finds its peers through an *init method*: `env://` (the default:
+# `MASTER_ADDR`, `MASTER_PORT`, `RANK`, `WORLD_SIZE`), `tcp://HOST:PORT` (explicit
+# address, plus `rank=` and `world_size=`), or `file:///path` (a file all ranks can see).
+
+# %% [markdown] lang="zh" tags=["lesson"]
+# ## 4. 初始化方法与超时
+#
+# `init_process_group` 通过*初始化方法*（init method）找到其他 rank：`env://`（默认：读取
+# `MASTER_ADDR`、`MASTER_PORT`、`RANK`、`WORLD_SIZE`）、`tcp://HOST:PORT`（显式地址，另需
+# `rank=` 和 `world_size=`）或 `file:///path`（所有 rank 都能访问的文件）。
+
+# %% tags=["lesson"]
+def join(rank, init_method, world_size, crash=False):
+    dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=world_size,
+                            timeout=datetime.timedelta(seconds=3))
+    total = torch.tensor([float(rank)])
+    dist.all_reduce(total)
+    if crash:
+        raise RuntimeError("crash before destroy_process_group")
+    return total.item()
+
+
+port = ld.free_port()
+print("tcp://", dl.spawn(join, args=(f"tcp://127.0.0.1:{port}", 2), nprocs=2))
+path = tempfile.mktemp(prefix="ddp_init_")
+print("file://", dl.spawn(join, args=(f"file://{path}", 2), nprocs=2),
+      "| file left:", os.path.exists(path))
+
+# %% [markdown] lang="en" tags=["lesson"]
+# A clean exit removes the file. A crash leaves it behind ("stale"), and the next job that
+# uses the same path reads the old job's entries: it may work, hang, or fail, depending on
+# what the file holds. Use a new path per job (or `env://`).
+
+# %% [markdown] lang="zh" tags=["lesson"]
+# 正常退出时文件会被删除。崩溃则会把它留下（“陈旧文件”），下一个使用同一路径的任务会读到旧任务的
+# 记录：可能正常、可能卡住，也可能报错，取决于文件里有什么。每个任务都用新的路径（或者用 `env://`）。
+
+# %% tags=["lesson"]
+try:
+    dl.spawn(join, args=(f"file://{path}", 2, True), nprocs=2, quiet=True)
+except dl.DistributedError as err:
+    print("crashed:", err.failures[0].reason)
+print("stale file left:", os.path.exists(path), os.path.getsize(path), "bytes")
+for attempt in (1, 2):
+    try:
+        outcome = dl.spawn(join, args=(f"file://{path}", 2), nprocs=2, quiet=True, timeout=4)
+    except dl.DistributedError as err:
+        outcome = type(err).__name__
+    print(f"reuse {attempt}:", outcome, "| file size:", os.path.getsize(path))
+os.remove(path)
+
+# %% [markdown] lang="en" tags=["lesson"]
+# `timeout=` of `init_process_group` bounds both the wait for peers at start and each
+# collective. Here a group of 2 is started with only one process:
+
+# %% [markdown] lang="zh" tags=["lesson"]
+# `init_process_group` 的 `timeout=` 既限制启动时等待其他 rank 的时间，也限制每一次集合通信。
+# 下面只用一个进程去组建一个大小为 2 的进程组：
+
+# %% tags=["lesson"]
+def lonely(rank):
+    dist.init_process_group("gloo", rank=0, world_size=2, timeout=datetime.timedelta(seconds=2))
+
+
+with errors.expect("store_timeout"):
+    dl.spawn(lonely, nprocs=1, quiet=True, timeout=30)
+
+# %% [markdown] lang="en" tags=["lesson"]
+# ## 5. A gallery of real failures
+#
+# ### Mismatched collectives: a hang
+#
+# Rank 0 calls `all_reduce`, rank 1 calls `broadcast`. Nothing fails: both wait forever.
+# `dl.spawn` stops them at its timeout and prints where each rank is stuck (torchrun would
+# wait until the process group's timeout, 30 minutes by default).
+
+# %% [markdown] lang="zh" tags=["lesson"]
+# ## 5. 真实故障集锦
+#
+# ### 不匹配的集合通信：卡住
+#
+# rank 0 调用 `all_reduce`，rank 1 调用 `broadcast`。不会报错：两者都会一直等下去。`dl.spawn`
+# 在超时后停止它们，并打印每个 rank 卡在哪里（torchrun 则会一直等到进程组超时，默认 30 分钟）。
+
+# %% tags=["lesson"]
+def mismatched(rank, detail=False):
+    if detail:
+        os.environ["TORCH_DISTRIBUTED_DEBUG"] = "DETAIL"
+        dist.set_debug_level_from_env()  # read at import; re-read it in this process
+    dist.init_process_group("gloo")
+    t = torch.ones(3)
+    if rank == 0:
+        dist.all_reduce(t)
+    else:
+        dist.broadcast(t, src=0)
+
+
+try:
+    dl.spawn(mismatched, nprocs=2, quiet=True, timeout=3)
+except dl.DistributedTimeoutError as err:
+    for f in err.failures:
+        where = [line.strip() for line in f.stack.splitlines() if "line" in line][:2]
+        print(f"rank {f.rank} stuck at:", where)
+
+# %% [markdown] lang="en" tags=["lesson"]
+# `TORCH_DISTRIBUTED_DEBUG=DETAIL` checks, before every collective, that all ranks call the
+# same one with the same shapes, and turns the hang into an error that names both sides.
+# It is read when `torch.distributed` is imported, so set it before the process starts
+# (`TORCH_DISTRIBUTED_DEBUG=DETAIL torchrun ...`); inside a running process call
+# `dist.set_debug_level_from_env()` after setting it, as the function above does.
+
+# %% [markdown] lang="zh" tags=["lesson"]
+# `TORCH_DISTRIBUTED_DEBUG=DETAIL` 会在每次集合通信之前检查所有 rank 调用的是否是同一个操作、形状
+# 是否相同，并把“卡住”变成一个同时指出双方的错误。它在导入 `torch.distributed` 时被读取，所以要在
+# 进程启动前设置（`TORCH_DISTRIBUTED_DEBUG=DETAIL torchrun ...`）；在已经运行的进程里，设置之后要调用
+# `dist.set_debug_level_from_env()`，就像上面的函数那样。
+
+# %% tags=["lesson"]
+with errors.expect("collective_mismatch"):
+    dl.spawn(mismatched, args=(True,), nprocs=2, quiet=True, timeout=30)
+
+# %% [markdown] lang="en" tags=["lesson"]
+# ### A rank that skips a collective
+#
+# Rank 1 skips the `all_reduce` (say, it has no batch left) and goes on working. With a
+# short `timeout=` on the process group, rank 0 gets an error instead of a hang.
+# `dist.monitored_barrier` goes further: rank 0 reports *which* rank did not arrive.
+
+# %% [markdown] lang="zh" tags=["lesson"]
+# ### 跳过集合通信的 rank
+#
+# rank 1 跳过了 `all_reduce`（比如它没有剩余的批了），继续做别的事。给进程组设置较短的 `timeout=`
+# 后，rank 0 得到的是错误而不是卡住。`dist.monitored_barrier` 更进一步：rank 0 会报告*哪一个* rank 没有到达。
+
+# %% tags=["lesson"]
+def skips(rank):
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=2))
+    if rank == 0:
+        dist.all_reduce(torch.ones(3))
+    else:
+        time.sleep(5)  # busy elsewhere
+
+
+def late_for_barrier(rank):
+    dist.init_process_group("gloo")
+    if rank == 1:
+        time.sleep(4)
+    dist.monitored_barrier(timeout=datetime.timedelta(seconds=1))
+
+
+with errors.expect("recv_timeout"):
+    dl.spawn(skips, nprocs=2, quiet=True, timeout=30)
+with errors.expect("monitored_barrier"):
+    dl.spawn(late_for_barrier, nprocs=2, quiet=True, timeout=30)
+
+# %% [markdown] lang="en" tags=["lesson"]
+# ### Shapes that differ across ranks
+#
+# Rank 0 all-reduces 3 numbers, rank 1 all-reduces 4. With gloo this does not even hang:
+# rank 0 *returns a result*, and rank 1 then fails because its peer left. With DETAIL, the
+# shapes are compared first.
+
+# %% [markdown] lang="zh" tags=["lesson"]
+# ### 各 rank 的形状不同
+#
+# rank 0 对 3 个数做全归约，rank 1 对 4 个数做全归约。在 gloo 上这甚至不会卡住：rank 0 *返回了一个结果*，
+# 随后 rank 1 因为对端已退出而失败。开启 DETAIL 后，会先比较形状。
+
+# %% tags=["lesson"]
+def uneven(rank, detail=False):
+    if detail:
+        os.environ["TORCH_DISTRIBUTED_DEBUG"] = "DETAIL"
+        dist.set_debug_level_from_env()
+    dist.init_process_group("gloo")
+    t = torch.ones(3 + rank) * (rank + 1)
+    dist.all_reduce(t)
+    print("result:", t.tolist())
+
+
+with errors.expect("peer_closed") as caught:
+    dl.spawn(uneven, nprocs=2, quiet=True, timeout=30)
+print("rank 0 printed:", caught.error.outputs[0][0].strip())
+with errors.expect("shape_mismatch"):
+    dl.spawn(uneven, args=(True,), nprocs=2, quiet=True, timeout=30)
+
+# %% [markdown] lang="en" tags=["lesson"]
+# ### Address already in use; a rank that crashes
+#
+# A port that another program holds cannot host rank 0's store. And when one rank raises,
+# the others see only "connection closed by peer": the root cause is the first failure.
+
+# %% [markdown] lang="zh" tags=["lesson"]
+# ### 地址已被占用；崩溃的 rank
+#
+# 被其他程序占用的端口无法承载 rank 0 的 store。而当某个 rank 抛出异常时，其他 rank 只会看到
+# “connection closed by peer”：根本原因是最早出现的那个错误。
+
+# %% tags=["lesson"]
+def on_port(rank, port):
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+
+
+with socket.socket() as busy:
+    busy.bind(("127.0.0.1", 0))
+    busy.listen()
+    with errors.expect("address_in_use"):
+        dl.spawn(on_port, args=(busy.getsockname()[1],), nprocs=1, quiet=True, timeout=30)
+
+
+def crashes(rank):
+    dist.init_process_group("gloo")
+    if rank == 1:
+        raise RuntimeError("simulated crash on rank 1")
+    dist.all_reduce(torch.ones(1))
+
+
+try:
+    dl.spawn(crashes, nprocs=2, quiet=True, timeout=30)
+except dl.DistributedError as err:
+    print("first failure:", err.failures[0].reason)
+
+# %% [markdown] lang="en" tags=["lesson"]
+# ### Unused parameters in DDP
+#
+# A layer that does not take part in the loss gets no gradient, and DDP's second step fails.
+# `TORCH_DISTRIBUTED_DEBUG=INFO` adds the parameter names. The fix is to use every
+# parameter, or `find_unused_parameters=True` (an extra pass over the graph each step).
+
+# %% [markdown] lang="zh" tags=["lesson"]
+# ### DDP 中未使用的参数
+#
+# 没有参与计算损失的层得不到梯度，DDP 的第二步就会失败。`TORCH_DISTRIBUTED_DEBUG=INFO` 会补充参数名。
+# 解决办法是让每个参数都参与计算，或者用 `find_unused_parameters=True`（每步多遍历一次计算图）。
+
+# %% tags=["lesson"]
+class TwoHeads(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.body = torch.nn.Linear(4, 4)
+        self.unused_head = torch.nn.Linear(4, 2)
+
+    def forward(self, x):
+        return self.body(x)  # unused_head never takes part
+
+
+def train_two_steps(rank, find_unused):
+    os.environ["TORCH_DISTRIBUTED_DEBUG"] = "INFO"
+    dist.set_debug_level_from_env()
+    dist.init_process_group("gloo")
+    model = torch.nn.parallel.DistributedDataParallel(TwoHeads(), find_unused_parameters=find_unused)
+    for _ in range(2):
+        model(torch.randn(8, 4)).sum().backward()
+    return "two steps done"
+
+
+with errors.expect("unused_parameters") as caught:
+    dl.spawn(train_two_steps, args=(False,), nprocs=2, quiet=True, timeout=60)
+print([line for line in errors.text_of(caught.error).splitlines() if "Parameters which" in line][0])
+print(dl.spawn(train_two_steps, args=(True,), nprocs=2, quiet=True, timeout=60))
+
+# %% [markdown] lang="en" tags=["lesson"]
+# ### More logging: `TORCH_CPP_LOG_LEVEL` and `NCCL_DEBUG`
+#
+# `TORCH_CPP_LOG_LEVEL=INFO` shows the C++ side of c10d (stores, sockets, rendezvous).
+# `NCCL_DEBUG=INFO` prints NCCL's choices (interfaces, rings, transports) on GPU machines.
+
+# %% [markdown] lang="zh" tags=["lesson"]
+# ### 更多日志：`TORCH_CPP_LOG_LEVEL` 与 `NCCL_DEBUG`
+#
+# `TORCH_CPP_LOG_LEVEL=INFO` 会显示 c10d 的 C++ 部分（store、socket、汇合）。`NCCL_DEBUG=INFO` 在
+# GPU 机器上打印 NCCL 的选择（网卡、环、传输方式）。
+
+# %% tags=["lesson"]
+probe = ("import torch.distributed as dist; "
+         f"dist.init_process_group('gloo', init_method='tcp://127.0.0.1:{ld.free_port()}', "
+         "rank=0, world_size=1); dist.destroy_process_group()")
+r = ld.run([sys.executable, "-c", probe], timeout=60, env={"TORCH_CPP_LOG_LEVEL": "INFO"})
+r.show(pattern="c10d|socket|store", limit=6)
+if torch.cuda.is_available() and dist.is_nccl_available():
+    print(dl.tr(en="A GPU is here: run NCCL jobs with NCCL_DEBUG=INFO to see NCCL's log.",
+                zh="这里有 GPU：用 NCCL_DEBUG=INFO 运行 NCCL 任务即可看到 NCCL 的日志。"))
+else:
+    print(dl.tr(en="[No GPU here] NCCL_DEBUG=INFO needs the nccl backend, so it is skipped.",
+                zh="[这里没有 GPU] NCCL_DEBUG=INFO 需要 nccl 后端，因此跳过。"))
+
+# %% [markdown] lang="en" tags=["lesson"]
+# ### The table
+#
+# Every row below was triggered for real in this chapter (except the GPU-only one, unless
+# you have a GPU).
+
+# %% [markdown] lang="zh" tags=["lesson"]
+# ### 速查表
+#
+# 下表中的每一行都在本章中被真实触发过（只能在 GPU 上出现的那一行除外，除非你有 GPU）。
+
+# %% tags=["lesson"]
+pool.shutdown()
+errors.show_table()
+
+# %% [markdown] lang="en" tags=["exercise"]
+# ## Exercise 1: fix a hanging evaluation (3 points)
+#
+# Each rank counts its correct predictions and its samples; the global accuracy is
+# `sum(correct) / sum(total)`. The function below hangs. Run it, read the stacks the
+# launcher prints, and say why.
+
+# %% [markdown] lang="zh" tags=["exercise"]
+# ## 练习 1：修复卡住的评估（3 分）
+#
+# 每个 rank 统计自己预测正确的样本数和样本总数；全局准确率是 `sum(correct) / sum(total)`。
+# 下面的函数会卡住。运行它，阅读启动器打印的调用栈，并说明原因。
+
+# %% tags=["exercise"]
+def global_accuracy_buggy(correct, total):
+    if dist.get_rank() == 0:  # only rank 0 reports the accuracy...
+        counts = torch.tensor([correct, total], dtype=torch.float64)
+        dist.all_reduce(counts)
+        return (counts[0] / counts[1]).item()
+    return None
+
+
+def evaluate(rank, fn):
+    accuracy = fn(correct=10 * (rank + 1), total=50)
+    dist.barrier()  # the training loop goes on with its next collective
+    return accuracy
+
+
+try:
+    dl.spawn(evaluate, args=(global_accuracy_buggy,), nprocs=2, backend="gloo", timeout=3)
+except dl.DistributedTimeoutError as err:
+    print(type(err).__name__)
+
+# %% [markdown] lang="en" tags=["exercise"]
+# Write `global_accuracy(correct, total)`: called on **every** rank, it returns the global
+# accuracy (a float) on every rank. The graded cell runs it on hidden world sizes with a
+# timeout, with totals that differ across ranks (so the mean of the ranks' accuracies is
+# wrong).
+
+# %% [markdown] lang="zh" tags=["exercise"]
+# 编写 `global_accuracy(correct, total)`：它在**每个** rank 上被调用，并在每个 rank 上返回全局
+# 准确率（一个浮点数）。评分单元会在隐藏的 world size 上、带超时地运行它，且各 rank 的样本总数不同
+# （所以各 rank 准确率的平均值是错的）。
+
+# %% tags=["exercise"]
+def global_accuracy(correct, total):
+    ### BEGIN SOLUTION
+    counts = torch.tensor([correct, total], dtype=torch.float64)
+    dist.all_reduce(counts)  # every rank takes part
+    return (counts[0] / counts[1]).item()
+    ### END SOLUTION
+
+# %% tags=["exercise"]
+print(dl.spawn(evaluate, args=(global_accuracy,), nprocs=2, backend="gloo", timeout=30))
+
+# %% tags=["grade"] grade_id="09.global_accuracy" points=3
+dl.grade("09.global_accuracy", global_accuracy)
+
+# %% [markdown] lang="en" tags=["exercise"]
+# ## Exercise 2: an all-reduce that fails together (3 points)
+#
+# Write `safe_all_reduce(tensor)`: like `dist.all_reduce(tensor)` (sum, in place), but it
+# first checks that every rank has the same shape and dtype. If not, it must raise
+# `ValueError` on **every** rank: a rank that raises alone leaves the others waiting in the
+# all-reduce. Shapes may even differ in their number of dimensions. The graded cell checks
+# the sum against `dist.all_reduce` and the errors on hidden world sizes.
+
+# %% [markdown] lang="zh" tags=["exercise"]
+# ## 练习 2：一起失败的全归约（3 分）
+#
+# 编写 `safe_all_reduce(tensor)`：与 `dist.all_reduce(tensor)` 一样（求和、原地修改），但先检查
+# 每个 rank 的形状和数据类型是否相同。如果不同，必须在**每个** rank 上抛出 `ValueError`：只有一个
+# rank 抛出异常，其他 rank 就会一直等在全归约里。各 rank 形状的维数甚至都可能不同。评分单元会在隐藏的
+# world size 上，用 `dist.all_reduce` 检查求和结果，并检查报错行为。
+
+# %% tags=["exercise"]
+def safe_all_reduce(tensor):
+    ### BEGIN SOLUTION
+    meta = (tuple(tensor.shape), str(tensor.dtype))
+    metas = [None] * dist.get_world_size()
+    dist.all_gather_object(metas, meta)  # any shape length: objects, not tensors
+    if len(set(metas)) > 1:
+        raise ValueError(f"shapes or dtypes differ across ranks: {metas}")
+    dist.all_reduce(tensor)
+    ### END SOLUTION
+
+# %% tags=["exercise"]
+def try_safe(rank):
+    t = torch.ones(2 + rank)
+    try:
+        safe_all_reduce(t)
+    except ValueError as exc:
+        return f"ValueError: {exc}"
+    return t.tolist()
+
+
+print(dl.spawn(try_safe, nprocs=2, backend="gloo", timeout=30))
+
+# %% tags=["grade"] grade_id="09.safe_all_reduce" points=3
+dl.grade("09.safe_all_reduce", safe_all_reduce)
+
+# %% [markdown] lang="en"
+# ## Summary
+#
+# - `torchrun` sets `RANK`, `LOCAL_RANK`, `WORLD_SIZE`, ...; read them from the
+#   environment. `torch.distributed.launch` is deprecated; `mp.spawn` sets nothing.
+# - Multi-node: the same `--nnodes`/`--master_addr`/`--master_port` (or a c10d endpoint)
+#   on every node; `WORLD_SIZE` spans all nodes.
+# - Hangs come from ranks that disagree on the collectives; DETAIL, timeouts and
+#   `monitored_barrier` turn them into errors that name the culprit.
+
+# %% [markdown] lang="zh"
+# ## 小结
+#
+# - `torchrun` 会设置 `RANK`、`LOCAL_RANK`、`WORLD_SIZE` 等；从环境变量读取它们。
+#   `torch.distributed.launch` 已弃用；`mp.spawn` 什么都不设置。
+# - 多节点：每个节点使用相同的 `--nnodes`/`--master_addr`/`--master_port`（或同一个 c10d 端点）；
+#   `WORLD_SIZE` 覆盖所有节点。
+# - 卡住源于各 rank 对集合通信的调用不一致；DETAIL、超时和 `monitored_barrier` 能把它变成指明
+#   元凶的错误。
