@@ -194,13 +194,20 @@ def scaled_lr(lr: float, global_batch: int, base_batch: int, rule: str) -> float
     return lr * {"linear": k, "sqrt": math.sqrt(k), "none": 1.0}[rule]
 
 
+def comm_device() -> torch.device:
+    """Where tensors for collectives must live: nccl only reduces CUDA tensors."""
+    if dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
 def mean_across_ranks(total: float, count: int) -> float:
     """The mean over every rank's samples, from each rank's local sum and count.
 
     Each rank's loss is its own; this is the number to log. Weighting by ``count`` keeps
     it right when ranks saw different numbers of samples.
     """
-    t = torch.tensor([float(total), float(count)], dtype=torch.float64)
+    t = torch.tensor([float(total), float(count)], dtype=torch.float64, device=comm_device())
     dist.all_reduce(t)  # SUM: the total over ranks and the number of samples
     return (t[0] / t[1]).item()
 
@@ -368,7 +375,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
             total += loss.item() * len(y)
             count += len(y)
             bar.update()
-        elapsed = torch.tensor([time.perf_counter() - t0])
+        elapsed = torch.tensor([time.perf_counter() - t0], device=comm_device())
         dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)  # an epoch lasts as long as its slowest rank
         history["train_loss"].append(mean_across_ranks(total, count))
         test_loss, test_acc = evaluate(ddp.module, test_set, 256, device)
