@@ -82,7 +82,7 @@ print(torch.__version__, "| GPUs:", torch.cuda.device_count())
 # | 每个 rank 拿到自己的**分片**（shard） | `DistributedSampler` + `set_epoch(epoch)` |
 # | 相同的初始模型，再包装 | `torch.manual_seed(seed)`，然后 `DDP(model)` |
 # | 批与**学习率**（learning rate） | 每个 rank 的批大小 x world size = 全局批大小；学习率随之缩放 |
-# | 记录所有 rank 的损失 | 对 (总和, 个数) 做 `all_reduce` |
+# | 记录所有 rank 的损失 | 对（总和，个数）做 `all_reduce` |
 # | 每个 rank 都参与评估 | `all_gather`，再去掉采样器的**填充**（padding） |
 # | 只在 rank 0 显示进度 | `Progress(enabled=rank == 0)` |
 # | **检查点**（checkpoint） | rank 0 保存 `model.module.state_dict()`，然后 `dist.barrier()`；加载时用 `map_location` |
@@ -169,7 +169,7 @@ print(dl.spawn(prepare_and_report, args=(str(workdir / "data"),), nprocs=2, back
 # %% [markdown] lang="zh"
 # ## 每一轮（epoch）都重新打乱：`set_epoch`
 #
-# 笔记观察到使用 `DistributedSampler` 时"每个 epoch 之间、每次运行之间的顺序都一样"。
+# 笔记观察到使用 `DistributedSampler` 时“每个 epoch 之间、每次运行之间的顺序都一样”。
 # 这正是缺少 `sampler.set_epoch(epoch)` 的结果：采样器用 `seed + epoch` 打乱，而它的
 # epoch 一直是 0。每次运行顺序相同是有意设计的（每个 rank 必须算出同一个排列）；想要不同的顺序，
 # 请修改 `seed=`。
@@ -217,7 +217,7 @@ for n in (1, 2, 4, 8):
 # %% [markdown] lang="zh"
 # ## 要记录的损失是各 rank 的平均值
 #
-# 有一篇笔记说"这个 loss 是各个进程的 loss 之和"。并非如此：每个 rank 只计算自己那一批的
+# 有一篇笔记说“这个 loss 是各个进程的 loss 之和”。并非如此：每个 rank 只计算自己那一批的
 # 损失；DDP 平均的是*梯度*，从不改动损失的值。要记录整步的损失，需要对它做全归约（all-reduce）。
 # 运行看看：
 
@@ -247,7 +247,7 @@ dl.spawn(local_loss, nprocs=2, backend="gloo")
 # 笔记里的辅助函数是 `reduce_value(value, average=True)`，调用时却写成
 # `reduce_value(loss, world_size)`：`world_size` 被传给了 `average`。它仍然求了平均，只是因为
 # 非零整数为真；应写成 `reduce_value(loss, average=True)`。`train.mean_across_ranks` 对
-# （总和, 个数）做全归约，即使各 rank 看到的样本数不同，结果也是正确的。
+# （总和，个数）做全归约，即使各 rank 看到的样本数不同，结果也是正确的。
 
 # %% [markdown] lang="en"
 # ## Evaluation without padding bias
@@ -423,7 +423,7 @@ plt.show()
 #
 # 下面的 `buggy_fit` 集中了源笔记里真实出现过的错误。先自己找一找再往下读：它在循环里创建优化器
 # （动量每一步都从零开始，而且没有 `zero_grad`），从不调用 `set_epoch`，让每个 rank 都保存检查点，
-# 保存的是 DDP 包装器（键名以 `module.` 开头），并把每个 rank 自己的损失当作"总"损失返回。
+# 保存的是 DDP 包装器（键名以 `module.` 开头），并把每个 rank 自己的损失当作“总”损失返回。
 
 # %%
 def buggy_fit(model, dataset, epochs, batch_size, lr, checkpoint_path):
