@@ -1,0 +1,651 @@
+# ---
+# jupyter:
+#   jupytext:
+#     notebook_metadata_filter: ddp_lab
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+#   ddp_lab:
+#     title:
+#       en: "07 DDP from scratch"
+#       zh: "07 从零实现 DDP"
+# ---
+
+# %% [markdown] lang="en"
+# # 07 DDP from scratch
+#
+# `DistributedDataParallel` (DDP) rests on two ideas. Every rank holds a full **replica**
+# of the model, and the replicas start identical because rank 0's parameters and buffers
+# are **broadcast** when the wrapper is built. They stay identical because, after each
+# backward, every rank replaces its **gradients** by their mean over the ranks
+# (an **all-reduce**) and then takes the same optimizer step. In this chapter you build
+# that twice: a naive version in a few lines, then a version with **buckets** whose
+# communication **overlaps** the backward computation, the way PyTorch does it. The
+# oracle is always torch's own `DistributedDataParallel`.
+
+# %% [markdown] lang="zh"
+# # 07 从零实现 DDP
+#
+# `DistributedDataParallel`（DDP）建立在两个想法上。每个 rank 都持有模型的完整
+# **副本**（replica）；构造包装器时，rank 0 的参数和缓冲区被**广播**（broadcast）到所有
+# rank，所以副本一开始完全相同。之后每次反向传播结束，每个 rank 都把自己的**梯度**替换为
+# 所有 rank 的平均值（一次**全归约**，all-reduce），再执行相同的优化器步骤，所以副本一直
+# 保持相同。本章你会实现两遍：先写一个只有几行的朴素版本，再写一个带**桶**（bucket）、让
+# 通信与反向计算**重叠**（overlap）的版本，也就是 PyTorch 的做法。对照标准始终是 torch
+# 自己的 `DistributedDataParallel`。
+
+# %%
+import copy
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+import ddp_lab as dl
+from ddp_lab.bucketed_ddp import BucketedDDP, assign_buckets, bucket_widget, plot_timeline
+from ddp_lab.ddp import NaiveDDP, max_difference_across_ranks
+
+dl.setup()
+print(torch.__version__, "| CUDA GPUs:", torch.cuda.device_count())
+
+# %% [markdown] lang="en"
+# ## 1. Naive DDP
+#
+# Here is the whole naive wrapper from the package. Read `__init__` (the broadcast),
+# `forward` (rank 0's buffers, as torch does with `broadcast_buffers=True`) and
+# `sync_gradients` (divide by the world size, then sum with `all_reduce`).
+
+# %% [markdown] lang="zh"
+# ## 1. 朴素 DDP
+#
+# 下面是包里朴素包装器的全部代码。请读 `__init__`（广播）、`forward`（像 torch 在
+# `broadcast_buffers=True` 时那样使用 rank 0 的缓冲区）和 `sync_gradients`（先除以
+# world size，再用 `all_reduce` 求和）。
+
+# %%
+dl.show_source(NaiveDDP)
+
+
+# %% [markdown] lang="en"
+# Now the proof. Each rank builds its model from a **different** random seed (as the
+# source notes do with `init_seeds(1 + rank)`), once with a frozen layer and once with
+# BatchNorm buffers. We wrap one copy in `NaiveDDP` and one in torch's `DDP`, train both
+# for five steps on each rank's own data, and compare.
+
+# %% [markdown] lang="zh"
+# 现在来验证。每个 rank 用**不同**的随机种子构建模型（就像原始笔记里
+# `init_seeds(1 + rank)` 的做法），一次带冻结层，一次带 BatchNorm 缓冲区。一份副本用
+# `NaiveDDP` 包装，另一份用 torch 的 `DDP` 包装，在每个 rank 自己的数据上各训练 5 步，
+# 然后比较。
+
+# %% tags=["lesson"]
+def frozen_mlp() -> nn.Module:
+    net = nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 16), nn.Tanh(), nn.Linear(16, 2))
+    net[0].requires_grad_(False)  # a frozen layer: no gradient, still broadcast
+    return net
+
+
+def bn_mlp() -> nn.Module:
+    return nn.Sequential(nn.Linear(6, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Linear(16, 2))
+
+
+def naive_vs_torch(rank, steps=5):
+    rows = []
+    for name, make in [("frozen layer", frozen_mlp), ("BatchNorm", bn_mlp)]:
+        torch.manual_seed(100 + rank)  # a different model on every rank
+        net = make()
+        spread_before = max_difference_across_ranks(net)
+        ours, theirs = NaiveDDP(net), DDP(copy.deepcopy(net))
+        opts = [torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9) for m in (ours, theirs)]
+        gen = torch.Generator().manual_seed(rank)  # each rank its own data
+        for _ in range(steps):
+            x, y = torch.randn(8, 6, generator=gen), torch.randn(8, 2, generator=gen)
+            for model, opt in zip((ours, theirs), opts):
+                opt.zero_grad()
+                nn.functional.mse_loss(model(x), y).backward()
+                if model is ours:
+                    ours.sync_gradients()
+                opt.step()
+        ours_p = torch.cat([p.reshape(-1) for p in ours.module.parameters()])
+        theirs_p = torch.cat([p.reshape(-1) for p in theirs.module.parameters()])
+        diff = (ours_p - theirs_p).abs().max().item()
+        params_only = nn.ParameterList(ours.module.parameters())
+        rows.append((name, spread_before, max_difference_across_ranks(params_only), diff))
+    if rank == 0:
+        print(f"{'model':13s} {'ranks differ before':>20s} {'after 5 steps':>14s} {'NaiveDDP - DDP':>15s}")
+        for name, before, after, diff in rows:
+            print(f"{name:13s} {before:20.4f} {after:14.1e} {diff:15.1e}")
+
+
+dl.spawn(naive_vs_torch, nprocs=2, backend="gloo")
+
+# %% [markdown] lang="en"
+# The replicas differ before wrapping, are bitwise identical after five steps, and
+# `NaiveDDP` lands on exactly torch's parameters (0.0). With 2 ranks the division by 2 is
+# exact; `tests/test_ddp.py` also checks 4 ranks, where the order in which gloo adds four
+# numbers may change the last bit, so it allows 1e-6. (We compare parameters across
+# ranks, not buffers: after the broadcast, each rank's BatchNorm updates its running
+# statistics with its own batch, under torch's DDP too.)
+#
+# Frozen parameters are broadcast too (they are part of the model), but get no gradient
+# and are not averaged.
+
+# %% [markdown] lang="zh"
+# 包装之前各副本不同；训练 5 步之后逐位相同，而且 `NaiveDDP` 得到的参数与 torch 的
+# 完全一样（0.0）。2 个 rank 时除以 2 是精确的；`tests/test_ddp.py` 还检查了 4 个 rank，
+# 那时 gloo 相加四个数的顺序可能改变最后一位，所以允许 1e-6 的误差。（这里只比较跨 rank
+# 的参数，不比较缓冲区：广播之后，每个 rank 的 BatchNorm 会用自己的批更新运行统计量，
+# torch 的 DDP 也是如此。）
+#
+# 冻结参数也会被广播（它们是模型的一部分），但没有梯度，也不参与平均。
+
+# %% [markdown] lang="en"
+# ## 2. DDP = gradient accumulation? Only under conditions
+#
+# Source note 000 says DDP on N ranks "equals" single-process gradient accumulation over
+# N micro-batches "when there is no BN". The cell below tests the claim, comparing the
+# averaged DDP gradient with accumulation (each micro-batch loss divided by N) on the same
+# data:
+#
+# - plain MLP, `reduction="mean"`: equal;
+# - `reduction="sum"`: accumulated sums give the full-batch sum, but DDP averages over the
+#   ranks, so its gradient is N times smaller;
+# - dropout: each rank draws its own mask from its own generator; one process draws
+#   different masks, so the gradients differ;
+# - BatchNorm: the gradients are equal (each micro-batch is normalised by its own
+#   statistics in both cases) but the running statistics are not: accumulation updates
+#   them N times, DDP keeps rank 0's.
+
+# %% [markdown] lang="zh"
+# ## 2. DDP 等于梯度累积吗？有条件
+#
+# 原始笔记 000 说，N 个 rank 的 DDP“在没有 BN 时”与单进程对 N 个微批做梯度累积
+# （gradient accumulation）“完全一致”。下面的单元在相同数据上比较 DDP 平均后的梯度和
+# 梯度累积（每个微批的损失除以 N）的结果：
+#
+# - 普通 MLP，`reduction="mean"`：相等；
+# - `reduction="sum"`：累积各个 sum 得到的是全批的和，而 DDP 会在 rank 之间取平均，所以它的
+#   梯度小 N 倍；
+# - dropout：每个 rank 用自己的随机数生成器抽取掩码，单进程抽到的掩码不同，梯度不同；
+# - BatchNorm：梯度相等（两种情况下每个微批都用自己的统计量归一化），但运行统计量
+#   不同：梯度累积会更新 N 次，DDP 保留的是 rank 0 的。
+
+# %% tags=["lesson"]
+def ddp_vs_accumulation(rank, world_size=2, per_rank=8):
+    cases = {
+        "MLP, mean": (lambda: nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1)), "mean"),
+        "MLP, sum": (lambda: nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1)), "sum"),
+        "dropout": (lambda: nn.Sequential(nn.Linear(4, 8), nn.Dropout(0.5), nn.Linear(8, 1)), "mean"),
+        "BatchNorm": (lambda: nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8), nn.Linear(8, 1)), "mean"),
+    }
+    gen = torch.Generator().manual_seed(0)
+    x, y = torch.randn(world_size * per_rank, 4, generator=gen), torch.randn(world_size * per_rank, 1, generator=gen)
+    for name, (make, reduction) in cases.items():
+        torch.manual_seed(1)
+        single = make()
+        ddp = NaiveDDP(copy.deepcopy(single))
+        torch.manual_seed(10 + rank)  # dropout masks: each rank its own stream
+        mine = slice(rank * per_rank, (rank + 1) * per_rank)
+        nn.functional.mse_loss(ddp(x[mine]), y[mine], reduction=reduction).backward()
+        ddp.sync_gradients()
+        torch.manual_seed(10)
+        # Accumulation as usually written: mean losses divided by N, sum losses added up.
+        scale = world_size if reduction == "mean" else 1
+        for k in range(world_size):
+            part = slice(k * per_rank, (k + 1) * per_rank)
+            (nn.functional.mse_loss(single(x[part]), y[part], reduction=reduction) / scale).backward()
+        grad = max((a.grad - b.grad).abs().max().item()
+                   for a, b in zip(ddp.module.parameters(), single.parameters()))
+        ratio = single[-1].weight.grad.norm() / ddp.module[-1].weight.grad.norm()
+        bufs = [(a.float() - b.float()).abs().max().item()
+                for a, b in zip(ddp.module.buffers(), single.buffers())]
+        if rank == 0:
+            print(f"{name:10s} max |grad DDP - grad accumulation| = {grad:.2e}  (norm ratio {ratio:.2f})  "
+                  f"running statistics differ by: {f'{max(bufs):.3g}' if bufs else '-'}")
+
+
+dl.spawn(ddp_vs_accumulation, nprocs=2, backend="gloo")
+
+# %% [markdown] lang="en"
+# So the claim holds for a deterministic model with a mean loss and the same data split;
+# BatchNorm's running statistics, dropout's random masks and a `sum` loss break it (divide
+# a sum loss by the number of micro-batches and by nothing under DDP, or use `mean`).
+
+# %% [markdown] lang="zh"
+# 所以，只有当模型是确定性的、损失取平均、数据切分相同时，这个说法才成立；BatchNorm 的
+# 运行统计量、dropout 的随机掩码和 `sum` 损失都会破坏它（梯度累积时把 sum 损失除以微批数，
+# DDP 下不除，或者直接用 `mean`）。
+
+# %% [markdown] lang="en"
+# ## 3. Buckets and overlap
+#
+# The naive version waits for the whole backward, then sends one message per parameter.
+# Torch does better: it groups parameters into **buckets** of about `bucket_cap_mb` MiB
+# (default 25, and 1 MiB for the first bucket), in reverse order because backward produces
+# the last layers' gradients first. A **hook** (`register_post_accumulate_grad_hook`) on
+# each parameter counts ready gradients; when a bucket is complete it is flattened and sent
+# with an asynchronous `all_reduce` while backward goes on with earlier layers. Move the
+# slider to see which parameters share a bucket (`assign_buckets` follows torch's
+# `dist._compute_bucket_assignment_by_size`, tested against it).
+
+# %% [markdown] lang="zh"
+# ## 3. 桶与重叠
+#
+# 朴素版本要等整个反向传播结束，然后每个参数发一次消息。torch 做得更好：它把参数分组成
+# 大约 `bucket_cap_mb` MiB 的**桶**（默认 25，第一个桶 1 MiB），顺序是反的，因为反向传播
+# 先得到最后几层的梯度。每个参数上都有一个**钩子**（hook，`register_post_accumulate_grad_hook`）
+# 统计已就绪的梯度；一个桶凑齐后就被展平，并用异步 `all_reduce` 发送，同时反向传播继续
+# 计算前面几层。拖动滑块，看看哪些参数在同一个桶里（`assign_buckets` 遵循 torch 的
+# `dist._compute_bucket_assignment_by_size`，并用它做了测试）。
+
+# %%
+def wide_mlp(width=512, depth=4):
+    layers = [nn.Linear(128, width), nn.ReLU()]
+    for _ in range(depth):
+        layers += [nn.Linear(width, width), nn.ReLU()]
+    return nn.Sequential(*layers, nn.Linear(width, 10))
+
+
+bucket_widget(wide_mlp(), caps_mb=(0.5, 1, 2, 4, 25))
+
+# %% [markdown] lang="en"
+# The hook and the launch, from `BucketedDDP`. Note that buckets are launched strictly in
+# index order: every rank must issue the same collectives in the same order.
+
+# %% [markdown] lang="zh"
+# 下面是 `BucketedDDP` 中的钩子和发送部分。注意桶严格按编号顺序发送：每个 rank 必须以
+# 相同顺序发起相同的集合通信。
+
+# %%
+dl.show_source(BucketedDDP._on_grad_ready)
+
+# %%
+dl.show_source(BucketedDDP._launch)
+
+
+# %% [markdown] lang="en"
+# Now a measured **timeline** on 2 ranks with a 3 M-parameter MLP (12 MiB of gradients, 
+# `bucket_cap_mb=2`), and, in the same run, the median step time of `BucketedDDP`,
+# torch's `DDP` and `NaiveDDP` on the same model (interleaved, so that load affects all
+# alike). The benchmark `benchmarks/bench_ddp.py` does the same with more steps.
+
+# %% [markdown] lang="zh"
+# 现在在 2 个 rank 上用一个 300 万参数的 MLP（12 MiB 梯度，`bucket_cap_mb=2`）测量一条
+# **时间线**，并在同一次运行中测量同一个模型上 `BucketedDDP`、torch 的 `DDP` 和
+# `NaiveDDP` 每一步的时间中位数（交替运行，让机器负载对三者的影响相同）。基准脚本
+# `benchmarks/bench_ddp.py` 做的是同样的事，只是步数更多。
+
+# %% tags=["lesson"]
+def timeline_and_step_times(rank, steps=6):
+    import statistics
+    import time
+
+    torch.manual_seed(0)
+    models = {"BucketedDDP": BucketedDDP(wide_mlp(1024, 2), bucket_cap_mb=2, record_timeline=True),
+              "torch DDP": DDP(wide_mlp(1024, 2), bucket_cap_mb=2),
+              "NaiveDDP": NaiveDDP(wide_mlp(1024, 2))}
+    x, y = torch.randn(32, 128), torch.randint(0, 10, (32,))
+    times = {k: [] for k in models}
+    for step in range(steps + 1):
+        for name, model in models.items():
+            start = time.perf_counter()
+            model.zero_grad()
+            nn.functional.cross_entropy(model(x), y).backward()
+            if name == "NaiveDDP":
+                model.sync_gradients()
+            if step:  # the first step warms up
+                times[name].append(time.perf_counter() - start)
+    return models["BucketedDDP"].timeline[-1], {k: statistics.median(v) for k, v in times.items()}
+
+
+step, medians = dl.spawn(timeline_and_step_times, nprocs=2, backend="gloo")[0]
+for name, t in medians.items():
+    print(f"{name:12s} median forward+backward {t * 1000:6.1f} ms  ({t / medians['torch DDP']:.2f}x torch DDP)")
+plot_timeline(step);
+
+# %% [markdown] lang="en"
+# Each orange bar is one bucket's all-reduce; most start while backward (blue) is still
+# running, and the title gives the share of communication time hidden behind it. On this
+# 2-core CPU the gloo threads compete with backward for the same cores, so the saving is
+# small; on GPUs with NCCL, communication runs on its own stream and the overlap is what
+# lets DDP scale. The step-time ratio printed above is measured, not assumed: the goal for
+# `BucketedDDP` is at most 1.3x torch's DDP.
+
+# %% [markdown] lang="zh"
+# 每个橙色条是一个桶的全归约；大多数在反向传播（蓝色）还没结束时就开始了，标题给出被反向
+# 计算掩盖的通信时间比例。在这台 2 核 CPU 上，gloo 的线程与反向计算争用同样的核，所以节省
+# 不多；在使用 NCCL 的 GPU 上，通信在单独的流上运行，正是这种重叠让 DDP 能够扩展。上面
+# 打印的步时比例是实测的，不是假设的：`BucketedDDP` 的目标是不超过 torch DDP 的 1.3 倍。
+
+# %% [markdown] lang="en"
+# ## 4. Four facts about torch's DDP, each proved on 2 ranks
+#
+# 1. **`no_sync()`**: backward passes inside it only accumulate local gradients; the next
+#    one outside syncs the sum. Two micro-batches with `no_sync` give the same gradients
+#    as one step on both micro-batches at once (up to float32 rounding).
+# 2. **Load a checkpoint on rank 0 only** before wrapping: DDP broadcasts at construction,
+#    so every rank ends up with it (no `torch.manual_seed(42)` needed either, contrary to
+#    source note 001).
+# 3. **Different seeds per rank** for data augmentation are fine (and wanted): the model
+#    is still identical after wrapping.
+# 4. **`find_unused_parameters`**: a parameter that gets no gradient leaves its bucket
+#    incomplete; without the flag, DDP raises an error on the next iteration.
+
+# %% [markdown] lang="zh"
+# ## 4. 关于 torch DDP 的四个事实，各自在 2 个 rank 上证明
+#
+# 1. **`no_sync()`**：在它里面的反向传播只在本地累积梯度；之后在它外面的那一次反向传播
+#    同步累积的和。用 `no_sync` 处理两个微批，与一次处理两个微批得到的梯度相同（差别仅在
+#    float32 舍入误差以内）。
+# 2. **只在 rank 0 加载检查点**（checkpoint）再包装：DDP 在构造时广播，所以每个 rank 都会
+#    得到它（也不需要 `torch.manual_seed(42)`，与原始笔记 001 的说法相反）。
+# 3. 为数据增强给**每个 rank 不同的随机种子**没有问题（而且应该这样做）：包装之后模型仍然相同。
+# 4. **`find_unused_parameters`**：没有得到梯度的参数会让它所在的桶凑不齐；不设这个参数时，
+#    DDP 会在下一次迭代时报错。
+
+# %% tags=["lesson"]
+class TwoHeads(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.body, self.used, self.unused = nn.Linear(4, 4), nn.Linear(4, 1), nn.Linear(4, 1)
+
+    def forward(self, x):
+        return self.used(self.body(x))  # self.unused takes no part in the loss
+
+
+def four_facts(rank, ckpt):
+    world = dist.get_world_size()
+    # 1. no_sync: two micro-batches, synced once == one step on the concatenation
+    torch.manual_seed(0)
+    a = DDP(nn.Linear(4, 1))
+    b = DDP(copy.deepcopy(a.module))
+    x = torch.randn(2, 6, 4, generator=torch.Generator().manual_seed(rank))
+    with a.no_sync():
+        (a(x[0]).pow(2).mean() / 2).backward()
+    (a(x[1]).pow(2).mean() / 2).backward()
+    b(x.reshape(12, 4)).pow(2).mean().backward()
+    diff = (a.module.weight.grad - b.module.weight.grad).abs().max().item()
+    print(f"1. no_sync + sync vs one big step: max grad difference {diff:.1e}")
+    # 2. checkpoint loaded on rank 0 only
+    torch.manual_seed(1000 + rank)
+    net = nn.Linear(4, 1)
+    if rank == 0:
+        net.load_state_dict(torch.load(ckpt, map_location="cpu"))
+    model = DDP(net)
+    saved = torch.load(ckpt, map_location="cpu")["weight"]
+    print(f"2. rank-0-only load, after DDP(...): equals the checkpoint: {torch.equal(model.module.weight, saved)}")
+    # 3. per-rank augmentation seeds, same model
+    torch.manual_seed(2000 + rank)
+    noise = torch.randn(3)
+    model = DDP(nn.Linear(4, 1))
+    print(f"3. augmentation noise {noise.tolist()[:2]}..., model spread after wrapping: "
+          f"{max_difference_across_ranks(model.module):.1f}")
+    # 4. an unused parameter
+    for flag in (False, True):
+        model = DDP(TwoHeads(), find_unused_parameters=flag)
+        try:
+            for _ in range(2):
+                model(torch.randn(3, 4)).sum().backward()
+            print(f"4. find_unused_parameters={flag}: two iterations ran")
+        except RuntimeError as err:
+            print(f"4. find_unused_parameters={flag}: RuntimeError: {str(err).splitlines()[0][:110]}...")
+
+
+import os  # noqa: E402  (only this demo needs them)
+import tempfile  # noqa: E402
+
+ckpt = os.path.join(tempfile.mkdtemp(), "linear.pt")
+torch.manual_seed(42)
+torch.save(nn.Linear(4, 1).state_dict(), ckpt)
+dl.spawn(four_facts, args=(ckpt,), nprocs=2, backend="gloo")
+
+# %% [markdown] lang="en"
+# ## 5. SyncBatchNorm: assign the result
+#
+# Plain BatchNorm normalises with each rank's own batch statistics; `SyncBatchNorm`
+# all-reduces them, so it normalises as BatchNorm on the global batch would.
+# `nn.SyncBatchNorm.convert_sync_batchnorm(model)` *returns* the converted model. Source
+# note 002 writes `nn.SyncBatchNorm.convert_sync_batchnorm(model).cuda()` and drops the
+# result. For a container such as `nn.Sequential` the children happen to be replaced in
+# place, so it works by luck; for a model that *is* a BatchNorm layer, nothing changes.
+# Always write `model = nn.SyncBatchNorm.convert_sync_batchnorm(model)`.
+
+# %% [markdown] lang="zh"
+# ## 5. SyncBatchNorm：记得接住返回值
+#
+# 普通 BatchNorm 用每个 rank 自己那一批的统计量做归一化；`SyncBatchNorm` 会对统计量做
+# 全归约，所以它的归一化结果与在全局批上做 BatchNorm 相同。
+# `nn.SyncBatchNorm.convert_sync_batchnorm(model)` **返回**转换后的模型。原始笔记 002 写的是
+# `nn.SyncBatchNorm.convert_sync_batchnorm(model).cuda()`，丢掉了返回值。对 `nn.Sequential`
+# 这样的容器，子模块恰好被原地替换，所以碰巧能用；而如果模型本身就是一个 BatchNorm 层，
+# 什么都不会改变。请始终写 `model = nn.SyncBatchNorm.convert_sync_batchnorm(model)`。
+
+# %%
+seq = nn.Sequential(nn.Linear(3, 3), nn.BatchNorm1d(3))
+nn.SyncBatchNorm.convert_sync_batchnorm(seq)  # result dropped
+bare = nn.BatchNorm1d(3)
+nn.SyncBatchNorm.convert_sync_batchnorm(bare)  # result dropped
+print("Sequential, result dropped:", type(seq[1]).__name__)
+print("bare BatchNorm, result dropped:", type(bare).__name__)
+print("bare BatchNorm, result assigned:", type(nn.SyncBatchNorm.convert_sync_batchnorm(bare)).__name__)
+
+
+# %% [markdown] lang="en"
+# Torch's DDP accepts `SyncBatchNorm` only on GPU modules. So that the effect can be seen
+# here, the next cell computes what SyncBatchNorm computes (global mean and variance from
+# an all-reduce of sums) and compares both per-rank BatchNorm and this with BatchNorm on the
+# global batch. The GPU cell after it runs the real `SyncBatchNorm` when 2 GPUs are present.
+
+# %% [markdown] lang="zh"
+# torch 的 DDP 只接受 GPU 上的 `SyncBatchNorm`。为了在这里也能看到效果，下一个单元计算
+# SyncBatchNorm 所计算的东西（通过对和做全归约得到全局均值和方差），并把每个 rank 的普通
+# BatchNorm 和它分别与全局批上的 BatchNorm 比较。再下一个单元在有 2 块 GPU 时运行真正的
+# `SyncBatchNorm`。
+
+# %% tags=["lesson"]
+def sync_bn_by_hand(rank, world_size=2):
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(world_size * 4, 3, generator=gen) * torch.tensor([1.0, 5.0, 0.2]) + 3
+    mine = x[rank * 4:(rank + 1) * 4]
+    stats = torch.stack([mine.sum(0), (mine * mine).sum(0), torch.full((3,), 4.0)])
+    dist.all_reduce(stats)  # one all-reduce gives global sums, sums of squares, count
+    mean = stats[0] / stats[2]
+    var = stats[1] / stats[2] - mean * mean
+    synced = (mine - mean) / torch.sqrt(var + 1e-5)
+    reference = nn.functional.batch_norm(x, None, None, training=True)[rank * 4:(rank + 1) * 4]
+    plain = nn.functional.batch_norm(mine, None, None, training=True)
+    if rank == 0:
+        print(f"plain per-rank BN vs global-batch BN: {(plain - reference).abs().max():.3f}")
+        print(f"synced statistics vs global-batch BN: {(synced - reference).abs().max():.1e}")
+
+
+dl.spawn(sync_bn_by_hand, nprocs=2, backend="gloo")
+
+# %% tags=["lesson"]
+if torch.cuda.device_count() >= 2:
+    def real_sync_bn(rank):
+        model = nn.SyncBatchNorm.convert_sync_batchnorm(nn.Sequential(nn.Linear(3, 3), nn.BatchNorm1d(3)))
+        model = DDP(model.cuda(rank), device_ids=[rank])
+        model(torch.randn(4, 3, device=rank)).sum().backward()
+        print(type(model.module[1]).__name__, model.module[1].running_mean.tolist())
+
+    dl.spawn(real_sync_bn, nprocs=2, backend="nccl")
+else:
+    print(dl.tr(en="[no 2 GPUs here] On 2 GPUs this cell wraps a SyncBatchNorm model in DDP with nccl "
+                   "and prints identical running means on both ranks.",
+                zh="[此处没有 2 块 GPU] 在 2 块 GPU 上，本单元会用 nccl 把含 SyncBatchNorm 的模型包装进 "
+                   "DDP，并打印两个 rank 上相同的运行均值。"))
+
+# %% [markdown] lang="en" tags=["exercise"]
+# ## Exercise 1: a naive DDP wrapper (3 points)
+#
+# Write `MyDDP(module)`, an `nn.Module` with:
+# - `__init__`: keep `module` as `self.module` and broadcast rank 0's parameters (frozen
+#   ones too) and buffers to every rank;
+# - `forward(*args)`: broadcast rank 0's buffers, then call the module (torch's DDP does
+#   this before each training forward);
+# - `sync_gradients()`: replace every existing `param.grad` by its mean over the ranks.
+#
+# The graded cell trains your wrapper on hidden models and data, every rank starting from
+# a different model, and compares it with a single-process model trained on the full batch
+# and with torch's DDP. It fails a wrapper that sums instead of averaging, skips the
+# initial broadcast, or forgets buffers.
+
+# %% [markdown] lang="zh" tags=["exercise"]
+# ## 练习 1：朴素 DDP 包装器（3 分）
+#
+# 编写 `MyDDP(module)`，它是一个 `nn.Module`，包含：
+# - `__init__`：把 `module` 保存为 `self.module`，并把 rank 0 的参数（包括冻结的参数）
+#   和缓冲区广播到每个 rank；
+# - `forward(*args)`：先广播 rank 0 的缓冲区，再调用模块（torch 的 DDP 在每次训练的前向
+#   传播之前都这样做）；
+# - `sync_gradients()`：把每个已有的 `param.grad` 替换为它在所有 rank 上的平均值。
+#
+# 评分单元会在隐藏的模型和数据上训练你的包装器（每个 rank 从不同的模型开始），并与在全批上
+# 训练的单进程模型以及 torch 的 DDP 比较。求和而不是求平均、跳过初始广播、忘记缓冲区的
+# 实现都会失败。
+
+# %% tags=["exercise"]
+class MyDDP(nn.Module):
+    def __init__(self, module):
+        super().__init__()
+        self.module = module
+        ### BEGIN SOLUTION
+        with torch.no_grad():
+            for t in [*module.parameters(), *module.buffers()]:
+                dist.broadcast(t, src=0)
+        ### END SOLUTION
+
+    def forward(self, *args):
+        ### BEGIN SOLUTION
+        for b in self.module.buffers():
+            dist.broadcast(b, src=0)
+        return self.module(*args)
+        ### END SOLUTION
+
+    def sync_gradients(self):
+        ### BEGIN SOLUTION
+        for p in self.module.parameters():
+            if p.grad is not None:
+                dist.all_reduce(p.grad)
+                p.grad /= dist.get_world_size()
+        ### END SOLUTION
+
+
+# %% tags=["exercise"]
+# %%ddp -n 2
+torch.manual_seed(rank)
+m = MyDDP(nn.Linear(3, 1))
+m(torch.ones(2, 3)).sum().backward()
+m.sync_gradients()
+print(m.module.weight.flatten()[:2].tolist(), m.module.weight.grad.flatten()[:2].tolist())
+
+# %% tags=["grade"] grade_id="07.naive_ddp" points=3
+dl.grade("07.naive_ddp", MyDDP)
+
+# %% [markdown] lang="en" tags=["exercise"]
+# ## Exercise 2: bucketed gradient hooks (3 points)
+#
+# Complete `GradBuckets`. The constructor (given) splits the trainable parameters into
+# buckets with `assign_buckets` and registers `on_grad_ready` as a post-accumulate-grad
+# hook on each. Write:
+# - `on_grad_ready(param)`: count the ready gradients of `param`'s bucket; when the bucket is
+#   complete, flatten its gradients into one tensor divided by the world size, start
+#   `dist.all_reduce(flat, async_op=True)`, and keep the work, the tensor and the bucket;
+# - `wait()` (called after `backward()`): wait for each work, copy the averaged values back
+#   into `param.grad`, and reset the counters for the next step.
+#
+# The graded cell compares the parameters after a few steps with a single-process model on
+# the full batch, and checks that at least two asynchronous `all_reduce` calls happen while
+# backward is still running.
+
+# %% [markdown] lang="zh" tags=["exercise"]
+# ## 练习 2：分桶的梯度钩子（3 分）
+#
+# 补全 `GradBuckets`。构造函数（已给出）用 `assign_buckets` 把可训练参数分到各个桶里，并在
+# 每个参数上把 `on_grad_ready` 注册为 post-accumulate-grad 钩子。你需要编写：
+# - `on_grad_ready(param)`：统计 `param` 所在桶中已就绪的梯度；桶凑齐后，把它的梯度展平成
+#   一个张量并除以 world size，启动 `dist.all_reduce(flat, async_op=True)`，并保存 work、
+#   这个张量和桶编号；
+# - `wait()`（在 `backward()` 之后调用）：等待每个 work，把平均后的值复制回 `param.grad`，
+#   并为下一步重置计数。
+#
+# 评分单元会在几步之后把参数与在全批上训练的单进程模型比较，并检查在反向传播仍在进行时
+# 至少发生了两次异步 `all_reduce` 调用。
+
+# %% tags=["exercise"]
+class GradBuckets:
+    def __init__(self, module, bucket_cap_mb):
+        self.params = [p for p in module.parameters() if p.requires_grad]
+        self.buckets = [[self.params[i] for i in idx] for idx in assign_buckets(self.params, bucket_cap_mb)]
+        self.bucket_of = {id(p): b for b, bucket in enumerate(self.buckets) for p in bucket}
+        self.ready = [0] * len(self.buckets)  # ready gradients per bucket
+        self.works = []  # (work, flat tensor, bucket index) per launched bucket
+        for p in self.params:
+            p.register_post_accumulate_grad_hook(self.on_grad_ready)
+
+    def on_grad_ready(self, param):
+        ### BEGIN SOLUTION
+        b = self.bucket_of[id(param)]
+        self.ready[b] += 1
+        if self.ready[b] == len(self.buckets[b]):
+            flat = torch.cat([p.grad.reshape(-1) for p in self.buckets[b]]) / dist.get_world_size()
+            self.works.append((dist.all_reduce(flat, async_op=True), flat, b))
+        ### END SOLUTION
+
+    def wait(self):
+        ### BEGIN SOLUTION
+        for work, flat, b in self.works:
+            work.wait()
+            offset = 0
+            for p in self.buckets[b]:
+                p.grad.copy_(flat[offset:offset + p.numel()].view_as(p))
+                offset += p.numel()
+        self.works.clear()
+        self.ready = [0] * len(self.buckets)
+        ### END SOLUTION
+
+
+# %% tags=["exercise"]
+# %%ddp -n 2
+torch.manual_seed(0)
+net = nn.Sequential(nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 1))
+hooks = GradBuckets(net, bucket_cap_mb=1e-4)
+print("buckets:", len(hooks.buckets))
+net(torch.randn(4, 8) + rank).sum().backward()
+hooks.wait()
+print(net[2].weight.grad.flatten()[:3].tolist())
+
+# %% tags=["grade"] grade_id="07.bucketed" points=3
+dl.grade("07.bucketed", GradBuckets)
+
+# %% [markdown] lang="en"
+# ## Summary
+#
+# - DDP = broadcast at construction + averaged gradients after backward; `NaiveDDP`
+#   reproduces torch's parameters bitwise on 2 ranks.
+# - Buckets, hooks and asynchronous all-reduce let communication overlap backward;
+#   `BucketedDDP` is a ~100-line Python reducer whose step time was measured above against
+#   torch's C++ one.
+# - DDP equals gradient accumulation only for deterministic models with a mean loss;
+#   `no_sync()`, rank-0 checkpoint loading, per-rank augmentation seeds,
+#   `find_unused_parameters` and `SyncBatchNorm` follow from the two ideas above.
+#
+# Next, chapter 08 uses all of this in a full training run.
+
+# %% [markdown] lang="zh"
+# ## 小结
+#
+# - DDP = 构造时广播 + 反向传播后平均梯度；`NaiveDDP` 在 2 个 rank 上逐位复现了 torch 的参数。
+# - 桶、钩子和异步全归约让通信与反向计算重叠；`BucketedDDP` 是一个约 100 行的 Python
+#   归约器，上面实测了它与 torch 的 C++ 实现的步时对比。
+# - 只有确定性模型加平均损失时，DDP 才等于梯度累积；`no_sync()`、只在 rank 0 加载检查点、
+#   每个 rank 不同的数据增强种子、`find_unused_parameters` 和 `SyncBatchNorm` 都可以由上面
+#   两个想法推出。
+#
+# 下一章（第 08 章）会在一次完整的训练中用到这些内容。
