@@ -148,6 +148,7 @@ def run(
     warmup: int = 2,
     segment_bytes: int | None = None,
     printout: bool = True,
+    timeout: float | None = None,
 ) -> list[dict]:
     """Benchmark all-reduce on ``nprocs`` Gloo ranks; print the table and return its rows."""
     from ddp_lab.launcher import spawn
@@ -170,6 +171,7 @@ def run(
         nprocs=nprocs,
         backend="gloo",
         quiet=True,
+        timeout=timeout,  # a full sweep on a busy laptop can take minutes: no limit by default
     )[0]
     if printout:
         print(format_table(rows))

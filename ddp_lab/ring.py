@@ -123,50 +123,58 @@ def ring_all_reduce(
     if group is not None:
         left, right = dist.get_global_rank(group, left), dist.get_global_rank(group, right)
     size = bounds[0][1] - bounds[0][0]  # the first chunk is the largest
-    recv_buf = _scratch(size, flat.dtype, flat.device)
+    # Two receive buffers, by step parity, so that the next step's receive can be posted
+    # while this step's is still arriving.
+    scratch = _scratch(2 * size, flat.dtype, flat.device)
+    bufs = (scratch[:size], scratch[size:])
     steps, nseg = 2 * (n - 1), math.ceil(size / seg)
+    # Posting a receive before the sender asks saves a round trip per message (Gloo's send
+    # waits for the receiver). Not for N = 2, where the next step receives into the chunk
+    # this step is still sending, nor when tracing (the snapshot would race with it).
+    early = n > 2 and trace is None
 
     def part(chunk: int, k: int) -> torch.Tensor:
         a, b = bounds[chunk]
         return flat[min(a + k * seg, b) : min(a + (k + 1) * seg, b)]
 
-    def post(step: int, k: int) -> tuple[Any, Any]:
-        # One paired exchange per step and segment: the send to the right and the receive
-        # from the left are issued together, so no rank waits for another to finish a send
-        # first (a plain blocking send-then-recv on every rank can deadlock on NCCL).
-        send_i, recv_i = schedule(rank, n, step)
-        send, target = part(send_i, k), part(recv_i, k)
-        recv = recv_buf[k * seg : k * seg + target.numel()] if step < n - 1 else target
-        ops = []
-        if send.numel():
-            ops.append(dist.P2POp(dist.isend, send, right, group))
-        if recv.numel():
-            ops.append(dist.P2POp(dist.irecv, recv, left, group))
-        works = dist.batch_isend_irecv(ops) if ops else []
-        send_w = works[0] if send.numel() else None
-        recv_w = works[-1] if recv.numel() else None
-        return send_w, (recv_w, recv, target)
+    def p2p(op: Any, tensor: torch.Tensor, peer: int, step: int) -> Any:
+        # Non-blocking only: no rank ever blocks in a send waiting for its receiver, which
+        # is what deadlocks a send-then-recv ring on NCCL (and on Gloo).
+        return dist.batch_isend_irecv([dist.P2POp(op, tensor, peer, group, tag=step)])[0]
 
-    pending = [post(0, k) for k in range(nseg)]
+    def post_recv(step: int, k: int) -> tuple[Any, torch.Tensor, torch.Tensor]:
+        target = part(schedule(rank, n, step)[1], k)
+        recv = bufs[step % 2][k * seg : k * seg + target.numel()] if step < n - 1 else target
+        return (p2p(dist.irecv, recv, left, step) if recv.numel() else None), recv, target
+
+    def post_send(step: int, k: int) -> Any:
+        send = part(schedule(rank, n, step)[0], k)
+        return p2p(dist.isend, send, right, step) if send.numel() else None
+
+    recvs = [post_recv(0, k) for k in range(nseg)]
+    sends = [post_send(0, k) for k in range(nseg)]
     for step in range(steps):
         snapshot = None
+        last = step + 1 == steps
         for k in range(nseg):
-            send_w, (recv_w, recv, target) = pending[k]
-            if recv_w is not None:
-                recv_w.wait()
+            ahead = post_recv(step + 1, k) if early and not last else None
+            work, recv, target = recvs[k]
+            if work is not None:
+                work.wait()
                 if step < n - 1:
                     target.add_(recv)
             # Segment k of the next step may overwrite what this send reads (N = 2).
-            if send_w is not None:
-                send_w.wait()
+            if sends[k] is not None:
+                sends[k].wait()
             if k == 0 and trace is not None:
                 # Segment 0 holds every chunk's first element, and nothing of the next step
                 # has been posted for it yet: a consistent picture of the state after `step`.
                 snapshot = [flat[a].item() if b > a else None for a, b in bounds]
-            if step + 1 < steps:
+            if not last:
                 # Pipelining: segment k moves on as soon as it is reduced, while the later
                 # segments of this step are still on the wire.
-                pending[k] = post(step + 1, k)
+                recvs[k] = ahead if ahead is not None else post_recv(step + 1, k)
+                sends[k] = post_send(step + 1, k)
         if trace is not None:
             send_i, recv_i = schedule(rank, n, step)
             trace.append(

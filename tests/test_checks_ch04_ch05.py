@@ -126,8 +126,26 @@ def ag_replaces_entries(tensor_list, tensor):  # rebinds list items instead of f
     tensor_list[:] = gathered
 
 
+def ag_blocking_sends_first(tensor_list, tensor):  # every rank sends first: a deadlock
+    rank, n = dist.get_rank(), dist.get_world_size()
+    for p in range(n):
+        if p != rank:
+            dist.send(tensor, dst=p)
+    for p in range(n):
+        if p == rank:
+            tensor_list[p].copy_(tensor)
+        else:
+            dist.recv(tensor_list[p], src=p)
+
+
 def ag_cheats(tensor_list, tensor):
     dist.all_gather(tensor_list, tensor)
+
+
+def test_all_gather_deadlock_is_reported_as_a_timeout(capsys):
+    assert not grade_passes("04.all_gather", ag_blocking_sends_first)
+    out = capsys.readouterr().out
+    assert "FAIL" in out and "deadlock" in out
 
 
 def test_all_gather_reference_passes():

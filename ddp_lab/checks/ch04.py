@@ -77,7 +77,7 @@ def forbid(names: list[str], allowed: str) -> Iterator[None]:
             setattr(c10d, n, b)
 
 
-def run_ranks(rank_fn: Callable, args: tuple, nprocs: int, case: str, timeout: float = 45) -> None:
+def run_ranks(rank_fn: Callable, args: tuple, nprocs: int, case: str, timeout: float = 30) -> None:
     """Run one hidden case on ``nprocs`` ranks; raise ``fail`` with the first problem found.
 
     A learner's exception is reported with its own message (not the launcher's summary);
