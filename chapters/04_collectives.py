@@ -65,6 +65,10 @@ print(torch.__version__, "| gloo:", dist.is_gloo_available(), "| nccl:", dist.is
 # `recv` 在数据到达后才返回。
 
 # %%
+collectives.draw("send_recv", 2)
+plt.show()
+
+# %%
 # %%ddp -n 2
 x = torch.arange(4.0) if rank == 0 else torch.zeros(4)
 if rank == 0:
@@ -278,7 +282,9 @@ print("scatter:", mine.item(), "| reduce_scatter:", summed.item())
 # 都要等到所有 rank 都到达这里才继续。
 
 # %%
-collectives.draw("all_to_all", 4)
+fig, axes = plt.subplots(2, 2, figsize=(10, 6))
+collectives.draw("all_to_all", 4, axes=axes[0])
+collectives.draw("barrier", 4, axes=axes[1])
 plt.show()
 
 # %%

@@ -337,8 +337,8 @@ plt.show()
 # From 16 MiB up the hand-written ring reaches about the bus bandwidth of
 # `dist.all_reduce`: 0.83 to 1.26 times it over four runs with N = 2 and 4, 0.9 or more in
 # all but one (16 MiB on 4 ranks). On a busy machine a single run varies by about 10%. Below 1 MiB it is latency bound: it makes 2(N-1) separate exchanges from
-# Python, and Gloo's `send` waits for the receiver each time, while Gloo's own all-reduce
-# runs in C++ with its receives posted ahead.
+# Python, and Gloo's `send` waits for the receiver each time (chapter 04's deadlock showed
+# it), while Gloo's own all-reduce runs entirely in C++.
 #
 # What limits busbw here is not a link. With Gloo on one machine every byte goes through
 # the loopback TCP stack: the CPU copies it from the sender's tensor into the kernel and
@@ -368,8 +368,8 @@ plt.show()
 # 从 16 MiB 起，手写环形算法的总线带宽与 `dist.all_reduce` 相当：在 N = 2 和 4 的四次运行中
 # 为后者的 0.83 到 1.26 倍，除一次（4 个 rank、16 MiB）外都不低于 0.9。在繁忙的机器上，
 # 单次运行的波动约为 10%。1 MiB 以下它受延迟限制：它在 Python 中
-# 进行 2(N-1) 次独立的交换，而且 Gloo 的 `send` 每次都要等待接收方；Gloo 自己的全归约则在
-# C++ 中运行，并提前发起接收。
+# 进行 2(N-1) 次独立的交换，而且 Gloo 的 `send` 每次都要等待接收方（第 04 章的死锁演示了
+# 这一点）；Gloo 自己的全归约则完全在 C++ 中运行。
 #
 # 这里限制 busbw 的并不是某条链路。在单机上使用 Gloo 时，每个字节都要经过回环 TCP 协议栈：
 # CPU 把它从发送方的张量复制到内核，再从内核复制到接收方的张量，还要做块的加法，而 N 个
