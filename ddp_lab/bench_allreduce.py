@@ -134,6 +134,7 @@ def _rank_main(
                     "algbw": algbw,
                     "busbw": algbw * bus_factor(n),
                     "wrong": wrong[name],
+                    "segment_bytes": segment_bytes if name == "ring" else None,
                 }
             )
     return rows
@@ -190,7 +191,9 @@ def format_table(rows: list[dict]) -> str:
     if set(IMPLS) <= set(impls):
         head += f" | {'ring/torch busbw':>16}"
     n = rows[0]["nprocs"] if rows else 0
-    lines = [f"# all-reduce, nprocs={n}, gloo, bandwidths in GB/s", head]
+    seg = next((r["segment_bytes"] for r in rows if r.get("segment_bytes")), None)
+    ring_kind = f"segmented ring ({seg} B segments)" if seg else "ring without segments"
+    lines = [f"# all-reduce, nprocs={n}, gloo, {ring_kind}, bandwidths in GB/s", head]
     for size, per in by_size.items():
         first = next(iter(per.values()))
         line = f"{size:>11} {first['count']:>10} {first['type']:>8}"
