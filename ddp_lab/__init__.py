@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ddp_lab import doctor  # callable: dl.doctor() prints the machine report
 from ddp_lab.grading import grade
 from ddp_lab.i18n import get_language, set_language
 from ddp_lab.launcher import (
@@ -26,6 +27,7 @@ __all__ = [
     "DistributedError",
     "DistributedTimeoutError",
     "RankFailure",
+    "doctor",
     "get_language",
     "grade",
     "set_language",

@@ -17,6 +17,8 @@ import os
 import re
 import shutil
 import subprocess
+import sys
+import types
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -566,3 +568,16 @@ def main(args: Any) -> int:
     report = doctor()
     print(report.to_json() if getattr(args, "json", False) else report)
     return 1 if any(x.level == PROBLEM for x in report) else 0
+
+
+class _CallableModule(types.ModuleType):
+    """Lets ``dl.doctor()`` call :func:`doctor` although ``dl.doctor`` is this module."""
+
+    def __call__(self, facts: Facts | None = None) -> Report:
+        return doctor(facts)
+
+
+# ``import ddp_lab.doctor`` binds the module to ``ddp_lab.doctor``, so a function of the same
+# name in ``ddp_lab/__init__.py`` would be overwritten; making the module callable keeps
+# both ``dl.doctor()`` and ``from ddp_lab.doctor import doctor`` working.
+sys.modules[__name__].__class__ = _CallableModule

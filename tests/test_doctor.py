@@ -216,3 +216,12 @@ def test_cli_json_and_exit_code() -> None:
 def test_html_report() -> None:
     html = dr.doctor(BASE)._repr_html_()
     assert html.startswith("<table>") and "driver" in html
+
+
+def test_dl_doctor_is_callable_and_the_function_still_importable() -> None:
+    import ddp_lab as dl
+    from ddp_lab.doctor import doctor
+
+    report = dl.doctor(BASE)  # the module is callable: dl.doctor() in a notebook
+    assert [x.key for x in report] == [x.key for x in doctor(BASE)]
+    assert callable(dl.doctor) and dl.doctor is dr
