@@ -86,6 +86,12 @@ for numel in (12, 10, 3):
 # starts (the source notes, 002, describe the ring as a relay that starts at GPU 0, and
 # 000 calls the gather-to-one-GPU scheme a "tree all-reduce": it is a parameter server;
 # a tree all-reduce is something else, see chapter 04).
+#
+# A false friend: the link list (003) points to "Reduced ring" for further reading. That is
+# a term of ring theory in algebra (a ring with no nonzero nilpotent elements) and has
+# nothing to do with the ring all-reduce. For the algorithm, read Patarasuk and Yuan,
+# "Bandwidth optimal all-reduce algorithms for clusters of workstations" (2009), and
+# NCCL's documentation.
 
 # %% [markdown] lang="zh"
 # ## 调度
@@ -102,6 +108,10 @@ for numel in (12, 10, 3):
 # 每一步所有 rank 都在发送：并不存在一个作为起点的“主” rank（源笔记 002 把环形算法描述成
 # 从 GPU 0 开始的接力；000 把“全部汇总到一块 GPU”的方案称为“树形全归约”，那其实是参数
 # 服务器；树形全归约是另一种算法，见第 04 章）。
+#
+# 一个“假朋友”：链接列表（003）把 “Reduced ring” 列为延伸阅读。那是抽象代数中环论的术语（没有
+# 非零幂零元的环），与环形全归约毫无关系。关于这个算法，请读 Patarasuk 与 Yuan 的
+# “Bandwidth optimal all-reduce algorithms for clusters of workstations”（2009）以及 NCCL 的文档。
 
 # %%
 n = 4

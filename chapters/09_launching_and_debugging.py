@@ -647,6 +647,46 @@ print([line for line in errors.text_of(caught.error).splitlines() if "Parameters
 print(dl.spawn(train_two_steps, args=(True,), nprocs=2, quiet=True, timeout=60))
 
 # %% [markdown] lang="en" tags=["lesson"]
+# ### Three small slips from the source notes, run
+#
+# - `DDP(model, device_ids=[i], output_devices=i)`: the keyword is `output_device`
+#   (singular). Python refuses the misspelt one before anything is built.
+# - `model.module().state_dict()`: `.module` is an attribute holding your model, so
+#   `model.module()` *calls* the model with no input and fails; write
+#   `model.module.state_dict()`.
+# - "the rank is the process's priority": a rank is only an index. Rank 0 gets extra
+#   chores by convention (printing, saving), not by any scheduling priority; every rank
+#   runs the same code at the same speed.
+
+# %% [markdown] lang="zh" tags=["lesson"]
+# ### 源笔记里的三个小错误，运行一下
+#
+# - `DDP(model, device_ids=[i], output_devices=i)`：关键字是 `output_device`（单数）。拼错的关键字在
+#   构造任何东西之前就被 Python 拒绝。
+# - `model.module().state_dict()`：`.module` 是保存原模型的属性，`model.module()` 会在没有输入的
+#   情况下*调用*模型并失败；应写 `model.module.state_dict()`。
+# - “rank 是进程的优先级”：rank 只是一个编号。rank 0 按惯例多做一些杂事（打印、保存），而不是有
+#   什么调度优先级；每个 rank 以同样的速度运行同样的代码。
+
+# %% tags=["lesson"]
+def three_slips(rank):
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    ddp = DDP(torch.nn.Linear(4, 2))
+    try:
+        DDP(torch.nn.Linear(4, 2), output_devices=None)
+    except TypeError as e:
+        print("output_devices=  ->", type(e).__name__, str(e).split("got ")[-1])
+    try:
+        ddp.module().state_dict()
+    except TypeError as e:
+        print("module()         ->", type(e).__name__, str(e).split(".forward() ")[-1])
+    return sorted(ddp.module.state_dict())
+
+
+print("model.module.state_dict() keys:", dl.spawn(three_slips, nprocs=2, backend="gloo")[0])
+
+# %% [markdown] lang="en" tags=["lesson"]
 # ### More logging: `TORCH_CPP_LOG_LEVEL` and `NCCL_DEBUG`
 #
 # `TORCH_CPP_LOG_LEVEL=INFO` shows the C++ side of c10d (stores, sockets, rendezvous).
