@@ -1,7 +1,9 @@
 """ddp_lab: the helper package of the ddp-lab course on PyTorch data-parallel training.
 
-``import ddp_lab as dl`` gives the launcher (``dl.spawn``), the ``%%ddp`` cell magic
-(registered automatically inside IPython), and the language switch for messages.
+``import ddp_lab as dl`` gives the launcher (``dl.spawn``), the ``%%ddp`` cell magic,
+persistent ranks (``dl.start``, ``%%ranks``, ``dl.pull``, ``dl.push``, ``dl.status``,
+``dl.stop``; the magics are registered automatically inside IPython), and the language
+switch for messages.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from ddp_lab.launcher import (
     spawn,
 )
 from ddp_lab.notebook import setup, show_source, tr
+from ddp_lab.persistent import pull, push, start, status, stop
 
 __version__ = "0.1.0"
 
@@ -30,18 +33,23 @@ __all__ = [
     "doctor",
     "get_language",
     "grade",
+    "pull",
+    "push",
     "set_language",
     "set_timeout",
     "setup",
     "show_source",
     "shutdown",
     "spawn",
+    "start",
+    "status",
+    "stop",
     "tr",
 ]
 
 
 def load_ipython_extension(ipython: Any) -> None:
-    """``%load_ext ddp_lab``: register ``%%ddp`` and warm up the launcher."""
+    """``%load_ext ddp_lab``: register ``%%ddp`` and ``%%ranks``, warm up the launcher."""
     from ddp_lab import launcher, magic
 
     magic.register(ipython)

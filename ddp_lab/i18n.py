@@ -124,6 +124,125 @@ MESSAGES: dict[str, dict[str, str]] = {
         "en": "The launcher's helper process died unexpectedly; it will be restarted on the next call.",
         "zh": "启动器的辅助进程意外退出；下次调用时会自动重启。",
     },
+    "group_started": {
+        "en": (
+            "Started {nprocs} persistent ranks ({backend} backend). Run cells on them with "
+            "%%ranks; dl.pull / dl.push move values; dl.status() shows them; dl.stop() ends them."
+        ),
+        "zh": (
+            "已启动 {nprocs} 个常驻 rank（{backend} 后端）。用 %%ranks 在它们上面运行单元；"
+            "dl.pull / dl.push 传递数值；dl.status() 查看状态；dl.stop() 结束它们。"
+        ),
+    },
+    "group_replaced": {
+        "en": "The previous group of {nprocs} ranks was stopped (its variables are gone).",
+        "zh": "之前的 {nprocs} 个 rank 已停止（它们的变量都已丢失）。",
+    },
+    "group_stopped": {
+        "en": "Stopped the {nprocs} ranks; nothing of them is left running.",
+        "zh": "已停止这 {nprocs} 个 rank，没有留下任何在运行的进程。",
+    },
+    "no_group": {
+        "en": "No persistent ranks are running: start them with dl.start(2) (or %ranks start -n 2).",
+        "zh": "没有正在运行的常驻 rank：请先用 dl.start(2)（或 %ranks start -n 2）启动。",
+    },
+    "bad_ranks": {
+        "en": "ranks must be rank numbers from 0 to {last} (e.g. [0, 1]), got {value!r}.",
+        "zh": "ranks 必须是 0 到 {last} 之间的 rank 编号（例如 [0, 1]），但收到的是 {value!r}。",
+    },
+    "bad_name": {
+        "en": "{name!r} cannot be a variable name on the ranks.",
+        "zh": "{name!r} 不能作为 rank 上的变量名。",
+    },
+    "cell_failed": {
+        "en": (
+            "{count} of {nranks} ranks raised an exception in this cell (first: rank {first}). "
+            "The group is still running and keeps its variables."
+        ),
+        "zh": (
+            "{nranks} 个 rank 中有 {count} 个在这个单元里抛出了异常（第一个是 rank {first}）。"
+            "进程组仍在运行，变量都还在。"
+        ),
+    },
+    "pull_failed": {
+        "en": "{count} of {nranks} ranks could not evaluate {expr!r}.",
+        "zh": "{nranks} 个 rank 中有 {count} 个无法求值 {expr!r}。",
+    },
+    "push_failed": {
+        "en": "{count} of {nranks} ranks could not receive the values.",
+        "zh": "{nranks} 个 rank 中有 {count} 个无法接收这些值。",
+    },
+    "ranks_timeout": {
+        "en": (
+            "Timed out after {timeout:g} s: ranks {ranks} were still running this cell. "
+            "A hang usually means the ranks called different collectives, or one rank "
+            "skipped one. Use %%ranks --timeout S if the work is just slow."
+        ),
+        "zh": (
+            "超时（{timeout:g} 秒）：rank {ranks} 仍在运行这个单元。卡住通常意味着各 rank "
+            "调用了不同的集合通信，或者某个 rank 跳过了一次集合通信。如果只是计算较慢，"
+            "请使用 %%ranks --timeout S。"
+        ),
+    },
+    "after_failure": {
+        "en": (
+            "Ranks {ranks} were still running {grace:g} s after rank {first} failed: they are "
+            "probably waiting in a collective that rank {first} never reached."
+        ),
+        "zh": (
+            "rank {first} 出错 {grace:g} 秒后，rank {ranks} 仍在运行：它们很可能在等待一次 "
+            "rank {first} 永远不会到达的集合通信。"
+        ),
+    },
+    "group_restarted": {
+        "en": (
+            "The group was restarted and ITS STATE IS LOST: {nprocs} new rank processes hold "
+            "none of the variables made so far. Run the cells that create them again."
+        ),
+        "zh": (
+            "进程组已重启：现在是 {nprocs} 个全新的 rank 进程，rank 上原有的变量全部丢失。"
+            "请重新运行创建它们的单元。"
+        ),
+    },
+    "ranks_lost": {
+        "en": "A rank process ended while the group was running:",
+        "zh": "进程组运行期间有 rank 进程退出了：",
+    },
+    "rank_gone": {
+        "en": "rank {rank} closed its connection",
+        "zh": "rank {rank} 断开了连接",
+    },
+    "start_failed": {
+        "en": "The persistent ranks could not start:",
+        "zh": "常驻 rank 无法启动：",
+    },
+    "start_timeout": {
+        "en": "The persistent ranks did not all start within {timeout:g} s.",
+        "zh": "常驻 rank 没能在 {timeout:g} 秒内全部启动。",
+    },
+    "ranks_interrupted": {
+        "en": (
+            "Interrupted: the cell was stopped on ranks {ranks}. The group is still running "
+            "and keeps its variables."
+        ),
+        "zh": "已中断：rank {ranks} 上的单元已停止。进程组仍在运行，变量都还在。",
+    },
+    "interrupt_stuck": {
+        "en": (
+            "Interrupted, but ranks {ranks} did not stop within {grace:g} s (a rank waiting "
+            "inside a collective cannot be interrupted)."
+        ),
+        "zh": "已中断，但 rank {ranks} 在 {grace:g} 秒内没有停下（在集合通信内部等待的 rank 无法被中断）。",
+    },
+    "status_header": {
+        "en": "{nprocs} persistent ranks, {backend} backend, {cells} cells run",
+        "zh": "{nprocs} 个常驻 rank，{backend} 后端，已运行 {cells} 个单元",
+    },
+    "status_columns": {"en": "rank|pid|alive|device|running", "zh": "rank|pid|存活|设备|正在运行"},
+    "status_yes": {"en": "yes", "zh": "是"},
+    "status_no": {"en": "no", "zh": "否"},
+    "status_idle": {"en": "idle (last: {last})", "zh": "空闲（上一个：{last}）"},
+    "status_new": {"en": "idle", "zh": "空闲"},
     "your_code_here": {"en": "your code here", "zh": "在这里写你的代码"},
     "grade_pass": {
         "en": "PASS {grade_id}: all hidden cases passed, {points}/{points} points",

@@ -454,6 +454,22 @@ def shutdown_unlocked() -> None:
         _zygote = None
 
 
+def launch_message(payload: bytes, nprocs: int, workdir: str, port: int | None = None) -> dict:
+    """The zygote's 'launch' request: the job, where output goes, and the parent's context."""
+    return {
+        "op": "launch",
+        "nprocs": nprocs,
+        "payload": payload,
+        "workdir": workdir,
+        "port": port or free_port(),
+        "env": dict(os.environ),
+        "cwd": os.getcwd(),
+        "sys_path": list(sys.path),
+        "argv": list(sys.argv[:1]),
+        "linecache": _notebook_linecache(),
+    }
+
+
 def _supervise(
     zygote: _Zygote,
     payload: bytes,
@@ -463,20 +479,7 @@ def _supervise(
     workdir: str,
     quiet: bool,
 ) -> list[Any]:
-    zygote.send(
-        {
-            "op": "launch",
-            "nprocs": nprocs,
-            "payload": payload,
-            "workdir": workdir,
-            "port": free_port(),
-            "env": dict(os.environ),
-            "cwd": os.getcwd(),
-            "sys_path": list(sys.path),
-            "argv": list(sys.argv[:1]),
-            "linecache": _notebook_linecache(),
-        }
-    )
+    zygote.send(launch_message(payload, nprocs, workdir))
     output = _Output(workdir, nprocs, quiet)
     statuses: dict[int, int] = {}
     exit_order: list[int] = []

@@ -1,9 +1,14 @@
-"""The ``%%ddp`` cell magic: run a cell's body on N ranks with the process group ready.
+"""The ``%%ddp`` and ``%%ranks`` cell magics.
 
-On every rank the body sees ``rank``, ``world_size``, ``device``, ``torch`` and ``dist``,
-plus every notebook name it uses (functions, classes, tensors, numbers from earlier
-cells), sent by value with cloudpickle. Output, errors, timeouts and cleanup are those
-of ``ddp_lab.spawn``.
+``%%ddp`` runs a cell's body on N fresh ranks with the process group ready. On every rank
+the body sees ``rank``, ``world_size``, ``device``, ``torch`` and ``dist``, plus every
+notebook name it uses (functions, classes, tensors, numbers from earlier cells), sent by
+value with cloudpickle. Output, errors, timeouts and cleanup are those of
+``ddp_lab.spawn``.
+
+``%%ranks`` runs it on the persistent ranks of ``dl.start`` instead (see
+``ddp_lab.persistent``), where variables survive from cell to cell; the line magic
+``%ranks start -n N | stop | status`` drives the group.
 """
 
 from __future__ import annotations
@@ -108,3 +113,55 @@ def register(ipython: Any) -> None:
         )
 
     ipython.register_magic_function(ddp, magic_kind="cell", magic_name="ddp")
+    register_ranks(ipython)
+
+
+def parse_ranks(text: str | None) -> list[int] | None:
+    """'0,2' or '1-3' or '0,2-3' -> a list of ranks; None or '' -> None (every rank)."""
+    if not text:
+        return None
+    out: list[int] = []
+    try:
+        for part in text.split(","):
+            lo, _, hi = part.strip().partition("-")
+            out.extend(range(int(lo), int(hi or lo) + 1))
+    except ValueError:
+        from ddp_lab.i18n import t
+
+        raise ValueError(t("bad_ranks", value=text, last="N-1")) from None
+    return out
+
+
+def register_ranks(ipython: Any) -> None:
+    """Register ``%%ranks`` (run a cell on the persistent ranks) and ``%ranks start|stop|status``."""
+    from IPython.core import magic_arguments
+
+    from ddp_lab import persistent
+
+    @magic_arguments.magic_arguments()
+    @magic_arguments.argument("action", nargs="?", default="", help="start, stop or status")
+    @magic_arguments.argument("-n", "--nprocs", type=int, default=2, help="ranks to start")
+    @magic_arguments.argument("--backend", default="auto", help="gloo, nccl, mpi or auto")
+    @magic_arguments.argument("-r", "--ranks", default="", help="e.g. 0,1 or 1-3 (default: all)")
+    @magic_arguments.argument("--timeout", type=float, default=-1, help="seconds (0: none)")
+    @magic_arguments.argument("--stream", action="store_true", help="print lines as they come")
+    def ranks(line: str, cell: str | None = None) -> Any:
+        """%%ranks [-r 0,1] [--timeout S] [--stream]: run the cell on the persistent ranks.
+
+        %ranks start -n N [--backend B] [--timeout S] | %ranks stop | %ranks status
+        """
+        args = magic_arguments.parse_argstring(ranks, line)
+        timeout = None if args.timeout == 0 else args.timeout
+        if cell is None:
+            if args.action == "start":
+                return persistent.start(args.nprocs, args.backend, timeout)
+            if args.action == "stop":
+                return persistent.stop()
+            return persistent.status()
+        filename = ipython.compile.cache(cell) if hasattr(ipython, "compile") else None
+        persistent.run_cell(
+            cell, ipython.user_ns, parse_ranks(args.ranks), timeout, args.stream, filename
+        )
+        return None
+
+    ipython.register_magic_function(ranks, magic_kind="line_cell", magic_name="ranks")
