@@ -123,6 +123,75 @@ try:
 except dl.DistributedError as err:
     print("failed ranks:", err.ranks)
 
+# %% [markdown] lang="en"
+# ## Ranks that stay: `dl.start` and `%%ranks`
+#
+# `dl.spawn` and `%%ddp` start new processes for every call, so whatever a rank made is
+# gone when the cell ends. To explore step by step, start **persistent** ranks instead:
+# `dl.start(2)` launches 2 processes and initialises the process group once. Each rank
+# keeps its own variables, and a cell that starts with `%%ranks` runs on every rank, so
+# what one cell makes is still there in the next.
+
+# %% [markdown] lang="zh"
+# ## 常驻的 rank：`dl.start` 与 `%%ranks`
+#
+# `dl.spawn` 和 `%%ddp` 每次调用都会启动新的进程，所以单元结束时 rank 上创建的东西都会
+# 消失。想一步一步地探索时，可以改用**常驻**的 rank：`dl.start(2)` 启动 2 个进程，并且只
+# 初始化一次进程组。每个 rank 保留自己的变量；以 `%%ranks` 开头的单元会在每个 rank 上运行，
+# 所以上一个单元创建的变量在下一个单元里仍然存在。
+
+# %%
+dl.start(2)
+
+# %%
+# %%ranks
+x = torch.full((3,), float(rank + 1), device=device)
+print(f"rank {rank} made x = {x.tolist()}")
+
+# %%
+# %%ranks
+dist.all_reduce(x)  # the same processes as in the cell above: x is still there
+print(f"rank {rank} after all_reduce: x = {x.tolist()}")
+
+# %% [markdown] lang="en"
+# `dl.pull("x")` brings each rank's value back into the notebook, as a list in rank order
+# (tensors come back on the CPU). `dl.push(name=value)` sends a notebook value to the
+# ranks, and `%%ranks -r 1` runs a cell on rank 1 only. `dl.status()` shows which ranks are
+# alive, their process id, device and what they are running.
+
+# %% [markdown] lang="zh"
+# `dl.pull("x")` 把每个 rank 上的值取回 notebook，结果是按 rank 顺序排列的列表（张量会被
+# 放到 CPU 上）。`dl.push(name=value)` 把 notebook 里的值发送给各个 rank，`%%ranks -r 1`
+# 只在 rank 1 上运行一个单元。`dl.status()` 显示哪些 rank 还活着，以及它们的进程号、设备
+# 和正在运行的内容。
+
+# %%
+values = dl.pull("x")
+print(values)
+dl.push(bonus=100)
+
+# %%
+# %%ranks -r 1
+print(x.sum().item() + bonus)
+
+# %%
+dl.status()
+
+# %% [markdown] lang="en"
+# An exception on some ranks shows each rank's traceback and keeps the ranks and their
+# variables. A hang ends at the timeout with every stuck rank's stack, and the ranks are
+# restarted: then every variable on them is lost, and the message says so. When you are
+# done, `dl.stop()` ends the ranks (closing the notebook or restarting the kernel does too).
+
+# %% [markdown] lang="zh"
+# 如果某些 rank 抛出异常，会显示每个 rank 的 traceback，rank 和它们的变量都会保留。如果
+# 程序卡住，到达超时时间后会打印每个卡住的 rank 的调用栈，并重启这些 rank：这时它们上面的
+# 变量全部丢失，报错信息会明确说明这一点。用完之后，`dl.stop()` 结束这些 rank（关闭
+# notebook 或重启内核也会结束它们）。
+
+# %%
+dl.stop()
+
 # %% [markdown] lang="en" tags=["exercise"]
 # ## Exercise: the mean over ranks (2 points)
 #

@@ -22,8 +22,9 @@
 # of the model, and the replicas start identical because rank 0's parameters and buffers
 # are **broadcast** when the wrapper is built. They stay identical because, after each
 # backward, every rank replaces its **gradients** by their mean over the ranks
-# (an **all-reduce**) and then takes the same optimizer step. In this chapter you build
-# that twice: a naive version in a few lines, then a version with **buckets** whose
+# (an **all-reduce**) and then takes the same optimizer step. First you do one iteration
+# by hand, one step per cell, and look at every rank's tensors after each step. Then you
+# build it twice: a naive version in a few lines, then a version with **buckets** whose
 # communication **overlaps** the backward computation, the way PyTorch does it. The
 # oracle is always torch's own `DistributedDataParallel`.
 
@@ -34,9 +35,10 @@
 # **副本**（replica）；构造包装器时，rank 0 的参数和缓冲区被**广播**（broadcast）到所有
 # rank，所以副本一开始完全相同。之后每次反向传播结束，每个 rank 都把自己的**梯度**替换为
 # 所有 rank 的平均值（一次**全归约**，all-reduce），再执行相同的优化器步骤，所以副本一直
-# 保持相同。本章你会实现两遍：先写一个只有几行的朴素版本，再写一个带**桶**（bucket）、让
-# 通信与反向计算**重叠**（overlap）的版本，也就是 PyTorch 的做法。对照标准始终是 torch
-# 自己的 `DistributedDataParallel`。
+# 保持相同。本章先手动走一遍迭代，每个单元一步，每步之后查看每个 rank 上的张量。然后实现
+# 两遍：先写一个只有几行的朴素版本，再写一个带**桶**（bucket）、让通信与反向计算
+# **重叠**（overlap）的版本，也就是 PyTorch 的做法。对照标准始终是 torch 自己的
+# `DistributedDataParallel`。
 
 # %%
 import copy
@@ -54,14 +56,182 @@ dl.setup()
 print(torch.__version__, "| CUDA GPUs:", torch.cuda.device_count())
 
 # %% [markdown] lang="en"
-# ## 1. Naive DDP
+# ## 1. One DDP iteration, cell by cell
+#
+# Before any wrapper, do by hand what DDP does in one training step, on 2 ranks that stay
+# alive between cells: `dl.start(2)` starts them and initialises the **process group**
+# once, a cell that begins with `%%ranks` runs on both ranks and keeps their variables for
+# the next cell, and `dl.pull("expr")` brings each rank's value of `expr` into this
+# notebook as a list in rank order. So after every step you can look at every rank's
+# tensors.
+
+# %% [markdown] lang="zh"
+# ## 1. 逐个单元走一遍 DDP 的一次迭代
+#
+# 在看任何包装器之前，先在 2 个常驻的 rank 上手动完成 DDP 在一个训练步里做的事：
+# `dl.start(2)` 启动它们并只初始化一次**进程组**（process group）；以 `%%ranks` 开头的
+# 单元在两个 rank 上运行，变量会保留到下一个单元；`dl.pull("expr")` 把每个 rank 上 `expr`
+# 的值取回本 notebook，结果是按 rank 顺序排列的列表。这样每做一步，你都能查看每个 rank
+# 上的张量。
+
+# %%
+dl.start(2, backend="gloo")
+
+# %% [markdown] lang="en"
+# **Step 1: a replica on every rank.** Each rank builds the model and its optimizer. We
+# seed each rank differently on purpose, so the replicas start different.
+
+# %% [markdown] lang="zh"
+# **第 1 步：每个 rank 一个副本。** 每个 rank 构建模型和优化器。这里故意给每个 rank
+# 不同的随机种子，所以各副本一开始并不相同。
+
+# %%
+# %%ranks
+torch.manual_seed(rank)  # a different initialisation on each rank, on purpose
+model = nn.Linear(3, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+print("weight", model.weight.data, "bias", model.bias.data)
+
+# %% [markdown] lang="en"
+# **Step 2: broadcast.** Building `DistributedDataParallel(model)` **broadcasts** rank 0's
+# parameters (and buffers) to every rank. Do it by hand, then pull the weights: one entry
+# per rank, and now they are equal.
+
+# %% [markdown] lang="zh"
+# **第 2 步：广播。** 构造 `DistributedDataParallel(model)` 时，rank 0 的参数（和缓冲区）
+# 会被**广播**（broadcast）到每个 rank。手动做一遍，再把权重取回来：每个 rank 一项，
+# 现在它们相等了。
+
+# %%
+# %%ranks
+for p in model.parameters():
+    dist.broadcast(p.data, src=0)
+
+# %%
+weights = dl.pull("model.weight")
+print(weights)
+print("identical on every rank:", all(torch.equal(w, weights[0]) for w in weights))
+
+# %% [markdown] lang="en"
+# **Step 3: forward, each rank on its own data.** A `DistributedSampler` gives each rank a
+# different part of the dataset; here each rank draws its own batch of 4 samples. Same
+# model, different data: the losses differ.
+
+# %% [markdown] lang="zh"
+# **第 3 步：前向，每个 rank 用自己的数据。** `DistributedSampler` 会给每个 rank 分配
+# 数据集的不同部分；这里每个 rank 自己抽取一个 4 个样本的批。模型相同，数据不同，所以
+# 损失不同。
+
+# %%
+# %%ranks
+gen = torch.Generator().manual_seed(100 + rank)  # each rank its own batch
+x, y = torch.randn(4, 3, generator=gen), torch.randn(4, 1, generator=gen)
+loss = nn.functional.mse_loss(model(x), y)
+print(f"loss {loss.item():.4f}")
+
+# %% [markdown] lang="en"
+# **Step 4: backward.** Each rank computes the **gradient** of its own loss. Pull the
+# gradients and compare them: they differ, so if each rank took its optimizer step now, the
+# replicas would drift apart.
+
+# %% [markdown] lang="zh"
+# **第 4 步：反向传播。** 每个 rank 计算自己损失的**梯度**。把梯度取回来比较：它们不同；
+# 如果每个 rank 现在就执行优化器步骤，各副本就会分道扬镳。
+
+# %%
+# %%ranks
+opt.zero_grad()
+loss.backward()
+
+# %%
+local = dl.pull("model.weight.grad")
+for r, g in enumerate(local):
+    print(f"rank {r}: {g}")
+print("identical on every rank:", torch.equal(local[0], local[1]))
+
+# %% [markdown] lang="en"
+# **Step 5: all-reduce the gradients.** This is what DDP adds to a training step: sum each
+# gradient over the ranks with `all_reduce`, then divide by the world size.
+
+# %% [markdown] lang="zh"
+# **第 5 步：对梯度做全归约。** 这就是 DDP 给训练步增加的内容：用 `all_reduce` 把每个
+# 梯度在所有 rank 上求和，再除以 world size。
+
+# %%
+# %%ranks
+for p in model.parameters():
+    dist.all_reduce(p.grad)  # the sum over the ranks ...
+    p.grad /= world_size  # ... divided by their number: the mean
+print("weight grad", model.weight.grad)
+
+# %%
+synced = dl.pull("model.weight.grad")
+print("identical on every rank:", torch.equal(synced[0], synced[1]))
+print("the mean of the local gradients:", torch.allclose(synced[0], (local[0] + local[1]) / 2))
+
+# %% [markdown] lang="en"
+# Why the mean is the right gradient: with a mean loss and the same batch size on every
+# rank, the mean of the ranks' gradients is the gradient of the loss over all 8 samples.
+# Check it in this notebook with one process, using rank 0's model and every rank's data,
+# all pulled from the ranks.
+
+# %% [markdown] lang="zh"
+# 为什么平均值就是正确的梯度：当损失取平均、每个 rank 的批大小相同时，各 rank 梯度的
+# 平均值就是全部 8 个样本上损失的梯度。在本 notebook 里用单个进程验证一下，用的是从
+# 各 rank 取回的 rank 0 的模型和所有 rank 的数据。
+
+# %%
+single = nn.Linear(3, 1)
+single.load_state_dict(dl.pull("model.state_dict()", ranks=[0])[0])
+xs, ys = dl.pull("x"), dl.pull("y")
+nn.functional.mse_loss(single(torch.cat(xs)), torch.cat(ys)).backward()
+print("one process, all 8 samples:", single.weight.grad)
+print("equal to the all-reduced gradient:", torch.allclose(single.weight.grad, synced[0]))
+
+# %% [markdown] lang="en"
+# **Step 6: the optimizer step.** Every rank applies the same gradient to the same
+# parameters, so the replicas are still identical after the step. That is why DDP never
+# has to synchronise parameters again after the first broadcast.
+
+# %% [markdown] lang="zh"
+# **第 6 步：优化器步骤。** 每个 rank 把相同的梯度应用到相同的参数上，所以执行完这一步后
+# 各副本仍然相同。这就是为什么 DDP 在第一次广播之后再也不需要同步参数。
+
+# %%
+# %%ranks
+opt.step()
+
+# %%
+after = dl.pull("model.weight")
+print(after)
+print("identical on every rank:", torch.equal(after[0], after[1]))
+print("changed by the step:", not torch.equal(after[0], weights[0]))
+
+# %% [markdown] lang="en"
+# That is one whole iteration of DDP. `dl.status()` shows the two rank processes; stop them
+# when you are done (closing the notebook or restarting the kernel stops them too). The
+# next sections wrap these steps in a class, then make the all-reduce overlap the backward.
+
+# %% [markdown] lang="zh"
+# 这就是 DDP 的一次完整迭代。`dl.status()` 显示这两个 rank 进程；用完后停止它们（关闭
+# notebook 或重启内核也会停止它们）。接下来的几节先把这些步骤包装成一个类，再让全归约与
+# 反向传播重叠。
+
+# %%
+dl.status()
+
+# %%
+dl.stop()
+
+# %% [markdown] lang="en"
+# ## 2. Naive DDP
 #
 # Here is the whole naive wrapper from the package. Read `__init__` (the broadcast),
 # `forward` (rank 0's buffers, as torch does with `broadcast_buffers=True`) and
 # `sync_gradients` (divide by the world size, then sum with `all_reduce`).
 
 # %% [markdown] lang="zh"
-# ## 1. 朴素 DDP
+# ## 2. 朴素 DDP
 #
 # 下面是包里朴素包装器的全部代码。请读 `__init__`（广播）、`forward`（像 torch 在
 # `broadcast_buffers=True` 时那样使用 rank 0 的缓冲区）和 `sync_gradients`（先除以
@@ -145,7 +315,7 @@ dl.spawn(naive_vs_torch, nprocs=2, backend="gloo")
 # 冻结参数也会被广播（它们是模型的一部分），但没有梯度，也不参与平均。
 
 # %% [markdown] lang="en"
-# ## 2. DDP = gradient accumulation? Only under conditions
+# ## 3. DDP = gradient accumulation? Only under conditions
 #
 # Source note 000 says DDP on N ranks "equals" single-process gradient accumulation over
 # N micro-batches "when there is no BN". The cell below tests the claim, comparing the
@@ -162,7 +332,7 @@ dl.spawn(naive_vs_torch, nprocs=2, backend="gloo")
 #   them N times, DDP keeps rank 0's.
 
 # %% [markdown] lang="zh"
-# ## 2. DDP 等于梯度累积吗？有条件
+# ## 3. DDP 等于梯度累积吗？有条件
 #
 # 原始笔记 000 说，N 个 rank 的 DDP“在没有 BN 时”与单进程对 N 个微批做梯度累积
 # （gradient accumulation）“完全一致”。下面的单元在相同数据上比较 DDP 平均后的梯度和
@@ -222,7 +392,7 @@ dl.spawn(ddp_vs_accumulation, nprocs=2, backend="gloo")
 # DDP 下不除，或者直接用 `mean`）。
 
 # %% [markdown] lang="en"
-# ## 3. Buckets and overlap
+# ## 4. Buckets and overlap
 #
 # The naive version waits for the whole backward, then sends one message per parameter.
 # Torch does better: it groups parameters into **buckets** of about `bucket_cap_mb` MiB
@@ -234,7 +404,7 @@ dl.spawn(ddp_vs_accumulation, nprocs=2, backend="gloo")
 # `dist._compute_bucket_assignment_by_size`, tested against it).
 
 # %% [markdown] lang="zh"
-# ## 3. 桶与重叠
+# ## 4. 桶与重叠
 #
 # 朴素版本要等整个反向传播结束，然后每个参数发一次消息。torch 做得更好：它把参数分组成
 # 大约 `bucket_cap_mb` MiB 的**桶**（默认 25，第一个桶 1 MiB），顺序是反的，因为反向传播
@@ -323,7 +493,7 @@ plot_timeline(step);
 # 打印的步时比例是实测的，不是假设的：`BucketedDDP` 的目标是不超过 torch DDP 的 1.3 倍。
 
 # %% [markdown] lang="en"
-# ## 4. Four facts about torch's DDP, each proved on 2 ranks
+# ## 5. Four facts about torch's DDP, each proved on 2 ranks
 #
 # 1. **`no_sync()`**: backward passes inside it only accumulate local gradients; the next
 #    one outside syncs the sum. Two micro-batches with `no_sync` give the same gradients
@@ -337,7 +507,7 @@ plot_timeline(step);
 #    incomplete; without the flag, DDP raises an error on the next iteration.
 
 # %% [markdown] lang="zh"
-# ## 4. 关于 torch DDP 的四个事实，各自在 2 个 rank 上证明
+# ## 5. 关于 torch DDP 的四个事实，各自在 2 个 rank 上证明
 #
 # 1. **`no_sync()`**：在它里面的反向传播只在本地累积梯度；之后在它外面的那一次反向传播
 #    同步累积的和。用 `no_sync` 处理两个微批，与一次处理两个微批得到的梯度相同（差别仅在
@@ -405,7 +575,7 @@ torch.save(nn.Linear(4, 1).state_dict(), ckpt)
 dl.spawn(four_facts, args=(ckpt,), nprocs=2, backend="gloo")
 
 # %% [markdown] lang="en"
-# ## 5. SyncBatchNorm: assign the result
+# ## 6. SyncBatchNorm: assign the result
 #
 # Plain BatchNorm normalises with each rank's own batch statistics; `SyncBatchNorm`
 # all-reduces them, so it normalises as BatchNorm on the global batch would.
@@ -416,7 +586,7 @@ dl.spawn(four_facts, args=(ckpt,), nprocs=2, backend="gloo")
 # Always write `model = nn.SyncBatchNorm.convert_sync_batchnorm(model)`.
 
 # %% [markdown] lang="zh"
-# ## 5. SyncBatchNorm：记得接住返回值
+# ## 6. SyncBatchNorm：记得接住返回值
 #
 # 普通 BatchNorm 用每个 rank 自己那一批的统计量做归一化；`SyncBatchNorm` 会对统计量做
 # 全归约，所以它的归一化结果与在全局批上做 BatchNorm 相同。
@@ -627,6 +797,9 @@ dl.grade("07.bucketed", GradBuckets)
 # %% [markdown] lang="en"
 # ## Summary
 #
+# - One DDP iteration, step by step on persistent ranks: broadcast, forward and backward on
+#   each rank's own data (the gradients differ), all-reduce and average them (identical,
+#   and equal to the full-batch gradient), step (the replicas stay identical).
 # - DDP = broadcast at construction + averaged gradients after backward; `NaiveDDP`
 #   reproduces torch's parameters bitwise on 2 ranks.
 # - Buckets, hooks and asynchronous all-reduce let communication overlap backward;
@@ -641,6 +814,9 @@ dl.grade("07.bucketed", GradBuckets)
 # %% [markdown] lang="zh"
 # ## 小结
 #
+# - 在常驻 rank 上一步一步走完 DDP 的一次迭代：广播；每个 rank 在自己的数据上前向和反向
+#   （梯度各不相同）；对梯度做全归约并取平均（各 rank 相同，且等于整个批的梯度）；优化器
+#   步骤（各副本仍然相同）。
 # - DDP = 构造时广播 + 反向传播后平均梯度；`NaiveDDP` 在 2 个 rank 上逐位复现了 torch 的参数。
 # - 桶、钩子和异步全归约让通信与反向计算重叠；`BucketedDDP` 是一个约 100 行的 Python
 #   归约器，上面实测了它与 torch 的 C++ 实现的步时对比。

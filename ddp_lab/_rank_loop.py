@@ -81,8 +81,8 @@ def portable(value: Any) -> Any:
     import torch
 
     if isinstance(value, torch.Tensor):
-        if value.grad_fn is not None:
-            value = value.detach()  # autograd graphs cannot be pickled
+        if value.requires_grad:
+            value = value.detach()  # autograd graphs cannot cross processes; a plain copy can
         return value if value.device.type == "cpu" else value.cpu()
     if isinstance(value, (list, tuple)) and not hasattr(value, "_fields"):
         return type(value)(portable(v) for v in value)
