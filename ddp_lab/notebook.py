@@ -8,6 +8,7 @@ the kernel's working directory (``notebooks/zh/...`` runs with cwd ``.../zh``).
 from __future__ import annotations
 
 import inspect
+import logging
 import os
 from pathlib import Path
 from typing import Any
@@ -32,6 +33,18 @@ def detect_language() -> str:
     return "en"
 
 
+class _QuietRegularOnly(logging.Filter):
+    """mplfonts ships the CJK font in its regular weight only, so bold text is drawn regular;
+    matplotlib says so under every such figure ("findfont: Failed to find font weight bold
+    for Noto Sans CJK SC"), a red line in the learner's output. Drop that line, nothing else."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (
+            str(record.msg).startswith("findfont: Failed to find font weight")
+            and CJK_FONT_NAME in map(str, record.args or ())
+        )
+
+
 def use_cjk_font() -> str | None:
     """Make matplotlib draw Chinese characters (the Noto CJK font shipped by mplfonts)."""
     import matplotlib
@@ -45,6 +58,9 @@ def use_cjk_font() -> str | None:
     if not path.exists():
         return None
     font_manager.fontManager.addfont(str(path))
+    log = logging.getLogger("matplotlib.font_manager")
+    if not any(isinstance(f, _QuietRegularOnly) for f in log.filters):
+        log.addFilter(_QuietRegularOnly())
     sans = matplotlib.rcParams["font.sans-serif"]
     if CJK_FONT_NAME not in sans:
         matplotlib.rcParams["font.sans-serif"] = [CJK_FONT_NAME, *sans]
