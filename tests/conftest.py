@@ -67,3 +67,13 @@ def no_leaks():
     assert rank_processes() == set()
     shm_after = set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
     assert shm_after - shm_before == set()
+
+
+@pytest.fixture(autouse=True)
+def _close_figures():
+    """Close the figures a test drew, so that later tests do not pile them up."""
+    yield
+    import sys
+
+    if "matplotlib.pyplot" in sys.modules:
+        sys.modules["matplotlib.pyplot"].close("all")
