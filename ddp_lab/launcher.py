@@ -147,6 +147,11 @@ class _Zygote:
             stdout=subprocess.PIPE,
             env=env,
             close_fds=True,
+            # Its own process group: Jupyter signals the kernel's group on interrupt and, at
+            # shutdown, SIGTERMs the children in it and waits for them to vanish; the zygote
+            # would linger as an unreaped zombie until the kernel is killed, before its atexit
+            # clean-up could run. Parent-death signals still end it with the kernel.
+            start_new_session=True,
         )
         self.in_fd = self.proc.stdin.fileno()
         self.out_fd = self.proc.stdout.fileno()

@@ -33,8 +33,11 @@ def _snapshot() -> dict:
 
 
 def _assert_gone(snap: dict) -> None:
-    deadline = time.monotonic() + 5
-    while any(alive(p) for p in snap["pids"]) and time.monotonic() < deadline:
+    def left() -> bool:
+        return any(alive(p) for p in snap["pids"]) or os.path.exists(snap["workdir"])
+
+    deadline = time.monotonic() + 10
+    while left() and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not [p for p in snap["pids"] if alive(p)], "processes left behind"
     assert not {"0A", "01"} & set(tcp_states(snap["port"])), "port still listening or connected"
@@ -294,3 +297,47 @@ def _json_line(proc: subprocess.Popen) -> str:
         if line.startswith("{"):
             return line
     raise AssertionError("the script printed no snapshot")
+
+
+def test_real_kernel_interrupt_then_restart():
+    """In a Jupyter kernel: an interrupt stops the ranks' cell and keeps the group; a kernel
+    restart ends every rank and leaves no files."""
+    from jupyter_client.manager import start_new_kernel
+
+    km, kc = start_new_kernel(kernel_name="python3")
+
+    def execute(code: str, interrupt_after: float | None = None) -> str:
+        msg_id = kc.execute(code)
+        if interrupt_after is not None:
+            time.sleep(interrupt_after)
+            km.interrupt_kernel()
+        out = []
+        while True:
+            msg = kc.get_iopub_msg(timeout=60)
+            if msg["parent_header"].get("msg_id") != msg_id:
+                continue
+            kind, content = msg["msg_type"], msg["content"]
+            if kind == "stream":
+                out.append(content["text"])
+            elif kind == "error":
+                out.append(f"ERROR {content['ename']}\n")
+            elif kind == "status" and content["execution_state"] == "idle":
+                return "".join(out)
+
+    try:
+        execute('import ddp_lab as dl\ndl.start(2, backend="gloo", timeout=60)')
+        execute("%%ranks\nx = rank * 10\nimport time\n")
+        out = execute("%%ranks\nprint('loop')\nwhile True:\n    time.sleep(0.01)\n", 2.0)
+        assert "[rank 1] loop" in out and "keeps its variables" in out
+        assert "ERROR KeyboardInterrupt" in out
+        assert execute('print(dl.pull("x"))').strip() == "[0, 10]"
+        snap = execute(
+            "import json\nfrom ddp_lab import persistent\ng = persistent.current()\n"
+            "print(json.dumps({'pids': [g.zygote.proc.pid, *g.pids.values()],"
+            " 'port': g.port, 'workdir': g.workdir}))"
+        )
+        km.restart_kernel(now=False)
+        _assert_gone(json.loads(snap.strip().splitlines()[-1]))
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)
