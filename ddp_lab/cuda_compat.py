@@ -287,13 +287,18 @@ def compat_widget(driver: str | None = None, runtime: str | None = None):  # noq
     cudas = [fmt(c) for c in sorted(MIN_DRIVER_LINUX)]
     if runtime and fmt(parse_version(runtime)[:2]) not in cudas:
         cudas.append(fmt(parse_version(runtime)[:2]))
+    style = {"description_width": "initial"}  # long labels are not cut to "CUDA ru..."
     pick_driver = w.Dropdown(
-        options=drivers, value=driver or drivers[-1], description=tr(en="driver", zh="驱动")
+        options=drivers,
+        value=driver or drivers[-1],
+        description=tr(en="driver", zh="驱动"),
+        style=style,
     )
     pick_cuda = w.Dropdown(
         options=cudas,
         value=fmt(parse_version(runtime)[:2]) if runtime else "12.1",
         description=tr(en="CUDA runtime", zh="CUDA 运行时"),
+        style=style,
     )
     verdict = w.HTML()
     out = w.Output()

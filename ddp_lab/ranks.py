@@ -224,14 +224,17 @@ def rank_table_widget(nnodes: int = 2, nproc_per_node: int = 4, gpus_per_node: i
 
     from ddp_lab.notebook import tr
 
-    s_nodes = w.IntSlider(nnodes, 1, 4, description="nnodes")
-    s_nproc = w.IntSlider(nproc_per_node, 1, 8, description="nproc_per_node")
-    s_gpus = w.IntSlider(gpus_per_node, 1, 8, description=tr(en="GPUs/node", zh="每节点 GPU"))
+    style = {"description_width": "initial"}  # long labels are not cut to "nproc_per..."
+    s_nodes = w.IntSlider(nnodes, 1, 4, description="nnodes", style=style)
+    s_nproc = w.IntSlider(nproc_per_node, 1, 8, description="nproc_per_node", style=style)
+    s_gpus = w.IntSlider(
+        gpus_per_node, 1, 8, description=tr(en="GPUs/node", zh="每节点 GPU"), style=style
+    )
     t_cvd = w.Text(
         "",
         description="CUDA_VISIBLE_DEVICES",
         placeholder=tr(en="unset (e.g. 2,3)", zh="未设置（例如 2,3）"),
-        style={"description_width": "initial"},
+        style=style,
     )
     out = w.Output()
 
