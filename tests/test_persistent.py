@@ -66,6 +66,8 @@ def test_variables_survive_from_cell_to_cell(group, capfd):
     assert _lines(capfd) == ["[rank 0] 0 2 cpu 30.0", "[rank 1] 1 2 cpu 30.0"]
     run("x.item() + rank")  # a last expression is shown, as a notebook would
     assert _lines(capfd) == ["[rank 0] 30.0", "[rank 1] 31.0"]
+    run("for i in range(2):\n    print(i, x.item())\n", stream=True)
+    assert sorted(_lines(capfd)) == [f"[rank {r}] {i} 30.0" for r in range(2) for i in range(2)]
 
 
 def test_notebook_names_are_sent_but_the_ranks_own_names_win(group, capfd):
