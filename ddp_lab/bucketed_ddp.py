@@ -340,6 +340,9 @@ def bucket_widget(
         plt.show()
 
     slider = widgets.SelectionSlider(
-        options=list(caps_mb), value=caps_mb[0], description="bucket_cap_mb"
+        options=list(caps_mb),
+        value=caps_mb[0],
+        description="bucket_cap_mb",
+        style={"description_width": "initial"},  # not cut to "bucket_ca..."
     )
     return widgets.interactive(draw, bucket_cap_mb=slider)

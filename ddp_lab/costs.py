@@ -78,6 +78,15 @@ ALGORITHMS: dict[str, Callable[..., float]] = {
     "ring": ring,
     "segmented ring": segmented_ring,
 }
+# Legend names in Chinese, the terms chapter 04 uses (docs/GLOSSARY.md).
+ALGORITHM_NAMES_ZH = {
+    "parameter server": "参数服务器",
+    "binomial tree": "二项树",
+    "halving-doubling": "递归减半/加倍",
+    "butterfly": "蝶形",
+    "ring": "环形",
+    "segmented ring": "分段环形",
+}
 
 
 def bytes_sent(algorithm: str, n: int, size: float) -> float:
@@ -124,7 +133,8 @@ def plot_curves(
 
     ns = list(range(2, max_n + 1))
     for name, times in curves(ns, size, alpha, bandwidth, gamma).items():
-        ax.plot(ns, [t * 1e3 for t in times], marker=".", label=name)
+        label = tr(en=name, zh=ALGORITHM_NAMES_ZH.get(name, name))
+        ax.plot(ns, [t * 1e3 for t in times], marker=".", label=label)
     ax.set_xlabel(tr(en="number of ranks N", zh="rank 数 N"))
     ax.set_ylabel(tr(en="time of one all-reduce (ms)", zh="一次全归约的时间（毫秒）"))
     ax.set_title(

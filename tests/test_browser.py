@@ -74,6 +74,7 @@ class Chapter:
     labels: dict[str, tuple[str, ...]]  # texts on the first widget's controls, per language
     move: Callable  # (page, widget cell) -> None: move a control, wait for the redraw
     rank_cell: str | None = None  # a multi-process cell whose [rank N] lines are checked
+    rank_order: tuple[int, ...] = ()  # the rank of each of its [rank N] lines, in order
     figure_cell: str | None = None  # a plain matplotlib cell (image outside any widget)
 
 
@@ -149,6 +150,18 @@ def move_sampler(page, cell) -> None:  # 06: sliders and checkboxes over the ass
     _wait_image_changed(cell, before)
 
 
+def move_costs(page, cell) -> None:  # 04: four sliders over the cost curves
+    before = _image_src(cell)
+    _nudge_slider(cell, 0)  # max N 16 -> 17
+    _wait_image_changed(cell, before)
+
+
+def move_buckets(page, cell) -> None:  # 07: a selection slider over bucket_cap_mb
+    before = _image_src(cell)
+    _nudge_slider(cell, 0)  # 0.5 MB -> 1 MB: other buckets
+    _wait_image_changed(cell, before)
+
+
 CHAPTERS = {
     "01": Chapter(
         "01_gpu_stack.ipynb",
@@ -169,6 +182,12 @@ CHAPTERS = {
         {"en": ("batch_size", "num_devices"), "zh": ("batch_size", "num_devices")},
         move_chunk_sizes,
     ),
+    "04": Chapter(
+        "04_collectives.ipynb",
+        ("costs.cost_widget()",),
+        {"en": ("max N", "size (MiB)"), "zh": ("最大 N", "消息大小（MiB）")},
+        move_costs,
+    ),
     "05": Chapter(
         "05_ring_allreduce.ipynb",
         ("ring.ring_widget(4)", "ring.ring_widget(traces=traces)"),
@@ -181,6 +200,15 @@ CHAPTERS = {
         {"en": ("dataset length", "num_replicas"), "zh": ("数据集长度", "num_replicas")},
         move_sampler,
         rank_cell="dl.spawn(epochs_on_rank, args=(False,)",
+        rank_order=(0, 0, 0, 1, 1, 1) * 2,  # two dl.spawn calls, 3 lines per rank each
+    ),
+    "07": Chapter(
+        "07_ddp_from_scratch.ipynb",
+        ("bucket_widget(wide_mlp()",),
+        {"en": ("bucket_cap_mb",), "zh": ("bucket_cap_mb",)},
+        move_buckets,
+        rank_cell="torch.manual_seed(rank)  # a different",  # a %%ranks cell (persistent)
+        rank_order=(0, 1),
     ),
 }
 
@@ -448,11 +476,11 @@ def check_chapter(page, lab: Lab, key: str, lang: str, shots: Path | None) -> No
         img = code_cell(page, chapter.figure_cell).locator(".jp-OutputArea-output img")
         assert (img.first.get_attribute("src") or "").startswith("data:image/png")
 
-    if chapter.rank_cell:  # two dl.spawn calls on 2 ranks, 3 lines per rank each
+    if chapter.rank_cell:  # a multi-process cell: its [rank N] lines, in rank order
         outputs = code_cell(page, chapter.rank_cell).locator(".jp-OutputArea-output")
         lines = "\n".join(outputs.all_inner_texts()).splitlines()
         ranks = [int(m.group(1)) for line in lines if (m := re.match(r"\[rank (\d+)\]", line))]
-        assert ranks == [0, 0, 0, 1, 1, 1] * 2, lines
+        assert ranks == list(chapter.rank_order), lines
 
     # every figure drawn so far kept its glyphs (matplotlib warns when a font lacks one),
     # and no font warning at all sits in the learner's outputs

@@ -106,3 +106,24 @@ def test_curves_validate_and_draw():
     assert len(ax.lines) == len(costs.ALGORITHMS)
     box = costs.cost_widget()
     box.children[0].children[0].value = 4  # moving a slider redraws
+
+
+def test_legend_speaks_the_notebook_language():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from ddp_lab import i18n
+
+    assert set(costs.ALGORITHM_NAMES_ZH) == set(costs.ALGORITHMS)
+    before = i18n.get_language()
+    try:
+        zh = [costs.ALGORITHM_NAMES_ZH[name] for name in costs.ALGORITHMS]
+        for lang, names in (("en", list(costs.ALGORITHMS)), ("zh", zh)):
+            i18n.set_language(lang)
+            _, ax = plt.subplots()
+            costs.plot_curves(ax, 8, 2**20, 1e-5, 1e10)
+            assert [line.get_label() for line in ax.get_lines()] == names
+    finally:
+        i18n.set_language(before)
