@@ -299,6 +299,51 @@ waited = time.perf_counter() - start  # ...so rank 0 waits longest at the barrie
 print("all_to_all:", [t.item() for t in received], f"| waited {waited:.2f} s at the barrier")
 
 # %% [markdown] lang="en"
+# ### Your turn: collectives on ranks that stay
+#
+# Each `%%ddp` cell above started 4 fresh ranks and forgot them at the end. To look at the
+# data before and after a collective, keep the ranks: `dl.start(4)` starts 4 persistent
+# ranks with the process group ready, `%%ranks` runs a cell on them (variables stay from
+# one cell to the next), `%%ranks -r 2` runs it on rank 2 only, and `dl.pull("x")` brings
+# every rank's `x` back into the notebook, in rank order. Change the cells and run them
+# again: nothing has to be set up twice.
+
+# %% [markdown] lang="zh"
+# ### 动手试试：在常驻的 rank 上做集合通信
+#
+# 上面每个 `%%ddp` 单元都启动 4 个新的 rank，运行结束就把它们丢掉了。想看集合通信前后的数据，
+# 就让 rank 留下来：`dl.start(4)` 启动 4 个常驻 rank 并准备好进程组，`%%ranks` 在它们上运行一个
+# 单元（变量从一个单元保留到下一个单元），`%%ranks -r 2` 只在 rank 2 上运行，
+# `dl.pull("x")` 把每个 rank 的 `x` 按 rank 顺序取回 notebook。修改这些单元再运行一次：
+# 什么都不用重新准备。
+
+# %%
+dl.start(4, backend="gloo")
+
+# %%
+# %%ranks
+x = torch.arange(4.0) + 10 * (rank + 1)
+
+# %%
+# %%ranks -r 2
+x[:] = 0  # change rank 2's data only
+
+# %%
+before = dl.pull("x")
+print("before:", [t.tolist() for t in before])
+
+# %%
+# %%ranks
+dist.all_reduce(x, op=dist.ReduceOp.MAX)
+
+# %%
+after = dl.pull("x")
+print("after: ", [t.tolist() for t in after])
+print("every rank holds the element-wise max of the 'before' tensors:",
+      all(torch.equal(t, torch.stack(before).amax(dim=0)) for t in after))
+dl.stop()
+
+# %% [markdown] lang="en"
 # ## Which backend supports what
 #
 # The source notes (002) copy a support table from an old release of the PyTorch
