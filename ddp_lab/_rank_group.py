@@ -149,9 +149,7 @@ class RankGroup:
                 rank, status = msg["rank"], msg["status"]
                 record = launcher._read_result(self.workdir, rank)
                 if record is not None and record[0] == "error":
-                    info = record[1]
-                    why = t("rank_raised", rank=rank, error=f"{info['type']}: {info['message']}")
-                    lost.append(RankFailure(rank, why, info["traceback"]))
+                    lost.append(launcher.failure_from_error(rank, record[1]))
                 else:
                     lost.append(RankFailure(rank, launcher._describe_status(rank, status)))
 
@@ -276,9 +274,7 @@ class RankGroup:
         stuck = sorted(pending)
         stacks = launcher._dump_stacks(self.zygote, self.workdir, set(stuck))
         self.output.finish()
-        for r in stuck:
-            if stacks.get(r):
-                sys.stderr.write(f"--- {t('stack_of', rank=r)} ---\n{stacks[r]}")
+        launcher.print_stacks(stuck, stacks)
         failures = errors(replies) + [
             RankFailure(r, t("stack_of", rank=r), stack=stacks.get(r, "")) for r in stuck
         ]
@@ -307,9 +303,9 @@ class RankGroup:
             print(t("ranks_interrupted", ranks=ranks), file=sys.stderr)
         else:
             stuck = sorted(pending)
-            stacks = launcher._dump_stacks(self.zygote, self.workdir, set(stuck))
-            for r in stuck:
-                sys.stderr.write(f"--- {t('stack_of', rank=r)} ---\n{stacks.get(r, '')}")
+            launcher.print_stacks(
+                stuck, launcher._dump_stacks(self.zygote, self.workdir, set(stuck))
+            )
             self._restart()
             stuck_text = ", ".join(map(str, stuck))
             print(t("interrupt_stuck", ranks=stuck_text, grace=_INTERRUPT_GRACE_S), file=sys.stderr)
@@ -341,18 +337,8 @@ class RankGroup:
 
 def errors(replies: dict[int, dict]) -> list[RankFailure]:
     """The failures among ``replies``, in rank order, with tracebacks and exceptions."""
-    out = []
-    for r in sorted(replies):
-        if replies[r]["status"] == "error":
-            info = replies[r]["error"]
-            exc = None
-            if info.get("exc"):
-                try:
-                    exc = cloudpickle.loads(info["exc"])
-                except Exception:  # noqa: BLE001  # e.g. a class only the ranks know
-                    exc = None
-            error = f"{info['type']}: {info['message']}" if info["message"] else info["type"]
-            out.append(
-                RankFailure(r, t("rank_raised", rank=r, error=error), info["traceback"], exc)
-            )
-    return out
+    return [
+        launcher.failure_from_error(r, replies[r]["error"])
+        for r in sorted(replies)
+        if replies[r]["status"] == "error"
+    ]

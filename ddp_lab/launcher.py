@@ -421,6 +421,25 @@ def _describe_status(rank: int, status: int) -> str:
     return t("rank_exit_code", rank=rank, code=os.WEXITSTATUS(status))
 
 
+def failure_from_error(rank: int, info: dict) -> RankFailure:
+    """A rank's error record (type, message, traceback, pickled exception) -> RankFailure."""
+    exc = None
+    if info.get("exc"):
+        try:
+            exc = cloudpickle.loads(info["exc"])
+        except Exception:  # noqa: BLE001  # e.g. a class only the ranks know
+            exc = None
+    error = f"{info['type']}: {info['message']}" if info["message"] else info["type"]
+    return RankFailure(rank, t("rank_raised", rank=rank, error=error), info["traceback"], exc)
+
+
+def print_stacks(ranks: list[int], stacks: dict[int, str]) -> None:
+    """Print where each stuck rank is, under a header per rank (ranks without a stack skipped)."""
+    for r in ranks:
+        if stacks.get(r):
+            sys.stderr.write(f"--- {t('stack_of', rank=r)} ---\n{stacks[r]}")
+
+
 def _read_result(workdir: str, rank: int) -> tuple[str, Any] | None:
     try:
         with open(os.path.join(workdir, f"{rank}.result"), "rb") as f:
@@ -591,17 +610,7 @@ def _collect(
         if record is not None and record[0] == "ok" and statuses[rank] == 0:
             results[rank] = record[1]
         elif record is not None and record[0] == "error":
-            info = record[1]
-            exc = None
-            if info.get("exc"):
-                try:
-                    exc = cloudpickle.loads(info["exc"])
-                except Exception:  # noqa: BLE001
-                    exc = None
-            error = f"{info['type']}: {info['message']}" if info["message"] else info["type"]
-            failures.append(
-                RankFailure(rank, t("rank_raised", rank=rank, error=error), info["traceback"], exc)
-            )
+            failures.append(failure_from_error(rank, record[1]))
         elif rank not in stopping or timed_out:
             if not (timed_out and rank in stopping):
                 failures.append(RankFailure(rank, _describe_status(rank, statuses[rank])))
@@ -609,9 +618,8 @@ def _collect(
     if timed_out:
         ranks = sorted(stopping)
         hung = [RankFailure(r, t("stack_of", rank=r), stack=stacks.get(r, "")) for r in ranks]
-        for r in ranks:
-            if stacks.get(r) and not output.quiet:
-                sys.stderr.write(f"--- {t('stack_of', rank=r)} ---\n{stacks[r]}")
+        if not output.quiet:
+            print_stacks(ranks, stacks)
         raise DistributedTimeoutError(
             t("timeout", timeout=limit, ranks=", ".join(map(str, ranks))),
             [f for f in failures if f.rank not in stopping] + hung,
