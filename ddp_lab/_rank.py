@@ -95,12 +95,25 @@ def init_group(rank: int, nprocs: int, backend: str) -> Any:
     return device
 
 
-def _trimmed_traceback(exc: BaseException) -> str:
-    """Format ``exc`` without the launcher's own frames at the top."""
+def error_record(exc: BaseException, own_file: str = __file__) -> dict:
+    """What the notebook learns of an exception: type, message, traceback, the exception.
+
+    The traceback leaves out the frames of ``own_file`` at the top (the code that called the
+    learner's), so it starts in the learner's code.
+    """
     tb = exc.__traceback__
-    while tb is not None and tb.tb_frame.f_code.co_filename == __file__:
+    while tb is not None and tb.tb_frame.f_code.co_filename == own_file:
         tb = tb.tb_next
-    return "".join(traceback.format_exception(type(exc), exc, tb))
+    try:
+        pickled = cloudpickle.dumps(exc)
+    except Exception:  # noqa: BLE001  # e.g. an exception holding a lock
+        pickled = None
+    return {
+        "type": type(exc).__name__,
+        "message": str(exc),
+        "traceback": "".join(traceback.format_exception(type(exc), exc, tb)),
+        "exc": pickled,
+    }
 
 
 def _write(path: str, obj: object) -> None:
@@ -127,16 +140,7 @@ def main(rank: int, msg: dict, close_fds: tuple[int, ...] = ()) -> int:
             _write(result_path, ("ok", None))
     except BaseException as exc:  # noqa: BLE001  # report everything, KeyboardInterrupt too
         code = 1
-        try:
-            pickled = cloudpickle.dumps(exc)
-        except Exception:
-            pickled = None
-        record = {
-            "type": type(exc).__name__,
-            "message": str(exc),
-            "traceback": _trimmed_traceback(exc),
-            "exc": pickled,
-        }
+        record = error_record(exc)
         try:
             _write(result_path, ("error", record))
         except Exception:

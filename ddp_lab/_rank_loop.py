@@ -24,12 +24,12 @@ import os
 import signal
 import socket
 import sys
-import traceback
 from dataclasses import dataclass
 from typing import Any
 
 import cloudpickle
 
+from ddp_lab._rank import error_record
 from ddp_lab._zygote import read_msg, write_msg
 
 try:
@@ -58,22 +58,6 @@ def _ignore_sigint() -> None:
             return
         except KeyboardInterrupt:
             continue
-
-
-def _error_record(exc: BaseException) -> dict:
-    tb = exc.__traceback__
-    while tb is not None and tb.tb_frame.f_code.co_filename == __file__:
-        tb = tb.tb_next  # drop this loop's own frames
-    try:
-        pickled = cloudpickle.dumps(exc)
-    except Exception:  # noqa: BLE001
-        pickled = None
-    return {
-        "type": type(exc).__name__,
-        "message": str(exc),
-        "traceback": "".join(traceback.format_exception(type(exc), exc, tb)),
-        "exc": pickled,
-    }
 
 
 def portable(value: Any) -> Any:
@@ -131,7 +115,7 @@ def _handle(msg: dict, ns: dict) -> dict:
             for name in values:  # pushed on purpose: the ranks own them now
                 ns["__shipped__"].pop(name, None)
     except BaseException as exc:  # noqa: BLE001  # KeyboardInterrupt and SystemExit too
-        reply = {"op": "reply", "status": "error", "error": _error_record(exc)}
+        reply = {"op": "reply", "status": "error", "error": error_record(exc, __file__)}
     finally:
         _ignore_sigint()
     sys.stdout.flush()
