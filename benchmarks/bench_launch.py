@@ -23,6 +23,8 @@ METHODS = ("dl.spawn", "fork", "mp.spawn")
 
 
 def _free_port() -> int:
+    # Not ddp_lab.launcher.free_port: mp.spawn's children re-import this script, and a
+    # module-level import of ddp_lab would add to the mp.spawn times being measured.
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -81,20 +83,28 @@ def main() -> None:
             for _ in range(args.repeats):
                 out = subprocess.run(
                     [sys.executable, __file__, "--child", method, str(n), "--warm", str(args.warm)],
-                    capture_output=True, text=True, check=True,
+                    capture_output=True,
+                    text=True,
+                    check=True,
                 ).stdout
                 result = json.loads(out.strip().splitlines()[-1])
                 colds.append(result["cold"])
                 warms.append(result["warm"])
             rows[method, n] = (statistics.median(colds), statistics.median(warms))
-    print(f"launch latency, median seconds ({args.repeats} fresh processes, {args.warm} warm "
-          f"launches each; {os.cpu_count()} CPU cores)")
-    print(f"{'method':<10} {'ranks':>5} {'cold s':>8} {'warm s':>8} {'cold/fork':>10} {'warm/fork':>10}")
+    print(
+        f"launch latency, median seconds ({args.repeats} fresh processes, {args.warm} warm "
+        f"launches each; {os.cpu_count()} CPU cores)"
+    )
+    print(
+        f"{'method':<10} {'ranks':>5} {'cold s':>8} {'warm s':>8} {'cold/fork':>10} {'warm/fork':>10}"
+    )
     for n in args.nprocs:
         fork_cold, fork_warm = rows["fork", n]
         for method in METHODS:
             c, w = rows[method, n]
-            print(f"{method:<10} {n:>5} {c:>8.3f} {w:>8.3f} {c / fork_cold:>10.2f} {w / fork_warm:>10.2f}")
+            print(
+                f"{method:<10} {n:>5} {c:>8.3f} {w:>8.3f} {c / fork_cold:>10.2f} {w / fork_warm:>10.2f}"
+            )
 
 
 if __name__ == "__main__":

@@ -31,7 +31,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -42,6 +41,8 @@ from pathlib import Path
 
 import pytest
 from conftest import descendants
+
+from ddp_lab.launcher import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 CHROMIUM = os.environ.get("DDP_LAB_CHROMIUM", "/usr/bin/chromium")
@@ -218,12 +219,6 @@ CHAPTERS = {
 # --------------------------------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _write_settings(settings: Path) -> None:
     """Lab settings for a test: every cell in the DOM, no news, no update check."""
     for plugin, values in {
@@ -322,7 +317,7 @@ def lab(chromium_ready, tmp_path_factory) -> Iterator[Lab]:
             "jupyterlab",
             "--no-browser",
             "--ServerApp.ip=127.0.0.1",
-            f"--ServerApp.port={_free_port()}",
+            f"--ServerApp.port={free_port()}",
             "--IdentityProvider.token=",
             "--PasswordIdentityProvider.hashed_password=",
             "--ServerApp.disable_check_xsrf=True",
