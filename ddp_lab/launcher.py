@@ -307,6 +307,15 @@ def dumps_job(job: Any, fn: Callable, args: tuple) -> bytes:
         raise ValueError(_explain_pickle_error(fn, args, exc)) from None
 
 
+def dumps_named(name: str, value: Any) -> bytes:
+    """Pickle a notebook value that a cell sends to the ranks, or say which name cannot go."""
+    try:
+        return cloudpickle.dumps(value)
+    except Exception as exc:  # noqa: BLE001
+        error = f"{type(exc).__name__}: {exc}"
+        raise ValueError(t("unpicklable", what=t("name_what", name=name), error=error)) from None
+
+
 def _notebook_linecache() -> dict:
     # Cell sources, so that tracebacks inside ranks show the notebook's code lines.
     return {

@@ -72,18 +72,7 @@ def run_cell(
     wanted = used_names(code) - _SKIP - {"rank", "world_size", "device"}
     namespace = {k: user_ns[k] for k in wanted if k in user_ns}
     for name, value in namespace.items():
-        try:
-            launcher.cloudpickle.dumps(value)
-        except Exception as exc:  # noqa: BLE001
-            from ddp_lab.i18n import t
-
-            raise ValueError(
-                t(
-                    "unpicklable",
-                    what=t("name_what", name=name),
-                    error=f"{type(exc).__name__}: {exc}",
-                )
-            ) from None
+        launcher.dumps_named(name, value)  # before any process starts: name what cannot go
     job = CellJob(source, filename, namespace, nprocs, backend)
     payload = launcher.dumps_job(job, run_cell, ())
     launcher.run_payload(payload, nprocs, limit, stream)

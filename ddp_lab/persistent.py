@@ -118,7 +118,7 @@ def run_cell(
     known = set.intersection(*(group.defined[r] for r in targets))
     wanted = used_names(code) - _SKIP - RANK_NAMES - known
     user_ns = user_ns or {}
-    names = {k: _dumps(k, user_ns[k]) for k in sorted(wanted) if k in user_ns}
+    names = {k: launcher.dumps_named(k, user_ns[k]) for k in sorted(wanted) if k in user_ns}
     msg = {
         "op": "exec",
         "source": source,
@@ -136,14 +136,6 @@ def run_cell(
     if failed:
         summary = t("cell_failed", count=len(failed), nranks=len(targets), first=failed[0].rank)
         raise DistributedError(summary, failed)
-
-
-def _dumps(name: str, value: Any) -> bytes:
-    try:
-        return cloudpickle.dumps(value)
-    except Exception as exc:  # noqa: BLE001
-        error = f"{type(exc).__name__}: {exc}"
-        raise ValueError(t("unpicklable", what=t("name_what", name=name), error=error)) from None
 
 
 def pull(expr: str, ranks: Any = None, timeout: float | None = -1) -> list[Any]:
@@ -168,7 +160,7 @@ def push(values: dict[str, Any] | None = None, /, ranks: Any = None, **kwargs: A
     for name, value in values.items():
         if not name.isidentifier():
             raise ValueError(t("bad_name", name=name))
-        _dumps(name, value)
+        launcher.dumps_named(name, value)
     blob = cloudpickle.dumps(values)
     replies = group.request(targets, {"op": "push", "values": blob}, "push " + ", ".join(values))
     failed = errors(replies)
