@@ -34,7 +34,13 @@ def _snapshot() -> dict:
 
 def _assert_gone(snap: dict) -> None:
     def left() -> bool:
-        return any(alive(p) for p in snap["pids"]) or os.path.exists(snap["workdir"])
+        # The port too: a killed rank's threads may still hold its sockets for a moment after
+        # /proc shows the process as a zombie (the thread-group leader exits first).
+        return (
+            any(alive(p) for p in snap["pids"])
+            or bool({"0A", "01"} & set(tcp_states(snap["port"])))
+            or os.path.exists(snap["workdir"])
+        )
 
     deadline = time.monotonic() + 10
     while left() and time.monotonic() < deadline:
