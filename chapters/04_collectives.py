@@ -113,15 +113,34 @@ except dl.DistributedTimeoutError as err:
 # %% [markdown] lang="en"
 # Two fixes. **Order by rank**: even ranks send first, odd ranks receive first, so every
 # `send` meets a `recv`. Or **post both at once** with the non-blocking `isend`/`irecv`,
-# which return a request object, and `wait()` on both. The second form is also what
-# NCCL needs (there a blocking send can wait for the receiver too), and
-# `dist.batch_isend_irecv` issues a list of them together.
+# which return a request object, and `wait()` on both. Both fixes are for Gloo (and MPI).
+#
+# On NCCL neither is enough, for a different reason. There `dist.send` does not even block
+# the CPU: it queues a kernel on a CUDA stream and returns; the *stream* waits. A separate
+# `isend`/`irecv` runs on the stream of a two-rank communicator made for that pair
+# (`torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp`, `pointToPoint`, key
+# `getKeySendRecv`), and NCCL's guide says that sends and receives that must progress
+# together have to be in one group, or they can deadlock (NCCL `docs/userguide/source/
+# usage/p2p.rst`). `dist.batch_isend_irecv` is that group: PyTorch wraps the list in
+# `ncclGroupStart`/`ncclGroupEnd`. So for an exchange, put the send and the receive in
+# **one** `batch_isend_irecv` (`torch/distributed/distributed_c10d.py`); it works on Gloo
+# too. (This machine has no two GPUs, so the NCCL hang itself is not run here: the claim
+# rests on the sources named above.)
 
 # %% [markdown] lang="zh"
 # 有两种修正方法。**按 rank 排序**：偶数 rank 先发后收，奇数 rank 先收后发，这样每个
 # `send` 都能遇到一个 `recv`。或者用非阻塞的 `isend`/`irecv` **同时发起**收和发：
-# 它们返回一个请求对象，再对两者调用 `wait()`。后一种写法也是 NCCL 所需要的（在 NCCL
-# 上阻塞的发送同样可能等待接收方），`dist.batch_isend_irecv` 可以一次发起一组这样的操作。
+# 它们返回一个请求对象，再对两者调用 `wait()`。这两种修正针对的是 Gloo（以及 MPI）。
+#
+# 在 NCCL 上两者都不够，原因也不同。在 NCCL 上 `dist.send` 根本不会阻塞 CPU：它只是把一个
+# kernel 放进 CUDA 流就返回了，等待的是*流*。单独发起的 `isend`/`irecv` 运行在为这一对 rank
+# 建立的双 rank 通信器的流上（`torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp` 的
+# `pointToPoint`，键由 `getKeySendRecv` 生成）；而 NCCL 的文档说，需要同时推进的发送和接收
+# 必须放在同一个组里，否则可能死锁（NCCL 的 `docs/userguide/source/usage/p2p.rst`）。
+# `dist.batch_isend_irecv` 就是这个组：PyTorch 用 `ncclGroupStart`/`ncclGroupEnd` 把整个列表
+# 包起来。所以交换数据时，要把发送和接收放进**同一个** `batch_isend_irecv`
+# （`torch/distributed/distributed_c10d.py`）；它在 Gloo 上同样可用。（本机没有两块 GPU，
+# 这里不运行 NCCL 上的卡住现象：这个结论依据的是上面列出的源码和文档。）
 
 # %%
 def swap_odd_even(rank):
@@ -146,8 +165,18 @@ def swap_nonblocking(rank):
     return theirs.tolist()
 
 
+def swap_batched(rank):
+    other = 1 - rank
+    mine, theirs = torch.full((3,), float(rank)), torch.empty(3)
+    ops = [dist.P2POp(dist.isend, mine, other), dist.P2POp(dist.irecv, theirs, other)]
+    for req in dist.batch_isend_irecv(ops):  # one group: the form NCCL needs
+        req.wait()
+    return theirs.tolist()
+
+
 print("odd/even:   ", dl.spawn(swap_odd_even, nprocs=2, backend="gloo"))
 print("isend/irecv:", dl.spawn(swap_nonblocking, nprocs=2, backend="gloo"))
+print("batched:    ", dl.spawn(swap_batched, nprocs=2, backend="gloo"))
 
 # %% [markdown] lang="en"
 # ## The collectives, one picture each

@@ -173,20 +173,68 @@ ring.ring_widget(traces=traces);
 
 # %% [markdown] lang="en"
 # The implementation. Note the exchange: the send to the right and the receive from the
-# left of a step are issued **together** (`batch_isend_irecv`), never as a blocking `send`
-# followed by a `recv`. Around a ring, "everyone sends first" means everyone waits for a
-# receiver that never comes: a deadlock on Gloo (you saw it in chapter 04) and on NCCL.
+# left are never a blocking `send` followed by a `recv`. Around a ring, "everyone sends
+# first" means everyone waits for a receiver that never comes: a deadlock on Gloo (you saw
+# it in chapter 04, and again below).
+#
+# It has **two schedules**, picked by `dist.get_backend(group)`:
+#
+# - **NCCL** (any backend but `gloo`): the send and the receive of a step go out in ONE
+#   `batch_isend_irecv`. PyTorch runs every batched p2p op of a GPU on one stream
+#   (`torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp`, `pointToPoint`: a batch uses the
+#   device's communicator). A batch holding only a receive would block that stream, and with
+#   it this rank's own later send; every rank of the ring would wait in its receive.
+# - **Gloo**: one op per batch, and the next step's receive is posted a step early (Gloo's
+#   send waits for its receiver, so an early receive saves a round trip per message). This
+#   exact schedule is the one that deadlocks on NCCL.
+#
+# The cell after the source runs the ring on Gloo while `dist.get_backend` is made to answer
+# "nccl", and records each batch: the NCCL schedule can be checked without a GPU.
 # Segments (below) are pipelined: a segment moves on to the next step as soon as it has
 # been reduced.
 
 # %% [markdown] lang="zh"
-# 下面是实现代码。注意交换的方式：一步中“向右发送”和“从左接收”是**同时**发起的
-# （`batch_isend_irecv`），而不是先阻塞地 `send` 再 `recv`。在环上，“所有人都先发送”
-# 意味着所有人都在等待一个永远不会出现的接收者：在 Gloo（第 04 章见过）和 NCCL 上都会
-# 死锁。分段（见下文）是流水线化的：一个段一旦归约完成就立即进入下一步。
+# 下面是实现代码。注意交换的方式：“向右发送”和“从左接收”从来不是先阻塞地 `send` 再
+# `recv`。在环上，“所有人都先发送”意味着所有人都在等待一个永远不会出现的接收者：在 Gloo
+# 上会死锁（第 04 章见过，下面还会再看一次）。
+#
+# 它有**两种调度**，由 `dist.get_backend(group)` 决定：
+#
+# - **NCCL**（`gloo` 以外的所有后端）：一步中的发送和接收放进**同一个**
+#   `batch_isend_irecv`。PyTorch 把同一块 GPU 上所有批量点对点操作放在同一个流上执行
+#   （`torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp` 的 `pointToPoint`：批量操作使用该设备
+#   的通信器）。只含接收的批次会阻塞这个流，也就阻塞了本 rank 之后的发送；环上每个 rank
+#   都会卡在自己的接收里。
+# - **Gloo**：每个批次只有一个操作，并且提前一步发起下一步的接收（Gloo 的发送会等待接收方，
+#   提前接收可以为每条消息省下一次往返）。恰恰是这种调度在 NCCL 上会死锁。
+#
+# 源码后面的单元在 Gloo 上运行这个环，同时让 `dist.get_backend` 回答 "nccl"，并记录每个
+# 批次：不用 GPU 也能检查 NCCL 调度。分段（见下文）是流水线化的：一个段一旦归约完成就立即
+# 进入下一步。
 
 # %%
 dl.show_source(ring.ring_all_reduce)
+
+# %%
+def batches_of_ring(rank, backend):
+    from unittest import mock
+
+    seen, real = [], dist.batch_isend_irecv
+
+    def record(ops):
+        seen.append("+".join("send" if op.op is dist.isend else "recv" for op in ops))
+        return real(ops)
+
+    with mock.patch.object(dist, "get_backend", return_value=backend), \
+         mock.patch.object(dist, "batch_isend_irecv", record):
+        ring.ring_all_reduce(torch.ones(9))
+    return seen
+
+
+for backend in ["gloo", "nccl"]:
+    print(f"{backend:>4} schedule, rank 0's batches:",
+          dl.spawn(batches_of_ring, args=(backend,), nprocs=3, backend="gloo")[0])
+
 
 # %%
 def ring_blocking_send_first(rank):
@@ -432,7 +480,10 @@ else:
 # - the dtypes `all_reduce` takes (float16/32/64, int32/64);
 # - a real ring: each rank may send at most 2(N-1) chunks of ⌈numel/N⌉ elements, so
 #   passing the whole buffer around fails, and so does skipping the all-gather;
-# - no built-in collectives (they are switched off while your function runs).
+# - no built-in collectives (they are switched off while your function runs);
+# - safe on NCCL: every `send`/`recv`/`isend`/`irecv` goes through `batch_isend_irecv`, and
+#   the grader replays your batches as NCCL runs them (one stream per GPU): a batch that
+#   waits for a partner its peer has not put in its current batch fails, with the reason.
 #
 # Hints: `tensor.view(-1).tensor_split(N)` gives N chunks that are views into `tensor`;
 # follow the schedule above; skip empty chunks on both sides of an exchange.
@@ -448,7 +499,10 @@ else:
 # - `all_reduce` 支持的数据类型（float16/32/64、int32/64）；
 # - 真正的环形：每个 rank 最多发送 2(N-1) 个大小为 ⌈numel/N⌉ 的块，所以传递整个缓冲区
 #   会不通过，跳过全收集阶段也不会通过；
-# - 不能使用内置的集合通信（你的函数运行期间它们被禁用）。
+# - 不能使用内置的集合通信（你的函数运行期间它们被禁用）；
+# - 在 NCCL 上也安全：所有 `send`/`recv`/`isend`/`irecv` 都要通过 `batch_isend_irecv` 发起；
+#   评分程序会按 NCCL 的方式（每块 GPU 一个流）重放你的批次：如果某个批次等待的配对操作
+#   不在对端当前的批次里，就判为不通过，并说明原因。
 #
 # 提示：`tensor.view(-1).tensor_split(N)` 给出 N 个指向 `tensor` 内部的视图块；按照上面的
 # 调度进行；交换时，两边都要跳过空块。

@@ -178,6 +178,7 @@ class BucketedDDP(nn.Module):
         self._next = 0  # buckets are launched in index order: the same order on every rank
         self._queued = False
         self._sync_buffers_next = True
+        self._expect_hooks = False  # set by a forward outside no_sync(), cleared at the end
         self._t0 = 0.0
         self._step: StepTimeline | None = None
         self._launched: dict[int, float] = {}
@@ -192,13 +193,19 @@ class BucketedDDP(nn.Module):
             broadcast_state(list(self.module.buffers()), src=0, group=self.process_group)
         self._sync_buffers_next = torch.is_grad_enabled() and self.require_backward_grad_sync
         out = self.module(*args, **kwargs)
+        # torch decides here, in the forward, whether the next backward all-reduces
+        # (DistributedDataParallel._post_forward -> reducer.prepare_for_backward, and the
+        # reducer's hooks return early unless expect_autograd_hooks_): so the FORWARD's
+        # side of no_sync() counts, not the backward's.
+        self._expect_hooks = self._sync_buffers_next
         if self.record_timeline and self._sync_buffers_next:
             self._step = StepTimeline(forward=(0.0, self._now()))
         return out
 
     @contextmanager
     def no_sync(self) -> Iterator[None]:
-        """Backward passes inside only accumulate local gradients; the next one syncs them."""
+        """Forwards inside skip the gradient sync of their backward (decided in the forward,
+        as torch does: a backward inside after a forward outside still syncs)."""
         previous = self.require_backward_grad_sync
         self.require_backward_grad_sync = False
         try:
@@ -210,7 +217,7 @@ class BucketedDDP(nn.Module):
         return time.perf_counter() - self._t0
 
     def _on_grad_ready(self, param: nn.Parameter) -> None:
-        if not self.require_backward_grad_sync:
+        if not self._expect_hooks:
             return
         if not self._queued:
             # Runs once backward has finished: like the C++ reducer's finalize_backward.
@@ -265,6 +272,7 @@ class BucketedDDP(nn.Module):
             for b in self.buckets:
                 b.pending, b.work = len(b.params), None
             self._next, self._queued, self._step = 0, False, None
+            self._expect_hooks = False
             self._launched, self._done = {}, {}
 
 

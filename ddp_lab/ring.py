@@ -5,10 +5,21 @@
 N-1 steps followed by an all-gather phase of N-1 steps. Each rank sends 2(N-1)/N of the
 tensor in total, whatever N is.
 
-How this teaching version differs from the rings inside NCCL and Gloo: it runs in Python
-(one ``batch_isend_irecv`` per step and segment), supports only SUM, and keeps an optional
-trace of every message for the visualiser. The exchange of a step is one paired
-send-and-receive, which is what keeps it free of deadlocks on NCCL as well as on Gloo.
+How this teaching version differs from the rings inside NCCL and Gloo: it runs in Python,
+supports only SUM, and keeps an optional trace of every message for the visualiser.
+
+Two schedules, chosen by ``dist.get_backend(group)``:
+
+- ``"gloo"``: each send and each receive is its own one-op ``batch_isend_irecv`` and the
+  receive of the next step is posted a step ahead (Gloo's send waits for its receiver, so
+  an early receive saves a round trip per message).
+- any other backend (NCCL): the send and the receive of a step (and segment) go out in ONE
+  ``batch_isend_irecv``. ProcessGroupNCCL runs every batched p2p op of a device on one
+  stream (torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp, ``pointToPoint``: a batch uses
+  the device's communicator, not a per-pair one), so a receive issued alone blocks the
+  stream, and with it this rank's own later send: around a ring every rank waits in its
+  receive and the ring deadlocks. Inside one batch NCCL runs both ops together
+  (ncclGroupStart/ncclGroupEnd).
 """
 
 from __future__ import annotations
@@ -128,18 +139,21 @@ def ring_all_reduce(
     scratch = _scratch(2 * size, flat.dtype, flat.device)
     bufs = (scratch[:size], scratch[size:])
     steps, nseg = 2 * (n - 1), math.ceil(size / seg)
+    # NCCL (any backend but gloo): a step's send and receive must share one batch.
+    paired = dist.get_backend(group) != "gloo"
     # Posting a receive before the sender asks saves a round trip per message (Gloo's send
     # waits for the receiver). Not for N = 2, where the next step receives into the chunk
     # this step is still sending, nor when tracing (the snapshot would race with it).
-    early = n > 2 and trace is None
+    early = n > 2 and trace is None and not paired
 
     def part(chunk: int, k: int) -> torch.Tensor:
         a, b = bounds[chunk]
         return flat[min(a + k * seg, b) : min(a + (k + 1) * seg, b)]
 
     def p2p(op: Any, tensor: torch.Tensor, peer: int, step: int) -> Any:
-        # Non-blocking only: no rank ever blocks in a send waiting for its receiver, which
-        # is what deadlocks a send-then-recv ring on NCCL (and on Gloo).
+        # Gloo schedule only: one op per batch, so a receive can be posted a step ahead.
+        # Non-blocking: no rank ever blocks in a send waiting for its receiver (a
+        # send-then-recv ring deadlocks on Gloo). On NCCL one-op batches deadlock: see above.
         return dist.batch_isend_irecv([dist.P2POp(op, tensor, peer, group, tag=step)])[0]
 
     def post_recv(step: int, k: int) -> tuple[Any, torch.Tensor, torch.Tensor]:
@@ -151,8 +165,27 @@ def ring_all_reduce(
         send = part(schedule(rank, n, step)[0], k)
         return p2p(dist.isend, send, right, step) if send.numel() else None
 
-    recvs = [post_recv(0, k) for k in range(nseg)]
-    sends = [post_send(0, k) for k in range(nseg)]
+    def post_pair(step: int, k: int) -> tuple[Any, Any]:
+        # One batch with this step's send and receive of segment k (the NCCL schedule).
+        send = part(schedule(rank, n, step)[0], k)
+        target = part(schedule(rank, n, step)[1], k)
+        recv = bufs[step % 2][k * seg : k * seg + target.numel()] if step < n - 1 else target
+        ops = []
+        if send.numel():
+            ops.append(dist.P2POp(dist.isend, send, right, group, tag=step))
+        if recv.numel():
+            ops.append(dist.P2POp(dist.irecv, recv, left, group, tag=step))
+        works = dist.batch_isend_irecv(ops) if ops else []
+        recv_work = works[-1] if recv.numel() else None
+        send_work = works[0] if send.numel() else None
+        return (recv_work, recv, target), send_work
+
+    if paired:
+        pairs = [post_pair(0, k) for k in range(nseg)]
+        recvs, sends = [p[0] for p in pairs], [p[1] for p in pairs]
+    else:
+        recvs = [post_recv(0, k) for k in range(nseg)]
+        sends = [post_send(0, k) for k in range(nseg)]
     for step in range(steps):
         snapshot = None
         last = step + 1 == steps
@@ -173,8 +206,11 @@ def ring_all_reduce(
             if not last:
                 # Pipelining: segment k moves on as soon as it is reduced, while the later
                 # segments of this step are still on the wire.
-                recvs[k] = ahead if ahead is not None else post_recv(step + 1, k)
-                sends[k] = post_send(step + 1, k)
+                if paired:
+                    recvs[k], sends[k] = post_pair(step + 1, k)
+                else:
+                    recvs[k] = ahead if ahead is not None else post_recv(step + 1, k)
+                    sends[k] = post_send(step + 1, k)
         if trace is not None:
             send_i, recv_i = schedule(rank, n, step)
             trace.append(

@@ -208,3 +208,40 @@ def test_bucket_plan_and_widget() -> None:
     assert len(bucket_plan(net, None)) == 1
     widget = bucket_widget(net)
     assert widget.children[0].description == "bucket_cap_mb"
+
+
+def _mixed_no_sync(rank: int, forward_inside: bool) -> dict:
+    """One step with forward and backward on different sides of no_sync(), for both DDPs.
+
+    torch decides in the forward (DistributedDataParallel._post_forward calls
+    reducer.prepare_for_backward only when require_backward_grad_sync is set), so the
+    forward's side of no_sync() decides whether the backward all-reduces.
+    """
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(4, 3), nn.ReLU(), nn.Linear(3, 2))
+    x = torch.randn(5, 4) * (rank + 1)  # different data per rank: synced grads differ
+    synced = {}
+    for name, wrap in [("torch", DDP), ("bucketed", BucketedDDP)]:
+        model = wrap(copy.deepcopy(net))
+        if forward_inside:
+            with model.no_sync():
+                loss = model(x).sum()
+            loss.backward()
+        else:
+            loss = model(x).sum()
+            with model.no_sync():
+                loss.backward()
+        grads = torch.cat([p.grad.flatten() for p in model.parameters()])
+        everyone = [torch.empty_like(grads) for _ in range(dist.get_world_size())]
+        dist.all_gather(everyone, grads)
+        synced[name] = all(torch.equal(everyone[0], g) for g in everyone)
+    return synced
+
+
+@pytest.mark.parametrize("forward_inside", [False, True])
+def test_no_sync_is_decided_in_forward_like_torch(forward_inside: bool) -> None:
+    results = dl.spawn(_mixed_no_sync, args=(forward_inside,), nprocs=2, backend="gloo")
+    for synced in results:
+        # forward outside + backward inside: torch syncs; forward inside: it does not
+        assert synced["torch"] is (not forward_inside)
+        assert synced["bucketed"] == synced["torch"]

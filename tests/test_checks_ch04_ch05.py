@@ -237,3 +237,97 @@ def test_unsolved_stub_is_reported_as_not_implemented(capsys):
 
     assert not grade_passes("05.ring", stub)
     assert "FAIL" in capsys.readouterr().out
+
+
+# ---------- 05.ring: safe on NCCL (paired p2p) ----------
+
+
+def ring_unbatched(t):  # irecv posted before isend, each on its own: fine on Gloo
+    rank, n = dist.get_rank(), dist.get_world_size()
+    chunks = t.view(-1).tensor_split(n)
+    right, left = (rank + 1) % n, (rank - 1) % n
+
+    def exchange(send, recv):
+        works = [dist.irecv(recv, left)] if recv.numel() else []
+        works += [dist.isend(send, right)] if send.numel() else []
+        for w in works:
+            w.wait()
+
+    for s in range(n - 1):
+        target = chunks[(rank - s - 1) % n]
+        incoming = torch.empty_like(target)
+        exchange(chunks[(rank - s) % n], incoming)
+        target += incoming
+    for s in range(n - 1):
+        exchange(chunks[(rank + 1 - s) % n], chunks[(rank - s) % n])
+    return t
+
+
+def ring_one_op_batches(t):  # every op in its own batch: the schedule that hangs NCCL
+    rank, n = dist.get_rank(), dist.get_world_size()
+    chunks = t.view(-1).tensor_split(n)
+    right, left = (rank + 1) % n, (rank - 1) % n
+
+    def exchange(send, recv):
+        works = []
+        if recv.numel():
+            works += dist.batch_isend_irecv([dist.P2POp(dist.irecv, recv, left)])
+        if send.numel():
+            works += dist.batch_isend_irecv([dist.P2POp(dist.isend, send, right)])
+        for w in works:
+            w.wait()
+
+    for s in range(n - 1):
+        target = chunks[(rank - s - 1) % n]
+        incoming = torch.empty_like(target)
+        exchange(chunks[(rank - s) % n], incoming)
+        target += incoming
+    for s in range(n - 1):
+        exchange(chunks[(rank + 1 - s) % n], chunks[(rank - s) % n])
+    return t
+
+
+@pytest.mark.parametrize("wrong", [ring_unbatched, ring_one_op_batches])
+def test_ring_rejects_rings_that_deadlock_on_nccl(wrong, capsys):
+    assert not grade_passes("05.ring", wrong)
+    assert "NCCL" in capsys.readouterr().out
+
+
+def _feedback(rank, lang, fn):
+    from ddp_lab import i18n
+    from ddp_lab.checks import ch05
+
+    i18n.set_language(lang)
+    n = dist.get_world_size()
+    return ch05._rank_ring(rank, fn, [((n * 50 + 1,), torch.float32, 1)])
+
+
+@pytest.mark.parametrize(
+    "lang,fn,needle",
+    [
+        ("en", ring_unbatched, "outside batch_isend_irecv"),
+        ("zh", ring_unbatched, "之外调用了 dist.irecv"),
+        ("en", ring_one_op_batches, "would deadlock: rank 0 waits in its batch_isend_irecv"),
+        ("zh", ring_one_op_batches, "在 NCCL 上会死锁：rank 0 卡在它的第 1 个"),
+    ],
+)
+def test_ring_unpaired_feedback_says_why_in_both_languages(lang, fn, needle):
+    why = dl.spawn(_feedback, args=(lang, fn), nprocs=3, backend="gloo", quiet=True)
+    assert all(needle in w for w in why), why
+
+
+def test_package_ring_reference_passes_with_its_nccl_schedule():
+    # the checker answers "nccl" to dist.get_backend: ddp_lab.ring pairs its ops
+    assert grade_passes("05.ring", lambda t: ring_all_reduce(t, segment_bytes=64))
+
+
+def test_replay_on_one_stream():
+    from ddp_lab.checks.ch05 import replay_on_one_stream as replay
+
+    paired = [[[("send", (r + 1) % 3), ("recv", (r - 1) % 3)]] * 2 for r in range(3)]
+    assert replay(paired) is None
+    recv_first = [[[("recv", (r - 1) % 3)], [("send", (r + 1) % 3)]] for r in range(3)]
+    assert replay(recv_first) == (0, 0)
+    # a lone op is fine when its partner is lone too (an empty segment on the other side)
+    lone = [[[("send", 1)]], [[("recv", 0)]]]
+    assert replay(lone) is None

@@ -140,3 +140,52 @@ def test_visualiser_draws_and_builds_a_widget():
     step = box.children[0].children[1]
     assert step.max == 4
     step.value = 4  # redraws without error
+
+
+def _batches(rank: int, backend: str, numel: int, segment_bytes: int | None) -> tuple:
+    """Run the ring while dist.get_backend answers ``backend``; record every batch's ops."""
+    from unittest import mock
+
+    batches: list[list[str]] = []
+    real = dist.batch_isend_irecv
+
+    def recording(ops):
+        batches.append(["send" if op.op is dist.isend else "recv" for op in ops])
+        return real(ops)
+
+    x = torch.arange(numel, dtype=torch.float64) * (rank + 1)
+    expected = x.clone()
+    dist.all_reduce(expected)
+    with (
+        mock.patch.object(dist, "get_backend", return_value=backend),
+        mock.patch.object(dist, "batch_isend_irecv", recording),
+    ):
+        ring.ring_all_reduce(x, segment_bytes=segment_bytes)
+    return batches, torch.equal(x, expected)
+
+
+@pytest.mark.parametrize("world_size", [2, 3, 4])
+@pytest.mark.parametrize("segment_bytes", [None, 40])
+def test_nccl_schedule_pairs_every_send_with_a_receive(world_size, segment_bytes):
+    # NCCL runs batched p2p on one stream per device (ProcessGroupNCCL.cpp, pointToPoint):
+    # a batch holding only a receive blocks this rank's later send -> the ring deadlocks.
+    numel = 12 * world_size + 1  # every chunk non-empty: every step sends and receives
+    results = dl.spawn(
+        _batches,
+        args=("nccl", numel, segment_bytes),
+        nprocs=world_size,
+        backend="gloo",
+        quiet=True,
+    )
+    nseg = 1 if segment_bytes is None else -(-13 * 8 // segment_bytes)
+    for batches, correct in results:
+        assert correct
+        assert len(batches) == 2 * (world_size - 1) * nseg
+        assert all(sorted(b) == ["recv", "send"] for b in batches), batches
+
+
+def test_gloo_schedule_keeps_its_early_one_op_batches():
+    results = dl.spawn(_batches, args=("gloo", 13, None), nprocs=3, backend="gloo", quiet=True)
+    for batches, correct in results:
+        assert correct
+        assert all(len(b) == 1 for b in batches)
