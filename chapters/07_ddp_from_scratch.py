@@ -497,7 +497,14 @@ plot_timeline(step);
 #
 # 1. **`no_sync()`**: backward passes inside it only accumulate local gradients; the next
 #    one outside syncs the sum. Two micro-batches with `no_sync` give the same gradients
-#    as one step on both micro-batches at once (up to float32 rounding).
+#    as one step on both micro-batches at once (up to float32 rounding). What counts is
+#    where the **forward** runs: DDP decides in `forward` (`_post_forward` calls
+#    `reducer.prepare_for_backward` only outside `no_sync`,
+#    `torch/nn/parallel/distributed.py`; `Reducer::autograd_hook` in
+#    `torch/csrc/distributed/c10d/reducer.cpp` returns early otherwise). A forward outside
+#    with the backward inside still syncs; a forward inside with the backward outside does
+#    not. The cell after the four facts runs both mixed cases, for torch's DDP and for
+#    `BucketedDDP`, which follows the same rule.
 # 2. **Load a checkpoint on rank 0 only** before wrapping: DDP broadcasts at construction,
 #    so every rank ends up with it (no `torch.manual_seed(42)` needed either, contrary to
 #    source note 001).
@@ -511,7 +518,12 @@ plot_timeline(step);
 #
 # 1. **`no_sync()`**：在它里面的反向传播只在本地累积梯度；之后在它外面的那一次反向传播
 #    同步累积的和。用 `no_sync` 处理两个微批，与一次处理两个微批得到的梯度相同（差别仅在
-#    float32 舍入误差以内）。
+#    float32 舍入误差以内）。起决定作用的是**前向传播**在哪里运行：DDP 在 `forward` 中做决定
+#    （`torch/nn/parallel/distributed.py` 的 `_post_forward` 只在 `no_sync` 之外调用
+#    `reducer.prepare_for_backward`；否则 `torch/csrc/distributed/c10d/reducer.cpp` 的
+#    `Reducer::autograd_hook` 直接返回）。前向在外、反向在 `no_sync` 内，仍然会同步；前向在内、
+#    反向在外，则不会同步。四个事实之后的单元对 torch 的 DDP 和遵循同一规则的 `BucketedDDP`
+#    运行这两种混合情况。
 # 2. **只在 rank 0 加载检查点**（checkpoint）再包装：DDP 在构造时广播，所以每个 rank 都会
 #    得到它（也不需要 `torch.manual_seed(42)`，与原始笔记 001 的说法相反）。
 # 3. 为数据增强给**每个 rank 不同的随机种子**没有问题（而且应该这样做）：包装之后模型仍然相同。
@@ -573,6 +585,34 @@ ckpt = os.path.join(tempfile.mkdtemp(), "linear.pt")
 torch.manual_seed(42)
 torch.save(nn.Linear(4, 1).state_dict(), ckpt)
 dl.spawn(four_facts, args=(ckpt,), nprocs=2, backend="gloo")
+
+
+# %% tags=["lesson"]
+def mixed_no_sync(rank):
+    """Forward and backward on different sides of no_sync(): are the gradients synced?"""
+    torch.manual_seed(0)
+    net = nn.Linear(4, 2)
+    x = torch.randn(3, 4) * (rank + 1)  # different data per rank
+    for case in ["forward outside, backward inside", "forward inside, backward outside"]:
+        row = []
+        for wrap in (DDP, BucketedDDP):
+            model = wrap(copy.deepcopy(net))
+            if case.startswith("forward outside"):
+                loss = model(x).sum()
+                with model.no_sync():
+                    loss.backward()
+            else:
+                with model.no_sync():
+                    loss = model(x).sum()
+                loss.backward()
+            grads = [torch.empty(2, 4) for _ in range(2)]
+            dist.all_gather(grads, model.module.weight.grad)
+            row.append(f"{wrap.__name__}: synced={torch.equal(*grads)}")
+        if rank == 0:
+            print(f"{case:34s} ->", " | ".join(row))
+
+
+dl.spawn(mixed_no_sync, nprocs=2, backend="gloo");
 
 # %% [markdown] lang="en"
 # ## 6. SyncBatchNorm: assign the result
