@@ -52,8 +52,10 @@ def gather_by_index(local: torch.Tensor, indices: torch.Tensor, dataset_len: int
     check_arguments(dataset_len, dist.get_world_size())
     values = gather_tensor(local)
     where = gather_tensor(indices.to(torch.int64))
-    out = torch.zeros((dataset_len, *values.shape[1:]), dtype=values.dtype)
-    out[where] = values
+    # On the values' device: under NCCL they are CUDA tensors, and a CPU ``out`` would
+    # fail in ``out[where] = values`` with a device mismatch.
+    out = torch.zeros((dataset_len, *values.shape[1:]), dtype=values.dtype, device=values.device)
+    out[where.to(values.device)] = values
     return out
 
 
@@ -65,6 +67,8 @@ def unpadded_shard(dataset_len: int, num_replicas: int, rank: int) -> range:
 
 def all_reduce_accuracy(correct: int | torch.Tensor, total: int | torch.Tensor) -> float:
     """Sum ``correct`` and ``total`` over the ranks and return their ratio (every rank gets it)."""
-    counts = torch.tensor([float(correct), float(total)], dtype=torch.float64)
+    # NCCL reduces CUDA tensors only: count on the device the inputs live on.
+    device = next((t.device for t in (correct, total) if isinstance(t, torch.Tensor)), "cpu")
+    counts = torch.tensor([float(correct), float(total)], dtype=torch.float64, device=device)
     dist.all_reduce(counts, op=dist.ReduceOp.SUM)
     return (counts[0] / counts[1]).item() if counts[1] > 0 else float("nan")

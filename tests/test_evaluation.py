@@ -148,3 +148,14 @@ def test_accuracy_cases_make_the_wrong_answers_differ():
                 for k, v in enumerate(ch06.biased_variants(correct, replicas)):
                     differs[k] |= abs(v - truth) > 1e-6
         assert all(differs), seed
+
+
+def test_gather_by_index_builds_its_output_on_the_values_device(monkeypatch):
+    # Under NCCL the gathered values are CUDA tensors; a CPU output fails in
+    # out[where] = values. The meta device stands in for CUDA on this CPU-only machine.
+    monkeypatch.setattr(E, "gather_tensor", lambda t: t)
+    monkeypatch.setattr(E.dist, "get_world_size", lambda group=None: 1)
+    values = torch.ones(5, 3, device="meta")
+    got = E.gather_by_index(values, torch.arange(5, device="meta"), 5)
+    assert got.device.type == "meta"
+    assert got.shape == (5, 3)
