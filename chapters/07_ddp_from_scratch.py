@@ -227,18 +227,52 @@ dl.stop()
 # ## 2. Naive DDP
 #
 # Here is the whole naive wrapper from the package. Read `__init__` (the broadcast),
-# `forward` (rank 0's buffers, as torch does with `broadcast_buffers=True`) and
-# `sync_gradients` (divide by the world size, then sum with `all_reduce`).
+# `forward` (rank 0's buffers, as torch does with `forward_sync_buffers=True`, the default)
+# and `sync_gradients` (divide by the world size, then sum with `all_reduce`).
+#
+# torch 2.13 renamed the buffer flag: `broadcast_buffers` is deprecated (a FutureWarning)
+# in favour of `forward_sync_buffers`, and the two `False`s differ. `forward_sync_buffers=
+# False` stops the copy before each forward but **still** syncs the buffers at
+# construction; the old `broadcast_buffers=False` also left them out of the construction
+# sync (`torch/nn/parallel/distributed.py`, `__init__`). `NaiveDDP` and `BucketedDDP`
+# take both names with torch's meaning; the cell after the source shows the difference.
 
 # %% [markdown] lang="zh"
 # ## 2. 朴素 DDP
 #
 # 下面是包里朴素包装器的全部代码。请读 `__init__`（广播）、`forward`（像 torch 在
-# `broadcast_buffers=True` 时那样使用 rank 0 的缓冲区）和 `sync_gradients`（先除以
-# world size，再用 `all_reduce` 求和）。
+# `forward_sync_buffers=True`（默认值）时那样使用 rank 0 的缓冲区）和 `sync_gradients`
+# （先除以 world size，再用 `all_reduce` 求和）。
+#
+# torch 2.13 给缓冲区开关改了名：`broadcast_buffers` 已弃用（会给出 FutureWarning），改用
+# `forward_sync_buffers`，而且两者的 `False` 含义不同。`forward_sync_buffers=False` 只是不在
+# 每次前向传播前复制，但构造时**仍然**同步缓冲区；旧的 `broadcast_buffers=False` 连构造时的
+# 同步也跳过缓冲区（`torch/nn/parallel/distributed.py` 的 `__init__`）。`NaiveDDP` 和
+# `BucketedDDP` 接受这两个名字，含义与 torch 相同；源码后面的单元展示两者的区别。
 
 # %%
 dl.show_source(NaiveDDP)
+
+
+# %%
+def buffers_after_wrapping(rank):
+    import warnings
+
+    rows = []
+    for kwargs in [{"forward_sync_buffers": False}, {"broadcast_buffers": False}]:
+        for wrap in (DDP, NaiveDDP):
+            bn = nn.BatchNorm1d(2)
+            bn.running_mean.fill_(float(rank))  # a rank-local buffer
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", FutureWarning)
+                wrap(bn, **kwargs)
+            rows.append(f"{wrap.__name__:>23}({list(kwargs)[0]}=False): "
+                        f"rank {rank} running_mean {bn.running_mean.tolist()}")
+    return rows
+
+
+for line in sum(dl.spawn(buffers_after_wrapping, nprocs=2, backend="gloo"), []):
+    print(line)
 
 
 # %% [markdown] lang="en"

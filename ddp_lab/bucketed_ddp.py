@@ -31,7 +31,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.autograd import Variable
 
-from ddp_lab.ddp import broadcast_state, check_wrappable, module_states
+from ddp_lab.ddp import broadcast_state, check_wrappable, module_states, resolve_buffer_sync
 from ddp_lab.i18n import get_language
 from ddp_lab.notebook import tr
 
@@ -146,15 +146,17 @@ class BucketedDDP(nn.Module):
     Args:
         bucket_cap_mb: bucket size in MiB; None gives torch's default (25, first bucket 1).
         record_timeline: keep a ``StepTimeline`` per step in ``self.timeline``.
+        forward_sync_buffers, broadcast_buffers: as in torch 2.13 (see ``ddp_lab.ddp``).
     """
 
     def __init__(
         self,
         module: nn.Module,
         bucket_cap_mb: float | None = None,
-        broadcast_buffers: bool = True,
+        broadcast_buffers: bool | None = None,
         process_group: Any = None,
         record_timeline: bool = False,
+        forward_sync_buffers: bool | None = None,
     ) -> None:
         check_cap(bucket_cap_mb)
         check_wrappable(module, "BucketedDDP")
@@ -164,14 +166,17 @@ class BucketedDDP(nn.Module):
             raise ValueError(_message("mixed", kinds=sorted(kinds)))
         super().__init__()
         self.module = module
-        self.broadcast_buffers = broadcast_buffers
+        self.forward_sync_buffers, init_buffers = resolve_buffer_sync(
+            broadcast_buffers, forward_sync_buffers
+        )
         self.process_group = process_group
         self.require_backward_grad_sync = True  # the flag torch's no_sync() turns off
         self.record_timeline = record_timeline
         self.timeline: list[StepTimeline] = []
         self._world_size = dist.get_world_size(process_group)
         self._names = {id(p): n for n, p in module.named_parameters()}
-        broadcast_state(module_states(module), src=0, group=process_group)
+        states = module_states(module) if init_buffers else [p.data for p in module.parameters()]
+        broadcast_state(states, src=0, group=process_group)
         self.bucket_indices = assign_buckets(params, bucket_cap_mb)
         self.buckets = [_Bucket([params[i] for i in idx]) for idx in self.bucket_indices]
         self._bucket_of = {id(p): b for b in self.buckets for p in b.params}
@@ -186,10 +191,15 @@ class BucketedDDP(nn.Module):
         for p in params:
             p.register_post_accumulate_grad_hook(self._on_grad_ready)
 
+    @property
+    def broadcast_buffers(self) -> bool:
+        """The deprecated name of ``forward_sync_buffers`` (as in torch 2.13)."""
+        return self.forward_sync_buffers
+
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         """Run the wrapped module, after copying rank 0's buffers (torch's rule)."""
         self._t0 = time.perf_counter()
-        if self.broadcast_buffers and self._sync_buffers_next:
+        if self.forward_sync_buffers and self._sync_buffers_next:
             broadcast_state(list(self.module.buffers()), src=0, group=self.process_group)
         self._sync_buffers_next = torch.is_grad_enabled() and self.require_backward_grad_sync
         out = self.module(*args, **kwargs)

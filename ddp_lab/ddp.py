@@ -14,6 +14,12 @@ How the teaching version differs from PyTorch's ``DistributedDataParallel``:
   every rank runs the same collectives (torch raises an error unless
   ``find_unused_parameters=True``);
 - no ``device_ids``, ``no_sync``, comm hooks, static graph or mixed precision.
+
+Buffers follow torch 2.13 (``torch/nn/parallel/distributed.py``, ``__init__``):
+``forward_sync_buffers`` (default True) copies rank 0's buffers before each training
+forward and never affects the sync at construction; the deprecated ``broadcast_buffers``
+still works, with its old meaning: ``broadcast_buffers=False`` also leaves the buffers out
+of the sync at construction (``forward_sync_buffers=False`` does not).
 """
 
 from __future__ import annotations
@@ -38,7 +44,41 @@ _MESSAGES = {
         "en": "{what} wraps a torch.nn.Module, got {value!r}.",
         "zh": "{what} 只能包装 torch.nn.Module，但收到的是 {value!r}。",
     },
+    "broadcast_buffers": {
+        "en": "`broadcast_buffers` is deprecated (torch 2.13): use `forward_sync_buffers`. "
+        "Unlike `broadcast_buffers=False`, `forward_sync_buffers=False` still syncs the "
+        "buffers at construction.",
+        "zh": "`broadcast_buffers` 已弃用（torch 2.13）：请改用 `forward_sync_buffers`。"
+        "与 `broadcast_buffers=False` 不同，`forward_sync_buffers=False` 在构造时仍会同步"
+        "缓冲区。",
+    },
+    "both_buffers": {
+        "en": "Both `broadcast_buffers` and `forward_sync_buffers` were given: "
+        "`broadcast_buffers` is deprecated and ignored.",
+        "zh": "同时给出了 `broadcast_buffers` 和 `forward_sync_buffers`：`broadcast_buffers` "
+        "已弃用，其取值被忽略。",
+    },
 }
+
+
+def resolve_buffer_sync(
+    broadcast_buffers: bool | None, forward_sync_buffers: bool | None
+) -> tuple[bool, bool]:
+    """(sync buffers before forward, sync buffers at construction), as torch 2.13 decides.
+
+    Mirrors ``DistributedDataParallel.__init__``: ``forward_sync_buffers`` wins and leaves
+    the construction sync on; the deprecated ``broadcast_buffers`` sets both (with a
+    FutureWarning); neither given means both on.
+    """
+    import warnings
+
+    if broadcast_buffers is not None:
+        key = "both_buffers" if forward_sync_buffers is not None else "broadcast_buffers"
+        warnings.warn(message(key), FutureWarning, stacklevel=3)
+    if forward_sync_buffers is not None:
+        return bool(forward_sync_buffers), True
+    sync = True if broadcast_buffers is None else bool(broadcast_buffers)
+    return sync, sync
 
 
 def message(key: str, **kwargs: object) -> str:
@@ -96,26 +136,40 @@ class NaiveDDP(nn.Module):
         optimizer.step()
 
     Args:
-        broadcast_buffers: like torch DDP, copy rank 0's buffers (e.g. BatchNorm running
-            statistics) to every rank before each forward.
+        broadcast_buffers: deprecated like torch's (2.13); False also skips the buffers in
+            the sync at construction.
+        forward_sync_buffers: like torch DDP, copy rank 0's buffers (e.g. BatchNorm running
+            statistics) to every rank before each training forward (default True); the
+            construction sync copies them whatever this says.
     """
 
     def __init__(
-        self, module: nn.Module, broadcast_buffers: bool = True, process_group: Any = None
+        self,
+        module: nn.Module,
+        broadcast_buffers: bool | None = None,
+        process_group: Any = None,
+        forward_sync_buffers: bool | None = None,
     ) -> None:
         check_wrappable(module, "NaiveDDP")
+        forward_sync, init_buffers = resolve_buffer_sync(broadcast_buffers, forward_sync_buffers)
         super().__init__()
         self.module = module
-        self.broadcast_buffers = broadcast_buffers
+        self.forward_sync_buffers = forward_sync
         self.process_group = process_group
         self._sync_buffers_next = True
         # Ranks built their models from different random states (or only rank 0 loaded a
         # checkpoint): from here on, every rank holds rank 0's model.
-        broadcast_state(module_states(module), src=0, group=process_group)
+        states = module_states(module) if init_buffers else [p.data for p in module.parameters()]
+        broadcast_state(states, src=0, group=process_group)
+
+    @property
+    def broadcast_buffers(self) -> bool:
+        """The deprecated name of ``forward_sync_buffers`` (as in torch 2.13)."""
+        return self.forward_sync_buffers
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        """Run the wrapped module; first copy rank 0's buffers if ``broadcast_buffers``."""
-        if self.broadcast_buffers and self._sync_buffers_next:
+        """Run the wrapped module; first copy rank 0's buffers if ``forward_sync_buffers``."""
+        if self.forward_sync_buffers and self._sync_buffers_next:
             broadcast_state(list(self.module.buffers()), src=0, group=self.process_group)
         # torch's rule: buffers are synced before a forward only if the previous forward
         # was a training one (grad enabled); after an eval forward they are not.

@@ -159,3 +159,61 @@ def test_errors_before_anything_starts() -> None:
             NaiveDDP(nn.Linear(2, 2))
     finally:
         dl.set_language("en")
+
+
+def _buffer_sync(rank: int, kwargs: dict) -> list[bool]:
+    """Buffers equal across ranks after construction, after a training forward; per wrapper."""
+    import warnings
+
+    from ddp_lab.bucketed_ddp import BucketedDDP
+
+    out = []
+    for wrap in (DDP, NaiveDDP, BucketedDDP):
+        torch.manual_seed(0)
+        net = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4))
+        net[1].running_mean.fill_(float(rank))  # rank-local buffer values
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)
+            model = wrap(net, **kwargs)
+        after_init = max_difference_across_ranks(net) == 0.0
+        model(torch.randn(5, 3) + rank)
+        net[1].running_mean.fill_(float(rank))  # diverge again; the next forward decides
+        model(torch.randn(5, 3))
+        after_forward = max_difference_across_ranks(net) == 0.0
+        out.append((after_init, after_forward))
+    return out
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {},
+        {"forward_sync_buffers": False},
+        {"forward_sync_buffers": True},
+        {"broadcast_buffers": False},
+        {"broadcast_buffers": True},
+    ],
+)
+def test_buffer_sync_follows_torch_2_13(kwargs):
+    # forward_sync_buffers=False still syncs at construction; broadcast_buffers=False not.
+    for torch_ddp, naive, bucketed in dl.spawn(
+        _buffer_sync, args=(kwargs,), nprocs=2, backend="gloo"
+    ):
+        assert naive == torch_ddp, (kwargs, naive, torch_ddp)
+        assert bucketed == torch_ddp, (kwargs, bucketed, torch_ddp)
+
+
+def test_broadcast_buffers_is_deprecated_in_both_languages():
+    from ddp_lab import i18n
+    from ddp_lab.ddp import resolve_buffer_sync
+
+    for lang, needle in [("en", "deprecated"), ("zh", "已弃用")]:
+        before = i18n.get_language()
+        i18n.set_language(lang)
+        try:
+            with pytest.warns(FutureWarning, match=needle):
+                assert resolve_buffer_sync(False, None) == (False, False)
+        finally:
+            i18n.set_language(before)
+    assert resolve_buffer_sync(None, False) == (False, True)
+    assert resolve_buffer_sync(None, None) == (True, True)
