@@ -95,6 +95,12 @@ print(nvcc_text or "")
 
 # %%
 info = cc.parse_nvidia_smi(smi_text)
+if info is None or info.error:
+    # nvidia-smi exists but cannot talk to the driver: no version to read on this machine.
+    print("nvidia-smi FAILED here:", info.error if info else "(it printed nothing)")
+    print("-> no usable driver: `ddp-lab doctor` below says whether to install or reboot.")
+    print("=== below: EXAMPLE from an H100 machine (not this machine) ===")
+    info = cc.parse_nvidia_smi((FIXTURES / "nvidia-smi" / "535.104.05_cuda12.2_h100.txt").read_text())
 print("driver:", cc.fmt_driver(info.driver), "| newest CUDA it runs:", cc.fmt(info.cuda))
 print("nvcc's CUDA:", cc.fmt(cc.parse_nvcc(nvcc_text)), "| torch's CUDA runtime:", torch.version.cuda)
 print(cc.check_driver_runtime(info.driver, "12.1").text)
@@ -148,10 +154,14 @@ cc.compat_widget(driver=cc.fmt_driver(info.driver), runtime=torch.version.cuda o
 print("cuDNN:", torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None)
 print("gloo:", dist.is_gloo_available(), "| nccl:", dist.is_nccl_available(),
       "| mpi:", dist.is_mpi_available())
-if dist.is_nccl_available() and torch.cuda.is_available():
-    print("NCCL bundled with torch:", torch.cuda.nccl.version())
+if dist.is_nccl_available():  # a CUDA build has NCCL even on a machine without a GPU
+    try:
+        print("NCCL bundled with torch:", torch.cuda.nccl.version(),
+              "| GPUs visible:", torch.cuda.device_count())
+    except RuntimeError as err:  # not seen, but this machine's driver may be broken
+        print("NCCL is built in, but asking its version failed:", err)
 else:
-    print("No NCCL in this build: torch.cuda.nccl.version() would fail here, so we skip it.")
+    print("No NCCL in this build (a CPU build): torch.cuda.nccl.version() would fail here.")
 
 # %% [markdown] lang="en"
 # Which `libnccl` did the process really load? Your `LD_LIBRARY_PATH` does not decide it

@@ -74,8 +74,13 @@ def fmt(version: Version | None) -> str:
     return "-" if version is None else ".".join(str(p) for p in version)
 
 
-def fmt_driver(version: Version) -> str:
-    """(470, 82, 1) -> '470.82.01': drivers print their minor parts with two digits."""
+def fmt_driver(version: Version | None) -> str:
+    """(470, 82, 1) -> '470.82.01': drivers print their minor parts with two digits.
+
+    None (``nvidia-smi`` failed, so ``SmiInfo.driver`` is unknown) -> '-'.
+    """
+    if version is None:
+        return "-"
     return ".".join([str(version[0]), *(f"{p:02d}" for p in version[1:])])
 
 
@@ -264,12 +269,18 @@ def compat_rows(driver: str | Version) -> list[tuple[str, str, str]]:
     ]
 
 
-def compat_widget(driver: str | None = None, runtime: str | None = None):  # noqa: ANN201
+def compat_widget(driver: str | SmiInfo | None = None, runtime: str | None = None):  # noqa: ANN201
     """An ipywidgets checker: pick a driver and a CUDA runtime, see whether they fit and why.
 
     ``driver`` and ``runtime`` preselect values (e.g. the detected ones); otherwise the
-    newest driver and CUDA 12.1 are shown.
+    newest driver and CUDA 12.1 are shown. ``driver`` may also be an ``SmiInfo``, or None,
+    '' or '-' when ``nvidia-smi`` failed (an ``SmiInfo`` with only an error): then the
+    newest driver is preselected as well.
     """
+    if isinstance(driver, SmiInfo):
+        driver = fmt_driver(driver.driver) if driver.driver is not None else None
+    if driver in ("", "-"):
+        driver = None
     import ipywidgets as w
     import matplotlib.pyplot as plt
     from IPython.display import display
