@@ -22,10 +22,14 @@
 # **model parallel**), or one device is too slow for the data you need per step (split the
 # *batch*: **data parallel**, each **replica** sees a part of the batch and the gradients
 # are averaged). `DataParallel` (DP) does data parallelism with *threads* in one process;
-# `DistributedDataParallel` (DDP) uses one *process* per replica. DDP has three usage modes:
-# one GPU per process (the recommended one), several GPUs per process holding copies of the
-# model (works, slower: DP inside each process), and several GPUs per process holding
-# *parts* of the model (DDP combined with model parallelism, for models too big for a GPU).
+# `DistributedDataParallel` (DDP) uses one *process* per replica. DDP has two usage modes:
+# one GPU per process (`device_ids=[local_rank]`, the recommended one), and one model spread
+# over several devices per process (`device_ids=None`: DDP combined with model parallelism,
+# for models too big for a GPU). A third mode, several GPUs per process each holding a copy,
+# is gone: `DDP(model, device_ids=[0, 1])` raises `ValueError: device_ids can only be None or
+# contain a single element` (`torch/nn/parallel/distributed.py`, `__init__`; removed in
+# PyTorch 1.9 according to the review of this course, a date not checked here). The cells
+# below show the error, on CPU too, and the second mode.
 #
 # The source notes say "DP uses threads, DDP uses threads": DDP uses **processes**, and
 # the reason is the GIL, which we now measure.
@@ -36,9 +40,13 @@
 # **为什么要并行？** 要么模型在一个设备上放不下（切分*模型*：**模型并行**），要么一个设备处理
 # 每步所需的数据太慢（切分*批*：**数据并行**，每个**副本**处理批的一部分，再对梯度求平均）。
 # `DataParallel`（DP）在一个进程里用*线程*做数据并行；`DistributedDataParallel`（DDP）为每个
-# 副本使用一个*进程*。DDP 有三种用法：每个进程一块 GPU（推荐）；每个进程多块 GPU、每块放一份
-# 模型副本（能跑但更慢：相当于每个进程里再做 DP）；每个进程多块 GPU、每块放模型的*一部分*
-# （DDP 与模型并行结合，用于单卡放不下的模型）。
+# 副本使用一个*进程*。DDP 有两种用法：每个进程一块 GPU（`device_ids=[local_rank]`，推荐）；
+# 每个进程把一个模型分布在多个设备上（`device_ids=None`：DDP 与模型并行结合，用于单卡放不下
+# 的模型）。第三种用法（每个进程多块 GPU、每块放一份副本）已经被移除：
+# `DDP(model, device_ids=[0, 1])` 会抛出 `ValueError: device_ids can only be None or contain a
+# single element`（`torch/nn/parallel/distributed.py` 的 `__init__`；据本课程的审阅意见是在
+# PyTorch 1.9 移除的，这个版本号本课程没有核实）。下面的单元展示这个错误（在 CPU 上也会报错）
+# 以及第二种用法。
 #
 # 源笔记写着"DP 使用多线程，DDP 使用多线程"：DDP 使用的是**多进程**，原因是 GIL，
 # 下面我们来测量它。
@@ -56,6 +64,31 @@ from ddp_lab import ranks
 
 dl.setup()
 print("CPU cores:", os.cpu_count())
+
+
+# %%
+def ddp_modes(rank):
+    from torch import nn
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    try:
+        DDP(nn.Linear(2, 2), device_ids=[0, 1])  # the removed "copies on several GPUs" mode
+    except ValueError as err:
+        print("device_ids=[0, 1]:", err)
+    if torch.cuda.device_count() >= 2:
+        # Mode 2: one model over two GPUs (a ToyMpModel), device_ids=None.
+        net = nn.Sequential(nn.Linear(4, 8).to("cuda:0"), nn.Linear(8, 2).to("cuda:1"))
+        net.forward = lambda x: net[1](net[0](x.to("cuda:0")).to("cuda:1"))
+        model = DDP(net, device_ids=None)
+        print("model over cuda:0 and cuda:1 wrapped, output on", model(torch.randn(3, 4)).device)
+    else:
+        # The same rule without GPUs: a module that is not on one CUDA device needs None.
+        DDP(nn.Linear(2, 2), device_ids=None)
+        print("CPU module with device_ids=None: fine; a model over 2 GPUs needs 2 GPUs "
+              f"(found {torch.cuda.device_count()}), so mode 2 is not run here.")
+
+
+dl.spawn(ddp_modes, nprocs=1, backend="gloo");
 
 # %% [markdown] lang="en"
 # ## Threads vs processes, measured
