@@ -373,6 +373,63 @@ print("every rank holds the element-wise max of the 'before' tensors:",
 dl.stop()
 
 # %% [markdown] lang="en"
+# ### `all_gather` and autograd: the gradient is lost silently
+#
+# The tensors `dist.all_gather` fills carry no autograd history (`requires_grad=False`),
+# even the slot that holds your own tensor. A loss built on them, such as the
+# contrastive loss of source note 000 that gathers every rank's features, back-propagates
+# nothing into this rank's features, and no error says so. Two fixes, both run below:
+#
+# - put your own tensor back into its slot (`parts[rank] = x`): the gradient flows to
+#   your part only, which is the usual fix when DDP averages the gradients afterwards;
+# - `torch.distributed.nn.functional.all_gather`, differentiable: its backward is a
+#   reduce-scatter with SUM (`torch/distributed/nn/functional.py`, `_AllGather.backward`),
+#   so each rank receives the sum over all ranks of the gradients of its slice. torch 2.13
+#   marks it deprecated (a FutureWarning pointing to the private
+#   `torch.distributed._functional_collectives`).
+
+# %% [markdown] lang="zh"
+# ### `all_gather` 与自动求导：梯度被悄悄丢掉
+#
+# `dist.all_gather` 填充的张量没有自动求导的历史（`requires_grad=False`），连存放你自己张量的
+# 那个位置也没有。基于它们构造的损失，例如源笔记 000 中收集所有 rank 特征的对比损失
+# （contrastive loss），不会把任何梯度传回本 rank 的特征，而且没有任何报错。两种修正，
+# 下面都会运行：
+#
+# - 把你自己的张量放回它的位置（`parts[rank] = x`）：梯度只流向你自己的那一份；之后由 DDP
+#   对梯度求平均时，这是常用的修正；
+# - 使用可微的 `torch.distributed.nn.functional.all_gather`：它的反向传播是一次按 SUM 的
+#   归约散播（reduce-scatter）（`torch/distributed/nn/functional.py` 的 `_AllGather.backward`），
+#   所以每个 rank 得到的是所有 rank 对它那一份的梯度之和。torch 2.13 把它标记为弃用（给出
+#   FutureWarning，指向私有模块 `torch.distributed._functional_collectives`）。
+
+# %%
+def gather_with_grad(rank):
+    import warnings
+
+    import torch.distributed.nn.functional as dfn
+
+    x = torch.full((2,), float(rank + 1), requires_grad=True)
+    parts = [torch.empty(2) for _ in range(dist.get_world_size())]
+    dist.all_gather(parts, x)
+    rows = [f"plain all_gather: requires_grad {[p.requires_grad for p in parts]}"]
+    parts[rank] = x  # fix 1: your own slot keeps its history
+    torch.cat(parts).pow(2).sum().backward()
+    rows.append(f"own slot put back: x.grad {x.grad.tolist()}")
+    x.grad = None
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        gathered = dfn.all_gather(x)  # fix 2: differentiable
+    torch.cat(gathered).pow(2).sum().backward()
+    rows.append(f"dist.nn.functional.all_gather: x.grad {x.grad.tolist()} (summed over ranks)")
+    rows += [f"warning: {w.category.__name__}: {w.message}" for w in caught[:1]]
+    return rows
+
+
+for rank, rows in enumerate(dl.spawn(gather_with_grad, nprocs=2, backend="gloo")):
+    print(f"rank {rank}:", *rows, sep="\n  ")
+
+# %% [markdown] lang="en"
 # ## Which backend supports what
 #
 # The source notes (002) copy a support table from an old release of the PyTorch
