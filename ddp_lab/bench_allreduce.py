@@ -45,7 +45,7 @@ _MESSAGES = {
 
 
 def _msg(key: str, **kwargs: Any) -> str:
-    from ddp_lab.i18n import get_language
+    from ddp_lab.course.i18n import get_language
 
     return _MESSAGES[key][get_language()].format(**kwargs)
 
@@ -152,7 +152,7 @@ def run(
     timeout: float | None = None,
 ) -> list[dict]:
     """Benchmark all-reduce on ``nprocs`` Gloo ranks; print the table and return its rows."""
-    from ddp_lab.launcher import spawn
+    from ddp_lab.runtime.launcher import spawn
 
     for name in impls:
         if name not in IMPLS:
@@ -212,7 +212,7 @@ def plot(rows: list[dict], ax: Any = None) -> Any:
     """Bus bandwidth against message size, one line per implementation and world size."""
     import matplotlib.pyplot as plt
 
-    from ddp_lab.notebook import tr
+    from ddp_lab.course.notebook import tr
 
     if ax is None:
         _, ax = plt.subplots(figsize=(7, 4))

@@ -31,9 +31,9 @@ import torch.distributed as dist
 from torch import nn
 from torch.autograd import Variable
 
+from ddp_lab.course.i18n import get_language
+from ddp_lab.course.notebook import tr
 from ddp_lab.ddp import broadcast_state, check_wrappable, module_states
-from ddp_lab.i18n import get_language
-from ddp_lab.notebook import tr
 
 DEFAULT_BUCKET_CAP_MB = 25.0  # torch's default
 DEFAULT_FIRST_BUCKET_MB = 1.0  # torch's dist._DEFAULT_FIRST_BUCKET_BYTES, in MiB

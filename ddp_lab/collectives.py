@@ -206,7 +206,7 @@ def probe(backend: str = "gloo", device: str = "cpu", nprocs: int = 2) -> dict[s
 
     Each op runs on ``nprocs`` ranks and its result is compared with ``model``.
     """
-    from ddp_lab.launcher import spawn
+    from ddp_lab.runtime.launcher import spawn
 
     if device not in ("cpu", "cuda"):
         raise ValueError(f"device must be 'cpu' or 'cuda', got {device!r}")
@@ -235,7 +235,7 @@ def draw(op: str, world_size: int = 4, axes: Any = None) -> Any:
     """Draw every rank's slots before and after ``op``; return the figure."""
     import matplotlib.pyplot as plt
 
-    from ddp_lab.notebook import tr
+    from ddp_lab.course.notebook import tr
 
     before, after = model(op, world_size)
     if axes is None:

@@ -129,7 +129,7 @@ def plot_curves(
     ax: Any, max_n: int, size: float, alpha: float, bandwidth: float, gamma: float = 0.0
 ) -> Any:
     """Draw time against N for every algorithm on ``ax``."""
-    from ddp_lab.notebook import tr
+    from ddp_lab.course.notebook import tr
 
     ns = list(range(2, max_n + 1))
     for name, times in curves(ns, size, alpha, bandwidth, gamma).items():
@@ -157,7 +157,7 @@ def cost_widget() -> Any:
     import matplotlib.pyplot as plt
     from IPython.display import display
 
-    from ddp_lab.notebook import tr
+    from ddp_lab.course.notebook import tr
 
     style = {"description_width": "initial"}
     max_n = widgets.IntSlider(

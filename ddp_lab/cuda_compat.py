@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from ddp_lab.i18n import get_language
+from ddp_lab.course.i18n import get_language
 
 Version = tuple[int, ...]
 
@@ -274,7 +274,7 @@ def compat_widget(driver: str | None = None, runtime: str | None = None):  # noq
     import matplotlib.pyplot as plt
     from IPython.display import display
 
-    from ddp_lab.notebook import tr
+    from ddp_lab.course.notebook import tr
 
     drivers = sorted(
         {

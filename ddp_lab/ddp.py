@@ -25,7 +25,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ddp_lab.i18n import get_language
+from ddp_lab.course.i18n import get_language
 
 _MESSAGES = {
     "no_group": {

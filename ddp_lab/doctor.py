@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ddp_lab import cuda_compat as cc
-from ddp_lab.i18n import get_language
+from ddp_lab.course.i18n import get_language
 
 OK, WARNING, PROBLEM = cc.OK, cc.WARNING, cc.PROBLEM
 MIB = 1 << 20

@@ -39,7 +39,7 @@ _TEXT = {
 
 
 def _lang(lang: str | None) -> str:
-    from ddp_lab.i18n import get_language
+    from ddp_lab.course.i18n import get_language
 
     return lang or get_language()
 

@@ -26,7 +26,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
-from ddp_lab.launcher import free_port
+from ddp_lab.runtime.launcher import free_port
 
 MARKER = "DDP_LAB_DEMO_ID"
 ENV_KEYS = (
@@ -54,7 +54,7 @@ _MESSAGES = {
 
 
 def _msg(key: str, **kwargs: object) -> str:
-    from ddp_lab.i18n import get_language
+    from ddp_lab.course.i18n import get_language
 
     return _MESSAGES[key][get_language()].format(**kwargs)
 

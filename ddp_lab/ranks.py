@@ -24,7 +24,7 @@ import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ddp_lab.i18n import get_language
+from ddp_lab.course.i18n import get_language
 
 
 def _err(en: str, zh: str) -> ValueError:
@@ -222,7 +222,7 @@ def rank_table_widget(nnodes: int = 2, nproc_per_node: int = 4, gpus_per_node: i
     import matplotlib.pyplot as plt
     from IPython.display import HTML, display
 
-    from ddp_lab.notebook import tr
+    from ddp_lab.course.notebook import tr
 
     style = {"description_width": "initial"}  # long labels are not cut to "nproc_per..."
     s_nodes = w.IntSlider(nnodes, 1, 4, description="nnodes", style=style)

@@ -40,7 +40,7 @@ _MESSAGES = {
 
 
 def _msg(key: str, **kwargs: Any) -> str:
-    from ddp_lab.i18n import get_language
+    from ddp_lab.course.i18n import get_language
 
     return _MESSAGES[key][get_language()].format(**kwargs)
 
@@ -252,7 +252,7 @@ def draw_state(states: list, step: int, ax: Any = None) -> Any:
     """
     import matplotlib.pyplot as plt
 
-    from ddp_lab.notebook import tr
+    from ddp_lab.course.notebook import tr
 
     state = states[step]
     n = len(state)
@@ -308,7 +308,7 @@ def ring_widget(world_size: int = 4, traces: list | None = None) -> Any:
     import matplotlib.pyplot as plt
     from IPython.display import display
 
-    from ddp_lab.notebook import tr
+    from ddp_lab.course.notebook import tr
 
     n_slider = widgets.IntSlider(
         value=len(traces) if traces else world_size,

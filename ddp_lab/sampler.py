@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch.utils.data import Sampler
 
-from ddp_lab.i18n import get_language
+from ddp_lab.course.i18n import get_language
 
 _MESSAGES = {
     "int": {
@@ -189,7 +189,7 @@ def draw_assignment(a: Assignment, highlight_rank: int | None = None, fig: Any =
     import matplotlib.pyplot as plt
     from matplotlib.patches import Rectangle
 
-    from ddp_lab.notebook import tr
+    from ddp_lab.course.notebook import tr
 
     if fig is None:
         fig = plt.figure(figsize=(9, 1.2 + 0.45 * a.num_replicas + 1.2))
@@ -286,7 +286,7 @@ def sampler_widget(dataset_len: int = 10, num_replicas: int = 4, max_len: int = 
     import ipywidgets as W
     import matplotlib.pyplot as plt
 
-    from ddp_lab.notebook import tr
+    from ddp_lab.course.notebook import tr
 
     check_arguments(dataset_len, num_replicas)
     style = {"description_width": "initial"}

@@ -33,8 +33,8 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
+from ddp_lab.course.i18n import get_language
 from ddp_lab.data import load_digits_split
-from ddp_lab.i18n import get_language
 
 CHECKPOINT_NAME = "last.pt"
 _MSG = {
@@ -415,7 +415,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
 def _ensure_launcher_env() -> None:
     """Plain ``python -m ddp_lab.train``: behave as a one-rank launch on a free port."""
     if "RANK" not in os.environ:
-        from ddp_lab.launcher import free_port
+        from ddp_lab.runtime.launcher import free_port
 
         os.environ.update(
             RANK="0",
@@ -448,7 +448,7 @@ def spawn_main(rank: int, argv: list[str]) -> dict[str, Any]:
 
 def launch(argv: list[str], nprocs: int = 2, **spawn_kwargs: Any) -> list[dict[str, Any]]:
     """Check ``argv`` here, then run the program on ``nprocs`` ranks with ``dl.spawn``."""
-    from ddp_lab.launcher import spawn
+    from ddp_lab.runtime.launcher import spawn
 
     try:
         check_args(make_parser().parse_args(argv))

@@ -42,7 +42,7 @@ from pathlib import Path
 import pytest
 from conftest import descendants
 
-from ddp_lab.launcher import free_port
+from ddp_lab.runtime.launcher import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 CHROMIUM = os.environ.get("DDP_LAB_CHROMIUM", "/usr/bin/chromium")
@@ -547,7 +547,7 @@ def test_setup_font_covers_the_chinese_the_course_draws():
     from matplotlib import font_manager
 
     import ddp_lab as dl
-    from ddp_lab import i18n
+    from ddp_lab.course import i18n
 
     before, lang = matplotlib.rcParams.copy(), i18n.get_language()
     try:
@@ -575,7 +575,7 @@ def test_bold_chinese_draws_without_a_warning(caplog):
     import matplotlib.pyplot as plt
 
     import ddp_lab as dl
-    from ddp_lab import i18n
+    from ddp_lab.course import i18n
 
     before, lang = matplotlib.rcParams.copy(), i18n.get_language()
     try:

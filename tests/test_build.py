@@ -9,7 +9,7 @@ import jupytext
 import nbformat
 import pytest
 
-from ddp_lab import build
+from ddp_lab.course import build
 
 SOURCE = '''# %% [markdown] lang="en"
 # Hello
@@ -155,7 +155,7 @@ def test_chapter_sources_pair_languages(src):
 
 @pytest.mark.parametrize("src", build.sources(), ids=lambda p: p.stem)
 def test_graded_cells_match_registered_checkers(src):
-    from ddp_lab.grading import load_checkers
+    from ddp_lab.course.grading import load_checkers
 
     registry = load_checkers()
     for cell in jupytext.read(src).cells:

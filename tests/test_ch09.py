@@ -7,7 +7,7 @@ import torch
 import torch.distributed as dist
 
 import ddp_lab as dl
-from ddp_lab.checks import ch09
+from ddp_lab.course.checks import ch09
 
 
 @pytest.fixture(autouse=True)

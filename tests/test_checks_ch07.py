@@ -8,8 +8,8 @@ import torch.distributed as dist
 from torch import nn
 
 from ddp_lab.bucketed_ddp import assign_buckets
+from ddp_lab.course.grading import CaseFailed, load_checkers, rng_for
 from ddp_lab.ddp import NaiveDDP
-from ddp_lab.grading import CaseFailed, load_checkers, rng_for
 
 
 def run_checker(grade_id: str, obj: object) -> str:
@@ -189,7 +189,7 @@ def test_bucketed_checker_rejects_wrong_solutions(wrong: type) -> None:
 
 
 def test_unsolved_exercise_reports_not_implemented(capsys: pytest.CaptureFixture) -> None:
-    from ddp_lab.grading import grade
+    from ddp_lab.course.grading import grade
 
     class Stub:
         def __init__(self, module: nn.Module, *args: object) -> None:

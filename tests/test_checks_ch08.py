@@ -15,8 +15,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler
 
 import ddp_lab as dl
-from ddp_lab import grading
-from ddp_lab.checks import ch08
+from ddp_lab.course import grading
+from ddp_lab.course.checks import ch08
 
 
 def make_fit(bug: str = ""):

@@ -1,4 +1,4 @@
-"""Tests of ``ddp-lab check`` and ``ddp-lab grade`` (ddp_lab/grader.py).
+"""Tests of ``ddp-lab check`` and ``ddp-lab grade`` (ddp_lab/course/grader.py).
 
 The slow tests run real notebooks under nbval: chapter 00's released exercise notebook with
 its real checker (the oracle is dist.all_reduce), and small synthetic releases whose graded
@@ -20,9 +20,9 @@ import nbformat
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ddp_lab import cli, grader
-from ddp_lab.build import grade_pass_line
-from ddp_lab.i18n import set_language
+from ddp_lab.course import cli, grader
+from ddp_lab.course.build import grade_pass_line
+from ddp_lab.course.i18n import set_language
 
 ROOT = Path(__file__).resolve().parent.parent
 RELEASE = ROOT / "exercises" / "en" / "00_quickstart.ipynb"
@@ -422,7 +422,7 @@ def test_ctrl_c_stops_every_grading_run(tmp_path: Path) -> None:
     cmd = [
         sys.executable,
         "-m",
-        "ddp_lab.cli",
+        "ddp_lab.course.cli",
         "grade",
         "--release",
         str(release),

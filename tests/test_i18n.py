@@ -6,7 +6,7 @@ import string
 
 import pytest
 
-from ddp_lab import i18n
+from ddp_lab.course import i18n
 
 
 def _fields(text: str) -> set[str]:

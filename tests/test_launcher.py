@@ -16,7 +16,7 @@ import torch.distributed as dist
 from conftest import rank_processes, tcp_states
 
 import ddp_lab as dl
-from ddp_lab import launcher
+from ddp_lab.runtime import launcher
 
 
 def _sum_ranks(rank: int, offset: float) -> float:

@@ -7,7 +7,7 @@ import threading
 import pytest
 import torch
 
-from ddp_lab import launcher, magic
+from ddp_lab.runtime import launcher, magic
 
 
 def helper_double(x):

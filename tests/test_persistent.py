@@ -16,8 +16,8 @@ import torch
 from conftest import tcp_states
 
 import ddp_lab as dl
-from ddp_lab import persistent
-from ddp_lab._rank_group import alive
+from ddp_lab.runtime import persistent
+from ddp_lab.runtime._rank_group import alive
 
 run = persistent.run_cell
 
@@ -270,7 +270,7 @@ SCRIPT = textwrap.dedent(
     """
     import json, sys, time
     import ddp_lab as dl
-    from ddp_lab import persistent
+    from ddp_lab.runtime import persistent
 
     dl.start(2, backend="gloo")
     persistent.run_cell("import torch\\nt = torch.ones(1)\\ndist.all_reduce(t)\\n")
@@ -340,7 +340,7 @@ def test_real_kernel_interrupt_then_restart():
         assert "ERROR KeyboardInterrupt" in out
         assert execute('print(dl.pull("x"))').strip() == "[0, 10]"
         snap = execute(
-            "import json\nfrom ddp_lab import persistent\ng = persistent.current()\n"
+            "import json\nfrom ddp_lab.runtime import persistent\ng = persistent.current()\n"
             "print(json.dumps({'pids': [g.zygote.proc.pid, *g.pids.values()],"
             " 'port': g.port, 'workdir': g.workdir}))"
         )

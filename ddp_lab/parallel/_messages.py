@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ddp_lab.i18n import get_language
+from ddp_lab.course.i18n import get_language
 
 MESSAGES: dict[str, dict[str, str]] = {
     "not_module": {

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ddp_lab.notebook import tr
+from ddp_lab.course.notebook import tr
 from ddp_lab.parallel._device import HOST, Trace, count_saved, phase, trace
 from ddp_lab.parallel.balanced import balanced_chunk_sizes, default_chunk_sizes
 

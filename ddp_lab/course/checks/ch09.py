@@ -14,8 +14,8 @@ from collections.abc import Callable, Iterator
 import torch
 import torch.distributed as dist
 
-from ddp_lab.grading import checker, fail
-from ddp_lab.i18n import get_language
+from ddp_lab.course.grading import checker, fail
+from ddp_lab.course.i18n import get_language
 
 # Seconds one hidden case may run before it counts as a hang (a correct one takes < 1 s).
 HANG_TIMEOUT_S = 20.0
@@ -53,7 +53,7 @@ def _why(key: str, **kwargs: object) -> str:
 
 def _spawn(fn: Callable, args: tuple, world_size: int) -> list:
     """Run a case; a hang or a crash outside the learner's code becomes a CaseFailed."""
-    from ddp_lab.launcher import DistributedError, DistributedTimeoutError, spawn
+    from ddp_lab.runtime.launcher import DistributedError, DistributedTimeoutError, spawn
 
     try:
         return spawn(

@@ -25,7 +25,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ddp_lab.grading import checker, fail
+from ddp_lab.course.grading import checker, fail
 
 TOL = 1e-9  # float64 models: only summation order may differ from the oracles
 

@@ -23,9 +23,9 @@ from pathlib import Path
 import jupytext
 import nbformat
 
-from ddp_lab import i18n
+from ddp_lab.course import i18n
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]  # the checkout (this is ddp_lab/course/build.py)
 LANGS = ("en", "zh")
 KINDS = ("notebooks", "exercises", "solutions")
 BEGIN, END = "### BEGIN SOLUTION", "### END SOLUTION"

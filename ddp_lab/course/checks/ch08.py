@@ -26,8 +26,8 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
-from ddp_lab.grading import checker, fail
-from ddp_lab.i18n import get_language
+from ddp_lab.course.grading import checker, fail
+from ddp_lab.course.i18n import get_language
 
 MSG = {
     "order": {

@@ -1,8 +1,8 @@
 """The notebook's side of a group of persistent ranks: processes, requests, faults.
 
-``ddp_lab.persistent`` is the public face (``dl.start``, ``%%ranks``, ``dl.pull``...);
+``ddp_lab.runtime.persistent`` is the public face (``dl.start``, ``%%ranks``, ``dl.pull``...);
 this module keeps the processes. The ranks are forked by a zygote of their own (the
-launcher's zygote stays free for ``dl.spawn``) and run ``ddp_lab._rank_loop``; each
+launcher's zygote stays free for ``dl.spawn``) and run ``ddp_lab.runtime._rank_loop``; each
 connects back over a Unix socket in the launch's private directory. Output capture, stack
 dumps, errors and messages are the launcher's.
 
@@ -25,11 +25,11 @@ from typing import Any
 
 import cloudpickle
 
-from ddp_lab import launcher
-from ddp_lab._rank_loop import LoopJob
-from ddp_lab._zygote import read_msg, write_msg
-from ddp_lab.i18n import t
-from ddp_lab.launcher import DistributedError, DistributedTimeoutError, RankFailure
+from ddp_lab.course.i18n import t
+from ddp_lab.runtime import launcher
+from ddp_lab.runtime._rank_loop import LoopJob
+from ddp_lab.runtime._zygote import read_msg, write_msg
+from ddp_lab.runtime.launcher import DistributedError, DistributedTimeoutError, RankFailure
 
 _START_TIMEOUT_S = 120.0
 _AFTER_FAILURE_S = 5.0  # once a rank failed, how long the others may still run

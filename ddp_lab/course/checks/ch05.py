@@ -19,9 +19,9 @@ import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
-from ddp_lab.checks.ch04 import forbid, make_input, run_ranks, short, text
-from ddp_lab.grading import checker
-from ddp_lab.i18n import get_language
+from ddp_lab.course.checks.ch04 import forbid, make_input, run_ranks, short, text
+from ddp_lab.course.grading import checker
+from ddp_lab.course.i18n import get_language
 
 _BANNED = [
     "all_reduce",

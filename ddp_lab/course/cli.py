@@ -7,7 +7,7 @@ import sys
 
 
 def _build(args: argparse.Namespace) -> int:
-    from ddp_lab import build
+    from ddp_lab.course import build
 
     if args.check:
         problems = build.check_stale()
@@ -20,13 +20,13 @@ def _build(args: argparse.Namespace) -> int:
 
 
 def _check(args: argparse.Namespace) -> int:
-    from ddp_lab import grader
+    from ddp_lab.course import grader
 
     return grader.check_main(args)
 
 
 def _grade(args: argparse.Namespace) -> int:
-    from ddp_lab import grader
+    from ddp_lab.course import grader
 
     return grader.grade_main(args)
 
@@ -71,7 +71,7 @@ def make_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = make_parser().parse_args(argv)
     if args.lang:
-        from ddp_lab.i18n import set_language
+        from ddp_lab.course.i18n import set_language
 
         set_language(args.lang)
     return int(args.func(args) or 0)

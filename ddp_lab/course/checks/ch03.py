@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from ddp_lab.grading import checker, fail, mismatch
+from ddp_lab.course.grading import checker, fail, mismatch
 
 
 def _torch_chunk_sizes(batch: int, n: int) -> list[int]:

@@ -1,6 +1,6 @@
 """Checkers of the graded exercises, one module per chapter (``chNN.py``).
 
-Every module in this package is imported by ``ddp_lab.grading.load_checkers``.
+Every module in this package is imported by ``ddp_lab.course.grading.load_checkers``.
 """
 
 from __future__ import annotations

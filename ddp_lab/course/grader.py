@@ -8,7 +8,7 @@ released exercise notebook stores its passing line as the expected output. Scori
    FAIL line must not become the reference), clear every other output;
 3. run it with ``pytest --nbval-lax`` in its own process (and session) in a temporary folder,
    with a per-cell and a total timeout; this module is also loaded as a pytest plugin there
-   (``-p ddp_lab.grader``) to record each cell's printed output in the JUnit XML report and to
+   (``-p ddp_lab.course.grader``) to record each cell's printed output in the JUnit XML report and to
    notice a dead kernel at once instead of after the cell timeout;
 4. map the report's ``Cell N`` items back to graded cells. On a total timeout the whole
    process group is killed, then every process that inherited this run's token variable
@@ -43,7 +43,7 @@ TOKEN_VAR = "DDP_LAB_GRADE_TOKEN"
 OUTPUT_PROP = "ddp_lab_output"
 ERROR_PROP = "ddp_lab_error"
 KERNEL_DIED = "ddp-lab: the kernel died"
-PACKAGE_PARENT = Path(__file__).resolve().parent.parent
+PACKAGE_PARENT = Path(__file__).resolve().parents[2]  # holds ddp_lab/ (this is ddp_lab/course/)
 
 M: dict[str, dict[str, str]] = {
     "passed": {"en": "passed", "zh": "通过"},
@@ -214,7 +214,7 @@ def prepare(
     Graded cells get the release's code, metadata and expected output (in ``lang``: a zh
     submission may be graded against the en release, the code is the same).
     """
-    from ddp_lab.build import grade_pass_line
+    from ddp_lab.course.build import grade_pass_line
 
     nb = copy.deepcopy(sub)
     by_pos = {found[ex.grade_id]: ex for ex in exercises_of(release) if ex.grade_id in found}
@@ -301,7 +301,7 @@ def run_nbval(
             ),
         }
     )
-    fixed = "-p nbval.plugin --nbval-lax --nbval-current-env -p no:cacheprovider -p ddp_lab.grader"
+    fixed = "-p nbval.plugin --nbval-lax --nbval-current-env -p no:cacheprovider -p ddp_lab.course.grader"
     fixed += " -o junit_family=xunit1 -c pytest.ini --rootdir . -q"
     cmd = [sys.executable, "-m", "pytest", *fixed.split(), f"--junitxml={junit}"]
     cmd += [f"--nbval-cell-timeout={cell_timeout:g}", path.name]
@@ -442,7 +442,7 @@ def _positive(args: argparse.Namespace, *names: str) -> str | None:
 
 
 def _cli_lang() -> str:
-    from ddp_lab.i18n import get_language
+    from ddp_lab.course.i18n import get_language
 
     return get_language()
 
@@ -451,7 +451,7 @@ def reference_for(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
     """The released exercise notebook ``nb`` came from: rebuilt from its chapter source when
     this checkout has it (learners edit the released file in place), else ``nb`` itself."""
     meta = nb.metadata.get("ddp_lab", {})
-    from ddp_lab import build
+    from ddp_lab.course import build
 
     src = build.ROOT / str(meta.get("generated_from", "-"))
     if meta.get("generated_from") and src.is_file():
@@ -584,7 +584,7 @@ def grade_main(args: argparse.Namespace) -> int:
     return 0
 
 
-# --- pytest plugin, loaded in the grading process with ``-p ddp_lab.grader`` ---------------
+# --- pytest plugin, loaded in the grading process with ``-p ddp_lab.course.grader`` ---------------
 
 
 def pytest_configure(config: object) -> None:

@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterator
 import torch
 import torch.distributed as dist
 
-from ddp_lab.grading import checker, fail, mismatch
+from ddp_lab.course.grading import checker, fail, mismatch
 
 
 def _run_case(rank: int, fn: Callable, shape: tuple, dtype: torch.dtype, seed: int) -> str:

@@ -12,7 +12,7 @@ import random
 from collections.abc import Callable, Iterator
 
 from ddp_lab import ranks
-from ddp_lab.grading import checker, fail
+from ddp_lab.course.grading import checker, fail
 
 KEYS = ("rank", "local_rank", "node_rank", "world_size", "device", "gpu")
 

@@ -32,8 +32,8 @@ from typing import Any
 
 import cloudpickle
 
-from ddp_lab._zygote import read_msg, write_msg
-from ddp_lab.i18n import t
+from ddp_lab.course.i18n import t
+from ddp_lab.runtime._zygote import read_msg, write_msg
 
 BACKENDS = ("gloo", "nccl", "mpi", "auto")
 DEFAULT_TIMEOUT = float(os.environ.get("DDP_LAB_TIMEOUT", "120"))
@@ -127,7 +127,7 @@ class FunctionJob:
 
     def __call__(self, rank: int) -> Any:
         if self.backend:
-            from ddp_lab._rank import init_group
+            from ddp_lab.runtime._rank import init_group
 
             init_group(rank, self.nprocs, self.backend)
         return self.fn(rank, *self.args)
@@ -138,11 +138,12 @@ class _Zygote:
 
     def __init__(self) -> None:
         env = dict(os.environ)
-        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        # The folder that holds the ddp_lab package (this file is ddp_lab/runtime/launcher.py).
+        root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
         self.env_key = _env_key()
         self.proc = subprocess.Popen(
-            [sys.executable, "-c", "from ddp_lab._zygote import main; main()"],
+            [sys.executable, "-c", "from ddp_lab.runtime._zygote import main; main()"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             env=env,

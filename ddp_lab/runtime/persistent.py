@@ -30,11 +30,11 @@ from typing import Any
 
 import cloudpickle
 
-from ddp_lab import launcher
-from ddp_lab._rank_group import PREFIX, RANK_NAMES, RankGroup, alive, errors
-from ddp_lab.i18n import t
-from ddp_lab.launcher import DistributedError
-from ddp_lab.magic import _SKIP, used_names
+from ddp_lab.course.i18n import t
+from ddp_lab.runtime import launcher
+from ddp_lab.runtime._rank_group import PREFIX, RANK_NAMES, RankGroup, alive, errors
+from ddp_lab.runtime.launcher import DistributedError
+from ddp_lab.runtime.magic import _SKIP, used_names
 
 _group: RankGroup | None = None
 

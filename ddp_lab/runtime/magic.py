@@ -7,7 +7,7 @@ value with cloudpickle. Output, errors, timeouts and cleanup are those of
 ``ddp_lab.spawn``.
 
 ``%%ranks`` runs it on the persistent ranks of ``dl.start`` instead (see
-``ddp_lab.persistent``), where variables survive from cell to cell; the line magic
+``ddp_lab.runtime.persistent``), where variables survive from cell to cell; the line magic
 ``%ranks start -n N | stop | status`` drives the group.
 """
 
@@ -17,7 +17,7 @@ import ast
 import types
 from typing import Any
 
-from ddp_lab import launcher
+from ddp_lab.runtime import launcher
 
 # IPython's own names, never worth sending to a rank.
 _SKIP = {"In", "Out", "get_ipython", "exit", "quit", "_ih", "_oh", "_dh"}
@@ -45,7 +45,7 @@ class CellJob:
         import torch
         import torch.distributed as dist
 
-        from ddp_lab._rank import init_group
+        from ddp_lab.runtime._rank import init_group
 
         device = init_group(rank, self.nprocs, self.backend)
         ns = {"__name__": "__main__", "torch": torch, "dist": dist}
@@ -115,7 +115,7 @@ def parse_ranks(text: str | None) -> list[int] | None:
             lo, _, hi = part.strip().partition("-")
             out.extend(range(int(lo), int(hi or lo) + 1))
     except ValueError:
-        from ddp_lab.i18n import t
+        from ddp_lab.course.i18n import t
 
         raise ValueError(t("bad_ranks", value=text, last="N-1")) from None
     return out
@@ -125,7 +125,7 @@ def register_ranks(ipython: Any) -> None:
     """Register ``%%ranks`` (run a cell on the persistent ranks) and ``%ranks start|stop|status``."""
     from IPython.core import magic_arguments
 
-    from ddp_lab import persistent
+    from ddp_lab.runtime import persistent
 
     @magic_arguments.magic_arguments()
     @magic_arguments.argument("action", nargs="?", default="", help="start, stop or status")

@@ -34,7 +34,7 @@ def _open_capture(path: str, fd: int) -> io.TextIOWrapper:
 
 
 def _setup_process(rank: int, msg: dict, close_fds: tuple[int, ...]) -> None:
-    from ddp_lab._zygote import set_parent_death_signal
+    from ddp_lab.runtime._zygote import set_parent_death_signal
 
     os.setpgid(0, 0)
     set_parent_death_signal(signal.SIGKILL)

@@ -1,6 +1,6 @@
 """What a persistent rank runs: wait for a request, run it in this rank's namespace, answer.
 
-``ddp_lab.persistent`` launches the ranks through the launcher's zygote, so each one is set
+``ddp_lab.runtime.persistent`` launches the ranks through the launcher's zygote, so each one is set
 up exactly like a ``dl.spawn`` rank (own process group, fd-level output capture,
 faulthandler on SIGUSR1, torchrun-like environment). Then, instead of returning, it
 connects back to the notebook over a Unix socket in the launch's private directory and
@@ -29,8 +29,8 @@ from typing import Any
 
 import cloudpickle
 
-from ddp_lab._rank import error_record
-from ddp_lab._zygote import read_msg, write_msg
+from ddp_lab.runtime._rank import error_record
+from ddp_lab.runtime._zygote import read_msg, write_msg
 
 try:
     _LIBC: ctypes.CDLL | None = ctypes.CDLL(None)
@@ -132,7 +132,7 @@ def serve(rank: int, socket_path: str, nprocs: int, backend: str) -> None:
     import torch
     import torch.distributed as dist
 
-    from ddp_lab._rank import init_group
+    from ddp_lab.runtime._rank import init_group
 
     _ignore_sigint()
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)

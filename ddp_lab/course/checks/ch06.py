@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DistributedSampler
 
-from ddp_lab.grading import checker, fail, mismatch
+from ddp_lab.course.grading import checker, fail, mismatch
 
 
 def uses_forbidden(fn: Callable, names: set[str]) -> str:
@@ -41,7 +41,7 @@ _FORBIDDEN_MSG = {
 
 
 def _check_forbidden(grade_id: str, fn: Callable) -> None:
-    from ddp_lab.i18n import get_language
+    from ddp_lab.course.i18n import get_language
 
     name = uses_forbidden(fn, FORBIDDEN[grade_id])
     if name:

@@ -12,7 +12,7 @@ import random
 from collections.abc import Callable, Iterator
 
 from ddp_lab import cuda_compat as cc
-from ddp_lab.grading import checker, fail
+from ddp_lab.course.grading import checker, fail
 
 # The header line of three generations of nvidia-smi (2019, 2023, 2025 layouts).
 _SMI_OLD = """+-----------------------------------------------------------------------------+

@@ -2,9 +2,10 @@
 
 Why: ``torch.multiprocessing.spawn`` starts a fresh interpreter per rank and imports
 torch in each (seconds), and forking the notebook kernel itself breaks once the kernel
-has initialised CUDA. The zygote is a clean ``python -m ddp_lab._zygote`` started by the
-launcher: it imports torch but never touches CUDA, so a fork of it is as fast as a fork
-of the kernel and still safe for CUDA in the children.
+has initialised CUDA. The zygote is a clean Python process started by the launcher
+(``python -c "from ddp_lab.runtime._zygote import main; main()"``): it imports torch but
+never touches CUDA, so a fork of it is as fast as a fork of the kernel and still safe for
+CUDA in the children.
 
 Protocol: length-prefixed pickles. The launcher writes to the zygote's stdin; the zygote
 answers on the pipe that was its stdout (its fd 1 is then pointed at stderr so stray
@@ -77,7 +78,7 @@ def _signal_ranks(alive: dict[int, int], sig: int, ranks: list[int] | None) -> N
 
 def _launch(msg: dict, in_fd: int, out_fd: int) -> bool:
     """Fork the ranks of one launch and report their exits. False when the parent is gone."""
-    from ddp_lab import _rank
+    from ddp_lab.runtime import _rank
 
     alive: dict[int, int] = {}
     for rank in range(msg["nprocs"]):
@@ -125,7 +126,7 @@ def main() -> None:
     import torch
     import torch.distributed  # noqa: F401
 
-    from ddp_lab import _rank  # noqa: F401
+    from ddp_lab.runtime import _rank  # noqa: F401
 
     try:
         import numpy  # noqa: F401

@@ -15,8 +15,8 @@ import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
-from ddp_lab.grading import checker, fail
-from ddp_lab.i18n import get_language
+from ddp_lab.course.grading import checker, fail
+from ddp_lab.course.i18n import get_language
 
 _TEXT = {
     "forbidden": {
@@ -84,7 +84,7 @@ def run_ranks(rank_fn: Callable, args: tuple, nprocs: int, case: str, timeout: f
     NotImplementedError (the unsolved stub) is re-raised for ``grade`` to recognise.
     """
     from ddp_lab import spawn
-    from ddp_lab.launcher import DistributedError, DistributedTimeoutError
+    from ddp_lab.runtime.launcher import DistributedError, DistributedTimeoutError
 
     try:
         results = spawn(

@@ -24,10 +24,10 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from ddp_lab.i18n import MESSAGES, get_language, t
+from ddp_lab.course.i18n import MESSAGES, get_language, t
 
 DEFAULT_SEED = 20261122
-# Extra modules that register checkers (ddp_lab.checks.* are always loaded).
+# Extra modules that register checkers (ddp_lab.course.checks.* are always loaded).
 CHECKER_MODULES: list[str] = []
 
 
@@ -56,8 +56,8 @@ def checker(grade_id: str, points: int) -> Callable:
 
 
 def load_checkers() -> dict[str, Checker]:
-    """Import every checker module (ddp_lab.checks.*) and return the registry."""
-    from ddp_lab import checks
+    """Import every checker module (ddp_lab.course.checks.*) and return the registry."""
+    from ddp_lab.course import checks
 
     checks.load_all()
     for name in CHECKER_MODULES:
@@ -109,7 +109,7 @@ def grade(grade_id: str, *objects: Any) -> None:
             why=exc.args[0],
         )
     except Exception as exc:  # noqa: BLE001  # the learner's code crashed
-        from ddp_lab.launcher import DistributedError
+        from ddp_lab.runtime.launcher import DistributedError
 
         if isinstance(exc, DistributedError) and any(
             f.exception is not None and isinstance(f.exception, NotImplementedError)
