@@ -16,9 +16,9 @@ what a learner sees:
   (matplotlib's "Glyph ... missing from font" warning), and the font ``dl.setup()`` picks
   covers every Chinese character the course draws.
 
-Run alone:  .venv/bin/python -m pytest tests/test_browser.py   (or ``-m browser``)
+Run alone:  .venv/bin/python -m pytest tests/course/test_browser.py   (or ``-m browser``)
 Docs screenshots (docs/screenshots/, one per chapter and language):
-    DDP_LAB_SCREENSHOTS=docs/screenshots .venv/bin/python -m pytest tests/test_browser.py
+    DDP_LAB_SCREENSHOTS=docs/screenshots .venv/bin/python -m pytest tests/course/test_browser.py
 When a check fails, a screenshot of the page is saved under pytest's tmp dir (path printed).
 Chromium comes from ``apt-get install chromium`` (test.sh does it when it can); without it,
 or without Playwright, the browser tests are skipped with the reason.
@@ -44,7 +44,7 @@ from conftest import descendants
 
 from ddp_lab.runtime.launcher import free_port
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM = os.environ.get("DDP_LAB_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = [
     "--headless",
