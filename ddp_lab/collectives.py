@@ -18,6 +18,22 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from ddp_lab.course.i18n import Messages
+
+MESSAGES = Messages(
+    __name__,
+    {
+        "before": {
+            "en": "before",
+            "zh": "之前",
+        },
+        "after": {
+            "en": "after",
+            "zh": "之后",
+        },
+    },
+)
+
 OPS = (
     "send_recv",
     "broadcast",
@@ -235,13 +251,11 @@ def draw(op: str, world_size: int = 4, axes: Any = None) -> Any:
     """Draw every rank's slots before and after ``op``; return the figure."""
     import matplotlib.pyplot as plt
 
-    from ddp_lab.course.notebook import tr
-
     before, after = model(op, world_size)
     if axes is None:
         fig, axes = plt.subplots(1, 2, figsize=(9, 0.55 * world_size + 1.0))
     fig = axes[0].figure
-    titles = (tr(en="before", zh="之前"), tr(en="after", zh="之后"))
+    titles = (MESSAGES("before"), MESSAGES("after"))
     width = max(max(len(row) for row in before), max(len(row) for row in after), 1)
     for ax, rows, title in zip(axes, (before, after), titles, strict=True):
         for r, row in enumerate(rows):

@@ -25,34 +25,31 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ddp_lab.course.i18n import get_language
+from ddp_lab.course.i18n import Messages
 
-_MESSAGES = {
-    "no_group": {
-        "en": "{what} needs an initialised process group: call dist.init_process_group(...) "
-        "first (or use dl.spawn(..., backend='gloo')).",
-        "zh": "{what} 需要已初始化的进程组：请先调用 dist.init_process_group(...)"
-        "（或使用 dl.spawn(..., backend='gloo')）。",
+MESSAGES = Messages(
+    __name__,
+    {
+        "no_group": {
+            "en": "{what} needs an initialised process group: call dist.init_process_group(...) "
+            "first (or use dl.spawn(..., backend='gloo')).",
+            "zh": "{what} 需要已初始化的进程组：请先调用 dist.init_process_group(...)"
+            "（或使用 dl.spawn(..., backend='gloo')）。",
+        },
+        "not_module": {
+            "en": "{what} wraps a torch.nn.Module, got {value!r}.",
+            "zh": "{what} 只能包装 torch.nn.Module，但收到的是 {value!r}。",
+        },
     },
-    "not_module": {
-        "en": "{what} wraps a torch.nn.Module, got {value!r}.",
-        "zh": "{what} 只能包装 torch.nn.Module，但收到的是 {value!r}。",
-    },
-}
-
-
-def message(key: str, **kwargs: object) -> str:
-    """A learner-facing error message of this module in the current language."""
-    entry = _MESSAGES[key]
-    return entry.get(get_language(), entry["en"]).format(**kwargs)
+)
 
 
 def check_wrappable(module: Any, what: str) -> None:
     """Raise a clear error before anything starts if ``module`` cannot be wrapped."""
     if not isinstance(module, nn.Module):
-        raise TypeError(message("not_module", what=what, value=module))
+        raise TypeError(MESSAGES("not_module", what=what, value=module))
     if not (dist.is_available() and dist.is_initialized()):
-        raise RuntimeError(message("no_group", what=what))
+        raise RuntimeError(MESSAGES("no_group", what=what))
 
 
 def module_states(module: nn.Module) -> list[torch.Tensor]:

@@ -39,72 +39,74 @@ from pathlib import Path
 
 import nbformat
 
+from ddp_lab.course.i18n import Messages
+
 TOKEN_VAR = "DDP_LAB_GRADE_TOKEN"
 OUTPUT_PROP = "ddp_lab_output"
 ERROR_PROP = "ddp_lab_error"
 KERNEL_DIED = "ddp-lab: the kernel died"
 PACKAGE_PARENT = Path(__file__).resolve().parents[2]  # holds ddp_lab/ (this is ddp_lab/course/)
 
-M: dict[str, dict[str, str]] = {
-    "passed": {"en": "passed", "zh": "通过"},
-    "failed": {"en": "failed", "zh": "未通过"},
-    "tampered-changed": {"en": "graded cell changed", "zh": "评分单元被修改"},
-    "tampered-deleted": {"en": "graded cell deleted", "zh": "评分单元被删除"},
-    "tampered-moved": {"en": "graded cell moved", "zh": "评分单元被移动"},
-    "timeout": {"en": "timed out", "zh": "超时"},
-    "kernel-died": {"en": "kernel died", "zh": "内核崩溃"},
-    "invalid": {"en": "invalid notebook", "zh": "notebook 文件无效"},
-    "error": {"en": "not run", "zh": "未能运行"},
-    "why_changed": {
-        "en": "the code of the graded cell was changed; copy it back from the released notebook.",
-        "zh": "评分单元的代码被修改了；请从发布的 notebook 中把它复制回来。",
+MESSAGES = Messages(
+    __name__,
+    {
+        "passed": {"en": "passed", "zh": "通过"},
+        "failed": {"en": "failed", "zh": "未通过"},
+        "tampered-changed": {"en": "graded cell changed", "zh": "评分单元被修改"},
+        "tampered-deleted": {"en": "graded cell deleted", "zh": "评分单元被删除"},
+        "tampered-moved": {"en": "graded cell moved", "zh": "评分单元被移动"},
+        "timeout": {"en": "timed out", "zh": "超时"},
+        "kernel-died": {"en": "kernel died", "zh": "内核崩溃"},
+        "invalid": {"en": "invalid notebook", "zh": "notebook 文件无效"},
+        "error": {"en": "not run", "zh": "未能运行"},
+        "why_changed": {
+            "en": "the code of the graded cell was changed; copy it back from the released notebook.",
+            "zh": "评分单元的代码被修改了；请从发布的 notebook 中把它复制回来。",
+        },
+        "why_dup": {"en": "the graded cell appears {n} times.", "zh": "评分单元出现了 {n} 次。"},
+        "why_deleted": {"en": "the graded cell is missing.", "zh": "找不到评分单元。"},
+        "why_moved": {
+            "en": "the graded cell was moved relative to the exercise cells; put it back in place.",
+            "zh": "评分单元相对于练习单元的位置被移动了；请把它移回原处。",
+        },
+        "why_total": {
+            "en": "the notebook did not finish within {timeout:g} s and was stopped.",
+            "zh": "notebook 在 {timeout:g} 秒内没有运行完，已被停止。",
+        },
+        "why_cell": {
+            "en": "a cell ran longer than {timeout:g} s and was interrupted (an endless loop?).",
+            "zh": "有代码单元运行超过 {timeout:g} 秒，已被中断（是否有死循环？）。",
+        },
+        "why_died": {
+            "en": "the Python kernel died (os._exit, a crash or out of memory) before this cell ran.",
+            "zh": "在运行这个单元之前 Python 内核已经退出（os._exit、崩溃或内存不足）。",
+        },
+        "why_invalid": {
+            "en": "not a valid notebook: {error}",
+            "zh": "不是有效的 notebook：{error}",
+        },
+        "why_error": {
+            "en": "the notebook could not be run: {error}",
+            "zh": "无法运行 notebook：{error}",
+        },
+        "total": {"en": "total {points}/{max_points} points", "zh": "总分 {points}/{max_points}"},
+        "feedback": {"en": "Feedback for {student}: {title}", "zh": "{student} 的反馈：{title}"},
+        "no_file": {"en": "No such file: {path}", "zh": "找不到文件：{path}"},
+        "no_graded": {
+            "en": "{path} has no graded cells: is it an exercise notebook?",
+            "zh": "{path} 中没有评分单元：它是练习 notebook 吗？",
+        },
+        "no_subs": {
+            "en": "No .ipynb submissions found in {paths}",
+            "zh": "在 {paths} 中找不到 .ipynb 提交",
+        },
+        "bad_number": {
+            "en": "--{name} must be a positive number, got {value!r}.",
+            "zh": "--{name} 必须是正数，但收到的是 {value!r}。",
+        },
+        "wrote": {"en": "wrote {path}", "zh": "已写入 {path}"},
     },
-    "why_dup": {"en": "the graded cell appears {n} times.", "zh": "评分单元出现了 {n} 次。"},
-    "why_deleted": {"en": "the graded cell is missing.", "zh": "找不到评分单元。"},
-    "why_moved": {
-        "en": "the graded cell was moved relative to the exercise cells; put it back in place.",
-        "zh": "评分单元相对于练习单元的位置被移动了；请把它移回原处。",
-    },
-    "why_total": {
-        "en": "the notebook did not finish within {timeout:g} s and was stopped.",
-        "zh": "notebook 在 {timeout:g} 秒内没有运行完，已被停止。",
-    },
-    "why_cell": {
-        "en": "a cell ran longer than {timeout:g} s and was interrupted (an endless loop?).",
-        "zh": "有代码单元运行超过 {timeout:g} 秒，已被中断（是否有死循环？）。",
-    },
-    "why_died": {
-        "en": "the Python kernel died (os._exit, a crash or out of memory) before this cell ran.",
-        "zh": "在运行这个单元之前 Python 内核已经退出（os._exit、崩溃或内存不足）。",
-    },
-    "why_invalid": {"en": "not a valid notebook: {error}", "zh": "不是有效的 notebook：{error}"},
-    "why_error": {
-        "en": "the notebook could not be run: {error}",
-        "zh": "无法运行 notebook：{error}",
-    },
-    "total": {"en": "total {points}/{max_points} points", "zh": "总分 {points}/{max_points}"},
-    "feedback": {"en": "Feedback for {student}: {title}", "zh": "{student} 的反馈：{title}"},
-    "no_file": {"en": "No such file: {path}", "zh": "找不到文件：{path}"},
-    "no_graded": {
-        "en": "{path} has no graded cells: is it an exercise notebook?",
-        "zh": "{path} 中没有评分单元：它是练习 notebook 吗？",
-    },
-    "no_subs": {
-        "en": "No .ipynb submissions found in {paths}",
-        "zh": "在 {paths} 中找不到 .ipynb 提交",
-    },
-    "bad_number": {
-        "en": "--{name} must be a positive number, got {value!r}.",
-        "zh": "--{name} 必须是正数，但收到的是 {value!r}。",
-    },
-    "wrote": {"en": "wrote {path}", "zh": "已写入 {path}"},
-}
-
-
-def msg(key: str, lang: str, **kwargs: object) -> str:
-    """Message ``key`` in ``lang`` ("en" when unknown)."""
-    entry = M[key]
-    return entry.get(lang, entry["en"]).format(**kwargs)
+)
 
 
 @dataclass
@@ -314,14 +316,14 @@ def run_nbval(
             proc.wait(timeout=timeout)
             why = ""
         except subprocess.TimeoutExpired:
-            why = msg("why_total", lang, timeout=timeout)
+            why = MESSAGES("why_total", lang, timeout=timeout)
         finally:  # also after a normal end: no zygote or rank may outlive the run
             kill_run(proc.pid, token)
             proc.wait()
             _RUNNING.pop(proc.pid, None)
     if why or not junit.exists():
         tail = log.read_text(encoding="utf-8", errors="replace").strip().splitlines()[-1:]
-        return None, why or msg("why_error", lang, error=" ".join(tail)[-300:])
+        return None, why or MESSAGES("why_error", lang, error=" ".join(tail)[-300:])
     cells = {}
     for case in ET.parse(junit).iter("testcase"):
         bad = [e for e in case if e.tag in ("failure", "error", "skipped")]
@@ -350,7 +352,7 @@ def score(
         if not isinstance(sub.get("cells"), list):
             raise ValueError("no list of cells")
     except Exception as exc:  # noqa: BLE001  # any unreadable file scores 0, the rest go on
-        why = msg("why_invalid", lang, error=f"{type(exc).__name__}: {str(exc)[:200]}")
+        why = MESSAGES("why_invalid", lang, error=f"{type(exc).__name__}: {str(exc)[:200]}")
         return lang, [Result(e.grade_id, 0, e.points, "invalid", why) for e in exercises]
     lang = language_of(sub, lang)
     found, tampered = locate(release, sub)
@@ -371,7 +373,7 @@ def score(
         res = (cells or {}).get(f"Cell {number}")
         expected = _stream_text(ex.cell.outputs).strip()
         if cells is None:
-            status = "timeout" if why == msg("why_total", lang, timeout=timeout) else "error"
+            status = "timeout" if why == MESSAGES("why_total", lang, timeout=timeout) else "error"
             results[ex.grade_id] = Result(ex.grade_id, 0, ex.points, status, why)
         elif res and res["ok"] and expected in res["output"]:
             results[ex.grade_id] = Result(
@@ -385,7 +387,7 @@ def score(
             key = "why_dup" if kind.startswith("dup:") else f"why_{kind}"
             status = "tampered-changed" if kind.startswith("dup:") else f"tampered-{kind}"
             results[ex.grade_id] = Result(
-                ex.grade_id, 0, ex.points, status, msg(key, lang, n=kind[4:])
+                ex.grade_id, 0, ex.points, status, MESSAGES(key, lang, n=kind[4:])
             )
     return lang, [results[e.grade_id] for e in exercises]
 
@@ -404,10 +406,10 @@ def _failure(
         ]
         cause = next((m for m in earlier if KERNEL_DIED in m or "Timeout" in m), cause)
     if "Kernel dead" in cause or KERNEL_DIED in cause:
-        return Result(ex.grade_id, 0, ex.points, "kernel-died", msg("why_died", lang))
+        return Result(ex.grade_id, 0, ex.points, "kernel-died", MESSAGES("why_died", lang))
     if "Timeout" in cause or "timed out" in cause:
         return Result(
-            ex.grade_id, 0, ex.points, "timeout", msg("why_cell", lang, timeout=cell_timeout)
+            ex.grade_id, 0, ex.points, "timeout", MESSAGES("why_cell", lang, timeout=cell_timeout)
         )
     detail = res.get("output", "").strip()[-600:] or res.get("error", "")[:300] or cause[:300]
     return Result(ex.grade_id, 0, ex.points, "failed", detail)
@@ -420,11 +422,11 @@ def _num(name: str) -> int:
 def report_lines(results: list[Result], lang: str) -> list[str]:
     """One line per exercise and a total, in ``lang``."""
     lines = [
-        f"- {r.grade_id}: {msg(r.status, lang)}, {r.points}/{r.max_points}"
+        f"- {r.grade_id}: {MESSAGES(r.status, lang)}, {r.points}/{r.max_points}"
         + (f"\n  {r.detail}" if r.detail and r.status != "passed" else "")
         for r in results
     ]
-    total = msg(
+    total = MESSAGES(
         "total",
         lang,
         points=sum(r.points for r in results),
@@ -437,7 +439,7 @@ def _positive(args: argparse.Namespace, *names: str) -> str | None:
     for name in names:
         value = getattr(args, name, None)
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-            return msg("bad_number", _cli_lang(), name=name.replace("_", "-"), value=value)
+            return MESSAGES("bad_number", _cli_lang(), name=name.replace("_", "-"), value=value)
     return None
 
 
@@ -473,7 +475,7 @@ def check_main(args: argparse.Namespace) -> int:
     path = Path(args.notebook)
     problem = _positive(args, "cell_timeout", "timeout")
     if problem is None and not path.is_file():
-        problem = msg("no_file", _cli_lang(), path=path)
+        problem = MESSAGES("no_file", _cli_lang(), path=path)
     if problem:
         print(problem, file=sys.stderr)
         return 2
@@ -481,11 +483,11 @@ def check_main(args: argparse.Namespace) -> int:
         nb = nbformat.read(path, as_version=4)
     except Exception as exc:  # noqa: BLE001  # any unreadable file: say why, in one line
         error = f"{type(exc).__name__}: {str(exc)[:200]}"
-        print(f"{path}: {msg('why_invalid', _cli_lang(), error=error)}", file=sys.stderr)
+        print(f"{path}: {MESSAGES('why_invalid', _cli_lang(), error=error)}", file=sys.stderr)
         return 1
     release = reference_for(nb)
     if nb.metadata.get("ddp_lab", {}).get("kind") == "notebooks" or not exercises_of(release):
-        print(msg("no_graded", language_of(nb), path=path), file=sys.stderr)
+        print(MESSAGES("no_graded", language_of(nb), path=path), file=sys.stderr)
         return 1
     lang, results = score(release, path, args.cell_timeout, args.timeout)
     print(path)
@@ -528,19 +530,19 @@ def grade_main(args: argparse.Namespace) -> int:
     release_path = Path(args.release)
     problem = _positive(args, "cell_timeout", "timeout")
     if problem is None and (not isinstance(args.jobs, int) or args.jobs < 0):
-        problem = msg("bad_number", lang, name="jobs", value=args.jobs)
+        problem = MESSAGES("bad_number", lang, name="jobs", value=args.jobs)
     if problem is None and not release_path.is_file():
-        problem = msg("no_file", lang, path=release_path)
+        problem = MESSAGES("no_file", lang, path=release_path)
     missing = [p for p in args.submissions if not Path(p).exists()]
     if problem is None and missing:
-        problem = msg("no_file", lang, path=", ".join(missing))
+        problem = MESSAGES("no_file", lang, path=", ".join(missing))
     subs = [] if problem else find_submissions(args.submissions)
     if problem is None and not subs:
-        problem = msg("no_subs", lang, paths=" ".join(args.submissions))
+        problem = MESSAGES("no_subs", lang, paths=" ".join(args.submissions))
     if problem is None:
         release = nbformat.read(release_path, as_version=4)
         if not exercises_of(release):
-            problem = msg("no_graded", lang, path=release_path)
+            problem = MESSAGES("no_graded", lang, path=release_path)
     if problem:
         print(problem, file=sys.stderr)
         return 2
@@ -553,10 +555,10 @@ def grade_main(args: argparse.Namespace) -> int:
         try:
             sub_lang, results = score(release, subs[i], args.cell_timeout, args.timeout)
         except Exception as exc:  # noqa: BLE001  # a bug here must not stop the other gradings
-            sub_lang, why = lang, msg("why_error", lang, error=f"{type(exc).__name__}: {exc}")
+            sub_lang, why = lang, MESSAGES("why_error", lang, error=f"{type(exc).__name__}: {exc}")
             results = [Result(e.grade_id, 0, e.points, "error", why) for e in exercises_of(release)]
         text = [
-            f"# {msg('feedback', sub_lang, student=names[i], title=_title(subs[i], title))}",
+            f"# {MESSAGES('feedback', sub_lang, student=names[i], title=_title(subs[i], title))}",
             "",
             *report_lines(results, sub_lang),
             "",
@@ -580,7 +582,7 @@ def grade_main(args: argparse.Namespace) -> int:
         for name, results in graded:
             for r in results:
                 writer.writerow([name, r.grade_id, r.points, r.max_points, r.status])
-    print(msg("wrote", lang, path=out / "gradebook.csv"))
+    print(MESSAGES("wrote", lang, path=out / "gradebook.csv"))
     return 0
 
 

@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from ddp_lab.course.i18n import MESSAGES, get_language, t
+from ddp_lab.course.i18n import t
 
 DEFAULT_SEED = 20261122
 # Extra modules that register checkers (ddp_lab.course.checks.* are always loaded).
@@ -120,7 +120,7 @@ def grade(grade_id: str, *objects: Any) -> None:
             why = t("grade_raised", error=f"{type(exc).__name__}: {_first_line(exc)}")
             detail = t("grade_case_failed", index=index + 1, total=total, case="-", why=why)
     else:
-        print(MESSAGES["grade_pass"][get_language()].format(grade_id=grade_id, points=chk.points))
+        print(t("grade_pass", grade_id=grade_id, points=chk.points))
         return
     print(t("grade_fail", grade_id=grade_id, points=chk.points, detail=detail))
     raise AssertionError(f"{grade_id}: 0/{chk.points}")

@@ -16,39 +16,37 @@ import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
 from ddp_lab.course.grading import checker, fail
-from ddp_lab.course.i18n import get_language
+from ddp_lab.course.i18n import Messages
 
-_TEXT = {
-    "forbidden": {
-        "en": "your function called dist.{name}: build it from {allowed} instead",
-        "zh": "你的函数调用了 dist.{name}：请改用 {allowed} 来实现",
+MESSAGES = Messages(
+    __name__,
+    {
+        "forbidden": {
+            "en": "your function called dist.{name}: build it from {allowed} instead",
+            "zh": "你的函数调用了 dist.{name}：请改用 {allowed} 来实现",
+        },
+        "not_returned": {
+            "en": "rank {rank}: it must return the tensor it was given (in place)",
+            "zh": "rank {rank}：函数必须原地修改并返回传入的那个张量",
+        },
+        "values": {
+            "en": "rank {rank}: expected {expected}, got {got}",
+            "zh": "rank {rank}：期望 {expected}，实际得到 {got}",
+        },
+        "timeout": {
+            "en": "the ranks were still running after {seconds} s: a deadlock? (e.g. every "
+            "rank waiting in recv, or ranks calling different operations)",
+            "zh": "{seconds} 秒后各 rank 仍未结束：是否死锁？（例如所有 rank 都在 recv 中等待，"
+            "或各 rank 调用了不同的操作）",
+        },
+        "crashed": {"en": "rank {rank} raised {error}", "zh": "rank {rank} 抛出了 {error}"},
+        "list": {
+            "en": "rank {rank}: fill the tensors already in tensor_list (in rank order) "
+            "instead of replacing them",
+            "zh": "rank {rank}：请把数据写入 tensor_list 里原有的张量（按 rank 顺序），而不是替换它们",
+        },
     },
-    "not_returned": {
-        "en": "rank {rank}: it must return the tensor it was given (in place)",
-        "zh": "rank {rank}：函数必须原地修改并返回传入的那个张量",
-    },
-    "values": {
-        "en": "rank {rank}: expected {expected}, got {got}",
-        "zh": "rank {rank}：期望 {expected}，实际得到 {got}",
-    },
-    "timeout": {
-        "en": "the ranks were still running after {seconds} s: a deadlock? (e.g. every "
-        "rank waiting in recv, or ranks calling different operations)",
-        "zh": "{seconds} 秒后各 rank 仍未结束：是否死锁？（例如所有 rank 都在 recv 中等待，"
-        "或各 rank 调用了不同的操作）",
-    },
-    "crashed": {"en": "rank {rank} raised {error}", "zh": "rank {rank} 抛出了 {error}"},
-    "list": {
-        "en": "rank {rank}: fill the tensors already in tensor_list (in rank order) "
-        "instead of replacing them",
-        "zh": "rank {rank}：请把数据写入 tensor_list 里原有的张量（按 rank 顺序），而不是替换它们",
-    },
-}
-
-
-def text(key: str, **kwargs: object) -> str:
-    """A checker message in the learner's language."""
-    return _TEXT[key][get_language()].format(**kwargs)
+)
 
 
 class Forbidden(RuntimeError):
@@ -62,7 +60,7 @@ def forbid(names: list[str], allowed: str) -> Iterator[None]:
 
     def make(name: str) -> Callable:
         def blocked(*args: object, **kwargs: object) -> None:
-            raise Forbidden(text("forbidden", name=name, allowed=allowed))
+            raise Forbidden(MESSAGES("forbidden", name=name, allowed=allowed))
 
         return blocked
 
@@ -91,7 +89,7 @@ def run_ranks(rank_fn: Callable, args: tuple, nprocs: int, case: str, timeout: f
             rank_fn, args=args, nprocs=nprocs, backend="gloo", quiet=True, timeout=timeout
         )
     except DistributedTimeoutError:
-        raise fail(text("timeout", seconds=timeout), case) from None
+        raise fail(MESSAGES("timeout", seconds=timeout), case) from None
     except DistributedError as err:
         if any(isinstance(f.exception, NotImplementedError) for f in err.failures):
             raise
@@ -99,7 +97,7 @@ def run_ranks(rank_fn: Callable, args: tuple, nprocs: int, case: str, timeout: f
         if first is None or first.exception is None:
             raise
         error = f"{type(first.exception).__name__}: {str(first.exception).splitlines()[0]}"
-        raise fail(text("crashed", rank=first.rank, error=error), case) from None
+        raise fail(MESSAGES("crashed", rank=first.rank, error=error), case) from None
     for problem in results:
         if problem:
             raise fail(problem, case)
@@ -147,9 +145,9 @@ def _rank_all_reduce(rank: int, fn: Callable, cases: list) -> str:
         with forbid(_ALL_REDUCE_BANNED, "dist.reduce + dist.broadcast"):
             got = fn(mine)
         if got is not mine:
-            return text("not_returned", rank=rank)
+            return MESSAGES("not_returned", rank=rank)
         if not torch.equal(mine, expected):
-            return text("values", rank=rank, expected=short(expected), got=short(mine))
+            return MESSAGES("values", rank=rank, expected=short(expected), got=short(mine))
     return ""
 
 
@@ -164,10 +162,10 @@ def _rank_all_gather(rank: int, fn: Callable, cases: list) -> str:
         with forbid(_ALL_GATHER_BANNED, "dist.send / dist.recv (or isend / irecv)"):
             fn(out, mine)
         if len(out) != n or any(a is not b for a, b in zip(out, given, strict=True)):
-            return text("list", rank=rank)
+            return MESSAGES("list", rank=rank)
         for got, want in zip(out, expected, strict=True):
             if not torch.equal(got, want):
-                return text(
+                return MESSAGES(
                     "values",
                     rank=rank,
                     expected=[short(t) for t in expected],

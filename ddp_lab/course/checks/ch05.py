@@ -19,9 +19,10 @@ import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
-from ddp_lab.course.checks.ch04 import forbid, make_input, run_ranks, short, text
+from ddp_lab.course.checks import ch04
+from ddp_lab.course.checks.ch04 import forbid, make_input, run_ranks, short
 from ddp_lab.course.grading import checker
-from ddp_lab.course.i18n import get_language
+from ddp_lab.course.i18n import Messages
 
 _BANNED = [
     "all_reduce",
@@ -37,14 +38,20 @@ _BANNED = [
     "gather",
     "scatter",
 ]
-_TOO_MUCH = {
-    "en": "rank {rank} sent {sent} elements for a tensor of {numel} on {n} ranks; a ring sends "
-    "at most {limit} (2(N-1) chunks of about numel/N). Send one chunk per step, not the "
-    "whole buffer.",
-    "zh": "rank {rank} 为一个 {numel} 个元素的张量在 {n} 个 rank 上发送了 {sent} 个元素；"
-    "环形全归约最多发送 {limit} 个（2(N-1) 个大小约为 numel/N 的块）。"
-    "每一步只发送一个块，而不是整个缓冲区。",
-}
+# The messages this checker shares with ch04 (not_returned, values...) are ch04.MESSAGES.
+MESSAGES = Messages(
+    __name__,
+    {
+        "too_much": {
+            "en": "rank {rank} sent {sent} elements for a tensor of {numel} on {n} ranks; a ring "
+            "sends at most {limit} (2(N-1) chunks of about numel/N). Send one chunk per step, "
+            "not the whole buffer.",
+            "zh": "rank {rank} 为一个 {numel} 个元素的张量在 {n} 个 rank 上发送了 {sent} 个元素；"
+            "环形全归约最多发送 {limit} 个（2(N-1) 个大小约为 numel/N 的块）。"
+            "每一步只发送一个块，而不是整个缓冲区。",
+        },
+    },
+)
 
 
 @contextlib.contextmanager
@@ -85,13 +92,13 @@ def _rank_ring(rank: int, fn: Callable, cases: list) -> str:
         with forbid(_BANNED, "dist.isend / dist.irecv (or send / recv)"), count_sends(sent):
             got = fn(mine)
         if got is not mine:
-            return text("not_returned", rank=rank)
+            return ch04.MESSAGES("not_returned", rank=rank)
         if not torch.equal(mine, expected):
-            return text("values", rank=rank, expected=short(expected), got=short(mine))
+            return ch04.MESSAGES("values", rank=rank, expected=short(expected), got=short(mine))
         numel = mine.numel()
         if sent[0] > send_limit(numel, n):
-            return _TOO_MUCH[get_language()].format(
-                rank=rank, sent=sent[0], numel=numel, n=n, limit=send_limit(numel, n)
+            return MESSAGES(
+                "too_much", rank=rank, sent=sent[0], numel=numel, n=n, limit=send_limit(numel, n)
             )
     return ""
 

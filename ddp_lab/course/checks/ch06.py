@@ -10,6 +10,7 @@ import torch.distributed as dist
 from torch.utils.data import DistributedSampler
 
 from ddp_lab.course.grading import checker, fail, mismatch
+from ddp_lab.course.i18n import Messages
 
 
 def uses_forbidden(fn: Callable, names: set[str]) -> str:
@@ -34,18 +35,21 @@ FORBIDDEN = {
     },
     "06.accuracy": {"gather_in_index_order", "gather_by_index", "all_reduce_accuracy"},
 }
-_FORBIDDEN_MSG = {
-    "en": "write it yourself: your function calls {name}",
-    "zh": "请自己实现：你的函数调用了 {name}",
-}
+MESSAGES = Messages(
+    __name__,
+    {
+        "forbidden": {
+            "en": "write it yourself: your function calls {name}",
+            "zh": "请自己实现：你的函数调用了 {name}",
+        },
+    },
+)
 
 
 def _check_forbidden(grade_id: str, fn: Callable) -> None:
-    from ddp_lab.course.i18n import get_language
-
     name = uses_forbidden(fn, FORBIDDEN[grade_id])
     if name:
-        raise fail(_FORBIDDEN_MSG[get_language()].format(name=name), "-")
+        raise fail(MESSAGES("forbidden", name=name), "-")
 
 
 def torch_indices(

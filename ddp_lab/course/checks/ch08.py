@@ -27,80 +27,79 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from ddp_lab.course.grading import checker, fail
-from ddp_lab.course.i18n import get_language
+from ddp_lab.course.i18n import Messages
 
-MSG = {
-    "order": {
-        "en": "rank {rank} read the samples in the same order in epoch 1 and epoch 2: "
-        "call sampler.set_epoch(epoch) at the start of every epoch",
-        "zh": "rank {rank} 在第 1 轮和第 2 轮以相同的顺序读取样本：请在每一轮开始时调用 "
-        "sampler.set_epoch(epoch)",
+MESSAGES = Messages(
+    __name__,
+    {
+        "order": {
+            "en": "rank {rank} read the samples in the same order in epoch 1 and epoch 2: "
+            "call sampler.set_epoch(epoch) at the start of every epoch",
+            "zh": "rank {rank} 在第 1 轮和第 2 轮以相同的顺序读取样本：请在每一轮开始时调用 "
+            "sampler.set_epoch(epoch)",
+        },
+        "shard": {
+            "en": "rank {rank} did not read its DistributedSampler shard (DistributedSampler(dataset) "
+            "with set_epoch(epoch), batches from DataLoader(dataset, batch_size, sampler=...))",
+            "zh": "rank {rank} 读取的样本不是它的 DistributedSampler 分片（应使用 "
+            "DistributedSampler(dataset)、set_epoch(epoch) 和 DataLoader(dataset, batch_size, "
+            "sampler=...)）",
+        },
+        "saves": {
+            "en": "rank {rank} called torch.save {count} time(s): only rank 0 should write the "
+            "checkpoint (if dist.get_rank() == 0), then every rank waits at dist.barrier()",
+            "zh": "rank {rank} 调用了 {count} 次 torch.save：只应由 rank 0 写检查点"
+            "（if dist.get_rank() == 0），然后所有 rank 在 dist.barrier() 处等待",
+        },
+        "no_save": {
+            "en": "rank 0 never called torch.save: save the model's state_dict to checkpoint_path",
+            "zh": "rank 0 没有调用 torch.save：请把模型的 state_dict 保存到 checkpoint_path",
+        },
+        "files": {
+            "en": "expected exactly one checkpoint file at checkpoint_path, found {files}",
+            "zh": "checkpoint_path 处应当恰好有一个检查点文件，实际找到 {files}",
+        },
+        "not_state_dict": {
+            "en": "the checkpoint is not a plain state_dict ({error}): save "
+            "ddp_model.module.state_dict(), not the model object",
+            "zh": "检查点不是普通的 state_dict（{error}）：请保存 ddp_model.module.state_dict()，"
+            "而不是模型对象",
+        },
+        "wrapper": {
+            "en": "the checkpoint does not load into a plain model (keys like {key!r}): you saved "
+            "the DDP wrapper; save ddp_model.module.state_dict()",
+            "zh": "检查点无法加载到普通模型中（键名形如 {key!r}）：你保存的是 DDP 包装器；"
+            "请保存 ddp_model.module.state_dict()",
+        },
+        "ranks_differ": {
+            "en": "the parameters differ between rank 0 and rank {rank} after training (max "
+            "difference {diff:.2e}): wrap the model in DDP so gradients are averaged",
+            "zh": "训练后 rank 0 与 rank {rank} 的参数不同（最大差 {diff:.2e}）：请用 DDP 包装模型，"
+            "让梯度在各 rank 间求平均",
+        },
+        "params": {
+            "en": "the parameters differ from a correct DDP run (max difference {diff:.2e}): "
+            "create the optimizer once, before the loop (SGD with momentum=0.9 keeps state), and "
+            "call zero_grad() every step",
+            "zh": "参数与正确的 DDP 训练结果不同（最大差 {diff:.2e}）：优化器只能在循环之前创建一次"
+            "（带 momentum=0.9 的 SGD 有内部状态），并且每一步都要调用 zero_grad()",
+        },
+        "loss_ranks": {
+            "en": "the ranks returned different losses ({a} on rank 0, {b} on rank {rank}): "
+            "average each epoch's loss over all ranks with dist.all_reduce",
+            "zh": "各 rank 返回的损失不同（rank 0 为 {a}，rank {rank} 为 {b}）：请用 "
+            "dist.all_reduce 把每一轮的损失在所有 rank 间求平均",
+        },
+        "loss_value": {
+            "en": "the logged losses {got} are not the mean over all ranks {expected}",
+            "zh": "记录的损失 {got} 不是所有 rank 的平均值 {expected}",
+        },
+        "accuracy": {
+            "en": "the saved model reaches {got:.1%} accuracy, a correct run {expected:.1%}",
+            "zh": "保存的模型准确率为 {got:.1%}，正确的训练可达到 {expected:.1%}",
+        },
     },
-    "shard": {
-        "en": "rank {rank} did not read its DistributedSampler shard (DistributedSampler(dataset) "
-        "with set_epoch(epoch), batches from DataLoader(dataset, batch_size, sampler=...))",
-        "zh": "rank {rank} 读取的样本不是它的 DistributedSampler 分片（应使用 "
-        "DistributedSampler(dataset)、set_epoch(epoch) 和 DataLoader(dataset, batch_size, "
-        "sampler=...)）",
-    },
-    "saves": {
-        "en": "rank {rank} called torch.save {count} time(s): only rank 0 should write the "
-        "checkpoint (if dist.get_rank() == 0), then every rank waits at dist.barrier()",
-        "zh": "rank {rank} 调用了 {count} 次 torch.save：只应由 rank 0 写检查点"
-        "（if dist.get_rank() == 0），然后所有 rank 在 dist.barrier() 处等待",
-    },
-    "no_save": {
-        "en": "rank 0 never called torch.save: save the model's state_dict to checkpoint_path",
-        "zh": "rank 0 没有调用 torch.save：请把模型的 state_dict 保存到 checkpoint_path",
-    },
-    "files": {
-        "en": "expected exactly one checkpoint file at checkpoint_path, found {files}",
-        "zh": "checkpoint_path 处应当恰好有一个检查点文件，实际找到 {files}",
-    },
-    "not_state_dict": {
-        "en": "the checkpoint is not a plain state_dict ({error}): save "
-        "ddp_model.module.state_dict(), not the model object",
-        "zh": "检查点不是普通的 state_dict（{error}）：请保存 ddp_model.module.state_dict()，"
-        "而不是模型对象",
-    },
-    "wrapper": {
-        "en": "the checkpoint does not load into a plain model (keys like {key!r}): you saved "
-        "the DDP wrapper; save ddp_model.module.state_dict()",
-        "zh": "检查点无法加载到普通模型中（键名形如 {key!r}）：你保存的是 DDP 包装器；"
-        "请保存 ddp_model.module.state_dict()",
-    },
-    "ranks_differ": {
-        "en": "the parameters differ between rank 0 and rank {rank} after training (max "
-        "difference {diff:.2e}): wrap the model in DDP so gradients are averaged",
-        "zh": "训练后 rank 0 与 rank {rank} 的参数不同（最大差 {diff:.2e}）：请用 DDP 包装模型，"
-        "让梯度在各 rank 间求平均",
-    },
-    "params": {
-        "en": "the parameters differ from a correct DDP run (max difference {diff:.2e}): "
-        "create the optimizer once, before the loop (SGD with momentum=0.9 keeps state), and "
-        "call zero_grad() every step",
-        "zh": "参数与正确的 DDP 训练结果不同（最大差 {diff:.2e}）：优化器只能在循环之前创建一次"
-        "（带 momentum=0.9 的 SGD 有内部状态），并且每一步都要调用 zero_grad()",
-    },
-    "loss_ranks": {
-        "en": "the ranks returned different losses ({a} on rank 0, {b} on rank {rank}): "
-        "average each epoch's loss over all ranks with dist.all_reduce",
-        "zh": "各 rank 返回的损失不同（rank 0 为 {a}，rank {rank} 为 {b}）：请用 "
-        "dist.all_reduce 把每一轮的损失在所有 rank 间求平均",
-    },
-    "loss_value": {
-        "en": "the logged losses {got} are not the mean over all ranks {expected}",
-        "zh": "记录的损失 {got} 不是所有 rank 的平均值 {expected}",
-    },
-    "accuracy": {
-        "en": "the saved model reaches {got:.1%} accuracy, a correct run {expected:.1%}",
-        "zh": "保存的模型准确率为 {got:.1%}，正确的训练可达到 {expected:.1%}",
-    },
-}
-
-
-def _m(msg_key: str, **kw: Any) -> str:
-    return MSG[msg_key][get_language()].format(**kw)
+)
 
 
 class RecordingDataset(Dataset):
@@ -218,41 +217,45 @@ def verify(results: list[dict[str, Any]], case: dict[str, Any]) -> None:
         reads = [r["reads"][e * per_epoch : (e + 1) * per_epoch] for e in range(case["epochs"])]
         if reads != r["expected_reads"]:
             same = len(reads) > 1 and reads[0] == reads[1] and len(reads[0]) == per_epoch
-            raise fail(_m("order" if same else "shard", rank=rank), label)
+            raise fail(MESSAGES("order" if same else "shard", rank=rank), label)
     for rank, r in enumerate(results):
         if rank > 0 and r["saves"]:
-            raise fail(_m("saves", rank=rank, count=r["saves"]), label)
+            raise fail(MESSAGES("saves", rank=rank, count=r["saves"]), label)
     if not results[0]["saves"]:
-        raise fail(_m("no_save"), label)
+        raise fail(MESSAGES("no_save"), label)
     folder = Path(case["path"]).parent
     files = sorted(p.name for p in folder.iterdir())
     if files != [Path(case["path"]).name]:
-        raise fail(_m("files", files=files), label)
+        raise fail(MESSAGES("files", files=files), label)
     try:
         state = torch.load(case["path"], weights_only=True)
         assert isinstance(state, dict), type(state).__name__
     except Exception as exc:  # noqa: BLE001  # a pickled module, or not a dict
-        raise fail(_m("not_state_dict", error=f"{type(exc).__name__}"), label) from None
+        raise fail(MESSAGES("not_state_dict", error=f"{type(exc).__name__}"), label) from None
     _, _, plain = make_case(case)
     try:
         plain.load_state_dict(state)
     except RuntimeError:
-        raise fail(_m("wrapper", key=next(iter(state), "")), label) from None
+        raise fail(MESSAGES("wrapper", key=next(iter(state), "")), label) from None
     for rank, r in enumerate(results[1:], start=1):
         diff = _max_diff(results[0]["params"], r["params"])
         if diff > 0:
-            raise fail(_m("ranks_differ", rank=rank, diff=diff), label)
+            raise fail(MESSAGES("ranks_differ", rank=rank, diff=diff), label)
     diff = _max_diff(results[0]["params"], results[0]["ref_params"])
     diff = max(diff, _max_diff(list(plain.parameters()), results[0]["ref_params"]))
     if diff > 1e-5:
-        raise fail(_m("params", diff=diff), label)
+        raise fail(MESSAGES("params", diff=diff), label)
     for rank, r in enumerate(results[1:], start=1):
         if r["losses"] != results[0]["losses"]:
-            raise fail(_m("loss_ranks", a=results[0]["losses"], b=r["losses"], rank=rank), label)
+            raise fail(
+                MESSAGES("loss_ranks", a=results[0]["losses"], b=r["losses"], rank=rank), label
+            )
     got, (expected, by_sample) = results[0]["losses"], results[0]["ref_losses"]
     if not (_close(got, expected) or _close(got, by_sample)):
         short = [round(v, 4) for v in got] if got else got
-        raise fail(_m("loss_value", got=short, expected=[round(v, 4) for v in expected]), label)
+        raise fail(
+            MESSAGES("loss_value", got=short, expected=[round(v, 4) for v in expected]), label
+        )
     x, y, _ = make_case(case)
     with torch.no_grad():
         acc = (plain(x).argmax(1) == y).float().mean().item()
@@ -261,7 +264,7 @@ def verify(results: list[dict[str, Any]], case: dict[str, Any]) -> None:
             p.copy_(q)
         ref_acc = (ref_model(x).argmax(1) == y).float().mean().item()
     if acc < ref_acc - 1e-6:
-        raise fail(_m("accuracy", got=acc, expected=ref_acc), label)
+        raise fail(MESSAGES("accuracy", got=acc, expected=ref_acc), label)
 
 
 @checker("08.fit", points=5)

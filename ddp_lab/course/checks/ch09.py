@@ -15,40 +15,37 @@ import torch
 import torch.distributed as dist
 
 from ddp_lab.course.grading import checker, fail
-from ddp_lab.course.i18n import get_language
+from ddp_lab.course.i18n import Messages
 
 # Seconds one hidden case may run before it counts as a hang (a correct one takes < 1 s).
 HANG_TIMEOUT_S = 20.0
 
-_WHY = {
-    "hang": {
-        "en": "it hangs: some rank waits in a collective that another rank never calls",
-        "zh": "程序卡住了：有的 rank 在等待另一个 rank 永远不会调用的集合通信",
+MESSAGES = Messages(
+    __name__,
+    {
+        "hang": {
+            "en": "it hangs: some rank waits in a collective that another rank never calls",
+            "zh": "程序卡住了：有的 rank 在等待另一个 rank 永远不会调用的集合通信",
+        },
+        "crash": {"en": "rank {rank} raised {error}", "zh": "rank {rank} 抛出了 {error}"},
+        "value": {
+            "en": "rank {rank} returned {got}, expected {expected}",
+            "zh": "rank {rank} 返回了 {got}，应为 {expected}",
+        },
+        "tensor": {
+            "en": "rank {rank}: the tensor holds {got}, expected the sum over ranks {expected}",
+            "zh": "rank {rank}：张量中是 {got}，应为各 rank 之和 {expected}",
+        },
+        "no_raise": {
+            "en": "rank {rank} did not raise ValueError (it {did}); shapes or dtypes "
+            "differ across ranks, so every rank must raise it",
+            "zh": "rank {rank} 没有抛出 ValueError（它{did}）；各 rank 的形状或数据类型"
+            "不同，所以每个 rank 都必须抛出它",
+        },
+        "did_returned": {"en": "returned normally", "zh": "正常返回了"},
+        "did_raised": {"en": "raised {error}", "zh": "抛出了 {error}"},
     },
-    "crash": {"en": "rank {rank} raised {error}", "zh": "rank {rank} 抛出了 {error}"},
-    "value": {
-        "en": "rank {rank} returned {got}, expected {expected}",
-        "zh": "rank {rank} 返回了 {got}，应为 {expected}",
-    },
-    "tensor": {
-        "en": "rank {rank}: the tensor holds {got}, expected the sum over ranks {expected}",
-        "zh": "rank {rank}：张量中是 {got}，应为各 rank 之和 {expected}",
-    },
-    "no_raise": {
-        "en": "rank {rank} did not raise ValueError (it {did}); shapes or dtypes "
-        "differ across ranks, so every rank must raise it",
-        "zh": "rank {rank} 没有抛出 ValueError（它{did}）；各 rank 的形状或数据类型"
-        "不同，所以每个 rank 都必须抛出它",
-    },
-}
-_DID = {
-    "returned": {"en": "returned normally", "zh": "正常返回了"},
-    "raised": {"en": "raised {error}", "zh": "抛出了 {error}"},
-}
-
-
-def _why(key: str, **kwargs: object) -> str:
-    return _WHY[key][get_language()].format(**kwargs)
+)
 
 
 def _spawn(fn: Callable, args: tuple, world_size: int) -> list:
@@ -60,7 +57,7 @@ def _spawn(fn: Callable, args: tuple, world_size: int) -> list:
             fn, args=args, nprocs=world_size, backend="gloo", quiet=True, timeout=HANG_TIMEOUT_S
         )
     except DistributedTimeoutError:
-        raise fail(_why("hang"), f"world_size={world_size}") from None
+        raise fail(MESSAGES("hang"), f"world_size={world_size}") from None
     except DistributedError as exc:
         first = exc.failures[0] if exc.failures else None
         if first is not None and isinstance(first.exception, NotImplementedError):
@@ -105,7 +102,8 @@ def check_global_accuracy(rng: random.Random, global_accuracy: Callable) -> Iter
                 ok = abs(got - expected) <= 1e-9 + 1e-6 * abs(expected)
             if not ok:
                 raise fail(
-                    _why("value", rank=rank, got=repr(got)[:60], expected=round(expected, 6)), case
+                    MESSAGES("value", rank=rank, got=repr(got)[:60], expected=round(expected, 6)),
+                    case,
                 )
         yield case
 
@@ -156,10 +154,10 @@ def check_safe_all_reduce(rng: random.Random, safe_all_reduce: Callable) -> Iter
         for rank, (what, error, tensor, expected) in enumerate(results):
             if kind == "same":
                 if what == "raised":
-                    raise fail(_why("crash", rank=rank, error=error), case)
+                    raise fail(MESSAGES("crash", rank=rank, error=error), case)
                 if not torch.allclose(tensor, expected, rtol=1e-5, atol=1e-5):
                     raise fail(
-                        _why(
+                        MESSAGES(
                             "tensor",
                             rank=rank,
                             got=tensor.flatten()[:3].tolist(),
@@ -168,6 +166,6 @@ def check_safe_all_reduce(rng: random.Random, safe_all_reduce: Callable) -> Iter
                         case,
                     )
             elif what != "raised" or error != "ValueError":
-                did = _DID[what][get_language()].format(error=error)
-                raise fail(_why("no_raise", rank=rank, did=did), case)
+                did = MESSAGES(f"did_{what}", error=error)
+                raise fail(MESSAGES("no_raise", rank=rank, did=did), case)
         yield case
