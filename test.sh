@@ -4,7 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")"
 DDP_LAB_EXTRAS=test bash setup.sh --no-lab
-# tests/test_browser.py drives JupyterLab in Debian's Chromium (Playwright comes with the
+# tests/course/test_browser.py drives JupyterLab in Debian's Chromium (Playwright comes with the
 # test extra). Install it when missing and possible (root with apt-get; `apt-get update` only
 # when the package lists do not have it); if that fails the browser tests skip and say why.
 if [ ! -x "${DDP_LAB_CHROMIUM:-/usr/bin/chromium}" ] && [ "$(id -u)" = 0 ] \
@@ -21,7 +21,7 @@ unset DDP_LAB_LANG  # each notebook picks its language from its folder
 export MPLBACKEND=agg
 .venv/bin/ruff check ddp_lab tests benchmarks
 # Unit tests, the launcher's nbval notebook, every lesson and every solution notebook
-# (both languages); exercises/ are checked by tests/test_exercises.py (graded cells must fail);
-# tests/test_browser.py runs the widget chapters in JupyterLab in headless Chromium.
+# (both languages); exercises/ are checked by tests/course/test_exercises.py (graded cells must fail);
+# tests/course/test_browser.py runs the widget chapters in JupyterLab in headless Chromium.
 exec .venv/bin/python -m pytest -p no:cacheprovider --nbval-lax \
   --nbval-cell-timeout=300 tests notebooks solutions "$@"

@@ -23,7 +23,7 @@ METHODS = ("dl.spawn", "fork", "mp.spawn")
 
 
 def _free_port() -> int:
-    # Not ddp_lab.launcher.free_port: mp.spawn's children re-import this script, and a
+    # Not ddp_lab.runtime.launcher.free_port: mp.spawn's children re-import this script, and a
     # module-level import of ddp_lab would add to the mp.spawn times being measured.
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

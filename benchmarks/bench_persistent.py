@@ -33,7 +33,7 @@ def median_ms(fn, repeats: int) -> float:
 
 def main() -> None:
     import ddp_lab as dl
-    from ddp_lab import persistent
+    from ddp_lab.runtime import persistent
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=30)

@@ -1,5 +1,13 @@
 """ddp_lab: the helper package of the ddp-lab course on PyTorch data-parallel training.
 
+Three parts:
+
+- the teaching code, at the top of this folder, named after its PyTorch twin (``ring``,
+  ``sampler``, ``ddp``, ``bucketed_ddp``, ``parallel/``, ...): what the chapters ask you to read;
+- ``runtime/``: what makes multi-process cells work (``dl.spawn``, ``%%ddp``, ``dl.start``,
+  ``%%ranks``);
+- ``course/``: building, grading, messages in en/zh (``dl.grade``, ``dl.setup``, ``ddp-lab``).
+
 ``import ddp_lab as dl`` gives the launcher (``dl.spawn``), the ``%%ddp`` cell magic,
 persistent ranks (``dl.start``, ``%%ranks``, ``dl.pull``, ``dl.push``, ``dl.status``,
 ``dl.stop``; the magics are registered automatically inside IPython), and the language
@@ -10,10 +18,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from ddp_lab import doctor  # callable: dl.doctor() prints the machine report
-from ddp_lab.grading import grade
-from ddp_lab.i18n import get_language, set_language
-from ddp_lab.launcher import (
+from ddp_lab import (
+    _moved,  # first: old paths (ddp_lab.launcher, ...) keep working
+    doctor,  # callable: dl.doctor() prints the machine report
+)
+from ddp_lab.course.grading import grade
+from ddp_lab.course.i18n import get_language, set_language
+from ddp_lab.course.notebook import setup, show_source, tr
+from ddp_lab.runtime.launcher import (
     DistributedError,
     DistributedTimeoutError,
     RankFailure,
@@ -21,8 +33,7 @@ from ddp_lab.launcher import (
     shutdown,
     spawn,
 )
-from ddp_lab.notebook import setup, show_source, tr
-from ddp_lab.persistent import pull, push, start, status, stop
+from ddp_lab.runtime.persistent import pull, push, start, status, stop
 
 __version__ = "0.1.0"
 
@@ -48,9 +59,18 @@ __all__ = [
 ]
 
 
+def __getattr__(name: str) -> Any:
+    """``dl.launcher``, ``dl.grading``...: modules that moved, under their old attribute names."""
+    if f"{__name__}.{name}" in _moved.MOVED:
+        import importlib
+
+        return importlib.import_module(f"{__name__}.{name}")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 def load_ipython_extension(ipython: Any) -> None:
     """``%load_ext ddp_lab``: register ``%%ddp`` and ``%%ranks``, warm up the launcher."""
-    from ddp_lab import launcher, magic
+    from ddp_lab.runtime import launcher, magic
 
     magic.register(ipython)
     launcher.prestart()
@@ -63,7 +83,7 @@ def _autoload() -> None:
         return
     ip = get_ipython()
     if ip is not None and hasattr(ip, "register_magic_function"):
-        from ddp_lab.notebook import detect_language
+        from ddp_lab.course.notebook import detect_language
 
         set_language(detect_language())
         load_ipython_extension(ip)

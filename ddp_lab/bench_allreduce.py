@@ -24,30 +24,40 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from ddp_lab.course.i18n import Messages
 from ddp_lab.ring import ring_all_reduce
 
 IMPLS = ("ring", "torch")
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-_MESSAGES = {
-    "bad_size": {
-        "en": "Sizes must be positive byte counts like 1024, 64K or 16M, got {value!r}.",
-        "zh": "大小必须是正的字节数，例如 1024、64K 或 16M，但收到的是 {value!r}。",
+MESSAGES = Messages(
+    __name__,
+    {
+        "bad_size": {
+            "en": "Sizes must be positive byte counts like 1024, 64K or 16M, got {value!r}.",
+            "zh": "大小必须是正的字节数，例如 1024、64K 或 16M，但收到的是 {value!r}。",
+        },
+        "bad_impl": {
+            "en": "Unknown implementation {value!r}: choose from {choices}.",
+            "zh": "未知的实现 {value!r}：请从 {choices} 中选择。",
+        },
+        "bad_iters": {
+            "en": "iters must be a positive int and warmup a non-negative int.",
+            "zh": "iters 必须是正整数，warmup 必须是非负整数。",
+        },
+        "axis_size": {
+            "en": "message size (bytes)",
+            "zh": "消息大小（字节）",
+        },
+        "axis_busbw": {
+            "en": "bus bandwidth (GB/s)",
+            "zh": "总线带宽 busbw（GB/s）",
+        },
+        "title": {
+            "en": "all-reduce on gloo: hand-written ring vs dist.all_reduce",
+            "zh": "gloo 上的全归约：手写环形 vs dist.all_reduce",
+        },
     },
-    "bad_impl": {
-        "en": "Unknown implementation {value!r}: choose from {choices}.",
-        "zh": "未知的实现 {value!r}：请从 {choices} 中选择。",
-    },
-    "bad_iters": {
-        "en": "iters must be a positive int and warmup a non-negative int.",
-        "zh": "iters 必须是正整数，warmup 必须是非负整数。",
-    },
-}
-
-
-def _msg(key: str, **kwargs: Any) -> str:
-    from ddp_lab.i18n import get_language
-
-    return _MESSAGES[key][get_language()].format(**kwargs)
+)
 
 
 def parse_size(text: str | int) -> int:
@@ -60,9 +70,9 @@ def parse_size(text: str | int) -> int:
         try:
             value = int(float(s[: len(s) - len(unit)]) * _UNITS[unit])
         except ValueError:
-            raise ValueError(_msg("bad_size", value=text)) from None
+            raise ValueError(MESSAGES("bad_size", value=text)) from None
     if value < 1:
-        raise ValueError(_msg("bad_size", value=text))
+        raise ValueError(MESSAGES("bad_size", value=text))
     return value
 
 
@@ -152,11 +162,11 @@ def run(
     timeout: float | None = None,
 ) -> list[dict]:
     """Benchmark all-reduce on ``nprocs`` Gloo ranks; print the table and return its rows."""
-    from ddp_lab.launcher import spawn
+    from ddp_lab.runtime.launcher import spawn
 
     for name in impls:
         if name not in IMPLS:
-            raise ValueError(_msg("bad_impl", value=name, choices=", ".join(IMPLS)))
+            raise ValueError(MESSAGES("bad_impl", value=name, choices=", ".join(IMPLS)))
     if (
         isinstance(iters, bool)
         or not isinstance(iters, int)
@@ -164,7 +174,7 @@ def run(
         or not isinstance(warmup, int)
         or warmup < 0
     ):
-        raise ValueError(_msg("bad_iters"))
+        raise ValueError(MESSAGES("bad_iters"))
     byte_sizes = [parse_size(s) for s in sizes]
     rows = spawn(
         _rank_main,
@@ -212,8 +222,6 @@ def plot(rows: list[dict], ax: Any = None) -> Any:
     """Bus bandwidth against message size, one line per implementation and world size."""
     import matplotlib.pyplot as plt
 
-    from ddp_lab.notebook import tr
-
     if ax is None:
         _, ax = plt.subplots(figsize=(7, 4))
     keys = list(dict.fromkeys((r["impl"], r["nprocs"]) for r in rows))
@@ -226,14 +234,9 @@ def plot(rows: list[dict], ax: Any = None) -> Any:
             label=f"{impl}, N={n}",
         )
     ax.set_xscale("log", base=2)
-    ax.set_xlabel(tr(en="message size (bytes)", zh="消息大小（字节）"))
-    ax.set_ylabel(tr(en="bus bandwidth (GB/s)", zh="总线带宽 busbw（GB/s）"))
-    ax.set_title(
-        tr(
-            en="all-reduce on gloo: hand-written ring vs dist.all_reduce",
-            zh="gloo 上的全归约：手写环形 vs dist.all_reduce",
-        )
-    )
+    ax.set_xlabel(MESSAGES("axis_size"))
+    ax.set_ylabel(MESSAGES("axis_busbw"))
+    ax.set_title(MESSAGES("title"))
     ax.legend()
     ax.grid(True, alpha=0.3)
     return ax

@@ -18,6 +18,22 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from ddp_lab.course.i18n import Messages
+
+MESSAGES = Messages(
+    __name__,
+    {
+        "before": {
+            "en": "before",
+            "zh": "之前",
+        },
+        "after": {
+            "en": "after",
+            "zh": "之后",
+        },
+    },
+)
+
 OPS = (
     "send_recv",
     "broadcast",
@@ -206,7 +222,7 @@ def probe(backend: str = "gloo", device: str = "cpu", nprocs: int = 2) -> dict[s
 
     Each op runs on ``nprocs`` ranks and its result is compared with ``model``.
     """
-    from ddp_lab.launcher import spawn
+    from ddp_lab.runtime.launcher import spawn
 
     if device not in ("cpu", "cuda"):
         raise ValueError(f"device must be 'cpu' or 'cuda', got {device!r}")
@@ -235,13 +251,11 @@ def draw(op: str, world_size: int = 4, axes: Any = None) -> Any:
     """Draw every rank's slots before and after ``op``; return the figure."""
     import matplotlib.pyplot as plt
 
-    from ddp_lab.notebook import tr
-
     before, after = model(op, world_size)
     if axes is None:
         fig, axes = plt.subplots(1, 2, figsize=(9, 0.55 * world_size + 1.0))
     fig = axes[0].figure
-    titles = (tr(en="before", zh="之前"), tr(en="after", zh="之后"))
+    titles = (MESSAGES("before"), MESSAGES("after"))
     width = max(max(len(row) for row in before), max(len(row) for row in after), 1)
     for ax, rows, title in zip(axes, (before, after), titles, strict=True):
         for r, row in enumerate(rows):

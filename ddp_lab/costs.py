@@ -26,6 +26,49 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from ddp_lab.course.i18n import Messages
+
+MESSAGES = Messages(
+    __name__,
+    {
+        "axis_ranks": {
+            "en": "number of ranks N",
+            "zh": "rank 数 N",
+        },
+        "axis_time": {
+            "en": "time of one all-reduce (ms)",
+            "zh": "一次全归约的时间（毫秒）",
+        },
+        "title": {
+            "en": "S = {size:g} MiB, alpha = {alpha:g} us, bandwidth = {bandwidth:g} GB/s",
+            "zh": "S = {size:g} MiB，延迟 alpha = {alpha:g} 微秒，带宽 = {bandwidth:g} GB/s",
+        },
+        "widget_max_n": {
+            "en": "max N",
+            "zh": "最大 N",
+        },
+        "widget_size": {
+            "en": "size (MiB)",
+            "zh": "消息大小（MiB）",
+        },
+        "widget_latency": {
+            "en": "latency (us)",
+            "zh": "延迟（微秒）",
+        },
+        "widget_bandwidth": {
+            "en": "bandwidth (GB/s)",
+            "zh": "带宽（GB/s）",
+        },
+        # Legend names: "algorithm.<name>" for each name of ALGORITHMS.
+        "algorithm.parameter server": {"en": "parameter server", "zh": "参数服务器"},
+        "algorithm.binomial tree": {"en": "binomial tree", "zh": "二项树"},
+        "algorithm.halving-doubling": {"en": "halving-doubling", "zh": "递归减半/加倍"},
+        "algorithm.butterfly": {"en": "butterfly", "zh": "蝶形"},
+        "algorithm.ring": {"en": "ring", "zh": "环形"},
+        "algorithm.segmented ring": {"en": "segmented ring", "zh": "分段环形"},
+    },
+)
+
 
 def _log2(n: int) -> int:
     return math.ceil(math.log2(n)) if n > 1 else 0
@@ -78,15 +121,8 @@ ALGORITHMS: dict[str, Callable[..., float]] = {
     "ring": ring,
     "segmented ring": segmented_ring,
 }
-# Legend names in Chinese, the terms chapter 04 uses (docs/GLOSSARY.md).
-ALGORITHM_NAMES_ZH = {
-    "parameter server": "参数服务器",
-    "binomial tree": "二项树",
-    "halving-doubling": "递归减半/加倍",
-    "butterfly": "蝶形",
-    "ring": "环形",
-    "segmented ring": "分段环形",
-}
+# Legend names in Chinese, the terms chapter 04 uses (docs/GLOSSARY.md); MESSAGES has them.
+ALGORITHM_NAMES_ZH = {name: MESSAGES[f"algorithm.{name}"]["zh"] for name in ALGORITHMS}
 
 
 def bytes_sent(algorithm: str, n: int, size: float) -> float:
@@ -129,22 +165,14 @@ def plot_curves(
     ax: Any, max_n: int, size: float, alpha: float, bandwidth: float, gamma: float = 0.0
 ) -> Any:
     """Draw time against N for every algorithm on ``ax``."""
-    from ddp_lab.notebook import tr
 
     ns = list(range(2, max_n + 1))
     for name, times in curves(ns, size, alpha, bandwidth, gamma).items():
-        label = tr(en=name, zh=ALGORITHM_NAMES_ZH.get(name, name))
+        label = MESSAGES(f"algorithm.{name}")
         ax.plot(ns, [t * 1e3 for t in times], marker=".", label=label)
-    ax.set_xlabel(tr(en="number of ranks N", zh="rank 数 N"))
-    ax.set_ylabel(tr(en="time of one all-reduce (ms)", zh="一次全归约的时间（毫秒）"))
-    ax.set_title(
-        tr(
-            en=f"S = {size / 2**20:g} MiB, alpha = {alpha * 1e6:g} us, "
-            f"bandwidth = {bandwidth / 1e9:g} GB/s",
-            zh=f"S = {size / 2**20:g} MiB，延迟 alpha = {alpha * 1e6:g} 微秒，"
-            f"带宽 = {bandwidth / 1e9:g} GB/s",
-        )
-    )
+    ax.set_xlabel(MESSAGES("axis_ranks"))
+    ax.set_ylabel(MESSAGES("axis_time"))
+    ax.set_title(MESSAGES("title", size=size / 2**20, alpha=alpha * 1e6, bandwidth=bandwidth / 1e9))
     ax.set_yscale("log")
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8)
@@ -157,11 +185,9 @@ def cost_widget() -> Any:
     import matplotlib.pyplot as plt
     from IPython.display import display
 
-    from ddp_lab.notebook import tr
-
     style = {"description_width": "initial"}
     max_n = widgets.IntSlider(
-        value=16, min=2, max=64, description=tr(en="max N", zh="最大 N"), style=style
+        value=16, min=2, max=64, description=MESSAGES("widget_max_n"), style=style
     )
     size_mb = widgets.FloatLogSlider(
         value=64,
@@ -169,7 +195,7 @@ def cost_widget() -> Any:
         min=-10,
         max=12,
         style=style,
-        description=tr(en="size (MiB)", zh="消息大小（MiB）"),
+        description=MESSAGES("widget_size"),
     )
     alpha_us = widgets.FloatLogSlider(
         value=10,
@@ -177,7 +203,7 @@ def cost_widget() -> Any:
         min=-1,
         max=4,
         style=style,
-        description=tr(en="latency (us)", zh="延迟（微秒）"),
+        description=MESSAGES("widget_latency"),
     )
     bw_gb = widgets.FloatLogSlider(
         value=10,
@@ -185,7 +211,7 @@ def cost_widget() -> Any:
         min=-1,
         max=3,
         style=style,
-        description=tr(en="bandwidth (GB/s)", zh="带宽（GB/s）"),
+        description=MESSAGES("widget_bandwidth"),
     )
     out = widgets.Output()
 

@@ -26,7 +26,8 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
-from ddp_lab.launcher import free_port
+from ddp_lab.course.i18n import Messages
+from ddp_lab.runtime.launcher import free_port
 
 MARKER = "DDP_LAB_DEMO_ID"
 ENV_KEYS = (
@@ -41,22 +42,19 @@ ENV_KEYS = (
 )
 # torchrun's own log lines start with a level letter, a date and the pid, e.g. "W1122 07:33".
 _LOG_PREFIX = re.compile(r"^[IWEF]\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ ")
-_MESSAGES = {
-    "bad_worker": {
-        "en": "Unknown demo worker {name!r}: choose one of {choices}.",
-        "zh": "未知的演示 worker {name!r}：请从 {choices} 中选择。",
+MESSAGES = Messages(
+    __name__,
+    {
+        "bad_worker": {
+            "en": "Unknown demo worker {name!r}: choose one of {choices}.",
+            "zh": "未知的演示 worker {name!r}：请从 {choices} 中选择。",
+        },
+        "bad_count": {
+            "en": "{what} must be a whole number >= 1, got {value!r}.",
+            "zh": "{what} 必须是大于等于 1 的整数，但收到的是 {value!r}。",
+        },
     },
-    "bad_count": {
-        "en": "{what} must be a whole number >= 1, got {value!r}.",
-        "zh": "{what} 必须是大于等于 1 的整数，但收到的是 {value!r}。",
-    },
-}
-
-
-def _msg(key: str, **kwargs: object) -> str:
-    from ddp_lab.i18n import get_language
-
-    return _MESSAGES[key][get_language()].format(**kwargs)
+)
 
 
 # --- the workers ---------------------------------------------------------------------
@@ -184,13 +182,13 @@ def main(argv: list[str] | None = None) -> None:
 def check_worker(name: str) -> str:
     """Raise a clear ValueError for an unknown worker name."""
     if name not in WORKERS:
-        raise ValueError(_msg("bad_worker", name=name, choices=", ".join(WORKERS)))
+        raise ValueError(MESSAGES("bad_worker", name=name, choices=", ".join(WORKERS)))
     return name
 
 
 def _check_count(what: str, value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(_msg("bad_count", what=what, value=value))
+        raise ValueError(MESSAGES("bad_count", what=what, value=value))
     return value
 
 

@@ -33,38 +33,37 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
+from ddp_lab.course.i18n import Messages
 from ddp_lab.data import load_digits_split
-from ddp_lab.i18n import get_language
 
 CHECKPOINT_NAME = "last.pt"
-_MSG = {
-    "positive": {
-        "en": "{name} must be a positive number, got {value}.",
-        "zh": "{name} 必须是正数，但收到的是 {value}。",
+MESSAGES = Messages(
+    __name__,
+    {
+        "positive": {
+            "en": "{name} must be a positive number, got {value}.",
+            "zh": "{name} 必须是正数，但收到的是 {value}。",
+        },
+        "no_checkpoint": {
+            "en": "--resume: no checkpoint at {path}. Train once with "
+            "--checkpoint-dir first, or leave out --resume.",
+            "zh": "--resume：{path} 处没有检查点。请先用 --checkpoint-dir 训练一次，"
+            "或者去掉 --resume。",
+        },
+        "resume_no_dir": {
+            "en": "--resume without a path needs --checkpoint-dir.",
+            "zh": "不带路径的 --resume 需要同时给出 --checkpoint-dir。",
+        },
+        "not_a_dir": {
+            "en": "--checkpoint-dir {path} exists and is not a folder.",
+            "zh": "--checkpoint-dir {path} 已存在，但不是文件夹。",
+        },
+        "nccl_no_gpu": {
+            "en": "--backend nccl needs CUDA GPUs; this machine has none. Use gloo.",
+            "zh": "--backend nccl 需要 CUDA GPU，这台机器没有。请使用 gloo。",
+        },
     },
-    "no_checkpoint": {
-        "en": "--resume: no checkpoint at {path}. Train once with "
-        "--checkpoint-dir first, or leave out --resume.",
-        "zh": "--resume：{path} 处没有检查点。请先用 --checkpoint-dir 训练一次，"
-        "或者去掉 --resume。",
-    },
-    "resume_no_dir": {
-        "en": "--resume without a path needs --checkpoint-dir.",
-        "zh": "不带路径的 --resume 需要同时给出 --checkpoint-dir。",
-    },
-    "not_a_dir": {
-        "en": "--checkpoint-dir {path} exists and is not a folder.",
-        "zh": "--checkpoint-dir {path} 已存在，但不是文件夹。",
-    },
-    "nccl_no_gpu": {
-        "en": "--backend nccl needs CUDA GPUs; this machine has none. Use gloo.",
-        "zh": "--backend nccl 需要 CUDA GPU，这台机器没有。请使用 gloo。",
-    },
-}
-
-
-def _msg(key: str, **kw: object) -> str:
-    return _MSG[key][get_language()].format(**kw)
+)
 
 
 class SmallCNN(nn.Module):
@@ -153,23 +152,23 @@ def check_args(args: argparse.Namespace) -> argparse.Namespace:
     for name in ("epochs", "batch_size", "base_batch", "lr"):
         value = getattr(args, name)
         if not (value > 0 and math.isfinite(value)):
-            raise ValueError(_msg("positive", name="--" + name.replace("_", "-"), value=value))
+            raise ValueError(MESSAGES("positive", name="--" + name.replace("_", "-"), value=value))
     if args.threads < 0:
-        raise ValueError(_msg("positive", name="--threads", value=args.threads))
+        raise ValueError(MESSAGES("positive", name="--threads", value=args.threads))
     if (
         args.checkpoint_dir
         and Path(args.checkpoint_dir).exists()
         and not Path(args.checkpoint_dir).is_dir()
     ):
-        raise ValueError(_msg("not_a_dir", path=args.checkpoint_dir))
+        raise ValueError(MESSAGES("not_a_dir", path=args.checkpoint_dir))
     if args.resume == "last":
         if not args.checkpoint_dir:
-            raise ValueError(_msg("resume_no_dir"))
+            raise ValueError(MESSAGES("resume_no_dir"))
         args.resume = str(Path(args.checkpoint_dir) / CHECKPOINT_NAME)
     if args.resume and not Path(args.resume).is_file():
-        raise ValueError(_msg("no_checkpoint", path=args.resume))
+        raise ValueError(MESSAGES("no_checkpoint", path=args.resume))
     if args.backend == "nccl" and not torch.cuda.is_available():
-        raise ValueError(_msg("nccl_no_gpu"))
+        raise ValueError(MESSAGES("nccl_no_gpu"))
     return args
 
 
@@ -415,7 +414,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
 def _ensure_launcher_env() -> None:
     """Plain ``python -m ddp_lab.train``: behave as a one-rank launch on a free port."""
     if "RANK" not in os.environ:
-        from ddp_lab.launcher import free_port
+        from ddp_lab.runtime.launcher import free_port
 
         os.environ.update(
             RANK="0",
@@ -448,7 +447,7 @@ def spawn_main(rank: int, argv: list[str]) -> dict[str, Any]:
 
 def launch(argv: list[str], nprocs: int = 2, **spawn_kwargs: Any) -> list[dict[str, Any]]:
     """Check ``argv`` here, then run the program on ``nprocs`` ranks with ``dl.spawn``."""
-    from ddp_lab.launcher import spawn
+    from ddp_lab.runtime.launcher import spawn
 
     try:
         check_args(make_parser().parse_args(argv))

@@ -47,7 +47,7 @@ def tcp_states(port: int) -> list[str]:
 
 def rank_processes() -> set[int]:
     """Rank processes (and anything they started) still alive below the launcher's zygote."""
-    from ddp_lab import launcher
+    from ddp_lab.runtime import launcher
 
     if launcher._zygote is None:
         return set()

@@ -14,8 +14,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from ddp_lab import cuda_compat as cc
-from ddp_lab.checks import ch01
-from ddp_lab.grading import CaseFailed
+from ddp_lab.course.checks import ch01
+from ddp_lab.course.grading import CaseFailed
 
 FIX = Path(__file__).parent / "fixtures"
 

@@ -202,7 +202,7 @@ def test_gather_on_this_machine_is_fast_and_consistent() -> None:
 
 def test_cli_json_and_exit_code() -> None:
     p = subprocess.run(
-        [sys.executable, "-m", "ddp_lab.cli", "doctor", "--json"],
+        [sys.executable, "-m", "ddp_lab.course.cli", "doctor", "--json"],
         capture_output=True,
         text=True,
         timeout=120,

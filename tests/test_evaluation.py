@@ -9,8 +9,8 @@ from torch.utils.data import DistributedSampler
 
 import ddp_lab as dl
 from ddp_lab import evaluation as E
-from ddp_lab.checks import ch06
-from ddp_lab.grading import CaseFailed, rng_for
+from ddp_lab.course.checks import ch06
+from ddp_lab.course.grading import CaseFailed, rng_for
 
 SIZES = list(range(0, 14)) + [31]
 

@@ -9,8 +9,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from ddp_lab import ranks
-from ddp_lab.checks import ch02
-from ddp_lab.grading import CaseFailed
+from ddp_lab.course.checks import ch02
+from ddp_lab.course.grading import CaseFailed
 
 
 def _model_from_torchrun(seen: list[dict], gpus: int = 4) -> list[ranks.Proc]:

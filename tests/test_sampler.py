@@ -14,8 +14,8 @@ from torch.utils.data import DistributedSampler
 from torch.utils.data import DistributedSampler as TorchSampler
 
 from ddp_lab import sampler as S
-from ddp_lab.checks import ch06
-from ddp_lab.grading import CaseFailed, rng_for
+from ddp_lab.course.checks import ch06
+from ddp_lab.course.grading import CaseFailed, rng_for
 
 matplotlib.use("Agg")
 
@@ -106,7 +106,7 @@ def test_same_seed_plus_epoch_same_order():
     ],
 )
 def test_bad_arguments_are_explained_in_both_languages(kwargs, error):
-    from ddp_lab.i18n import get_language, set_language
+    from ddp_lab.course.i18n import get_language, set_language
 
     before = get_language()
     try:

@@ -23,7 +23,7 @@ from torch.utils.data import DistributedSampler, TensorDataset
 
 import ddp_lab as dl
 from ddp_lab import data, train
-from ddp_lab.launcher import free_port
+from ddp_lab.runtime.launcher import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 PY = sys.executable

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from ddp_lab.parallel._device import device_index, phase
-from ddp_lab.parallel._messages import msg
+from ddp_lab.parallel._messages import MESSAGES
 from ddp_lab.parallel.parallel_apply import parallel_apply
 from ddp_lab.parallel.replicate import replicate
 from ddp_lab.parallel.scatter_gather import gather, scatter_kwargs
@@ -28,16 +28,16 @@ DEFAULT_DEVICES = (0, 1)
 
 def _check_module(module: Any) -> None:
     if not isinstance(module, nn.Module):
-        raise TypeError(msg("not_module", kind=type(module).__name__))
+        raise TypeError(MESSAGES("not_module", kind=type(module).__name__))
 
 
 def _check_devices(device_ids: Sequence[Any]) -> list[int]:
     try:
         ids = [device_index(d) for d in device_ids]
     except (TypeError, ValueError):
-        raise ValueError(msg("bad_devices", value=device_ids)) from None
+        raise ValueError(MESSAGES("bad_devices", value=device_ids)) from None
     if not ids or len(set(ids)) != len(ids) or min(ids) < 0:
-        raise ValueError(msg("bad_devices", value=device_ids))
+        raise ValueError(MESSAGES("bad_devices", value=device_ids))
     return ids
 
 

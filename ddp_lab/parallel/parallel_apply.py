@@ -29,7 +29,7 @@ from ddp_lab.parallel._device import (
     record_alloc,
     tag,
 )
-from ddp_lab.parallel._messages import msg
+from ddp_lab.parallel._messages import MESSAGES
 
 
 def get_a_var(obj: Any) -> torch.Tensor | None:
@@ -71,19 +71,21 @@ def parallel_apply(
     """
     if len(modules) != len(inputs):
         raise ValueError(
-            msg("len_mismatch", modules=len(modules), what="inputs", count=len(inputs))
+            MESSAGES("len_mismatch", modules=len(modules), what="inputs", count=len(inputs))
         )
     if kwargs_tup is not None:
         if len(modules) != len(kwargs_tup):
             raise ValueError(
-                msg("len_mismatch", modules=len(modules), what="kwargs_tup", count=len(kwargs_tup))
+                MESSAGES(
+                    "len_mismatch", modules=len(modules), what="kwargs_tup", count=len(kwargs_tup)
+                )
             )
     else:
         kwargs_tup = ({},) * len(modules)
     if devices is not None:
         if len(modules) != len(devices):
             raise ValueError(
-                msg("len_mismatch", modules=len(modules), what="devices", count=len(devices))
+                MESSAGES("len_mismatch", modules=len(modules), what="devices", count=len(devices))
             )
         devices = [device_index(d) for d in devices]
     else:

@@ -13,9 +13,59 @@ from typing import Any
 import torch
 from torch import nn
 
-from ddp_lab.notebook import tr
+from ddp_lab.course.i18n import Messages
 from ddp_lab.parallel._device import HOST, Trace, count_saved, phase, trace
 from ddp_lab.parallel.balanced import balanced_chunk_sizes, default_chunk_sizes
+
+MESSAGES = Messages(
+    __name__,
+    {
+        "step_scatter": {
+            "en": "1 scatter inputs",
+            "zh": "1 切分分发输入",
+        },
+        "step_broadcast": {
+            "en": "2 replicate (broadcast)",
+            "zh": "2 复制模型（广播）",
+        },
+        "step_gather": {
+            "en": "4 gather outputs",
+            "zh": "4 收集输出",
+        },
+        "step_scatter_grad": {
+            "en": "5 scatter output grads",
+            "zh": "5 切分分发输出梯度",
+        },
+        "step_reduce_add": {
+            "en": "6 sum parameter grads",
+            "zh": "6 参数梯度求和",
+        },
+        "step_gather_grad": {
+            "en": "input grads to host",
+            "zh": "输入梯度回到主机",
+        },
+        "axis_time": {
+            "en": "time (ms)",
+            "zh": "时间（毫秒）",
+        },
+        "main_thread": {
+            "en": "main thread",
+            "zh": "主线程",
+        },
+        "axis_rows": {
+            "en": "rows",
+            "zh": "行数",
+        },
+        "default_chunks": {
+            "en": "default (torch.chunk)",
+            "zh": "默认（torch.chunk）",
+        },
+        "balanced_chunks": {
+            "en": "balanced",
+            "zh": "均衡",
+        },
+    },
+)
 
 STEPS = ("scatter", "broadcast", "gather", "scatter_grad", "reduce_add")
 
@@ -60,12 +110,12 @@ def plot_transfers(t: Trace, n_devices: int) -> Any:
     axes = [axes] if len(steps) == 1 else list(axes)
     ys = {HOST: n_devices} | {d: n_devices - 1 - d for d in range(n_devices)}
     titles = {
-        "scatter": tr("1 scatter inputs", "1 切分分发输入"),
-        "broadcast": tr("2 replicate (broadcast)", "2 复制模型（广播）"),
-        "gather": tr("4 gather outputs", "4 收集输出"),
-        "scatter_grad": tr("5 scatter output grads", "5 切分分发输出梯度"),
-        "reduce_add": tr("6 sum parameter grads", "6 参数梯度求和"),
-        "gather_grad": tr("input grads to host", "输入梯度回到主机"),
+        "scatter": MESSAGES("step_scatter"),
+        "broadcast": MESSAGES("step_broadcast"),
+        "gather": MESSAGES("step_gather"),
+        "scatter_grad": MESSAGES("step_scatter_grad"),
+        "reduce_add": MESSAGES("step_reduce_add"),
+        "gather_grad": MESSAGES("step_gather_grad"),
     }
     for ax, step in zip(axes, steps, strict=True):
         for name, y in ys.items():
@@ -108,7 +158,7 @@ def timeline_data(t: Trace) -> list[tuple[str, str, float, float]]:
     """(row, phase, start ms, duration ms) for each timed phase, in start order."""
     rows = []
     for e in sorted(t.phases(), key=lambda e: e.start):
-        row = tr("main thread", "主线程") if e.thread == "MainThread" else e.thread
+        row = MESSAGES("main_thread") if e.thread == "MainThread" else e.thread
         rows.append((row, e.name, e.start * 1e3, (e.end - e.start) * 1e3))
     return rows
 
@@ -127,7 +177,7 @@ def plot_timeline(t: Trace) -> Any:
     for name, c in colors.items():
         ax.barh(0, 0, color=c, label=name)
     ax.set_yticks(range(len(rows)), rows)
-    ax.set_xlabel(tr("time (ms)", "时间（毫秒）"))
+    ax.set_xlabel(MESSAGES("axis_time"))
     ax.legend(fontsize=8, ncol=len(colors), loc="upper center", bbox_to_anchor=(0.5, -0.35))
     fig.tight_layout()
     return fig
@@ -206,12 +256,12 @@ def chunk_sizes_widget() -> Any:
             [x - 0.2 for x in xs],
             data["default"],
             0.4,
-            label=tr("default (torch.chunk)", "默认（torch.chunk）"),
+            label=MESSAGES("default_chunks"),
         )
-        ax.bar([x + 0.2 for x in xs], data["balanced"], 0.4, label=tr("balanced", "均衡"))
+        ax.bar([x + 0.2 for x in xs], data["balanced"], 0.4, label=MESSAGES("balanced_chunks"))
         ax.axhline(gpu0_bsz, ls=":", c="gray")
         ax.set_xticks(list(xs), [f"dev {x}" for x in xs])
-        ax.set_ylabel(tr("rows", "行数"))
+        ax.set_ylabel(MESSAGES("axis_rows"))
         ax.legend(fontsize=8)
         plt.show()
 

@@ -1,0 +1,101 @@
+"""Old import paths of modules that moved into ``ddp_lab.runtime`` / ``ddp_lab.course``.
+
+The package used to be one flat folder. Code written against it (a learner's notebook,
+``from ddp_lab.launcher import spawn``, ``import ddp_lab.grading``) keeps working: importing
+an old path gives the very module object of the new place (same functions, same state, so
+monkeypatching either name patches both). Prefer the new paths in new code:
+
+=========================  ==================================
+old path                   new place
+=========================  ==================================
+``ddp_lab.launcher``       ``ddp_lab.runtime.launcher``
+``ddp_lab.persistent``     ``ddp_lab.runtime.persistent``
+``ddp_lab.magic``          ``ddp_lab.runtime.magic``
+``ddp_lab._zygote``        ``ddp_lab.runtime._zygote``
+``ddp_lab._rank``          ``ddp_lab.runtime._rank``
+``ddp_lab._rank_group``    ``ddp_lab.runtime._rank_group``
+``ddp_lab._rank_loop``     ``ddp_lab.runtime._rank_loop``
+``ddp_lab.build``          ``ddp_lab.course.build``
+``ddp_lab.cli``            ``ddp_lab.course.cli``
+``ddp_lab.grader``         ``ddp_lab.course.grader``
+``ddp_lab.grading``        ``ddp_lab.course.grading``
+``ddp_lab.notebook``       ``ddp_lab.course.notebook``
+``ddp_lab.i18n``           ``ddp_lab.course.i18n``
+``ddp_lab.checks[.chNN]``  ``ddp_lab.course.checks[.chNN]``
+=========================  ==================================
+
+How: a finder on ``sys.meta_path`` answers for the old names only and hands back the
+module imported under the new name; ``ddp_lab.__getattr__`` does the same for attribute
+access (``dl.launcher``).
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import sys
+from types import ModuleType
+
+MOVED: dict[str, str] = {
+    **{
+        f"ddp_lab.{name}": f"ddp_lab.runtime.{name}"
+        for name in (
+            "launcher",
+            "persistent",
+            "magic",
+            "_zygote",
+            "_rank",
+            "_rank_group",
+            "_rank_loop",
+        )
+    },
+    **{
+        f"ddp_lab.{name}": f"ddp_lab.course.{name}"
+        for name in ("build", "cli", "grader", "grading", "notebook", "i18n", "checks")
+    },
+}
+
+
+def new_name(old: str) -> str | None:
+    """The new dotted name of moved module ``old`` (or of a module inside it), else None."""
+    for prefix, target in MOVED.items():
+        if old == prefix or old.startswith(prefix + "."):
+            return target + old[len(prefix) :]
+    return None
+
+
+class _MovedFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Resolves an old module path to the module at its new place."""
+
+    def __init__(self) -> None:
+        self._own_specs: dict[str, importlib.machinery.ModuleSpec | None] = {}
+
+    def find_spec(
+        self, fullname: str, path: object = None, target: object = None
+    ) -> importlib.machinery.ModuleSpec | None:
+        if new_name(fullname) is None:
+            return None
+        return importlib.util.spec_from_loader(fullname, self)
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType:
+        module = importlib.import_module(new_name(spec.name) or spec.name)
+        self._own_specs[spec.name] = module.__spec__
+        return module
+
+    def exec_module(self, module: ModuleType) -> None:
+        # The import machinery has just set ``__spec__`` to the alias's spec (the old name);
+        # give the module its own back.
+        alias = module.__spec__.name if module.__spec__ is not None else ""
+        if alias in self._own_specs:
+            module.__spec__ = self._own_specs.pop(alias)
+
+
+def install() -> None:
+    """Put the finder on ``sys.meta_path`` (once)."""
+    if not any(isinstance(f, _MovedFinder) for f in sys.meta_path):
+        sys.meta_path.insert(0, _MovedFinder())
+
+
+install()  # on import: ``ddp_lab/__init__.py`` imports this module first

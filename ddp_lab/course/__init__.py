@@ -1,0 +1,8 @@
+"""The course machinery: building the notebooks, grading them, messages in two languages.
+
+- ``build``, ``cli``: ``ddp-lab build / check / grade / doctor``;
+- ``grading``, ``checks/chNN``: ``dl.grade`` and the hidden-case checkers, one module per
+  chapter; ``grader``: ``ddp-lab check`` / ``ddp-lab grade`` (tamper check, nbval, gradebook);
+- ``i18n``: the language switch and the registry of every learner-facing message table;
+- ``notebook``: ``dl.setup``, ``dl.tr``, ``dl.show_source``.
+"""

@@ -1,0 +1,267 @@
+"""Checker of chapter 05: a hand-written ring all-reduce from point-to-point messages.
+
+Each hidden case runs the learner's ``ring_all_reduce`` on 2 to 4 Gloo ranks next to
+``dist.all_reduce`` on awkward sizes (fewer elements than ranks, sizes not divisible by the
+world size, one element) and several dtypes. While the learner's code runs, the built-in
+collectives are switched off and every byte sent with ``send``/``isend`` (also through
+``batch_isend_irecv``) is counted: a ring sends about 2(N-1)/N of the tensor per rank, an
+implementation that passes the full buffer around sends N/2 times more and fails.
+
+The ring must also be safe on NCCL, which these Gloo ranks cannot show by hanging: while the
+learner's code runs, ``dist.get_backend`` answers "nccl", and every point-to-point call is
+recorded. A send or receive outside ``batch_isend_irecv`` fails. The batches are then
+replayed as NCCL runs them: ProcessGroupNCCL runs every batched p2p op of a device on one
+stream (torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp, ``pointToPoint``: a batch uses the
+device's communicator), so a rank's batch can finish only when every message in it has its
+partner in the batch its peer is running now. A ring that puts a receive alone in a batch
+before its send (or a send alone before its receive) leaves every rank waiting: the replay
+gets stuck and the case fails, with the batch that blocks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import random
+from collections.abc import Callable, Iterator
+
+import torch
+import torch.distributed as dist
+import torch.distributed.distributed_c10d as c10d
+
+from ddp_lab.course.checks import ch04
+from ddp_lab.course.checks.ch04 import forbid, make_input, run_ranks, short
+from ddp_lab.course.grading import checker
+from ddp_lab.course.i18n import Messages
+
+_BANNED = [
+    "all_reduce",
+    "all_reduce_coalesced",
+    "reduce",
+    "reduce_scatter",
+    "reduce_scatter_tensor",
+    "all_gather",
+    "all_gather_into_tensor",
+    "broadcast",
+    "all_to_all",
+    "all_to_all_single",
+    "gather",
+    "scatter",
+]
+# The messages this checker shares with ch04 (not_returned, values...) are ch04.MESSAGES.
+MESSAGES = Messages(
+    __name__,
+    {
+        "unpaired": {
+            "en": "rank {rank} called dist.{name} outside batch_isend_irecv. That passes on Gloo "
+            "but deadlocks (or risks it) on NCCL, where dist.send does not even block the CPU: "
+            "put each step's send to the right and receive from the left in ONE "
+            "dist.batch_isend_irecv.",
+            "zh": "rank {rank} 在 batch_isend_irecv 之外调用了 dist.{name}。这在 Gloo 上能通过，但在 "
+            "NCCL 上会死锁（或有死锁风险），而且 NCCL 的 dist.send 根本不会阻塞 CPU：请把每一步的"
+            "“向右发送”和“从左接收”放进同一个 dist.batch_isend_irecv。",
+        },
+        "stuck": {
+            "en": "on NCCL this ring would deadlock: rank {rank} waits in its batch_isend_irecv "
+            "number {batch} ({ops}), whose partners are not in the batches its peers are "
+            "running. NCCL runs all batched p2p of a GPU on one stream (ProcessGroupNCCL.cpp, "
+            "pointToPoint), so a batch holding only a receive blocks this rank's later send, "
+            "and around the ring every rank waits for the others. Put the send and the receive "
+            "of a step in the same batch.",
+            "zh": "这个环在 NCCL 上会死锁：rank {rank} 卡在它的第 {batch} 个 batch_isend_irecv"
+            "（{ops}），对端正在执行的批次里没有与之配对的操作。NCCL 把同一块 GPU 的所有批量点对点"
+            "操作放在同一个流上执行（ProcessGroupNCCL.cpp 的 pointToPoint），所以只含接收的批次会"
+            "阻塞本 rank 之后的发送，环上每个 rank 都在等别人。请把一步中的发送和接收放进同一个批次。",
+        },
+        "op_send": {"en": "send to {peer}", "zh": "发送给 {peer}"},
+        "op_recv": {"en": "receive from {peer}", "zh": "从 {peer} 接收"},
+        "too_much": {
+            "en": "rank {rank} sent {sent} elements for a tensor of {numel} on {n} ranks; a ring "
+            "sends at most {limit} (2(N-1) chunks of about numel/N). Send one chunk per step, "
+            "not the whole buffer.",
+            "zh": "rank {rank} 为一个 {numel} 个元素的张量在 {n} 个 rank 上发送了 {sent} 个元素；"
+            "环形全归约最多发送 {limit} 个（2(N-1) 个大小约为 numel/N 的块）。"
+            "每一步只发送一个块，而不是整个缓冲区。",
+        },
+    },
+)
+
+
+@contextlib.contextmanager
+def count_sends(counter: list[int]) -> Iterator[None]:
+    """Count the elements passed to send/isend (batch_isend_irecv calls isend for each op)."""
+    saved = {n: (getattr(dist, n), getattr(c10d, n)) for n in ("send", "isend")}
+
+    def wrap(original: Callable) -> Callable:
+        def counted(tensor: torch.Tensor, *args: object, **kwargs: object) -> object:
+            counter[0] += tensor.numel()
+            return original(tensor, *args, **kwargs)
+
+        return counted
+
+    try:
+        for n, (a, _) in saved.items():
+            setattr(dist, n, wrap(a))
+            setattr(c10d, n, getattr(dist, n))  # P2POp checks its op against c10d.isend
+        yield
+    finally:
+        for n, (a, b) in saved.items():
+            setattr(dist, n, a)
+            setattr(c10d, n, b)
+
+
+@contextlib.contextmanager
+def watch_p2p(batches: list[list[str]], loose: list[str]) -> Iterator[None]:
+    """Record the ops of every batch_isend_irecv and every p2p call made outside one.
+
+    Meanwhile ``dist.get_backend`` answers "nccl", so that code that picks its schedule by
+    backend (as ``ddp_lab.ring`` does) shows the schedule it would run on GPUs.
+    """
+    names = ("send", "recv", "isend", "irecv")
+    saved = {n: (getattr(dist, n), getattr(c10d, n)) for n in (*names, "batch_isend_irecv")}
+    saved_backend = (dist.get_backend, c10d.get_backend)
+    inside = [0]
+
+    def wrap(name: str, original: Callable) -> Callable:
+        def watched(*args: object, **kwargs: object) -> object:
+            if not inside[0]:
+                loose.append(name)
+            return original(*args, **kwargs)
+
+        watched.kind = "send" if "send" in name else "recv"  # type: ignore[attr-defined]
+        return watched
+
+    def batch(ops: list) -> object:
+        batches.append(
+            [
+                (getattr(op.op, "kind", "send" if "send" in op.op.__name__ else "recv"), op.peer)
+                for op in ops
+            ]
+        )
+        inside[0] += 1
+        try:
+            return saved["batch_isend_irecv"][0](ops)
+        finally:
+            inside[0] -= 1
+
+    def nccl(group: object = None) -> str:
+        return "nccl"
+
+    try:
+        for n in names:
+            setattr(dist, n, wrap(n, getattr(dist, n)))
+            setattr(c10d, n, getattr(dist, n))  # P2POp checks its op against c10d.isend
+        dist.batch_isend_irecv = c10d.batch_isend_irecv = batch
+        dist.get_backend = c10d.get_backend = nccl
+        yield
+    finally:
+        for n, (a, b) in saved.items():
+            setattr(dist, n, a)
+            setattr(c10d, n, b)
+        dist.get_backend, c10d.get_backend = saved_backend
+
+
+def replay_on_one_stream(logs: list[list[list[tuple[str, int]]]]) -> tuple[int, int] | None:
+    """Run every rank's batches as NCCL would, one stream per rank; None if all finish.
+
+    ``logs[r]`` lists rank r's batches, each a list of ("send" | "recv", peer). The k-th
+    send from a to b is matched with the k-th receive on b from a. A rank's current batch
+    finishes when each of its messages has been matched while the peer was running the
+    batch holding the partner (NCCL groups run the ops of one batch together; nothing after
+    a batch starts before it ends). Returns
+    (rank, batch index) of a batch that can never finish, or None.
+    """
+    count: dict[tuple[str, int, int], int] = {}
+    msgs: list[list[list[tuple[int, int, int]]]] = []
+    for r, batches in enumerate(logs):
+        msgs.append([])
+        for ops in batches:
+            ids = []
+            for kind, peer in ops:
+                src, dst = (r, peer) if kind == "send" else (peer, r)
+                k = count.get((kind, src, dst), 0)
+                count[(kind, src, dst)] = k + 1
+                ids.append((src, dst, k))
+            msgs[r].append(ids)
+    pos = [0] * len(logs)
+
+    def current(r: int) -> list:
+        return msgs[r][pos[r]] if pos[r] < len(msgs[r]) else []
+
+    done: set[tuple[int, int, int]] = set()
+    moved = True
+    while moved:
+        moved = False
+        for r in range(len(logs)):  # a message moves while both ends are in their batches
+            done.update(m for m in current(r) if m in current(m[1] if m[0] == r else m[0]))
+        for r in range(len(logs)):
+            if pos[r] < len(msgs[r]) and all(m in done for m in current(r)):
+                pos[r] += 1
+                moved = True
+    stuck = [r for r in range(len(logs)) if pos[r] < len(msgs[r])]
+    return (stuck[0], pos[stuck[0]]) if stuck else None
+
+
+def send_limit(numel: int, world_size: int) -> int:
+    """Most elements one rank of a ring sends: 2(N-1) chunks of at most ceil(numel/N)."""
+    return 2 * (world_size - 1) * math.ceil(numel / world_size)
+
+
+def _rank_ring(rank: int, fn: Callable, cases: list) -> str:
+    n = dist.get_world_size()
+    for shape, dtype, seed in cases:
+        mine = make_input(rank, shape, dtype, seed)
+        expected = mine.clone()
+        dist.all_reduce(expected)  # the oracle
+        sent = [0]
+        batches: list[list[str]] = []
+        loose: list[str] = []
+        with (
+            forbid(_BANNED, "dist.batch_isend_irecv"),
+            count_sends(sent),
+            watch_p2p(batches, loose),
+        ):
+            got = fn(mine)
+        logs: list = [None] * n
+        dist.all_gather_object(logs, batches)  # every rank, before any early return
+        if got is not mine:
+            return ch04.MESSAGES("not_returned", rank=rank)
+        if not torch.equal(mine, expected):
+            return ch04.MESSAGES("values", rank=rank, expected=short(expected), got=short(mine))
+        numel = mine.numel()
+        if loose:
+            return MESSAGES("unpaired", rank=rank, name=loose[0])
+        stuck = replay_on_one_stream(logs)
+        if stuck is not None:
+            who, index = stuck
+            ops = ", ".join(MESSAGES("op_" + k, peer=p) for k, p in logs[who][index])
+            return MESSAGES("stuck", rank=who, batch=index + 1, ops=ops)
+        if sent[0] > send_limit(numel, n):
+            return MESSAGES(
+                "too_much", rank=rank, sent=sent[0], numel=numel, n=n, limit=send_limit(numel, n)
+            )
+    return ""
+
+
+def cases_for(rng: random.Random, n: int) -> list:
+    """Awkward sizes for N ranks, then a large one that exposes full-buffer passing."""
+    dtypes = [torch.float32, torch.float64, torch.int64, torch.int32, torch.float16]
+    sizes = [
+        (1,),
+        (n - 1 or 1,),
+        (n * rng.randint(2, 5) + rng.randint(1, n - 1),),
+        (rng.randint(2, 4), n + 1),
+        (n * rng.randint(200, 400) + 1,),
+    ]
+    return [(s, rng.choice(dtypes), rng.randrange(10**6)) for s in sizes]
+
+
+@checker("05.ring", points=5)
+def check_ring(rng: random.Random, ring_all_reduce: Callable) -> Iterator[object]:
+    """ring_all_reduce(tensor): SUM in place on 2-4 ranks, 2(N-1)/N of the data per rank."""
+    world_sizes = [2, 3, 4, rng.choice([3, 4])]
+    yield len(world_sizes)
+    for n in world_sizes:
+        case = f"world_size={n}"
+        run_ranks(_rank_ring, (ring_all_reduce, cases_for(rng, n)), n, case)
+        yield case

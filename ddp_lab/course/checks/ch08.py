@@ -1,0 +1,301 @@
+"""Checker of chapter 08's exercise: fix a buggy DDP training function.
+
+The learner's ``fit(model, dataset, epochs, batch_size, lr, checkpoint_path)`` runs on every
+rank of a gloo group. The checker watches what it does, not its source: the order in which
+each rank reads samples (against ``DistributedSampler`` with ``set_epoch``), which ranks
+call ``torch.save``, the checkpoint file (one file, a plain model's ``state_dict``), the
+parameters on every rank (identical, and equal to a correct run of torch's DDP from the
+same initial model), the logged losses (the same mean on every rank) and the accuracy of
+the saved model.
+"""
+
+from __future__ import annotations
+
+import copy
+import random
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DataLoader, Dataset, DistributedSampler
+
+from ddp_lab.course.grading import checker, fail
+from ddp_lab.course.i18n import Messages
+
+MESSAGES = Messages(
+    __name__,
+    {
+        "order": {
+            "en": "rank {rank} read the samples in the same order in epoch 1 and epoch 2: "
+            "call sampler.set_epoch(epoch) at the start of every epoch",
+            "zh": "rank {rank} 在第 1 轮和第 2 轮以相同的顺序读取样本：请在每一轮开始时调用 "
+            "sampler.set_epoch(epoch)",
+        },
+        "shard": {
+            "en": "rank {rank} did not read its DistributedSampler shard (DistributedSampler(dataset) "
+            "with set_epoch(epoch), batches from DataLoader(dataset, batch_size, sampler=...))",
+            "zh": "rank {rank} 读取的样本不是它的 DistributedSampler 分片（应使用 "
+            "DistributedSampler(dataset)、set_epoch(epoch) 和 DataLoader(dataset, batch_size, "
+            "sampler=...)）",
+        },
+        "saves": {
+            "en": "rank {rank} called torch.save {count} time(s): only rank 0 should write the "
+            "checkpoint (if dist.get_rank() == 0), then every rank waits at dist.barrier()",
+            "zh": "rank {rank} 调用了 {count} 次 torch.save：只应由 rank 0 写检查点"
+            "（if dist.get_rank() == 0），然后所有 rank 在 dist.barrier() 处等待",
+        },
+        "no_save": {
+            "en": "rank 0 never called torch.save: save the model's state_dict to checkpoint_path",
+            "zh": "rank 0 没有调用 torch.save：请把模型的 state_dict 保存到 checkpoint_path",
+        },
+        "files": {
+            "en": "expected exactly one checkpoint file at checkpoint_path, found {files}",
+            "zh": "checkpoint_path 处应当恰好有一个检查点文件，实际找到 {files}",
+        },
+        "not_state_dict": {
+            "en": "the checkpoint is not a plain state_dict ({error}): save "
+            "ddp_model.module.state_dict(), not the model object",
+            "zh": "检查点不是普通的 state_dict（{error}）：请保存 ddp_model.module.state_dict()，"
+            "而不是模型对象",
+        },
+        "wrapper": {
+            "en": "the checkpoint does not load into a plain model (keys like {key!r}): you saved "
+            "the DDP wrapper; save ddp_model.module.state_dict()",
+            "zh": "检查点无法加载到普通模型中（键名形如 {key!r}）：你保存的是 DDP 包装器；"
+            "请保存 ddp_model.module.state_dict()",
+        },
+        "ranks_differ": {
+            "en": "the parameters differ between rank 0 and rank {rank} after training (max "
+            "difference {diff:.2e}): wrap the model in DDP so gradients are averaged",
+            "zh": "训练后 rank 0 与 rank {rank} 的参数不同（最大差 {diff:.2e}）：请用 DDP 包装模型，"
+            "让梯度在各 rank 间求平均",
+        },
+        "params": {
+            "en": "the parameters differ from a correct DDP run (max difference {diff:.2e}): "
+            "create the optimizer once, before the loop (SGD with momentum=0.9 keeps state), and "
+            "call zero_grad() every step",
+            "zh": "参数与正确的 DDP 训练结果不同（最大差 {diff:.2e}）：优化器只能在循环之前创建一次"
+            "（带 momentum=0.9 的 SGD 有内部状态），并且每一步都要调用 zero_grad()",
+        },
+        "loss_ranks": {
+            "en": "the ranks returned different losses ({a} on rank 0, {b} on rank {rank}): "
+            "average each epoch's loss over all ranks with dist.all_reduce",
+            "zh": "各 rank 返回的损失不同（rank 0 为 {a}，rank {rank} 为 {b}）：请用 "
+            "dist.all_reduce 把每一轮的损失在所有 rank 间求平均",
+        },
+        "loss_value": {
+            "en": "the logged losses {got} are not the mean over all ranks {expected}",
+            "zh": "记录的损失 {got} 不是所有 rank 的平均值 {expected}",
+        },
+        "accuracy": {
+            "en": "the saved model reaches {got:.1%} accuracy, a correct run {expected:.1%}",
+            "zh": "保存的模型准确率为 {got:.1%}，正确的训练可达到 {expected:.1%}",
+        },
+    },
+)
+
+
+class RecordingDataset(Dataset):
+    """A data set that remembers which indices were read, in order (a probe, not a copy)."""
+
+    def __init__(self, x: torch.Tensor, y: torch.Tensor) -> None:
+        self.x, self.y = x, y
+        self.reads: list[int] = []
+
+    def __len__(self) -> int:
+        return len(self.y)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        self.reads.append(int(i))
+        return self.x[i], self.y[i]
+
+
+def make_case(case: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor, nn.Module]:
+    """Hidden data (Gaussian blobs) and a hidden MLP, the same on every rank."""
+    gen = torch.Generator().manual_seed(case["seed"])
+    centers = 2.0 * torch.randn(case["classes"], case["features"], generator=gen)
+    y = torch.randint(0, case["classes"], (case["n"],), generator=gen)
+    x = centers[y] + torch.randn(case["n"], case["features"], generator=gen)
+    torch.manual_seed(case["seed"])
+    model = nn.Sequential(
+        nn.Linear(case["features"], case["hidden"]),
+        nn.ReLU(),
+        nn.Linear(case["hidden"], case["classes"]),
+    )
+    return x, y, model
+
+
+def reference_fit(
+    model: nn.Module, dataset: Dataset, epochs: int, batch_size: int, lr: float
+) -> tuple[list[float], list[float]]:
+    """The oracle: torch's DDP and DistributedSampler used correctly (no checkpoint).
+
+    Returns two logs of the epoch loss, both averaged over ranks: the mean of the batch
+    losses (what the exercise asks) and the mean over samples (also accepted).
+    """
+    ddp = DDP(model)
+    optimizer = torch.optim.SGD(ddp.parameters(), lr=lr, momentum=0.9)
+    sampler = DistributedSampler(dataset)
+    loader = DataLoader(dataset, batch_size=batch_size, sampler=sampler)
+    by_batch, by_sample = [], []
+    for epoch in range(epochs):
+        sampler.set_epoch(epoch)
+        sums = torch.zeros(3, dtype=torch.float64)  # sum of batch losses, of sample losses, n
+        for x, y in loader:
+            optimizer.zero_grad()
+            loss = F.cross_entropy(ddp(x), y)
+            loss.backward()
+            optimizer.step()
+            sums += torch.tensor([loss.item(), loss.item() * len(y), len(y)])
+        sums[0] /= len(loader)
+        dist.all_reduce(sums)
+        by_batch.append(sums[0].item() / dist.get_world_size())
+        by_sample.append((sums[1] / sums[2]).item())
+    return by_batch, by_sample
+
+
+def _run_case(rank: int, fit: Callable, case: dict[str, Any]) -> dict[str, Any]:
+    x, y, model = make_case(case)
+    reference = copy.deepcopy(model)
+    dataset = RecordingDataset(x, y)
+    saves = []
+    real_save = torch.save
+
+    def counting_save(*args: Any, **kwargs: Any) -> Any:
+        saves.append(1)
+        return real_save(*args, **kwargs)
+
+    torch.save = counting_save  # observe which ranks write, whatever the path
+    try:
+        losses = fit(model, dataset, case["epochs"], case["batch_size"], case["lr"], case["path"])
+    finally:
+        torch.save = real_save
+    dist.barrier()  # the learner's checkpoint is complete on every rank from here on
+    expected_reads = []
+    sampler = DistributedSampler(dataset)
+    for epoch in range(case["epochs"]):
+        sampler.set_epoch(epoch)
+        expected_reads.append(list(sampler))
+    ref_losses = reference_fit(
+        reference, RecordingDataset(x, y), case["epochs"], case["batch_size"], case["lr"]
+    )
+    return {
+        "reads": dataset.reads,
+        "expected_reads": expected_reads,
+        "saves": len(saves),
+        "losses": [float(v) for v in losses] if losses is not None else None,
+        "ref_losses": ref_losses,
+        "params": [p.detach().clone() for p in model.parameters()],
+        "ref_params": [p.detach().clone() for p in reference.parameters()],
+    }
+
+
+def _close(got: list[float] | None, expected: list[float]) -> bool:
+    return (
+        got is not None
+        and len(got) == len(expected)
+        and all(abs(g - e) <= 1e-4 * max(1.0, abs(e)) for g, e in zip(got, expected, strict=True))
+    )
+
+
+def _max_diff(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
+    return max((x - y).abs().max().item() for x, y in zip(a, b, strict=True))
+
+
+def verify(results: list[dict[str, Any]], case: dict[str, Any]) -> None:
+    """Raise CaseFailed (via ``fail``) at the first behaviour that differs from a correct run."""
+    label = f"world_size={len(results)}, epochs={case['epochs']}"
+    per_epoch = len(results[0]["expected_reads"][0])
+    for rank, r in enumerate(results):
+        reads = [r["reads"][e * per_epoch : (e + 1) * per_epoch] for e in range(case["epochs"])]
+        if reads != r["expected_reads"]:
+            same = len(reads) > 1 and reads[0] == reads[1] and len(reads[0]) == per_epoch
+            raise fail(MESSAGES("order" if same else "shard", rank=rank), label)
+    for rank, r in enumerate(results):
+        if rank > 0 and r["saves"]:
+            raise fail(MESSAGES("saves", rank=rank, count=r["saves"]), label)
+    if not results[0]["saves"]:
+        raise fail(MESSAGES("no_save"), label)
+    folder = Path(case["path"]).parent
+    files = sorted(p.name for p in folder.iterdir())
+    if files != [Path(case["path"]).name]:
+        raise fail(MESSAGES("files", files=files), label)
+    try:
+        state = torch.load(case["path"], weights_only=True)
+        assert isinstance(state, dict), type(state).__name__
+    except Exception as exc:  # noqa: BLE001  # a pickled module, or not a dict
+        raise fail(MESSAGES("not_state_dict", error=f"{type(exc).__name__}"), label) from None
+    _, _, plain = make_case(case)
+    try:
+        plain.load_state_dict(state)
+    except RuntimeError:
+        raise fail(MESSAGES("wrapper", key=next(iter(state), "")), label) from None
+    for rank, r in enumerate(results[1:], start=1):
+        diff = _max_diff(results[0]["params"], r["params"])
+        if diff > 0:
+            raise fail(MESSAGES("ranks_differ", rank=rank, diff=diff), label)
+    diff = _max_diff(results[0]["params"], results[0]["ref_params"])
+    diff = max(diff, _max_diff(list(plain.parameters()), results[0]["ref_params"]))
+    if diff > 1e-5:
+        raise fail(MESSAGES("params", diff=diff), label)
+    for rank, r in enumerate(results[1:], start=1):
+        if r["losses"] != results[0]["losses"]:
+            raise fail(
+                MESSAGES("loss_ranks", a=results[0]["losses"], b=r["losses"], rank=rank), label
+            )
+    got, (expected, by_sample) = results[0]["losses"], results[0]["ref_losses"]
+    if not (_close(got, expected) or _close(got, by_sample)):
+        short = [round(v, 4) for v in got] if got else got
+        raise fail(
+            MESSAGES("loss_value", got=short, expected=[round(v, 4) for v in expected]), label
+        )
+    x, y, _ = make_case(case)
+    with torch.no_grad():
+        acc = (plain(x).argmax(1) == y).float().mean().item()
+        _, _, ref_model = make_case(case)
+        for p, q in zip(ref_model.parameters(), results[0]["ref_params"], strict=True):
+            p.copy_(q)
+        ref_acc = (ref_model(x).argmax(1) == y).float().mean().item()
+    if acc < ref_acc - 1e-6:
+        raise fail(MESSAGES("accuracy", got=acc, expected=ref_acc), label)
+
+
+@checker("08.fit", points=5)
+def check_fit(rng: random.Random, fit: Callable) -> Iterator[object]:
+    from ddp_lab import spawn
+
+    world_sizes = [2, rng.choice([2, 3])]
+    yield len(world_sizes)
+    for world_size in world_sizes:
+        case = {
+            "seed": rng.randrange(10**6),
+            "n": rng.randint(40, 70),
+            "features": rng.randint(3, 6),
+            "classes": 3,
+            "hidden": rng.choice([8, 16]),
+            "epochs": 3,
+            "batch_size": rng.choice([6, 8]),
+            "lr": 0.05,
+        }
+        folder = tempfile.mkdtemp(prefix="ddp_lab_ch08_")
+        case["path"] = str(Path(folder) / "model.pt")
+        try:
+            results = spawn(
+                _run_case,
+                args=(fit, case),
+                nprocs=world_size,
+                backend="gloo",
+                quiet=True,
+                timeout=120,
+            )
+            verify(results, case)
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+        yield f"world_size={world_size}"

@@ -1,0 +1,93 @@
+"""Notebook helpers: pick the notebook's language, Chinese fonts for plots, show source.
+
+``setup()`` is what a lesson's first code cell calls. The language is taken from, in
+order: ``DDP_LAB_LANG``; the notebook's path (JupyterLab puts it in ``JPY_SESSION_NAME``);
+the kernel's working directory (``notebooks/zh/...`` runs with cwd ``.../zh``).
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+from ddp_lab.course import i18n
+
+CJK_FONT_FILE = "NotoSansCJKsc-Regular.otf"
+CJK_FONT_NAME = "Noto Sans CJK SC"
+
+
+def detect_language() -> str:
+    """The language of the running notebook, "en" when nothing says otherwise."""
+    env = os.environ.get("DDP_LAB_LANG")
+    if env and env[:2].lower() in i18n.LANGUAGES:
+        return env[:2].lower()
+    candidates = [os.environ.get("JPY_SESSION_NAME", ""), os.getcwd()]
+    for path in candidates:
+        parts = Path(path).parts
+        for part in reversed(parts[:-1] if path.endswith(".ipynb") else parts):
+            if part in i18n.LANGUAGES:
+                return part
+    return "en"
+
+
+class _QuietRegularOnly(logging.Filter):
+    """mplfonts ships the CJK font in its regular weight only, so bold text is drawn regular;
+    matplotlib says so under every such figure ("findfont: Failed to find font weight bold
+    for Noto Sans CJK SC"), a red line in the learner's output. Drop that line, nothing else."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (
+            str(record.msg).startswith("findfont: Failed to find font weight")
+            and CJK_FONT_NAME in map(str, record.args or ())
+        )
+
+
+def use_cjk_font() -> str | None:
+    """Make matplotlib draw Chinese characters (the Noto CJK font shipped by mplfonts)."""
+    import matplotlib
+    from matplotlib import font_manager
+
+    try:
+        import mplfonts
+    except ImportError:
+        return None
+    path = Path(mplfonts.__file__).parent / "fonts" / CJK_FONT_FILE
+    if not path.exists():
+        return None
+    font_manager.fontManager.addfont(str(path))
+    log = logging.getLogger("matplotlib.font_manager")
+    if not any(isinstance(f, _QuietRegularOnly) for f in log.filters):
+        log.addFilter(_QuietRegularOnly())
+    sans = matplotlib.rcParams["font.sans-serif"]
+    if CJK_FONT_NAME not in sans:
+        matplotlib.rcParams["font.sans-serif"] = [CJK_FONT_NAME, *sans]
+    matplotlib.rcParams["font.family"] = "sans-serif"
+    matplotlib.rcParams["axes.unicode_minus"] = False  # the CJK font lacks U+2212
+    return CJK_FONT_NAME
+
+
+def setup(lang: str | None = None) -> str:
+    """Set the message language for this notebook and fonts for its plots; return the language."""
+    lang = lang or detect_language()
+    i18n.set_language(lang)
+    use_cjk_font()
+    return lang
+
+
+def tr(en: str, zh: str) -> str:
+    """Pick the text for the current language: for plot titles, labels and widget text."""
+    return zh if i18n.get_language() == "zh" else en
+
+
+def show_source(obj: Any) -> Any:
+    """Display the source code of a ddp_lab function or class with syntax highlighting."""
+    source = inspect.getsource(obj)
+    try:
+        from IPython.display import Code
+
+        return Code(source, language="python")
+    except ImportError:
+        return source

@@ -1,0 +1,344 @@
+"""The notebook's side of a group of persistent ranks: processes, requests, faults.
+
+``ddp_lab.runtime.persistent`` is the public face (``dl.start``, ``%%ranks``, ``dl.pull``...);
+this module keeps the processes. The ranks are forked by a zygote of their own (the
+launcher's zygote stays free for ``dl.spawn``) and run ``ddp_lab.runtime._rank_loop``; each
+connects back over a Unix socket in the launch's private directory. Output capture, stack
+dumps, errors and messages are the launcher's.
+
+Faults: an exception on some ranks is reported with each rank's traceback and the group
+stays. A timeout, a rank that dies, or ranks that ignore an interrupt (one waiting inside a
+collective cannot be interrupted) restart the group: every variable on the ranks is lost.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import shutil
+import signal
+import socket
+import sys
+import tempfile
+import time
+from typing import Any
+
+import cloudpickle
+
+from ddp_lab.course.i18n import t
+from ddp_lab.runtime import launcher
+from ddp_lab.runtime._rank_loop import LoopJob
+from ddp_lab.runtime._zygote import read_msg, write_msg
+from ddp_lab.runtime.launcher import DistributedError, DistributedTimeoutError, RankFailure
+
+_START_TIMEOUT_S = 120.0
+_AFTER_FAILURE_S = 5.0  # once a rank failed, how long the others may still run
+_INTERRUPT_GRACE_S = 3.0  # how long ranks get to stop after SIGINT
+PREFIX = "ddp_lab_ranks_"  # + the notebook's pid: stale folders can be recognised
+RANK_NAMES = {"rank", "world_size", "device", "torch", "dist"}
+
+
+def alive(pid: int | None) -> bool:
+    """Whether process ``pid`` exists and is not a zombie (Linux /proc)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            text = f.read()
+    except OSError:
+        return False
+    return pid is not None and text[text.rindex(")") + 2] != "Z"
+
+
+class _Lost(Exception):
+    """Some rank processes ended: ``failures`` says how."""
+
+    def __init__(self, failures: list[RankFailure]) -> None:
+        super().__init__()
+        self.failures = failures
+
+
+class RankGroup:
+    """The notebook's handle on one group of persistent ranks."""
+
+    def __init__(self, nprocs: int, backend: str, timeout: float) -> None:
+        self.nprocs, self.backend, self.timeout = nprocs, backend, timeout
+        self.zygote: launcher._Zygote | None = None
+        self.started = time.monotonic()
+        self.cells = 0
+        self._launch()
+
+    # -- processes -------------------------------------------------------------------
+    def _launch(self) -> None:
+        if self.zygote is not None and not self.zygote.alive():
+            self.zygote.close()
+            self.zygote = None
+        if self.zygote is None:
+            self.zygote = launcher._Zygote()
+        self.zygote.wait_ready()
+        self.conns: dict[int, socket.socket] = {}
+        self.pids: dict[int, int] = {}
+        self.devices: dict[int, str] = {}
+        self.running: dict[int, str | None] = dict.fromkeys(range(self.nprocs))
+        self.last: dict[int, str] = {}
+        self.defined: dict[int, set[str]] = {r: set(RANK_NAMES) for r in range(self.nprocs)}
+        self.sent_lines: set[str] = set()
+        self.done = False
+        self.workdir = tempfile.mkdtemp(prefix=f"{PREFIX}{os.getpid()}_")
+        self.output = launcher._Output(self.workdir, self.nprocs)
+        path = os.path.join(self.workdir, "ctl")
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            listener.bind(path)
+            listener.listen(self.nprocs)
+            self.port = launcher.free_port()
+            payload = cloudpickle.dumps(LoopJob(path, self.nprocs, self.backend))
+            self.zygote.send(launcher.launch_message(payload, self.nprocs, self.workdir, self.port))
+            self._accept(listener)
+        except BaseException:
+            self._kill()
+            if self.zygote is not None:  # a group that cannot start leaves nothing either
+                self.zygote.close()
+                self.zygote = None
+            raise
+        finally:
+            listener.close()
+        self.output.finish()  # warnings printed while the group started
+
+    def _accept(self, listener: socket.socket) -> None:
+        """Wait until every rank has connected back and joined the process group."""
+        socks: dict[int, socket.socket] = {}
+        deadline = time.monotonic() + _START_TIMEOUT_S
+        while len(self.devices) < self.nprocs:
+            fds = [listener.fileno(), self.zygote.out_fd, *socks]
+            ready, _, _ = select.select(fds, [], [], max(0.0, deadline - time.monotonic()))
+            if not ready:
+                raise DistributedTimeoutError(t("start_timeout", timeout=_START_TIMEOUT_S))
+            for fd in ready:
+                if fd == listener.fileno():
+                    conn, _ = listener.accept()
+                    socks[conn.fileno()] = conn
+                elif fd == self.zygote.out_fd:
+                    lost = self._poll_zygote()
+                    if lost:
+                        raise DistributedError(t("start_failed"), lost)
+                else:
+                    msg = read_msg(fd)
+                    if msg is None:
+                        socks.pop(fd).close()  # its exit status follows from the zygote
+                        continue
+                    rank = msg["rank"]
+                    self.conns[rank] = socks[fd]
+                    if msg["op"] == "hello":
+                        self.pids[rank] = msg["pid"]
+                    else:
+                        self.devices[rank] = msg["device"]
+
+    def _poll_zygote(self) -> list[RankFailure]:
+        """Read the zygote's pending messages; return how the ranks that exited ended."""
+        lost = []
+        while True:
+            try:
+                msg = self.zygote.recv(0)
+            except RuntimeError:  # the zygote died, and its ranks with it
+                self.done = True
+                return lost + [RankFailure(r, t("zygote_died")) for r in range(self.nprocs)]
+            if msg is None:
+                return lost
+            if msg["op"] == "done":
+                self.done = True
+            elif msg["op"] == "exit":
+                rank, status = msg["rank"], msg["status"]
+                record = launcher._read_result(self.workdir, rank)
+                if record is not None and record[0] == "error":
+                    lost.append(launcher.failure_from_error(rank, record[1]))
+                else:
+                    lost.append(RankFailure(rank, launcher._describe_status(rank, status)))
+
+    def _kill(self) -> None:
+        """End every rank at once (SIGTERM, then SIGKILL) and remove the launch's files."""
+        try:
+            if self.zygote is not None and self.zygote.alive() and not self.done:
+                launcher._stop_all(self.zygote)
+        except RuntimeError:  # the zygote itself died
+            self.zygote.close()
+            self.zygote = None
+        for conn in self.conns.values():
+            conn.close()
+        self.conns = {}
+        shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def _restart(self) -> None:
+        self._kill()
+        self._launch()
+
+    def stop(self) -> None:
+        """Let every rank leave the process group and exit, then end the zygote."""
+        for conn in self.conns.values():
+            try:
+                write_msg(conn.fileno(), {"op": "exit"})
+            except OSError:
+                pass
+        deadline = time.monotonic() + 5.0
+        try:
+            while not self.done and time.monotonic() < deadline and self.zygote is not None:
+                if select.select([self.zygote.out_fd], [], [], 0.1)[0]:
+                    self._poll_zygote()
+        except RuntimeError:
+            pass
+        self._kill()
+        if self.zygote is not None:
+            self.zygote.close()
+            self.zygote = None
+
+    # -- requests --------------------------------------------------------------------
+    def check_ranks(self, ranks: Any) -> list[int]:
+        """``None`` (every rank), one rank, or a list of ranks -> a sorted list."""
+        if ranks is None:
+            return list(range(self.nprocs))
+        items = [ranks] if isinstance(ranks, int) else list(ranks)
+        if not items or any(
+            isinstance(r, bool) or not isinstance(r, int) or not 0 <= r < self.nprocs for r in items
+        ):
+            raise ValueError(t("bad_ranks", value=ranks, last=self.nprocs - 1))
+        return sorted(set(items))
+
+    def _wait(self, pending: set[int], replies: dict[int, dict], timeout: float) -> None:
+        """Move the replies that arrive within ``timeout`` from ``pending`` to ``replies``."""
+        fds = {self.conns[r].fileno(): r for r in pending}
+        ready, _, _ = select.select([self.zygote.out_fd, *fds], [], [], max(0.0, timeout))
+        lost = self._poll_zygote() if self.zygote.out_fd in ready else []
+        for fd in ready:
+            if fd in fds:
+                msg = read_msg(fd)
+                if msg is None:  # the rank died; wait for its exit status
+                    deadline = time.monotonic() + 2.0
+                    while not lost and time.monotonic() < deadline:
+                        select.select([self.zygote.out_fd], [], [], 0.1)
+                        lost = self._poll_zygote()
+                    lost = lost or [RankFailure(fds[fd], t("rank_gone", rank=fds[fd]))]
+                    continue
+                replies[fds[fd]] = msg
+                pending.discard(fds[fd])
+                self.running[fds[fd]] = None
+        if lost:
+            raise _Lost(lost)
+
+    def request(
+        self,
+        ranks: list[int],
+        msg: dict,
+        what: str,
+        timeout: float | None = -1,
+        stream: bool = False,
+    ) -> dict[int, dict]:
+        """Send ``msg`` to ``ranks`` and return their replies; handle every fault on the way."""
+        limit = self.timeout if timeout == -1 else launcher._check_timeout(timeout)
+        pending, replies = set(ranks), {}
+        try:
+            lost = self._poll_zygote()
+            if lost:
+                raise _Lost(lost)
+            for r in ranks:
+                self.running[r] = what
+                try:
+                    write_msg(self.conns[r].fileno(), msg)
+                except OSError:
+                    raise _Lost([RankFailure(r, t("rank_gone", rank=r))]) from None
+            deadline = time.monotonic() + limit
+            failed_at = None
+            while pending:
+                now = time.monotonic()
+                if now >= deadline:
+                    self._hang(pending, replies, limit, failed_at)
+                self._wait(pending, replies, min(deadline - now, 0.05 if stream else 1.0))
+                if stream:
+                    self.output.stream_new()
+                if failed_at is None and any(m["status"] == "error" for m in replies.values()):
+                    failed_at = time.monotonic()
+                    deadline = min(deadline, failed_at + _AFTER_FAILURE_S)
+        except KeyboardInterrupt:
+            self._interrupt(pending, replies)
+        except _Lost as lost:
+            self.output.finish()
+            self._restart()
+            summary = t("group_restarted", nprocs=self.nprocs) + "\n" + t("ranks_lost")
+            raise DistributedError(summary, lost.failures) from None
+        self.output.finish()
+        for r, reply in replies.items():
+            self.defined[r] = set(reply.get("names", ()))
+            self.last[r] = what + (" (!)" if reply["status"] == "error" else "")
+        return replies
+
+    def _hang(
+        self, pending: set[int], replies: dict, limit: float, failed_at: float | None
+    ) -> None:
+        stuck = sorted(pending)
+        stacks = launcher._dump_stacks(self.zygote, self.workdir, set(stuck))
+        self.output.finish()
+        launcher.print_stacks(stuck, stacks)
+        failures = errors(replies) + [
+            RankFailure(r, t("stack_of", rank=r), stack=stacks.get(r, "")) for r in stuck
+        ]
+        ranks = ", ".join(map(str, stuck))
+        if failed_at is not None:
+            first = errors(replies)[0].rank
+            summary = t("after_failure", ranks=ranks, first=first, grace=_AFTER_FAILURE_S)
+        else:
+            summary = t("ranks_timeout", ranks=ranks, timeout=limit)
+        self._restart()
+        summary += "\n" + t("group_restarted", nprocs=self.nprocs)
+        raise DistributedTimeoutError(summary, failures)
+
+    def _interrupt(self, pending: set[int], replies: dict) -> None:
+        interrupted = sorted(pending)
+        self.zygote.send({"op": "signal", "sig": signal.SIGINT, "ranks": interrupted})
+        deadline = time.monotonic() + _INTERRUPT_GRACE_S
+        try:
+            while pending and time.monotonic() < deadline:
+                self._wait(pending, replies, 0.05)
+        except (KeyboardInterrupt, _Lost):
+            pass  # a second interrupt, or a rank died: restart without waiting
+        self.output.finish()
+        ranks = ", ".join(map(str, interrupted))
+        if not pending:
+            print(t("ranks_interrupted", ranks=ranks), file=sys.stderr)
+        else:
+            stuck = sorted(pending)
+            launcher.print_stacks(
+                stuck, launcher._dump_stacks(self.zygote, self.workdir, set(stuck))
+            )
+            self._restart()
+            stuck_text = ", ".join(map(str, stuck))
+            print(t("interrupt_stuck", ranks=stuck_text, grace=_INTERRUPT_GRACE_S), file=sys.stderr)
+            print(t("group_restarted", nprocs=self.nprocs), file=sys.stderr)
+        raise KeyboardInterrupt
+
+    def new_lines(self) -> dict:
+        """Notebook cell sources not yet sent to the ranks (for their tracebacks)."""
+        lines = {
+            k: v for k, v in launcher._notebook_linecache().items() if k not in self.sent_lines
+        }
+        self.sent_lines.update(lines)
+        return lines
+
+    def rows(self) -> list[tuple]:
+        """(rank, pid, alive, device, running now, last request) for every rank."""
+        return [
+            (
+                r,
+                self.pids.get(r),
+                alive(self.pids.get(r)),
+                self.devices.get(r, "?"),
+                self.running.get(r),
+                self.last.get(r),
+            )
+            for r in range(self.nprocs)
+        ]
+
+
+def errors(replies: dict[int, dict]) -> list[RankFailure]:
+    """The failures among ``replies``, in rank order, with tracebacks and exceptions."""
+    return [
+        launcher.failure_from_error(r, replies[r]["error"])
+        for r in sorted(replies)
+        if replies[r]["status"] == "error"
+    ]

@@ -1,0 +1,151 @@
+"""What a persistent rank runs: wait for a request, run it in this rank's namespace, answer.
+
+``ddp_lab.runtime.persistent`` launches the ranks through the launcher's zygote, so each one is set
+up exactly like a ``dl.spawn`` rank (own process group, fd-level output capture,
+faulthandler on SIGUSR1, torchrun-like environment). Then, instead of returning, it
+connects back to the notebook over a Unix socket in the launch's private directory and
+serves requests until it is told to exit or the socket closes:
+
+- ``exec``: run a cell in the namespace (notebook names it lacks are added first); a last
+  expression's value is printed, as a notebook would show it;
+- ``pull``: evaluate an expression and send the value back (tensors detached, on CPU);
+- ``push``: set names.
+
+SIGINT is ignored while the rank waits and becomes KeyboardInterrupt only while user code
+runs, so a kernel interrupt stops the current cell but never the loop itself.
+"""
+
+from __future__ import annotations
+
+import ast
+import ctypes
+import linecache
+import os
+import signal
+import socket
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+import cloudpickle
+
+from ddp_lab.runtime._rank import error_record
+from ddp_lab.runtime._zygote import read_msg, write_msg
+
+try:
+    _LIBC: ctypes.CDLL | None = ctypes.CDLL(None)
+except OSError:
+    _LIBC = None
+
+
+@dataclass
+class LoopJob:
+    """The job each persistent rank runs (pickled by reference: this module is importable)."""
+
+    socket_path: str
+    nprocs: int
+    backend: str
+
+    def __call__(self, rank: int) -> None:
+        serve(rank, self.socket_path, self.nprocs, self.backend)
+
+
+def _ignore_sigint() -> None:
+    # signal.signal() first runs pending handlers, so a late SIGINT may raise right here.
+    while True:
+        try:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+            return
+        except KeyboardInterrupt:
+            continue
+
+
+def portable(value: Any) -> Any:
+    """A copy of ``value`` that can cross to the notebook: tensors detached and on CPU."""
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        if value.requires_grad:
+            value = value.detach()  # autograd graphs cannot cross processes; a plain copy can
+        return value if value.device.type == "cpu" else value.cpu()
+    if isinstance(value, (list, tuple)) and not hasattr(value, "_fields"):
+        return type(value)(portable(v) for v in value)
+    if isinstance(value, dict):
+        return {k: portable(v) for k, v in value.items()}
+    return value
+
+
+def _from_notebook(ns: dict, name: str) -> bool:
+    """Whether ``ns[name]`` is still the copy of a notebook value (not reassigned on the rank)."""
+    shipped = ns["__shipped__"]
+    return name in shipped and ns.get(name) is shipped[name]
+
+
+def _exec_cell(msg: dict, ns: dict) -> None:
+    for name, blob in msg.get("names", {}).items():
+        # What the ranks made themselves wins; a notebook copy is refreshed (the learner
+        # may have fixed the function in the notebook since).
+        if name not in ns or _from_notebook(ns, name):
+            ns[name] = ns["__shipped__"][name] = cloudpickle.loads(blob)
+    tree = ast.parse(msg["source"], msg["filename"])
+    last = None
+    if tree.body and isinstance(tree.body[-1], ast.Expr):
+        last = ast.Expression(tree.body.pop().value)
+    exec(compile(tree, msg["filename"], "exec"), ns)  # noqa: S102
+    if last is not None:
+        value = eval(compile(last, msg["filename"], "eval"), ns)  # noqa: S307
+        if value is not None:
+            print(repr(value))  # like the value a notebook shows under a cell
+
+
+def _handle(msg: dict, ns: dict) -> dict:
+    """Run one request with SIGINT armed; return the reply."""
+    linecache.cache.update(msg.get("linecache", {}))
+    reply: dict[str, Any] = {"op": "reply", "status": "ok"}
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        if msg["op"] == "exec":
+            _exec_cell(msg, ns)
+        elif msg["op"] == "pull":
+            value = eval(compile(msg["expr"], "<pull>", "eval"), ns)  # noqa: S307
+            reply["value"] = cloudpickle.dumps(portable(value))
+        elif msg["op"] == "push":
+            values = cloudpickle.loads(msg["values"])
+            ns.update(values)
+            for name in values:  # pushed on purpose: the ranks own them now
+                ns["__shipped__"].pop(name, None)
+    except BaseException as exc:  # noqa: BLE001  # KeyboardInterrupt and SystemExit too
+        reply = {"op": "reply", "status": "error", "error": error_record(exc, __file__)}
+    finally:
+        _ignore_sigint()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if _LIBC is not None:
+        _LIBC.fflush(None)  # C-level prints of this cell land before the reply
+    # Names the notebook need not send again: the ranks' own ones.
+    reply["names"] = sorted(k for k in ns if not k.startswith("__") and not _from_notebook(ns, k))
+    return reply
+
+
+def serve(rank: int, socket_path: str, nprocs: int, backend: str) -> None:
+    """Connect to the notebook, join the process group, and serve requests until 'exit'."""
+    import torch
+    import torch.distributed as dist
+
+    from ddp_lab.runtime._rank import init_group
+
+    _ignore_sigint()
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.connect(socket_path)
+    fd = sock.fileno()
+    write_msg(fd, {"op": "hello", "rank": rank, "pid": os.getpid()})
+    device = init_group(rank, nprocs, backend)
+    ns: dict[str, Any] = {"__name__": "__main__", "__shipped__": {}, "torch": torch, "dist": dist}
+    ns.update(rank=rank, world_size=nprocs, device=device)
+    write_msg(fd, {"op": "ready", "rank": rank, "device": str(device)})
+    while True:
+        msg = read_msg(fd)
+        if msg is None or msg.get("op") == "exit":  # EOF: the notebook is gone
+            break
+        write_msg(fd, _handle(msg, ns))
+    sock.close()

@@ -1,0 +1,645 @@
+"""``spawn``: a notebook-safe, fast drop-in for ``torch.multiprocessing.spawn``.
+
+How it differs from ``mp.spawn``:
+- the function and its arguments travel with cloudpickle, so functions, lambdas and
+  classes defined in notebook cells work (``mp.spawn`` pickles them by name and the
+  children cannot find ``__main__.fn``);
+- ranks are forked from a zygote that has already imported torch (fast, CUDA-safe);
+- each rank's stdout/stderr is captured at the fd level and printed in rank order with
+  a ``[rank N]`` prefix, so a cell's output is the same on every run;
+- a failure on one rank stops the others and raises one ``DistributedError``; a timeout
+  prints where each rank is stuck; an interrupt stops every rank.
+"""
+
+from __future__ import annotations
+
+import atexit
+import inspect
+import linecache
+import os
+import select
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import cloudpickle
+
+from ddp_lab.course.i18n import t
+from ddp_lab.runtime._zygote import read_msg, write_msg
+
+BACKENDS = ("gloo", "nccl", "mpi", "auto")
+DEFAULT_TIMEOUT = float(os.environ.get("DDP_LAB_TIMEOUT", "120"))
+# Environment variables that torch reads when it is imported: a zygote started under
+# other values would silently ignore the new ones, so it is restarted instead.
+IMPORT_TIME_ENV = (
+    "TORCH_CPP_LOG_LEVEL",
+    "TORCH_SHOW_CPP_STACKTRACES",
+    "OMP_NUM_THREADS",
+    "MKL_NUM_THREADS",
+    "LD_LIBRARY_PATH",
+    "LD_PRELOAD",
+    "PYTHONPATH",
+)
+_GRACE_S = 1.0  # between SIGTERM and SIGKILL
+
+
+def max_nprocs() -> int:
+    """The largest nprocs accepted on this machine."""
+    return max(16, 4 * (os.cpu_count() or 1))
+
+
+def set_timeout(seconds: float | None) -> None:
+    """Set the default timeout of ``spawn`` and ``%%ddp`` (None: wait forever)."""
+    global DEFAULT_TIMEOUT
+    DEFAULT_TIMEOUT = _check_timeout(seconds)
+
+
+def _check_timeout(value: Any) -> float:
+    if value is None:
+        return float("inf")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise ValueError(t("bad_timeout", value=value))
+    return float(value)
+
+
+@dataclass
+class RankFailure:
+    """Why one rank failed: an exception, an exit code, a signal or a timeout."""
+
+    rank: int
+    reason: str
+    traceback: str = ""
+    exception: BaseException | None = None
+    stack: str = ""
+
+
+class DistributedError(RuntimeError):
+    """One or more ranks failed; ``failures`` lists them, the first to fail first."""
+
+    def __init__(
+        self,
+        summary: str,
+        failures: list[RankFailure] | None = None,
+        outputs: dict[int, tuple[str, str]] | None = None,
+    ) -> None:
+        super().__init__(summary)
+        self.summary = summary
+        self.failures = failures or []
+        self.outputs = outputs or {}
+
+    def __str__(self) -> str:
+        parts = [self.summary]
+        for f in self.failures:
+            parts.append(f"  - {f.reason}")
+        for f in self.failures:
+            if f.traceback:
+                parts.append(f"\n--- {t('traceback_of', rank=f.rank)} ---\n{f.traceback.rstrip()}")
+            if f.stack:
+                parts.append(f"\n--- {t('stack_of', rank=f.rank)} ---\n{f.stack.rstrip()}")
+        return "\n".join(parts)
+
+    def _render_traceback_(self) -> list[str]:
+        # IPython shows this instead of the launcher's own (unhelpful) frames.
+        return [f"{type(self).__name__}: {self}"]
+
+    @property
+    def ranks(self) -> list[int]:
+        return [f.rank for f in self.failures]
+
+
+class DistributedTimeoutError(DistributedError, TimeoutError):
+    """The launch ran past its timeout; ``failures`` hold each running rank's stack."""
+
+
+class FunctionJob:
+    """Calls ``fn(rank, *args)``, after initialising the process group if asked to."""
+
+    def __init__(self, fn: Callable, args: tuple, nprocs: int, backend: str | None) -> None:
+        self.fn, self.args, self.nprocs, self.backend = fn, args, nprocs, backend
+
+    def __call__(self, rank: int) -> Any:
+        if self.backend:
+            from ddp_lab.runtime._rank import init_group
+
+            init_group(rank, self.nprocs, self.backend)
+        return self.fn(rank, *self.args)
+
+
+class _Zygote:
+    """The parent's handle on the zygote process."""
+
+    def __init__(self) -> None:
+        env = dict(os.environ)
+        # The folder that holds the ddp_lab package (this file is ddp_lab/runtime/launcher.py).
+        root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
+        self.env_key = _env_key()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", "from ddp_lab.runtime._zygote import main; main()"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            env=env,
+            close_fds=True,
+            # Its own process group: Jupyter signals the kernel's group on interrupt and, at
+            # shutdown, SIGTERMs the children in it and waits for them to vanish; the zygote
+            # would linger as an unreaped zombie until the kernel is killed, before its atexit
+            # clean-up could run. Parent-death signals still end it with the kernel.
+            start_new_session=True,
+        )
+        self.in_fd = self.proc.stdin.fileno()
+        self.out_fd = self.proc.stdout.fileno()
+        self.ready = False
+
+    def wait_ready(self, timeout: float = 300.0) -> None:
+        if not self.ready:
+            msg = self.recv(timeout)
+            if not msg or msg.get("op") != "ready":
+                raise RuntimeError(t("zygote_died"))
+            self.ready = True
+
+    def send(self, msg: dict) -> None:
+        write_msg(self.in_fd, msg)
+
+    def recv(self, timeout: float) -> dict | None:
+        """Next message, ``None`` after ``timeout`` seconds; raises if the zygote died."""
+        ready, _, _ = select.select([self.out_fd], [], [], max(0.0, timeout))
+        if not ready:
+            return None
+        msg = read_msg(self.out_fd)
+        if msg is None:
+            raise RuntimeError(t("zygote_died"))
+        return msg
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def close(self) -> None:
+        if self.alive():
+            self.proc.stdin.close()  # EOF: the zygote kills any ranks and exits
+            try:
+                self.proc.wait(5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        for f in (self.proc.stdin, self.proc.stdout):
+            if f and not f.closed:
+                f.close()
+
+
+_zygote: _Zygote | None = None
+_lock = threading.Lock()
+
+
+def _env_key() -> tuple:
+    return tuple(os.environ.get(k) for k in IMPORT_TIME_ENV) + (sys.executable,)
+
+
+def _get_zygote() -> _Zygote:
+    global _zygote
+    if _zygote is not None and (not _zygote.alive() or _zygote.env_key != _env_key()):
+        _zygote.close()
+        _zygote = None
+    if _zygote is None:
+        _zygote = _Zygote()
+    return _zygote
+
+
+def prestart() -> None:
+    """Start the zygote in the background so that the first launch is fast too."""
+    with _lock:
+        _get_zygote()
+
+
+def shutdown() -> None:
+    """Stop the zygote (the next launch starts a new one)."""
+    global _zygote
+    with _lock:
+        if _zygote is not None:
+            _zygote.close()
+            _zygote = None
+
+
+atexit.register(shutdown)
+
+
+def free_port() -> int:
+    """A TCP port that is free right now on localhost (chosen by the OS, never fixed)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def cuda_device_count() -> int:
+    """Number of CUDA devices, without initialising CUDA when torch has no CUDA."""
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def resolve_backend(backend: str | None, nprocs: int) -> str | None:
+    """Check ``backend`` for ``nprocs`` ranks on this machine; turn 'auto' into a name."""
+    if backend is None:
+        return None
+    if backend not in BACKENDS:
+        raise ValueError(t("bad_backend", value=backend, choices=", ".join(BACKENDS)))
+    import torch.distributed as dist
+
+    gpus = cuda_device_count()
+    if backend == "auto":
+        backend = "nccl" if gpus >= nprocs and dist.is_nccl_available() else "gloo"
+    available = {
+        "gloo": dist.is_gloo_available,
+        "nccl": dist.is_nccl_available,
+        "mpi": dist.is_mpi_available,
+    }[backend]()
+    if backend == "nccl" and gpus < nprocs:
+        raise ValueError(t("nccl_no_gpus", nprocs=nprocs, gpus=gpus))
+    if not available:
+        raise ValueError(t("backend_unavailable", backend=backend))
+    return backend
+
+
+def check_nprocs(nprocs: Any) -> int:
+    """Validate ``nprocs`` and return it as an int."""
+    if isinstance(nprocs, bool) or not isinstance(nprocs, int):
+        raise ValueError(t("bad_nprocs_type", value=nprocs))
+    if nprocs < 1:
+        raise ValueError(t("bad_nprocs_small", value=nprocs))
+    if nprocs > max_nprocs():
+        raise ValueError(
+            t("bad_nprocs_large", value=nprocs, cpus=os.cpu_count(), limit=max_nprocs())
+        )
+    return nprocs
+
+
+def _explain_pickle_error(fn: Callable, args: tuple, error: Exception) -> str:
+    """Find which captured name or argument cannot be pickled, for the error message."""
+    candidates: list[tuple[str, Any]] = []
+    for i, a in enumerate(args):
+        candidates.append((t("arg_what", index=i), a))
+    try:
+        cv = inspect.getclosurevars(fn)
+        for name, value in {**cv.globals, **cv.nonlocals}.items():
+            candidates.append((t("name_what", name=name), value))
+    except TypeError:
+        pass
+    for what, value in candidates:
+        try:
+            cloudpickle.dumps(value)
+        except Exception as exc:  # noqa: BLE001
+            return t("unpicklable", what=what, error=f"{type(exc).__name__}: {exc}")
+    name = getattr(fn, "__qualname__", repr(fn))
+    return t("unpicklable", what=t("fn_what", name=name), error=f"{type(error).__name__}: {error}")
+
+
+def dumps_job(job: Any, fn: Callable, args: tuple) -> bytes:
+    """Pickle a job, or raise a ValueError that names what cannot be pickled."""
+    try:
+        return cloudpickle.dumps(job)
+    except Exception as exc:  # noqa: BLE001
+        raise ValueError(_explain_pickle_error(fn, args, exc)) from None
+
+
+def dumps_named(name: str, value: Any) -> bytes:
+    """Pickle a notebook value that a cell sends to the ranks, or say which name cannot go."""
+    try:
+        return cloudpickle.dumps(value)
+    except Exception as exc:  # noqa: BLE001
+        error = f"{type(exc).__name__}: {exc}"
+        raise ValueError(t("unpicklable", what=t("name_what", name=name), error=error)) from None
+
+
+def _notebook_linecache() -> dict:
+    # Cell sources, so that tracebacks inside ranks show the notebook's code lines.
+    return {
+        k: v
+        for k, v in linecache.cache.items()
+        if (k.startswith("<ipython-input") or "ipykernel_" in k) and len(v) == 4
+    }
+
+
+def spawn(
+    fn: Callable,
+    args: tuple = (),
+    nprocs: int = 1,
+    join: bool = True,
+    daemon: bool = False,
+    start_method: str | None = None,
+    *,
+    backend: str | None = None,
+    timeout: float | None = -1,
+    stream: bool = False,
+    quiet: bool = False,
+) -> list[Any]:
+    """Run ``fn(rank, *args)`` in ``nprocs`` processes and return their results in rank order.
+
+    Call-compatible with ``torch.multiprocessing.spawn`` (``join``, ``daemon`` and
+    ``start_method`` are accepted and ignored: ranks are always joined and always forked
+    from the zygote).
+
+    Args:
+        backend: if given ("gloo", "nccl", "mpi" or "auto"), the default process group is
+            initialised before ``fn`` is called; otherwise ``fn`` does it, as in tutorials.
+        timeout: seconds before the ranks' stacks are printed and the ranks stopped;
+            -1 means the global default (``set_timeout``), None means no limit.
+        stream: print output lines as they come instead of in rank order at the end.
+        quiet: print nothing; the output is still attached to a ``DistributedError``.
+    """
+    if not callable(fn):
+        raise TypeError(t("not_callable", value=fn))
+    if not join:
+        raise ValueError(t("join_false"))
+    nprocs = check_nprocs(nprocs)
+    limit = DEFAULT_TIMEOUT if timeout == -1 else _check_timeout(timeout)
+    backend = resolve_backend(backend, nprocs)
+    args = tuple(args)
+    payload = dumps_job(FunctionJob(fn, args, nprocs, backend), fn, args)
+    return run_payload(payload, nprocs, limit, stream, quiet)
+
+
+class _Output:
+    """Reads the ranks' capture files and prints them with ``[rank N]`` prefixes."""
+
+    def __init__(self, workdir: str, nprocs: int, quiet: bool = False) -> None:
+        self.workdir, self.nprocs, self.quiet = workdir, nprocs, quiet
+        self.offsets = {(r, s): 0 for r in range(nprocs) for s in ("out", "err")}
+        self.partial = {key: "" for key in self.offsets}
+
+    def _read_new(self, rank: int, stream: str) -> str:
+        path = os.path.join(self.workdir, f"{rank}.{stream}")
+        try:
+            with open(path, "rb") as f:
+                f.seek(self.offsets[rank, stream])
+                data = f.read()
+        except FileNotFoundError:
+            return ""
+        self.offsets[rank, stream] += len(data)
+        return data.decode("utf-8", errors="backslashreplace")
+
+    def _emit(self, rank: int, stream: str, final: bool) -> None:
+        text = self.partial[rank, stream] + self._read_new(rank, stream)
+        lines = text.split("\n")
+        self.partial[rank, stream] = "" if final else lines.pop()
+        if final and lines and lines[-1] == "":
+            lines.pop()
+        out = sys.stdout if stream == "out" else sys.stderr
+        if lines and not self.quiet:
+            out.write("".join(f"[rank {rank}] {line}\n" for line in lines))
+            out.flush()
+
+    def stream_new(self) -> None:
+        for r in range(self.nprocs):
+            for s in ("out", "err"):
+                self._emit(r, s, final=False)
+
+    def finish(self) -> None:
+        for s in ("out", "err"):
+            for r in range(self.nprocs):
+                self._emit(r, s, final=True)
+
+    def text(self, rank: int) -> tuple[str, str]:
+        result = []
+        for s in ("out", "err"):
+            try:
+                with open(
+                    os.path.join(self.workdir, f"{rank}.{s}"),
+                    encoding="utf-8",
+                    errors="backslashreplace",
+                ) as f:
+                    result.append(f.read())
+            except FileNotFoundError:
+                result.append("")
+        return result[0], result[1]
+
+
+def _describe_status(rank: int, status: int) -> str:
+    if os.WIFSIGNALED(status):
+        sig = os.WTERMSIG(status)
+        try:
+            name = signal.Signals(sig).name
+        except ValueError:
+            name = str(sig)
+        return t("rank_signal", rank=rank, signal=name)
+    return t("rank_exit_code", rank=rank, code=os.WEXITSTATUS(status))
+
+
+def failure_from_error(rank: int, info: dict) -> RankFailure:
+    """A rank's error record (type, message, traceback, pickled exception) -> RankFailure."""
+    exc = None
+    if info.get("exc"):
+        try:
+            exc = cloudpickle.loads(info["exc"])
+        except Exception:  # noqa: BLE001  # e.g. a class only the ranks know
+            exc = None
+    error = f"{info['type']}: {info['message']}" if info["message"] else info["type"]
+    return RankFailure(rank, t("rank_raised", rank=rank, error=error), info["traceback"], exc)
+
+
+def print_stacks(ranks: list[int], stacks: dict[int, str]) -> None:
+    """Print where each stuck rank is, under a header per rank (ranks without a stack skipped)."""
+    for r in ranks:
+        if stacks.get(r):
+            sys.stderr.write(f"--- {t('stack_of', rank=r)} ---\n{stacks[r]}")
+
+
+def _read_result(workdir: str, rank: int) -> tuple[str, Any] | None:
+    try:
+        with open(os.path.join(workdir, f"{rank}.result"), "rb") as f:
+            return cloudpickle.loads(f.read())
+    except FileNotFoundError:
+        return None
+    except Exception as exc:  # noqa: BLE001  # e.g. a class the parent cannot import
+        return (
+            "error",
+            {"type": type(exc).__name__, "message": str(exc), "traceback": "", "exc": None},
+        )
+
+
+def run_payload(
+    payload: bytes, nprocs: int, limit: float, stream: bool = False, quiet: bool = False
+) -> list[Any]:
+    """Launch ``nprocs`` ranks of a pickled job and supervise them to the end."""
+    with _lock:
+        zygote = _get_zygote()
+        zygote.wait_ready()
+        workdir = tempfile.mkdtemp(prefix="ddp_lab_")
+        try:
+            return _supervise(zygote, payload, nprocs, limit, stream and not quiet, workdir, quiet)
+        except BaseException:
+            if not zygote.alive():
+                shutdown_unlocked()
+            raise
+        finally:
+            shutil.rmtree(workdir, ignore_errors=True)
+
+
+def shutdown_unlocked() -> None:
+    global _zygote
+    if _zygote is not None:
+        _zygote.close()
+        _zygote = None
+
+
+def launch_message(payload: bytes, nprocs: int, workdir: str, port: int | None = None) -> dict:
+    """The zygote's 'launch' request: the job, where output goes, and the parent's context."""
+    return {
+        "op": "launch",
+        "nprocs": nprocs,
+        "payload": payload,
+        "workdir": workdir,
+        "port": port or free_port(),
+        "env": dict(os.environ),
+        "cwd": os.getcwd(),
+        "sys_path": list(sys.path),
+        "argv": list(sys.argv[:1]),
+        "linecache": _notebook_linecache(),
+    }
+
+
+def _supervise(
+    zygote: _Zygote,
+    payload: bytes,
+    nprocs: int,
+    limit: float,
+    stream: bool,
+    workdir: str,
+    quiet: bool,
+) -> list[Any]:
+    zygote.send(launch_message(payload, nprocs, workdir))
+    output = _Output(workdir, nprocs, quiet)
+    statuses: dict[int, int] = {}
+    exit_order: list[int] = []
+    stopping: set[int] = set()  # ranks the launcher itself is stopping
+    started = time.monotonic()
+    kill_at: float | None = None
+    timed_out = False
+    stacks: dict[int, str] = {}
+    try:
+        while True:
+            msg = zygote.recv(0.05 if stream or kill_at else 0.2)
+            now = time.monotonic()
+            if msg is not None:
+                if msg["op"] == "done":
+                    break
+                if msg["op"] == "exit":
+                    rank, status = msg["rank"], msg["status"]
+                    statuses[rank] = status
+                    exit_order.append(rank)
+                    if status != 0 and kill_at is None:
+                        # One rank failed: the others would wait forever in collectives.
+                        stopping = set(range(nprocs)) - set(statuses)
+                        zygote.send({"op": "signal", "sig": signal.SIGTERM})
+                        kill_at = now + _GRACE_S
+            if stream:
+                output.stream_new()
+            if kill_at is None and now - started > limit:
+                timed_out = True
+                stopping = set(range(nprocs)) - set(statuses)
+                stacks = _dump_stacks(zygote, workdir, stopping)
+                zygote.send({"op": "signal", "sig": signal.SIGTERM})
+                kill_at = time.monotonic() + _GRACE_S
+            elif kill_at is not None and now > kill_at:
+                zygote.send({"op": "signal", "sig": signal.SIGKILL})
+                kill_at = float("inf")
+    except KeyboardInterrupt:
+        _stop_all(zygote)
+        output.finish()
+        print(t("interrupted"), file=sys.stderr)
+        raise
+    output.finish()
+    return _collect(
+        workdir, nprocs, statuses, exit_order, stopping, timed_out, limit, stacks, output
+    )
+
+
+def _stop_all(zygote: _Zygote) -> None:
+    """SIGTERM every rank, SIGKILL after a grace period, and wait for the zygote's 'done'."""
+    zygote.send({"op": "signal", "sig": signal.SIGTERM})
+    deadline = time.monotonic() + _GRACE_S
+    killed = False
+    while True:
+        try:
+            msg = zygote.recv(0.05)
+        except KeyboardInterrupt:
+            msg = None
+        if msg is not None and msg.get("op") == "done":
+            return
+        if not killed and time.monotonic() > deadline:
+            zygote.send({"op": "signal", "sig": signal.SIGKILL})
+            killed = True
+
+
+def _dump_stacks(zygote: _Zygote, workdir: str, ranks: set[int]) -> dict[int, str]:
+    """Ask hung ranks for their Python stacks (faulthandler on SIGUSR1) and read them."""
+    zygote.send({"op": "signal", "sig": signal.SIGUSR1, "ranks": sorted(ranks)})
+    stacks: dict[int, str] = {}
+    deadline = time.monotonic() + 2.0
+    while time.monotonic() < deadline and len(stacks) < len(ranks):
+        time.sleep(0.05)
+        for r in ranks:
+            try:
+                with open(os.path.join(workdir, f"{r}.stack")) as f:
+                    text = f.read()
+            except FileNotFoundError:
+                continue
+            if text.rstrip().endswith(")") or "File" in text:
+                stacks[r] = text
+    time.sleep(0.05)  # let the last lines land
+    for r in ranks:
+        try:
+            with open(os.path.join(workdir, f"{r}.stack")) as f:
+                stacks[r] = f.read()
+        except FileNotFoundError:
+            pass
+    return stacks
+
+
+def _collect(
+    workdir: str,
+    nprocs: int,
+    statuses: dict[int, int],
+    exit_order: list[int],
+    stopping: set[int],
+    timed_out: bool,
+    limit: float,
+    stacks: dict[int, str],
+    output: _Output,
+) -> list[Any]:
+    results: list[Any] = [None] * nprocs
+    failures: list[RankFailure] = []
+    for rank in exit_order:
+        record = _read_result(workdir, rank)
+        if record is not None and record[0] == "ok" and statuses[rank] == 0:
+            results[rank] = record[1]
+        elif record is not None and record[0] == "error":
+            failures.append(failure_from_error(rank, record[1]))
+        elif rank not in stopping or timed_out:
+            if not (timed_out and rank in stopping):
+                failures.append(RankFailure(rank, _describe_status(rank, statuses[rank])))
+    outputs = {r: output.text(r) for r in range(nprocs)}
+    if timed_out:
+        ranks = sorted(stopping)
+        hung = [RankFailure(r, t("stack_of", rank=r), stack=stacks.get(r, "")) for r in ranks]
+        if not output.quiet:
+            print_stacks(ranks, stacks)
+        raise DistributedTimeoutError(
+            t("timeout", timeout=limit, ranks=", ".join(map(str, ranks))),
+            [f for f in failures if f.rank not in stopping] + hung,
+            outputs,
+        )
+    if failures:
+        own = [f for f in failures if f.rank not in stopping] or failures
+        summary = t("ranks_failed", count=len(own), nprocs=nprocs, first=own[0].rank)
+        stopped = sorted(stopping - {f.rank for f in own})
+        if stopped:
+            summary += "\n" + t("ranks_stopped", ranks=", ".join(map(str, stopped)))
+        raise DistributedError(summary, own, outputs)
+    return results

@@ -1,0 +1,156 @@
+"""The ``%%ddp`` and ``%%ranks`` cell magics.
+
+``%%ddp`` runs a cell's body on N fresh ranks with the process group ready. On every rank
+the body sees ``rank``, ``world_size``, ``device``, ``torch`` and ``dist``, plus every
+notebook name it uses (functions, classes, tensors, numbers from earlier cells), sent by
+value with cloudpickle. Output, errors, timeouts and cleanup are those of
+``ddp_lab.spawn``.
+
+``%%ranks`` runs it on the persistent ranks of ``dl.start`` instead (see
+``ddp_lab.runtime.persistent``), where variables survive from cell to cell; the line magic
+``%ranks start -n N | stop | status`` drives the group.
+"""
+
+from __future__ import annotations
+
+import ast
+import types
+from typing import Any
+
+from ddp_lab.runtime import launcher
+
+# IPython's own names, never worth sending to a rank.
+_SKIP = {"In", "Out", "get_ipython", "exit", "quit", "_ih", "_oh", "_dh"}
+
+
+def used_names(code: types.CodeType) -> set[str]:
+    """All global names a code object (and the code nested in it) refers to."""
+    names = set(code.co_names)
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            names |= used_names(const)
+    return names
+
+
+class CellJob:
+    """Runs a cell body in a fresh namespace on one rank."""
+
+    def __init__(
+        self, source: str, filename: str, namespace: dict[str, Any], nprocs: int, backend: str
+    ) -> None:
+        self.source, self.filename, self.namespace = source, filename, namespace
+        self.nprocs, self.backend = nprocs, backend
+
+    def __call__(self, rank: int) -> Any:
+        import torch
+        import torch.distributed as dist
+
+        from ddp_lab.runtime._rank import init_group
+
+        device = init_group(rank, self.nprocs, self.backend)
+        ns = {"__name__": "__main__", "torch": torch, "dist": dist}
+        ns.update(self.namespace)
+        ns.update(rank=rank, world_size=self.nprocs, device=device)
+        exec(compile(self.source, self.filename, "exec"), ns)  # noqa: S102
+        return None
+
+
+def run_cell(
+    source: str,
+    user_ns: dict[str, Any],
+    nprocs: int = 2,
+    backend: str = "auto",
+    timeout: float | None = -1,
+    stream: bool = False,
+    filename: str = "<ddp cell>",
+) -> None:
+    """What ``%%ddp`` does, callable without IPython (used by the tests)."""
+    nprocs = launcher.check_nprocs(nprocs)
+    limit = launcher.DEFAULT_TIMEOUT if timeout == -1 else launcher._check_timeout(timeout)
+    backend = launcher.resolve_backend(backend, nprocs)
+    code = compile(ast.parse(source, filename), filename, "exec")
+    wanted = used_names(code) - _SKIP - {"rank", "world_size", "device"}
+    namespace = {k: user_ns[k] for k in wanted if k in user_ns}
+    for name, value in namespace.items():
+        launcher.dumps_named(name, value)  # before any process starts: name what cannot go
+    job = CellJob(source, filename, namespace, nprocs, backend)
+    payload = launcher.dumps_job(job, run_cell, ())
+    launcher.run_payload(payload, nprocs, limit, stream)
+
+
+def register(ipython: Any) -> None:
+    """Register ``%%ddp`` with an IPython shell."""
+    from IPython.core import magic_arguments
+
+    @magic_arguments.magic_arguments()
+    @magic_arguments.argument("-n", "--nprocs", type=int, default=2, help="number of ranks")
+    @magic_arguments.argument("--backend", default="auto", help="gloo, nccl, mpi or auto")
+    @magic_arguments.argument("--timeout", type=float, default=-1, help="seconds")
+    @magic_arguments.argument("--stream", action="store_true", help="print lines as they come")
+    def ddp(line: str, cell: str) -> None:
+        """%%ddp -n N [--backend gloo|nccl|auto] [--timeout S] [--stream]: run on N ranks."""
+        args = magic_arguments.parse_argstring(ddp, line)
+        filename = ipython.compile.cache(cell) if hasattr(ipython, "compile") else "<ddp cell>"
+        run_cell(
+            cell,
+            ipython.user_ns,
+            args.nprocs,
+            args.backend,
+            None if args.timeout == 0 else args.timeout,
+            args.stream,
+            filename,
+        )
+
+    ipython.register_magic_function(ddp, magic_kind="cell", magic_name="ddp")
+    register_ranks(ipython)
+
+
+def parse_ranks(text: str | None) -> list[int] | None:
+    """'0,2' or '1-3' or '0,2-3' -> a list of ranks; None or '' -> None (every rank)."""
+    if not text:
+        return None
+    out: list[int] = []
+    try:
+        for part in text.split(","):
+            lo, _, hi = part.strip().partition("-")
+            out.extend(range(int(lo), int(hi or lo) + 1))
+    except ValueError:
+        from ddp_lab.course.i18n import t
+
+        raise ValueError(t("bad_ranks", value=text, last="N-1")) from None
+    return out
+
+
+def register_ranks(ipython: Any) -> None:
+    """Register ``%%ranks`` (run a cell on the persistent ranks) and ``%ranks start|stop|status``."""
+    from IPython.core import magic_arguments
+
+    from ddp_lab.runtime import persistent
+
+    @magic_arguments.magic_arguments()
+    @magic_arguments.argument("action", nargs="?", default="", help="start, stop or status")
+    @magic_arguments.argument("-n", "--nprocs", type=int, default=2, help="ranks to start")
+    @magic_arguments.argument("--backend", default="auto", help="gloo, nccl, mpi or auto")
+    @magic_arguments.argument("-r", "--ranks", default="", help="e.g. 0,1 or 1-3 (default: all)")
+    @magic_arguments.argument("--timeout", type=float, default=-1, help="seconds (0: none)")
+    @magic_arguments.argument("--stream", action="store_true", help="print lines as they come")
+    def ranks(line: str, cell: str | None = None) -> Any:
+        """%%ranks [-r 0,1] [--timeout S] [--stream]: run the cell on the persistent ranks.
+
+        %ranks start -n N [--backend B] [--timeout S] | %ranks stop | %ranks status
+        """
+        args = magic_arguments.parse_argstring(ranks, line)
+        timeout = None if args.timeout == 0 else args.timeout
+        if cell is None:
+            if args.action == "start":
+                return persistent.start(args.nprocs, args.backend, timeout)
+            if args.action == "stop":
+                return persistent.stop()
+            return persistent.status()
+        filename = ipython.compile.cache(cell) if hasattr(ipython, "compile") else None
+        persistent.run_cell(
+            cell, ipython.user_ns, parse_ranks(args.ranks), timeout, args.stream, filename
+        )
+        return None
+
+    ipython.register_magic_function(ranks, magic_kind="line_cell", magic_name="ranks")

@@ -1,0 +1,206 @@
+"""Persistent ranks: N rank processes that keep their variables from one notebook cell to the next.
+
+``dl.spawn`` and ``%%ddp`` start fresh ranks for every call, so nothing survives a cell.
+Here the ranks stay: ``dl.start(2)`` launches them and initialises the process group
+once, and each rank keeps its own namespace (with ``rank``, ``world_size``, ``device``,
+``torch`` and ``dist`` predefined). Then:
+
+- ``%%ranks [--ranks 0,1] [--timeout S] [--stream]`` runs a cell on every rank (or some);
+  names the cell uses that the ranks lack come from the notebook, as with ``%%ddp``;
+- ``dl.pull("expr")`` evaluates an expression on every rank and returns the values as a
+  list in rank order (tensors detached and on the CPU); ``dl.push(name=value)`` sends
+  notebook values to the ranks;
+- ``dl.status()`` shows each rank's pid, device and what it runs; ``dl.stop()`` ends the
+  ranks, and so do the end of the kernel and a kernel restart.
+
+Output appears per rank in rank order, exactly as with ``dl.spawn``. An exception on some
+ranks shows each rank's traceback and keeps the group; a timeout, a dead rank or an
+interrupt the ranks cannot honour restarts the group, and says that its variables are lost.
+"""
+
+from __future__ import annotations
+
+import ast
+import atexit
+import os
+import shutil
+import tempfile
+import unicodedata
+from typing import Any
+
+import cloudpickle
+
+from ddp_lab.course.i18n import t
+from ddp_lab.runtime import launcher
+from ddp_lab.runtime._rank_group import PREFIX, RANK_NAMES, RankGroup, alive, errors
+from ddp_lab.runtime.launcher import DistributedError
+from ddp_lab.runtime.magic import _SKIP, used_names
+
+_group: RankGroup | None = None
+
+
+def current() -> RankGroup:
+    """The running group, or a RuntimeError that says how to start one."""
+    if _group is None or _group.zygote is None:  # never started, stopped, or failed to restart
+        raise RuntimeError(t("no_group"))
+    return _group
+
+
+def _clean_stale() -> None:
+    """Remove the folders of groups whose notebook was killed before it could clean up."""
+    root = tempfile.gettempdir()
+    for name in os.listdir(root):
+        if not name.startswith(PREFIX):
+            continue
+        pid = name[len(PREFIX) :].split("_")[0]
+        path = os.path.join(root, name)
+        try:
+            mine = os.stat(path).st_uid == os.getuid()
+        except OSError:
+            continue
+        if mine and pid.isdigit() and int(pid) != os.getpid() and not alive(int(pid)):
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def start(nprocs: int = 2, backend: str = "auto", timeout: float | None = -1) -> None:
+    """Start ``nprocs`` persistent ranks with the process group initialised.
+
+    Args:
+        backend: "gloo", "nccl", "mpi" or "auto" (nccl when every rank can have a GPU).
+        timeout: the default seconds a ``%%ranks`` cell may run before the ranks' stacks
+            are shown and the group is restarted; -1 means the launcher's default
+            (``dl.set_timeout``), None means no limit.
+    """
+    global _group
+    nprocs = launcher.check_nprocs(nprocs)
+    limit = launcher.DEFAULT_TIMEOUT if timeout == -1 else launcher._check_timeout(timeout)
+    backend = launcher.resolve_backend(backend, nprocs)
+    if _group is not None:
+        old = _group.nprocs
+        _stop_quietly()
+        print(t("group_replaced", nprocs=old))
+    _clean_stale()
+    _group = RankGroup(nprocs, backend, limit)
+    print(t("group_started", nprocs=nprocs, backend=backend))
+
+
+def _stop_quietly() -> None:
+    global _group
+    group, _group = _group, None
+    if group is not None:
+        group.stop()
+
+
+def stop() -> None:
+    """End every rank: no process, port or file of the group is left behind."""
+    if _group is not None:
+        nprocs = _group.nprocs
+        _stop_quietly()
+        print(t("group_stopped", nprocs=nprocs))
+
+
+atexit.register(_stop_quietly)
+
+
+def run_cell(
+    source: str,
+    user_ns: dict[str, Any] | None = None,
+    ranks: Any = None,
+    timeout: float | None = -1,
+    stream: bool = False,
+    filename: str | None = None,
+) -> None:
+    """What ``%%ranks`` does: run ``source`` in the namespace of each selected rank."""
+    group = current()
+    filename = filename or f"<ranks cell {group.cells + 1}>"
+    targets = group.check_ranks(ranks)
+    code = compile(ast.parse(source, filename), filename, "exec")  # syntax errors stay here
+    known = set.intersection(*(group.defined[r] for r in targets))
+    wanted = used_names(code) - _SKIP - RANK_NAMES - known
+    user_ns = user_ns or {}
+    names = {k: launcher.dumps_named(k, user_ns[k]) for k in sorted(wanted) if k in user_ns}
+    msg = {
+        "op": "exec",
+        "source": source,
+        "filename": filename,
+        "names": names,
+        "linecache": group.new_lines(),
+    }
+    # The cell's lines, for the ranks' tracebacks (IPython's cache has them already).
+    msg["linecache"][filename] = (len(source), None, source.splitlines(True), filename)
+    first = next((line.strip() for line in source.splitlines() if line.strip()), "")
+    what = first if len(first) <= 40 else first[:37] + "..."
+    group.cells += 1
+    replies = group.request(targets, msg, what, timeout, stream)
+    failed = errors(replies)
+    if failed:
+        summary = t("cell_failed", count=len(failed), nranks=len(targets), first=failed[0].rank)
+        raise DistributedError(summary, failed)
+
+
+def pull(expr: str, ranks: Any = None, timeout: float | None = -1) -> list[Any]:
+    """Evaluate ``expr`` (a name such as "x" or an expression such as "model.weight.grad")
+    on each rank and return the values in rank order; tensors come back on the CPU."""
+    group = current()
+    targets = group.check_ranks(ranks)
+    compile(expr, "<pull>", "eval")  # a syntax error is the notebook's, not the ranks'
+    replies = group.request(targets, {"op": "pull", "expr": expr}, f"pull {expr}", timeout)
+    failed = errors(replies)
+    if failed:
+        summary = t("pull_failed", expr=expr, count=len(failed), nranks=len(targets))
+        raise DistributedError(summary, failed)
+    return [cloudpickle.loads(replies[r]["value"]) for r in targets]
+
+
+def push(values: dict[str, Any] | None = None, /, ranks: Any = None, **kwargs: Any) -> None:
+    """Set names on each rank: ``dl.push(lr=0.1)``, or ``dl.push({"x": x}, ranks=[1])``."""
+    group = current()
+    targets = group.check_ranks(ranks)
+    values = {**(values or {}), **kwargs}
+    for name, value in values.items():
+        if not name.isidentifier():
+            raise ValueError(t("bad_name", name=name))
+        launcher.dumps_named(name, value)
+    blob = cloudpickle.dumps(values)
+    replies = group.request(targets, {"op": "push", "values": blob}, "push " + ", ".join(values))
+    failed = errors(replies)
+    if failed:
+        raise DistributedError(t("push_failed", count=len(failed), nranks=len(targets)), failed)
+
+
+class GroupStatus:
+    """What ``dl.status()`` returns: a table that prints itself; ``rows`` for code."""
+
+    def __init__(self, group: RankGroup | None) -> None:
+        self.rows = group.rows() if group is not None else []
+        self.header = (
+            t("status_header", nprocs=group.nprocs, backend=group.backend, cells=group.cells)
+            if group is not None
+            else t("no_group")
+        )
+
+    def __repr__(self) -> str:
+        if not self.rows:
+            return self.header
+        table = [t("status_columns").split("|")]
+        for rank, pid, up, device, running, last in self.rows:
+            doing = running or (t("status_idle", last=last) if last else t("status_new"))
+            yes_no = t("status_yes") if up else t("status_no")
+            table.append([str(rank), str(pid), yes_no, device, doing])
+        widths = [max(_width(row[i]) for row in table) for i in range(4)]
+        lines = [
+            "".join(c + " " * (w - _width(c) + 2) for c, w in zip(row[:4], widths, strict=True))
+            + row[4]
+            for row in table
+        ]
+        return "\n".join([self.header, *(line.rstrip() for line in lines)])
+
+
+def _width(text: str) -> int:
+    # Chinese characters take two columns in a terminal or a notebook's output.
+    return sum(2 if unicodedata.east_asian_width(c) in "WF" else 1 for c in text)
+
+
+def status() -> GroupStatus:
+    """Which ranks are alive, their pid, device, and what each one is running."""
+    return GroupStatus(_group)

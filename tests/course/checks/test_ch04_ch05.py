@@ -1,0 +1,333 @@
+"""The checkers of chapters 04 and 05 pass the reference solutions and reject typical mistakes.
+
+The wrong implementations are the ones named in the issue: all-reduce without the broadcast,
+an all-gather that only works for two ranks or fills the list out of order, a ring that
+passes the whole buffer around, skips the all-gather phase or only works for N = 2, and
+solutions that call the built-in collective they were asked to rebuild.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import ddp_lab as dl
+from ddp_lab.ring import ring_all_reduce
+
+
+def grade_passes(grade_id: str, fn) -> bool:
+    try:
+        dl.grade(grade_id, fn)
+    except AssertionError:
+        return False
+    return True
+
+
+# ---------- 04.all_reduce ----------
+
+
+def ar_reference(t):
+    dist.reduce(t, dst=0)
+    dist.broadcast(t, src=0)
+    return t
+
+
+def ar_reduce_only(t):  # forgets the broadcast: only rank 0 has the sum
+    dist.reduce(t, dst=0)
+    return t
+
+
+def ar_average(t):  # averages instead of summing
+    dist.reduce(t, dst=0)
+    dist.broadcast(t, src=0)
+    t.div_(dist.get_world_size())
+    return t
+
+
+def ar_not_in_place(t):  # returns a new tensor, leaves the input unchanged
+    out = t.clone()
+    dist.reduce(out, dst=0)
+    dist.broadcast(out, src=0)
+    return out
+
+
+def ar_cheats(t):  # calls the collective it should rebuild
+    dist.all_reduce(t)
+    return t
+
+
+def test_all_reduce_reference_passes():
+    assert grade_passes("04.all_reduce", ar_reference)
+
+
+@pytest.mark.parametrize("wrong", [ar_reduce_only, ar_average, ar_not_in_place, ar_cheats])
+def test_all_reduce_rejects(wrong, capsys):
+    assert not grade_passes("04.all_reduce", wrong)
+    assert "FAIL" in capsys.readouterr().out
+
+
+# ---------- 04.all_gather ----------
+
+
+def ag_reference(tensor_list, tensor):
+    rank, n = dist.get_rank(), dist.get_world_size()
+    reqs = [dist.isend(tensor, p) for p in range(n) if p != rank]
+    for p in range(n):
+        if p == rank:
+            tensor_list[p].copy_(tensor)
+        else:
+            dist.recv(tensor_list[p], src=p)
+    for r in reqs:
+        r.wait()
+
+
+def ag_two_ranks_only(tensor_list, tensor):  # talks to "the other rank"
+    rank = dist.get_rank()
+    other = 1 - rank
+    req = dist.isend(tensor, other)
+    dist.recv(tensor_list[other], src=other)
+    tensor_list[rank].copy_(tensor)
+    req.wait()
+
+
+def ag_forgets_own(tensor_list, tensor):
+    rank, n = dist.get_rank(), dist.get_world_size()
+    reqs = [dist.isend(tensor, p) for p in range(n) if p != rank]
+    for p in range(n):
+        if p != rank:
+            dist.recv(tensor_list[p], src=p)
+    for r in reqs:
+        r.wait()
+
+
+def ag_arrival_order(tensor_list, tensor):  # fills slots in arrival order, not rank order
+    rank, n = dist.get_rank(), dist.get_world_size()
+    reqs = [dist.isend(tensor, p) for p in range(n) if p != rank]
+    tensor_list[0].copy_(tensor)
+    for i in range(1, n):
+        dist.recv(tensor_list[i])  # any source
+    for r in reqs:
+        r.wait()
+
+
+def ag_replaces_entries(tensor_list, tensor):  # rebinds list items instead of filling them
+    n = dist.get_world_size()
+    gathered = [torch.empty_like(tensor) for _ in range(n)]
+    rank = dist.get_rank()
+    reqs = [dist.isend(tensor, p) for p in range(n) if p != rank]
+    for p in range(n):
+        if p == rank:
+            gathered[p] = tensor.clone()
+        else:
+            dist.recv(gathered[p], src=p)
+    for r in reqs:
+        r.wait()
+    tensor_list[:] = gathered
+
+
+def ag_blocking_sends_first(tensor_list, tensor):  # every rank sends first: a deadlock
+    rank, n = dist.get_rank(), dist.get_world_size()
+    for p in range(n):
+        if p != rank:
+            dist.send(tensor, dst=p)
+    for p in range(n):
+        if p == rank:
+            tensor_list[p].copy_(tensor)
+        else:
+            dist.recv(tensor_list[p], src=p)
+
+
+def ag_cheats(tensor_list, tensor):
+    dist.all_gather(tensor_list, tensor)
+
+
+def test_all_gather_deadlock_is_reported_as_a_timeout(capsys):
+    assert not grade_passes("04.all_gather", ag_blocking_sends_first)
+    out = capsys.readouterr().out
+    assert "FAIL" in out and "deadlock" in out
+
+
+def test_all_gather_reference_passes():
+    assert grade_passes("04.all_gather", ag_reference)
+
+
+@pytest.mark.parametrize(
+    "wrong", [ag_two_ranks_only, ag_forgets_own, ag_arrival_order, ag_replaces_entries, ag_cheats]
+)
+def test_all_gather_rejects(wrong):
+    assert not grade_passes("04.all_gather", wrong)
+
+
+# ---------- 05.ring ----------
+
+
+def ring_full_buffer(t):  # passes the whole buffer around the ring N-1 times
+    rank, n = dist.get_rank(), dist.get_world_size()
+    acc, cur, buf = t.clone(), t.clone(), torch.empty_like(t)
+    for _ in range(n - 1):
+        ops = [
+            dist.P2POp(dist.isend, cur, (rank + 1) % n),
+            dist.P2POp(dist.irecv, buf, (rank - 1) % n),
+        ]
+        for w in dist.batch_isend_irecv(ops):
+            w.wait()
+        acc += buf
+        cur = buf.clone()
+    t.copy_(acc)
+    return t
+
+
+def ring_no_all_gather(t):  # stops after the reduce-scatter
+    rank, n = dist.get_rank(), dist.get_world_size()
+    chunks = list(t.view(-1).tensor_split(n))
+    for s in range(n - 1):
+        send, recv = chunks[(rank - s) % n], chunks[(rank - s - 1) % n]
+        buf = torch.empty_like(recv)
+        ops = [dist.P2POp(dist.isend, send, (rank + 1) % n)] if send.numel() else []
+        ops += [dist.P2POp(dist.irecv, buf, (rank - 1) % n)] if recv.numel() else []
+        for w in dist.batch_isend_irecv(ops) if ops else []:
+            w.wait()
+        recv += buf
+    return t
+
+
+def ring_two_ranks(t):  # swap halves with "the other rank": right only for N = 2
+    rank = dist.get_rank()
+    other = 1 - rank if rank < 2 else 0
+    buf = torch.empty_like(t)
+    ops = [dist.P2POp(dist.isend, t, other), dist.P2POp(dist.irecv, buf, other)]
+    for w in dist.batch_isend_irecv(ops):
+        w.wait()
+    t += buf
+    return t
+
+
+def ring_cheats(t):
+    dist.all_reduce(t)
+    return t
+
+
+def ring_divisible_only(t):  # assumes numel % N == 0 (view(n, -1))
+    n = dist.get_world_size()
+    if t.numel() % n:
+        raise ValueError("numel must be divisible by the world size")
+    return ring_all_reduce(t)
+
+
+def test_ring_reference_passes():
+    assert grade_passes("05.ring", ring_all_reduce)
+
+
+def test_segmented_ring_passes():
+    assert grade_passes("05.ring", lambda t: ring_all_reduce(t, segment_bytes=8))
+
+
+@pytest.mark.parametrize(
+    "wrong",
+    [ring_full_buffer, ring_no_all_gather, ring_two_ranks, ring_cheats, ring_divisible_only],
+)
+def test_ring_rejects(wrong):
+    assert not grade_passes("05.ring", wrong)
+
+
+def test_unsolved_stub_is_reported_as_not_implemented(capsys):
+    def stub(t):
+        raise NotImplementedError("your code here")
+
+    assert not grade_passes("05.ring", stub)
+    assert "FAIL" in capsys.readouterr().out
+
+
+# ---------- 05.ring: safe on NCCL (paired p2p) ----------
+
+
+def ring_unbatched(t):  # irecv posted before isend, each on its own: fine on Gloo
+    rank, n = dist.get_rank(), dist.get_world_size()
+    chunks = t.view(-1).tensor_split(n)
+    right, left = (rank + 1) % n, (rank - 1) % n
+
+    def exchange(send, recv):
+        works = [dist.irecv(recv, left)] if recv.numel() else []
+        works += [dist.isend(send, right)] if send.numel() else []
+        for w in works:
+            w.wait()
+
+    for s in range(n - 1):
+        target = chunks[(rank - s - 1) % n]
+        incoming = torch.empty_like(target)
+        exchange(chunks[(rank - s) % n], incoming)
+        target += incoming
+    for s in range(n - 1):
+        exchange(chunks[(rank + 1 - s) % n], chunks[(rank - s) % n])
+    return t
+
+
+def ring_one_op_batches(t):  # every op in its own batch: the schedule that hangs NCCL
+    rank, n = dist.get_rank(), dist.get_world_size()
+    chunks = t.view(-1).tensor_split(n)
+    right, left = (rank + 1) % n, (rank - 1) % n
+
+    def exchange(send, recv):
+        works = []
+        if recv.numel():
+            works += dist.batch_isend_irecv([dist.P2POp(dist.irecv, recv, left)])
+        if send.numel():
+            works += dist.batch_isend_irecv([dist.P2POp(dist.isend, send, right)])
+        for w in works:
+            w.wait()
+
+    for s in range(n - 1):
+        target = chunks[(rank - s - 1) % n]
+        incoming = torch.empty_like(target)
+        exchange(chunks[(rank - s) % n], incoming)
+        target += incoming
+    for s in range(n - 1):
+        exchange(chunks[(rank + 1 - s) % n], chunks[(rank - s) % n])
+    return t
+
+
+@pytest.mark.parametrize("wrong", [ring_unbatched, ring_one_op_batches])
+def test_ring_rejects_rings_that_deadlock_on_nccl(wrong, capsys):
+    assert not grade_passes("05.ring", wrong)
+    assert "NCCL" in capsys.readouterr().out
+
+
+def _feedback(rank, lang, fn):
+    from ddp_lab.course import i18n
+    from ddp_lab.course.checks import ch05
+
+    i18n.set_language(lang)
+    n = dist.get_world_size()
+    return ch05._rank_ring(rank, fn, [((n * 50 + 1,), torch.float32, 1)])
+
+
+@pytest.mark.parametrize(
+    "lang,fn,needle",
+    [
+        ("en", ring_unbatched, "outside batch_isend_irecv"),
+        ("zh", ring_unbatched, "之外调用了 dist.irecv"),
+        ("en", ring_one_op_batches, "would deadlock: rank 0 waits in its batch_isend_irecv"),
+        ("zh", ring_one_op_batches, "在 NCCL 上会死锁：rank 0 卡在它的第 1 个"),
+    ],
+)
+def test_ring_unpaired_feedback_says_why_in_both_languages(lang, fn, needle):
+    why = dl.spawn(_feedback, args=(lang, fn), nprocs=3, backend="gloo", quiet=True)
+    assert all(needle in w for w in why), why
+
+
+def test_package_ring_reference_passes_with_its_nccl_schedule():
+    # the checker answers "nccl" to dist.get_backend: ddp_lab.ring pairs its ops
+    assert grade_passes("05.ring", lambda t: ring_all_reduce(t, segment_bytes=64))
+
+
+def test_replay_on_one_stream():
+    from ddp_lab.checks.ch05 import replay_on_one_stream as replay
+
+    paired = [[[("send", (r + 1) % 3), ("recv", (r - 1) % 3)]] * 2 for r in range(3)]
+    assert replay(paired) is None
+    recv_first = [[[("recv", (r - 1) % 3)], [("send", (r + 1) % 3)]] for r in range(3)]
+    assert replay(recv_first) == (0, 0)
+    # a lone op is fine when its partner is lone too (an empty segment on the other side)
+    lone = [[[("send", 1)]], [[("recv", 0)]]]
+    assert replay(lone) is None

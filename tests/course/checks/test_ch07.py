@@ -1,0 +1,201 @@
+"""Chapter 07's checkers accept correct solutions and reject the typical wrong ones."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from ddp_lab.bucketed_ddp import assign_buckets
+from ddp_lab.course.grading import CaseFailed, load_checkers, rng_for
+from ddp_lab.ddp import NaiveDDP
+
+
+def run_checker(grade_id: str, obj: object) -> str:
+    """'' when every hidden case passes, else why the first failing case failed."""
+    chk = load_checkers()[grade_id]
+    cases = chk.fn(rng_for(grade_id), obj)
+    next(cases)
+    try:
+        for _ in cases:
+            pass
+    except CaseFailed as exc:
+        return " | ".join(map(str, exc.args)) or "failed"
+    return ""
+
+
+# ----- 07.naive_ddp -------------------------------------------------------------------
+
+
+class MyDDP(nn.Module):
+    """A correct learner solution, written independently of ddp_lab.ddp."""
+
+    def __init__(
+        self,
+        module: nn.Module,
+        init_sync: bool = True,
+        frozen: bool = True,
+        buffers: str = "every forward",
+        average: bool = True,
+    ) -> None:
+        super().__init__()
+        self.module, self.buffers_mode, self.average = module, buffers, average
+        params = [p for p in module.parameters() if frozen or p.requires_grad]
+        if init_sync:
+            for t in params:
+                dist.broadcast(t.data, src=0)
+            if buffers != "never":
+                for b in module.buffers():
+                    dist.broadcast(b, src=0)
+
+    def forward(self, *args: object) -> torch.Tensor:
+        if self.buffers_mode == "every forward":
+            for b in self.module.buffers():
+                dist.broadcast(b, src=0)
+        return self.module(*args)
+
+    def sync_gradients(self) -> None:
+        for p in self.module.parameters():
+            if p.grad is not None:
+                dist.all_reduce(p.grad)
+                if self.average:
+                    p.grad /= dist.get_world_size()
+
+
+class SumsDDP(MyDDP):
+    def __init__(self, module: nn.Module) -> None:
+        super().__init__(module, average=False)
+
+
+class NoBroadcastDDP(MyDDP):
+    def __init__(self, module: nn.Module) -> None:
+        super().__init__(module, init_sync=False)
+
+
+class ForgetsBuffersDDP(MyDDP):
+    def __init__(self, module: nn.Module) -> None:
+        super().__init__(module, buffers="never")
+
+
+class BuffersOnceDDP(MyDDP):
+    def __init__(self, module: nn.Module) -> None:
+        super().__init__(module, buffers="at construction")
+
+
+class TrainableOnlyDDP(MyDDP):
+    def __init__(self, module: nn.Module) -> None:
+        super().__init__(module, frozen=False)
+
+
+def test_naive_checker_passes_correct_solutions() -> None:
+    assert run_checker("07.naive_ddp", MyDDP) == ""
+    assert run_checker("07.naive_ddp", NaiveDDP) == ""
+
+
+@pytest.mark.parametrize(
+    "wrong", [SumsDDP, NoBroadcastDDP, ForgetsBuffersDDP, BuffersOnceDDP, TrainableOnlyDDP]
+)
+def test_naive_checker_rejects_wrong_solutions(wrong: type) -> None:
+    assert run_checker("07.naive_ddp", wrong) != ""
+
+
+# ----- 07.bucketed ----------------------------------------------------------------------
+
+
+class GradBuckets:
+    """A correct solution of the bucketed exercise; options make typical mistakes."""
+
+    def __init__(
+        self,
+        module: nn.Module,
+        bucket_cap_mb: float,
+        average: bool = True,
+        async_op: bool = True,
+        copy_back: bool = True,
+    ) -> None:
+        self.params = [p for p in module.parameters() if p.requires_grad]
+        self.buckets = [
+            [self.params[i] for i in idx] for idx in assign_buckets(self.params, bucket_cap_mb)
+        ]
+        self.bucket_of = {id(p): b for b, bucket in enumerate(self.buckets) for p in bucket}
+        self.ready = [0] * len(self.buckets)
+        self.works: list = []
+        self.average, self.async_op, self.copy_back = average, async_op, copy_back
+        for p in self.params:
+            p.register_post_accumulate_grad_hook(self.on_grad_ready)
+
+    def on_grad_ready(self, param: torch.Tensor) -> None:
+        b = self.bucket_of[id(param)]
+        self.ready[b] += 1
+        if self.ready[b] == len(self.buckets[b]):
+            flat = torch.cat([p.grad.reshape(-1) for p in self.buckets[b]])
+            if self.average:
+                flat /= dist.get_world_size()
+            self.works.append((dist.all_reduce(flat, async_op=self.async_op), flat, b))
+
+    def wait(self) -> None:
+        for work, flat, b in self.works:
+            if work is not None:
+                work.wait()
+            offset = 0
+            for p in self.buckets[b]:
+                if self.copy_back:
+                    p.grad.copy_(flat[offset : offset + p.numel()].view_as(p))
+                offset += p.numel()
+        self.works.clear()
+        self.ready = [0] * len(self.buckets)
+
+
+class SumsBuckets(GradBuckets):
+    def __init__(self, module: nn.Module, cap: float) -> None:
+        super().__init__(module, cap, average=False)
+
+
+class BlockingBuckets(GradBuckets):
+    def __init__(self, module: nn.Module, cap: float) -> None:
+        super().__init__(module, cap, async_op=False)
+
+
+class NoCopyBackBuckets(GradBuckets):
+    def __init__(self, module: nn.Module, cap: float) -> None:
+        super().__init__(module, cap, copy_back=False)
+
+
+class OneBucketAtTheEnd:
+    """Correct numbers, but one all-reduce after backward: no buckets, no overlap."""
+
+    def __init__(self, module: nn.Module, bucket_cap_mb: float) -> None:
+        self.params = [p for p in module.parameters() if p.requires_grad]
+
+    def wait(self) -> None:
+        flat = torch.cat([p.grad.reshape(-1) for p in self.params]) / dist.get_world_size()
+        dist.all_reduce(flat)
+        offset = 0
+        for p in self.params:
+            p.grad.copy_(flat[offset : offset + p.numel()].view_as(p))
+            offset += p.numel()
+
+
+def test_bucketed_checker_passes_a_correct_solution() -> None:
+    assert run_checker("07.bucketed", GradBuckets) == ""
+
+
+@pytest.mark.parametrize(
+    "wrong", [SumsBuckets, BlockingBuckets, NoCopyBackBuckets, OneBucketAtTheEnd]
+)
+def test_bucketed_checker_rejects_wrong_solutions(wrong: type) -> None:
+    assert run_checker("07.bucketed", wrong) != ""
+
+
+def test_unsolved_exercise_reports_not_implemented(capsys: pytest.CaptureFixture) -> None:
+    from ddp_lab.course.grading import grade
+
+    class Stub:
+        def __init__(self, module: nn.Module, *args: object) -> None:
+            raise NotImplementedError("your code here")
+
+    for grade_id in ("07.naive_ddp", "07.bucketed"):
+        with pytest.raises(AssertionError):
+            grade(grade_id, Stub)
+        assert "NotImplementedError" in capsys.readouterr().out

@@ -1,0 +1,152 @@
+"""The chapter 08 checker passes a correct fit and rejects the source notes' real mistakes.
+
+Each wrong version below carries one bug from the notes (optimizer created in the loop, no
+set_epoch, every rank saving, saving the DDP wrapper or the module object, the loss of one
+rank only); the checker must fail it and say why.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DataLoader, DistributedSampler
+
+import ddp_lab as dl
+from ddp_lab.course import grading
+from ddp_lab.course.checks import ch08
+
+
+def make_fit(bug: str = ""):
+    """A fit() with one named bug (or none)."""
+
+    def fit(model, dataset, epochs, batch_size, lr, checkpoint_path):
+        rank, world = dist.get_rank(), dist.get_world_size()
+        ddp = model if bug == "no_ddp" else DDP(model)
+        optimizer = torch.optim.SGD(ddp.parameters(), lr=lr, momentum=0.9)
+        sampler = DistributedSampler(dataset)
+        loader = DataLoader(dataset, batch_size=batch_size, sampler=sampler)
+        losses = []
+        for epoch in range(epochs):
+            if bug != "no_set_epoch":
+                sampler.set_epoch(epoch)
+            total, count = 0.0, 0
+            for x, y in loader:
+                if bug == "optimizer_in_loop":
+                    optimizer = torch.optim.SGD(ddp.parameters(), lr=lr, momentum=0.9)
+                if bug != "no_zero_grad":
+                    optimizer.zero_grad()
+                loss = F.cross_entropy(ddp(x), y)
+                loss.backward()
+                optimizer.step()
+                total += loss.item() * (len(y) if bug == "per_sample_mean" else 1)
+                count += len(y)
+            mean = torch.tensor(total / (count if bug == "per_sample_mean" else len(loader)))
+            if bug == "rank0_loss":
+                losses.append(mean.item())  # each rank logs its own loss: rank 0's is "the" loss
+                continue
+            dist.all_reduce(mean)
+            losses.append((mean if bug == "sum_loss" else mean / world).item())
+        module = ddp.module if bug != "no_ddp" else ddp
+        if rank == 0 or bug == "every_rank_saves":
+            if bug == "save_wrapper":
+                torch.save(ddp.state_dict(), checkpoint_path)
+            elif bug == "save_module_object":
+                torch.save(module, checkpoint_path)
+            elif bug == "extra_file":
+                torch.save(module.state_dict(), checkpoint_path)
+                torch.save(module.state_dict(), checkpoint_path + ".bak")
+            else:
+                torch.save(module.state_dict(), checkpoint_path)
+        dist.barrier()
+        return losses
+
+    return fit
+
+
+def _grade(fn, capsys) -> str:
+    try:
+        grading.grade("08.fit", fn)
+    except AssertionError:
+        return "FAIL " + capsys.readouterr().out
+    return capsys.readouterr().out
+
+
+def test_correct_fit_passes(capsys):
+    assert _grade(make_fit(), capsys).startswith("PASS 08.fit")
+
+
+def test_loss_averaged_over_samples_is_accepted_too(capsys):
+    assert _grade(make_fit("per_sample_mean"), capsys).startswith("PASS 08.fit")
+
+
+def _oracle_case(rank, case):
+    x, y, model = ch08.make_case(case)
+    ch08.reference_fit(
+        model, torch.utils.data.TensorDataset(x, y), case["epochs"], case["batch_size"], case["lr"]
+    )
+    return [p.detach() for p in model.parameters()]
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_the_oracle_equals_a_single_process_simulation_of_ddp(world):
+    """DDP = every step, the gradient of the mean of the ranks' batch losses."""
+    case = {
+        "seed": 7,
+        "n": 29,
+        "features": 4,
+        "classes": 3,
+        "hidden": 8,
+        "epochs": 2,
+        "batch_size": 4,
+        "lr": 0.05,
+    }
+    got = dl.spawn(_oracle_case, args=(case,), nprocs=world, backend="gloo", quiet=True)
+    x, y, model = ch08.make_case(case)
+    dataset = torch.utils.data.TensorDataset(x, y)
+    optimizer = torch.optim.SGD(model.parameters(), lr=case["lr"], momentum=0.9)
+    samplers = [DistributedSampler(dataset, num_replicas=world, rank=r) for r in range(world)]
+    for epoch in range(case["epochs"]):
+        for s in samplers:
+            s.set_epoch(epoch)
+        shards = [list(s) for s in samplers]
+        for start in range(0, len(shards[0]), case["batch_size"]):
+            optimizer.zero_grad()
+            batches = [torch.tensor(sh[start : start + case["batch_size"]]) for sh in shards]
+            loss = sum(F.cross_entropy(model(x[b]), y[b]) for b in batches) / world
+            loss.backward()
+            optimizer.step()
+    for rank_params in got:
+        for p, q in zip(model.parameters(), rank_params, strict=True):
+            torch.testing.assert_close(q, p.detach(), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "bug, words",
+    [
+        ("optimizer_in_loop", "optimizer once"),
+        ("no_zero_grad", "zero_grad"),
+        ("no_set_epoch", "set_epoch"),
+        ("every_rank_saves", "only rank 0"),
+        ("save_wrapper", "DDP wrapper"),
+        ("save_module_object", "not a plain state_dict"),
+        ("extra_file", "exactly one checkpoint file"),
+        ("rank0_loss", "different losses"),
+        ("sum_loss", "not the mean over all ranks"),
+        ("no_ddp", "differ between rank 0 and rank"),
+    ],
+)
+def test_typical_mistakes_fail_with_the_reason(bug, words, capsys):
+    out = _grade(make_fit(bug), capsys)
+    assert out.startswith("FAIL"), out
+    assert words in out, out
+
+
+def test_unsolved_stub_fails(capsys):
+    def fit(model, dataset, epochs, batch_size, lr, checkpoint_path):
+        raise NotImplementedError("your code here")
+
+    out = _grade(fit, capsys)
+    assert out.startswith("FAIL") and "not solved" in out

@@ -1,0 +1,445 @@
+"""Tests of ``ddp-lab check`` and ``ddp-lab grade`` (ddp_lab/course/grader.py).
+
+The slow tests run real notebooks under nbval: chapter 00's released exercise notebook with
+its real checker (the oracle is dist.all_reduce), and small synthetic releases whose graded
+cells only print, which start a kernel but no ranks.
+"""
+
+from __future__ import annotations
+
+import copy
+import csv
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import nbformat
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ddp_lab.course import cli, grader
+from ddp_lab.course.build import grade_pass_line
+from ddp_lab.course.i18n import set_language
+
+ROOT = Path(__file__).resolve().parents[2]
+RELEASE = ROOT / "exercises" / "en" / "00_quickstart.ipynb"
+
+SOLUTION = """\
+def average_across_ranks(value: torch.Tensor) -> torch.Tensor:
+    out = value.clone()
+    dist.all_reduce(out)
+    return out / dist.get_world_size()
+"""
+# The typical mistake: all_reduce sums, and the division by the world size is forgotten.
+WRONG = """\
+def average_across_ranks(value: torch.Tensor) -> torch.Tensor:
+    dist.all_reduce(value)
+    return value
+"""
+
+
+def read(path: Path) -> nbformat.NotebookNode:
+    return nbformat.read(path, as_version=4)
+
+
+def write(nb: nbformat.NotebookNode, path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    nbformat.write(nb, path)
+    return path
+
+
+def stub_index(nb: nbformat.NotebookNode) -> int:
+    """The exercise cell that defines the learner's function (stub or solution)."""
+    return next(i for i, c in enumerate(nb.cells) if "def average_across_ranks" in c.source)
+
+
+def graded_index(nb: nbformat.NotebookNode) -> int:
+    return next(i for i, c in enumerate(nb.cells) if "grade_id" in c.metadata)
+
+
+def solved(release: nbformat.NotebookNode, code: str = SOLUTION) -> nbformat.NotebookNode:
+    nb = copy.deepcopy(release)
+    nb.cells[stub_index(nb)].source = code
+    return nb
+
+
+def leftover_processes(grader_pid: int | None = None) -> list[int]:
+    """Processes started by the grading runs of a process (this one) that are still alive."""
+    prefix = f"{grader.TOKEN_VAR}={grader_pid or os.getpid()}-".encode()
+    pids = []
+    for entry in Path("/proc").glob("[0-9]*"):
+        try:
+            env = (entry / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if any(v.startswith(prefix) for v in env):
+            pids.append(int(entry.name))
+    return pids
+
+
+def gradebook(out: Path) -> dict[tuple[str, str], tuple[int, int, str]]:
+    with open(out / "gradebook.csv", encoding="utf-8") as f:
+        rows = list(csv.DictReader(f))
+    assert list(rows[0]) == ["student", "exercise", "points", "max_points", "status"]
+    return {
+        (r["student"], r["exercise"]): (int(r["points"]), int(r["max_points"]), r["status"])
+        for r in rows
+    }
+
+
+# --- synthetic releases: two exercises whose graded cells only print -----------------------
+
+
+def code(source: str, cid: str, **meta: object) -> nbformat.NotebookNode:
+    cell = nbformat.v4.new_code_cell(source, id=cid)
+    cell.metadata.update(meta)
+    return cell
+
+
+def graded(source: str, gid: str, points: int, line: str, cid: str) -> nbformat.NotebookNode:
+    cell = code(source, cid, tags=["grade", "nbval-check-output"], grade_id=gid, points=points)
+    cell.outputs = [nbformat.v4.new_output("stream", name="stdout", text=line + "\n")]
+    cell.execution_count = 1
+    return cell
+
+
+def synthetic_release(lang: str = "en") -> nbformat.NotebookNode:
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["ddp_lab"] = {"lang": lang, "kind": "exercises", "title": "synthetic"}
+    nb.cells = [
+        nbformat.v4.new_markdown_cell("# synthetic", id="md-0"),
+        code("def f():\n    raise NotImplementedError", "ex-a", tags=["exercise"]),
+        graded("print('A', f())", "t.a", 1, "A 1", "gr-a"),
+        code("def g():\n    raise NotImplementedError", "ex-b", tags=["exercise"]),
+        graded("print('B', g())", "t.b", 2, "B 2", "gr-b"),
+    ]
+    return nb
+
+
+def synthetic_solved() -> nbformat.NotebookNode:
+    nb = synthetic_release()
+    nb.cells[1].source = "def f():\n    return 1"
+    nb.cells[3].source = "def g():\n    return 2"
+    return nb
+
+
+def tampered(nb: nbformat.NotebookNode) -> dict[str, str]:
+    return grader.locate(synthetic_release(), nb)[1]
+
+
+# --- tampering, without running anything ----------------------------------------------------
+
+
+def test_untouched_and_solved_notebooks_are_not_tampered() -> None:
+    assert tampered(synthetic_release()) == {}
+    assert tampered(synthetic_solved()) == {}
+    found, bad = grader.locate(read(RELEASE), solved(read(RELEASE)))
+    assert bad == {} and list(found) == ["00.average"]
+
+
+def test_changed_deleted_moved_and_copied_graded_cells() -> None:
+    nb = synthetic_solved()
+    nb.cells[2].source = "print('A 1')"  # hard-codes the expected line
+    assert tampered(nb) == {"t.a": "changed"}
+    nb = synthetic_solved()
+    del nb.cells[4]
+    assert tampered(nb) == {"t.b": "deleted"}
+    nb = synthetic_solved()
+    nb.cells.insert(3, nb.cells.pop(4))  # graded B above its exercise cell
+    assert tampered(nb) == {"t.b": "moved"}
+    nb = synthetic_solved()
+    nb.cells[2], nb.cells[4] = nb.cells[4], nb.cells[2]
+    assert tampered(nb) == {"t.a": "moved", "t.b": "moved"}
+    nb = synthetic_solved()
+    nb.cells.append(copy.deepcopy(nb.cells[2]))
+    assert tampered(nb) == {"t.a": "dup:2"}
+    nb = synthetic_solved()
+    # A graded cell turned into text does not run.
+    nb.cells[4] = nbformat.v4.new_markdown_cell(nb.cells[4].source, metadata=nb.cells[4].metadata)
+    assert tampered(nb) == {"t.b": "deleted"}
+
+
+def test_graded_cell_found_by_its_code_when_metadata_was_dropped() -> None:
+    nb = synthetic_solved()
+    nb.cells[2].metadata = {}
+    found, bad = grader.locate(synthetic_release(), nb)
+    assert bad == {} and found == {"t.a": 2, "t.b": 4}
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    inserts=st.lists(st.tuples(st.integers(0, 20), st.text(max_size=30)), max_size=6),
+    spaces=st.sampled_from(["", "\n", "  \n\n", " "]),
+    op=st.sampled_from(["none", "change", "delete", "move", "swap"]),
+    victim=st.sampled_from(["t.a", "t.b"]),
+)
+def test_learner_cells_and_whitespace_never_count_as_tampering(
+    inserts: list[tuple[int, str]], spaces: str, op: str, victim: str
+) -> None:
+    nb = synthetic_solved()
+    for pos, text in inserts:  # learners add their own cells anywhere
+        nb.cells.insert(min(pos, len(nb.cells)), nbformat.v4.new_code_cell(text))
+    for cell in nb.cells:
+        if "grade_id" in cell.metadata:
+            cell.source += spaces  # an editor's trailing whitespace is not tampering
+    idx = {c.metadata.get("grade_id"): i for i, c in enumerate(nb.cells)}
+    ex = {c.get("id"): i for i, c in enumerate(nb.cells)}
+    expected = {}
+    if op == "change":
+        nb.cells[idx[victim]].source = "print('A 1')"
+        expected = {victim: "changed"}
+    elif op == "delete":
+        del nb.cells[idx[victim]]
+        expected = {victim: "deleted"}
+    elif op == "move":  # above the exercise cell it checks
+        cell = nb.cells.pop(idx[victim])
+        nb.cells.insert(ex["ex-a" if victim == "t.a" else "ex-b"], cell)
+        expected = {victim: "moved"}
+    elif op == "swap":
+        a, b = idx["t.a"], idx["t.b"]
+        nb.cells[a], nb.cells[b] = nb.cells[b], nb.cells[a]
+        expected = {"t.a": "moved", "t.b": "moved"}
+    assert tampered(nb) == expected
+
+
+def test_prepare_restores_released_outputs_and_clears_the_rest() -> None:
+    release = read(RELEASE)
+    sub = solved(release)
+    g = graded_index(sub)
+    fail_line = "FAIL 00.average: 0/2 points. ...\n"
+    sub.cells[g].outputs = [nbformat.v4.new_output("stream", name="stdout", text=fail_line)]
+    sub.cells[g].metadata["tags"] = ["nbval-skip"]  # the learner tried to skip grading
+    sub.cells[stub_index(sub)].outputs = [nbformat.v4.new_output("stream", name="stdout", text="x")]
+    found, bad = grader.locate(release, sub)
+    nb, numbers = grader.prepare(release, sub, found, "en")
+    assert bad == {}
+    [(number, ex)] = numbers.items()
+    code_cells = [c for c in nb.cells if c.cell_type == "code"]
+    assert code_cells[number] is ex.cell
+    assert ex.cell.outputs == release.cells[graded_index(release)].outputs
+    assert ex.cell.metadata["tags"] == ["grade", "nbval-check-output"]
+    assert all(c.outputs == [] for c in code_cells if c is not ex.cell)
+    # A zh submission graded against the en release expects the Chinese line.
+    nb, numbers = grader.prepare(release, sub, found, "zh")
+    [ex] = numbers.values()
+    assert grader._stream_text(ex.cell.outputs).strip() == grade_pass_line("00.average", 2, "zh")
+
+
+def test_student_names_and_submission_folders(tmp_path: Path) -> None:
+    for rel in [
+        "alice.ipynb",
+        "bob/00_quickstart.ipynb",
+        "sub/alice.ipynb",
+        ".ipynb_checkpoints/alice-checkpoint.ipynb",
+        "notes.txt",
+    ]:
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text("{}")
+    subs = grader.find_submissions([str(tmp_path), str(tmp_path / "alice.ipynb")])
+    assert [s.relative_to(tmp_path).as_posix() for s in subs] == [
+        "alice.ipynb",
+        "bob/00_quickstart.ipynb",
+        "sub/alice.ipynb",
+    ]
+    assert grader.student_names(subs, "00_quickstart") == ["alice", "bob", "alice-2"]
+
+
+def test_bad_arguments_fail_before_anything_runs(tmp_path: Path, capsys, monkeypatch) -> None:
+    monkeypatch.setenv("DDP_LAB_LANG", "en")  # --lang zh sets it; restored after the test
+    args = ["grade", "--release", str(tmp_path / "none.ipynb"), str(tmp_path)]
+    assert cli.main(args) == 2
+    assert "none.ipynb" in capsys.readouterr().err
+    assert cli.main(["--lang", "zh", *args]) == 2
+    assert "找不到文件" in capsys.readouterr().err
+    set_language("en")
+    lesson = ROOT / "notebooks" / "en" / "00_quickstart.ipynb"
+    assert cli.main(["grade", "--release", str(lesson), str(RELEASE)]) == 2
+    assert "no graded cells" in capsys.readouterr().err
+    assert cli.main(["grade", "--release", str(RELEASE), "--timeout", "0", str(RELEASE)]) == 2
+    assert "--timeout must be a positive number" in capsys.readouterr().err
+    assert cli.main(["check", str(tmp_path / "none.ipynb")]) == 2
+    assert not (tmp_path / "gradebook.csv").exists()
+
+
+# --- running notebooks ----------------------------------------------------------------------
+
+
+def grade(release: Path, subs: Path, out: Path, *options: str) -> int:
+    return cli.main(["grade", "--release", str(release), str(subs), "--out", str(out), *options])
+
+
+def with_cell_after_setup(nb: nbformat.NotebookNode, source: str) -> nbformat.NotebookNode:
+    """A learner's own cell right after ``dl.setup()`` (what it does happens early: fast)."""
+    at = next(i for i, c in enumerate(nb.cells) if "dl.setup()" in c.source) + 1
+    nb.cells.insert(at, nbformat.v4.new_code_cell(source))
+    return nb
+
+
+def test_synthetic_partial_tampering_and_a_kernel_crash(tmp_path: Path) -> None:
+    release = write(synthetic_release(), tmp_path / "release.ipynb")
+    subs = tmp_path / "subs"
+    write(synthetic_solved(), subs / "alice.ipynb")
+    bob = synthetic_solved()
+    bob.cells[2].source = "print('A 1')"
+    write(bob, subs / "bob.ipynb")
+    carol = synthetic_solved()  # the kernel dies after exercise A passed
+    carol.cells[3].source = "import os, signal\nos.kill(os.getpid(), signal.SIGKILL)"
+    write(carol, subs / "carol.ipynb")
+    dan = synthetic_solved()
+    dan.cells[3].source = "def g():\n    return 3"
+    write(dan, subs / "dan.ipynb")
+    (subs / "erin.ipynb").write_text("{}", encoding="utf-8")  # JSON, but not a notebook
+    out = tmp_path / "out"
+    start = time.monotonic()
+    assert grade(release, subs, out, "--cell-timeout", "300", "--jobs", "2") == 0
+    elapsed = time.monotonic() - start
+    assert gradebook(out) == {
+        ("alice", "t.a"): (1, 1, "passed"),
+        ("alice", "t.b"): (2, 2, "passed"),
+        ("bob", "t.a"): (0, 1, "tampered-changed"),
+        ("bob", "t.b"): (2, 2, "passed"),
+        ("carol", "t.a"): (1, 1, "passed"),
+        ("carol", "t.b"): (0, 2, "kernel-died"),
+        ("dan", "t.a"): (1, 1, "passed"),
+        ("dan", "t.b"): (0, 2, "failed"),
+        ("erin", "t.a"): (0, 1, "invalid"),
+        ("erin", "t.b"): (0, 2, "invalid"),
+    }
+    assert elapsed < 200  # a dead kernel is noticed at once, not after the 300 s cell timeout
+    assert "B 3" in (out / "feedback" / "dan.md").read_text(encoding="utf-8")
+    assert "os._exit" in (out / "feedback" / "carol.md").read_text(encoding="utf-8")
+    assert leftover_processes() == []
+
+
+def test_total_timeout_kills_every_process_the_notebook_started(tmp_path: Path) -> None:
+    release = write(synthetic_release("zh"), tmp_path / "release.ipynb")
+    nb = synthetic_solved()
+    nb.metadata["ddp_lab"]["lang"] = "zh"
+    pidfile = tmp_path / "pid"
+    # A child in its own session escapes a process-group kill; SIGINT is ignored, so nbval's
+    # interrupt cannot stop the loop and only the total timeout can.
+    nb.cells[1].source += (
+        "\nimport signal, subprocess, time\n"
+        "p = subprocess.Popen(['sleep', '1000'], start_new_session=True)\n"
+        f"open({str(pidfile)!r}, 'w').write(str(p.pid))\n"
+        "signal.signal(signal.SIGINT, signal.SIG_IGN)\n"
+        "while True:\n    time.sleep(0.1)\n"
+    )
+    write(nb, tmp_path / "subs" / "eve.ipynb")
+    out = tmp_path / "out"
+    start = time.monotonic()
+    assert grade(release, tmp_path / "subs", out, "--cell-timeout", "300", "--timeout", "20") == 0
+    assert time.monotonic() - start < 60
+    assert gradebook(out) == {("eve", "t.a"): (0, 1, "timeout"), ("eve", "t.b"): (0, 2, "timeout")}
+    assert "20 秒内没有运行完" in (out / "feedback" / "eve.md").read_text(encoding="utf-8")
+    assert pidfile.exists(), "the kernel did not reach the loop within 20 s"
+    sleeper = Path(f"/proc/{pidfile.read_text()}/stat")
+    time.sleep(0.2)
+    assert not sleeper.exists() or sleeper.read_text().split()[2] == "Z"
+    assert leftover_processes() == []
+
+
+def test_grade_chapter00_submissions_in_one_call(tmp_path: Path) -> None:
+    release = read(RELEASE)
+    subs = tmp_path / "submissions"
+    write(solved(release), subs / "correct.ipynb")
+    write(solved(release, WRONG), subs / "wrong.ipynb")
+    # A learner of the zh edition hard-codes the passing line (zh and en code are the same).
+    nb = read(ROOT / "solutions" / "zh" / "00_quickstart.ipynb")
+    nb.cells[graded_index(nb)].source = f"print({grade_pass_line('00.average', 2, 'zh')!r})"
+    write(nb, subs / "changed.ipynb")
+    nb = solved(release)
+    del nb.cells[graded_index(nb)]
+    write(nb, subs / "deleted.ipynb")
+    nb = solved(release)
+    nb.cells.insert(stub_index(nb), nb.cells.pop(graded_index(nb)))
+    write(nb, subs / "moved.ipynb")
+    # Loops forever and ignores the interrupt that nbval sends at the cell timeout.
+    loop = "import signal\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\nwhile True:\n    pass"
+    write(with_cell_after_setup(solved(release), loop), subs / "runaway.ipynb")
+    write(with_cell_after_setup(solved(release), "import os\nos._exit(3)"), subs / "exits.ipynb")
+    (subs / "broken.ipynb").write_text('{"cells": [', encoding="utf-8")
+    out = tmp_path / "out"
+    assert grade(RELEASE, subs, out, "--cell-timeout", "20", "--timeout", "400", "--jobs", "2") == 0
+    assert gradebook(out) == {
+        ("broken", "00.average"): (0, 2, "invalid"),
+        ("changed", "00.average"): (0, 2, "tampered-changed"),
+        ("correct", "00.average"): (2, 2, "passed"),
+        ("deleted", "00.average"): (0, 2, "tampered-deleted"),
+        ("exits", "00.average"): (0, 2, "kernel-died"),
+        ("moved", "00.average"): (0, 2, "tampered-moved"),
+        ("runaway", "00.average"): (0, 2, "timeout"),
+        ("wrong", "00.average"): (0, 2, "failed"),
+    }
+    feedback = (out / "feedback" / "wrong.md").read_text(encoding="utf-8")
+    assert "FAIL 00.average" in feedback and "hidden case 1 of 3" in feedback
+    assert "20 s" in (out / "feedback" / "runaway.md").read_text(encoding="utf-8")
+    assert "valid notebook" in (out / "feedback" / "broken.md").read_text(encoding="utf-8")
+    assert "moved" in (out / "feedback" / "moved.md").read_text(encoding="utf-8")
+    changed = (out / "feedback" / "changed.md").read_text(encoding="utf-8")
+    assert "00 欢迎与快速上手" in changed and "评分单元被修改" in changed
+    assert leftover_processes() == []
+
+
+def test_check_solution_passes(capsys) -> None:
+    assert cli.main(["check", str(ROOT / "solutions" / "en" / "00_quickstart.ipynb")]) == 0
+    out = capsys.readouterr().out
+    assert "00.average: passed, 2/2" in out and "total 2/2 points" in out
+
+
+def test_check_unsolved_exercise_fails_in_its_language(capsys) -> None:
+    assert cli.main(["check", str(ROOT / "exercises" / "zh" / "00_quickstart.ipynb")]) == 1
+    out = capsys.readouterr().out
+    assert "00.average: 未通过, 0/2" in out and "总分 0/2" in out
+    assert "NotImplementedError" in out
+
+
+def test_check_compares_with_the_release_rebuilt_from_the_chapter(tmp_path: Path, capsys) -> None:
+    # The learner's copy lives elsewhere and its graded cell now prints the passing line.
+    nb = read(ROOT / "solutions" / "en" / "00_quickstart.ipynb")
+    nb.cells[graded_index(nb)].source = f"print({grade_pass_line('00.average', 2, 'en')!r})"
+    nb.cells[graded_index(nb)].outputs = []
+    assert cli.main(["check", str(write(nb, tmp_path / "mine.ipynb"))]) == 1
+    out = capsys.readouterr().out
+    assert "00.average: graded cell changed, 0/2" in out and "copy it back" in out
+    lesson = ROOT / "notebooks" / "zh" / "00_quickstart.ipynb"
+    assert cli.main(["check", str(lesson)]) == 1
+    assert "没有评分单元" in capsys.readouterr().err
+    (tmp_path / "broken.ipynb").write_text("{", encoding="utf-8")
+    assert cli.main(["check", str(tmp_path / "broken.ipynb")]) == 1
+    assert "not a valid notebook" in capsys.readouterr().err
+
+
+def test_ctrl_c_stops_every_grading_run(tmp_path: Path) -> None:
+    release = write(synthetic_release(), tmp_path / "release.ipynb")
+    for name in ("ann", "ben"):
+        nb = synthetic_solved()
+        nb.cells[1].source += "\nwhile True:\n    pass\n"
+        write(nb, tmp_path / "subs" / f"{name}.ipynb")
+    cmd = [
+        sys.executable,
+        "-m",
+        "ddp_lab.course.cli",
+        "grade",
+        "--release",
+        str(release),
+        str(tmp_path / "subs"),
+        "--out",
+        str(tmp_path / "out"),
+        "--jobs",
+        "2",
+    ]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and len(leftover_processes(proc.pid)) < 2:
+        time.sleep(0.5)  # wait until both notebooks run
+    assert leftover_processes(proc.pid), "no grading run started within 60 s"
+    time.sleep(2)
+    proc.send_signal(signal.SIGINT)
+    out = proc.communicate(timeout=60)[0].decode()
+    assert proc.returncode != 0 and "KeyboardInterrupt" in out
+    assert leftover_processes(proc.pid) == []
+    assert not (tmp_path / "out" / "gradebook.csv").exists()

@@ -1,0 +1,64 @@
+"""Notebook helpers: language detection, translated labels, Chinese text in figures."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+
+import ddp_lab as dl
+from ddp_lab.course import i18n, notebook
+
+
+def test_detect_language_from_env_session_and_cwd(monkeypatch, tmp_path):
+    monkeypatch.delenv("DDP_LAB_LANG", raising=False)
+    monkeypatch.setenv("JPY_SESSION_NAME", "/home/me/ddp-lab/notebooks/zh/03_dp.ipynb")
+    assert notebook.detect_language() == "zh"
+    monkeypatch.delenv("JPY_SESSION_NAME")
+    (tmp_path / "en").mkdir()
+    monkeypatch.chdir(tmp_path / "en")
+    assert notebook.detect_language() == "en"
+    monkeypatch.chdir(tmp_path)
+    assert notebook.detect_language() == "en"
+    monkeypatch.setenv("DDP_LAB_LANG", "zh")
+    assert notebook.detect_language() == "zh"
+
+
+def test_tr_follows_language():
+    try:
+        dl.set_language("zh")
+        assert dl.tr(en="time", zh="时间") == "时间"
+    finally:
+        i18n.set_language("en")
+    assert dl.tr(en="time", zh="时间") == "time"
+
+
+def test_chinese_text_renders_without_missing_glyphs():
+    import matplotlib
+
+    matplotlib.use("agg")
+    import matplotlib.pyplot as plt
+
+    assert notebook.use_cjk_font() == notebook.CJK_FONT_NAME
+    fig, ax = plt.subplots()
+    ax.set_title("全归约的耗时")
+    ax.set_xlabel("进程数")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # matplotlib warns "Glyph ... missing from font(s)"
+        fig.canvas.draw()
+    plt.close(fig)
+
+
+def test_show_source_shows_package_code():
+    shown = dl.show_source(dl.spawn)
+    text = getattr(shown, "data", shown)
+    assert "def spawn(" in text
+
+
+@pytest.mark.parametrize("lang", ["en", "zh"])
+def test_setup_returns_language(lang):
+    try:
+        assert dl.setup(lang) == lang
+        assert i18n.get_language() == lang
+    finally:
+        i18n.set_language("en")

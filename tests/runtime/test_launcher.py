@@ -1,0 +1,391 @@
+"""ddp_lab.spawn against its contract: results, env, output, failures, timeouts, cleanup."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+from conftest import rank_processes, tcp_states
+
+import ddp_lab as dl
+from ddp_lab.runtime import launcher
+
+
+def _sum_ranks(rank: int, offset: float) -> float:
+    dist.init_process_group("gloo")
+    t = torch.tensor([rank + offset])
+    dist.all_reduce(t)
+    return t.item()
+
+
+@pytest.mark.parametrize("nprocs", [1, 2, 4])
+def test_results_in_rank_order_and_all_reduce_matches(nprocs, no_leaks):
+    results = dl.spawn(_sum_ranks, args=(0.5,), nprocs=nprocs)
+    expected = sum(r + 0.5 for r in range(nprocs))
+    assert results == [expected] * nprocs
+
+
+def test_return_values_are_per_rank(no_leaks):
+    assert dl.spawn(lambda rank, k: rank * k, args=(3,), nprocs=4) == [0, 3, 6, 9]
+
+
+def test_environment_for_env_init(no_leaks):
+    def env(rank):
+        keys = ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE")
+        return {k: os.environ[k] for k in keys}
+
+    envs = dl.spawn(env, nprocs=3)
+    assert [e["RANK"] for e in envs] == ["0", "1", "2"]
+    assert [e["LOCAL_RANK"] for e in envs] == ["0", "1", "2"]
+    assert {e["WORLD_SIZE"] for e in envs} == {"3"}
+    assert len({e["MASTER_PORT"] for e in envs}) == 1
+    ports = {int(dl.spawn(env, nprocs=1)[0]["MASTER_PORT"]) for _ in range(5)}
+    assert len(ports) > 1, "the port must be chosen per call, not fixed"
+
+
+def test_explicit_rank_and_world_size_like_tutorials(no_leaks):
+    def fn(rank, world_size):
+        dist.init_process_group("gloo", rank=rank, world_size=world_size)
+        t = torch.ones(2)
+        dist.all_reduce(t)
+        return t.tolist()
+
+    assert dl.spawn(fn, args=(2,), nprocs=2) == [[2.0, 2.0], [2.0, 2.0]]
+
+
+def test_backend_argument_initialises_group(no_leaks):
+    def fn(rank):
+        return dist.is_initialized(), dist.get_backend(), dist.get_world_size()
+
+    assert dl.spawn(fn, nprocs=2, backend="gloo") == [(True, "gloo", 2)] * 2
+    assert dl.spawn(fn, nprocs=2, backend="auto")[0][1] in ("gloo", "nccl")
+
+
+def test_output_in_rank_order_with_prefix_and_fd_level_capture(capfd, no_leaks):
+    def fn(rank):
+        time.sleep(0.05 * (3 - rank))  # later ranks finish first
+        print(f"python print {rank}")
+        os.write(1, f"raw fd write {rank}\n".encode())
+        print(f"to stderr {rank}", file=sys.stderr)
+
+    dl.spawn(fn, nprocs=3)
+    out, err = capfd.readouterr()
+    assert out.splitlines() == [
+        line
+        for r in range(3)
+        for line in (f"[rank {r}] python print {r}", f"[rank {r}] raw fd write {r}")
+    ]
+    assert err.splitlines() == [f"[rank {r}] to stderr {r}" for r in range(3)]
+
+
+def test_c_level_output_is_captured(capfd, no_leaks):
+    def fn(rank):
+        import ctypes
+
+        libc = ctypes.CDLL(None)
+        libc.printf(b"from C on rank %d\n", rank)
+        libc.fflush(None)
+
+    dl.spawn(fn, nprocs=2)
+    out, _ = capfd.readouterr()
+    assert "[rank 0] from C on rank 0" in out and "[rank 1] from C on rank 1" in out
+
+
+def test_stream_option_prints_every_line(capfd, no_leaks):
+    def fn(rank):
+        for i in range(3):
+            print(f"step {i}")
+            time.sleep(0.1)
+
+    dl.spawn(fn, nprocs=2, stream=True)
+    out, _ = capfd.readouterr()
+    for r in range(2):
+        assert [line for line in out.splitlines() if line.startswith(f"[rank {r}]")] == [
+            f"[rank {r}] step {i}" for i in range(3)
+        ]
+
+
+def test_quiet_prints_nothing(capfd, no_leaks):
+    dl.spawn(lambda rank: print("hidden"), nprocs=2, quiet=True)
+    assert capfd.readouterr().out == ""
+
+
+def test_exception_on_one_rank_stops_others_and_names_it(capfd, no_leaks):
+    def fn(rank):
+        dist.init_process_group("gloo")
+        if rank == 1:
+            print("about to fail")
+            raise ValueError("bad thing on rank one")
+        dist.barrier()  # would wait forever for rank 1
+        time.sleep(60)
+
+    start = time.monotonic()
+    with pytest.raises(dl.DistributedError) as info:
+        dl.spawn(fn, nprocs=3, timeout=60)
+    assert time.monotonic() - start < 20, "the other ranks must be stopped, not waited for"
+    err = info.value
+    assert err.ranks == [1]
+    assert isinstance(err.failures[0].exception, ValueError)
+    text = str(err)
+    assert "rank 1" in text and "ValueError: bad thing on rank one" in text
+    assert "raise ValueError" in text  # the traceback shows the failing line
+    assert "about to fail" in err.outputs[1][0]
+    assert "[rank 1] about to fail" in capfd.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "how, expected",
+    [("kill", "SIGKILL"), ("exit", "code 3"), ("segv", "SIGSEGV")],
+)
+def test_rank_dying_without_exception(how, expected, no_leaks):
+    def fn(rank):
+        if rank == 0:
+            if how == "kill":
+                os.kill(os.getpid(), signal.SIGKILL)
+            elif how == "exit":
+                os._exit(3)
+            else:
+                import ctypes
+
+                ctypes.string_at(0)  # a real segmentation fault
+        time.sleep(60)
+
+    with pytest.raises(dl.DistributedError) as info:
+        dl.spawn(fn, nprocs=2, timeout=60)
+    assert info.value.ranks == [0]
+    assert expected in str(info.value)
+
+
+def test_sys_exit_zero_is_success(no_leaks):
+    assert dl.spawn(lambda rank: sys.exit(0), nprocs=2) == [None, None]
+
+
+def test_hang_in_mismatched_collectives_times_out_with_stacks(capfd, no_leaks):
+    def fn(rank):
+        dist.init_process_group("gloo")
+        t = torch.zeros(1)
+        if rank == 0:
+            dist.all_reduce(t)  # rank 1 never joins this all_reduce
+        else:
+            dist.recv(t, src=0)  # and rank 0 never sends
+
+    start = time.monotonic()
+    with pytest.raises(dl.DistributedTimeoutError) as info:
+        dl.spawn(fn, nprocs=2, timeout=3)
+    assert time.monotonic() - start < 15
+    err = info.value
+    assert isinstance(err, TimeoutError)
+    stacks = {f.rank: f.stack for f in err.failures}
+    assert "all_reduce" in stacks[0]
+    assert "recv" in stacks[1]
+    assert "all_reduce" in capfd.readouterr().err  # also printed for the learner
+
+
+def test_global_timeout_setting(no_leaks):
+    old = launcher.DEFAULT_TIMEOUT
+    try:
+        dl.set_timeout(1)
+        with pytest.raises(dl.DistributedTimeoutError):
+            dl.spawn(lambda rank: time.sleep(30), nprocs=1)
+    finally:
+        launcher.DEFAULT_TIMEOUT = old
+
+
+def test_non_picklable_captured_object_is_named():
+    lock = threading.Lock()
+
+    def fn(rank):
+        with lock:
+            return rank
+
+    with pytest.raises(ValueError, match="'lock'"):
+        dl.spawn(fn, nprocs=2)
+    with pytest.raises(ValueError, match="argument 0"):
+        dl.spawn(lambda rank, x: x, args=(threading.Lock(),), nprocs=2)
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1.5, "2", True, None, 10**6])
+def test_bad_nprocs_rejected_before_start(bad):
+    before = launcher._zygote
+    with pytest.raises(ValueError, match="nprocs"):
+        dl.spawn(print, nprocs=bad)
+    assert launcher._zygote is before  # nothing was started
+
+
+def test_unavailable_or_unknown_backend():
+    if torch.cuda.device_count() < 2:
+        with pytest.raises(ValueError, match="nccl"):
+            dl.spawn(print, nprocs=2, backend="nccl")
+    with pytest.raises(ValueError, match="Unknown backend"):
+        dl.spawn(print, nprocs=2, backend="tcp")
+
+
+def test_errors_in_chinese():
+    dl.set_language("zh")
+    try:
+        with pytest.raises(ValueError, match="至少为 1"):
+            dl.spawn(print, nprocs=0)
+    finally:
+        dl.set_language("en")
+
+
+def test_process_group_left_initialised_is_destroyed(capfd, no_leaks):
+    def fn(rank):
+        dist.init_process_group("gloo")
+        original = dist.destroy_process_group
+
+        def traced(*a, **k):
+            print("destroyed by launcher")
+            return original(*a, **k)
+
+        dist.destroy_process_group = traced  # the launcher looks it up after fn returns
+        return "left initialised"
+
+    assert dl.spawn(fn, nprocs=2) == ["left initialised"] * 2
+    assert capfd.readouterr().out.count("destroyed by launcher") == 2
+
+
+def test_ranks_get_different_python_random_states(no_leaks):
+    import random
+
+    values = dl.spawn(lambda rank: random.random(), nprocs=3)
+    assert len(set(values)) == 3
+
+
+def test_fifty_launches_leave_nothing_behind(no_leaks):
+    shm_before = set(os.listdir("/dev/shm"))
+
+    def fn(rank):
+        dist.init_process_group("gloo")
+        t = torch.ones(4)
+        dist.all_reduce(t)
+        return int(os.environ["MASTER_PORT"])
+
+    ports = set()
+    for _ in range(50):
+        ports.update(dl.spawn(fn, nprocs=2))
+        assert rank_processes() == set()
+    assert set(os.listdir("/dev/shm")) - shm_before == set()
+    for port in ports:
+        # TIME_WAIT (06) is the kernel's bookkeeping; nothing may listen or stay connected.
+        assert not {"0A", "01"} & set(tcp_states(port)), port
+
+
+def test_zygote_restarts_after_being_killed(no_leaks):
+    dl.spawn(lambda rank: None, nprocs=1)
+    os.kill(launcher._zygote.proc.pid, signal.SIGKILL)
+    launcher._zygote.proc.wait()
+    assert dl.spawn(lambda rank: rank, nprocs=2) == [0, 1]
+
+
+SCRIPT = textwrap.dedent(
+    """
+    import os, sys, time
+    import ddp_lab as dl
+
+    def fn(rank, path):
+        with open(f"{path}.{rank}", "w") as f:
+            f.write(str(os.getpid()))
+        time.sleep(120)
+
+    try:
+        dl.spawn(fn, args=(sys.argv[1],), nprocs=2, timeout=300)
+    except KeyboardInterrupt:
+        print("KeyboardInterrupt caught", flush=True)
+        sys.exit(42)
+    """
+)
+
+
+def test_keyboard_interrupt_stops_every_rank(tmp_path):
+    script = tmp_path / "interrupt.py"
+    script.write_text(SCRIPT)
+    marker = tmp_path / "pid"
+    proc = subprocess.Popen(
+        [sys.executable, str(script), str(marker)], stdout=subprocess.PIPE, text=True
+    )
+    deadline = time.monotonic() + 60
+    while not all((tmp_path / f"pid.{r}").exists() for r in range(2)):
+        assert time.monotonic() < deadline and proc.poll() is None
+        time.sleep(0.05)
+    time.sleep(0.2)
+    pids = [int((tmp_path / f"pid.{r}").read_text()) for r in range(2)]
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 42 and "KeyboardInterrupt caught" in out
+    time.sleep(0.2)
+    for pid in pids:
+        assert not os.path.exists(f"/proc/{pid}") or "Z" in open(f"/proc/{pid}/stat").read()
+
+
+def test_parent_killed_takes_ranks_with_it(tmp_path):
+    script = tmp_path / "orphan.py"
+    script.write_text(SCRIPT)
+    marker = tmp_path / "pid"
+    proc = subprocess.Popen([sys.executable, str(script), str(marker)], stdout=subprocess.PIPE)
+    deadline = time.monotonic() + 60
+    while not all((tmp_path / f"pid.{r}").exists() for r in range(2)):
+        assert time.monotonic() < deadline and proc.poll() is None
+        time.sleep(0.05)
+    pids = [int((tmp_path / f"pid.{r}").read_text()) for r in range(2)]
+    proc.kill()
+    proc.wait()
+    deadline = time.monotonic() + 10
+    while any(os.path.exists(f"/proc/{p}") for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not any(os.path.exists(f"/proc/{p}") for p in pids), "orphaned rank processes"
+
+
+def test_official_ddp_tutorial_demo_runs_with_dl_spawn(capfd, no_leaks):
+    # The shape of the mp.spawn demo in PyTorch's DDP tutorial, with mp.spawn -> dl.spawn.
+    # (The tutorial also hard-codes MASTER_PORT=12355; dl.spawn already sets a free one.)
+    import torch.nn as nn
+    import torch.optim as optim
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    def setup(rank, world_size):
+        os.environ["MASTER_ADDR"] = "localhost"
+        dist.init_process_group("gloo", rank=rank, world_size=world_size)
+
+    def cleanup():
+        dist.destroy_process_group()
+
+    class ToyModel(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.net1 = nn.Linear(10, 10)
+            self.relu = nn.ReLU()
+            self.net2 = nn.Linear(10, 5)
+
+        def forward(self, x):
+            return self.net2(self.relu(self.net1(x)))
+
+    def demo_basic(rank, world_size):
+        print(f"Running basic DDP example on rank {rank}.")
+        setup(rank, world_size)
+        model = ToyModel().to("cpu")
+        ddp_model = DDP(model)
+        loss_fn = nn.MSELoss()
+        optimizer = optim.SGD(ddp_model.parameters(), lr=0.001)
+        optimizer.zero_grad()
+        outputs = ddp_model(torch.randn(20, 10))
+        labels = torch.randn(20, 5)
+        loss_fn(outputs, labels).backward()
+        optimizer.step()
+        cleanup()
+        print(f"Finished running basic DDP example on rank {rank}.")
+
+    def run_demo(demo_fn, world_size):
+        dl.spawn(demo_fn, args=(world_size,), nprocs=world_size, join=True)
+
+    run_demo(demo_basic, 2)
+    out = capfd.readouterr().out
+    assert "[rank 1] Finished running basic DDP example on rank 1." in out

@@ -1,0 +1,351 @@
+"""Persistent ranks (dl.start, %%ranks, dl.pull/push/status/stop) against gloo on CPU."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import pytest
+import torch
+from conftest import tcp_states
+
+import ddp_lab as dl
+from ddp_lab.runtime import persistent
+from ddp_lab.runtime._rank_group import alive
+
+run = persistent.run_cell
+
+
+def _snapshot() -> dict:
+    """Everything a group holds on this machine: processes, port, private folder."""
+    group = persistent.current()
+    return {
+        "pids": [group.zygote.proc.pid, *group.pids.values()],
+        "port": group.port,
+        "workdir": group.workdir,
+    }
+
+
+def _assert_gone(snap: dict) -> None:
+    def left() -> bool:
+        # The port too: a killed rank's threads may still hold its sockets for a moment after
+        # /proc shows the process as a zombie (the thread-group leader exits first).
+        return (
+            any(alive(p) for p in snap["pids"])
+            or bool({"0A", "01"} & set(tcp_states(snap["port"])))
+            or os.path.exists(snap["workdir"])
+        )
+
+    deadline = time.monotonic() + 10
+    while left() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not [p for p in snap["pids"] if alive(p)], "processes left behind"
+    assert not {"0A", "01"} & set(tcp_states(snap["port"])), "port still listening or connected"
+    assert not os.path.exists(snap["workdir"]), "files left behind"
+
+
+@pytest.fixture
+def group(capfd):
+    shm_before = set(os.listdir("/dev/shm"))
+    dl.start(2, backend="gloo", timeout=60)
+    capfd.readouterr()
+    snap = _snapshot()
+    yield persistent.current()
+    dl.stop()
+    _assert_gone(snap)
+    assert set(os.listdir("/dev/shm")) - shm_before == set()
+
+
+def _lines(capfd) -> list[str]:
+    return capfd.readouterr().out.splitlines()
+
+
+def test_variables_survive_from_cell_to_cell(group, capfd):
+    run("x = torch.tensor([rank + 1.0])\n")
+    run("x = x * 10\ndist.all_reduce(x)\nprint(rank, world_size, device, x.item())\n")
+    assert _lines(capfd) == ["[rank 0] 0 2 cpu 30.0", "[rank 1] 1 2 cpu 30.0"]
+    run("x.item() + rank")  # a last expression is shown, as a notebook would
+    assert _lines(capfd) == ["[rank 0] 30.0", "[rank 1] 31.0"]
+    run("for i in range(2):\n    print(i, x.item())\n", stream=True)
+    assert sorted(_lines(capfd)) == [f"[rank {r}] {i} 30.0" for r in range(2) for i in range(2)]
+
+
+def test_notebook_names_are_sent_but_the_ranks_own_names_win(group, capfd):
+    def helper(v):
+        return v + 1000
+
+    run("k = rank\n")
+    run("print(helper(k), offset)\n", {"helper": helper, "offset": 7, "k": "notebook k"})
+    assert _lines(capfd) == ["[rank 0] 1000 7", "[rank 1] 1001 7"]
+
+    def helper(v):  # the learner fixes the function in the notebook and runs again
+        return v - 1
+
+    run("print(helper(k))\n", {"helper": helper})
+    assert _lines(capfd) == ["[rank 0] -1", "[rank 1] 0"]
+    with pytest.raises(ValueError, match="'lock'"):  # checked before anything runs
+        run("print(lock)\n", {"lock": threading.Lock()})
+
+
+def test_subset_of_ranks(capfd):
+    dl.start(3, backend="gloo", timeout=60)
+    capfd.readouterr()
+    try:
+        run("y = rank * 10\nprint('here')\n", ranks=[0, 2])
+        assert _lines(capfd) == ["[rank 0] here", "[rank 2] here"]
+        assert dl.pull("globals().get('y')") == [0, None, 20]
+        assert dl.pull("y", ranks=2) == [20]
+        with pytest.raises(ValueError, match="from 0 to 2"):
+            run("pass\n", ranks=[3])
+    finally:
+        dl.stop()
+
+
+def test_pull_and_push_tensors(group):
+    dl.push(w=torch.arange(3.0))
+    dl.push(scale=torch.tensor(5.0), ranks=[1])
+    run(
+        "w = (w * (rank + 1)).requires_grad_()\n"
+        "loss = (w * w * globals().get('scale', 1.0)).sum()\n"
+        "loss.backward()\n"
+    )
+    grads = dl.pull("w.grad")
+    assert all(isinstance(g, torch.Tensor) for g in grads)
+    assert torch.equal(grads[0], torch.tensor([0.0, 2.0, 4.0]))
+    assert torch.equal(grads[1], torch.tensor([0.0, 20.0, 40.0]))
+    losses = dl.pull("loss")  # not a leaf: it comes back detached
+    assert [v.item() for v in losses] == [5.0, 100.0] and losses[0].grad_fn is None
+    assert dl.pull("{'r': rank, 't': [w.detach()]}")[1]["t"][0].tolist() == [0.0, 2.0, 4.0]
+    with pytest.raises(dl.DistributedError, match="NameError"):
+        dl.pull("nothing_here")
+    with pytest.raises(SyntaxError):
+        dl.pull("1 +")
+    with pytest.raises(ValueError, match="'bad'"):
+        dl.push(bad=threading.Lock())
+
+
+def test_exception_on_one_rank_keeps_the_group(group, capfd):
+    pids = dict(group.pids)
+    run("x = torch.ones(1)\n")
+    with pytest.raises(dl.DistributedError) as info:
+        run("print('before')\nif rank == 1:\n    raise ValueError('bad thing on rank one')\n")
+    err = info.value
+    assert err.ranks == [1]
+    assert isinstance(err.failures[0].exception, ValueError)
+    assert "raise ValueError" in str(err) and "keeps its variables" in str(err)
+    assert _lines(capfd) == ["[rank 0] before", "[rank 1] before"]
+    run("dist.all_reduce(x)\nprint(x.item())\n")  # the process group still works
+    assert _lines(capfd) == ["[rank 0] 2.0", "[rank 1] 2.0"]
+    assert group.pids == pids
+
+
+def test_hang_times_out_with_stacks_and_restarts(group, capfd):
+    old = dict(group.pids)
+    run("x = torch.zeros(1)\n")
+    cell = "if rank == 0:\n    dist.all_reduce(x)\nelse:\n    dist.recv(x, src=0)\n"
+    start = time.monotonic()
+    with pytest.raises(dl.DistributedTimeoutError) as info:
+        run(cell, timeout=3)
+    assert time.monotonic() - start < 20
+    stacks = {f.rank: f.stack for f in info.value.failures}
+    assert "all_reduce" in stacks[0] and "recv" in stacks[1]
+    assert "restarted" in str(info.value) and "STATE IS LOST" in str(info.value)
+    assert "all_reduce" in capfd.readouterr().err  # the stacks are printed too
+    assert not set(group.pids.values()) & set(old.values())
+    assert not any(alive(p) for p in old.values())
+    with pytest.raises(dl.DistributedError, match="NameError"):
+        dl.pull("x")  # state is lost, as the message says
+    run("t = torch.ones(1)\ndist.all_reduce(t)\nprint(t.item())\n")
+    assert _lines(capfd) == ["[rank 0] 2.0", "[rank 1] 2.0"]
+
+
+def test_failure_while_others_wait_in_a_collective(group):
+    start = time.monotonic()
+    with pytest.raises(dl.DistributedTimeoutError) as info:
+        run("if rank == 1:\n    raise KeyError('gone')\ndist.barrier()\n")
+    assert time.monotonic() - start < 30, "must not wait for the full 60 s timeout"
+    text = str(info.value)
+    assert "after rank 1 failed" in text and "KeyError" in text and "restarted" in text
+
+
+def test_rank_that_dies_restarts_the_group(group, capfd):
+    old = dict(group.pids)
+    with pytest.raises(dl.DistributedError, match="code 3"):
+        run("import os\nif rank == 1:\n    os._exit(3)\n")
+    assert not set(group.pids.values()) & set(old.values())
+    run("print(rank)\n")
+    assert _lines(capfd)[-2:] == ["[rank 0] 0", "[rank 1] 1"]
+
+
+def _interrupt_soon(delay: float = 1.0) -> None:
+    threading.Timer(delay, os.kill, (os.getpid(), signal.SIGINT)).start()
+
+
+def test_interrupt_stops_the_cell_and_keeps_the_group(group, capfd):
+    pids = dict(group.pids)
+    run("x = torch.tensor([rank * 1.0])\nimport time\n")
+    _interrupt_soon()
+    start = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        run("print('working')\nwhile True:\n    time.sleep(0.01)\n")
+    assert time.monotonic() - start < 10
+    out, err = capfd.readouterr()
+    assert out.splitlines() == ["[rank 0] working", "[rank 1] working"]
+    assert "keeps its variables" in err
+    assert group.pids == pids
+    assert [v.item() for v in dl.pull("x")] == [0.0, 1.0]
+    assert [row[4] for row in group.rows()] == [None, None]  # nothing is running
+
+
+def test_interrupt_inside_a_collective_restarts(group, capfd):
+    old = dict(group.pids)
+    _interrupt_soon()
+    with pytest.raises(KeyboardInterrupt):
+        run("dist.barrier()\n", ranks=[0])  # rank 1 never comes: not interruptible
+    err = capfd.readouterr().err
+    assert "did not stop" in err and "restarted" in err
+    assert not set(group.pids.values()) & set(old.values())
+    run("dist.barrier()\n")
+
+
+def test_status_table(group, capfd):
+    rows = group.rows()
+    assert [(r[0], r[2], r[3]) for r in rows] == [(0, True, "cpu"), (1, True, "cpu")]
+    assert all(alive(r[1]) for r in rows)
+    run("z = 1\n")
+    text = repr(dl.status())
+    assert "2 persistent ranks, gloo backend, 1 cells run" in text
+    assert text.splitlines()[1].split() == ["rank", "pid", "alive", "device", "running"]
+    assert "idle (last: z = 1)" in text
+    dl.set_language("zh")
+    try:
+        assert "存活" in repr(dl.status())
+    finally:
+        dl.set_language("en")
+
+
+def test_no_group_and_restart_by_start(capfd):
+    assert "No persistent ranks" in repr(dl.status())
+    with pytest.raises(RuntimeError, match="dl.start"):
+        run("pass\n")
+    dl.start(1, backend="gloo")
+    snap = _snapshot()
+    dl.start(2, backend="gloo")  # starting again replaces the old group
+    _assert_gone(snap)
+    assert "previous group of 1 ranks was stopped" in capfd.readouterr().out
+    dl.stop()
+    dl.stop()  # idempotent
+
+
+def test_spawn_works_beside_the_group(group, no_leaks):
+    run("x = rank\n")
+    assert dl.spawn(lambda rank: rank * 2, nprocs=2) == [0, 2]
+    assert dl.pull("x") == [0, 1]
+
+
+def test_magics_in_ipython(capfd):
+    from IPython.testing import globalipapp
+
+    ip = globalipapp.start_ipython() or globalipapp.get_ipython()  # once per process
+    ip.run_line_magic("load_ext", "ddp_lab")
+    ip.run_line_magic("ranks", "start -n 2 --backend gloo --timeout 60")
+    try:
+        ip.user_ns["offset"] = 5
+        ip.run_cell_magic("ranks", "", "v = rank + offset\n")
+        ip.run_cell_magic("ranks", "-r 1", "print(v)\n")
+        assert capfd.readouterr().out.splitlines()[-1:] == ["[rank 1] 6"]
+        assert "alive" in repr(ip.run_line_magic("ranks", "status"))
+    finally:
+        ip.run_line_magic("ranks", "stop")
+    assert persistent._group is None
+
+
+SCRIPT = textwrap.dedent(
+    """
+    import json, sys, time
+    import ddp_lab as dl
+    from ddp_lab.runtime import persistent
+
+    dl.start(2, backend="gloo")
+    persistent.run_cell("import torch\\nt = torch.ones(1)\\ndist.all_reduce(t)\\n")
+    g = persistent.current()
+    snap = {"pids": [g.zygote.proc.pid, *g.pids.values()], "port": g.port, "workdir": g.workdir}
+    print(json.dumps(snap), flush=True)
+    if sys.argv[1] == "hang":
+        time.sleep(300)
+    """
+)
+
+
+@pytest.mark.parametrize("how", ["exit", "kill"])
+def test_kernel_exit_or_kill_leaves_nothing(tmp_path, how):
+    """A kernel shutdown runs atexit; a killed kernel takes the ranks with it (parent-death
+    signal) and the next dl.start removes the folder it could not."""
+    script = tmp_path / "kernel.py"
+    script.write_text(SCRIPT)
+    mode = "hang" if how == "kill" else "exit"
+    proc = subprocess.Popen([sys.executable, str(script), mode], stdout=subprocess.PIPE, text=True)
+    snap = json.loads(_json_line(proc))
+    if how == "kill":
+        proc.kill()
+    proc.wait(60)
+    if how == "kill":
+        persistent._clean_stale()
+    _assert_gone(snap)
+
+
+def _json_line(proc: subprocess.Popen) -> str:
+    for line in proc.stdout:
+        if line.startswith("{"):
+            return line
+    raise AssertionError("the script printed no snapshot")
+
+
+def test_real_kernel_interrupt_then_restart():
+    """In a Jupyter kernel: an interrupt stops the ranks' cell and keeps the group; a kernel
+    restart ends every rank and leaves no files."""
+    from jupyter_client.manager import start_new_kernel
+
+    km, kc = start_new_kernel(kernel_name="python3")
+
+    def execute(code: str, interrupt_after: float | None = None) -> str:
+        msg_id = kc.execute(code)
+        if interrupt_after is not None:
+            time.sleep(interrupt_after)
+            km.interrupt_kernel()
+        out = []
+        while True:
+            msg = kc.get_iopub_msg(timeout=60)
+            if msg["parent_header"].get("msg_id") != msg_id:
+                continue
+            kind, content = msg["msg_type"], msg["content"]
+            if kind == "stream":
+                out.append(content["text"])
+            elif kind == "error":
+                out.append(f"ERROR {content['ename']}\n")
+            elif kind == "status" and content["execution_state"] == "idle":
+                return "".join(out)
+
+    try:
+        execute('import ddp_lab as dl\ndl.start(2, backend="gloo", timeout=60)')
+        execute("%%ranks\nx = rank * 10\nimport time\n")
+        out = execute("%%ranks\nprint('loop')\nwhile True:\n    time.sleep(0.01)\n", 2.0)
+        assert "[rank 1] loop" in out and "keeps its variables" in out
+        assert "ERROR KeyboardInterrupt" in out
+        assert execute('print(dl.pull("x"))').strip() == "[0, 10]"
+        snap = execute(
+            "import json\nfrom ddp_lab.runtime import persistent\ng = persistent.current()\n"
+            "print(json.dumps({'pids': [g.zygote.proc.pid, *g.pids.values()],"
+            " 'port': g.port, 'workdir': g.workdir}))"
+        )
+        km.restart_kernel(now=False)
+        _assert_gone(json.loads(snap.strip().splitlines()[-1]))
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)
