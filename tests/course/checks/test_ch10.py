@@ -1,0 +1,155 @@
+"""Chapter 10's checkers accept correct solutions and reject the typical wrong ones."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from ddp_lab.comm_hooks import my_bf16_hook
+from ddp_lab.course.grading import CaseFailed, load_checkers, rng_for
+from ddp_lab.zero import ShardedOptimizer
+
+
+def run_checker(grade_id: str, obj: object) -> str:
+    """'' when every hidden case passes, else why the first failing case failed."""
+    cases = load_checkers()[grade_id].fn(rng_for(grade_id), obj)
+    next(cases)
+    try:
+        for _ in cases:
+            pass
+    except CaseFailed as exc:
+        return " | ".join(map(str, exc.args)) or "failed"
+    return ""
+
+
+# ----- 10.sharded_optimizer -----------------------------------------------------------------
+
+
+class MySharded:
+    """A correct solution written independently of ddp_lab.zero; options make mistakes."""
+
+    def __init__(self, params, optimizer_class, *, mode="ok", **defaults):
+        self.params = list(params)
+        self.rank, world = dist.get_rank(), dist.get_world_size()
+        if mode == "round robin by index, no balance":
+            self.owner = [0 if i < len(self.params) - 1 else 1 for i in range(len(self.params))]
+        else:
+            loads, self.owner = [0] * world, [0] * len(self.params)
+            for i in sorted(range(len(self.params)), key=lambda i: -self.params[i].numel()):
+                r = loads.index(min(loads))
+                self.owner[i], loads[r] = r, loads[r] + self.params[i].numel()
+        self.mode = mode
+        mine = [p for p, o in zip(self.params, self.owner, strict=True) if o == self.rank]
+        if mode == "steps everything":
+            mine = self.params
+        self.optim = optimizer_class(mine, **defaults) if mine else None
+
+    def zero_grad(self):
+        for p in self.params:
+            p.grad = None
+
+    @torch.no_grad()
+    def step(self):
+        if self.optim is not None:
+            self.optim.step()
+        if self.mode in ("forgets to share", "steps everything"):
+            return
+        for p, o in zip(self.params, self.owner, strict=True):
+            dist.broadcast(p, src=o)
+
+
+def _variant(mode):
+    return lambda params, cls, **kw: MySharded(params, cls, mode=mode, **kw)
+
+
+def test_sharded_checker_passes_correct_solutions():
+    assert run_checker("10.sharded_optimizer", MySharded) == ""
+    assert run_checker("10.sharded_optimizer", ShardedOptimizer) == ""
+
+
+@pytest.mark.parametrize(
+    ("mode", "words"),
+    [
+        ("steps everything", "only"),
+        ("forgets to share", "broadcast"),
+        ("round robin by index, no balance", "least loaded"),
+    ],
+)
+def test_sharded_checker_rejects_wrong_solutions(mode, words):
+    why = run_checker("10.sharded_optimizer", _variant(mode))
+    assert words in why
+
+
+# ----- 10.bf16_hook ---------------------------------------------------------------------------
+
+
+def sums_hook(process_group, bucket):
+    buf = bucket.buffer()
+    fut = dist.all_reduce(buf.to(torch.bfloat16), async_op=True).get_future()
+    return fut.then(lambda f: buf.copy_(f.value()[0]))
+
+
+def fp32_hook(process_group, bucket):
+    buf = bucket.buffer().div_(dist.get_world_size())
+    return dist.all_reduce(buf, async_op=True).get_future().then(lambda f: f.value()[0])
+
+
+def test_hook_checker_passes_the_reference():
+    assert run_checker("10.bf16_hook", my_bf16_hook) == ""
+
+
+@pytest.mark.parametrize(("wrong", "words"), [(sums_hook, "differ"), (fp32_hook, "bfloat16")])
+def test_hook_checker_rejects_wrong_hooks(wrong, words):
+    assert words in run_checker("10.bf16_hook", wrong)
+
+
+# ----- 10.fsdp_reduce ---------------------------------------------------------------------------
+
+
+def reduce_scatter_grad(flat):
+    out = torch.empty(flat.numel() // dist.get_world_size(), dtype=flat.dtype)
+    dist.reduce_scatter_single(out, flat / dist.get_world_size())
+    return out
+
+
+def all_reduce_grad(flat):
+    flat = flat / dist.get_world_size()
+    dist.all_reduce(flat)
+    return flat.chunk(dist.get_world_size())[dist.get_rank()].clone()
+
+
+def summing_grad(flat):
+    out = torch.empty(flat.numel() // dist.get_world_size(), dtype=flat.dtype)
+    dist.reduce_scatter_single(out, flat)
+    return out
+
+
+def whole_grad(flat):
+    flat = flat.clone()
+    dist.all_reduce(flat)
+    return flat
+
+
+def test_fsdp_checker_passes_reduce_scatter():
+    assert run_checker("10.fsdp_reduce", reduce_scatter_grad) == ""
+
+
+@pytest.mark.parametrize(
+    ("wrong", "words"),
+    [(all_reduce_grad, "all_reduce"), (summing_grad, "average"), (whole_grad, "all_reduce")],
+)
+def test_fsdp_checker_rejects_wrong_solutions(wrong, words):
+    assert words in run_checker("10.fsdp_reduce", wrong)
+
+
+def test_unsolved_exercises_report_not_implemented(capsys):
+    from ddp_lab.course.grading import grade
+
+    def stub(*args, **kwargs):
+        raise NotImplementedError("your code here")
+
+    for grade_id in ("10.sharded_optimizer", "10.bf16_hook", "10.fsdp_reduce"):
+        with pytest.raises(AssertionError):
+            grade(grade_id, stub)
+        assert "NotImplementedError" in capsys.readouterr().out

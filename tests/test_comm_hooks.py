@@ -1,0 +1,74 @@
+"""Comm hooks: the byte counter, the hand-written bf16 hook against torch's, the knobs."""
+
+from __future__ import annotations
+
+import torch
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from ddp_lab.comm_hooks import (
+    builtin_bf16_hook,
+    compare_hooks,
+    count_collectives,
+    digits_mlp,
+    my_bf16_hook,
+)
+from ddp_lab.ddp_knobs import measure_knobs
+from ddp_lab.memory_model import measure_memory, paper_example, worst_rank
+from ddp_lab.runtime.launcher import spawn
+
+
+def _hook_vs_builtin(rank: int) -> dict[str, object]:
+    out = {}
+    for name, hook in (("ours", my_bf16_hook), ("torch", builtin_bf16_hook)):
+        torch.manual_seed(0)
+        model = DDP(digits_mlp(16))
+        model.register_comm_hook(None, hook)
+        with count_collectives() as log:
+            model(torch.randn(4, 1, 8, 8) + rank).sum().backward()
+        out[name] = ([p.grad.clone() for p in model.parameters()], log.calls)
+    return out
+
+
+def test_hand_written_bf16_hook_equals_torchs() -> None:
+    out = spawn(_hook_vs_builtin, nprocs=2, backend="gloo", quiet=True)[0]
+    for a, b in zip(out["ours"][0], out["torch"][0], strict=True):
+        assert torch.equal(a, b) and a.dtype == torch.float32
+    assert out["ours"][1] == out["torch"][1]
+    assert {d for _, d, _ in out["ours"][1]} == {torch.bfloat16}
+    n = sum(p.numel() for p in digits_mlp(16).parameters())
+    assert sum(b for _, _, b in out["ours"][1]) == 2 * n  # 2 bytes per gradient element
+
+
+def test_compare_hooks_bytes_and_accuracy() -> None:
+    rows = spawn(compare_hooks, args=(None, 30), nprocs=2, backend="gloo", quiet=True)[0]
+    by = {r["hook"]: r for r in rows}
+    plain = by["allreduce (plain DDP)"]
+    assert plain["bytes_per_step"] == 4 * sum(p.numel() for p in digits_mlp().parameters())
+    assert by["fp16_compress_hook"]["bytes_per_step"] * 2 == plain["bytes_per_step"]
+    assert by["bf16_compress_hook"]["bytes_per_step"] * 2 == plain["bytes_per_step"]
+    assert by["PowerSGD rank 1"]["bytes_per_step"] < plain["bytes_per_step"] / 10
+    assert all(r["accuracy"] > 0.6 for r in rows)
+
+
+def test_knobs_table_shows_bucket_view_and_rebuild() -> None:
+    rows = spawn(measure_knobs, args=(256, 12, 1.0, 2), nprocs=2, backend="gloo", quiet=True)[0]
+    by = {r["config"]: r for r in rows}
+    assert by["default"]["grad_bytes"] == 2 * by["default"]["param_bytes"]
+    assert by["gradient_as_bucket_view=True"]["grad_bytes"] == by["default"]["param_bytes"]
+    assert by["default"]["buckets"][:2] == [1, 3]  # one bucket, then rebuilt
+    assert by["static_graph=True"]["buckets"] == [1, 1, 3]
+    assert by["find_unused_parameters=True"]["buckets"] == [4, 4, 4]
+
+
+def test_memory_model_and_counts() -> None:
+    gb = dict(paper_example())
+    assert round(gb["DDP"]) == 120 and round(gb["ZeRO-1 (P_os)"], 1) == 31.4
+    assert (
+        round(gb["ZeRO-2 (P_os+g)"], 1) == 16.6 and round(gb["ZeRO-3 / FSDP (P_os+g+p)"], 1) == 1.9
+    )
+    per_rank = spawn(measure_memory, args=(64, 2), nprocs=2, backend="gloo", quiet=True)
+    ddp, zero1, fsdp = worst_rank(per_rank)
+    psi = ddp["psi"]
+    assert ddp["params"] == ddp["grads"] == 4 * psi and ddp["optim"] >= 8 * psi
+    assert zero1["optim"] < ddp["optim"] and zero1["params"] == ddp["params"]
+    assert fsdp["total"] < zero1["total"] < ddp["total"]
