@@ -1,21 +1,22 @@
 """``ddp-lab check`` (learners) and ``ddp-lab grade`` (instructors): score exercise notebooks.
 
-A graded cell is a code cell tagged ``grade`` with ``grade_id`` and ``points`` metadata; the
-released exercise notebook stores its passing line as the expected output. Scoring a notebook:
+A graded cell is a code cell tagged ``grade`` with ``grade_id`` and ``points`` metadata.
+Scoring a notebook:
 1. compare it with the release: a graded cell whose code changed, that is missing, or that
    moved relative to the other graded and exercise cells scores 0 ("tampered");
-2. restore the released metadata and expected outputs of the graded cells (a learner's saved
-   FAIL line must not become the reference), clear every other output;
-3. run it with ``pytest --nbval-lax`` in its own process (and session) in a temporary folder,
-   with a per-cell and a total timeout; this module is also loaded as a pytest plugin there
-   (``-p ddp_lab.course.grader``) to record each cell's printed output in the JUnit XML report and to
-   notice a dead kernel at once instead of after the cell timeout;
-4. map the report's ``Cell N`` items back to graded cells. On a total timeout the whole
-   process group is killed, then every process that inherited this run's token variable
-   (the kernel starts its own session, ranks are its children).
+2. hand the submission to ``course.verdict`` in a process of its own: it runs the learner's
+   code cells in the sandbox (``course.sandbox``, ``course.runner``), keeps the objects each
+   graded cell names, and computes every verdict itself (``course.learner``: the checker
+   reaches the learner's code through probes that return data only);
+3. kill everything the run started (its process group, then every process carrying the
+   run's token), whatever happened; a timeout or a crash gives the exercises left their
+   zeroes with the reason.
+The in-notebook line printed by ``dl.grade`` is never read: nothing a learner's code does in
+its own process decides a verdict.
 
-How it differs from nbgrader: no database, server or student ids; it understands
-multi-process cells only in that it always cleans up every process a notebook started.
+How it differs from nbgrader and otter-grader: no database, server or student ids; the
+kernel's own report is not trusted; each submission runs in a bubblewrap sandbox instead of
+a container.
 """
 
 from __future__ import annotations
@@ -32,7 +33,6 @@ import sys
 import tempfile
 import time
 import uuid
-import xml.etree.ElementTree as ET
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -208,41 +208,6 @@ def locate(
     return found, tampered
 
 
-def prepare(
-    release: nbformat.NotebookNode, sub: nbformat.NotebookNode, found: dict[str, int], lang: str
-) -> tuple[nbformat.NotebookNode, dict[int, Exercise]]:
-    """The notebook to run, and code-cell number (nbval's ``Cell N``) -> exercise.
-
-    Graded cells get the release's code, metadata and expected output (in ``lang``: a zh
-    submission may be graded against the en release, the code is the same).
-    """
-    from ddp_lab.course.build import grade_pass_line
-
-    nb = copy.deepcopy(sub)
-    by_pos = {found[ex.grade_id]: ex for ex in exercises_of(release) if ex.grade_id in found}
-    numbers: dict[int, Exercise] = {}
-    n = 0
-    for i, cell in enumerate(nb.cells):
-        if cell.cell_type != "code":
-            continue
-        if i in by_pos:
-            ex = by_pos[i]
-            cell.source, cell.metadata = ex.cell.source, copy.deepcopy(ex.cell.metadata)
-            cell.outputs, cell.execution_count = copy.deepcopy(ex.cell.outputs), 1
-            rel_lang = language_of(release)
-            if lang != rel_lang and _stream_text(cell.outputs).strip() == grade_pass_line(
-                ex.grade_id, ex.points, rel_lang
-            ):
-                text = grade_pass_line(ex.grade_id, ex.points, lang) + "\n"
-                cell.outputs = [nbformat.v4.new_output("stream", name="stdout", text=text)]
-            numbers[n] = Exercise(ex.grade_id, ex.points, cell)
-        else:  # unrun cells are never compared, whatever the learner saved
-            cell.outputs, cell.execution_count = [], None
-            cell.metadata.pop("grade_id", None)
-        n += 1
-    return nb, numbers
-
-
 def _token_pids(token: str) -> list[int]:
     """Processes whose environment holds this run's token: everything the run started."""
     pids = []
@@ -284,57 +249,71 @@ def kill_run(pgid: int, token: str) -> None:
         time.sleep(0.1)
 
 
-def run_nbval(
-    path: Path, lang: str, cell_timeout: float, timeout: float
-) -> tuple[dict[str, dict] | None, str]:
-    """Run ``path`` under nbval; return ({"Cell N": {ok, message, output}} or None, why)."""
-    junit, log = path.with_suffix(".xml"), path.with_suffix(".log")
-    (path.parent / "pytest.ini").write_text("[pytest]\n", encoding="utf-8")  # not the repo's
+def run_verdict(
+    release: nbformat.NotebookNode,
+    sub: nbformat.NotebookNode,
+    found: dict[str, int],
+    lang: str,
+    cell_timeout: float,
+    timeout: float,
+    job: int = 0,
+) -> dict[str, dict]:
+    """grade_id -> {status, detail} from ``course.verdict``, run in a process of its own.
+
+    That process never runs learner code: it starts the submission's code in the sandbox
+    and computes each verdict itself. Its process group and everything carrying this run's
+    token are killed afterwards, whatever happened.
+    """
+    from ddp_lab.course import sandbox
+
+    sandbox.warn_unsandboxed(lang)
     token = f"{os.getpid()}-{uuid.uuid4().hex}"
     env = {k: v for k, v in os.environ.items() if k not in ("JPY_SESSION_NAME", "PYTEST_ADDOPTS")}
     env.update(
         {
             TOKEN_VAR: token,
             "DDP_LAB_LANG": lang,
-            # Only nbval and this module: other installed plugins double the start-up time.
-            "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1",
             "PYTHONPATH": os.pathsep.join(
                 [str(PACKAGE_PARENT), *filter(None, [os.environ.get("PYTHONPATH")])]
             ),
         }
     )
-    fixed = "-p nbval.plugin --nbval-lax --nbval-current-env -p no:cacheprovider -p ddp_lab.course.grader"
-    fixed += " -o junit_family=xunit1 -c pytest.ini --rootdir . -q"
-    cmd = [sys.executable, "-m", "pytest", *fixed.split(), f"--junitxml={junit}"]
-    cmd += [f"--nbval-cell-timeout={cell_timeout:g}", path.name]
-    with open(log, "wb") as out:
-        # Its own session: a total timeout kills pytest and everything in its group at once.
-        kw = {"cwd": path.parent, "env": env, "stdout": out, "stderr": subprocess.STDOUT}
-        proc = subprocess.Popen(cmd, start_new_session=True, **kw)
+    request = {
+        "release": nbformat.writes(release),
+        "submission": nbformat.writes(sub),
+        "found": found,
+        "lang": lang,
+        "cell_timeout": cell_timeout,
+        "timeout": timeout,
+        "job": job,
+        "env": {TOKEN_VAR: token},
+    }
+    cmd = [sys.executable, "-m", "ddp_lab.course.verdict"]
+    with tempfile.TemporaryFile() as log:
+        proc = subprocess.Popen(
+            cmd,
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=log,
+            start_new_session=True,
+        )
         _RUNNING[proc.pid] = token
         try:
-            proc.wait(timeout=timeout)
-            why = ""
+            out, _ = proc.communicate(json.dumps(request).encode(), timeout=timeout + 60)
+            answer = json.loads(out or b"{}")
         except subprocess.TimeoutExpired:
-            why = MESSAGES("why_total", lang, timeout=timeout)
-        finally:  # also after a normal end: no zygote or rank may outlive the run
+            answer = {"results": {g: {"status": "timeout"} for g in found}}
+        except ValueError:
+            log.seek(0)
+            tail = log.read().decode(errors="replace").strip().splitlines()[-1:]
+            error = " ".join(tail)[-300:]
+            answer = {"results": {g: {"status": "error", "detail": error} for g in found}}
+        finally:  # no sandbox, zygote or rank may outlive the run
             kill_run(proc.pid, token)
             proc.wait()
             _RUNNING.pop(proc.pid, None)
-    if why or not junit.exists():
-        tail = log.read_text(encoding="utf-8", errors="replace").strip().splitlines()[-1:]
-        return None, why or MESSAGES("why_error", lang, error=" ".join(tail)[-300:])
-    cells = {}
-    for case in ET.parse(junit).iter("testcase"):
-        bad = [e for e in case if e.tag in ("failure", "error", "skipped")]
-        props = {p.get("name"): json.loads(p.get("value") or '""') for p in case.iter("property")}
-        cells[case.get("name", "")] = {
-            "ok": not bad,
-            "output": props.get(OUTPUT_PROP, ""),
-            "error": props.get(ERROR_PROP, ""),
-            "message": bad[0].get("message", "") if bad else "",
-        }
-    return cells, ""
+    return answer.get("results", {})
 
 
 def _stream_text(outputs: list) -> str:
@@ -342,7 +321,11 @@ def _stream_text(outputs: list) -> str:
 
 
 def score(
-    release: nbformat.NotebookNode, path: Path, cell_timeout: float, timeout: float
+    release: nbformat.NotebookNode,
+    path: Path,
+    cell_timeout: float,
+    timeout: float,
+    job: int = 0,
 ) -> tuple[str, list[Result]]:
     """Score one submission against ``release``: (its language, one Result per exercise)."""
     lang = language_of(release)
@@ -356,31 +339,25 @@ def score(
         return lang, [Result(e.grade_id, 0, e.points, "invalid", why) for e in exercises]
     lang = language_of(sub, lang)
     found, tampered = locate(release, sub)
-    cells: dict[str, dict] | None = {}
-    why = ""
-    numbers: dict[int, Exercise] = {}
-    if found:  # nothing to run when every exercise is tampered with
-        nb, numbers = prepare(release, sub, found, lang)
-        with tempfile.TemporaryDirectory(prefix="ddp-lab-grade-") as tmp:
-            # A fixed, plain name: pytest node ids break on "::" or "[" in file names; the
-            # folder named after the language lets dl.setup() find it from the cwd as well.
-            target = Path(tmp) / lang / "submission.ipynb"
-            target.parent.mkdir()
-            nbformat.write(nb, target)
-            cells, why = run_nbval(target, lang, cell_timeout, timeout)
+    verdicts = run_verdict(release, sub, found, lang, cell_timeout, timeout, job) if found else {}
     results = {}
-    for number, ex in numbers.items():
-        res = (cells or {}).get(f"Cell {number}")
-        expected = _stream_text(ex.cell.outputs).strip()
-        if cells is None:
-            status = "timeout" if why == MESSAGES("why_total", lang, timeout=timeout) else "error"
-            results[ex.grade_id] = Result(ex.grade_id, 0, ex.points, status, why)
-        elif res and res["ok"] and expected in res["output"]:
-            results[ex.grade_id] = Result(
-                ex.grade_id, ex.points, ex.points, "passed", res["output"].strip()
-            )
+    by_id = {ex.grade_id: ex for ex in exercises}
+    for grade_id in found:
+        ex = by_id[grade_id]
+        v = verdicts.get(grade_id, {"status": "error"})
+        status, detail = v.get("status", "error"), v.get("detail", "")
+        if status == "passed":
+            results[grade_id] = Result(grade_id, ex.points, ex.points, "passed", detail)
+        elif status == "timeout":
+            why = MESSAGES("why_cell", lang, timeout=cell_timeout)
+            results[grade_id] = Result(grade_id, 0, ex.points, "timeout", why)
+        elif status == "kernel-died":
+            results[grade_id] = Result(grade_id, 0, ex.points, status, MESSAGES("why_died", lang))
+        elif status == "failed":
+            results[grade_id] = Result(grade_id, 0, ex.points, "failed", detail)
         else:
-            results[ex.grade_id] = _failure(ex, number, cells, lang, cell_timeout)
+            why = MESSAGES("why_error", lang, error=detail or "-")
+            results[grade_id] = Result(grade_id, 0, ex.points, "error", why)
     for ex in exercises:
         kind = tampered.get(ex.grade_id)
         if kind:  # a copied graded cell counts as changed: it runs more than once
@@ -390,33 +367,6 @@ def score(
                 ex.grade_id, 0, ex.points, status, MESSAGES(key, lang, n=kind[4:])
             )
     return lang, [results[e.grade_id] for e in exercises]
-
-
-def _failure(
-    ex: Exercise, number: int, cells: dict[str, dict], lang: str, cell_timeout: float
-) -> Result:
-    """Why a graded cell did not pass: its verdict line, or what stopped the notebook first."""
-    res = cells.get(f"Cell {number}", {"message": "not in report"})
-    cause = res["message"]
-    if "Kernel dead" in cause or "timed out" in cause:  # an earlier cell is the real cause
-        earlier = [
-            c["message"]
-            for k, c in sorted(cells.items(), key=lambda kv: _num(kv[0]))
-            if _num(k) < number and c["message"]
-        ]
-        cause = next((m for m in earlier if KERNEL_DIED in m or "Timeout" in m), cause)
-    if "Kernel dead" in cause or KERNEL_DIED in cause:
-        return Result(ex.grade_id, 0, ex.points, "kernel-died", MESSAGES("why_died", lang))
-    if "Timeout" in cause or "timed out" in cause:
-        return Result(
-            ex.grade_id, 0, ex.points, "timeout", MESSAGES("why_cell", lang, timeout=cell_timeout)
-        )
-    detail = res.get("output", "").strip()[-600:] or res.get("error", "")[:300] or cause[:300]
-    return Result(ex.grade_id, 0, ex.points, "failed", detail)
-
-
-def _num(name: str) -> int:
-    return int(name.rsplit(" ", 1)[-1]) if name.rsplit(" ", 1)[-1].isdigit() else -1
 
 
 def report_lines(results: list[Result], lang: str) -> list[str]:
@@ -551,9 +501,13 @@ def grade_main(args: argparse.Namespace) -> int:
     names = student_names(subs, release_path.stem)
     title = release.metadata.get("ddp_lab", {}).get("title", release_path.stem)
 
+    workers = args.jobs or os.cpu_count() or 1
+
     def one(i: int) -> tuple[str, list[Result]]:
         try:
-            sub_lang, results = score(release, subs[i], args.cell_timeout, args.timeout)
+            sub_lang, results = score(
+                release, subs[i], args.cell_timeout, args.timeout, job=i % workers
+            )
         except Exception as exc:  # noqa: BLE001  # a bug here must not stop the other gradings
             sub_lang, why = lang, MESSAGES("why_error", lang, error=f"{type(exc).__name__}: {exc}")
             results = [Result(e.grade_id, 0, e.points, "error", why) for e in exercises_of(release)]
@@ -567,7 +521,7 @@ def grade_main(args: argparse.Namespace) -> int:
         print(f"{names[i]}: " + report_lines(results, lang)[-1], flush=True)
         return names[i], results
 
-    pool = ThreadPoolExecutor(max_workers=args.jobs or os.cpu_count() or 1)
+    pool = ThreadPoolExecutor(max_workers=workers)
     try:
         graded = list(pool.map(one, range(len(subs))))
     except KeyboardInterrupt:
@@ -584,43 +538,3 @@ def grade_main(args: argparse.Namespace) -> int:
                 writer.writerow([name, r.grade_id, r.points, r.max_points, r.status])
     print(MESSAGES("wrote", lang, path=out / "gradebook.csv"))
     return 0
-
-
-# --- pytest plugin, loaded in the grading process with ``-p ddp_lab.course.grader`` ---------------
-
-
-def pytest_configure(config: object) -> None:
-    """Make nbval notice a dead kernel within a second, not after the whole cell timeout."""
-    from queue import Empty
-
-    from nbval.kernel import RunningKernel
-
-    original = RunningKernel.await_reply
-    if getattr(original, "_ddp_lab", False):
-        return
-
-    def await_reply(self: RunningKernel, msg_id: str, timeout: float | None = None) -> object:
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            left = 1.0 if deadline is None else min(1.0, deadline - time.monotonic())
-            try:
-                return original(self, msg_id, timeout=max(left, 0.01))
-            except Empty:
-                if not self.is_alive():
-                    raise RuntimeError(KERNEL_DIED) from None
-                if deadline is not None and time.monotonic() >= deadline:
-                    raise
-
-    await_reply._ddp_lab = True  # type: ignore[attr-defined]
-    RunningKernel.await_reply = await_reply
-
-
-def pytest_runtest_teardown(item: object) -> None:
-    """Put what a cell printed into the JUnit report, where the grader reads the verdict line."""
-    outputs = getattr(item, "test_outputs", None) or []
-    errors = "".join(
-        f"{o.get('ename', '')}: {o.get('evalue', '')}\n" for o in outputs if "ename" in o
-    )
-    # JSON keeps newlines and ANSI colour codes intact through an XML attribute.
-    for name, text in ((OUTPUT_PROP, _stream_text(outputs)), (ERROR_PROP, errors)):
-        item.user_properties.append((name, json.dumps(text[-4000:])))  # type: ignore[attr-defined]

@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from ddp_lab.course.i18n import MESSAGES as _I18N
 from ddp_lab.course.i18n import t
 
 DEFAULT_SEED = 20261122
@@ -82,48 +83,71 @@ def mismatch(expected: Any, actual: Any) -> CaseFailed:
     return CaseFailed(t("grade_mismatch", expected=short(expected), actual=short(actual)))
 
 
-def grade(grade_id: str, *objects: Any) -> None:
-    """Run the hidden cases of ``grade_id`` on the learner's ``objects``; print the verdict.
+def _t(key: str, lang: str | None, **fields: object) -> str:
+    return _I18N(key, lang, **fields)
 
-    Returns nothing (a graded cell's only output is its verdict line); raises
-    AssertionError when a case fails.
+
+def run_checker(chk: Checker, learner: Any, lang: str | None = None) -> tuple[bool, str]:
+    """Run ``chk``'s hidden cases against ``learner`` (a ``course.learner`` handle).
+
+    Returns (passed, the verdict line in ``lang``). The checker draws the cases, computes
+    the oracle and compares, here; the learner's code is reached only through the handle.
+    ``RunnerGone`` (the learner's process died or timed out) propagates to the caller.
     """
-    registry = load_checkers()
-    if grade_id not in registry:
-        raise KeyError(t("grade_unknown", grade_id=grade_id))
-    chk = registry[grade_id]
-    cases = chk.fn(rng_for(grade_id), *objects)
+    from ddp_lab.course.learner import LearnerError, RunnerGone
+
+    cases = chk.fn(rng_for(chk.grade_id), learner)
     index, total = 0, None
     try:
         total = next(cases)  # a checker first yields how many cases it has
         for _label in cases:
             index += 1
+    except RunnerGone:
+        raise
     except NotImplementedError:
-        detail = t("grade_not_implemented")
+        detail = _t("grade_not_implemented", lang)
+    except LearnerError as exc:
+        if exc.not_implemented:
+            detail = _t("grade_not_implemented", lang)
+        else:
+            why = _t("grade_raised", lang, error=f"{exc.type_name}: {exc.message}")
+            detail = _t("grade_case_failed", lang, index=index + 1, total=total, case="-", why=why)
     except CaseFailed as exc:
         detail = t(
             "grade_case_failed",
+            lang,
             index=index + 1,
             total=total,
             case=exc.args[1] if len(exc.args) > 1 else "-",
             why=exc.args[0],
         )
-    except Exception as exc:  # noqa: BLE001  # the learner's code crashed
-        from ddp_lab.runtime.launcher import DistributedError
-
-        if isinstance(exc, DistributedError) and any(
-            f.exception is not None and isinstance(f.exception, NotImplementedError)
-            for f in exc.failures
-        ):
-            detail = t("grade_not_implemented")
-        else:
-            why = t("grade_raised", error=f"{type(exc).__name__}: {_first_line(exc)}")
-            detail = t("grade_case_failed", index=index + 1, total=total, case="-", why=why)
+    except Exception as exc:  # noqa: BLE001  # anything else the learner's code caused
+        why = _t("grade_raised", lang, error=f"{type(exc).__name__}: {_first_line(exc)}")
+        detail = _t("grade_case_failed", lang, index=index + 1, total=total, case="-", why=why)
     else:
-        print(t("grade_pass", grade_id=grade_id, points=chk.points))
-        return
-    print(t("grade_fail", grade_id=grade_id, points=chk.points, detail=detail))
-    raise AssertionError(f"{grade_id}: 0/{chk.points}")
+        return True, _t("grade_pass", lang, grade_id=chk.grade_id, points=chk.points)
+    return False, _t("grade_fail", lang, grade_id=chk.grade_id, points=chk.points, detail=detail)
+
+
+def grade(grade_id: str, *objects: Any) -> None:
+    """Run the hidden cases of ``grade_id`` on the learner's ``objects``; print the verdict.
+
+    This is the in-notebook check, for self-study: it runs in the learner's kernel, so the
+    learner's code could change it. ``ddp-lab grade`` and ``ddp-lab check`` do not use it:
+    they compute the verdict in a process of their own (``course.verdict``).
+    Returns nothing (a graded cell's only output is its verdict line); raises
+    AssertionError when a case fails.
+    """
+    from ddp_lab.course.learner import LocalLearner
+
+    registry = load_checkers()
+    if grade_id not in registry:
+        raise KeyError(t("grade_unknown", grade_id=grade_id))
+    chk = registry[grade_id]
+    passed, line = run_checker(chk, LocalLearner(objects))
+    print(line)
+    if not passed:
+        raise AssertionError(f"{grade_id}: 0/{chk.points}")
 
 
 def _first_line(exc: BaseException) -> str:

@@ -326,6 +326,16 @@ MESSAGES = Messages(
             "en": "unknown exercise {grade_id!r}",
             "zh": "未知的练习 {grade_id!r}",
         },
+        "grade_refused": {
+            "en": "this exercise asks you to write it yourself: calling {name} is not allowed "
+            "here (use {allowed}).",
+            "zh": "这道练习要求你自己实现：这里不允许调用 {name}（请使用 {allowed}）。",
+        },
+        "grade_not_data": {
+            "en": "your code returned something that is not data ({error}): return tensors, "
+            "numbers, lists or dicts.",
+            "zh": "你的代码返回的不是数据（{error}）：请返回张量、数字、列表或字典。",
+        },
         "bad_language": {
             "en": "language must be one of {choices}, got {value!r}.",
             "zh": "语言必须是 {choices} 之一，但收到的是 {value!r}。",

@@ -1,39 +1,66 @@
-"""Checker of chapter 00's exercise: average a per-rank tensor across ranks."""
+"""Checker of chapter 00's exercise: average a per-rank tensor across ranks.
+
+How a checker is built (the model for every chapter):
+- a *probe* (``probe_average``) is the only code that touches the learner's objects: it runs
+  where the learner's code runs (their kernel, or the grading sandbox), calls their function
+  on inputs it is given and returns what came out, as data;
+- the checker (``check_average``) draws the hidden cases, computes the oracle with real
+  PyTorch in ranks of its own (``dist.all_reduce``), asks the learner handle to run the probe,
+  and compares. It never sees the learner's objects.
+"""
 
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from ddp_lab.course.grading import checker, fail, mismatch
+from ddp_lab.course.grading import checker, fail
+from ddp_lab.course.i18n import Messages
+
+MESSAGES = Messages(
+    __name__,
+    {
+        "not_tensor": {
+            "en": "rank {rank} returned {kind}, not a tensor",
+            "zh": "rank {rank} 返回的是 {kind}，不是张量",
+        },
+        "shape": {
+            "en": "rank {rank} returned shape {got}; the mean over ranks has shape {expected}",
+            "zh": "rank {rank} 返回的形状是 {got}；跨 rank 平均值的形状应为 {expected}",
+        },
+        "values": {
+            "en": "rank {rank} returned {got}, but the mean over ranks is {expected}",
+            "zh": "rank {rank} 返回了 {got}，但跨 rank 的平均值是 {expected}",
+        },
+    },
+)
 
 
-def _run_case(rank: int, fn: Callable, shape: tuple, dtype: torch.dtype, seed: int) -> str:
-    """On each rank: the learner's average vs the oracle built on dist.all_reduce."""
-    gen = torch.Generator().manual_seed(seed + rank)
-    value = torch.randn(shape, generator=gen).to(dtype)
-    original = value.clone()
-    got = fn(value.clone())
-    expected = original.clone()
-    dist.all_reduce(expected, op=dist.ReduceOp.SUM)  # the oracle: torch's own all-reduce
-    expected /= dist.get_world_size()
-    if not isinstance(got, torch.Tensor):
-        return f"type: {type(got).__name__}"
-    if got.shape != expected.shape:
-        return f"shape: expected {tuple(expected.shape)}, got {tuple(got.shape)}"
-    if not torch.allclose(got.to(expected.dtype), expected, rtol=1e-5, atol=1e-6):
-        return (
-            f"values: expected {expected.flatten()[:3].tolist()}, got {got.flatten()[:3].tolist()}"
-        )
-    return ""
+def probe_average(rank: int, objects: tuple, values: list[torch.Tensor]) -> Any:
+    """In the learner's process, on each rank: their function on this rank's tensor."""
+    (average_across_ranks,) = objects
+    out = average_across_ranks(values[rank].clone())
+    return out.detach() if isinstance(out, torch.Tensor) else {"kind": type(out).__name__}
+
+
+def _oracle(rank: int, values: list[torch.Tensor]) -> torch.Tensor:
+    """In the grader's ranks: the mean with torch's own all-reduce."""
+    total = values[rank].clone()
+    dist.all_reduce(total, op=dist.ReduceOp.SUM)
+    return total / dist.get_world_size()
+
+
+def _head(t: torch.Tensor) -> list:
+    return [round(float(x), 4) for x in t.flatten()[:3]]
 
 
 @checker("00.average", points=2)
-def check_average(rng: random.Random, average_across_ranks: Callable) -> Iterator[object]:
-    from ddp_lab import spawn
+def check_average(rng: random.Random, learner: Any) -> Iterator[object]:
+    from ddp_lab.runtime.launcher import spawn
 
     world_sizes = [2, rng.choice([3, 4]), rng.choice([2, 3, 4])]
     yield len(world_sizes)
@@ -41,15 +68,20 @@ def check_average(rng: random.Random, average_across_ranks: Callable) -> Iterato
         shape = tuple(rng.randint(1, 5) for _ in range(rng.randint(1, 2)))
         dtype = rng.choice([torch.float32, torch.float64])
         case = f"world_size={world_size}, dtype={str(dtype).replace('torch.', '')}"
-        results = spawn(
-            _run_case,
-            args=(average_across_ranks, shape, dtype, rng.randrange(10**6)),
-            nprocs=world_size,
-            backend="gloo",
-            quiet=True,
-            timeout=60,
-        )
-        for rank, problem in enumerate(results):
-            if problem:
-                raise fail(mismatch("the mean over ranks", f"rank {rank}: {problem}").args[0], case)
+        gen = torch.Generator().manual_seed(rng.randrange(10**6))
+        values = [torch.randn(shape, generator=gen).to(dtype) for _ in range(world_size)]
+        expected = spawn(_oracle, args=(values,), nprocs=world_size, backend="gloo", quiet=True)
+        got = learner.spawn(probe_average, values, nprocs=world_size, timeout=60)
+        for rank, (out, want) in enumerate(zip(got, expected, strict=True)):
+            if not isinstance(out, torch.Tensor):
+                raise fail(MESSAGES("not_tensor", rank=rank, kind=out.get("kind", "?")), case)
+            if out.shape != want.shape:
+                raise fail(
+                    MESSAGES("shape", rank=rank, got=tuple(out.shape), expected=tuple(want.shape)),
+                    case,
+                )
+            if not torch.allclose(out.to(want.dtype), want, rtol=1e-5, atol=1e-6):
+                raise fail(
+                    MESSAGES("values", rank=rank, got=_head(out), expected=_head(want)), case
+                )
         yield case

@@ -1,0 +1,136 @@
+"""Data, never code: how the learner's process hands results to the grader.
+
+The grader must not unpickle anything the learner's process produced (a pickle can run
+code when it is loaded). Results cross as JSON of a few plain kinds, checked on the way in:
+None, bool, int, float (also nan/inf), str, list, tuple, dict with str keys, and tensors
+(dtype, shape and the raw bytes in base64). Anything else is refused with a clear error, so
+a learner's object can never reach the grader's comparisons (no ``__eq__`` of theirs runs).
+
+How it differs from ``torch.save``/pickle: no classes, no references, no code; sizes and
+depth are bounded so that a result cannot exhaust the grader's memory.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import math
+from typing import Any
+
+import torch
+
+MAX_BYTES = 64 * 2**20  # one encoded message
+MAX_DEPTH = 32
+DTYPES = {
+    str(d).removeprefix("torch."): d
+    for d in (
+        torch.float64,
+        torch.float32,
+        torch.float16,
+        torch.bfloat16,
+        torch.int64,
+        torch.int32,
+        torch.int16,
+        torch.int8,
+        torch.uint8,
+        torch.bool,
+        torch.complex64,
+        torch.complex128,
+    )
+}
+
+
+class WireError(ValueError):
+    """A value that cannot cross, or a message that is not a valid encoding."""
+
+
+def _enc(obj: Any, depth: int) -> Any:
+    if depth > MAX_DEPTH:
+        raise WireError("nested too deeply")
+    # Exact types only: a subclass of int or str could carry methods of the learner's.
+    if obj is None or type(obj) in (bool, int, str):
+        return obj
+    if type(obj) is float:
+        return obj if math.isfinite(obj) else {"__float__": repr(obj)}
+    if type(obj) is list:
+        return [_enc(x, depth + 1) for x in obj]
+    if type(obj) is tuple:
+        return {"__tuple__": [_enc(x, depth + 1) for x in obj]}
+    if type(obj) is dict:
+        if not all(type(k) is str for k in obj):
+            raise WireError("dict keys must be str")
+        if any(k.startswith("__") and k.endswith("__") for k in obj):
+            raise WireError("dict keys may not look like __name__")
+        return {k: _enc(v, depth + 1) for k, v in obj.items()}
+    if isinstance(obj, torch.Tensor):
+        t = obj.detach()
+        if t.layout != torch.strided:
+            t = t.to_dense()
+        name = str(t.dtype).removeprefix("torch.")
+        if name not in DTYPES:
+            raise WireError(f"tensor dtype {name} cannot be sent")
+        t = t.cpu().contiguous()
+        raw = t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b""
+        return {
+            "__tensor__": {
+                "dtype": name,
+                "shape": list(t.shape),
+                "data": base64.b64encode(raw).decode(),
+            }
+        }
+    raise WireError(f"a {type(obj).__name__} cannot be sent (only data: numbers, str, tensors)")
+
+
+def dumps(obj: Any) -> str:
+    """Encode plain data (see the module docstring) as one line of JSON."""
+    text = json.dumps(_enc(obj, 0), separators=(",", ":"), allow_nan=False)
+    if len(text) > MAX_BYTES:
+        raise WireError(f"result too large ({len(text)} bytes)")
+    return text
+
+
+def _dec(obj: Any, depth: int) -> Any:
+    if depth > MAX_DEPTH:
+        raise WireError("nested too deeply")
+    if obj is None or type(obj) in (bool, int, float, str):
+        return obj
+    if type(obj) is list:
+        return [_dec(x, depth + 1) for x in obj]
+    if type(obj) is not dict:
+        raise WireError(f"unexpected {type(obj).__name__}")
+    if "__float__" in obj:
+        value = float(obj["__float__"])
+        if math.isfinite(value):
+            raise WireError("finite float in a __float__ box")
+        return value
+    if "__tuple__" in obj:
+        return tuple(_dec(x, depth + 1) for x in obj["__tuple__"])
+    if "__tensor__" in obj:
+        spec = obj["__tensor__"]
+        dtype = DTYPES.get(spec.get("dtype"))
+        shape = spec.get("shape")
+        if dtype is None or type(shape) is not list or not all(type(s) is int for s in shape):
+            raise WireError("bad tensor header")
+        if any(s < 0 for s in shape):
+            raise WireError("bad tensor shape")
+        raw = base64.b64decode(spec.get("data", ""), validate=True)
+        numel = math.prod(shape)
+        itemsize = torch.empty((), dtype=dtype).element_size()
+        if len(raw) != numel * itemsize:
+            raise WireError("tensor data does not match its shape")
+        if numel == 0:
+            return torch.empty(shape, dtype=dtype)
+        flat = torch.frombuffer(bytearray(raw), dtype=torch.uint8).view(dtype)
+        return flat.reshape(shape).clone()
+    return {k: _dec(v, depth + 1) for k, v in obj.items()}
+
+
+def loads(text: str | bytes) -> Any:
+    """Decode what ``dumps`` wrote; refuse anything else."""
+    if len(text) > MAX_BYTES:
+        raise WireError("message too large")
+    try:
+        raw = json.loads(text)
+    except (ValueError, RecursionError) as exc:
+        raise WireError(f"not JSON: {exc}") from None
+    return _dec(raw, 0)

@@ -1,0 +1,120 @@
+"""course.sandbox: what a sandboxed submission can and cannot reach (Linux with bubblewrap)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from ddp_lab.course import sandbox
+
+pytestmark = pytest.mark.skipif(
+    not sandbox.available(), reason="no bubblewrap/user namespaces here (test.sh installs bwrap)"
+)
+REPO = Path(__file__).resolve().parent.parent
+
+
+def run(
+    code: str, tmp_path: Path, timeout: float = 120, **kw: object
+) -> subprocess.CompletedProcess:
+    work = tmp_path / "work"
+    work.mkdir(exist_ok=True)
+    cmd, env = sandbox.wrap([sys.executable, "-c", code], work, **kw)
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def test_reads_python_writes_only_its_folder(tmp_path: Path) -> None:
+    secret = tmp_path / "instructor_secret.txt"
+    secret.write_text("the seed")
+    code = (
+        "import os, torch, ddp_lab\n"
+        f"print('secret', os.path.exists({str(secret)!r}))\n"
+        f"print('repo', os.path.exists({str(REPO / 'README.md')!r}))\n"
+        "open('mine.txt', 'w').write('ok')\n"
+        "for p in ['/etc/evil', '/usr/evil', os.path.dirname(ddp_lab.__file__) + '/evil']:\n"
+        "    try:\n"
+        "        open(p, 'w')\n"
+        "        print('WROTE', p)\n"
+        "    except OSError:\n"
+        "        print('refused', p)\n"
+    )
+    p = run(code, tmp_path)
+    assert p.returncode == 0, p.stderr
+    assert "secret False" in p.stdout and "repo False" in p.stdout
+    assert "WROTE" not in p.stdout and p.stdout.count("refused") == 3
+    assert (tmp_path / "work" / "mine.txt").read_text() == "ok"
+
+
+def test_environment_is_cleared(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DDP_LAB_GRADE_SEED", "instructor-secret")
+    p = run("import os; print(sorted(os.environ))", tmp_path)
+    assert "DDP_LAB_GRADE_SEED" not in p.stdout and "instructor-secret" not in p.stdout
+
+
+def test_host_loopback_is_out_of_reach_but_own_loopback_works(tmp_path: Path) -> None:
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        port = server.getsockname()[1]
+        code = (
+            "import socket\n"
+            "s = socket.socket(); s.settimeout(3)\n"
+            f"try:\n    s.connect(('127.0.0.1', {port})); print('REACHED HOST')\n"
+            "except OSError as e:\n    print('refused', type(e).__name__)\n"
+            "import ddp_lab as dl, torch, torch.distributed as dist\n"
+            "def f(rank, n):\n"
+            "    dist.init_process_group('gloo'); t = torch.ones(1); dist.all_reduce(t)\n"
+            "    return t.item()\n"
+            "print('ranks', dl.spawn(f, args=(2,), nprocs=2, quiet=True))\n"
+        )
+        p = run(code, tmp_path)
+    assert "REACHED HOST" not in p.stdout and "refused" in p.stdout, p.stdout + p.stderr
+    assert "ranks [2.0, 2.0]" in p.stdout, p.stderr
+
+
+def test_fork_bomb_is_contained(tmp_path: Path) -> None:
+    code = (
+        "import os\n"
+        "n = 0\n"
+        "try:\n"
+        "    while True:\n"
+        "        if os.fork() == 0:\n"
+        "            import time; time.sleep(60); os._exit(0)\n"
+        "        n += 1\n"
+        "except OSError as e:\n"
+        "    print('stopped after', n, type(e).__name__)\n"
+    )
+    t0 = time.monotonic()
+    p = run(code, tmp_path, limits=sandbox.Limits(nproc=64))
+    assert "stopped after" in p.stdout, p.stdout + p.stderr
+    assert int(p.stdout.split()[2]) < 64
+    assert time.monotonic() - t0 < 60  # the sleeping children die with the namespace
+
+
+def test_nothing_outlives_a_killed_sandbox(tmp_path: Path) -> None:
+    marker = f"ddp-lab-orphan-{os.getpid()}"
+    work = tmp_path / "work"
+    work.mkdir()
+    code = (
+        "import subprocess, time\n"
+        f"subprocess.Popen(['sleep', '300', '{marker}'][:2])\n"
+        f"subprocess.Popen(['sh', '-c', 'exec -a {marker} sleep 300'])\n"
+        "print('started', flush=True); time.sleep(300)\n"
+    )
+    cmd, env = sandbox.wrap([sys.executable, "-c", code], work)
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "started"
+    proc.kill()
+    proc.wait()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        left = subprocess.run(["pgrep", "-f", marker], capture_output=True, text=True).stdout
+        if not left.strip():
+            break
+        time.sleep(0.2)
+    assert not left.strip(), f"left running: {left}"
