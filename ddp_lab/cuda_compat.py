@@ -41,7 +41,7 @@ MIN_DRIVER_LINUX: dict[tuple[int, int], str] = {
     (11, 3): "465.19.01",
     (11, 2): "460.27.03",
     (11, 1): "455.23",
-    (11, 0): "450.36.06",
+    (11, 0): "450.51.05",  # 11.0.2 GA; 450.36.06 was the 11.0.1 release candidate
     (10, 2): "440.33",
     (10, 1): "418.39",
     (10, 0): "410.48",
@@ -204,6 +204,9 @@ def check_driver_runtime(driver: str | Version, runtime: str | tuple[int, int]) 
                 f"有条件时把驱动升级到 >= {need or family}"
             ),
         )
+    # Across major versions only forward compatibility helps: NVIDIA's cuda-compat package
+    # (a newer libcuda next to the old kernel driver), for data-center GPUs only.
+    across = top is None or r[0] > top[0]
     return Verdict(
         PROBLEM,
         "driver",
@@ -211,10 +214,17 @@ def check_driver_runtime(driver: str | Version, runtime: str | tuple[int, int]) 
             f"driver {fmt_driver(d)} supports CUDA up to {fmt(top)}, too old for CUDA "
             f"{fmt(r)}: upgrade the driver to >= {need or '?'} or install a torch "
             f"build for CUDA <= {fmt(top)}"
+            + (
+                " (on a data-center GPU, the cuda-compat package of forward compatibility "
+                "is a third way)"
+                if across
+                else ""
+            )
         ),
         zh=(
             f"驱动 {fmt_driver(d)} 最高只支持 CUDA {fmt(top)}，运行不了 CUDA {fmt(r)}："
             f"把驱动升级到 >= {need or '?'}，或安装面向 CUDA <= {fmt(top)} 的 torch"
+            + ("（数据中心 GPU 还可以用前向兼容的 cuda-compat 包）" if across else "")
         ),
     )
 
