@@ -59,8 +59,10 @@ print("torch", torch.__version__, "| torch.version.cuda =", torch.version.cuda)
 #   toolkit's version. `nvcc` knows nothing about the driver.
 #
 # So `nvidia-smi` and `nvcc -V` usually print *different* CUDA versions. That is fine when
-# the driver's number is the larger one; it is fatal when PyTorch's runtime is newer than
-# what the driver supports. Let us ask this machine.
+# the driver's number is the larger one. When PyTorch's runtime is newer, it depends on the
+# major version: a newer runtime of the *same* major still runs (minor version
+# compatibility, below), and only across major versions (a CUDA 12 runtime on a driver whose
+# header says 11.x) does it fail to start. Let us ask this machine.
 
 # %% [markdown] lang="zh"
 # ## 驱动 API 与运行时 API
@@ -71,8 +73,10 @@ print("torch", torch.__version__, "| torch.version.cuda =", torch.version.cuda)
 #   `torch.version.cuda`）；CUDA 工具包里还有另一份，`nvcc -V` 打印的是工具包的版本。
 #   `nvcc` 对驱动一无所知。
 #
-# 因此 `nvidia-smi` 和 `nvcc -V` 打印的 CUDA 版本通常*不同*。只要驱动的版本号更大就没有问题；
-# 如果 PyTorch 的运行时比驱动支持的更新，就无法运行。我们来问问这台机器。
+# 因此 `nvidia-smi` 和 `nvcc -V` 打印的 CUDA 版本通常*不同*。只要驱动的版本号更大就没有问题。
+# 如果 PyTorch 的运行时更新，要看主版本：*同一*主版本内更新的运行时仍然可以运行（下面讲的
+# 小版本兼容），只有跨主版本（例如 CUDA 12 的运行时遇到表头写着 11.x 的驱动）才无法启动。
+# 我们来问问这台机器。
 
 # %%
 def run(cmd):
@@ -111,17 +115,31 @@ print(cc.check_driver_runtime(info.driver, "12.8").text)
 # Toolkit Release Notes, Tables 2 and 3, Linux x86_64:
 # https://docs.nvidia.com/cuda/cuda-toolkit-release-notes/). Within one major version,
 # *minor version compatibility* lets, say, a CUDA 12.4 runtime run on a 12.0 driver
-# (>= 525.60.13), without JIT compilation of newer PTX: that is a warning, not an error.
+# (>= 525.60.13). What does not work there: JIT compilation of PTX produced by the newer
+# toolkit (code shipped only as PTX fails to load), and the few API calls that need a newer
+# driver (they return `cudaErrorCallRequiresNewerDriver`). So it is a warning, not an error.
+# Across major versions only **forward compatibility** helps: NVIDIA's `cuda-compat`
+# package puts a newer user-mode driver (`libcuda.so`) next to the old kernel driver, and it
+# is supported on data-center GPUs only (CUDA Compatibility guide,
+# https://docs.nvidia.com/deploy/cuda-compatibility/; not runnable here).
 
 # %% [markdown] lang="zh"
 # 这条规则来自 NVIDIA 发布的各 CUDA 版本最低驱动版本表（CUDA Toolkit Release Notes 的
 # 表 2 和表 3，Linux x86_64：https://docs.nvidia.com/cuda/cuda-toolkit-release-notes/）。
 # 在同一个主版本内，*小版本兼容*（minor version compatibility）允许例如 CUDA 12.4 的运行时在
-# 12.0 的驱动（>= 525.60.13）上运行，但不能 JIT 编译更新的 PTX：这是警告，不是错误。
+# 12.0 的驱动（>= 525.60.13）上运行。在这种情况下不能用的是：JIT 编译新工具包生成的 PTX
+# （只以 PTX 形式提供的代码无法加载），以及少数需要新驱动的 API（返回
+# `cudaErrorCallRequiresNewerDriver`）。所以这是警告，不是错误。跨主版本时只有**前向兼容**
+# （forward compatibility）能帮上忙：NVIDIA 的 `cuda-compat` 包把更新的用户态驱动
+# （`libcuda.so`）放在旧的内核驱动旁边，而且只支持数据中心 GPU（CUDA Compatibility 指南，
+# https://docs.nvidia.com/deploy/cuda-compatibility/；本机无法运行）。
 
 # %%
-for cuda, need in list(cc.MIN_DRIVER_LINUX.items())[:6]:
+for cuda, need in list(cc.MIN_DRIVER_LINUX.items())[:6] + [((11, 0), cc.MIN_DRIVER_LINUX[11, 0])]:
     print(f"CUDA {cc.fmt(cuda):>5} needs driver >= {need}")
+# GA releases only: CUDA 11.0's 450.36.06, quoted in many places, was its release candidate.
+print(cc.check_driver_runtime("470.82.01", "11.8").text)  # same major: runs, with a warning
+print(cc.check_driver_runtime("470.82.01", "12.1").text)  # across majors: does not start
 
 # %% [markdown] lang="en"
 # ### Interactive checker
@@ -164,13 +182,32 @@ else:
     print("No NCCL in this build (a CPU build): torch.cuda.nccl.version() would fail here.")
 
 # %% [markdown] lang="en"
+# "Inside the wheel" needs a precision: the CUDA wheels on PyPI and download.pytorch.org
+# bring NCCL, cuDNN, cuBLAS and the CUDA runtime as **separate** `nvidia-*` wheels that pip
+# installs as dependencies. Their names carry the CUDA major: `nvidia-nccl-cu12`,
+# `nvidia-cudnn-cu12` for a CUDA 12 build, `-cu13` names for a CUDA 13 build. The cell reads
+# the dependencies of *your* torch (a CPU build has none):
+
+# %% [markdown] lang="zh"
+# “包含在 wheel 中”需要说得更准确些：PyPI 和 download.pytorch.org 上的 CUDA 版 wheel 把
+# NCCL、cuDNN、cuBLAS 和 CUDA 运行时做成**单独的** `nvidia-*` wheel，由 pip 作为依赖安装。
+# 它们的名字带着 CUDA 主版本：CUDA 12 版本是 `nvidia-nccl-cu12`、`nvidia-cudnn-cu12`，
+# CUDA 13 版本则是 `-cu13` 结尾的名字。下面的单元读取*你的* torch 的依赖（CPU 版本没有）：
+
+# %%
+from importlib import metadata
+
+needs = [r.split(";")[0] for r in metadata.requires("torch") or [] if r.startswith("nvidia-")]
+print(needs or "this torch build depends on no nvidia-* wheel (a CPU build)")
+
+# %% [markdown] lang="en"
 # Which `libnccl` did the process really load? Your `LD_LIBRARY_PATH` does not decide it
-# alone: the wheel's copy (from the `nvidia-nccl-cu12` package) is found first unless you
-# `LD_PRELOAD` yours. The memory map of the process tells the truth:
+# alone: the wheel's copy (from the `nvidia-nccl-cu12` or `-cu13` package) is found first
+# unless you `LD_PRELOAD` yours. The memory map of the process tells the truth:
 
 # %% [markdown] lang="zh"
 # 进程实际加载的是哪个 `libnccl`？这并不只由 `LD_LIBRARY_PATH` 决定：除非你用 `LD_PRELOAD`
-# 指定自己的版本，否则会先找到 wheel 自带的那一份（来自 `nvidia-nccl-cu12` 包）。
+# 指定自己的版本，否则会先找到 wheel 带来的那一份（来自 `nvidia-nccl-cu12` 或 `-cu13` 包）。
 # 进程的内存映射会给出真实答案：
 
 # %%
@@ -178,51 +215,101 @@ loaded = sorted({line.split()[-1] for line in open("/proc/self/maps") if "libncc
 print(loaded or "no libnccl is loaded in this process (CPU build of torch)")
 
 # %% [markdown] lang="en"
+# ## GPU architecture vs the wheel, and device order
+#
+# A CUDA wheel holds kernels compiled for a list of GPU architectures, printed by
+# `torch.cuda.get_arch_list()` (`sm_90` = compute capability 9.0; `compute_90` = PTX that the
+# driver can JIT-compile for newer GPUs). A GPU outside that list (an old one dropped by the
+# build, or a new one without matching PTX) gets a warning at start (`_check_capability` in
+# `torch/cuda/__init__.py`) and then `CUDA error: no kernel image is available for execution
+# on the device` at the first kernel. The fix is a wheel built for it, not a driver.
+#
+# Device numbers differ between tools: CUDA (and so torch) numbers GPUs fastest first by
+# default (`CUDA_DEVICE_ORDER=FASTEST_FIRST`), `nvidia-smi` by PCI bus. On a machine with
+# mixed GPUs, `cuda:0` may not be `nvidia-smi`'s GPU 0; export
+# `CUDA_DEVICE_ORDER=PCI_BUS_ID` to make them agree (CUDA Programming Guide, "CUDA
+# Environment Variables"; this machine cannot show it).
+
+# %% [markdown] lang="zh"
+# ## GPU 架构与 wheel，以及设备编号
+#
+# CUDA 版 wheel 里的 kernel 是为一组 GPU 架构编译的，用 `torch.cuda.get_arch_list()` 可以打印
+# 出来（`sm_90` 即计算能力 9.0；`compute_90` 是 PTX，驱动可以为更新的 GPU 做 JIT 编译）。
+# 不在这个列表里的 GPU（被这个版本放弃的旧卡，或者没有对应 PTX 的新卡）启动时会得到一条警告
+# （`torch/cuda/__init__.py` 的 `_check_capability`），第一个 kernel 运行时则报
+# `CUDA error: no kernel image is available for execution on the device`。解决办法是换一个为它
+# 编译的 wheel，而不是换驱动。
+#
+# 各工具的设备编号也不一样：CUDA（也就是 torch）默认按速度从快到慢编号
+# （`CUDA_DEVICE_ORDER=FASTEST_FIRST`），`nvidia-smi` 按 PCI 总线编号。在混插不同 GPU 的机器上，
+# `cuda:0` 不一定是 `nvidia-smi` 里的 GPU 0；设置 `CUDA_DEVICE_ORDER=PCI_BUS_ID` 就能让两者一致
+# （CUDA Programming Guide 的 “CUDA Environment Variables”；本机无法演示）。
+
+# %%
+print("kernels in this wheel:", torch.cuda.get_arch_list() or "none (a CPU build)")
+print("CUDA_DEVICE_ORDER =", os.environ.get("CUDA_DEVICE_ORDER", "(unset: FASTEST_FIRST)"))
+for d in range(torch.cuda.device_count()):
+    major, minor = torch.cuda.get_device_capability(d)
+    built = f"sm_{major}{minor}" in torch.cuda.get_arch_list()
+    print(f"cuda:{d}", torch.cuda.get_device_name(d), f"sm_{major}{minor}",
+          "has kernels in this wheel" if built else "-> no exact kernels: needs PTX or another wheel")
+
+# %% [markdown] lang="en"
 # ### Building NCCL without root (and testing it)
 #
 # The source notes build NCCL in a home folder, which works, but two of their steps are
-# wrong: they add the build's `include/` folder to `PATH` (headers are not programs; NCCL's
-# build has no `bin/`), and their `LD_LIBRARY_PATH` points at a different folder than
-# `BUILDDIR`. The steps, with the tag chosen to match your CUDA and kernels only for your
-# GPU (here compute capability 9.0, an H100):
+# wrong: they add the build's `include/` folder to `PATH` (headers are not programs; the
+# programs a build makes since NCCL 2.24, `ncclras` and later `ncclparam`, go to `bin/`, see
+# `BINDIR` in NCCL's `src/Makefile`), and their `LD_LIBRARY_PATH` points at a different
+# folder than `BUILDDIR`. The steps, with kernels only for your GPU (here compute
+# capability 9.0, an H100). `v2.30.7-1` is the newest tag of NVIDIA/nccl as this course was
+# checked; its `makefiles/common.mk` knows CUDA 8 to 13 (CUDA 13 drops GPUs before sm_75).
+# Which CUDA versions NVIDIA builds and tests it with is in the tag's release notes
+# (https://github.com/NVIDIA/nccl/releases), not checked here; pick the tag whose notes list
+# your CUDA.
 #
 # ```bash
 # git clone https://github.com/NVIDIA/nccl.git && cd nccl
-# git checkout v2.21.5-1                     # a tag whose release notes list your CUDA
-# make -j8 src.build BUILDDIR=$HOME/opt/nccl CUDA_HOME=/usr/local/cuda-12.1 \
+# git checkout v2.30.7-1                     # a tag whose release notes list your CUDA
+# make -j8 src.build BUILDDIR=$HOME/opt/nccl CUDA_HOME=/usr/local/cuda-12.8 \
 #      NVCC_GENCODE="-gencode=arch=compute_90,code=sm_90"
-# export LD_LIBRARY_PATH=$HOME/opt/nccl/lib:$LD_LIBRARY_PATH   # lib/, not include/ or bin/
+# export LD_LIBRARY_PATH=$HOME/opt/nccl/lib:$LD_LIBRARY_PATH   # lib/ (bin/ has ncclras)
 # git clone https://github.com/NVIDIA/nccl-tests.git && cd nccl-tests
-# make MPI=0 CUDA_HOME=/usr/local/cuda-12.1 NCCL_HOME=$HOME/opt/nccl
+# make MPI=0 CUDA_HOME=/usr/local/cuda-12.8 NCCL_HOME=$HOME/opt/nccl
 # ./build/all_reduce_perf -b 8 -e 256M -f 2 -g 2     # 2 GPUs, 8 B to 256 MB
 # ```
 #
 # `all_reduce_perf` prints per size `algbw` (bytes / time) and `busbw`
 # (`algbw * 2(n-1)/n` for all-reduce: the traffic each link really carries, comparable to
-# the hardware bandwidth). The cell below runs the build only where `nvcc` and a GPU exist.
+# the hardware bandwidth). The cell below does not build anything (that takes many minutes):
+# it computes `busbw` from an `algbw` and says whether this machine has what the build needs.
 
 # %% [markdown] lang="zh"
 # ### 无 root 权限编译 NCCL（并测试）
 #
 # 源笔记在用户目录下编译 NCCL，这个思路可行，但有两步是错的：把编译结果的 `include/` 目录加入了
-# `PATH`（头文件不是可执行程序，NCCL 的编译结果也没有 `bin/`），而且 `LD_LIBRARY_PATH` 指向的
-# 目录与 `BUILDDIR` 不同。正确的步骤如下：选择与你的 CUDA 匹配的 tag，只为你的 GPU 生成代码
-# （这里是计算能力 9.0，即 H100）：
+# `PATH`（头文件不是可执行程序；从 NCCL 2.24 起编译出的程序 `ncclras`，以及后来的 `ncclparam`，
+# 放在 `bin/` 里，见 NCCL `src/Makefile` 中的 `BINDIR`），而且 `LD_LIBRARY_PATH` 指向的目录与
+# `BUILDDIR` 不同。正确的步骤如下，只为你的 GPU 生成代码（这里是计算能力 9.0，即 H100）。
+# 核对本课程时 NVIDIA/nccl 最新的 tag 是 `v2.30.7-1`；它的 `makefiles/common.mk` 认识 CUDA 8
+# 到 13（CUDA 13 不再支持 sm_75 之前的 GPU）。NVIDIA 用哪些 CUDA 版本编译和测试它，写在该
+# tag 的发布说明里（https://github.com/NVIDIA/nccl/releases），这里没有核对；请选择发布说明中
+# 列出你的 CUDA 的 tag。
 #
 # ```bash
 # git clone https://github.com/NVIDIA/nccl.git && cd nccl
-# git checkout v2.21.5-1                     # 选择发布说明中列出你的 CUDA 版本的 tag
-# make -j8 src.build BUILDDIR=$HOME/opt/nccl CUDA_HOME=/usr/local/cuda-12.1 \
+# git checkout v2.30.7-1                     # 选择发布说明中列出你的 CUDA 版本的 tag
+# make -j8 src.build BUILDDIR=$HOME/opt/nccl CUDA_HOME=/usr/local/cuda-12.8 \
 #      NVCC_GENCODE="-gencode=arch=compute_90,code=sm_90"
-# export LD_LIBRARY_PATH=$HOME/opt/nccl/lib:$LD_LIBRARY_PATH   # 是 lib/，不是 include/ 或 bin/
+# export LD_LIBRARY_PATH=$HOME/opt/nccl/lib:$LD_LIBRARY_PATH   # 是 lib/（bin/ 里是 ncclras）
 # git clone https://github.com/NVIDIA/nccl-tests.git && cd nccl-tests
-# make MPI=0 CUDA_HOME=/usr/local/cuda-12.1 NCCL_HOME=$HOME/opt/nccl
+# make MPI=0 CUDA_HOME=/usr/local/cuda-12.8 NCCL_HOME=$HOME/opt/nccl
 # ./build/all_reduce_perf -b 8 -e 256M -f 2 -g 2     # 2 块 GPU，8 B 到 256 MB
 # ```
 #
 # `all_reduce_perf` 对每个数据量打印 `algbw`（字节数 / 时间）和 `busbw`（对全归约（all-reduce）
-# 是 `algbw * 2(n-1)/n`：每条链路实际承载的流量，可以直接与硬件带宽比较）。下面的单元只在
-# 有 `nvcc` 和 GPU 的机器上才会真的编译。
+# 是 `algbw * 2(n-1)/n`：每条链路实际承载的流量，可以直接与硬件带宽比较）。下面的单元并不编译
+# 任何东西（编译要很多分钟）：它由 `algbw` 算出 `busbw`，并说明这台机器是否具备编译所需的条件。
 
 # %%
 def busbw(algbw_gbs, n):
@@ -232,7 +319,7 @@ def busbw(algbw_gbs, n):
 
 print("algbw 100 GB/s on 8 GPUs -> busbw", busbw(100, 8), "GB/s")
 if shutil.which("nvcc") and torch.cuda.is_available():
-    print("nvcc and a GPU are here: run the commands above in a terminal (minutes).")
+    print("nvcc and a GPU are here: run the commands above in a terminal (many minutes).")
 else:
     print("Skipped: building NCCL needs nvcc and a GPU (found nvcc:", bool(shutil.which("nvcc")),
           "| GPU:", torch.cuda.is_available(), ").")
@@ -242,17 +329,27 @@ else:
 #
 # `torch.utils.cpp_extension` uses `CUDA_HOME`, else `CUDA_PATH`, else the folder above the
 # `nvcc` found on `PATH`, else `/usr/local/cuda`. A conda toolkit (`conda install
-# cuda-toolkit`) puts `nvcc` in `$CONDA_PREFIX/bin`, so activating the environment is
-# enough. A trap this very machine shows: a wrapper script `/usr/local/bin/nvcc` makes the
-# guess `/usr/local`, which has no CUDA headers.
+# cuda-toolkit`) puts `nvcc` in `$CONDA_PREFIX/bin`, so the folder is found, but its CUDA
+# 12+ packages put the headers in `$CONDA_PREFIX/targets/x86_64-linux/include`, not in
+# `include/`. torch adds only `CUDA_HOME/include` and the folder in `CUDA_INC_PATH`
+# (`include_paths` in `torch/utils/cpp_extension.py`), so set
+# `CUDA_INC_PATH=$CONDA_PREFIX/targets/x86_64-linux/include`; `ddp-lab doctor` says so when it
+# sees that layout (the layout itself is not checked on this machine, which has no conda).
+# A trap this very machine shows: a wrapper script `/usr/local/bin/nvcc` makes the guess
+# `/usr/local`, which has no CUDA headers.
 
 # %% [markdown] lang="zh"
 # ## PyTorch 编译扩展时去哪里找 CUDA
 #
 # `torch.utils.cpp_extension` 依次使用 `CUDA_HOME`、`CUDA_PATH`、`PATH` 上找到的 `nvcc` 的
 # 上两级目录，最后是 `/usr/local/cuda`。用 conda 安装的工具包（`conda install cuda-toolkit`）
-# 把 `nvcc` 放在 `$CONDA_PREFIX/bin`，所以激活环境就够了。本机就能演示一个陷阱：
-# 包装脚本 `/usr/local/bin/nvcc` 会让 torch 猜成 `/usr/local`，而那里没有 CUDA 头文件。
+# 把 `nvcc` 放在 `$CONDA_PREFIX/bin`，所以目录能找到；但它 CUDA 12 及以后的包把头文件放在
+# `$CONDA_PREFIX/targets/x86_64-linux/include`，而不是 `include/`。torch 只加入
+# `CUDA_HOME/include` 和 `CUDA_INC_PATH` 指定的目录（`torch/utils/cpp_extension.py` 的
+# `include_paths`），所以要设置 `CUDA_INC_PATH=$CONDA_PREFIX/targets/x86_64-linux/include`；
+# `ddp-lab doctor` 看到这种布局时会给出这条建议（布局本身没有在本机核对：这里没有 conda）。
+# 本机就能演示一个陷阱：包装脚本 `/usr/local/bin/nvcc` 会让 torch 猜成 `/usr/local`，
+# 而那里没有 CUDA 头文件。
 
 # %%
 from ddp_lab.doctor import find_cuda_home
@@ -268,9 +365,13 @@ print("with CUDA_HOME=/usr/local/cuda-12.1:",
 # %% [markdown] lang="en"
 # ## Installing a matching torch build
 #
-# Pick the wheel index whose CUDA is **<=** the "CUDA Version" of `nvidia-smi` (for example
-# `pip install torch --index-url https://download.pytorch.org/whl/cu121`), or the CPU build
-# (`.../whl/cpu`) on a machine without a GPU. The source notes pin `torch==1.10.1+cu102`
+# Pick a wheel index whose CUDA is **<=** the "CUDA Version" of `nvidia-smi` (for example
+# `pip install torch --index-url https://download.pytorch.org/whl/cu128`), or the CPU build
+# (`.../whl/cpu`) on a machine without a GPU. Each index holds only the releases built for
+# that CUDA: `cu121` stops at torch 2.5.1, so an old driver pins you to an old torch (or,
+# within one major, minor version compatibility lets a newer index run with a warning). The
+# list of releases per index is on https://download.pytorch.org/whl/ (not reachable from
+# this course's test machine: unchecked here). The source notes pin `torch==1.10.1+cu102`
 # and claim "torch >= 1.9 is unstable": that claim came from one elastic-agent warning
 # ("Received 1 death signal"), which only says a worker was stopped. Use a current release.
 
@@ -278,8 +379,10 @@ print("with CUDA_HOME=/usr/local/cuda-12.1:",
 # ## 安装匹配的 torch
 #
 # 选择 CUDA 版本 **<=** `nvidia-smi` 显示的 "CUDA Version" 的 wheel 源（例如
-# `pip install torch --index-url https://download.pytorch.org/whl/cu121`），没有 GPU 的机器用
-# CPU 版本（`.../whl/cpu`）。源笔记固定使用 `torch==1.10.1+cu102`，并说"torch >= 1.9 不稳定"：
+# `pip install torch --index-url https://download.pytorch.org/whl/cu128`），没有 GPU 的机器用
+# CPU 版本（`.../whl/cpu`）。每个源只收录为该 CUDA 编译的版本：`cu121` 最高到 torch 2.5.1，所以
+# 旧驱动会把你限制在旧的 torch 上（或者在同一主版本内，依靠小版本兼容带警告地使用更新的源）。
+# 每个源有哪些版本见 https://download.pytorch.org/whl/（课程的测试机访问不到，这里没有核对）。源笔记固定使用 `torch==1.10.1+cu102`，并说"torch >= 1.9 不稳定"：
 # 这个说法只来自一条 elastic agent 的警告（"Received 1 death signal"），它只表示某个 worker
 # 被停止了。请使用当前的版本。
 

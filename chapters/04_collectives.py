@@ -188,6 +188,13 @@ print("batched:    ", dl.spawn(swap_batched, nprocs=2, backend="gloo"))
 # tests of `ddp_lab` check that model against the real operations. After each picture,
 # a cell runs the real call on 4 ranks.
 #
+# Two slips of source note 004 to drop now. "All-reduce is a kind of all-gather" is wrong:
+# all-gather *concatenates* (every rank ends with N pieces, N times the data), all-reduce
+# *combines* (every rank ends with one tensor of the input's size); an all-reduce can be
+# *built* from a reduce-scatter followed by an all-gather (chapter 05). And `MPI_Allreduce`
+# has no `root` argument (`sendbuf, recvbuf, count, datatype, op, comm` in the MPI standard):
+# every rank gets the result, so there is no root, here as in `dist.all_reduce`.
+#
 # **Broadcast** copies the root's tensor to every rank.
 
 # %% [markdown] lang="zh"
@@ -198,6 +205,12 @@ print("batched:    ", dl.spawn(swap_batched, nprocs=2, backend="gloo"))
 # 的和；灰色“?”表示 PyTorch 不保证其内容）。这些图由 `collectives.model` 计算，
 # `ddp_lab` 的测试会用真实的操作来验证这个模型。每张图后面都有一个单元在 4 个 rank 上
 # 执行真正的调用。
+#
+# 先纠正源笔记 004 的两个小错误。“全归约是一种全收集”是错的：全收集是*拼接*（每个 rank 最后
+# 得到 N 块，数据量是输入的 N 倍），全归约是*合并*（每个 rank 最后得到一个与输入同样大小的
+# 张量）；全归约可以*由*归约散播加全收集*组成*（第 05 章）。另外 `MPI_Allreduce` 没有 `root`
+# 参数（MPI 标准中的参数是 `sendbuf, recvbuf, count, datatype, op, comm`）：每个 rank 都得到
+# 结果，所以没有根 rank，`dist.all_reduce` 也一样。
 #
 # **广播**（broadcast）把根 rank 的张量复制到所有 rank。
 
@@ -430,6 +443,70 @@ for rank, rows in enumerate(dl.spawn(gather_with_grad, nprocs=2, backend="gloo")
     print(f"rank {rank}:", *rows, sep="\n  ")
 
 # %% [markdown] lang="en"
+# ### Tensor forms and `async_op`
+#
+# The list forms above take one tensor per rank. Every collective that moves pieces also has
+# a form on one flat tensor, which avoids the list and is what FSDP and DDP use:
+# `all_gather_single` (output N times the input), `reduce_scatter_single` (input N times the
+# output) and `all_to_all_single`. In torch 2.13 the older names `all_gather_into_tensor` and
+# `reduce_scatter_tensor` still work but warn that they are deprecated
+# (`torch/distributed/distributed_c10d.py`, the `@deprecated` decorators on both).
+#
+# Every collective also takes `async_op=True`: it returns a `Work` at once, and `wait()`
+# waits for it. What "done" means depends on the backend. On Gloo (CPU), `wait()` returns
+# when the data is there. On NCCL, `wait()` only makes the *current CUDA stream* wait for
+# NCCL's stream: the CPU goes on, and the result is ready for the next kernel, not yet in
+# memory you could print (`WorkNCCL::wait` and `synchronize` in
+# `torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp`; the CPU blocks only with
+# `TORCH_NCCL_BLOCKING_WAIT=1` or a timeout passed to `wait`). To time an NCCL collective,
+# call `torch.cuda.synchronize()` after it. (No GPU here: the NCCL behaviour is from the
+# source, not run.)
+
+# %% [markdown] lang="zh"
+# ### 张量形式与 `async_op`
+#
+# 上面的列表形式为每个 rank 准备一个张量。每个需要切块的集合通信还有一种在单个扁平张量上的形式，
+# 省去了列表，FSDP 和 DDP 用的就是它：`all_gather_single`（输出是输入的 N 倍）、
+# `reduce_scatter_single`（输入是输出的 N 倍）以及 `all_to_all_single`。在 torch 2.13 中，
+# 旧名字 `all_gather_into_tensor` 和 `reduce_scatter_tensor` 仍然可用，但会警告已弃用
+# （`torch/distributed/distributed_c10d.py` 中这两个函数上的 `@deprecated` 装饰器）。
+#
+# 每个集合通信都接受 `async_op=True`：立即返回一个 `Work`，`wait()` 等待它完成。“完成”的含义
+# 取决于后端。在 Gloo（CPU）上，`wait()` 返回时数据已经到位。在 NCCL 上，`wait()` 只是让*当前
+# CUDA 流*等待 NCCL 的流：CPU 继续往下走，结果对下一个 kernel 可用，但还不是你能打印的内存
+# （`torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp` 中的 `WorkNCCL::wait` 和 `synchronize`；
+# 只有设置 `TORCH_NCCL_BLOCKING_WAIT=1` 或给 `wait` 传入超时时 CPU 才会阻塞）。要给 NCCL 集合
+# 通信计时，之后要调用 `torch.cuda.synchronize()`。（这里没有 GPU：NCCL 的行为依据源码，没有运行。）
+
+# %%
+def tensor_forms(rank):
+    import warnings
+
+    n, x = dist.get_world_size(), torch.full((2,), float(rank + 1))
+    rows = []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = torch.empty(2 * n)
+        dist.all_gather_single(out, x)
+        rows.append(f"all_gather_single     {out.tolist()}")
+        dist.all_gather_into_tensor(out, x)  # the old name: same result, a FutureWarning
+        piece = torch.empty(1)
+        dist.reduce_scatter_single(piece, torch.arange(2.0) + rank)
+        rows.append(f"reduce_scatter_single {piece.tolist()}")
+        dist.reduce_scatter_tensor(piece, torch.arange(2.0) + rank)  # old name, warns
+        swapped = torch.empty(2)
+        dist.all_to_all_single(swapped, torch.arange(2.0) + 10 * rank)
+        rows.append(f"all_to_all_single     {swapped.tolist()}")
+    rows += sorted({f"{w.category.__name__}: {w.message}" for w in caught})
+    work = dist.all_reduce(x, async_op=True)  # returns at once
+    rows.append(f"async_op=True -> {type(work).__name__}; wait() -> {work.wait()}, {x.tolist()}")
+    return rows
+
+
+for rank, rows in enumerate(dl.spawn(tensor_forms, nprocs=2, backend="gloo")):
+    print(f"rank {rank}:", *rows, sep="\n  ")
+
+# %% [markdown] lang="en"
 # ## Which backend supports what
 #
 # The source notes (002) copy a support table from an old release of the PyTorch
@@ -457,13 +534,20 @@ else:
 # The documented table of PyTorch 2.x for all three backends (`?` for MPI on GPU: it
 # depends on whether your MPI was built with CUDA support), and the cells where the notes'
 # table is out of date. Gloo on CPU now has `reduce_scatter` and `all_to_all` (your probe
-# just ran them), Gloo on GPU gained most collectives, and NCCL has `scatter`.
+# just ran them), Gloo on GPU gained most collectives, and NCCL has `scatter`. The table in
+# `docs/source/distributed.rst` was changed within 2.x releases; in which release each Gloo
+# GPU cell changed was not checked for this course (read that file's history on GitHub).
+# Besides these three, torch 2.13 knows `xccl`, the backend for Intel GPUs (`xpu` devices),
+# and `ucc` and `fake`; the last lines of the cell list them.
 
 # %% [markdown] lang="zh"
 # 下面是 PyTorch 2.x 文档中三个后端的支持表（MPI 在 GPU 上为 `?`：取决于你的 MPI 编译时
 # 是否支持 CUDA），以及笔记中那张表已经过时的格子。Gloo 在 CPU 上现在支持
 # `reduce_scatter` 和 `all_to_all`（你的探测刚刚运行过它们），Gloo 在 GPU 上增加了大部分
-# 集合通信操作，NCCL 也支持了 `scatter`。
+# 集合通信操作，NCCL 也支持了 `scatter`。这张表在 `docs/source/distributed.rst` 中于 2.x 的
+# 各版本间有过改动；Gloo 在 GPU 上的每一格是在哪个版本改变的，本课程没有核对（请在 GitHub 上
+# 查看这个文件的历史）。除了这三个，torch 2.13 还认识面向 Intel GPU（`xpu` 设备）的 `xccl`，
+# 以及 `ucc` 和 `fake`；单元的最后几行会列出它们。
 
 # %%
 columns = list(next(iter(collectives.DOCUMENTED.values())))
@@ -474,6 +558,10 @@ print()
 for op, where, notes, docs in collectives.table_differences():
     print(dl.tr(en=f"{op:15s} {where:9s} notes: {notes}  docs: {docs}",
                 zh=f"{op:15s} {where:9s} 笔记：{notes}  文档：{docs}"))
+print()
+print("backends:", dist.Backend.backend_list, "| default per device:",
+      dist.Backend.default_device_backend_map)
+print("xccl built in this torch:", dist.is_xccl_available())
 
 # %% [markdown] lang="en"
 # ## What an all-reduce costs: the alpha-beta-gamma model
@@ -491,15 +579,33 @@ for op, where, notes, docs in collectives.table_differences():
 # | ring (reduce-scatter + all-gather) | 2(N-1)α + 2(N-1)/N·Sβ + (N-1)/N·Sγ | 2(N-1)/N·S |
 #
 # Ring and halving-doubling send the least data, 2(N-1)/N·S < 2S whatever N is; the
-# ring pays 2(N-1) latencies for it, halving-doubling only 2log₂N (but needs N to be a
-# power of two). NCCL picks ring or tree by message size for this reason.
+# ring pays 2(N-1) latencies for it, halving-doubling only 2log₂N. The formulas are for N a
+# power of two; for other N the tree and butterfly round log₂N up, and halving-doubling
+# first folds the N - p extra ranks (p the largest power of two below N) into partners and
+# hands them the result at the end: two extra steps of the whole buffer, not impossible
+# (Thakur, Rabenseifner and Gropp 2005; `costs.halving_doubling`, run below).
+#
+# **How NCCL chooses.** Not by message size alone: for every call NCCL estimates the time of
+# each (algorithm, protocol) pair with a latency + size/bandwidth model whose constants come
+# from the detected topology, and takes the fastest (`ncclTopoGetAlgoTime` in
+# `src/graph/tuning.cc`, the minimum taken in `topoGetAlgoInfo` in `src/enqueue.cc`, NCCL
+# v2.30.7-1). The algorithms are Ring, Tree (a *double* binary tree), CollNetDirect,
+# CollNetChain (in-network reduction through a network plugin), NVLS and NVLSTree (NVLink
+# SHARP, reduction inside the NVSwitch) and PAT (for all-gather and reduce-scatter with one
+# GPU per node); the protocols are LL, LL128 and Simple (`ncclAlgoStr`, `ncclProtoStr` in
+# `src/init.cc`). Message size enters the model, and so the choice changes with size, but
+# so do the number of nodes, the links and the GPU. `NCCL_ALGO`/`NCCL_PROTO` restrict the
+# choice and a tuner plugin can override it; `NCCL_DEBUG=INFO` with
+# `NCCL_DEBUG_SUBSYS=TUNING` prints it (on a GPU machine; not run here).
 #
 # **A mistake in the notes (004).** They give 2(α + S/B) + NSC for reduce + broadcast. That
 # assumes the root receives the N-1 tensors at the same time at full bandwidth. With one
 # link it receives them one after another: the root alone moves (N-1)S bytes in and
 # (N-1)S bytes out. The cell below counts the bytes that really pass through the root.
-# (The notes' "recursive halving and doubling" formula, 2log₂N(α + S/B + SC), is the
-# binomial tree's; real halving-doubling sends halves, quarters, ... of the buffer.)
+# (The notes' "recursive halving and doubling" formula, 2log₂N(α + S/B + SC), is close to
+# the binomial tree's, but counts the reduction twice: the tree reduces on the way up only,
+# log₂N·Sγ, and the broadcast down reduces nothing. Real halving-doubling sends halves,
+# quarters, ... of the buffer.)
 
 # %% [markdown] lang="zh"
 # ## 一次全归约的代价：alpha-beta-gamma 模型
@@ -517,14 +623,28 @@ for op, where, notes, docs in collectives.table_differences():
 # | 环形（归约散播 + 全收集） | 2(N-1)α + 2(N-1)/N·Sβ + (N-1)/N·Sγ | 2(N-1)/N·S |
 #
 # 环形和递归减半/加倍发送的数据最少，无论 N 多大都是 2(N-1)/N·S < 2S；环形为此付出
-# 2(N-1) 次延迟，递归减半/加倍只需 2log₂N 次（但要求 N 是 2 的幂）。正因如此，NCCL
-# 会根据消息大小在环形和树形之间选择。
+# 2(N-1) 次延迟，递归减半/加倍只需 2log₂N 次。这些公式针对 N 是 2 的幂的情形；其他 N 时，
+# 二项树和蝶形把 log₂N 向上取整，递归减半/加倍则先把多出来的 N - p 个 rank（p 是不超过 N 的
+# 最大的 2 的幂）合并到各自的伙伴上，最后再把结果交还给它们：多出两步整块缓冲区的传输，
+# 而不是做不到（Thakur、Rabenseifner 与 Gropp，2005；`costs.halving_doubling`，下面会运行）。
+#
+# **NCCL 怎样选择。** 不只看消息大小：每次调用时，NCCL 用“延迟 + 大小/带宽”模型估算每一对
+# （算法，协议）的耗时，模型常数来自探测到的拓扑，然后选最快的（NCCL v2.30.7-1 中
+# `src/graph/tuning.cc` 的 `ncclTopoGetAlgoTime`，在 `src/enqueue.cc` 的 `topoGetAlgoInfo` 中
+# 取最小值）。算法有 Ring、Tree（*双*二叉树）、CollNetDirect、CollNetChain（通过网络插件在
+# 网络中归约）、NVLS 和 NVLSTree（NVLink SHARP，在 NVSwitch 内归约）以及 PAT（用于每节点
+# 一块 GPU 时的全收集和归约散播）；协议有 LL、LL128 和 Simple（`src/init.cc` 中的
+# `ncclAlgoStr`、`ncclProtoStr`）。消息大小是模型的输入，所以选择会随大小变化，但节点数、链路
+# 和 GPU 同样会影响它。`NCCL_ALGO`/`NCCL_PROTO` 可以限制选择范围，调优插件（tuner plugin）
+# 可以覆盖它；设置 `NCCL_DEBUG=INFO` 和 `NCCL_DEBUG_SUBSYS=TUNING` 会打印出来（需要 GPU 机器；
+# 这里没有运行）。
 #
 # **笔记（004）中的一个错误。** 笔记给出的归约 + 广播耗时是 2(α + S/B) + NSC。
 # 这相当于假设根 rank 能以满带宽同时接收 N-1 个张量。只有一条链路时，它只能一个接一个地
 # 接收：仅根 rank 就要收 (N-1)S 字节、发 (N-1)S 字节。下面的单元统计真正经过根 rank
-# 的字节数。（笔记中“递归减半与加倍”的公式 2log₂N(α + S/B + SC) 其实是二项树的；
-# 真正的递归减半/加倍每次只发送缓冲区的一半、四分之一……）
+# 的字节数。（笔记中“递归减半与加倍”的公式 2log₂N(α + S/B + SC) 接近二项树的公式，但把归约
+# 算了两遍：二项树只在向上归约时计算，即 log₂N·Sγ，向下广播时不做归约。真正的递归减半/加倍
+# 每次只发送缓冲区的一半、四分之一……）
 
 # %%
 def bytes_through_root(rank, numel):
@@ -545,6 +665,11 @@ def bytes_through_root(rank, numel):
         dist.recv(x, src=0)
     return moved
 
+
+S, alpha, beta, gamma = 2**20, 1e-5, 1e-10, 1e-11
+for n in (4, 6, 8):  # 6 is no power of two: two extra steps, still cheaper than 8
+    print(f"N={n}: halving-doubling {costs.halving_doubling(n, S, alpha, beta, gamma) * 1e6:.0f} µs"
+          f" | binomial tree {costs.binomial_tree(n, S, alpha, beta, gamma) * 1e6:.0f} µs")
 
 size = 1 << 20  # elements (4 MiB of float32)
 for n in (2, 3, 4):

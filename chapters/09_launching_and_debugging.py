@@ -75,6 +75,7 @@ dl.show_source(ld.worker_env)
 
 # %% tags=["lesson"]
 pool = ThreadPoolExecutor(max_workers=2)
+save_dir = tempfile.mkdtemp(prefix="ddp_lab_shared_")  # one folder both "nodes" see
 runs = {
     "torchrun": pool.submit(ld.torchrun, "env", nproc_per_node=2),
     "legacy": pool.submit(ld.legacy_launch, "legacy_args", nproc_per_node=2),
@@ -83,6 +84,8 @@ runs = {
     "signal": pool.submit(ld.signal_agent, "sleep"),
     "two_nodes": pool.submit(ld.two_nodes, "env", nproc_per_node=2),
     "c10d": pool.submit(ld.two_nodes, "env", nproc_per_node=2, rdzv_backend="c10d"),
+    "habits": pool.submit(ld.two_nodes, "node_habits", nproc_per_node=2,
+                          env={"DEMO_SAVE_DIR": save_dir}),
 }
 print(sorted(runs))
 
@@ -92,8 +95,11 @@ print(sorted(runs))
 # `torchrun --standalone --nproc_per_node=2 script.py` starts an *agent* process, which
 # starts two workers and sets their environment: `RANK` (global rank), `LOCAL_RANK` (rank on
 # this node), `WORLD_SIZE`, `LOCAL_WORLD_SIZE`, `GROUP_RANK` (the node's rank),
-# `MASTER_ADDR`/`MASTER_PORT` (where rank 0's store listens) and
-# `TORCHELASTIC_RESTART_COUNT`. `--standalone` sets up a private **rendezvous** on a
+# `MASTER_ADDR`/`MASTER_PORT` (where the job's key-value store listens) and
+# `TORCHELASTIC_RESTART_COUNT`. Under torchrun that store is hosted by the *agent* of node 0,
+# not by rank 0: torchrun sets `TORCHELASTIC_USE_AGENT_STORE=True`, and then every worker,
+# rank 0 included, connects as a client (`_create_c10d_store` in
+# `torch/distributed/rendezvous.py`; section 3 prints the variable). `--standalone` sets up a private **rendezvous** on a
 # free port, so two jobs on one machine never collide. Each rank is its own process (its own
 # pid): data parallel with DDP uses processes, not threads.
 
@@ -102,8 +108,11 @@ print(sorted(runs))
 #
 # `torchrun --standalone --nproc_per_node=2 script.py` 会启动一个 *agent* 进程，由它启动两个 worker
 # 并设置它们的环境变量：`RANK`（全局 rank）、`LOCAL_RANK`（本节点上的 rank）、`WORLD_SIZE`、
-# `LOCAL_WORLD_SIZE`、`GROUP_RANK`（节点的编号）、`MASTER_ADDR`/`MASTER_PORT`（rank 0 的 store
-# 监听的地址）以及 `TORCHELASTIC_RESTART_COUNT`。`--standalone` 在空闲端口上建立一个私有的
+# `LOCAL_WORLD_SIZE`、`GROUP_RANK`（节点的编号）、`MASTER_ADDR`/`MASTER_PORT`（整个任务的键值
+# store 监听的地址）以及 `TORCHELASTIC_RESTART_COUNT`。在 torchrun 下，这个 store 由 0 号节点的
+# *agent* 托管，而不是 rank 0：torchrun 设置 `TORCHELASTIC_USE_AGENT_STORE=True`，于是包括
+# rank 0 在内的每个 worker 都以客户端身份连接（`torch/distributed/rendezvous.py` 的
+# `_create_c10d_store`；第 3 节会打印这个变量）。`--standalone` 在空闲端口上建立一个私有的
 # **汇合（rendezvous）**，所以同一台机器上的两个任务不会冲突。每个 rank 都是一个独立进程（pid 各不相同）：
 # DDP 的数据并行用的是进程，不是线程。
 
@@ -284,7 +293,11 @@ rows = [rec for r in runs["two_nodes"].result() for rec in r.records()]
 print(ld.format_table(sorted(rows, key=lambda rec: int(rec["RANK"]))))
 
 # %% [markdown] lang="en" tags=["lesson"]
-# `RANK = GROUP_RANK × LOCAL_WORLD_SIZE + LOCAL_RANK`, and `WORLD_SIZE` is 4 on both nodes.
+# `RANK = GROUP_RANK × LOCAL_WORLD_SIZE + LOCAL_RANK` here, and `WORLD_SIZE` is 4 on both
+# nodes. The formula holds only when every node runs the same number of workers: torchrun
+# gives each node a base rank equal to the sum of the `LOCAL_WORLD_SIZE` of the nodes before
+# it (`_assign_worker_ranks` in `torch/distributed/elastic/agent/server/api.py`), so with
+# 2 + 3 workers the second node's ranks are 2, 3, 4. Read `RANK`; do not compute it.
 # One note computes the world size as `torch.cuda.device_count()`: that is the GPU count of
 # *one* node (2 here, like `LOCAL_WORLD_SIZE`), not 4. Read `WORLD_SIZE` (or
 # `dist.get_world_size()`).
@@ -294,7 +307,11 @@ print(ld.format_table(sorted(rows, key=lambda rec: int(rec["RANK"]))))
 # late or be replaced (elastic training). The same job again, c10d this time:
 
 # %% [markdown] lang="zh" tags=["lesson"]
-# `RANK = GROUP_RANK × LOCAL_WORLD_SIZE + LOCAL_RANK`，两个节点上的 `WORLD_SIZE` 都是 4。有一篇笔记
+# 这里 `RANK = GROUP_RANK × LOCAL_WORLD_SIZE + LOCAL_RANK`，两个节点上的 `WORLD_SIZE` 都是 4。
+# 这个公式只在每个节点的 worker 数相同时才成立：torchrun 给每个节点的起始 rank 是它前面所有节点
+# `LOCAL_WORLD_SIZE` 之和（`torch/distributed/elastic/agent/server/api.py` 的
+# `_assign_worker_ranks`），所以 2 + 3 个 worker 时第二个节点的 rank 是 2、3、4。请读取 `RANK`，
+# 不要自己算。有一篇笔记
 # 用 `torch.cuda.device_count()` 作为 world size：那只是*一个*节点上的 GPU 数（这里是 2，和
 # `LOCAL_WORLD_SIZE` 一样），不是 4。请读取 `WORLD_SIZE`（或 `dist.get_world_size()`）。
 #
@@ -307,6 +324,46 @@ results[0].show(pattern="^$")
 rows = [rec for r in results for rec in r.records()]
 print(ld.format_table(sorted(rows, key=lambda rec: int(rec["RANK"]))))
 assert sorted(int(rec["RANK"]) for rec in rows) == [0, 1, 2, 3]
+
+# %% [markdown] lang="en" tags=["lesson"]
+# ### Two habits that break on the second node
+#
+# Both come from the source notes and both work on one node, which is why they survive.
+# `torch.cuda.set_device(args.rank)` (note 002) uses the *global* rank as a GPU index: on
+# node 1 the ranks are 2 and 3, but the node has GPUs 0 and 1, so it fails with `invalid
+# device ordinal`. `if local_rank == 0: save()` (note 001) saves once per *node*: on two
+# nodes two processes write the same checkpoint path, at the same time on a shared disk.
+# The worker `node_habits` acts both out on the two-node job (`LOCAL_WORLD_SIZE` stands for
+# the node's GPU count; it appends to one file in a folder both "nodes" share):
+
+# %% [markdown] lang="zh" tags=["lesson"]
+# ### 到第二个节点就出错的两个习惯
+#
+# 两者都来自源笔记，而且在单节点上都能工作，所以一直没被发现。`torch.cuda.set_device(args.rank)`
+# （笔记 002）把*全局* rank 当作 GPU 编号：在 1 号节点上 rank 是 2 和 3，而该节点只有 GPU 0 和 1，
+# 于是以 `invalid device ordinal` 失败。`if local_rank == 0: save()`（笔记 001）每个*节点*保存
+# 一次：两个节点上就有两个进程写同一个检查点路径，在共享磁盘上还是同时写。worker `node_habits`
+# 在两节点任务上把两者都演一遍（用 `LOCAL_WORLD_SIZE` 代表节点的 GPU 数；它向两个“节点”共享的
+# 目录里的同一个文件追加一行）：
+
+# %% tags=["lesson"]
+dl.show_source(ld.worker_node_habits)
+rows = [rec for r in runs["habits"].result() for rec in r.records()]
+print(ld.format_table(sorted(rows, key=lambda rec: int(rec["RANK"])),
+                      ("RANK", "GROUP_RANK", "LOCAL_RANK", "set_device_RANK",
+                       "set_device_LOCAL_RANK", "saved", "TORCHELASTIC_USE_AGENT_STORE")))
+checkpoint = os.path.join(save_dir, "checkpoint.txt")
+print(open(checkpoint).read().strip().splitlines(), "<- one file, two writers")
+
+# %% [markdown] lang="en" tags=["lesson"]
+# The fixes: the device is `LOCAL_RANK` (`torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))`),
+# and the saver is the global rank 0 (`if dist.get_rank() == 0: save()`). Save per node only
+# when each node has its own disk, and then say so in the code.
+
+# %% [markdown] lang="zh" tags=["lesson"]
+# 修正方法：设备用 `LOCAL_RANK`（`torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))`），
+# 保存由全局 rank 0 负责（`if dist.get_rank() == 0: save()`）。只有每个节点各有自己的磁盘时才按
+# 节点保存，而且要在代码里写明这一点。
 
 # %% [markdown] lang="en" tags=["lesson"]
 # A misspelt flag, like the notes' `--master_adderss` (or `--master_address`), is refused
@@ -325,13 +382,23 @@ errors.explain(r, "bad_flag")
 # **On real machines** `--master_addr` is the address of node 0 that every node can reach,
 # the port must be open in the firewall between nodes, and every node must start (else the
 # others wait until the rendezvous timeout). When a machine has several network interfaces,
-# choose the one to use with `GLOO_SOCKET_IFNAME` (gloo) or `NCCL_SOCKET_IFNAME` (NCCL); a
-# name the machine does not have fails at once:
+# choose the one to use with `GLOO_SOCKET_IFNAME` (gloo) or `NCCL_SOCKET_IFNAME` (NCCL). The
+# two read their value differently. NCCL takes *prefixes* (`eth` matches eth0 and eth1; `=`
+# in front asks for exact names, `^` excludes: `ncclOsFindInterfaces` in NCCL's
+# `src/os/linux.cc`). Gloo takes a comma-separated list of *exact* names (`lookupAddrForIface`
+# in gloo's `gloo/transport/tcp/device.cc` compares with `strcmp`), and ignores a value of one
+# character (the `strlen(ifnameEnv) > 1` test in `torch/csrc/distributed/c10d/init.cpp`).
+# A name the machine does not have fails at once, and so does a prefix of a real one:
 
 # %% [markdown] lang="zh" tags=["lesson"]
 # **在真实的多台机器上**，`--master_addr` 是每个节点都能访问到的 0 号节点的地址，节点之间的防火墙
 # 必须放行该端口，而且每个节点都必须启动（否则其他节点会一直等到汇合超时）。机器有多块网卡时，用
-# `GLOO_SOCKET_IFNAME`（gloo）或 `NCCL_SOCKET_IFNAME`（NCCL）指定使用哪一块；写了一个不存在的网卡名会立即失败：
+# `GLOO_SOCKET_IFNAME`（gloo）或 `NCCL_SOCKET_IFNAME`（NCCL）指定使用哪一块。两者解读取值的方式
+# 不同。NCCL 接受*前缀*（`eth` 能匹配 eth0 和 eth1；前面加 `=` 表示精确匹配，加 `^` 表示排除：
+# NCCL `src/os/linux.cc` 中的 `ncclOsFindInterfaces`）。Gloo 接受用逗号分隔的*精确*网卡名
+# （gloo 的 `gloo/transport/tcp/device.cc` 中 `lookupAddrForIface` 用 `strcmp` 比较），而且会
+# 忽略只有一个字符的值（`torch/csrc/distributed/c10d/init.cpp` 中的 `strlen(ifnameEnv) > 1`
+# 判断）。写一个不存在的网卡名会立即失败，写真实网卡名的前缀也一样：
 
 # %% tags=["lesson"]
 def wrong_interface(rank):
@@ -341,6 +408,40 @@ def wrong_interface(rank):
 
 with errors.expect("no_interface"):
     dl.spawn(wrong_interface, nprocs=2, quiet=True, timeout=30)
+
+
+def gloo_interface(rank, name):
+    os.environ["GLOO_SOCKET_IFNAME"] = name
+    dist.init_process_group("gloo")
+    return "ok"
+
+
+def has_ipv4(name):
+    """Whether interface ``name`` has an IPv4 address (the SIOCGIFADDR ioctl)."""
+    import fcntl
+    import struct
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            fcntl.ioctl(s.fileno(), 0x8915, struct.pack("256s", name[:15].encode()))
+            return True
+        except OSError:
+            return False
+
+
+names = [name for _, name in socket.if_nameindex() if has_ipv4(name)]
+print("interfaces with an IPv4 address:", names)
+print("GLOO_SOCKET_IFNAME=lo:", dl.spawn(gloo_interface, args=("lo",), nprocs=2)[0])
+print("GLOO_SOCKET_IFNAME=l (one letter, ignored):",
+      dl.spawn(gloo_interface, args=("l",), nprocs=2)[0])
+real = next((name for name in names if len(name) >= 3 and name != "lo"), None)  # e.g. eth0
+if real:
+    print(f"GLOO_SOCKET_IFNAME={real}:", dl.spawn(gloo_interface, args=(real,), nprocs=2)[0])
+    with errors.expect("no_interface"):  # a prefix: NCCL would accept it, Gloo does not
+        dl.spawn(gloo_interface, args=(real[:-1],), nprocs=2, quiet=True, timeout=30)
+else:
+    print(dl.tr(en="No interface besides lo has an address here: the prefix case is skipped.",
+                zh="这里除了 lo 没有其他带地址的网卡：跳过前缀的例子。"))
 
 # %% [markdown] lang="en" tags=["lesson"]
 # When you outgrow one machine, a cluster launcher starts the `torchrun` of every node for
@@ -460,7 +561,10 @@ with errors.expect("store_timeout"):
 #
 # Rank 0 calls `all_reduce`, rank 1 calls `broadcast`. Nothing fails: both wait forever.
 # `dl.spawn` stops them at its timeout and prints where each rank is stuck (torchrun would
-# wait until the process group's timeout, 30 minutes by default).
+# wait until the process group's timeout: 30 minutes by default for gloo, 10 minutes for
+# NCCL, `kProcessGroupDefaultTimeout` in `torch/csrc/distributed/c10d/ProcessGroup.hpp` and
+# `kProcessGroupNCCLDefaultTimeout` in `ProcessGroupNCCL.hpp`; the cell prints both as
+# `torch.distributed.constants` sees them, `None` for NCCL in a CPU build).
 
 # %% [markdown] lang="zh" tags=["lesson"]
 # ## 5. 真实故障集锦
@@ -468,7 +572,10 @@ with errors.expect("store_timeout"):
 # ### 不匹配的集合通信：卡住
 #
 # rank 0 调用 `all_reduce`，rank 1 调用 `broadcast`。不会报错：两者都会一直等下去。`dl.spawn`
-# 在超时后停止它们，并打印每个 rank 卡在哪里（torchrun 则会一直等到进程组超时，默认 30 分钟）。
+# 在超时后停止它们，并打印每个 rank 卡在哪里（torchrun 则会一直等到进程组超时：gloo 默认 30 分钟，
+# NCCL 默认 10 分钟，见 `torch/csrc/distributed/c10d/ProcessGroup.hpp` 的 `kProcessGroupDefaultTimeout`
+# 和 `ProcessGroupNCCL.hpp` 的 `kProcessGroupNCCLDefaultTimeout`；单元会打印
+# `torch.distributed.constants` 看到的这两个值，CPU 版本中 NCCL 的是 `None`）。
 
 # %% tags=["lesson"]
 def mismatched(rank, detail=False):
@@ -483,6 +590,10 @@ def mismatched(rank, detail=False):
         dist.broadcast(t, src=0)
 
 
+from torch.distributed import constants
+
+print("default timeout gloo:", constants.default_pg_timeout,
+      "| nccl:", constants.default_pg_nccl_timeout)
 try:
     dl.spawn(mismatched, nprocs=2, quiet=True, timeout=3)
 except dl.DistributedTimeoutError as err:
@@ -512,13 +623,19 @@ with errors.expect("collective_mismatch"):
 #
 # Rank 1 skips the `all_reduce` (say, it has no batch left) and goes on working. With a
 # short `timeout=` on the process group, rank 0 gets an error instead of a hang.
-# `dist.monitored_barrier` goes further: rank 0 reports *which* rank did not arrive.
+# `dist.monitored_barrier` goes further: rank 0 reports *which* rank did not arrive. It
+# exists for Gloo only (`monitored_barrier` in `torch/distributed/distributed_c10d.py` raises
+# `ValueError` for any other backend, shown at the end of the cell with the `fake` backend);
+# a job on NCCL creates a second, Gloo group for it (`dist.new_group(backend="gloo")`).
 
 # %% [markdown] lang="zh" tags=["lesson"]
 # ### 跳过集合通信的 rank
 #
 # rank 1 跳过了 `all_reduce`（比如它没有剩余的批了），继续做别的事。给进程组设置较短的 `timeout=`
 # 后，rank 0 得到的是错误而不是卡住。`dist.monitored_barrier` 更进一步：rank 0 会报告*哪一个* rank 没有到达。
+# 它只支持 Gloo（`torch/distributed/distributed_c10d.py` 中的 `monitored_barrier` 对其他后端抛出
+# `ValueError`，单元最后用 `fake` 后端演示）；使用 NCCL 的任务要为它另建一个 Gloo 进程组
+# （`dist.new_group(backend="gloo")`）。
 
 # %% tags=["lesson"]
 def skips(rank):
@@ -540,6 +657,19 @@ with errors.expect("recv_timeout"):
     dl.spawn(skips, nprocs=2, quiet=True, timeout=30)
 with errors.expect("monitored_barrier"):
     dl.spawn(late_for_barrier, nprocs=2, quiet=True, timeout=30)
+
+
+def monitored_barrier_elsewhere(rank):
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=2)
+    try:
+        dist.monitored_barrier()
+    except ValueError as exc:
+        return f"ValueError: {exc}"
+
+
+print(dl.spawn(monitored_barrier_elsewhere, nprocs=1)[0])
 
 # %% [markdown] lang="en" tags=["lesson"]
 # ### Shapes that differ across ranks
@@ -712,6 +842,66 @@ else:
                 zh="[这里没有 GPU] NCCL_DEBUG=INFO 需要 nccl 后端，因此跳过。"))
 
 # %% [markdown] lang="en" tags=["lesson"]
+# ### torchrun's own help: error files and logs
+#
+# When a worker raises, the agent's `ChildFailedError` report names the rank but says
+# `error_file: <N/A>` and "To enable traceback see ...": the exception itself stayed in the
+# worker. Decorate your entry function with `@record`
+# (`from torch.distributed.elastic.multiprocessing.errors import record`): it writes the
+# exception and its traceback as JSON to the file named by `TORCHELASTIC_ERROR_FILE`, which
+# the agent sets for each worker and reads into the report's *Root Cause*
+# (`torch/distributed/elastic/multiprocessing/errors/__init__.py`). For many ranks, four
+# torchrun flags keep the output readable; the cell prints their help from
+# `torch/distributed/run.py`:
+
+# %% [markdown] lang="zh" tags=["lesson"]
+# ### torchrun 自带的帮助：错误文件与日志
+#
+# worker 抛出异常时，agent 的 `ChildFailedError` 报告会指出是哪个 rank，但写着
+# `error_file: <N/A>` 和 “To enable traceback see ...”：异常本身留在了 worker 里。给入口函数加上
+# `@record`（`from torch.distributed.elastic.multiprocessing.errors import record`）：它把异常及其
+# 调用栈以 JSON 写入 `TORCHELASTIC_ERROR_FILE` 指定的文件，agent 为每个 worker 设置这个变量，并把
+# 文件内容读进报告的 *Root Cause*（`torch/distributed/elastic/multiprocessing/errors/__init__.py`）。
+# rank 多的时候，下面四个 torchrun 参数能让输出保持可读；单元从 `torch/distributed/run.py`
+# 打印它们的帮助：
+
+# %% tags=["lesson"]
+from torch.distributed.run import get_args_parser
+
+for action in get_args_parser()._actions:
+    if {"--log-dir", "--redirects", "--tee", "--local-ranks-filter"} & set(action.option_strings):
+        print(" ".join(action.option_strings), "->", " ".join(action.help.split())[:150])
+
+# %% [markdown] lang="en" tags=["lesson"]
+# ### NCCL's watchdog and flight recorder
+#
+# On NCCL a hang is found by a *watchdog* thread of `ProcessGroupNCCL`: it checks the running
+# collectives against the timeout (10 minutes by default), and when one is late it aborts
+# the communicator and takes the process down. Before that it can write what each rank was
+# doing: the **flight recorder** keeps the last `TORCH_NCCL_TRACE_BUFFER_SIZE` collective
+# events per process (default 2000 in torch 2.13, `FlightRecorder.hpp`), and with
+# `TORCH_NCCL_DUMP_ON_TIMEOUT=1` the dump goes to files named by
+# `TORCH_NCCL_DEBUG_INFO_TEMP_FILE`, one per rank. Compare them with
+# `python -m torch.distributed.flight_recorder.fr_trace` (`torch/distributed/flight_recorder/`):
+# it points at the rank that did not join a collective, like `monitored_barrier` for Gloo.
+# The variables are in `torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp`; this machine has
+# no GPU, so none of this runs here (the defaults of `TORCH_NCCL_DUMP_ON_TIMEOUT` and of the
+# file name are unchecked).
+
+# %% [markdown] lang="zh" tags=["lesson"]
+# ### NCCL 的 watchdog 与 flight recorder
+#
+# 在 NCCL 上，卡住是由 `ProcessGroupNCCL` 的 *watchdog* 线程发现的：它用超时（默认 10 分钟）检查
+# 正在运行的集合通信，一旦某个超时，就中止通信器并结束进程。在此之前它可以把每个 rank 正在做什么
+# 写下来：**flight recorder** 在每个进程里保留最近 `TORCH_NCCL_TRACE_BUFFER_SIZE` 个集合通信事件
+# （torch 2.13 默认 2000，见 `FlightRecorder.hpp`），设置 `TORCH_NCCL_DUMP_ON_TIMEOUT=1` 后，
+# 转储写入 `TORCH_NCCL_DEBUG_INFO_TEMP_FILE` 指定的文件，每个 rank 一个。用
+# `python -m torch.distributed.flight_recorder.fr_trace`（`torch/distributed/flight_recorder/`）
+# 比较它们：它会指出哪个 rank 没有参加某次集合通信，作用类似 Gloo 的 `monitored_barrier`。
+# 这些变量定义在 `torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp`；本机没有 GPU，所以这里都
+# 不运行（`TORCH_NCCL_DUMP_ON_TIMEOUT` 的默认值和文件名的默认值没有核对）。
+
+# %% [markdown] lang="en" tags=["lesson"]
 # ### The table
 #
 # Every row below was triggered for real in this chapter (except the GPU-only one, unless
@@ -835,7 +1025,9 @@ dl.grade("09.safe_all_reduce", safe_all_reduce)
 # - Multi-node: the same `--nnodes`/`--master_addr`/`--master_port` (or a c10d endpoint)
 #   on every node; `WORLD_SIZE` spans all nodes.
 # - Hangs come from ranks that disagree on the collectives; DETAIL, timeouts and
-#   `monitored_barrier` turn them into errors that name the culprit.
+#   `monitored_barrier` (Gloo) or the flight recorder (NCCL) turn them into errors that
+#   name the culprit.
+# - On several nodes: the GPU index is `LOCAL_RANK`, the one saver is global rank 0.
 
 # %% [markdown] lang="zh"
 # ## 小结
@@ -844,5 +1036,6 @@ dl.grade("09.safe_all_reduce", safe_all_reduce)
 #   `torch.distributed.launch` 已弃用；`mp.spawn` 什么都不设置。
 # - 多节点：每个节点使用相同的 `--nnodes`/`--master_addr`/`--master_port`（或同一个 c10d 端点）；
 #   `WORLD_SIZE` 覆盖所有节点。
-# - 卡住源于各 rank 对集合通信的调用不一致；DETAIL、超时和 `monitored_barrier` 能把它变成指明
-#   元凶的错误。
+# - 卡住源于各 rank 对集合通信的调用不一致；DETAIL、超时和 `monitored_barrier`（Gloo）或
+#   flight recorder（NCCL）能把它变成指明元凶的错误。
+# - 多节点时：GPU 编号用 `LOCAL_RANK`，负责保存的是全局 rank 0。

@@ -9,7 +9,7 @@ all-reduce of ``S`` bytes on ``N`` ranks:
   2(N-1)(alpha + S beta) + (N-1) S gamma; the root sends (N-1) S
 - binomial tree reduce + broadcast: 2 log2 N (alpha + S beta) + log2 N S gamma; root: log2 N S
 - recursive halving + doubling: 2 log2 N alpha + 2(N-1)/N S beta + (N-1)/N S gamma;
-  every rank sends 2(N-1)/N S
+  every rank sends 2(N-1)/N S (N a power of two; otherwise see ``halving_doubling``)
 - butterfly (recursive doubling): log2 N (alpha + S beta + S gamma); every rank: log2 N S
 - ring: 2(N-1) alpha + 2(N-1)/N S beta + (N-1)/N S gamma; every rank sends 2(N-1)/N S
 - segmented ring (p segments per chunk): 2(N-1) p alpha + 2(N-1)/N S beta + (N-1)/N S gamma / p
@@ -17,7 +17,8 @@ all-reduce of ``S`` bytes on ``N`` ranks:
 How this differs from the source notes: their reduce + broadcast formula,
 ``2 (alpha + S/B) + N S C``, lets the root receive N-1 messages at once at full bandwidth;
 with one link the root receives them one after the other, hence the factor N-1. log2 N is
-rounded up when N is not a power of two (the tree and butterfly need extra steps then).
+rounded up when N is not a power of two (the tree and butterfly need extra steps then);
+halving-doubling then folds the extra ranks into partners first: two extra steps.
 """
 
 from __future__ import annotations
@@ -85,9 +86,19 @@ def binomial_tree(n: int, size: float, alpha: float, beta: float, gamma: float =
 
 
 def halving_doubling(n: int, size: float, alpha: float, beta: float, gamma: float = 0.0) -> float:
-    """Rabenseifner: reduce-scatter by recursive halving, all-gather by recursive doubling."""
-    frac = (n - 1) / n
-    return 2 * _log2(n) * alpha + 2 * frac * size * beta + frac * size * gamma
+    """Rabenseifner: reduce-scatter by recursive halving, all-gather by recursive doubling.
+
+    N not a power of two is allowed, at a price (Thakur, Rabenseifner and Gropp, 2005): with
+    p the largest power of two <= N, the N - p extra ranks first send their whole buffer to
+    a partner, which reduces it (alpha + S beta + S gamma); the p ranks run the algorithm;
+    the partners send the result back (alpha + S beta).
+    """
+    p = 1 << (n.bit_length() - 1) if n > 1 else 1
+    frac = (p - 1) / p
+    core = 2 * _log2(p) * alpha + 2 * frac * size * beta + frac * size * gamma
+    if p == n:
+        return core
+    return core + 2 * (alpha + size * beta) + size * gamma
 
 
 def butterfly(n: int, size: float, alpha: float, beta: float, gamma: float = 0.0) -> float:
@@ -125,6 +136,12 @@ ALGORITHMS: dict[str, Callable[..., float]] = {
 ALGORITHM_NAMES_ZH = {name: MESSAGES[f"algorithm.{name}"]["zh"] for name in ALGORITHMS}
 
 
+def _halving_doubling_bytes(n: int, size: float) -> float:
+    p = 1 << (n.bit_length() - 1)
+    # a partner of an extra rank also sends it the whole result back
+    return 2 * (p - 1) / p * size + (size if p != n else 0)
+
+
 def bytes_sent(algorithm: str, n: int, size: float) -> float:
     """The most bytes any single rank sends during one all-reduce of ``size`` bytes."""
     if n == 1:
@@ -132,7 +149,7 @@ def bytes_sent(algorithm: str, n: int, size: float) -> float:
     per_rank = {
         "parameter server": (n - 1) * size,
         "binomial tree": _log2(n) * size,
-        "halving-doubling": 2 * (n - 1) / n * size,
+        "halving-doubling": _halving_doubling_bytes(n, size),
         "butterfly": _log2(n) * size,
         "ring": 2 * (n - 1) / n * size,
         "segmented ring": 2 * (n - 1) / n * size,

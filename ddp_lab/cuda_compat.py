@@ -26,6 +26,14 @@ MESSAGES = Messages(
             "zh": "驱动 {d} 最高只支持 CUDA {top}，运行不了 CUDA {r}：把驱动升级到 >= "
             "{need_or}，或安装面向 CUDA <= {top} 的 torch",
         },
+        "driver_too_old_across": {
+            "en": "driver {d} supports CUDA up to {top}, too old for CUDA {r}: upgrade the "
+            "driver to >= {need_or} or install a torch build for CUDA <= {top} (on a "
+            "data-center GPU, the cuda-compat package of forward compatibility is a third way)",
+            "zh": "驱动 {d} 最高只支持 CUDA {top}，运行不了 CUDA {r}：把驱动升级到 >= "
+            "{need_or}，或安装面向 CUDA <= {top} 的 torch（数据中心 GPU 还可以用前向兼容的 "
+            "cuda-compat 包）",
+        },
         "nvcc_matches": {
             "en": "nvcc {nvcc} matches torch's CUDA",
             "zh": "nvcc {nvcc} 与 torch 的 CUDA 一致",
@@ -114,7 +122,7 @@ MIN_DRIVER_LINUX: dict[tuple[int, int], str] = {
     (11, 3): "465.19.01",
     (11, 2): "460.27.03",
     (11, 1): "455.23",
-    (11, 0): "450.36.06",
+    (11, 0): "450.51.05",  # 11.0.2 GA; 450.36.06 was the 11.0.1 release candidate
     (10, 2): "440.33",
     (10, 1): "418.39",
     (10, 0): "410.48",
@@ -269,11 +277,18 @@ def check_driver_runtime(driver: str | Version, runtime: str | tuple[int, int]) 
                 need_or_family=need or family,
             ),
         )
+    # Across major versions only forward compatibility helps: NVIDIA's cuda-compat package
+    # (a newer libcuda next to the old kernel driver), for data-center GPUs only.
+    across = top is None or r[0] > top[0]
     return Verdict(
         PROBLEM,
         "driver",
         *MESSAGES.pair(
-            "driver_too_old", d=fmt_driver(d), top=fmt(top), r=fmt(r), need_or=need or "?"
+            "driver_too_old_across" if across else "driver_too_old",
+            d=fmt_driver(d),
+            top=fmt(top),
+            r=fmt(r),
+            need_or=need or "?",
         ),
     )
 

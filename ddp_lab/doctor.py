@@ -132,7 +132,9 @@ class Facts:
     nvcc_path: str | None = None  # ``which nvcc``
     toolkits: dict[str, str] = field(
         default_factory=dict
-    )  # toolkit folder (bin/nvcc and include/cuda_runtime.h) -> its ``nvcc -V``
+    )  # toolkit folder (bin/nvcc and a cuda_runtime.h) -> its ``nvcc -V``
+    # toolkits whose cuda_runtime.h is not in include/ -> the folder that has it
+    toolkit_includes: dict[str, str] = field(default_factory=dict)
     nvcc_text: str | None = None  # ``nvcc -V`` of the nvcc on PATH
     usr_local_cuda: bool = False  # whether /usr/local/cuda exists (torch's last guess)
     torch_version: str = ""
@@ -169,6 +171,19 @@ def _run(cmd: list[str], timeout: float = 10) -> str:
         return p.stdout + p.stderr
     except (OSError, subprocess.TimeoutExpired) as exc:
         return f"{cmd[0]}: {exc}"
+
+
+# Where a toolkit keeps cuda_runtime.h: include/ (the runfile, /usr/local/cuda-X.Y), or, in
+# conda's CUDA 12+ packages, targets/<arch>/include with nothing under include/.
+TARGET_INCLUDES = ("targets/x86_64-linux/include", "targets/sbsa-linux/include")
+
+
+def toolkit_include(home: str) -> str | None:
+    """The folder of ``home``'s ``cuda_runtime.h``, or None when it has none."""
+    for sub in ("include", *TARGET_INCLUDES):
+        if os.path.exists(os.path.join(home, sub, "cuda_runtime.h")):
+            return os.path.join(home, sub)
+    return None
 
 
 def find_cuda_home(
@@ -242,8 +257,11 @@ def gather() -> Facts:
     for home in sorted(homes):
         # A toolkit has both the compiler and the headers; a lone wrapper script does not.
         nvcc = os.path.join(home, "bin", "nvcc")
-        if os.path.exists(nvcc) and os.path.exists(os.path.join(home, "include", "cuda_runtime.h")):
+        include = toolkit_include(home)
+        if os.path.exists(nvcc) and include:
             f.toolkits[os.path.realpath(home)] = _run([nvcc, "-V"])
+            if include != os.path.join(home, "include"):
+                f.toolkit_includes[os.path.realpath(home)] = include
     if f.nvcc_path:
         f.nvcc_text = _run([f.nvcc_path, "-V"])
     f.cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
@@ -415,6 +433,20 @@ def _toolkit_findings(f: Facts) -> list[Finding]:
                 ),
             )
         )
+    elif os.path.realpath(home) in f.toolkit_includes and not f.env.get("CUDA_INC_PATH"):
+        # torch.utils.cpp_extension.include_paths adds CUDA_HOME/include and CUDA_INC_PATH,
+        # never targets/<arch>/include: the C++ compiler would not find cuda_runtime.h.
+        inc = f.toolkit_includes[os.path.realpath(home)]
+        out.append(
+            _f(
+                "cuda_home",
+                WARNING,
+                f"{home} (from {source}) keeps its headers in {inc}, not in include/ "
+                "(conda's CUDA 12+ layout): building extensions cannot find cuda_runtime.h",
+                f"export CUDA_INC_PATH={inc} (torch.utils.cpp_extension.include_paths adds it).",
+                f"export CUDA_INC_PATH={inc}（torch.utils.cpp_extension.include_paths 会加入它）。",
+            )
+        )
     else:
         out.append(_f("cuda_home", OK, f"{home} (from {source})"))
     return out
@@ -484,10 +516,8 @@ def _system_findings(f: Facts) -> list[Finding]:
     for var in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
         value = f.env.get(var)
         if value and f.interfaces:
-            wanted = [w.lstrip("=") for w in value.lstrip("^").split(",")]
-            # NCCL matches prefixes ("eth" matches eth0), "^" excludes, "=" means exact.
-            missing = [w for w in wanted if not any(i.startswith(w) for i in f.interfaces)]
-            if missing and not value.startswith("^"):
+            missing = missing_interfaces(var, value, f.interfaces)
+            if missing:
                 out.append(
                     _f(
                         var,
@@ -520,6 +550,28 @@ def _system_findings(f: Facts) -> list[Finding]:
             )
         )
     return out
+
+
+def missing_interfaces(var: str, value: str, interfaces: list[str]) -> list[str]:
+    """The names in ``GLOO_SOCKET_IFNAME``/``NCCL_SOCKET_IFNAME`` that match no interface.
+
+    The two variables follow different rules. Gloo splits its value at commas and looks up
+    each name exactly (``lookupAddrForIface`` in gloo/transport/tcp/device.cc compares with
+    ``strcmp``; torch/csrc/distributed/c10d/init.cpp splits the list), so ``eth`` does not
+    find ``eth0``. NCCL matches prefixes (``eth`` finds eth0 and eth1), a leading ``=``
+    asks for exact names and a leading ``^`` excludes (NCCL's src/os/linux.cc,
+    ``ncclOsFindInterfaces``, and src/misc/utils.cc, ``matchIfList``); an exclude list names
+    nothing to look for.
+    """
+    if var == "GLOO_SOCKET_IFNAME":
+        return [w for w in value.split(",") if w and w not in interfaces]
+    if value.startswith("^"):
+        return []
+    exact = value.startswith("=")
+    wanted = [w for w in value.lstrip("=").split(",") if w]
+    if exact:
+        return [w for w in wanted if w not in interfaces]
+    return [w for w in wanted if not any(i.startswith(w) for i in interfaces)]
 
 
 def analyse(f: Facts) -> list[Finding]:

@@ -145,8 +145,32 @@ def worker_legacy_args() -> None:
     _record(notes_parser=notes_result, fixed_parser=fixed.parse_args().local_rank)
 
 
+def worker_node_habits() -> None:
+    """Two habits of the source notes that break on several nodes, acted out on CPU.
+
+    ``torch.cuda.set_device(RANK)`` asks for GPU ``RANK`` on a node that has only
+    ``LOCAL_WORLD_SIZE`` of them (this demo's stand-in for the node's GPU count), and
+    ``if local_rank == 0: save()`` saves once per *node*: every saver appends a line to the
+    same file in ``DEMO_SAVE_DIR`` (one folder that both "nodes" see, like a shared disk).
+    """
+    rank, local = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"])
+    gpus_on_node = int(os.environ["LOCAL_WORLD_SIZE"])
+    saved = False
+    if local == 0:  # the notes' guard: true on the first process of *every* node
+        with open(os.path.join(os.environ["DEMO_SAVE_DIR"], "checkpoint.txt"), "a") as f:
+            f.write(f"written by RANK {rank}\n")
+        saved = True
+    _record(
+        set_device_RANK="ok" if rank < gpus_on_node else "invalid device ordinal",
+        set_device_LOCAL_RANK="ok" if local < gpus_on_node else "invalid device ordinal",
+        saved=saved,
+        TORCHELASTIC_USE_AGENT_STORE=os.environ.get("TORCHELASTIC_USE_AGENT_STORE"),
+    )
+
+
 WORKERS = {
     "env": worker_env,
+    "node_habits": worker_node_habits,
     "allreduce": worker_allreduce,
     "init": worker_init,
     "crash": worker_crash,
@@ -414,7 +438,11 @@ def mp_spawn(worker: str, nprocs: int = 2, timeout: float = 60.0) -> LaunchResul
 
 
 def two_nodes(
-    worker: str, nproc_per_node: int = 2, rdzv_backend: str | None = None, timeout: float = 60.0
+    worker: str,
+    nproc_per_node: int = 2,
+    rdzv_backend: str | None = None,
+    timeout: float = 60.0,
+    env: dict[str, str] | None = None,
 ) -> list[LaunchResult]:
     """Start two torchrun agents at once, as two "nodes" of one job on this machine.
 
@@ -433,7 +461,7 @@ def two_nodes(
             node_rank=None if rdzv_backend else node,
             rdzv_backend=rdzv_backend,
         )
-        procs.append((start(cmd), cmd))
+        procs.append((start(cmd, env), cmd))
     return [finish(p, marker, cmd, started, timeout) for (p, marker), cmd in procs]
 
 

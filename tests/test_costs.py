@@ -67,7 +67,7 @@ def test_ring_never_loses_to_the_parameter_server(n, size, alpha, bw):
 def test_bandwidth_terms():
     s, beta = 1e9, 1e-9
     # Ring and halving-doubling are bandwidth optimal: 2(N-1)/N S beta, below 2 S beta.
-    for n in (2, 4, 64, 1024):
+    for n in (2, 4, 64, 1024):  # powers of two: halving-doubling needs no extra steps
         assert costs.ring(n, s, 0, beta) == pytest.approx(2 * (n - 1) / n * s * beta)
         assert costs.halving_doubling(n, s, 0, beta) == pytest.approx(costs.ring(n, s, 0, beta))
     # Butterfly moves the whole buffer log2 N times; the parameter server 2(N-1) times.
@@ -81,6 +81,13 @@ def test_latency_terms_and_non_powers_of_two():
     assert costs.ring(8, 0, 1.0, 0) == 14
     assert costs.halving_doubling(8, 0, 1.0, 0) == 6
     assert costs.binomial_tree(5, 0, 1.0, 0) == 2 * math.ceil(math.log2(5))
+    # halving-doubling on 6 = 4 + 2 ranks: 2 log2 4 steps plus one in and one out
+    assert costs.halving_doubling(6, 0, 1.0, 0) == 2 * 2 + 2
+    s, beta, gamma = 1e9, 1e-9, 1e-10
+    assert costs.halving_doubling(6, s, 0, beta, gamma) == pytest.approx(
+        costs.halving_doubling(4, s, 0, beta, gamma) + 2 * s * beta + s * gamma
+    )
+    assert costs.bytes_sent("halving-doubling", 6, s) == pytest.approx(1.5 * s + s)
 
 
 def test_segments_trade_latency_for_hidden_reduction():

@@ -76,6 +76,12 @@ def test_versions_compare_numerically_not_as_text() -> None:
     assert cc.max_cuda_for_driver("535.104.05") == (12, 2)
 
 
+def test_cuda_11_0_minimum_driver_is_the_ga_release() -> None:
+    # 11.0.2 GA needs >= 450.51.05; 450.36.06 was the 11.0.1 release candidate's
+    assert cc.MIN_DRIVER_LINUX[(11, 0)] == "450.51.05"
+    assert cc.max_cuda_for_driver("450.36.06") == (10, 2)
+
+
 def test_table_is_monotonic() -> None:
     # a newer CUDA never needs an older driver
     items = sorted(cc.MIN_DRIVER_LINUX.items())

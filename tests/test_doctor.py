@@ -125,6 +125,27 @@ def test_two_toolkits_and_nvcc_of_other_major(tmp_path) -> None:
     assert f["cuda_home"].level == "ok" and "from CUDA_HOME" in f["cuda_home"].value
 
 
+def test_conda_cuda12_headers_under_targets_need_cuda_inc_path(tmp_path, monkeypatch) -> None:
+    # conda's CUDA 12+ packages: bin/nvcc, headers in targets/x86_64-linux/include only
+    home = tmp_path / "conda"
+    (home / "bin").mkdir(parents=True)
+    nvcc_bin = home / "bin" / "nvcc"
+    nvcc_bin.write_text(f"#!/bin/sh\ncat <<'EOF'\n{nvcc('12.1')}\nEOF\n")
+    nvcc_bin.chmod(0o755)
+    inc = home / "targets" / "x86_64-linux" / "include"
+    inc.mkdir(parents=True)
+    (inc / "cuda_runtime.h").write_text("")
+    assert dr.toolkit_include(str(home)) == str(inc)
+    monkeypatch.setenv("CUDA_HOME", str(home))
+    monkeypatch.delenv("CUDA_INC_PATH", raising=False)
+    facts = dr.gather()
+    assert str(home.resolve()) in facts.toolkits  # a toolkit, not "no include/cuda_runtime.h"
+    f = by_key(facts)["cuda_home"]
+    assert f.level == "warning" and f"CUDA_INC_PATH={inc}" in f.en
+    facts.env["CUDA_INC_PATH"] = str(inc)
+    assert by_key(facts)["cuda_home"].level == "ok"
+
+
 @pytest.mark.parametrize(
     "env,nvcc_rel",
     [
@@ -160,9 +181,29 @@ def test_small_shm_low_nofile_bad_ifname_and_leftover_rank() -> None:
     assert f["shm"].level == "problem" and "--shm-size" in f["shm"].en
     assert f["nofile"].level == "warning" and "ulimit -n 4096" in f["nofile"].en
     assert f["NCCL_SOCKET_IFNAME"].level == "problem"
-    assert "GLOO_SOCKET_IFNAME" not in f  # "eth" is a prefix of eth0: NCCL/Gloo accept it
+    # Gloo looks names up exactly (gloo/transport/tcp/device.cc, strcmp): "eth" is no eth0
+    assert f["GLOO_SOCKET_IFNAME"].level == "problem"
     assert f["leftover"].level == "warning" and f["NCCL_P2P_DISABLE"].level == "warning"
     assert "RANK=3" in f["env"].value
+
+
+@pytest.mark.parametrize(
+    ("var", "value", "missing"),
+    [
+        ("GLOO_SOCKET_IFNAME", "eth", ["eth"]),  # exact names only
+        ("GLOO_SOCKET_IFNAME", "eth0", []),
+        ("GLOO_SOCKET_IFNAME", "lo,eth", ["eth"]),  # a comma-separated list, each exact
+        ("NCCL_SOCKET_IFNAME", "eth", []),  # NCCL: a prefix
+        ("NCCL_SOCKET_IFNAME", "=eth", ["eth"]),  # "=": exact
+        ("NCCL_SOCKET_IFNAME", "=eth0,lo", []),
+        ("NCCL_SOCKET_IFNAME", "ib", ["ib"]),
+        ("NCCL_SOCKET_IFNAME", "^docker,lo", []),  # "^": an exclude list
+    ],
+)
+def test_ifname_rules_differ_between_gloo_and_nccl(var: str, value: str, missing: list) -> None:
+    assert dr.missing_interfaces(var, value, ["lo", "eth0"]) == missing
+    f = by_key(dataclasses.replace(BASE, env={var: value}))
+    assert (var in f and f[var].level == "problem") == bool(missing)
 
 
 def test_loopback_failure_is_a_problem() -> None:

@@ -49,6 +49,21 @@ def test_two_agents_form_one_job_and_all_reduce() -> None:
     assert _no_demo_processes()
 
 
+def test_node_habits_break_on_the_second_node(tmp_path) -> None:
+    results = ld.two_nodes("node_habits", timeout=180, env={"DEMO_SAVE_DIR": str(tmp_path)})
+    recs = sorted((rec for r in results for rec in r.records()), key=lambda r: int(r["RANK"]))
+    assert all(r.returncode == 0 for r in results), [r.stderr[-2000:] for r in results]
+    # set_device(RANK): ranks 2 and 3 ask for GPUs a 2-GPU node does not have
+    assert [rec["set_device_RANK"] == "ok" for rec in recs] == [True, True, False, False]
+    assert all(rec["set_device_LOCAL_RANK"] == "ok" for rec in recs)
+    # `if local_rank == 0: save()` saves once per node: two writers of one file
+    lines = (tmp_path / "checkpoint.txt").read_text().splitlines()
+    assert sorted(lines) == ["written by RANK 0", "written by RANK 2"]
+    # torchrun's agent hosts the store; workers connect as clients
+    assert {rec["TORCHELASTIC_USE_AGENT_STORE"] for rec in recs} == {"True"}
+    assert _no_demo_processes()
+
+
 def test_legacy_launch_passes_local_rank_with_a_hyphen() -> None:
     r = ld.legacy_launch("legacy_args", timeout=120)
     recs = r.records()
