@@ -28,6 +28,10 @@ from ddp_lab.course.i18n import Messages, get_language
 MESSAGES = Messages(
     __name__,
     {
+        "cuda_inc_path": {
+            "en": "export CUDA_INC_PATH={inc} (torch.utils.cpp_extension.include_paths adds it).",
+            "zh": "export CUDA_INC_PATH={inc}（torch.utils.cpp_extension.include_paths 会加入它）。",
+        },
         "cuda_torch_no_driver": {
             "en": "torch is a CUDA build but there is no driver: it runs on CPU only. Install the "
             "NVIDIA driver, or use the CPU build.",
@@ -443,8 +447,7 @@ def _toolkit_findings(f: Facts) -> list[Finding]:
                 WARNING,
                 f"{home} (from {source}) keeps its headers in {inc}, not in include/ "
                 "(conda's CUDA 12+ layout): building extensions cannot find cuda_runtime.h",
-                f"export CUDA_INC_PATH={inc} (torch.utils.cpp_extension.include_paths adds it).",
-                f"export CUDA_INC_PATH={inc}（torch.utils.cpp_extension.include_paths 会加入它）。",
+                *MESSAGES.pair("cuda_inc_path", inc=inc),
             )
         )
     else:

@@ -52,6 +52,7 @@ MESSAGES = Messages(
     },
 )
 
+
 @dataclass(frozen=True)
 class Limits:
     """Resource limits of one sandboxed run (per process, except ``nproc``: per user)."""

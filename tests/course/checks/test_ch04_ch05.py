@@ -322,7 +322,7 @@ def test_package_ring_reference_passes_with_its_nccl_schedule():
 
 
 def test_replay_on_one_stream():
-    from ddp_lab.checks.ch05 import replay_on_one_stream as replay
+    from ddp_lab.course.checks.ch05 import replay_on_one_stream as replay
 
     paired = [[[("send", (r + 1) % 3), ("recv", (r - 1) % 3)]] * 2 for r in range(3)]
     assert replay(paired) is None
