@@ -348,7 +348,10 @@ def score(
         status, detail = v.get("status", "error"), v.get("detail", "")
         if status == "passed":
             results[grade_id] = Result(grade_id, ex.points, ex.points, "passed", detail)
-        elif status == "timeout":
+        elif status == "timeout":  # the whole submission ran out of time
+            why = MESSAGES("why_total", lang, timeout=timeout)
+            results[grade_id] = Result(grade_id, 0, ex.points, "timeout", why)
+        elif status == "timeout-cell":
             why = MESSAGES("why_cell", lang, timeout=cell_timeout)
             results[grade_id] = Result(grade_id, 0, ex.points, "timeout", why)
         elif status == "kernel-died":

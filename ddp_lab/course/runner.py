@@ -7,11 +7,14 @@ code; it decides nothing. It:
    get an empty stdin), then runs the submission's code cells in order in one IPython shell
    (so ``%%ddp`` and ``%%ranks`` work as in JupyterLab), each with a time limit;
 2. at each graded cell it does not run the cell: it evaluates the arguments of the released
-   ``dl.grade(...)`` call and keeps them under the exercise id (the objects *as they were at
-   that point of the notebook*, as the in-notebook check would see them);
-3. says ``ready`` with each cell's outcome, then answers requests (JSON lines): run a probe
-   of a checker module on the kept objects, in this process (``call``) or on N gloo ranks
-   (``spawn``); the reply is data (``course.wire``) or the error's type and message.
+   ``dl.grade(...)`` call (the objects *as they are at that point of the notebook*, as the
+   in-notebook check would see them);
+3. says ``graded`` and answers the grader's requests (JSON lines) until it says
+   ``continue``: run a probe of a checker module on the kept objects, in this process
+   (``call``) or on N gloo ranks (``spawn``); the reply is data (``course.wire``) or the
+   error's type and message. Verdicts of earlier exercises are then final, whatever a
+   later cell does;
+4. a cell past its time limit ends the run (``timeout``); the end says ``done``.
 """
 
 from __future__ import annotations
@@ -63,47 +66,59 @@ def _protocol() -> tuple[Any, Any]:
     return proto_in, proto_out
 
 
-def run_cells(job: dict) -> tuple[dict[str, Any], list[dict]]:
-    """Run the job's cells; return the kept objects per exercise and each cell's outcome."""
+def _keep(cell: dict, shell: Any) -> tuple:
+    """The objects a graded cell passes to ``dl.grade``, evaluated in the learner's namespace."""
+    parsed = grade_call_args(cell["source"])
+    if parsed is None or parsed[0] != cell["grade_id"]:
+        raise ValueError("graded cell without its dl.grade call")
+    values = []
+    for expr in parsed[1]:
+        code = compile(ast.Expression(expr), "<graded cell>", "eval")
+        values.append(eval(code, shell.user_ns))  # noqa: S307  # the learner's own names
+    return tuple(values)
+
+
+def run(job: dict, proto_in: Any, proto_out: Any) -> None:
+    """Run the cells in order; at each graded cell, answer the grader until it says go on."""
     from IPython.core.interactiveshell import InteractiveShell
+
+    def send(msg: dict) -> None:
+        proto_out.write(json.dumps(msg) + "\n")
+        proto_out.flush()
 
     shell = InteractiveShell.instance()
     shell.run_cell(f"import ddp_lab as dl\ndl.setup({job.get('lang', 'en')!r})", silent=True)
-    kept: dict[str, Any] = {}
-    outcomes: list[dict] = []
     signal.signal(signal.SIGALRM, _on_alarm)
-    for cell in job["cells"]:
-        outcome: dict[str, Any] = {"ok": True}
+    errors: list[str] = []
+    for index, cell in enumerate(job["cells"]):
+        if cell.get("grade_id"):
+            try:
+                kept: Any = _keep(cell, shell)
+                send({"graded": cell["grade_id"]})
+            except Exception as exc:  # noqa: BLE001  # e.g. the learner's function is undefined
+                kept = None
+                send({"graded": cell["grade_id"], "error": f"{type(exc).__name__}: {exc}"[:500]})
+            serve(cell["grade_id"], kept, proto_in, proto_out)
+            continue
         signal.setitimer(signal.ITIMER_REAL, float(job.get("cell_timeout", 300)))
         try:
-            if cell.get("grade_id"):
-                parsed = grade_call_args(cell["source"])
-                if parsed is None or parsed[0] != cell["grade_id"]:
-                    raise ValueError("graded cell without its dl.grade call")
-                values = []
-                for expr in parsed[1]:
-                    code = compile(ast.Expression(expr), "<graded cell>", "eval")
-                    values.append(eval(code, shell.user_ns))  # noqa: S307  # the learner's names
-                kept[cell["grade_id"]] = tuple(values)
-            else:
-                result = shell.run_cell(cell["source"], store_history=True)
-                err = result.error_before_exec or result.error_in_exec
-                if err is not None:
-                    outcome = {"ok": False, "error": f"{type(err).__name__}: {err}"[:500]}
+            result = shell.run_cell(cell["source"], store_history=True)
         except CellTimeout:
-            outcome = {"ok": False, "error": "timeout"}
-        except Exception as exc:  # noqa: BLE001  # a graded cell whose names are missing
-            outcome = {"ok": False, "error": f"{type(exc).__name__}: {exc}"[:500]}
-            if cell.get("grade_id"):
-                kept[cell["grade_id"]] = exc
+            send({"timeout": index})
+            return
         finally:
             signal.setitimer(signal.ITIMER_REAL, 0)
-        outcomes.append(outcome)
-    return kept, outcomes
+        if isinstance(result.error_in_exec, CellTimeout):
+            send({"timeout": index})
+            return
+        err = result.error_before_exec or result.error_in_exec
+        if err is not None:
+            errors.append(f"cell {index + 1}: {type(err).__name__}: {err}"[:300])
+    send({"done": True, "errors": errors[-5:]})
 
 
-def serve(kept: dict[str, Any], proto_in: Any, proto_out: Any) -> None:
-    """Answer probe requests until the grader closes the pipe."""
+def serve(grade_id: str, objects: tuple | None, proto_in: Any, proto_out: Any) -> None:
+    """Answer probe requests for ``grade_id`` until the grader sends ``continue``."""
     from ddp_lab.course import wire
     from ddp_lab.course.learner import LearnerError, LocalLearner, resolve_probe
 
@@ -111,21 +126,22 @@ def serve(kept: dict[str, Any], proto_in: Any, proto_out: Any) -> None:
         reply: dict[str, Any]
         try:
             req = json.loads(line)
-            objects = kept.get(req["grade_id"])
-            if objects is None or isinstance(objects, BaseException):
-                raise LearnerError("NameError", str(objects or "not defined"))
+            if req.get("op") == "continue":
+                return
+            if objects is None or req.get("grade_id") != grade_id:
+                raise LearnerError("NameError", "the graded cell's objects are not defined")
             probe = resolve_probe(req["probe"])
             data = wire.loads(req["data"])
             learner = LocalLearner(objects)
             timeout = float(req.get("timeout", 60))
-            if req["op"] == "spawn":
-                out = learner.spawn(probe, *data, nprocs=int(req["nprocs"]), timeout=timeout)
-            else:
-                signal.setitimer(signal.ITIMER_REAL, timeout)
-                try:
+            signal.setitimer(signal.ITIMER_REAL, timeout + 5)
+            try:
+                if req["op"] == "spawn":
+                    out = learner.spawn(probe, *data, nprocs=int(req["nprocs"]), timeout=timeout)
+                else:
                     out = learner.call(probe, *data, timeout=timeout)
-                finally:
-                    signal.setitimer(signal.ITIMER_REAL, 0)
+            finally:
+                signal.setitimer(signal.ITIMER_REAL, 0)
             reply = {"ok": wire.dumps(out)}
         except LearnerError as exc:
             reply = {"error": {"type": exc.type_name, "message": exc.message}}
@@ -141,10 +157,7 @@ def serve(kept: dict[str, Any], proto_in: Any, proto_out: Any) -> None:
 def main(argv: list[str]) -> int:
     job = json.loads(Path(argv[1]).read_text(encoding="utf-8"))
     proto_in, proto_out = _protocol()
-    kept, outcomes = run_cells(job)
-    proto_out.write(json.dumps({"ready": True, "cells": outcomes}) + "\n")
-    proto_out.flush()
-    serve(kept, proto_in, proto_out)
+    run(job, proto_in, proto_out)
     return 0
 
 

@@ -5,11 +5,11 @@ own (``python -m ddp_lab.course.verdict``, request and answer as JSON on stdin/s
 process
 1. writes the submission's code cells into a job for ``course.runner``, the released code in
    place of each graded cell, and starts the runner in the sandbox (``course.sandbox``);
-2. waits for the runner to have run the cells (it keeps each graded cell's objects);
-3. runs each exercise's checker here: hidden cases and oracle results are computed here, the
-   learner's code is reached only through ``RemoteLearner`` (probes run in the sandbox,
-   results come back as data), and the comparison and the verdict happen here;
-4. kills the sandbox (everything in it) and answers with one result per exercise.
+2. follows the runner through the notebook: at each graded cell it runs that exercise's
+   checker here (hidden cases and oracle results computed here; the learner's code reached
+   only through ``RemoteLearner``: probes run in the sandbox, results come back as data;
+   comparison and verdict here), then lets the runner go on;
+3. kills the sandbox (everything in it) and answers with one result per exercise.
 
 Nothing the learner's code does to its own process (patching ``dl.grade``, the checkers,
 torch, IPython, printing a passing line) reaches this process.
@@ -58,7 +58,7 @@ def build_job(
 
 def run(request: dict[str, Any]) -> dict[str, Any]:
     """Grade the exercises named in ``request``; see the module docstring."""
-    from ddp_lab.course.grading import load_checkers, run_checker
+    from ddp_lab.course.grading import load_checkers
 
     release = nbformat.reads(request["release"], as_version=4)
     sub = nbformat.reads(request["submission"], as_version=4)
@@ -70,6 +70,7 @@ def run(request: dict[str, Any]) -> dict[str, Any]:
     results: dict[str, dict[str, Any]] = {}
     work = Path(tempfile.mkdtemp(prefix="ddp-lab-sandbox-"))
     proc = None
+    ended = "kernel-died"  # what the exercises not reached get
     try:
         (work / "job.json").write_text(json.dumps(job), encoding="utf-8")
         (work / lang).mkdir()  # dl.setup() finds the language from the folder, as in a notebook
@@ -90,47 +91,86 @@ def run(request: dict[str, Any]) -> dict[str, Any]:
             text=True,
             start_new_session=True,
         )
-        ready = _wait_ready(proc, deadline)
-        if ready is None:
-            status = "timeout" if time.monotonic() >= deadline else "kernel-died"
-            return {"results": {g: {"status": status} for g in found}, "cells": []}
-        for grade_id in found:
-            chk = registry.get(grade_id)
-            if chk is None:
-                results[grade_id] = {"status": "error", "detail": f"no checker for {grade_id}"}
-                continue
-            learner = RemoteLearner(
-                grade_id, proc.stdin, proc.stdout, functools.partial(_kill, proc)
-            )
-            left = deadline - time.monotonic()
-            if left <= 0:
-                results[grade_id] = {"status": "timeout"}
-                continue
-            try:
-                passed, line = run_checker(chk, learner, lang)
-            except RunnerGone as exc:
-                timed_out = "timeout" in str(exc) or time.monotonic() >= deadline
-                results[grade_id] = {"status": "timeout" if timed_out else "kernel-died"}
-                _kill(proc)
-                proc = None
+        # A cell that ignores the runner's own alarm is caught here: no message for longer
+        # than all the cells could take.
+        patience = cell_timeout * (len(job["cells"]) + 1) + 60
+        while True:
+            msg = _next_message(proc, min(deadline, time.monotonic() + patience))
+            if msg is None:
+                if time.monotonic() >= deadline:
+                    ended = "timeout"
+                elif proc.poll() is None:
+                    ended = "timeout-cell"
+                else:
+                    ended = "kernel-died"
                 break
-            results[grade_id] = {"status": "passed" if passed else "failed", "detail": line}
+            if "timeout" in msg:
+                ended = "timeout-cell"
+                break
+            if msg.get("done"):
+                break
+            grade_id = str(msg.get("graded", ""))
+            if grade_id in found and grade_id not in results:
+                results[grade_id] = _judge(
+                    registry, grade_id, msg.get("error"), proc, lang, deadline
+                )
+                if results[grade_id]["status"] in ("timeout", "kernel-died"):
+                    ended = results[grade_id]["status"]
+                    break
+            try:
+                assert proc.stdin is not None
+                proc.stdin.write(json.dumps({"op": "continue"}) + "\n")
+                proc.stdin.flush()
+            except OSError:
+                break
         for grade_id in found:
-            results.setdefault(grade_id, {"status": "kernel-died"})
-        return {"results": results, "cells": ready.get("cells", [])}
+            results.setdefault(grade_id, {"status": ended})
+        return {"results": results}
     finally:
         if proc is not None:
             _kill(proc)
         shutil.rmtree(work, ignore_errors=True)
 
 
-def _wait_ready(proc: subprocess.Popen, deadline: float) -> dict | None:
-    """The runner's ``ready`` message, or None if it died or the deadline passed."""
+def _judge(
+    registry: dict,
+    grade_id: str,
+    error: str | None,
+    proc: subprocess.Popen,
+    lang: str,
+    deadline: float,
+) -> dict[str, Any]:
+    """One exercise's verdict, computed here; the learner's code is reached by probes only."""
+    from ddp_lab.course.grading import run_checker
+    from ddp_lab.course.i18n import MESSAGES as I18N
+
+    chk = registry.get(grade_id)
+    if chk is None:
+        return {"status": "error", "detail": f"no checker for {grade_id}"}
+    if error:
+        why = I18N("grade_raised", lang, error=error)
+        detail = I18N("grade_case_failed", lang, index=1, total="?", case="-", why=why)
+        line = I18N("grade_fail", lang, grade_id=grade_id, points=chk.points, detail=detail)
+        return {"status": "failed", "detail": line}
+    if time.monotonic() >= deadline:
+        return {"status": "timeout"}
+    assert proc.stdin is not None and proc.stdout is not None
+    learner = RemoteLearner(grade_id, proc.stdin, proc.stdout, functools.partial(_kill, proc))
+    try:
+        passed, line = run_checker(chk, learner, lang)
+    except RunnerGone as exc:
+        timed_out = "timeout" in str(exc) or time.monotonic() >= deadline
+        return {"status": "timeout" if timed_out else "kernel-died"}
+    return {"status": "passed" if passed else "failed", "detail": line}
+
+
+def _next_message(proc: subprocess.Popen, until: float) -> dict | None:
+    """The runner's next protocol message, or None if it died or ``until`` passed."""
     import select
 
     assert proc.stdout is not None
     while True:
-        left = deadline - time.monotonic()
+        left = until - time.monotonic()
         if left <= 0:
             return None
         readable, _, _ = select.select([proc.stdout], [], [], min(left, 1.0))
@@ -141,8 +181,8 @@ def _wait_ready(proc: subprocess.Popen, deadline: float) -> dict | None:
             try:
                 msg = json.loads(line)
             except ValueError:
-                continue  # not ours: the protocol has only JSON lines
-            if isinstance(msg, dict) and msg.get("ready") is True:
+                continue  # not the protocol's: ignore
+            if isinstance(msg, dict):
                 return msg
         elif proc.poll() is not None:
             return None
