@@ -31,6 +31,39 @@ def _grade(args: argparse.Namespace) -> int:
     return grader.grade_main(args)
 
 
+def _gradescope(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from ddp_lab.course import build, export
+
+    release = Path(args.release)
+    if not release.is_file():
+        print(f"no such file: {release}", file=sys.stderr)
+        return 2
+    out = export.write_gradescope_zip(release, Path(args.out), args.seed, build.ROOT, args.torch)
+    print(f"wrote {out}")
+    return 0
+
+
+def _classroom(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    import nbformat
+
+    from ddp_lab.course import export, grader
+
+    release = Path(args.release)
+    if not release.is_file():
+        print(f"no such file: {release}", file=sys.stderr)
+        return 2
+    exercises = grader.exercises_of(nbformat.read(release, as_version=4))
+    text = export.classroom_workflow(release, args.notebook or str(release), exercises)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(text, encoding="utf-8")
+    print(f"wrote {args.out}")
+    return 0
+
+
 def _doctor(args: argparse.Namespace) -> int:
     from ddp_lab import doctor
 
@@ -51,6 +84,7 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("notebook")
     p.add_argument("--cell-timeout", type=float, default=300)
     p.add_argument("--timeout", type=float, default=1800)
+    p.add_argument("--only", metavar="ID", help="check one exercise (e.g. 00.average)")
     p.set_defaults(func=_check)
 
     p = sub.add_parser("grade", help="grade submissions against a released exercise notebook")
@@ -60,7 +94,23 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--cell-timeout", type=float, default=300)
     p.add_argument("--timeout", type=float, default=1800)
     p.add_argument("--jobs", type=int, default=0, help="parallel gradings (default: cores)")
+    p.add_argument(
+        "--gradescope", metavar="PATH", help="also write Gradescope's results.json (one submission)"
+    )
     p.set_defaults(func=_grade)
+
+    p = sub.add_parser("gradescope", help="write a Gradescope autograder zip for a release")
+    p.add_argument("--release", required=True, help="the released exercise notebook")
+    p.add_argument("--seed", required=True, help="your DDP_LAB_GRADE_SEED (kept in the zip)")
+    p.add_argument("--out", default="autograder.zip")
+    p.add_argument("--torch", default="torch==2.13.0", help="torch requirement for the image")
+    p.set_defaults(func=_gradescope)
+
+    p = sub.add_parser("classroom", help="write a GitHub Classroom autograding workflow")
+    p.add_argument("--release", required=True, help="the released exercise notebook")
+    p.add_argument("--notebook", help="the notebook's path in the learners' repository")
+    p.add_argument("--out", default=".github/workflows/classroom.yml")
+    p.set_defaults(func=_classroom)
 
     p = sub.add_parser("doctor", help="check the GPU driver, CUDA, PyTorch and NCCL setup")
     p.add_argument("--json", action="store_true", help="machine-readable output")

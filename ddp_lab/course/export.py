@@ -29,7 +29,7 @@ VISIBILITIES = ("hidden", "after_due_date", "after_published", "visible")
 
 def gradescope_results(results: list[Any], lang: str, execution_time: float) -> dict[str, Any]:
     """Gradescope's results.json for one submission (``results``: ``grader.Result``s)."""
-    from ddp_lab.course.grader import msg
+    from ddp_lab.course.grader import MESSAGES as msg
 
     tests = []
     for number, r in enumerate(results, 1):

@@ -31,6 +31,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -39,6 +40,7 @@ from pathlib import Path
 
 import nbformat
 
+from ddp_lab.course import export
 from ddp_lab.course.i18n import Messages
 
 TOKEN_VAR = "DDP_LAB_GRADE_TOKEN"
@@ -105,6 +107,14 @@ MESSAGES = Messages(
             "zh": "--{name} 必须是正数，但收到的是 {value!r}。",
         },
         "wrote": {"en": "wrote {path}", "zh": "已写入 {path}"},
+        "progress": {
+            "en": "{done}/{total} graded, {zeros} with no points, about {left} s left",
+            "zh": "已评 {done}/{total} 份，{zeros} 份零分，预计还需约 {left} 秒",
+        },
+        "no_such_exercise": {
+            "en": "{path} has no exercise {grade_id}; it has: {ids}",
+            "zh": "{path} 中没有练习 {grade_id}；现有的练习：{ids}",
+        },
     },
 )
 
@@ -442,6 +452,17 @@ def check_main(args: argparse.Namespace) -> int:
     if nb.metadata.get("ddp_lab", {}).get("kind") == "notebooks" or not exercises_of(release):
         print(MESSAGES("no_graded", language_of(nb), path=path), file=sys.stderr)
         return 1
+    only = getattr(args, "only", None)
+    if only:
+        ids = [e.grade_id for e in exercises_of(release)]
+        if only not in ids:
+            print(
+                MESSAGES("no_such_exercise", language_of(nb), path=path, grade_id=only, ids=ids),
+                file=sys.stderr,
+            )
+            return 2
+        release = copy.deepcopy(release)
+        release.cells = [c for c in release.cells if c.metadata.get("grade_id", only) == only]
     lang, results = score(release, path, args.cell_timeout, args.timeout)
     print(path)
     print("\n".join(report_lines(results, lang)))
@@ -477,6 +498,31 @@ def _title(path: Path, default: str) -> str:
     return default
 
 
+class Progress:
+    """One line per graded submission: done/total, failures so far, time left (estimated)."""
+
+    def __init__(self, total: int, lang: str) -> None:
+        self.total, self.lang, self.count, self.zeros = total, lang, 0, 0
+        self.start = time.monotonic()
+        self.lock = threading.Lock()
+
+    def done(self, name: str, summary: str, zero: bool) -> None:
+        with self.lock:
+            self.count += 1
+            self.zeros += zero
+            elapsed = time.monotonic() - self.start
+            left = elapsed / self.count * (self.total - self.count)
+            bar = MESSAGES(
+                "progress",
+                self.lang,
+                done=self.count,
+                total=self.total,
+                zeros=self.zeros,
+                left=f"{left:.0f}",
+            )
+            print(f"[{bar}] {name}: {summary}", flush=True)
+
+
 def grade_main(args: argparse.Namespace) -> int:
     """``ddp-lab grade --release R SUBMISSIONS...``: write gradebook.csv and feedback files."""
     lang = _cli_lang()
@@ -505,8 +551,10 @@ def grade_main(args: argparse.Namespace) -> int:
     title = release.metadata.get("ddp_lab", {}).get("title", release_path.stem)
 
     workers = args.jobs or os.cpu_count() or 1
+    progress = Progress(len(subs), lang)
 
     def one(i: int) -> tuple[str, list[Result]]:
+        started = time.monotonic()
         try:
             sub_lang, results = score(
                 release, subs[i], args.cell_timeout, args.timeout, job=i % workers
@@ -521,7 +569,15 @@ def grade_main(args: argparse.Namespace) -> int:
             "",
         ]
         (out / "feedback" / f"{names[i]}.md").write_text("\n".join(text), encoding="utf-8")
-        print(f"{names[i]}: " + report_lines(results, lang)[-1], flush=True)
+        doc = export.gradescope_results(results, sub_lang, time.monotonic() - started)
+        (out / "results").mkdir(exist_ok=True)
+        (out / "results" / f"{names[i]}.json").write_text(json.dumps(doc, ensure_ascii=False))
+        if getattr(args, "gradescope", None) and len(subs) == 1:
+            Path(args.gradescope).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.gradescope).write_text(json.dumps(doc, ensure_ascii=False))
+        progress.done(
+            names[i], report_lines(results, lang)[-1], all(r.status != "passed" for r in results)
+        )
         return names[i], results
 
     pool = ThreadPoolExecutor(max_workers=workers)

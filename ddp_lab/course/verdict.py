@@ -51,6 +51,8 @@ def build_job(
             continue
         if i in by_pos:
             cells.append({"source": by_pos[i].cell.source, "grade_id": by_pos[i].grade_id})
+        elif "grade_id" in cell.metadata:
+            continue  # a graded cell not graded in this run (tampered, or not asked for)
         else:
             cells.append({"source": cell.source})
     return {"cells": cells, "lang": lang, "cell_timeout": cell_timeout}
