@@ -16,6 +16,16 @@ export PIP_DISABLE_PIP_VERSION_CHECK=1
 extras=${DDP_LAB_EXTRAS:-course}
 "$VPY" -m pip install -q -e ".[$extras]"
 "$VPY" -m ipykernel install --sys-prefix --name python3 --display-name "Python 3 (ddp-lab)" >/dev/null
+# `ddp-lab grade` runs each submission in a bubblewrap sandbox (docs/INSTRUCTORS.md).
+if ! command -v bwrap >/dev/null; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends bubblewrap \
+      >/dev/null 2>&1 || echo "setup.sh: could not install bubblewrap; grading will not be sandboxed" >&2
+  else
+    echo "setup.sh: instructors: install bubblewrap (e.g. sudo apt-get install bubblewrap) so" \
+      "that ddp-lab grade sandboxes submissions / 教师请安装 bubblewrap 以隔离评分" >&2
+  fi
+fi
 if [ "${1:-}" != "--no-lab" ]; then
   exec .venv/bin/jupyter lab --notebook-dir="$PWD" notebooks/
 fi

@@ -4,15 +4,22 @@
 set -euo pipefail
 cd "$(dirname "$0")"
 DDP_LAB_EXTRAS=test bash setup.sh --no-lab
-# tests/course/test_browser.py drives JupyterLab in Debian's Chromium (Playwright comes with the
-# test extra). Install it when missing and possible (root with apt-get; `apt-get update` only
-# when the package lists do not have it); if that fails the browser tests skip and say why.
-if [ ! -x "${DDP_LAB_CHROMIUM:-/usr/bin/chromium}" ] && [ "$(id -u)" = 0 ] \
-  && command -v apt-get >/dev/null; then
+# System packages the tests use, installed when missing and possible (root with apt-get;
+# `apt-get update` only when the package lists do not have them):
+# - chromium: tests/course/test_browser.py drives JupyterLab in Debian's Chromium (Playwright
+#   comes with the test extra); without it the browser tests skip and say why;
+# - bubblewrap: `ddp-lab grade` sandboxes each submission with it (course/sandbox.py); without
+#   it grading still works, unsandboxed, and the sandbox tests skip and say why.
+missing=()
+[ -x "${DDP_LAB_CHROMIUM:-/usr/bin/chromium}" ] || missing+=(chromium)
+command -v bwrap >/dev/null || missing+=(bubblewrap)
+if [ "${#missing[@]}" -gt 0 ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
   apt_log=$(mktemp)
-  apt_install() { DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends chromium; }
+  apt_install() {
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}"
+  }
   if ! { apt_install || { apt-get update -q && apt_install; }; } >"$apt_log" 2>&1; then
-    echo "test.sh: could not install chromium (browser tests will be skipped):" >&2
+    echo "test.sh: could not install ${missing[*]} (their tests will be skipped):" >&2
     tail -n 5 "$apt_log" >&2
   fi
   rm -f "$apt_log"

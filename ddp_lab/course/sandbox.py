@@ -100,8 +100,8 @@ def bwrap_path() -> str | None:
 
 
 def available() -> bool:
-    """Whether submissions can be sandboxed on this machine."""
-    return bwrap_path() is not None
+    """Whether submissions are sandboxed here (``DDP_LAB_SANDBOX=0`` turns it off, loudly)."""
+    return os.environ.get("DDP_LAB_SANDBOX", "1") != "0" and bwrap_path() is not None
 
 
 _warned = False
@@ -146,7 +146,7 @@ def wrap(
     run_env = sandbox_env(
         {"HOME": workdir, "TMPDIR": "/tmp", "GLOO_SOCKET_IFNAME": "lo", **(env or {})}
     )
-    bwrap = bwrap_path()
+    bwrap = bwrap_path() if available() else None
     if bwrap is None:
         return list(argv), {**os.environ, **(env or {})}
     as_root = os.geteuid() == 0
