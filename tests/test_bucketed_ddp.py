@@ -83,15 +83,27 @@ def _wide_mlp(width: int = 512, depth: int = 4) -> nn.Module:
 def _ddp_buckets(rank: int) -> list:
     """What torch's DDP reports about its buckets, at construction and after the rebuild."""
     rows = []
-    for kwargs in [{}, {"bucket_cap_mb": 1}, {"bucket_cap_mb": 25}, {"find_unused_parameters": True}]:
+    for kwargs in [
+        {},
+        {"bucket_cap_mb": 1},
+        {"bucket_cap_mb": 25},
+        {"find_unused_parameters": True},
+    ]:
         torch.manual_seed(0)
         model = DDP(_wide_mlp(), **kwargs)
         built = model._get_ddp_logging_data()["bucket_sizes"]
         for _ in range(3):  # the rebuild happens in forward 2, the logger sees it in forward 3
             model(torch.randn(4, 128)).sum().backward()
         data = model._get_ddp_logging_data()
-        rows.append((kwargs, built, data["has_rebuilt_buckets"],
-                     data.get("rebuilt_per_bucket_param_indices"), data.get("rebuilt_bucket_sizes")))
+        rows.append(
+            (
+                kwargs,
+                built,
+                data["has_rebuilt_buckets"],
+                data.get("rebuilt_per_bucket_param_indices"),
+                data.get("rebuilt_bucket_sizes"),
+            )
+        )
     return rows
 
 
