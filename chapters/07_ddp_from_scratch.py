@@ -845,6 +845,58 @@ else:
                 zh="[此处没有 2 块 GPU] 在 2 块 GPU 上，本单元会用 nccl 把含 SyncBatchNorm 的模型包装进 "
                    "DDP，并打印两个 rank 上相同的运行均值。"))
 
+# %% [markdown] lang="en"
+# ## 7. The other way: one model in shared memory (Hogwild)
+#
+# DDP gives every process its **own** replica and keeps them identical by all-reducing
+# gradients. `torch.multiprocessing` offers the opposite on one machine: one model in
+# **shared memory**, written by every process. A CPU tensor sent to another process
+# (through a `torch.multiprocessing` queue, or as an argument of a process it starts) is
+# not copied: its storage is moved to shared memory (`share_memory_()`) and the receiver
+# gets a handle to the same bytes (`torch/multiprocessing/reductions.py`). The handle
+# travels as a file descriptor (strategy `file_descriptor`, the Linux default) or as a
+# file name (`file_system`, for when too many descriptors would be open); CUDA tensors go
+# through CUDA IPC and the sender must keep them alive. The first cell sends a tensor to a
+# child that adds 1 in place: the parent sees it.
+#
+# **Hogwild** (Recht et al., 2011; pytorch/examples `mnist_hogwild`) builds training on
+# this: `model.share_memory()`, then several processes each run their own optimizer on
+# their own data and write into the same parameters **without a lock or an all-reduce**.
+# Updates can overwrite each other, the processes are never in step, and it works only
+# within one machine; DDP is synchronous, exact (the mean gradient) and spans machines.
+# The second cell trains a shared `nn.Linear(2, 1)` towards the weights (2, -3) from two
+# processes. Both cells run functions of `ddp_lab/shared_memory.py` in children started
+# with "spawn" (each imports torch, a few seconds).
+
+# %% [markdown] lang="zh"
+# ## 7. 另一种做法：共享内存里的同一个模型（Hogwild）
+#
+# DDP 让每个进程持有**自己的**副本，并通过对梯度做全归约让它们保持一致。`torch.multiprocessing`
+# 在单机上提供了相反的做法：模型只有一份，放在**共享内存**里，所有进程都往里写。发送给另一个进程的
+# CPU 张量（经由 `torch.multiprocessing` 的队列，或者作为它启动的进程的参数）不会被复制：它的存储
+# 被移到共享内存（`share_memory_()`），接收方拿到的是指向同一块内存的句柄
+# （`torch/multiprocessing/reductions.py`）。句柄以文件描述符的形式传递（共享策略
+# `file_descriptor`，Linux 上的默认值），或者以文件名的形式传递（`file_system`，用于打开的描述符
+# 过多时）；CUDA 张量走 CUDA IPC，发送方必须让它们一直存活。第一个单元把一个张量发给子进程，
+# 子进程原地加 1：父进程能看到这个变化。
+#
+# **Hogwild**（Recht 等，2011；pytorch/examples 中的 `mnist_hogwild`）就建立在这一点上：
+# `model.share_memory()` 之后，几个进程各自用自己的优化器、在自己的数据上训练，**不加锁、也不做
+# 全归约**，直接写同一份参数。更新可能互相覆盖，进程之间从不同步，而且只能在一台机器内使用；DDP 则是
+# 同步的、精确的（平均梯度），还能跨机器。第二个单元用两个进程把一个共享的 `nn.Linear(2, 1)`
+# 训练到权重 (2, -3)。两个单元运行的都是 `ddp_lab/shared_memory.py` 中的函数，子进程用 "spawn"
+# 方式启动（每个子进程都要重新导入 torch，需要几秒）。
+
+# %%
+from ddp_lab import shared_memory  # noqa: E402
+
+for key, value in shared_memory.send_tensor().items():
+    print(f"{key:30s} {value}")
+
+# %%
+dl.show_source(shared_memory._hogwild_worker)
+print(shared_memory.hogwild(nprocs=2, steps=200))
+
 # %% [markdown] lang="en" tags=["exercise"]
 # ## Exercise 1: a naive DDP wrapper (3 points)
 #
@@ -998,7 +1050,9 @@ dl.grade("07.bucketed", GradBuckets)
 #   reproduces torch's parameters bitwise on 2 ranks.
 # - Buckets, hooks and asynchronous all-reduce let communication overlap backward;
 #   `BucketedDDP` is a ~100-line Python reducer whose step time was measured above against
-#   torch's C++ one.
+#   torch's C++ one. Torch reduces the first iteration in one bucket, then rebuilds the
+#   buckets in the order gradients arrived, the output layers first (1 MiB by default).
+# - Hogwild shares one model between processes instead; DDP keeps identical replicas.
 # - DDP equals gradient accumulation only for deterministic models with a mean loss;
 #   `no_sync()`, rank-0 checkpoint loading, per-rank augmentation seeds,
 #   `find_unused_parameters` and `SyncBatchNorm` follow from the two ideas above.
@@ -1013,7 +1067,9 @@ dl.grade("07.bucketed", GradBuckets)
 #   步骤（各副本仍然相同）。
 # - DDP = 构造时广播 + 反向传播后平均梯度；`NaiveDDP` 在 2 个 rank 上逐位复现了 torch 的参数。
 # - 桶、钩子和异步全归约让通信与反向计算重叠；`BucketedDDP` 是一个约 100 行的 Python
-#   归约器，上面实测了它与 torch 的 C++ 实现的步时对比。
+#   归约器，上面实测了它与 torch 的 C++ 实现的步时对比。torch 第一次迭代只用一个桶，之后按梯度
+#   实际到达的顺序重建桶，输出层在前（默认 1 MiB）。
+# - Hogwild 则让多个进程共享同一个模型；DDP 保持各副本相同。
 # - 只有确定性模型加平均损失时，DDP 才等于梯度累积；`no_sync()`、只在 rank 0 加载检查点、
 #   每个 rank 不同的数据增强种子、`find_unused_parameters` 和 `SyncBatchNorm` 都可以由上面
 #   两个想法推出。

@@ -754,7 +754,9 @@ dl.grade("08.fit", fit)
 # same code, reads its own shard (re-shuffled by `set_epoch`), starts from the same weights,
 # logs numbers reduced over all ranks, and lets rank 0 alone talk to the outside world
 # (progress, checkpoints), with a barrier where others depend on it. The same file runs under
-# `torchrun` on one node or many.
+# `torchrun` on one node or many. Scale the LR with a warmup, save `state_dict()`s (a pickled
+# module no longer loads by default), pin host memory for asynchronous copies to a GPU,
+# seed random data per rank and the model however you like.
 
 # %% [markdown] lang="zh"
 # ## 小结
@@ -762,3 +764,5 @@ dl.grade("08.fit", fit)
 # DDP 程序就是普通的训练循环加上几条规则：每个 rank 运行相同的代码，读取自己的分片（用 `set_epoch`
 # 每轮重新打乱），从相同的权重开始，记录在所有 rank 上归约过的数值，并且只让 rank 0 与外界交互
 # （进度、检查点），在其他 rank 依赖它的地方放一个屏障。同一个文件可以在 `torchrun` 下运行于一个或多个节点。
+# 缩放学习率时要配合预热；保存 `state_dict()`（被 pickle 的整个模块默认已经加载不了）；往 GPU 异步
+# 复制时使用页锁定内存；随机数据按 rank 播种，模型用什么种子都可以。
