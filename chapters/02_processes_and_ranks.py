@@ -293,9 +293,11 @@ dl.grade("02.place", place)
 # %% [markdown] lang="en"
 # ## What next
 #
-# Chapter 03 makes these processes talk: point-to-point messages and collectives.
+# Chapter 03 looks inside `nn.DataParallel` (one process, several devices); chapter 04
+# makes these processes talk: point-to-point messages and collectives.
 
 # %% [markdown] lang="zh"
 # ## 接下来
 #
-# 下一章让这些进程互相通信：点对点通信和集合通信。
+# 第 03 章先看 `nn.DataParallel` 的内部（一个进程、多个设备）；第 04 章让这些进程互相通信：
+# 点对点通信和集合通信。

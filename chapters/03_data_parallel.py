@@ -304,7 +304,7 @@ print("max |param diff| after 5 steps:",
 # with your model, so after the step `running_mean` holds **device 0's chunk only**; the
 # other replicas' updates are thrown away with the replicas. In eval mode the running
 # stats are used and DP matches one device again. (DDP has the same per-chunk
-# normalisation; `SyncBatchNorm` fixes it, in a later chapter.)
+# normalisation; `SyncBatchNorm` fixes it, chapter 07 section 6.)
 
 # %% [markdown] lang="zh"
 # ## DataParallel 下的 BatchNorm
@@ -313,7 +313,7 @@ print("max |param diff| after 5 steps:",
 # 所以输出并不等于对整批做 BatchNorm。再看滑动统计量（running stats）：只有设备 0 上的副本与你的模型
 # 共享缓冲区，所以这一步之后 `running_mean` 里**只有设备 0 那一块**的统计；其他副本的更新随着副本
 # 一起被丢弃了。在 eval 模式下使用的是滑动统计量，DP 又与单设备一致。（DDP 也是按块归一化；
-# 后面的章节会用 `SyncBatchNorm` 解决。）
+# 第 07 章第 6 节会用 `SyncBatchNorm` 解决。）
 
 # %%
 torch.manual_seed(1)
@@ -531,6 +531,70 @@ for d in range(4):
           f"loss inside {sum(inside_mem[d].values()) / 1024:5.0f} KiB")
 fig = viz.plot_memory(bal_mem, dl.tr("balanced, gpu0_bsz=2", "均衡，gpu0_bsz=2"))
 fig = viz.plot_memory(inside_mem, dl.tr("even, loss inside the replicas", "均分，loss 在副本内计算"))
+
+# %% [markdown] lang="en"
+# ### What `gpu0_bsz=0` also turns off
+#
+# Only the replica on device 0 shares its parameters and buffers with your model; every
+# other replica is a copy that is thrown away after the forward. torch says so in the
+# warning of `nn.DataParallel`'s docstring (`torch/nn/parallel/data_parallel.py`):
+# "updates to the running module in `forward` will be lost" (a counter stays at its
+# initial value), and only **in-place** updates to device 0's parameters and buffers are
+# recorded, which is how BatchNorm's running statistics survive. So with `gpu0_bsz=0`
+# device 0 runs no replica and BatchNorm's `running_mean`, `running_var` and
+# `num_batches_tracked` **never change**: at evaluation time the model normalises with its
+# initial statistics (mean 0, variance 1). The cell runs it with the package's
+# `BalancedDataParallel` on 3 simulated devices, with a model that also counts its calls
+# and records the rows it saw in `forward`: attributes set in `forward` are set on the
+# replicas and lost in every case.
+#
+# Dropout is no exception to "each replica on its own device": on GPUs each replica's
+# dropout mask comes from **its device's** random generator, so seeding for a
+# reproducible DP run needs `torch.cuda.manual_seed_all` (or `torch.manual_seed`, which
+# seeds every device), and the masks are not those of a one-device run with the same seed.
+# (Not run here: it needs 2 GPUs. The simulated devices share the one CPU generator.)
+
+# %% [markdown] lang="zh"
+# ### `gpu0_bsz=0` 还会关掉什么
+#
+# 只有设备 0 上的副本与你的模型共享参数和缓冲区；其他副本都是拷贝，前向传播结束后就被丢弃。
+# torch 在 `nn.DataParallel` 文档字符串的警告里写明了这一点（`torch/nn/parallel/data_parallel.py`）：
+# “在 `forward` 中对模块的更新会丢失”（计数器永远停留在初始值），只有对设备 0 上参数和缓冲区的
+# **原地**更新会被保留，BatchNorm 的运行统计量正是靠这一点才能更新。所以 `gpu0_bsz=0` 时，
+# 设备 0 上不运行任何副本，BatchNorm 的 `running_mean`、`running_var` 和 `num_batches_tracked`
+# **始终不变**：评估时模型仍用初始统计量（均值 0、方差 1）做归一化。下面的单元用本包的
+# `BalancedDataParallel` 在 3 个模拟设备上运行；模型还会统计自己被调用的次数，并在 `forward`
+# 中记录看到的行数：在 `forward` 中设置的属性都设置在副本上，任何情况下都会丢失。
+#
+# dropout 也逃不出“每个副本在自己的设备上”这一点：在 GPU 上，每个副本的 dropout 掩码来自
+# **它所在设备**的随机数生成器，所以要让 DP 的运行可复现，需要 `torch.cuda.manual_seed_all`
+# （或者会给所有设备播种的 `torch.manual_seed`），而且这些掩码与同一种子下单设备运行的掩码不同。
+# （这里没有运行：需要 2 块 GPU。模拟设备共用同一个 CPU 随机数生成器。）
+
+# %%
+class CountingBN(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.bn = nn.BatchNorm1d(4).double()
+        self.calls = 0
+
+    def forward(self, x):
+        self.calls += 1  # state set in forward: on the replica
+        self.rows_seen = x.shape[0]
+        return self.bn(x)
+
+
+rows = torch.randn(12, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(1)) * 2 + 3
+for gpu0 in (4, 2, 0):
+    m = CountingBN()
+    P.BalancedDataParallel(gpu0, m, [0, 1, 2])(rows)
+    print(f"gpu0_bsz={gpu0}: rows {P.balanced_chunk_sizes(len(rows), 3, gpu0)} | "
+          f"running_mean {m.bn.running_mean.numpy().round(3)} | "
+          f"num_batches_tracked {int(m.bn.num_batches_tracked)} | calls {m.calls} | "
+          f"rows_seen {getattr(m, 'rows_seen', 'never set')}")
+one = CountingBN()
+one(rows[:2])
+print("one device, device 0's 2 rows: running_mean", one.bn.running_mean.numpy().round(3), "| calls", one.calls)
 
 # %% [markdown] lang="en"
 # ### Two mistakes in the notes' balanced DataParallel
@@ -776,7 +840,8 @@ dl.grade("03.gather", MyGather)
 #   replicas helps more.
 # - Save `dp.module.state_dict()`; never unwrap before training; never wrap an optimizer.
 #
-# Next: DistributedDataParallel, one process per device.
+# Next: chapter 04, collective communication between processes, the building block of
+# DistributedDataParallel (one process per device), which chapter 07 builds from scratch.
 
 # %% [markdown] lang="zh"
 # ## 小结
@@ -788,4 +853,5 @@ dl.grade("03.gather", MyGather)
 #   均衡切分有所帮助，在副本内部计算 loss 帮助更大。
 # - 保存 `dp.module.state_dict()`；不要在训练前解包；不要包装优化器。
 #
-# 下一步：DistributedDataParallel，每个设备一个进程。
+# 下一步：第 04 章讲进程之间的集合通信，它是 DistributedDataParallel（每个设备一个进程）的
+# 基础；第 07 章会从零实现 DistributedDataParallel。

@@ -548,10 +548,12 @@ dl.grade("05.ring", ring_all_reduce)
 #
 # DDP does not all-reduce one gradient at a time: it packs gradients into **buckets** and
 # starts the all-reduce of a bucket while backward is still computing the others
-# (**overlap**). That is the next chapter.
+# (**overlap**). That is chapter 07; chapter 06 first shows how `DistributedSampler`
+# gives each rank its part of the data.
 
 # %% [markdown] lang="zh"
 # ## 接下来
 #
 # DDP 并不是一次全归约一个梯度：它把梯度装进**桶**（bucket），在反向传播仍在计算其他梯度时
-# 就开始对已满的桶做全归约（通信与计算**重叠**）。这是下一章的内容。
+# 就开始对已满的桶做全归约（通信与计算**重叠**）。这是第 07 章的内容；第 06 章先讲
+# `DistributedSampler` 怎样把数据分给各个 rank。

@@ -429,23 +429,69 @@ dl.spawn(ddp_vs_accumulation, nprocs=2, backend="gloo")
 # ## 4. Buckets and overlap
 #
 # The naive version waits for the whole backward, then sends one message per parameter.
-# Torch does better: it groups parameters into **buckets** of about `bucket_cap_mb` MiB
-# (default 25, and 1 MiB for the first bucket), in reverse order because backward produces
-# the last layers' gradients first. A **hook** (`register_post_accumulate_grad_hook`) on
-# each parameter counts ready gradients; when a bucket is complete it is flattened and sent
-# with an asynchronous `all_reduce` while backward goes on with earlier layers. Move the
-# slider to see which parameters share a bucket (`assign_buckets` follows torch's
-# `dist._compute_bucket_assignment_by_size`, tested against it).
+# Torch does better: it groups parameters into **buckets** and all-reduces a bucket as
+# soon as all its gradients are ready, while backward goes on with earlier layers. A
+# **hook** on each parameter's gradient accumulator does it
+# (`torch/csrc/distributed/c10d/reducer.cpp`): `Reducer::mark_variable_ready_dense`
+# copies each gradient into its slot of the bucket's flat buffer the moment it is ready,
+# **already multiplied by 1/world_size** (`at::mul_out(bucket_view, grad, 1. / div_factor_)`),
+# and when the bucket's last gradient is in, it launches one asynchronous `all_reduce`
+# (a sum) on that buffer. There is no separate "flatten when complete" step. (We read this
+# in `reducer.cpp` on pytorch's main branch; 2.13's docstring of the new
+# `batched_grad_copy=False` flag in `torch/nn/parallel/distributed.py` describes the same
+# "per-parameter gradient-to-bucket copy and division"; the exact 2.13 line is unchecked.)
+#
+# Which parameters share a bucket is less simple than "reverse order, 25 MiB, 1 MiB first"
+# (`_ddp_init_helper` and `_BucketCapacityConfig` in `torch/nn/parallel/distributed.py`,
+# `Reducer::rebuild_buckets` in `reducer.cpp`, torch 2.13):
+#
+# - the **first iteration** uses **one bucket of unbounded size** (limit `sys.maxsize`):
+#   torch does not yet know the order gradients arrive in;
+# - during that backward the reducer records the arrival order, and before the next
+#   forward it **rebuilds** the buckets by walking the parameters in that order: the first
+#   bucket closed, the first one reduced (the **output** layers), has a 1 MiB cap
+#   (`dist._DEFAULT_FIRST_BUCKET_BYTES`), the others `bucket_cap_mb` = 25 MiB;
+# - an explicit `bucket_cap_mb` (even `25`) gives every bucket that cap: no 1 MiB bucket;
+# - with `find_unused_parameters=True` the buckets are never rebuilt: the construction plan
+#   stays, walked in **definition** order and reversed, so its 1 MiB bucket holds the
+#   **input** layers and is reduced last.
+#
+# The cell below counts the model's size, then asks torch's DDP on 2 ranks what it did
+# (`_get_ddp_logging_data()`, a prototype debugging interface) and compares with the
+# package's `assign_buckets`, which computes the rebuilt plan assuming gradients arrive in
+# reverse definition order (true for an `nn.Sequential`; inside a `Linear` the bias comes
+# before the weight). Its test is `tests/test_bucketed_ddp.py`.
 
 # %% [markdown] lang="zh"
 # ## 4. 桶与重叠
 #
 # 朴素版本要等整个反向传播结束，然后每个参数发一次消息。torch 做得更好：它把参数分组成
-# 大约 `bucket_cap_mb` MiB 的**桶**（默认 25，第一个桶 1 MiB），顺序是反的，因为反向传播
-# 先得到最后几层的梯度。每个参数上都有一个**钩子**（hook，`register_post_accumulate_grad_hook`）
-# 统计已就绪的梯度；一个桶凑齐后就被展平，并用异步 `all_reduce` 发送，同时反向传播继续
-# 计算前面几层。拖动滑块，看看哪些参数在同一个桶里（`assign_buckets` 遵循 torch 的
-# `dist._compute_bucket_assignment_by_size`，并用它做了测试）。
+# **桶**，一个桶的梯度全部就绪就立即做全归约，同时反向传播继续计算前面几层。这件事由每个
+# 参数的梯度累加器上的**钩子**（hook）完成（`torch/csrc/distributed/c10d/reducer.cpp`）：
+# 梯度一就绪，`Reducer::mark_variable_ready_dense` 就把它复制到桶的扁平缓冲区中属于它的位置，
+# 复制时**已经乘以 1/world_size**（`at::mul_out(bucket_view, grad, 1. / div_factor_)`）；桶里
+# 最后一个梯度到齐时，再对这块缓冲区发起一次异步 `all_reduce`（求和）。并不存在“桶凑齐后再展平”
+# 这一步。（这段代码我们是在 pytorch 主分支的 `reducer.cpp` 里读到的；2.13 的
+# `torch/nn/parallel/distributed.py` 中新参数 `batched_grad_copy=False` 的文档描述的也是
+# “逐参数把梯度复制进桶并做除法”；2.13 里的确切代码行未核对。）
+#
+# 哪些参数共用一个桶，并不像“倒序、25 MiB、第一个桶 1 MiB”那么简单（torch 2.13 的
+# `torch/nn/parallel/distributed.py` 中的 `_ddp_init_helper` 和 `_BucketCapacityConfig`，
+# 以及 `reducer.cpp` 中的 `Reducer::rebuild_buckets`）：
+#
+# - **第一次迭代**只用**一个大小不设上限的桶**（上限为 `sys.maxsize`）：torch 还不知道梯度
+#   到达的顺序；
+# - 在这次反向传播中，归约器记录梯度到达的顺序，并在下一次前向传播之前按这个顺序遍历参数，
+#   **重建**各个桶：最先封口、也最先归约的那个桶（**输出**层）上限为 1 MiB
+#   （`dist._DEFAULT_FIRST_BUCKET_BYTES`），其余的桶为 `bucket_cap_mb` = 25 MiB；
+# - 显式给出 `bucket_cap_mb`（哪怕是 `25`）时，每个桶都用这个上限：不再有 1 MiB 的桶；
+# - 设置 `find_unused_parameters=True` 时，桶永远不会重建：构造时的分法保持不变，即按**定义**
+#   顺序遍历再反转，所以它那个 1 MiB 的桶装的是**输入**层，最后才归约。
+#
+# 下面的单元先数一数模型的大小，再在 2 个 rank 上询问 torch 的 DDP 实际是怎么分的
+# （`_get_ddp_logging_data()`，一个原型阶段的调试接口），并与本包的 `assign_buckets` 比较。
+# `assign_buckets` 计算的是重建后的分法，它假设梯度按定义的逆序到达（对 `nn.Sequential`
+# 成立；在一个 `Linear` 内部，偏置先于权重）。对应的测试在 `tests/test_bucketed_ddp.py`。
 
 # %%
 def wide_mlp(width=512, depth=4):
@@ -455,6 +501,58 @@ def wide_mlp(width=512, depth=4):
     return nn.Sequential(*layers, nn.Linear(width, 10))
 
 
+def numel_mib(model):
+    n = sum(p.numel() for p in model.parameters())
+    return n, n * 4 / 2**20  # float32: 4 bytes per gradient element
+
+
+n, mib = numel_mib(wide_mlp())
+print(f"wide_mlp(): {n:,} parameters, {mib:.2f} MiB of float32 gradients, "
+      f"{len(list(wide_mlp().parameters()))} parameter tensors")
+
+
+def ddp_buckets(rank):
+    import warnings
+
+    rows = []
+    for kwargs in [{}, {"bucket_cap_mb": 1}, {"bucket_cap_mb": 25}, {"find_unused_parameters": True}]:
+        torch.manual_seed(0)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # find_unused_parameters=True with none unused
+            model = DDP(wide_mlp(), **kwargs)
+            first = model._get_ddp_logging_data()["bucket_sizes"]
+            for _ in range(3):  # rebuilt before forward 2, logged in forward 3
+                model(torch.randn(4, 128)).sum().backward()
+        data = model._get_ddp_logging_data()
+        rows.append((kwargs, first, data.get("rebuilt_per_bucket_param_indices", "(not rebuilt)")))
+    return rows
+
+
+params = list(wide_mlp().parameters())
+for kwargs, first, rebuilt in dl.spawn(ddp_buckets, nprocs=2, backend="gloo")[0]:
+    ours = assign_buckets(params, kwargs.get("bucket_cap_mb"),
+                          find_unused_parameters=kwargs.get("find_unused_parameters", False))
+    print(f"DDP(wide_mlp(), {', '.join(f'{k}={v}' for k, v in kwargs.items())})")
+    print(f"   bucket bytes, 1st iteration: {first}")
+    print(f"   parameter indices per bucket after the rebuild: {rebuilt}")
+    print(f"   assign_buckets: {', '.join(' '.join(map(str, b)) for b in ours)}")
+
+# %% [markdown] lang="en"
+# Read it: by default the first iteration has one bucket of all 4.28 MiB; after the
+# rebuild, bucket 0 is `11 10 9 8` (the last two layers, the first > 1 MiB in arrival
+# order) and the rest share one 25 MiB bucket. `bucket_cap_mb=25` keeps everything in one
+# bucket; `find_unused_parameters=True` keeps the construction plan, whose small bucket is
+# the first layers' (sizes in the order they are reduced). Move the slider to see which
+# parameters share a bucket for other caps.
+
+# %% [markdown] lang="zh"
+# 解读一下：默认情况下，第一次迭代只有一个装下全部 4.28 MiB 的桶；重建之后，桶 0 是
+# `11 10 9 8`（最后两层，按到达顺序第一个超过 1 MiB 的组合），其余参数共用一个 25 MiB 的桶。
+# `bucket_cap_mb=25` 让所有参数都在同一个桶里；`find_unused_parameters=True` 保留构造时的分法，
+# 其中那个小桶装的是最前面几层（大小按归约顺序列出）。拖动滑块，看看其他上限下哪些参数共用
+# 一个桶。
+
+# %%
 bucket_widget(wide_mlp(), caps_mb=(0.5, 1, 2, 4, 25))
 
 # %% [markdown] lang="en"
@@ -473,13 +571,13 @@ dl.show_source(BucketedDDP._launch)
 
 
 # %% [markdown] lang="en"
-# Now a measured **timeline** on 2 ranks with a 3 M-parameter MLP (12 MiB of gradients, 
+# Now a measured **timeline** on 2 ranks with `wide_mlp(1024, 2)` (the cell prints its size;
 # `bucket_cap_mb=2`), and, in the same run, the median step time of `BucketedDDP`,
 # torch's `DDP` and `NaiveDDP` on the same model (interleaved, so that load affects all
 # alike). The benchmark `benchmarks/bench_ddp.py` does the same with more steps.
 
 # %% [markdown] lang="zh"
-# 现在在 2 个 rank 上用一个 300 万参数的 MLP（12 MiB 梯度，`bucket_cap_mb=2`）测量一条
+# 现在在 2 个 rank 上用 `wide_mlp(1024, 2)`（单元会打印它的大小；`bucket_cap_mb=2`）测量一条
 # **时间线**，并在同一次运行中测量同一个模型上 `BucketedDDP`、torch 的 `DDP` 和
 # `NaiveDDP` 每一步的时间中位数（交替运行，让机器负载对三者的影响相同）。基准脚本
 # `benchmarks/bench_ddp.py` 做的是同样的事，只是步数更多。
@@ -507,6 +605,7 @@ def timeline_and_step_times(rank, steps=6):
     return models["BucketedDDP"].timeline[-1], {k: statistics.median(v) for k, v in times.items()}
 
 
+print("wide_mlp(1024, 2): {:,} parameters, {:.2f} MiB of gradients".format(*numel_mib(wide_mlp(1024, 2))))
 step, medians = dl.spawn(timeline_and_step_times, nprocs=2, backend="gloo")[0]
 for name, t in medians.items():
     print(f"{name:12s} median forward+backward {t * 1000:6.1f} ms  ({t / medians['torch DDP']:.2f}x torch DDP)")
@@ -652,7 +751,14 @@ dl.spawn(mixed_no_sync, nprocs=2, backend="gloo");
 # ## 6. SyncBatchNorm: assign the result
 #
 # Plain BatchNorm normalises with each rank's own batch statistics; `SyncBatchNorm`
-# all-reduces them, so it normalises as BatchNorm on the global batch would.
+# normalises as BatchNorm on the global batch would. How, in torch 2.13
+# (`torch/nn/modules/_functions.py`, class `SyncBatchNorm`): the **forward** computes each
+# rank's per-channel (mean, invstd, count) and **all-gathers** them (an all-gather, not an
+# all-reduce, "because count could be different across ranks"), then
+# `torch.batch_norm_gather_stats_with_counts` combines them into the global mean and
+# inverse standard deviation and updates the running statistics. The **backward**
+# **all-reduces** (sum) two per-channel sums, `sum_dy` and `sum_dy_xmu`, to get the input
+# gradient; the weight and bias gradients are left to DDP's own all-reduce.
 # `nn.SyncBatchNorm.convert_sync_batchnorm(model)` *returns* the converted model. Source
 # note 002 writes `nn.SyncBatchNorm.convert_sync_batchnorm(model).cuda()` and drops the
 # result. For a container such as `nn.Sequential` the children happen to be replaced in
@@ -662,8 +768,13 @@ dl.spawn(mixed_no_sync, nprocs=2, backend="gloo");
 # %% [markdown] lang="zh"
 # ## 6. SyncBatchNorm：记得接住返回值
 #
-# 普通 BatchNorm 用每个 rank 自己那一批的统计量做归一化；`SyncBatchNorm` 会对统计量做
-# 全归约，所以它的归一化结果与在全局批上做 BatchNorm 相同。
+# 普通 BatchNorm 用每个 rank 自己那一批的统计量做归一化；`SyncBatchNorm` 的归一化结果与在
+# 全局批上做 BatchNorm 相同。torch 2.13 里它是这样做的（`torch/nn/modules/_functions.py` 中的
+# `SyncBatchNorm` 类）：**前向**传播先算出本 rank 每个通道的（均值、invstd、样本数），再对它们做
+# **全收集**（all-gather）。用全收集而不是全归约，源码注释给出的理由是“各 rank 的样本数可能不同”。
+# 然后 `torch.batch_norm_gather_stats_with_counts` 把它们合成全局均值和标准差的倒数，并更新运行
+# 统计量。**反向**传播对两个按通道的和 `sum_dy`、`sum_dy_xmu` 做**全归约**（求和），用来算输入的
+# 梯度；权重和偏置的梯度交给 DDP 自己的全归约。
 # `nn.SyncBatchNorm.convert_sync_batchnorm(model)` **返回**转换后的模型。原始笔记 002 写的是
 # `nn.SyncBatchNorm.convert_sync_batchnorm(model).cuda()`，丢掉了返回值。对 `nn.Sequential`
 # 这样的容器，子模块恰好被原地替换，所以碰巧能用；而如果模型本身就是一个 BatchNorm 层，
@@ -680,32 +791,41 @@ print("bare BatchNorm, result assigned:", type(nn.SyncBatchNorm.convert_sync_bat
 
 
 # %% [markdown] lang="en"
-# Torch's DDP accepts `SyncBatchNorm` only on GPU modules. So that the effect can be seen
-# here, the next cell computes what SyncBatchNorm computes (global mean and variance from
-# an all-reduce of sums) and compares both per-rank BatchNorm and this with BatchNorm on the
-# global batch. The GPU cell after it runs the real `SyncBatchNorm` when 2 GPUs are present.
+# Torch's DDP accepts `SyncBatchNorm` only on GPU modules, and its kernels
+# (`torch.batch_norm_stats`) have no CPU version. So that the effect can be seen here, the
+# next cell does the forward's statistics the same way on CPU: each rank all-gathers its
+# (mean, invstd, count), combines them into the global mean and variance, and compares both
+# per-rank BatchNorm and this with BatchNorm on the global batch (the two ranks get
+# different numbers of rows on purpose). The GPU cell after it runs the real
+# `SyncBatchNorm` when 2 GPUs are present.
 
 # %% [markdown] lang="zh"
-# torch 的 DDP 只接受 GPU 上的 `SyncBatchNorm`。为了在这里也能看到效果，下一个单元计算
-# SyncBatchNorm 所计算的东西（通过对和做全归约得到全局均值和方差），并把每个 rank 的普通
-# BatchNorm 和它分别与全局批上的 BatchNorm 比较。再下一个单元在有 2 块 GPU 时运行真正的
-# `SyncBatchNorm`。
+# torch 的 DDP 只接受 GPU 上的 `SyncBatchNorm`，而且它用的内核（`torch.batch_norm_stats`）
+# 没有 CPU 版本。为了在这里也能看到效果，下一个单元在 CPU 上用同样的方式计算前向的统计量：
+# 每个 rank 全收集各自的（均值、invstd、样本数），合成全局均值和方差，再把每个 rank 的普通
+# BatchNorm 和它分别与全局批上的 BatchNorm 比较（两个 rank 故意分到不同行数）。再下一个单元
+# 在有 2 块 GPU 时运行真正的 `SyncBatchNorm`。
 
 # %% tags=["lesson"]
-def sync_bn_by_hand(rank, world_size=2):
+def sync_bn_by_hand(rank, world_size=2, eps=1e-5):
     gen = torch.Generator().manual_seed(0)
-    x = torch.randn(world_size * 4, 3, generator=gen) * torch.tensor([1.0, 5.0, 0.2]) + 3
-    mine = x[rank * 4:(rank + 1) * 4]
-    stats = torch.stack([mine.sum(0), (mine * mine).sum(0), torch.full((3,), 4.0)])
-    dist.all_reduce(stats)  # one all-reduce gives global sums, sums of squares, count
-    mean = stats[0] / stats[2]
-    var = stats[1] / stats[2] - mean * mean
-    synced = (mine - mean) / torch.sqrt(var + 1e-5)
-    reference = nn.functional.batch_norm(x, None, None, training=True)[rank * 4:(rank + 1) * 4]
+    x = torch.randn(10, 3, generator=gen) * torch.tensor([1.0, 5.0, 0.2]) + 3
+    rows = [slice(0, 4), slice(4, 10)][rank]  # 4 rows on rank 0, 6 on rank 1
+    mine = x[rows]
+    var, mean = torch.var_mean(mine, dim=0, unbiased=False)
+    stats = torch.cat([mean, 1 / torch.sqrt(var + eps), torch.tensor([float(len(mine))])])
+    gathered = [torch.empty_like(stats) for _ in range(world_size)]
+    dist.all_gather(gathered, stats)  # (mean, invstd, count) of every rank, as torch does
+    means, invstds, counts = torch.stack(gathered).split([3, 3, 1], dim=1)
+    variances = 1 / invstds**2 - eps
+    g_mean = (counts * means).sum(0) / counts.sum()  # what batch_norm_gather_stats_with_counts
+    g_var = (counts * (variances + (means - g_mean) ** 2)).sum(0) / counts.sum()  # computes
+    synced = (mine - g_mean) / torch.sqrt(g_var + eps)
+    reference = nn.functional.batch_norm(x, None, None, training=True)[rows]
     plain = nn.functional.batch_norm(mine, None, None, training=True)
     if rank == 0:
         print(f"plain per-rank BN vs global-batch BN: {(plain - reference).abs().max():.3f}")
-        print(f"synced statistics vs global-batch BN: {(synced - reference).abs().max():.1e}")
+        print(f"gathered statistics vs global-batch BN: {(synced - reference).abs().max():.1e}")
 
 
 dl.spawn(sync_bn_by_hand, nprocs=2, backend="gloo")
@@ -724,6 +844,58 @@ else:
                    "and prints identical running means on both ranks.",
                 zh="[此处没有 2 块 GPU] 在 2 块 GPU 上，本单元会用 nccl 把含 SyncBatchNorm 的模型包装进 "
                    "DDP，并打印两个 rank 上相同的运行均值。"))
+
+# %% [markdown] lang="en"
+# ## 7. The other way: one model in shared memory (Hogwild)
+#
+# DDP gives every process its **own** replica and keeps them identical by all-reducing
+# gradients. `torch.multiprocessing` offers the opposite on one machine: one model in
+# **shared memory**, written by every process. A CPU tensor sent to another process
+# (through a `torch.multiprocessing` queue, or as an argument of a process it starts) is
+# not copied: its storage is moved to shared memory (`share_memory_()`) and the receiver
+# gets a handle to the same bytes (`torch/multiprocessing/reductions.py`). The handle
+# travels as a file descriptor (strategy `file_descriptor`, the Linux default) or as a
+# file name (`file_system`, for when too many descriptors would be open); CUDA tensors go
+# through CUDA IPC and the sender must keep them alive. The first cell sends a tensor to a
+# child that adds 1 in place: the parent sees it.
+#
+# **Hogwild** (Recht et al., 2011; pytorch/examples `mnist_hogwild`) builds training on
+# this: `model.share_memory()`, then several processes each run their own optimizer on
+# their own data and write into the same parameters **without a lock or an all-reduce**.
+# Updates can overwrite each other, the processes are never in step, and it works only
+# within one machine; DDP is synchronous, exact (the mean gradient) and spans machines.
+# The second cell trains a shared `nn.Linear(2, 1)` towards the weights (2, -3) from two
+# processes. Both cells run functions of `ddp_lab/shared_memory.py` in children started
+# with "spawn" (each imports torch, a few seconds).
+
+# %% [markdown] lang="zh"
+# ## 7. 另一种做法：共享内存里的同一个模型（Hogwild）
+#
+# DDP 让每个进程持有**自己的**副本，并通过对梯度做全归约让它们保持一致。`torch.multiprocessing`
+# 在单机上提供了相反的做法：模型只有一份，放在**共享内存**里，所有进程都往里写。发送给另一个进程的
+# CPU 张量（经由 `torch.multiprocessing` 的队列，或者作为它启动的进程的参数）不会被复制：它的存储
+# 被移到共享内存（`share_memory_()`），接收方拿到的是指向同一块内存的句柄
+# （`torch/multiprocessing/reductions.py`）。句柄以文件描述符的形式传递（共享策略
+# `file_descriptor`，Linux 上的默认值），或者以文件名的形式传递（`file_system`，用于打开的描述符
+# 过多时）；CUDA 张量走 CUDA IPC，发送方必须让它们一直存活。第一个单元把一个张量发给子进程，
+# 子进程原地加 1：父进程能看到这个变化。
+#
+# **Hogwild**（Recht 等，2011；pytorch/examples 中的 `mnist_hogwild`）就建立在这一点上：
+# `model.share_memory()` 之后，几个进程各自用自己的优化器、在自己的数据上训练，**不加锁、也不做
+# 全归约**，直接写同一份参数。更新可能互相覆盖，进程之间从不同步，而且只能在一台机器内使用；DDP 则是
+# 同步的、精确的（平均梯度），还能跨机器。第二个单元用两个进程把一个共享的 `nn.Linear(2, 1)`
+# 训练到权重 (2, -3)。两个单元运行的都是 `ddp_lab/shared_memory.py` 中的函数，子进程用 "spawn"
+# 方式启动（每个子进程都要重新导入 torch，需要几秒）。
+
+# %%
+from ddp_lab import shared_memory  # noqa: E402
+
+for key, value in shared_memory.send_tensor().items():
+    print(f"{key:30s} {value}")
+
+# %%
+dl.show_source(shared_memory._hogwild_worker)
+print(shared_memory.hogwild(nprocs=2, steps=200))
 
 # %% [markdown] lang="en" tags=["exercise"]
 # ## Exercise 1: a naive DDP wrapper (3 points)
@@ -878,7 +1050,9 @@ dl.grade("07.bucketed", GradBuckets)
 #   reproduces torch's parameters bitwise on 2 ranks.
 # - Buckets, hooks and asynchronous all-reduce let communication overlap backward;
 #   `BucketedDDP` is a ~100-line Python reducer whose step time was measured above against
-#   torch's C++ one.
+#   torch's C++ one. Torch reduces the first iteration in one bucket, then rebuilds the
+#   buckets in the order gradients arrived, the output layers first (1 MiB by default).
+# - Hogwild shares one model between processes instead; DDP keeps identical replicas.
 # - DDP equals gradient accumulation only for deterministic models with a mean loss;
 #   `no_sync()`, rank-0 checkpoint loading, per-rank augmentation seeds,
 #   `find_unused_parameters` and `SyncBatchNorm` follow from the two ideas above.
@@ -893,7 +1067,9 @@ dl.grade("07.bucketed", GradBuckets)
 #   步骤（各副本仍然相同）。
 # - DDP = 构造时广播 + 反向传播后平均梯度；`NaiveDDP` 在 2 个 rank 上逐位复现了 torch 的参数。
 # - 桶、钩子和异步全归约让通信与反向计算重叠；`BucketedDDP` 是一个约 100 行的 Python
-#   归约器，上面实测了它与 torch 的 C++ 实现的步时对比。
+#   归约器，上面实测了它与 torch 的 C++ 实现的步时对比。torch 第一次迭代只用一个桶，之后按梯度
+#   实际到达的顺序重建桶，输出层在前（默认 1 MiB）。
+# - Hogwild 则让多个进程共享同一个模型；DDP 保持各副本相同。
 # - 只有确定性模型加平均损失时，DDP 才等于梯度累积；`no_sync()`、只在 rank 0 加载检查点、
 #   每个 rank 不同的数据增强种子、`find_unused_parameters` 和 `SyncBatchNorm` 都可以由上面
 #   两个想法推出。

@@ -34,6 +34,7 @@
 # `dl.spawn` 运行完全相同的代码。我们会顺带用可运行的代码检验源笔记中的若干说法，其中有几条是错的。
 
 # %%
+import re
 import tempfile
 from pathlib import Path
 
@@ -190,15 +191,22 @@ for use_set_epoch in (False, True):
 #
 # `--batch-size` is per rank: with N ranks one optimizer step sees N times as many samples
 # and there are N times fewer steps per epoch. The notes scale the learning rate linearly
-# (Goyal et al., 2017) and mention the square-root rule; `train.scaled_lr` does both, for an
-# LR tuned at a global batch of 32:
+# (Goyal et al., 2017) and mention the square-root rule; `train.scaled_lr` does both. With
+# k = new batch / old batch, **linear** multiplies the LR by k, which keeps SGD's gradient
+# noise scale (about LR x dataset size / batch, Smith and Le 2017) unchanged; **sqrt**
+# (Krizhevsky 2014) multiplies it by sqrt(k), which keeps the variance of one update
+# (LR squared / batch) unchanged, so the noise falls as the batch grows. Below, for an LR
+# tuned at a global batch of 32:
 
 # %% [markdown] lang="zh"
 # ## 每个 rank 的批、全局批与学习率
 #
 # `--batch-size` 指每个 rank 的批大小：N 个 rank 时，一次优化器更新看到 N 倍的样本，每轮的
 # 步数少 N 倍。笔记按线性规则缩放学习率（Goyal 等，2017），也提到了平方根规则；
-# `train.scaled_lr` 两者都支持。下表中的学习率是针对全局批大小 32 调好的：
+# `train.scaled_lr` 两者都支持。设 k = 新批大小 / 原批大小：**线性**规则把学习率乘以 k，
+# 保持 SGD 的梯度噪声尺度（约为 学习率 × 数据集大小 / 批大小，Smith 和 Le，2017）不变；
+# **平方根**规则（Krizhevsky，2014）把学习率乘以 sqrt(k)，保持单次更新的方差（学习率的平方 /
+# 批大小）不变，于是批越大噪声越小。下表中的学习率是针对全局批大小 32 调好的：
 
 # %%
 print(f"{'ranks':>5} {'global batch':>12} {'steps/epoch':>11} {'linear lr':>9} {'sqrt lr':>8}")
@@ -206,6 +214,30 @@ for n in (1, 2, 4, 8):
     steps = -(-1438 // n // 32)
     print(f"{n:>5} {32 * n:>12} {steps:>11} {train.scaled_lr(0.05, 32 * n, 32, 'linear'):>9.3f}"
           f" {train.scaled_lr(0.05, 32 * n, 32, 'sqrt'):>8.3f}")
+
+# %% [markdown] lang="en"
+# The linear rule does not hold at the start of training, when the weights change fast:
+# Goyal et al. (2017, section 2.2) needed a **warmup**, the LR rising from the small-batch
+# value to k times it over the first 5 epochs, to train ResNet-50 with a batch of 8k;
+# without it, the large LR diverges early or ends worse. In torch a warmup is a scheduler,
+# e.g. `LinearLR` from 1/k of the scaled LR to all of it (`torch/optim/lr_scheduler.py`):
+
+# %% [markdown] lang="zh"
+# 线性规则在训练刚开始、权重变化很快时并不成立：Goyal 等（2017，第 2.2 节）为了用 8k 的批
+# 训练 ResNet-50，需要**预热**（warmup）：在前 5 轮里把学习率从小批时的值逐步升到 k 倍；没有
+# 预热，大学习率会在早期发散，或者最终效果更差。在 torch 里，预热就是一个调度器，例如用
+# `LinearLR` 从缩放后学习率的 1/k 升到全部（`torch/optim/lr_scheduler.py`）：
+
+# %%
+k, warmup_steps = 8, 5  # 8 ranks; warm up over 5 steps here (Goyal et al.: 5 epochs)
+opt = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=train.scaled_lr(0.05, 32 * k, 32, "linear"))
+warmup = torch.optim.lr_scheduler.LinearLR(opt, start_factor=1 / k, total_iters=warmup_steps)
+lrs = []
+for _ in range(warmup_steps + 2):
+    lrs.append(round(opt.param_groups[0]["lr"], 4))
+    opt.step()
+    warmup.step()
+print("LR per step:", lrs)
 
 # %% [markdown] lang="en"
 # ## The loss to log is the mean over ranks
@@ -374,6 +406,201 @@ else:
                 zh="已跳过：这里没有 2 块 GPU。有 GPU 时，本单元用 nccl 后端训练并打印测试准确率。"))
 
 # %% [markdown] lang="en"
+# ## Saving the whole module no longer loads
+#
+# Some source notes save `torch.save(model.module, path)`: the whole module, pickled. Since
+# torch 2.6, `torch.load` defaults to `weights_only=True` (the message in
+# `torch/serialization.py` says so), which unpickles tensors, plain containers and numbers
+# only, so that a checkpoint cannot run code when it is loaded. A pickled module needs its
+# class, so the load fails:
+
+# %% [markdown] lang="zh"
+# ## 保存整个模块的文件已经加载不了
+#
+# 有的源笔记用 `torch.save(model.module, path)` 保存整个被 pickle 的模块。从 torch 2.6 起，
+# `torch.load` 的默认值变成了 `weights_only=True`（`torch/serialization.py` 里的提示信息写明了
+# 这一点）：它只反序列化张量、普通容器和数字，这样加载检查点时不会执行任意代码。被 pickle 的
+# 模块需要它的类，所以加载失败：
+
+# %%
+net = torch.nn.Sequential(torch.nn.Linear(4, 2))  # stands for ddp_model.module
+torch.save(net, workdir / "whole.pt")
+try:
+    torch.load(workdir / "whole.pt")
+except Exception as err:  # _pickle.UnpicklingError
+    lines = re.sub(r"\x1b\[[0-9;]*m", "", str(err)).splitlines()  # drop the terminal colours
+    print(type(err).__name__ + ":", lines[0])
+    print("   ", next(line.strip() for line in lines if "Unsupported global" in line))
+
+# %% [markdown] lang="en"
+# `weights_only=False` loads it, but only do that for a file you trust: unpickling can run
+# any code, and the file also breaks when the class moves or changes. Save the weights
+# instead, `model.module.state_dict()` as this chapter's checkpoints do, and rebuild the
+# model from code:
+
+# %% [markdown] lang="zh"
+# `weights_only=False` 可以加载它，但只能用于你信任的文件：反序列化可以执行任意代码，而且类
+# 一旦移动或修改，这个文件也就失效了。应该只保存权重，也就是本章检查点的做法
+# `model.module.state_dict()`，再用代码重建模型：
+
+# %%
+torch.save(net.state_dict(), workdir / "weights.pt")
+fresh = torch.nn.Sequential(torch.nn.Linear(4, 2))
+fresh.load_state_dict(torch.load(workdir / "weights.pt"))  # weights_only=True: fine
+print("same weights:", torch.equal(fresh[0].weight, net[0].weight))
+
+# %% [markdown] lang="en"
+# ## `pin_memory` and `non_blocking`
+#
+# A copy from CPU memory to a GPU is done by the GPU's DMA engine, which can only read
+# **page-locked** ("pinned") host memory. From ordinary (pageable) memory the CUDA driver
+# first copies the data into a pinned staging buffer, and the call returns only when the
+# copy is done. `DataLoader(..., pin_memory=True)` puts each batch in pinned memory (in a
+# separate thread, `torch/utils/data/_utils/pin_memory.py`); then
+# `x.to("cuda", non_blocking=True)` only **queues** the copy on the current CUDA stream and
+# returns at once, so the CPU can prepare the next batch while the copy runs, and kernels
+# queued later on the same stream still wait for it. `non_blocking=True` from pageable
+# memory is allowed but gains little. Pinned memory cannot be paged out, so pinning a lot
+# of it starves the rest of the machine. Source note 002's explanation ("pin_memory makes
+# the GPU read memory faster, non_blocking makes it asynchronous everywhere") mixes up the
+# two: it is the pinning that makes the asynchronous copy possible.
+#
+# On this machine there is no GPU: pinning needs one, and `DataLoader` warns and skips it.
+# The GPU cell after it measures both copies.
+
+# %% [markdown] lang="zh"
+# ## `pin_memory` 与 `non_blocking`
+#
+# 从 CPU 内存到 GPU 的复制由 GPU 的 DMA 引擎完成，而它只能读取**页锁定**（pinned）的主机内存。
+# 如果数据在普通（可分页）内存里，CUDA 驱动要先把它复制到一块页锁定的中转缓冲区，调用要等复制
+# 结束才返回。`DataLoader(..., pin_memory=True)` 把每个批放进页锁定内存（在单独的线程里完成，
+# `torch/utils/data/_utils/pin_memory.py`）；这时 `x.to("cuda", non_blocking=True)` 只是把复制
+# **排进**当前 CUDA 流就立即返回，CPU 可以一边准备下一个批，一边让复制进行，而之后排进同一个流的
+# 内核仍然会等它完成。从可分页内存做 `non_blocking=True` 也可以，但几乎没有收益。页锁定内存不能
+# 被换出，锁定太多会挤占机器上的其他程序。源笔记 002 的解释（“pin_memory 让 GPU 读内存更快，
+# non_blocking 让一切都变成异步”）把两者混在了一起：正是页锁定让异步复制成为可能。
+#
+# 这台机器没有 GPU：页锁定需要 GPU，`DataLoader` 会给出警告并跳过它。再下一个单元在 GPU 上
+# 测量这两种复制。
+
+# %%
+import warnings  # noqa: E402
+
+try:
+    torch.empty(4).pin_memory()
+    print("pinned:", torch.empty(4).pin_memory().is_pinned())
+except RuntimeError as err:
+    print("pin_memory():", err)
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    next(iter(DataLoader(TensorDataset(torch.arange(8.0)), batch_size=4, pin_memory=True)))
+print("DataLoader(pin_memory=True):", [str(w.message)[:90] for w in caught] or "no warning")
+
+# %% tags=["lesson"]
+if torch.cuda.is_available():
+    import time
+
+    def copy_ms(src, non_blocking, repeat=10):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        for _ in range(repeat):
+            dst = src.to("cuda", non_blocking=non_blocking)
+        returned = time.perf_counter() - start  # when the CPU got control back
+        torch.cuda.synchronize()
+        done = time.perf_counter() - start  # when the copies had finished
+        del dst
+        return 1000 * returned / repeat, 1000 * done / repeat
+
+    pageable = torch.randn(64, 1024, 1024)  # 256 MiB
+    pinned = pageable.pin_memory()
+    copy_ms(pinned, False)  # warm up
+    for name, src, nb in [("pageable", pageable, False), ("pageable", pageable, True),
+                          ("pinned", pinned, False), ("pinned", pinned, True)]:
+        back, done = copy_ms(src, nb)
+        print(f"{name:8s} non_blocking={nb!s:5s}: returns after {back:7.2f} ms, copy done after "
+              f"{done:7.2f} ms ({256 / done:5.1f} GiB/s)")
+else:
+    print(dl.tr(en="Skipped: no GPU here. With one, this cell copies 256 MiB to the GPU from pageable "
+                   "and pinned memory, with and without non_blocking, and prints when each call "
+                   "returned and when the copy was done.",
+                zh="已跳过：这里没有 GPU。有 GPU 时，本单元分别从可分页内存和页锁定内存把 256 MiB 复制到 "
+                   "GPU（带与不带 non_blocking），并打印每次调用何时返回、复制何时完成。"))
+
+# %% [markdown] lang="en"
+# ## Seeds per rank, and cuDNN's flags
+#
+# One seed for everything is wrong under DDP, and so is a different seed for everything:
+#
+# - the **model** must start identical: any seed works, because `DDP(model)` broadcasts
+#   rank 0's weights at construction;
+# - **random data** (shuffling is the sampler's job, with the same `seed` on every rank)
+#   such as augmentation and **dropout** must differ between ranks, or the ranks draw the
+#   same masks and the same crops for different samples: seed them with `seed + rank`.
+#   `DataLoader` workers each get `base_seed + worker_id` from the loader's generator
+#   (`torch/utils/data/_utils/worker.py`), so seeding the main process per rank covers them
+#   for torch; `random` and NumPy in workers need a `worker_init_fn`.
+#
+# The cell shows the masks of a dropout layer on 2 ranks, seeded alike and per rank.
+
+# %% [markdown] lang="zh"
+# ## 每个 rank 的随机种子，以及 cuDNN 的开关
+#
+# 在 DDP 下，所有东西用同一个种子是错的，所有东西都用不同的种子也是错的：
+#
+# - **模型**必须从相同的状态开始：用什么种子都行，因为 `DDP(model)` 在构造时会广播 rank 0 的权重；
+# - 数据增强、**dropout** 这类**随机数据**（打乱顺序是采样器的事，所有 rank 用同一个 `seed`）
+#   必须在各 rank 之间不同，否则各 rank 会对不同的样本抽到相同的掩码、相同的裁剪：用
+#   `seed + rank` 播种。`DataLoader` 的每个 worker 从加载器的生成器得到 `base_seed + worker_id`
+#   （`torch/utils/data/_utils/worker.py`），所以按 rank 给主进程播种就覆盖了 worker 里的 torch
+#   随机数；worker 里的 `random` 和 NumPy 需要 `worker_init_fn`。
+#
+# 下面的单元在 2 个 rank 上展示一个 dropout 层的掩码：一次所有 rank 种子相同，一次按 rank 播种。
+
+# %%
+def dropout_masks(rank, seed=0):
+    rows = []
+    for per_rank in (False, True):
+        torch.manual_seed(seed + rank if per_rank else seed)
+        model = DDP(torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Dropout(0.5)))
+        mask = (model(torch.ones(1, 4)) != 0).int().flatten()
+        masks = [torch.empty_like(mask) for _ in range(2)]
+        dist.all_gather(masks, mask)
+        weights = [torch.empty_like(model.module[0].weight) for _ in range(2)]
+        dist.all_gather(weights, model.module[0].weight.detach())
+        rows.append(f"{'seed + rank' if per_rank else 'same seed  '}: masks {[m.tolist() for m in masks]} "
+                    f"identical={torch.equal(*masks)} | weights identical={torch.equal(*weights)}")
+    return rows
+
+
+for line in dl.spawn(dropout_masks, nprocs=2, backend="gloo")[0]:
+    print(line)
+
+# %% [markdown] lang="en"
+# On GPUs, `torch.backends.cudnn.benchmark = True` lets cuDNN time several convolution
+# algorithms for each new input shape and keep the fastest: faster for fixed shapes, but
+# the choice can differ between runs and ranks. `torch.backends.cudnn.deterministic = True`
+# restricts cuDNN to deterministic algorithms; `torch.use_deterministic_algorithms(True)`
+# goes further and raises an error for any torch operation without a deterministic
+# implementation. Source note 000's `init_seeds` sets `deterministic = (seed == 0)` and
+# `benchmark = not deterministic`: with `seed + rank`, rank 0 runs deterministically and
+# every other rank does not. Set both flags from a configuration option, the same on every
+# rank. On a CPU they change nothing (they are cuDNN's), so this cell only prints them.
+
+# %% [markdown] lang="zh"
+# 在 GPU 上，`torch.backends.cudnn.benchmark = True` 让 cuDNN 针对每种新的输入形状试跑几种卷积
+# 算法并保留最快的：形状固定时更快，但不同运行、不同 rank 之间选中的算法可能不同。
+# `torch.backends.cudnn.deterministic = True` 把 cuDNN 限制在确定性算法上；
+# `torch.use_deterministic_algorithms(True)` 更进一步：任何没有确定性实现的 torch 操作都会报错。
+# 源笔记 000 的 `init_seeds` 设置 `deterministic = (seed == 0)`、`benchmark = not deterministic`：
+# 配合 `seed + rank`，结果是 rank 0 以确定性方式运行，其他 rank 都不是。应当由一个配置项设置这两个
+# 开关，并且所有 rank 相同。在 CPU 上它们不起作用（它们属于 cuDNN），所以本单元只打印它们。
+
+# %%
+print("cudnn.benchmark:", torch.backends.cudnn.benchmark,
+      "| cudnn.deterministic:", torch.backends.cudnn.deterministic,
+      "| deterministic algorithms:", torch.are_deterministic_algorithms_enabled())
+
+# %% [markdown] lang="en"
 # ## Scaling: time per epoch on 1, 2 (and 4) ranks
 #
 # Each rank uses one thread, and an epoch is as long as its slowest rank. What a 2-core
@@ -527,7 +754,9 @@ dl.grade("08.fit", fit)
 # same code, reads its own shard (re-shuffled by `set_epoch`), starts from the same weights,
 # logs numbers reduced over all ranks, and lets rank 0 alone talk to the outside world
 # (progress, checkpoints), with a barrier where others depend on it. The same file runs under
-# `torchrun` on one node or many.
+# `torchrun` on one node or many. Scale the LR with a warmup, save `state_dict()`s (a pickled
+# module no longer loads by default), pin host memory for asynchronous copies to a GPU,
+# seed random data per rank and the model however you like.
 
 # %% [markdown] lang="zh"
 # ## 小结
@@ -535,3 +764,5 @@ dl.grade("08.fit", fit)
 # DDP 程序就是普通的训练循环加上几条规则：每个 rank 运行相同的代码，读取自己的分片（用 `set_epoch`
 # 每轮重新打乱），从相同的权重开始，记录在所有 rank 上归约过的数值，并且只让 rank 0 与外界交互
 # （进度、检查点），在其他 rank 依赖它的地方放一个屏障。同一个文件可以在 `torchrun` 下运行于一个或多个节点。
+# 缩放学习率时要配合预热；保存 `state_dict()`（被 pickle 的整个模块默认已经加载不了）；往 GPU 异步
+# 复制时使用页锁定内存；随机数据按 rank 播种，模型用什么种子都可以。

@@ -1,18 +1,21 @@
 """Bucketed DDP: all-reduce gradient buckets during backward, overlapping communication.
 
-Each trainable parameter gets a post-accumulate-grad hook. When every gradient of a
-bucket is ready, the bucket is flattened into one buffer, divided by the world size and
-sent with an asynchronous ``all_reduce``; backward goes on computing the earlier layers'
-gradients meanwhile. A callback queued on the autograd engine runs when backward ends:
+Each trainable parameter gets a post-accumulate-grad hook. When a gradient is ready, the
+hook copies it into its slot of its bucket's flat buffer, multiplied by 1/world_size; when
+a bucket's last gradient is in, the buffer is sent with an asynchronous ``all_reduce`` and
+backward goes on computing the earlier layers' gradients meanwhile. A callback queued on the autograd engine runs when backward ends:
 it waits for every bucket and copies the averaged values back into ``param.grad``, so
 ``loss.backward()`` returns with synchronised gradients, as under torch's DDP.
 
 How the teaching version differs from PyTorch's ``DistributedDataParallel``:
 - the reducer is ~100 lines of Python instead of C++ (``torch/csrc/distributed/c10d/
-  reducer.cpp``); gradients are copied into the bucket (torch can make them views of it,
-  ``gradient_as_bucket_view=True``);
-- buckets keep the order given by ``assign_buckets`` (torch rebuilds them after the first
-  iteration in the order gradients really arrived);
+  reducer.cpp``); as in torch, each gradient is copied into its slot of the bucket as soon
+  as it is ready, already multiplied by 1/world_size (``Reducer::mark_variable_ready_dense``),
+  and the bucket is all-reduced when its last gradient is in (torch can also make the
+  gradients views of the bucket, ``gradient_as_bucket_view=True``);
+- the buckets are fixed at construction by ``assign_buckets``: the plan torch's DDP
+  rebuilds after its first iteration, assuming gradients arrive in reverse definition order
+  (torch uses one unbounded bucket for the first iteration and then measures the order);
 - a parameter without a gradient raises an error at the end of backward (torch's
   ``find_unused_parameters=True`` marks it ready instead); one dtype and device per model;
 - no comm hooks, static graph, join or mixed precision.
@@ -98,31 +101,53 @@ def check_cap(value: Any) -> float | None:
 
 
 def assign_buckets(
-    params: Sequence[torch.Tensor], bucket_cap_mb: float | None = None
+    params: Sequence[torch.Tensor],
+    bucket_cap_mb: float | None = None,
+    *,
+    find_unused_parameters: bool = False,
 ) -> list[list[int]]:
     """Group parameter indices into buckets, in the order the buckets will be all-reduced.
 
-    torch's rule (``dist._compute_bucket_assignment_by_size``): walk the parameters in
-    definition order and close a bucket as soon as it holds at least the cap; the first
-    bucket's cap is 1 MiB when ``bucket_cap_mb`` is None (the default, 25 MiB). The list
-    is then reversed, because backward produces the last layers' gradients first.
+    This is the plan torch's DDP reduces with from its second iteration on (torch 2.13,
+    ``torch/nn/parallel/distributed.py`` ``_ddp_init_helper`` and ``_BucketCapacityConfig``,
+    ``Reducer::rebuild_buckets`` in ``torch/csrc/distributed/c10d/reducer.cpp``):
+
+    - the first iteration uses ONE bucket of unbounded size (``[sys.maxsize]``), unless
+      ``find_unused_parameters=True``;
+    - during that backward the reducer records the order the gradients arrived in; before
+      the next forward it rebuilds the buckets by walking the parameters in that order and
+      closing a bucket as soon as it holds at least the cap. With ``bucket_cap_mb=None`` the
+      first bucket closed (the first reduced: the output layers) has a 1 MiB cap
+      (``dist._DEFAULT_FIRST_BUCKET_BYTES``) and the others 25 MiB; an explicit
+      ``bucket_cap_mb`` gives every bucket that cap (no 1 MiB first bucket).
+
+    We cannot see the order gradients arrive in before a backward, so this function assumes
+    it is the reverse of the definition order (true for a model whose layers run in the order
+    they are defined, e.g. ``nn.Sequential``; inside a layer the bias comes before the weight).
+    ``tests/test_bucketed_ddp.py`` checks the result against the buckets torch's DDP reports
+    in ``_get_ddp_logging_data()["rebuilt_per_bucket_param_indices"]``.
+
+    ``find_unused_parameters=True`` gives torch's plan with that flag instead: buckets are
+    never rebuilt, so the construction plan stays, walked in definition order (the 1 MiB
+    bucket holds the FIRST layers, reduced last) and then reversed.
     """
     cap = check_cap(bucket_cap_mb)
     limits = (
         [DEFAULT_FIRST_BUCKET_MB * MB, DEFAULT_BUCKET_CAP_MB * MB] if cap is None else [cap * MB]
     )
+    order = range(len(params)) if find_unused_parameters else range(len(params) - 1, -1, -1)
     buckets: list[list[int]] = []
     current: list[int] = []
     size = 0
-    for i, p in enumerate(params):
+    for i in order:
         current.append(i)
-        size += p.numel() * p.element_size()
+        size += params[i].numel() * params[i].element_size()
         if size >= limits[min(len(buckets), len(limits) - 1)]:
             buckets.append(current)
             current, size = [], 0
     if current:
         buckets.append(current)
-    return buckets[::-1]
+    return buckets[::-1] if find_unused_parameters else buckets
 
 
 @dataclass
@@ -158,6 +183,7 @@ class _Bucket:
             v.view_as(p)
             for v, p in zip(self.flat.split([p.numel() for p in params]), params, strict=True)
         ]
+        self.view_of = {id(p): v for p, v in zip(params, self.views, strict=True)}
         self.pending = len(params)
         self.work: Any = None
 
@@ -260,7 +286,12 @@ class BucketedDDP(nn.Module):
             self._queued = True
         if self._step is not None:
             self._step.grads.append((self._now(), self._names.get(id(param), "?")))
-        self._bucket_of[id(param)].pending -= 1
+        bucket = self._bucket_of[id(param)]
+        with torch.no_grad():
+            # Copy into the bucket slot now, scaled by 1/world_size, as torch's reducer does
+            # (mark_variable_ready_dense: at::mul_out(bucket_view, grad, 1. / div_factor_)).
+            torch.mul(param.grad, 1.0 / self._world_size, out=bucket.view_of[id(param)])
+        bucket.pending -= 1
         # Launch only in bucket order, even if a later bucket filled first, so that every
         # rank issues the same collectives in the same order.
         while self._next < len(self.buckets) and self.buckets[self._next].pending == 0:
@@ -271,8 +302,7 @@ class BucketedDDP(nn.Module):
     def _launch(self, index: int) -> None:
         bucket = self.buckets[index]
         start = self._now()
-        for p, view in zip(bucket.params, bucket.views, strict=True):
-            torch.div(p.grad, self._world_size, out=view)  # divide, then sum: torch's order
+        # every gradient is already in its slot, divided by the world size: sum them now
         bucket.work = dist.all_reduce(bucket.flat, group=self.process_group, async_op=True)
         if self._step is not None:
             done = self._done

@@ -186,8 +186,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def scaled_lr(lr: float, global_batch: int, base_batch: int, rule: str) -> float:
     """The learning rate for ``global_batch`` when ``lr`` was tuned for ``base_batch``.
 
-    "linear" (Goyal et al. 2017): k times the batch, k times the LR; "sqrt" keeps the
-    gradient noise scale; "none" keeps the LR.
+    With k = global_batch / base_batch: "linear" (Goyal et al. 2017) multiplies the LR by k,
+    which keeps SGD's gradient noise scale (about lr * dataset_size / batch, Smith and Le
+    2017) constant, and needs a warmup from ``lr`` to ``k * lr`` over the first epochs
+    (Goyal et al. used 5); "sqrt" (Krizhevsky 2014) multiplies it by sqrt(k), which keeps
+    the variance of one update (lr**2 / batch times the per-sample gradient covariance)
+    constant, so the noise scale falls as the batch grows; "none" keeps the LR.
     """
     k = global_batch / base_batch
     return lr * {"linear": k, "sqrt": math.sqrt(k), "none": 1.0}[rule]

@@ -27,33 +27,111 @@ from ddp_lab.ddp import module_states
 matplotlib.use("Agg")
 
 
+def _torch_plan(params: list[torch.Tensor], cap_mb: float | None, find_unused: bool) -> list:
+    """torch's own bucket assignment, called as DDP calls it (torch 2.13)."""
+    first = dist._DEFAULT_FIRST_BUCKET_BYTES
+    cap = 25 * 1024 * 1024 if cap_mb is None else int(cap_mb * 1024 * 1024)
+    if find_unused:
+        # _ddp_init_helper: definition order, limits [first, cap] (default) or [cap], reversed;
+        # never rebuilt (Reducer::should_rebuild_buckets is false with find_unused_parameters).
+        limits = [first, cap] if cap_mb is None else [cap]
+        expected, _ = dist._compute_bucket_assignment_by_size(params, limits)
+        return list(reversed(expected))
+    # Reducer::rebuild_buckets: gradient-arrival order, limits [first_bucket_bytes_cap, cap],
+    # where first_bucket_bytes_cap is 1 MiB by default and the cap itself when it is given.
+    limits = [first if cap_mb is None else cap, cap]
+    order = list(range(len(params)))[::-1]  # reverse definition order
+    expected, _ = dist._compute_bucket_assignment_by_size(
+        [params[i] for i in order], limits, [False] * len(params), order
+    )
+    return expected
+
+
 @settings(max_examples=200, deadline=None)
 @given(
     numels=st.lists(st.integers(1, 5000), min_size=1, max_size=12),
     cap_kib=st.one_of(st.none(), st.floats(0.001, 40.0)),
     dtype=st.sampled_from([torch.float32, torch.float64, torch.float16]),
+    find_unused=st.booleans(),
 )
 def test_assign_buckets_matches_torch(
-    numels: list[int], cap_kib: float | None, dtype: torch.dtype
+    numels: list[int], cap_kib: float | None, dtype: torch.dtype, find_unused: bool
 ) -> None:
     params = [torch.empty(n, dtype=dtype) for n in numels]
     cap_mb = None if cap_kib is None else cap_kib / 1024
-    if cap_mb is None:
-        limits = [dist._DEFAULT_FIRST_BUCKET_BYTES, 25 * 1024 * 1024]
-    else:
-        limits = [int(cap_mb * 1024 * 1024)]
-    expected, _ = dist._compute_bucket_assignment_by_size(params, limits)
-    # DDP reverses torch's list (torch/nn/parallel/distributed.py, _ddp_init_helper).
     # torch truncates the cap to whole bytes; keep caps where that cannot matter.
-    if cap_mb is None or float(limits[0]) == cap_mb * 1024 * 1024:
-        assert assign_buckets(params, cap_mb) == list(reversed(expected))
+    if cap_mb is None or float(int(cap_mb * 2**20)) == cap_mb * 2**20:
+        ours = assign_buckets(params, cap_mb, find_unused_parameters=find_unused)
+        assert ours == _torch_plan(params, cap_mb, find_unused)
 
 
 def test_assign_buckets_small_cap_matches_torch_exactly() -> None:
     params = [torch.empty(n) for n in [100, 300, 50, 1000, 10, 10, 200]]
     for cap_bytes in [1, 1024, 1200, 1600, 4000, 10**6]:
-        expected, _ = dist._compute_bucket_assignment_by_size(params, [cap_bytes])
-        assert assign_buckets(params, cap_bytes / 2**20) == list(reversed(expected))
+        for find_unused in (False, True):
+            ours = assign_buckets(params, cap_bytes / 2**20, find_unused_parameters=find_unused)
+            assert ours == _torch_plan(params, cap_bytes / 2**20, find_unused)
+
+
+def _wide_mlp(width: int = 512, depth: int = 4) -> nn.Module:
+    layers: list[nn.Module] = [nn.Linear(128, width), nn.ReLU()]
+    for _ in range(depth):
+        layers += [nn.Linear(width, width), nn.ReLU()]
+    return nn.Sequential(*layers, nn.Linear(width, 10))
+
+
+def _ddp_buckets(rank: int) -> list:
+    """What torch's DDP reports about its buckets, at construction and after the rebuild."""
+    rows = []
+    for kwargs in [
+        {},
+        {"bucket_cap_mb": 1},
+        {"bucket_cap_mb": 25},
+        {"find_unused_parameters": True},
+    ]:
+        torch.manual_seed(0)
+        model = DDP(_wide_mlp(), **kwargs)
+        built = model._get_ddp_logging_data()["bucket_sizes"]
+        for _ in range(3):  # the rebuild happens in forward 2, the logger sees it in forward 3
+            model(torch.randn(4, 128)).sum().backward()
+        data = model._get_ddp_logging_data()
+        rows.append(
+            (
+                kwargs,
+                built,
+                data["has_rebuilt_buckets"],
+                data.get("rebuilt_per_bucket_param_indices"),
+                data.get("rebuilt_bucket_sizes"),
+            )
+        )
+    return rows
+
+
+def test_bucket_plan_matches_ddp_logging_data() -> None:
+    """assign_buckets against the buckets torch's DDP really uses (two ranks, gloo)."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        rows = dl.spawn(_ddp_buckets, nprocs=2, backend="gloo", quiet=True)[0]
+    params = list(_wide_mlp().parameters())
+
+    def sizes(plan: list) -> str:
+        return ", ".join(str(sum(params[i].numel() * 4 for i in b)) for b in plan)
+
+    for kwargs, built, rebuilt, indices, rebuilt_sizes in rows:
+        cap = kwargs.get("bucket_cap_mb")
+        if kwargs.get("find_unused_parameters"):
+            assert rebuilt == 0 and indices is None  # never rebuilt
+            assert built == sizes(assign_buckets(params, cap, find_unused_parameters=True))
+            continue
+        assert built == str(sum(p.numel() * 4 for p in params))  # one bucket, 1st iteration
+        assert rebuilt == 1
+        plan = assign_buckets(params, cap)
+        assert indices == ", ".join(" ".join(map(str, b)) for b in plan)
+        assert rebuilt_sizes == sizes(plan)
+    # the default's first bucket is the 1 MiB one, holding the output layers
+    assert assign_buckets(params, None)[0] == [11, 10, 9, 8]
 
 
 class FrozenMLP(nn.Module):
@@ -82,7 +160,7 @@ def bn_net() -> nn.Module:
 
 
 MODELS = {"frozen": FrozenMLP, "batchnorm": bn_net}
-CAP_MB = 1e-3  # ~1 KiB: several buckets for these models
+CAP_MB = 2e-4  # ~210 bytes: three or more buckets for these models
 
 
 def _vs_torch(rank: int, kind: str, steps: int, accumulate: int) -> dict:
@@ -204,7 +282,7 @@ def test_bucket_plan_and_widget() -> None:
     assert sorted(n for b in plan for n in b) == sorted(
         n for n, p in net.named_parameters() if p.requires_grad
     )
-    assert plan[0][-1] == "body.5.bias"  # the last layer's gradients come first
+    assert plan[0][0] == "body.5.bias"  # the last layer's gradients come first
     assert len(bucket_plan(net, None)) == 1
     widget = bucket_widget(net)
     assert widget.children[0].description == "bucket_cap_mb"
