@@ -1,14 +1,17 @@
 """Graded exercises: hidden randomised cases checked against real PyTorch.
 
 A chapter registers a checker with ``@checker("00.average", points=2)``. The checker is a
-generator: it receives a seeded ``random.Random`` and the learner's objects, and yields
-``Case``s; each case runs the learner's code against the oracle (the real torch function)
-and raises ``CaseFailed`` with a short explanation when they differ.
+generator ``check(rng, learner)``: it draws hidden cases from the seeded ``random.Random``,
+computes the oracle (the real torch function) itself, reaches the learner's code only
+through the ``learner`` handle (``course.learner``: probes that return data) and raises
+``CaseFailed`` with a short explanation when the results differ.
 
-``grade(grade_id, *objects)`` runs a checker in a graded cell: it prints exactly one line,
-the passing line that the build stored as the cell's expected output, or a failing line
-that says which hidden case failed and why; on failure it also raises ``AssertionError``
-so nbval, ``ddp-lab check`` and ``ddp-lab grade`` all see the cell fail.
+``run_checker`` runs one checker against a handle and returns the verdict line. Two callers:
+- ``grade(grade_id, *objects)`` in a notebook's graded cell (self-study): the handle is a
+  ``LocalLearner`` over the learner's objects, in their kernel; it prints one line and
+  raises ``AssertionError`` on failure so nbval sees the cell fail;
+- ``course.verdict`` for ``ddp-lab check`` / ``ddp-lab grade``: the handle is a
+  ``RemoteLearner`` into the sandbox, and nothing in the learner's kernel is trusted.
 
 The cases are drawn from ``DDP_LAB_GRADE_SEED`` (an instructor sets it to change them);
 the seed and the case parameters are never printed in full.
