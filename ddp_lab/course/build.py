@@ -78,6 +78,91 @@ def strip_markers(source: str) -> str:
     return "\n".join(line for line in source.split("\n") if not _MARKER.match(line))
 
 
+# Characters between which a line break is dropped in Chinese markdown (docs/STYLE.md,
+# "Line breaks in Chinese"). CJK_PUNCT never wants a space beside it; CJK_CHAR does, except
+# next to another CJK_CHAR.
+CJK_PUNCT = (
+    "\u3000-\u303f"  # CJK symbols and punctuation: 、。「」《》【】
+    "\uff00-\uffef"  # full-width forms: ，：；！？（）
+    "\u2018\u2019\u201c\u201d"  # quotes as Chinese text uses them: ‘’“”
+    "\u2014\u2026\u00b7"  # —— …… ·
+)
+CJK_CHAR = (
+    "\u2e80-\u2fdf"  # radicals
+    "\u3040-\u30ff"  # kana
+    "\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff"  # ideographs
+)
+_IS_PUNCT = re.compile(f"[{CJK_PUNCT}]")
+_IS_CJK = re.compile(f"[{CJK_PUNCT}{CJK_CHAR}]")
+_FENCE = re.compile(r"^\s{0,3}(`{3,}|~{3,})")
+_BLOCK_START = re.compile(
+    r"^\s*(#{1,6}(\s|$)|\||>|<|[-*+](\s|$)|\d{1,9}[.)](\s|$)|(\*\s*){3,}$|(-\s*){3,}$|(_\s*){3,}$|\$\$)"
+)
+_EMPHASIS = "*_~"
+
+
+def _break_is_joined(before: str, after: str) -> bool:
+    """Whether the soft break between line ``before`` and line ``after`` is dropped."""
+    left = before.rstrip(" \t").rstrip(_EMPHASIS)
+    right = after.lstrip(" \t").lstrip(_EMPHASIS)
+    if not left or not right:
+        return False
+    a, b = left[-1], right[0]
+    if _IS_PUNCT.match(a) and not b.isspace():
+        return True
+    if _IS_PUNCT.match(b) and not a.isspace():
+        return True
+    return bool(_IS_CJK.match(a) and _IS_CJK.match(b))
+
+
+def join_cjk_breaks(markdown: str) -> str:
+    """Drop the soft line breaks of hard-wrapped Chinese prose that browsers show as spaces.
+
+    Chromium renders a newline inside a paragraph as a space, also between two Chinese
+    characters ("只看得到自己的 分片"). A break is joined when the characters on both sides
+    (looking through ``*``/``_``/``~`` emphasis markers) are CJK characters or CJK
+    punctuation, or when one side is CJK punctuation and the other is not a space. Breaks
+    between a Chinese character and Latin text or digits stay: there a space is wanted. Only
+    paragraph continuations are joined: fenced code, blank lines, headings, tables, block
+    quotes, HTML, list items (a new item starts on its own line), hard breaks (two trailing
+    spaces or a backslash) and thematic breaks are left as they are.
+    """
+    out: list[str] = []
+    fence = ""
+    joinable = False  # whether out[-1] is a paragraph line that the next line may continue
+    for line in markdown.split("\n"):
+        if fence:
+            out.append(line)
+            stripped = line.strip()
+            if stripped.startswith(fence) and not stripped.strip(fence[0]):
+                fence = ""
+            continue
+        m = _FENCE.match(line)
+        if m:
+            fence = m.group(1)
+            out.append(line)
+            joinable = False
+            continue
+        continues = (
+            joinable
+            and line.strip() != ""
+            and not _BLOCK_START.match(line)
+            and _break_is_joined(out[-1], line)
+        )
+        if continues:
+            out[-1] = out[-1].rstrip(" \t") + line.lstrip(" \t")
+        else:
+            out.append(line)
+        last = out[-1]
+        joinable = (
+            last.strip() != ""
+            and not re.match(r"^\s*(#{1,6}(\s|$)|\||>|<|\$\$)", last)
+            and not last.endswith(("  ", "\\"))
+            and not (last.startswith("    ") and (len(out) < 2 or not out[-2].strip()))
+        )
+    return "\n".join(out)
+
+
 def has_exercises(nb: nbformat.NotebookNode) -> bool:
     return any("grade" in c.metadata.get("tags", []) for c in nb.cells)
 
@@ -115,6 +200,8 @@ def render(nb: nbformat.NotebookNode, src: str, lang: str, kind: str) -> nbforma
                 new.outputs = [nbformat.v4.new_output("stream", name="stdout", text=line + "\n")]
                 new.execution_count = 1  # nbval ignores outputs of cells never run
                 meta["tags"] = sorted(set(tags) | {"nbval-check-output"})
+        elif new.cell_type == "markdown" and lang == "zh":
+            new.source = join_cjk_breaks(new.source)
         new.pop("id", None)
         cells.append(new)
     out = nbformat.v4.new_notebook()
