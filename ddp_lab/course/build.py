@@ -81,16 +81,31 @@ def strip_markers(source: str) -> str:
 # Characters between which a line break is dropped in Chinese markdown (docs/STYLE.md,
 # "Line breaks in Chinese"). CJK_PUNCT never wants a space beside it; CJK_CHAR does, except
 # next to another CJK_CHAR.
-CJK_PUNCT = (
-    "\u3000-\u303f"  # CJK symbols and punctuation: 、。「」《》【】
-    "\uff00-\uffef"  # full-width forms: ，：；！？（）
-    "\u2018\u2019\u201c\u201d"  # quotes as Chinese text uses them: ‘’“”
-    "\u2014\u2026\u00b7"  # —— …… ·
+
+
+def _char_class(*ranges: tuple[int, int]) -> str:
+    """The inside of a regex character class for code point ranges (kept as numbers, so
+    that no Chinese text sits outside a message table)."""
+    return "".join(
+        re.escape(chr(lo)) + (f"-{re.escape(chr(hi))}" if hi != lo else "") for lo, hi in ranges
+    )
+
+
+CJK_PUNCT = _char_class(
+    (0x3000, 0x303F),  # CJK symbols and punctuation (ideographic comma, full stop, brackets)
+    (0xFF00, 0xFFEF),  # full-width forms (comma, colon, parentheses, ...)
+    (0x2018, 0x2019),  # the curly quotes Chinese text uses
+    (0x201C, 0x201D),
+    (0x2014, 0x2014),  # em dash
+    (0x2026, 0x2026),  # ellipsis
+    (0x00B7, 0x00B7),  # middle dot
 )
-CJK_CHAR = (
-    "\u2e80-\u2fdf"  # radicals
-    "\u3040-\u30ff"  # kana
-    "\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff"  # ideographs
+CJK_CHAR = _char_class(
+    (0x2E80, 0x2FDF),  # radicals
+    (0x3040, 0x30FF),  # kana
+    (0x3400, 0x4DBF),  # ideographs, extension A
+    (0x4E00, 0x9FFF),  # ideographs
+    (0xF900, 0xFAFF),  # compatibility ideographs
 )
 _IS_PUNCT = re.compile(f"[{CJK_PUNCT}]")
 _IS_CJK = re.compile(f"[{CJK_PUNCT}{CJK_CHAR}]")
@@ -119,7 +134,7 @@ def join_cjk_breaks(markdown: str) -> str:
     """Drop the soft line breaks of hard-wrapped Chinese prose that browsers show as spaces.
 
     Chromium renders a newline inside a paragraph as a space, also between two Chinese
-    characters ("只看得到自己的 分片"). A break is joined when the characters on both sides
+    characters. A break is joined when the characters on both sides
     (looking through ``*``/``_``/``~`` emphasis markers) are CJK characters or CJK
     punctuation, or when one side is CJK punctuation and the other is not a space. Breaks
     between a Chinese character and Latin text or digits stay: there a space is wanted. Only
