@@ -32,9 +32,9 @@
 # %% [markdown] lang="zh"
 # # 00 欢迎与快速上手
 #
-# 本课程从内部讲解 PyTorch 的数据并行训练：你将在这个 notebook 里启动多个**进程**
-# （每个进程是一个 **rank**），观察它们通过**集合通信**（例如**全归约** all-reduce）
-# 互相通信，并亲手重写 `DataParallel`、环形全归约（ring all-reduce）和
+# 本课程从内部讲解 PyTorch 的数据并行训练：你将在这个 notebook 里启动多个**进程**，
+# 每个进程是一个 **rank**（进程编号）；观察它们通过**集合通信**（collective，例如**全归约**，
+# all-reduce）互相通信，并亲手重写 `DataParallel`、环形全归约（ring all-reduce）和
 # `DistributedDataParallel`。所有内容都能在笔记本电脑的 CPU 上用 `gloo` 后端运行；
 # 在有 GPU 的机器上，同样的代码单元会使用 `nccl`。
 #

@@ -68,7 +68,7 @@ print("torch", torch.__version__, "| torch.version.cuda =", torch.version.cuda)
 # ## 驱动 API 与运行时 API
 #
 # - **驱动 API**（driver API）在 `libcuda.so` 中，随 GPU 驱动一起安装。`nvidia-smi` 与驱动
-#   通信，它表头里的 "CUDA Version" 是这个驱动*最高*能运行的 CUDA 版本，并不是已安装的 CUDA。
+#   通信，它表头里的“CUDA Version”是这个驱动*最高*能运行的 CUDA 版本，并不是已安装的 CUDA。
 # - **运行时 API**（runtime API）在 `libcudart.so` 中。PyTorch 的 wheel 自带一份（版本就是
 #   `torch.version.cuda`）；CUDA 工具包里还有另一份，`nvcc -V` 打印的是工具包的版本。
 #   `nvcc` 对驱动一无所知。
@@ -243,7 +243,7 @@ print(loaded or "no libnccl is loaded in this process (CPU build of torch)")
 # 各工具的设备编号也不一样：CUDA（也就是 torch）默认按速度从快到慢编号
 # （`CUDA_DEVICE_ORDER=FASTEST_FIRST`），`nvidia-smi` 按 PCI 总线编号。在混插不同 GPU 的机器上，
 # `cuda:0` 不一定是 `nvidia-smi` 里的 GPU 0；设置 `CUDA_DEVICE_ORDER=PCI_BUS_ID` 就能让两者一致
-# （CUDA Programming Guide 的 “CUDA Environment Variables”；本机无法演示）。
+# （CUDA Programming Guide 的“CUDA Environment Variables”；本机无法演示）。
 
 # %%
 print("kernels in this wheel:", torch.cuda.get_arch_list() or "none (a CPU build)")
@@ -378,12 +378,12 @@ print("with CUDA_HOME=/usr/local/cuda-12.1:",
 # %% [markdown] lang="zh"
 # ## 安装匹配的 torch
 #
-# 选择 CUDA 版本 **<=** `nvidia-smi` 显示的 "CUDA Version" 的 wheel 源（例如
+# 选择 CUDA 版本 **<=** `nvidia-smi` 显示的“CUDA Version”的 wheel 源（例如
 # `pip install torch --index-url https://download.pytorch.org/whl/cu128`），没有 GPU 的机器用
 # CPU 版本（`.../whl/cpu`）。每个源只收录为该 CUDA 编译的版本：`cu121` 最高到 torch 2.5.1，所以
 # 旧驱动会把你限制在旧的 torch 上（或者在同一主版本内，依靠小版本兼容带警告地使用更新的源）。
-# 每个源有哪些版本见 https://download.pytorch.org/whl/（课程的测试机访问不到，这里没有核对）。源笔记固定使用 `torch==1.10.1+cu102`，并说"torch >= 1.9 不稳定"：
-# 这个说法只来自一条 elastic agent 的警告（"Received 1 death signal"），它只表示某个 worker
+# 每个源有哪些版本见 https://download.pytorch.org/whl/（课程的测试机访问不到，这里没有核对）。源笔记固定使用 `torch==1.10.1+cu102`，并说“torch >= 1.9 不稳定”：
+# 这个说法只来自一条弹性代理（elastic agent）的警告（“Received 1 death signal”），它只表示某个 worker
 # 被停止了。请使用当前的版本。
 
 # %% [markdown] lang="en"

@@ -37,8 +37,8 @@
 # %% [markdown] lang="zh"
 # # 02 进程、rank 与分布式训练的基本术语
 #
-# **为什么要并行？** 要么模型在一个设备上放不下（切分*模型*：**模型并行**），要么一个设备处理
-# 每步所需的数据太慢（切分*批*：**数据并行**，每个**副本**处理批的一部分，再对梯度求平均）。
+# **为什么要并行？** 要么模型在一个设备上放不下（切分*模型*：**模型并行**（model parallelism）），要么一个设备处理
+# 每步所需的数据太慢（切分*批*：**数据并行**（data parallelism），每个**副本**（replica）处理批的一部分，再对梯度求平均）。
 # `DataParallel`（DP）在一个进程里用*线程*做数据并行；`DistributedDataParallel`（DDP）为每个
 # 副本使用一个*进程*。DDP 有两种用法：每个进程一块 GPU（`device_ids=[local_rank]`，推荐）；
 # 每个进程把一个模型分布在多个设备上（`device_ids=None`：DDP 与模型并行结合，用于单卡放不下
@@ -48,7 +48,7 @@
 # PyTorch 1.9 移除的，这个版本号本课程没有核实）。下面的单元展示这个错误（在 CPU 上也会报错）
 # 以及第二种用法。
 #
-# 源笔记写着"DP 使用多线程，DDP 使用多线程"：DDP 使用的是**多进程**，原因是 GIL，
+# 源笔记写着“DP 使用多线程，DDP 使用多线程”：DDP 使用的是**多进程**，原因是 GIL，
 # 下面我们来测量它。
 
 # %%
@@ -176,7 +176,7 @@ plt.show()
 
 # %% [markdown] lang="zh"
 # 看看你的数字：线程中的纯 Python 并不比顺序执行快（GIL 的缘故），而在 2 个空闲核上进程接近
-# 2 倍；torch 运算在线程中也能加速。因此笔记中"一个 Python 进程只能用一个 CPU 核"的说法
+# 2 倍；torch 运算在线程中也能加速。因此源笔记中“一个 Python 进程只能用一个 CPU 核”的说法
 # 过于绝对：释放 GIL 的原生代码（torch 算子、NCCL 调用）可以在一个进程里使用多个核。
 # DP 仍然吃亏，因为它的 Python 代码（scatter、replicate、gather）在 GIL 下运行。
 
@@ -194,9 +194,9 @@ plt.show()
 # ## world size、rank、本地 rank、节点
 #
 # 一次启动在 `nnodes` 个**节点**上运行，每个节点 `nproc_per_node` 个进程。**world size**
-# （进程总数）是进程的个数；每个进程有一个 **rank**（0 到 world_size - 1，是身份编号，不是
-# 优先级）和一个**本地 rank**（它在本节点上的编号，用来选择 GPU）。这些进程组成默认的
-# **进程组**，在 `MASTER_ADDR:MASTER_PORT` 汇合（rendezvous）。源笔记中的
+# （进程总数）是进程的个数；每个进程有一个 **rank**（进程编号，0 到 world_size - 1，是身份，不是
+# 优先级）和一个**本地 rank**（local rank，它在本节点上的编号，用来选择 GPU）。这些进程组成默认的
+# **进程组**（process group），在 `MASTER_ADDR:MASTER_PORT` 会合（rendezvous）。源笔记中的
 # `torch.distributed.local_rank()` 并不存在：启动器通过环境变量 `LOCAL_RANK` 提供本地 rank。
 
 # %%
@@ -231,7 +231,7 @@ for p in ranks.assign(8, nnodes=1, cuda_visible_devices="4,5,6,7", gpus_per_node
 # ## torchrun 实际做了什么
 #
 # 我们在本机启动两个 torchrun 代理，每个假装是一个节点，使用 `--rdzv-backend=c10d` 和一个
-# 空闲端口。注意 `--node_rank`：使用 c10d 汇合时它会被**忽略**，节点编号由汇合过程自己分配
+# 空闲端口。注意 `--node_rank`：使用 c10d 会合时它会被**忽略**，节点编号由会合过程自己分配
 # （见 `GROUP_RANK`）。各节点的进程数甚至可以不同。
 
 # %% tags=["lesson"]

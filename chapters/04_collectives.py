@@ -29,7 +29,7 @@
 # %% [markdown] lang="zh"
 # # 04 集合通信
 #
-# 数据并行训练只需要少数几种进程间交换张量的方式。本章在多个 rank 上逐一演示：
+# 数据并行训练只需要少数几种进程间交换张量的方式。本章在多个 rank（进程编号）上逐一演示：
 # **点对点通信**（point-to-point：`send`/`recv`、`isend`/`irecv`）以及
 # **集合通信**（collective）`broadcast`、`reduce`、`all_reduce`、`gather`、`all_gather`、
 # `scatter`、`reduce_scatter`、`all_to_all` 和 `barrier`。接着我们讨论哪个**后端**
@@ -61,7 +61,7 @@ print(torch.__version__, "| gloo:", dist.is_gloo_available(), "| nccl:", dist.is
 # ## 点对点通信：`send` 与 `recv`
 #
 # `dist.send(tensor, dst)` 把一个张量发给某一个 rank；`dist.recv(tensor, src)` 把收到的
-# 数据写入一个形状和数据类型都已确定的张量。两者都是**阻塞**的：`send` 在消息交付后才返回，
+# 数据写入一个事先分配好的张量，它的形状和数据类型必须与发送的张量一致。两者都是**阻塞**的：`send` 在消息交付后才返回，
 # `recv` 在数据到达后才返回。
 
 # %%
@@ -206,9 +206,9 @@ print("batched:    ", dl.spawn(swap_batched, nprocs=2, backend="gloo"))
 # `ddp_lab` 的测试会用真实的操作来验证这个模型。每张图后面都有一个单元在 4 个 rank 上
 # 执行真正的调用。
 #
-# 先纠正源笔记 004 的两个小错误。“全归约是一种全收集”是错的：全收集是*拼接*（每个 rank 最后
+# 先纠正源笔记（004）的两个小错误。“全归约是一种全收集”是错的：全收集是*拼接*（每个 rank 最后
 # 得到 N 块，数据量是输入的 N 倍），全归约是*合并*（每个 rank 最后得到一个与输入同样大小的
-# 张量）；全归约可以*由*归约散播加全收集*组成*（第 05 章）。另外 `MPI_Allreduce` 没有 `root`
+# 张量）；全归约可以*由*归约散发加全收集*组成*（第 05 章）。另外 `MPI_Allreduce` 没有 `root`
 # 参数（MPI 标准中的参数是 `sendbuf, recvbuf, count, datatype, op, comm`）：每个 rank 都得到
 # 结果，所以没有根 rank，`dist.all_reduce` 也一样。
 #
@@ -294,8 +294,8 @@ print("gather:", None if out is None else [t.item() for t in out],
 # the first half of the ring all-reduce of chapter 05.
 
 # %% [markdown] lang="zh"
-# **散播**（scatter）是收集的逆操作：根 rank 把列表中的第 i 块交给 rank i。
-# **归约散播**（reduce-scatter）把所有 rank 的第 i 块求和，结果留在 rank i 上：它正是
+# **散发**（scatter）是收集的逆操作：根 rank 把列表中的第 i 块交给 rank i。
+# **归约散发**（reduce-scatter）把所有 rank 的第 i 块求和，结果留在 rank i 上：它正是
 # 第 05 章环形全归约的前半部分。
 
 # %%
@@ -412,7 +412,7 @@ dl.stop()
 # - 把你自己的张量放回它的位置（`parts[rank] = x`）：梯度只流向你自己的那一份；之后由 DDP
 #   对梯度求平均时，这是常用的修正；
 # - 使用可微的 `torch.distributed.nn.functional.all_gather`：它的反向传播是一次按 SUM 的
-#   归约散播（reduce-scatter）（`torch/distributed/nn/functional.py` 的 `_AllGather.backward`），
+#   归约散发（reduce-scatter）（`torch/distributed/nn/functional.py` 的 `_AllGather.backward`），
 #   所以每个 rank 得到的是所有 rank 对它那一份的梯度之和。torch 2.13 把它标记为弃用（给出
 #   FutureWarning，指向私有模块 `torch.distributed._functional_collectives`）。
 
@@ -542,7 +542,7 @@ else:
 
 # %% [markdown] lang="zh"
 # 下面是 PyTorch 2.x 文档中三个后端的支持表（MPI 在 GPU 上为 `?`：取决于你的 MPI 编译时
-# 是否支持 CUDA），以及笔记中那张表已经过时的格子。Gloo 在 CPU 上现在支持
+# 是否支持 CUDA），以及源笔记中那张表已经过时的格子。Gloo 在 CPU 上现在支持
 # `reduce_scatter` 和 `all_to_all`（你的探测刚刚运行过它们），Gloo 在 GPU 上增加了大部分
 # 集合通信操作，NCCL 也支持了 `scatter`。这张表在 `docs/source/distributed.rst` 中于 2.x 的
 # 各版本间有过改动；Gloo 在 GPU 上的每一格是在哪个版本改变的，本课程没有核对（请在 GitHub 上
@@ -618,9 +618,9 @@ print("xccl built in this torch:", dist.is_xccl_available())
 # | --- | --- | --- |
 # | 经由一个根 rank 的归约 + 广播（“参数服务器”） | 2(N-1)(α + Sβ) + (N-1)Sγ | (N-1)S（根 rank） |
 # | 二项树归约，再广播 | 2⌈log₂N⌉(α + Sβ) + ⌈log₂N⌉Sγ | ⌈log₂N⌉S |
-# | 递归减半（归约散播）+ 递归加倍（全收集） | 2log₂N·α + 2(N-1)/N·Sβ + (N-1)/N·Sγ | 2(N-1)/N·S |
+# | 递归减半（归约散发）+ 递归加倍（全收集） | 2log₂N·α + 2(N-1)/N·Sβ + (N-1)/N·Sγ | 2(N-1)/N·S |
 # | 蝶形（butterfly，递归加倍，交换整个缓冲区） | log₂N(α + Sβ + Sγ) | log₂N·S |
-# | 环形（归约散播 + 全收集） | 2(N-1)α + 2(N-1)/N·Sβ + (N-1)/N·Sγ | 2(N-1)/N·S |
+# | 环形（归约散发 + 全收集） | 2(N-1)α + 2(N-1)/N·Sβ + (N-1)/N·Sγ | 2(N-1)/N·S |
 #
 # 环形和递归减半/加倍发送的数据最少，无论 N 多大都是 2(N-1)/N·S < 2S；环形为此付出
 # 2(N-1) 次延迟，递归减半/加倍只需 2log₂N 次。这些公式针对 N 是 2 的幂的情形；其他 N 时，
@@ -633,16 +633,16 @@ print("xccl built in this torch:", dist.is_xccl_available())
 # `src/graph/tuning.cc` 的 `ncclTopoGetAlgoTime`，在 `src/enqueue.cc` 的 `topoGetAlgoInfo` 中
 # 取最小值）。算法有 Ring、Tree（*双*二叉树）、CollNetDirect、CollNetChain（通过网络插件在
 # 网络中归约）、NVLS 和 NVLSTree（NVLink SHARP，在 NVSwitch 内归约）以及 PAT（用于每节点
-# 一块 GPU 时的全收集和归约散播）；协议有 LL、LL128 和 Simple（`src/init.cc` 中的
+# 一块 GPU 时的全收集和归约散发）；协议有 LL、LL128 和 Simple（`src/init.cc` 中的
 # `ncclAlgoStr`、`ncclProtoStr`）。消息大小是模型的输入，所以选择会随大小变化，但节点数、链路
 # 和 GPU 同样会影响它。`NCCL_ALGO`/`NCCL_PROTO` 可以限制选择范围，调优插件（tuner plugin）
 # 可以覆盖它；设置 `NCCL_DEBUG=INFO` 和 `NCCL_DEBUG_SUBSYS=TUNING` 会打印出来（需要 GPU 机器；
 # 这里没有运行）。
 #
-# **笔记（004）中的一个错误。** 笔记给出的归约 + 广播耗时是 2(α + S/B) + NSC。
+# **源笔记（004）中的一个错误**。源笔记给出的归约 + 广播耗时是 2(α + S/B) + NSC。
 # 这相当于假设根 rank 能以满带宽同时接收 N-1 个张量。只有一条链路时，它只能一个接一个地
 # 接收：仅根 rank 就要收 (N-1)S 字节、发 (N-1)S 字节。下面的单元统计真正经过根 rank
-# 的字节数。（笔记中“递归减半与加倍”的公式 2log₂N(α + S/B + SC) 接近二项树的公式，但把归约
+# 的字节数。（源笔记中“递归减半与加倍”的公式 2log₂N(α + S/B + SC) 接近二项树的公式，但把归约
 # 算了两遍：二项树只在向上归约时计算，即 log₂N·Sγ，向下广播时不做归约。真正的递归减半/加倍
 # 每次只发送缓冲区的一半、四分之一……）
 

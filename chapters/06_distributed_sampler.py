@@ -34,7 +34,7 @@
 # %% [markdown] lang="zh"
 # # 06 精确理解 DistributedSampler
 #
-# 数据并行训练中，每个 rank 在不同的那部分数据上运行同一个程序。决定"哪一部分"的是
+# 数据并行训练中，每个 rank（进程编号）在不同的那部分数据上运行同一个程序。决定“哪一部分”的是
 # `torch.utils.data.DistributedSampler`。它的算术很短，却能解释你迟早会遇到的四个问题：
 #
 # - 每一轮（epoch）的样本顺序都一样（忘了调用 `set_epoch`）；
@@ -42,7 +42,7 @@
 # - `DataLoader` 不接受同时传入 `shuffle=True` 和 `sampler`；
 # - 各 rank 的批数不一样时，会在集合通信里**卡住**（hang）。
 #
-# 本课程的原始笔记还提出了两个问题，我们用可运行的代码来回答：*每个 rank 只看得到自己的
+# 本课程的源笔记还提出了两个问题，我们用可运行的代码来回答：*每个 rank 只看得到自己的
 # 分片（shard），会不会过拟合自己那一份？* 以及 *为什么每一轮的顺序都不变？*
 
 # %%
@@ -109,7 +109,7 @@ for n, R in [(10, 4), (12, 4), (2, 7), (0, 3), (13, 5)]:
 #
 # 取 10 个样本、4 个 rank、不打乱：`total_size` 是 12，所以要补两个索引，补的是**开头的
 # 索引的副本**：0 和 1。然后每个 rank 从自己的编号开始，每隔 `R` 个取一个
-# （`indices[rank::R]`），而不是取连续的一段。因此笔记中"采样器确保不同进程的数据不同"的
+# （`indices[rank::R]`），而不是取连续的一段。因此源笔记中“采样器确保不同进程的数据不同”的
 # 说法并不完全正确：下例中 rank 2 和 rank 3 又读了一遍样本 0 和 1。
 
 # %%
@@ -199,7 +199,7 @@ print("seed=0, epoch=1:", list(a), "| seed=1, epoch=0:", list(b))
 # %% [markdown] lang="zh"
 # ## 为什么顺序从不改变：`set_epoch`
 #
-# 原始笔记观察到：尽管 `shuffle=True` 是默认值，每一轮（以及每次重新运行）的顺序都一样，
+# 源笔记观察到：尽管 `shuffle=True` 是默认值，每一轮（以及每次重新运行）的顺序都一样，
 # 并觉得奇怪。这正是上面代码的结果：除非**你**在每一轮开始时调用
 # `sampler.set_epoch(epoch)`，采样器的 `epoch` 一直是 0，`seed + epoch` 就永远不变。
 # 每次*运行*得到相同顺序是有意为之（结果可复现，且所有 rank 必须一致）。如果想让不同运行的
@@ -247,7 +247,7 @@ for name, group in [("seed=0 on every rank", good), ("seed=rank", bad)]:
 # ## `DataLoader`：`sampler` 与 `shuffle=True` 二选一
 #
 # 顺序已经由采样器决定，所以 `DataLoader(..., shuffle=True, sampler=s)` 会被拒绝。传入采样器，
-# 并让 `shuffle` 保持默认的 `False`（笔记中的写法 `shuffle=(sampler is None)` 适用于既可
+# 并让 `shuffle` 保持默认的 `False`（源笔记中的写法 `shuffle=(sampler is None)` 适用于既可
 # 分布式运行、也可单进程运行的代码，是正确的）。
 
 # %%
@@ -359,7 +359,7 @@ print(f"DDP vs single process on the union: max diff = {(w0[True] - single.weigh
 #
 # ## 评估：填充让收集来的准确率产生偏差
 #
-# 笔记中的评估方法是：每个 rank 预测自己的分片（来自 `DistributedSampler`），用全收集
+# 源笔记中的评估方法是：每个 rank 预测自己的分片（来自 `DistributedSampler`），用全收集
 # （all-gather，`all_gather`）汇总每个样本的结果再取平均。但填充的重复样本也被计算在内：
 # 10 个验证样本分给 4 个 rank 时，平均的是 12 个结果，样本 0 和 1 各算了两次。偏差可能偏高
 # 也可能偏低。下面先在本进程里把模型简单训练一下，再用 4 个 rank 在 10 个样本上评估。
@@ -426,9 +426,9 @@ dl.spawn(evaluate_on_rank, args=(model, X_val, y_val), nprocs=4, backend="gloo")
 # 2. **连同索引一起收集**，把每个结果写到它的索引位置，重复样本只会覆盖自己
 #    （`evaluation.gather_by_index`，适用于任何采样器）；
 # 3. **对计数求和**：每个 rank 评估不带填充的分片 `range(rank, n, R)`，各 rank 用
-#    `all_reduce` 对"答对的个数"和"样本个数"求和（`evaluation.all_reduce_accuracy`）。
+#    `all_reduce` 对“答对的个数”和“样本个数”求和（`evaluation.all_reduce_accuracy`）。
 #
-# 笔记中还说 `bool` 张量不能被收集。在当前 PyTorch 的 `gloo` 后端上，上面的 `correct` 就是
+# 源笔记中还说 `bool` 张量不能被收集。在当前 PyTorch 的 `gloo` 后端上，上面的 `correct` 就是
 # `bool` 张量，`all_gather` 可以正常工作；只在求平均时才需要转成 `float`。
 
 # %% tags=["lesson"]
@@ -579,7 +579,7 @@ dl.grade("06.indices", distributed_indices)
 # %% [markdown] lang="zh" tags=["exercise"]
 # ## 练习 2：没有填充偏差的评估（3 分）
 #
-# 下面的 `biased_accuracy` 就是笔记中的评估方法。每个 rank 传入 `correct`（一个 float 张量，
+# 下面的 `biased_accuracy` 就是源笔记中的评估方法。每个 rank 传入 `correct`（一个 float 张量，
 # 预测正确处为 1.0，对应它的 `DistributedSampler(shuffle=False)` 给出的索引，因此包含填充的
 # 重复样本）和 `dataset_len`。编写 `gathered_accuracy(correct, dataset_len)`，在每个 rank 上
 # 返回这 `dataset_len` 个样本上确切的准确率（float）。请自己使用 `dist.all_gather` 或

@@ -70,7 +70,7 @@ print(torch.__version__, "| CUDA GPUs:", torch.cuda.device_count())
 # %% [markdown] lang="zh"
 # ## 1. 实测 DDP 的各个开关
 #
-# `DistributedDataParallel` 的四种设置，同一个模型，在 2 个 rank 上运行一次。模型
+# `DistributedDataParallel` 的四种设置，同一个模型，在 2 个 rank（进程编号）上运行一次。模型
 # （`ShuffledMLP`，12 层 256x256）调用各层的顺序与定义顺序不同，`bucket_cap_mb=1`。对每种
 # 设置，下面的单元统计：
 #
@@ -458,8 +458,8 @@ plot_memory(memory);
 # - 在一个单元前向之前，**全收集**（all-gather）重建完整向量，单元的参数成为它的视图；前向
 #   之后释放它的存储；
 # - 单元输出上的一个钩子在反向传播到达该单元之前**再次收集**；
-# - 收集是一个 `autograd.Function`，它的反向（梯度钩子）启动一个异步的**归约散播**
-#   （reduce-scatter）：全收集的伴随操作就是归约散播，每个 rank 只收到平均梯度中属于自己的分片。
+# - 收集是一个 `autograd.Function`，它的反向（梯度钩子）启动一个异步的**归约散发**
+#   （reduce-scatter）：全收集的伴随操作就是归约散发，每个 rank 只收到平均梯度中属于自己的分片。
 
 # %%
 dl.show_source(FullyShardedDP._use_full)
@@ -526,9 +526,9 @@ for world in (2, 3):
 
 # %% [markdown] lang="zh"
 # 两者在 float32 舍入误差以内相等。下面在 2 个 rank 上用一个更宽的模型画出一步的**时间线**：
-# 绿色是全收集，蓝色是计算，橙色是归约散播（橙色条的终点是 rank **发现**它已完成的时刻：gloo
-# 的归约散播没有完成回调，会报 `Work::getFuture not implemented`，所以包装器用轮询）。反向
-# 阶段的收集按相反的顺序进行，每个单元的归约散播与前面单元的计算同时进行。
+# 绿色是全收集，蓝色是计算，橙色是归约散发（橙色条的终点是 rank **发现**它已完成的时刻：gloo
+# 的归约散发没有完成回调，会报 `Work::getFuture not implemented`，所以包装器用轮询）。反向
+# 阶段的收集按相反的顺序进行，每个单元的归约散发与前面单元的计算同时进行。
 
 # %%
 def fsdp_timeline(rank):
@@ -553,7 +553,7 @@ plot_fsdp_timeline(step);
 
 # %% [markdown] lang="zh"
 # `compute_dtype=torch.bfloat16` 会在全收集之前转换每个分片（所以收集时每个元素就只传 2 个
-# 字节），用 bf16 计算，并用 bf16 做归约散播，而优化器更新的分片仍然是 float32（主权重，
+# 字节），用 bf16 计算，并用 bf16 做归约散发，而优化器更新的分片仍然是 float32（主权重，
 # master weights），相当于 FSDP2 的
 # `MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.bfloat16)`：
 
@@ -611,8 +611,8 @@ print("output:", out_dtype, "| shard gradients:", grad_dtypes)
 # | DDP | 16 Psi | 梯度全归约（传输 2 Psi） | 模型和优化器能放进一个设备 | [`DistributedDataParallel`](https://pytorch.org/docs/stable/notes/ddp.html) |
 # | + 通信钩子 | 16 Psi | 1/2（fp16/bf16）或少得多（PowerSGD） | 网络是瓶颈 | [DDP Communication Hooks](https://pytorch.org/docs/stable/ddp_comm_hooks.html) |
 # | ZeRO-1 | 8 Psi + 8 Psi / N | 同 DDP，外加参数广播 | 放不下的是优化器状态 | [`ZeroRedundancyOptimizer`](https://pytorch.org/docs/stable/distributed.optim.html) |
-# | ZeRO-2 | 4 Psi + 12 Psi / N | 归约散播 + 全收集（2 Psi） | 梯度也放不下 | FSDP2 设置 `reshard_after_forward=False` |
-# | FSDP（ZeRO-3） | 16 Psi / N + 一个已收集的单元 | 两次全收集 + 一次归约散播（3 Psi） | 参数也放不下 | [`fully_shard`](https://pytorch.org/docs/stable/distributed.fsdp.fully_shard.html) |
+# | ZeRO-2 | 4 Psi + 12 Psi / N | 归约散发 + 全收集（2 Psi） | 梯度也放不下 | FSDP2 设置 `reshard_after_forward=False` |
+# | FSDP（ZeRO-3） | 16 Psi / N + 一个已收集的单元 | 两次全收集 + 一次归约散发（3 Psi） | 参数也放不下 | [`fully_shard`](https://pytorch.org/docs/stable/distributed.fsdp.fully_shard.html) |
 # | 张量并行 / 流水线并行 | 把层本身切开 | 设备之间传递激活，每层 / 每段一次 | 单个层或激活都放不下，或 N 非常大 | [Tensor Parallelism](https://pytorch.org/docs/stable/distributed.tensor.parallel.html)、[Pipelining](https://pytorch.org/docs/stable/distributed.pipelining.html) |
 #
 # 这些链接和 ZeRO-2 一行（它是 FSDP2 的一个设置，不是单独的类）本次没有打开核对；其余内容
@@ -745,7 +745,7 @@ dl.grade("10.bf16_hook", my_bf16_hook)
 #
 # `FullyShardedDP(module, reduce_grad=f)` 会在每个单元的反向中调用 `f(flat_grad)`，参数是该
 # 单元在本 rank 上完整的展平梯度（长度是 world size 的倍数）。请返回各 rank **平均值**中属于
-# 本 rank 的分片，即一个含 `len(flat_grad) // world_size` 个元素的张量，只用一次归约散播
+# 本 rank 的分片，即一个含 `len(flat_grad) // world_size` 个元素的张量，只用一次归约散发
 # （`dist.reduce_scatter_single(output, input)`）。评分单元用你的函数训练并与单进程训练比较；
 # 使用全归约会失败：每个 rank 只保留自己的分片，接收完整的梯度是在浪费带宽。
 

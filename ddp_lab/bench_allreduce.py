@@ -52,9 +52,17 @@ MESSAGES = Messages(
             "en": "bus bandwidth (GB/s)",
             "zh": "总线带宽 busbw（GB/s）",
         },
+        "legend.ring": {
+            "en": "hand-written ring, N={n}",
+            "zh": "手写环形，N={n}",
+        },
+        "legend.torch": {
+            "en": "dist.all_reduce, N={n}",
+            "zh": "dist.all_reduce，N={n}",
+        },
         "title": {
             "en": "all-reduce on gloo: hand-written ring vs dist.all_reduce",
-            "zh": "gloo 上的全归约：手写环形 vs dist.all_reduce",
+            "zh": "gloo 上的全归约：手写环形与 dist.all_reduce 对比",
         },
     },
 )
@@ -231,7 +239,7 @@ def plot(rows: list[dict], ax: Any = None) -> Any:
             *zip(*pts, strict=True),
             marker="o",
             linestyle="-" if impl == "ring" else "--",
-            label=f"{impl}, N={n}",
+            label=MESSAGES(f"legend.{impl}", n=n),
         )
     ax.set_xscale("log", base=2)
     ax.set_xlabel(MESSAGES("axis_size"))

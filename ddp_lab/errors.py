@@ -154,7 +154,7 @@ MESSAGES = Messages(
         "death_signal.cause": {
             "en": "The torchrun agent was sent a signal from outside (scheduler limit, Ctrl-C, "
             "closed ssh session); not a PyTorch bug.",
-            "zh": "torchrun 的 agent 收到了来自外部的信号（调度器时限、Ctrl-C、ssh 断开），并不是 "
+            "zh": "torchrun 的代理（agent）收到了来自外部的信号（调度器时限、Ctrl-C、ssh 断开），并不是 "
             "PyTorch 的 bug。",
         },
         "death_signal.fix": {

@@ -59,13 +59,13 @@ MESSAGES = Messages(
             "trainable parameters only.",
             "zh": "参数 {name} 是冻结的；教学版 FullyShardedDP 只对可训练参数分片。",
         },
-        "row_reduce_scatter": {"en": "reduce-scatter", "zh": "归约散播"},
+        "row_reduce_scatter": {"en": "reduce-scatter", "zh": "归约散发"},
         "row_compute": {"en": "compute", "zh": "计算"},
         "row_all_gather": {"en": "all-gather", "zh": "全收集"},
         "axis_ms": {"en": "ms since the forward began", "zh": "自前向开始的毫秒数"},
         "timeline_title": {
             "en": "one FullyShardedDP step: gather, compute, free; gather again, reduce-scatter",
-            "zh": "FullyShardedDP 的一步：收集、计算、释放；反向时再收集、归约散播",
+            "zh": "FullyShardedDP 的一步：收集、计算、释放；反向时再收集、归约散发",
         },
     },
 )

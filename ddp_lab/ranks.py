@@ -63,6 +63,14 @@ MESSAGES = Messages(
             "en": "node {node}",
             "zh": "节点 {node}",
         },
+        "proc_label": {
+            "en": "rank {rank}\nlocal {local_rank}\n{device}",
+            "zh": "rank {rank}\n本地 {local_rank}\n{device}",
+        },
+        "no_device": {
+            "en": "no GPU",
+            "zh": "无 GPU",
+        },
     },
 )
 
@@ -290,7 +298,12 @@ def rank_table_widget(nnodes: int = 2, nproc_per_node: int = 4, gpus_per_node: i
                     ax.text(
                         x + 0.45 if isinstance(p.gpu, int) else x,
                         y + 0.35,
-                        f"rank {p.rank}\nlocal {p.local_rank}\n{p.device or 'error'}",
+                        MESSAGES(
+                            "proc_label",
+                            rank=p.rank,
+                            local_rank=p.local_rank,
+                            device=p.device or MESSAGES("no_device"),
+                        ),
                         ha="center",
                         fontsize=7,
                         color="black" if p.device else "#c62828",

@@ -65,7 +65,7 @@ MESSAGES = Messages(
         },
         "reduce_scatter": {
             "en": "reduce-scatter",
-            "zh": "归约散播",
+            "zh": "归约散发",
         },
         "all_gather": {
             "en": "all-gather",

@@ -64,8 +64,47 @@ MESSAGES = Messages(
             "en": "balanced",
             "zh": "均衡",
         },
+        "device": {"en": "dev {n}", "zh": "设备 {n}"},
+        "host": {"en": "host", "zh": "主机"},
+        "replica_thread": {"en": "replica {n}", "zh": "副本 {n}"},
+        "phase.scatter": {"en": "scatter", "zh": "切分分发"},
+        "phase.replicate": {"en": "replicate", "zh": "复制模型"},
+        "phase.forward": {"en": "forward", "zh": "前向"},
+        "phase.gather": {"en": "gather", "zh": "收集"},
+        "phase.loss": {"en": "loss", "zh": "损失"},
+        "phase.backward": {"en": "backward", "zh": "反向"},
+        "mem.parameters": {"en": "parameters", "zh": "参数"},
+        "mem.gradients": {"en": "gradients", "zh": "梯度"},
+        "mem.input chunk": {"en": "input chunk", "zh": "输入分块"},
+        "mem.activations": {"en": "activations", "zh": "激活"},
+        "mem.output": {"en": "output", "zh": "输出"},
+        "mem.loss": {"en": "loss", "zh": "损失"},
+        "mem.gathered output + grad": {
+            "en": "gathered output + grad",
+            "zh": "收集后的输出及其梯度",
+        },
+        "mem.summed gradients": {"en": "summed gradients", "zh": "求和后的梯度"},
+        "widget_batch": {"en": "batch size", "zh": "批大小"},
+        "widget_devices": {"en": "devices", "zh": "设备数"},
+        "widget_gpu0": {"en": "gpu0_bsz", "zh": "gpu0_bsz（设备 0 的行数）"},
     },
 )
+
+
+def _label(prefix: str, name: str) -> str:
+    """``MESSAGES[prefix + name]`` in the current language, or ``name`` if there is none."""
+    key = f"{prefix}.{name}"
+    return MESSAGES(key) if key in MESSAGES else name
+
+
+def _row_label(thread: str) -> str:
+    """A timeline row: "main thread", "replica N" (parallel_apply's thread "replica-N")."""
+    if thread == "MainThread":
+        return MESSAGES("main_thread")
+    if thread.startswith("replica-") and thread[8:].isdigit():
+        return MESSAGES("replica_thread", n=int(thread[8:]))
+    return thread
+
 
 STEPS = ("scatter", "broadcast", "gather", "scatter_grad", "reduce_add")
 
@@ -119,7 +158,7 @@ def plot_transfers(t: Trace, n_devices: int) -> Any:
     }
     for ax, step in zip(axes, steps, strict=True):
         for name, y in ys.items():
-            label = "host" if name == HOST else f"dev {name}"
+            label = MESSAGES("host") if name == HOST else MESSAGES("device", n=name)
             ax.text(
                 0.5,
                 y,
@@ -158,8 +197,7 @@ def timeline_data(t: Trace) -> list[tuple[str, str, float, float]]:
     """(row, phase, start ms, duration ms) for each timed phase, in start order."""
     rows = []
     for e in sorted(t.phases(), key=lambda e: e.start):
-        row = MESSAGES("main_thread") if e.thread == "MainThread" else e.thread
-        rows.append((row, e.name, e.start * 1e3, (e.end - e.start) * 1e3))
+        rows.append((_row_label(e.thread), e.name, e.start * 1e3, (e.end - e.start) * 1e3))
     return rows
 
 
@@ -168,14 +206,18 @@ def plot_timeline(t: Trace) -> Any:
     import matplotlib.pyplot as plt
 
     data = timeline_data(t)
-    rows = sorted({r for r, *_ in data}, key=lambda r: (not r.startswith("rep"), r))
+    replicas = [MESSAGES("replica_thread", n=i) for i in range(64)]
+    rows = sorted(
+        {r for r, *_ in data},
+        key=lambda r: (replicas.index(r) if r in replicas else len(replicas), r),
+    )
     names = sorted({p for _, p, *_ in data})
     colors = {p: f"C{i}" for i, p in enumerate(names)}
     fig, ax = plt.subplots(figsize=(8, 0.5 + 0.45 * len(rows)))
     for row, name, start, dur in data:
         ax.barh(rows.index(row), dur, left=start, color=colors[name], edgecolor="k")
     for name, c in colors.items():
-        ax.barh(0, 0, color=c, label=name)
+        ax.barh(0, 0, color=c, label=_label("phase", name))
     ax.set_yticks(range(len(rows)), rows)
     ax.set_xlabel(MESSAGES("axis_time"))
     ax.legend(fontsize=8, ncol=len(colors), loc="upper center", bbox_to_anchor=(0.5, -0.35))
@@ -226,7 +268,13 @@ def plot_memory(mem: dict[int, dict[str, int]], title: str = "") -> Any:
     bottom = [0.0] * len(mem)
     for i, kind in enumerate(kinds):
         vals = [mem[d].get(kind, 0) / 1024 for d in sorted(mem)]
-        ax.bar([f"dev {d}" for d in sorted(mem)], vals, bottom=bottom, label=kind, color=f"C{i}")
+        ax.bar(
+            [MESSAGES("device", n=d) for d in sorted(mem)],
+            vals,
+            bottom=bottom,
+            label=_label("mem", kind),
+            color=f"C{i}",
+        )
         bottom = [b + v for b, v in zip(bottom, vals, strict=True)]
     ax.set_ylabel("KiB")
     ax.set_title(title)
@@ -260,14 +308,15 @@ def chunk_sizes_widget() -> Any:
         )
         ax.bar([x + 0.2 for x in xs], data["balanced"], 0.4, label=MESSAGES("balanced_chunks"))
         ax.axhline(gpu0_bsz, ls=":", c="gray")
-        ax.set_xticks(list(xs), [f"dev {x}" for x in xs])
+        ax.set_xticks(list(xs), [MESSAGES("device", n=x) for x in xs])
         ax.set_ylabel(MESSAGES("axis_rows"))
         ax.legend(fontsize=8)
         plt.show()
 
+    style = {"description_width": "initial"}  # the names are not cut to "num_devi..."
     return w.interactive(
         draw,
-        batch_size=w.IntSlider(30, 1, 128),
-        num_devices=w.IntSlider(4, 1, 8),
-        gpu0_bsz=w.IntSlider(4, 0, 64),
+        batch_size=w.IntSlider(30, 1, 128, description=MESSAGES("widget_batch"), style=style),
+        num_devices=w.IntSlider(4, 1, 8, description=MESSAGES("widget_devices"), style=style),
+        gpu0_bsz=w.IntSlider(4, 0, 64, description=MESSAGES("widget_gpu0"), style=style),
     )
