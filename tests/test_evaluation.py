@@ -1,4 +1,4 @@
-"""ddp_lab.evaluation on real gloo ranks, and the 06.accuracy checker against wrong fixes."""
+"""ddp_lab.evaluation on real gloo ranks (the 06.accuracy checker: tests/course/checks/test_ch06.py)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,6 @@ from torch.utils.data import DistributedSampler
 
 import ddp_lab as dl
 from ddp_lab import evaluation as E
-from ddp_lab.course.checks import ch06
-from ddp_lab.course.grading import CaseFailed, rng_for
 
 SIZES = list(range(0, 14)) + [31]
 
@@ -66,88 +64,6 @@ def test_bad_dataset_len_is_refused():
         E.unpadded_shard(-1, 2, 0)
     with pytest.raises(ValueError):
         E.unpadded_shard(4, 2, 2)
-
-
-# ---- the 06.accuracy checker -------------------------------------------------------------
-
-
-def fixed_by_gathering(correct, dataset_len):
-    # Written with dist directly: the checker refuses calls to ddp_lab.evaluation's fixes.
-    parts = [torch.empty_like(correct) for _ in range(dist.get_world_size())]
-    dist.all_gather(parts, correct)
-    return torch.stack(parts, dim=1).flatten()[:dataset_len].float().mean().item()
-
-
-def fixed_by_counting(correct, dataset_len):
-    rank, world = dist.get_rank(), dist.get_world_size()
-    real = len(range(rank, dataset_len, world))  # this rank's slots that are not padding
-    counts = torch.tensor([correct[:real].sum().item(), real], dtype=torch.float64)
-    dist.all_reduce(counts)
-    return (counts[0] / counts[1]).item()
-
-
-def uses_the_package(correct, dataset_len):
-    return E.gather_in_index_order(correct, dataset_len).float().mean().item()
-
-
-def naive_mean(correct, dataset_len):
-    return E.gather_tensor(correct).float().mean().item()
-
-
-def trimmed_in_rank_order(correct, dataset_len):
-    return E.gather_tensor(correct)[:dataset_len].float().mean().item()
-
-
-def divided_by_dataset_len(correct, dataset_len):
-    return (E.gather_tensor(correct).sum() / dataset_len).item()
-
-
-def mean_of_rank_means(correct, dataset_len):
-    m = correct.float().mean().reshape(1)
-    dist.all_reduce(m)
-    return (m / dist.get_world_size()).item()
-
-
-def local_only(correct, dataset_len):
-    return correct.float().mean().item()
-
-
-@pytest.mark.parametrize("fixed", [fixed_by_gathering, fixed_by_counting])
-def test_accuracy_checker_accepts_both_fixes(fixed):
-    gen = ch06.check_accuracy(rng_for("06.accuracy"), fixed)
-    total = next(gen)
-    assert len(list(gen)) == total >= 5
-
-
-@pytest.mark.parametrize(
-    "wrong",
-    [
-        naive_mean,
-        trimmed_in_rank_order,
-        divided_by_dataset_len,
-        mean_of_rank_means,
-        local_only,
-        uses_the_package,
-    ],
-)
-def test_accuracy_checker_rejects_biased_evaluations(wrong):
-    with pytest.raises(CaseFailed):
-        list(ch06.check_accuracy(rng_for("06.accuracy"), wrong))
-
-
-def test_accuracy_cases_make_the_wrong_answers_differ():
-    # Over many grading seeds, every biased formula is wrong on at least one hidden case.
-    import random
-
-    for seed in range(30):
-        plan = ch06.accuracy_cases(random.Random(seed))
-        differs = [False] * 4
-        for replicas, datasets in plan:
-            for _, correct in datasets:
-                truth = sum(correct) / len(correct)
-                for k, v in enumerate(ch06.biased_variants(correct, replicas)):
-                    differs[k] |= abs(v - truth) > 1e-6
-        assert all(differs), seed
 
 
 def test_gather_by_index_builds_its_output_on_the_values_device(monkeypatch):

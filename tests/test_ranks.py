@@ -1,16 +1,13 @@
-"""ranks: the rank arithmetic against real torchrun launches, CUDA_VISIBLE_DEVICES, ch02's checker."""
+"""ranks: the rank arithmetic against real torchrun launches, CUDA_VISIBLE_DEVICES (chapter 02's
+checker: tests/course/checks/test_ch02.py)."""
 
 from __future__ import annotations
-
-import random
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from ddp_lab import ranks
-from ddp_lab.course.checks import ch02
-from ddp_lab.course.grading import CaseFailed
 
 
 def _model_from_torchrun(seen: list[dict], gpus: int = 4) -> list[ranks.Proc]:
@@ -81,77 +78,3 @@ def test_assign_more_processes_than_visible_gpus() -> None:
 def test_assign_rejects_bad_input(kwargs: dict) -> None:
     with pytest.raises(ValueError):
         ranks.assign(**kwargs)
-
-
-# ---- chapter 02's checker ---------------------------------------------------------------
-
-
-def _reference(counts, cvds, gpus):
-    return [
-        {k: getattr(p, k) for k in ch02.KEYS}
-        for p in ranks.assign(counts, cuda_visible_devices=cvds, gpus_per_node=gpus)
-    ]
-
-
-def _wrong_homogeneous(counts, cvds, gpus):  # rank = node * nproc + local
-    out = _reference(counts, cvds, gpus)
-    for d in out:
-        d["rank"] = d["node_rank"] * counts[d["node_rank"]] + d["local_rank"]
-    return out
-
-
-def _wrong_ignores_visible(counts, cvds, gpus):
-    return [
-        d | {"gpu": d["local_rank"], "device": f"cuda:{d['local_rank']}"}
-        for d in _reference(counts, cvds, gpus)
-    ]
-
-
-def _wrong_global_rank_as_device(counts, cvds, gpus):
-    return [d | {"device": f"cuda:{d['rank']}"} for d in _reference(counts, cvds, gpus)]
-
-
-def _wrong_local_world_size(counts, cvds, gpus):  # world_size = processes on this node
-    return [d | {"world_size": counts[d["node_rank"]]} for d in _reference(counts, cvds, gpus)]
-
-
-@pytest.fixture(scope="module")
-def torchrun_cached(request):
-    """Run the torchrun oracle once for this module, then replay it (keeps tests short)."""
-    real = ranks.torchrun_assignment
-    cache: dict = {}
-
-    def cached(counts, cvds, **kw):
-        key = (tuple(counts), tuple(cvds))
-        if key not in cache:
-            cache[key] = real(counts, cvds, **kw)
-        return cache[key]
-
-    ranks.torchrun_assignment = cached
-    yield
-    ranks.torchrun_assignment = real
-
-
-def _drive(fn, seed):
-    gen = ch02.check_place(random.Random(seed), fn)
-    next(gen)
-    for _ in gen:
-        pass
-
-
-def test_checker_accepts_reference(torchrun_cached) -> None:
-    _drive(_reference, 0)
-
-
-@pytest.mark.parametrize(
-    "wrong",
-    [
-        _wrong_homogeneous,
-        _wrong_ignores_visible,
-        _wrong_global_rank_as_device,
-        _wrong_local_world_size,
-    ],
-)
-def test_checker_rejects_typical_wrong_solutions(torchrun_cached, wrong) -> None:
-    with pytest.raises(CaseFailed):
-        _drive(wrong, 0)

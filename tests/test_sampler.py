@@ -1,21 +1,17 @@
-"""ddp_lab.sampler against torch.utils.data.DistributedSampler, and the 06.indices checker."""
+"""ddp_lab.sampler against torch.utils.data.DistributedSampler (the 06.indices checker:
+tests/course/checks/test_ch06.py)."""
 
 from __future__ import annotations
 
 import math
-import random
 
 import matplotlib
 import pytest
-import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from torch.utils.data import DistributedSampler
 from torch.utils.data import DistributedSampler as TorchSampler
 
 from ddp_lab import sampler as S
-from ddp_lab.course.checks import ch06
-from ddp_lab.course.grading import CaseFailed, rng_for
 
 matplotlib.use("Agg")
 
@@ -155,158 +151,3 @@ def test_widget_redraws_when_a_control_changes():
     assert w.assignment.shards == expected.shards
     n.value = 0  # an empty dataset must draw, not crash
     assert w.assignment.shards == [[], []]
-
-
-# ---- the 06.indices checker -------------------------------------------------------------
-
-
-def reference(dataset_len, num_replicas, rank, epoch=0, seed=0, shuffle=True, drop_last=False):
-    # Written out (the checker refuses solutions that call the samplers).
-    per_rank = dataset_len // num_replicas if drop_last else -(-dataset_len // num_replicas)
-    total = per_rank * num_replicas
-    idx = list(range(dataset_len))
-    if shuffle:
-        g = torch.Generator().manual_seed(seed + epoch)
-        idx = torch.randperm(dataset_len, generator=g).tolist()
-    while len(idx) < total:
-        idx += idx[: total - len(idx)]
-    return idx[:total][rank::num_replicas]
-
-
-def _order(n, epoch, seed, shuffle):
-    if not shuffle:
-        return list(range(n))
-    return torch.randperm(n, generator=torch.Generator().manual_seed(seed + epoch)).tolist()
-
-
-def contiguous(n, R, rank, epoch=0, seed=0, shuffle=True, drop_last=False):
-    idx = S.pad_or_trim(_order(n, epoch, seed, shuffle), S.num_samples_for(n, R, drop_last) * R)
-    k = len(idx) // R
-    return idx[rank * k : (rank + 1) * k]
-
-
-def no_padding(n, R, rank, epoch=0, seed=0, shuffle=True, drop_last=False):
-    return _order(n, epoch, seed, shuffle)[rank::R]
-
-
-def pad_once(n, R, rank, epoch=0, seed=0, shuffle=True, drop_last=False):
-    idx = _order(n, epoch, seed, shuffle)
-    total = S.num_samples_for(n, R, drop_last) * R
-    idx = idx[:total] if drop_last else idx + idx[: total - len(idx)]
-    return idx[rank:total:R]
-
-
-def pad_with_last(n, R, rank, epoch=0, seed=0, shuffle=True, drop_last=False):
-    idx = _order(n, epoch, seed, shuffle)
-    total = S.num_samples_for(n, R, drop_last) * R
-    idx = idx[:total] + [idx[-1]] * max(0, total - len(idx)) if idx else []
-    return idx[rank:total:R]
-
-
-def ignores_epoch(n, R, rank, epoch=0, seed=0, shuffle=True, drop_last=False):
-    return reference(n, R, rank, 0, seed, shuffle, drop_last)
-
-
-def ignores_seed(n, R, rank, epoch=0, seed=0, shuffle=True, drop_last=False):
-    return reference(n, R, rank, epoch, 0, shuffle, drop_last)
-
-
-def drop_before_shuffle(n, R, rank, epoch=0, seed=0, shuffle=True, drop_last=False):
-    if not drop_last:
-        return reference(n, R, rank, epoch, seed, shuffle)
-    total = S.num_samples_for(n, R, True) * R
-    idx = _order(total, epoch, seed, shuffle)
-    return idx[rank::R]
-
-
-def drop_last_floor_wrong(n, R, rank, epoch=0, seed=0, shuffle=True, drop_last=False):
-    # ceil((n - R) / R) written with floor division: one sample too few per rank.
-    if not drop_last:
-        return reference(n, R, rank, epoch, seed, shuffle)
-    k = max(0, (n - R) // R)
-    return _order(n, epoch, seed, shuffle)[: k * R][rank::R]
-
-
-def python_shuffle(n, R, rank, epoch=0, seed=0, shuffle=True, drop_last=False):
-    idx = list(range(n))
-    if shuffle:
-        random.Random(seed + epoch).shuffle(idx)
-    total = S.num_samples_for(n, R, drop_last) * R
-    return S.pad_or_trim(idx, total)[rank:total:R] if n else []
-
-
-def ignores_shuffle_flag(n, R, rank, epoch=0, seed=0, shuffle=True, drop_last=False):
-    return reference(n, R, rank, epoch, seed, True, drop_last)
-
-
-def _run_checker(fn):
-    gen = ch06.check_indices(rng_for("06.indices"), fn)
-    total = next(gen)
-    return total, list(gen)
-
-
-def test_indices_checker_accepts_the_reference():
-    total, passed = _run_checker(reference)
-    assert total == len(passed) >= 10
-
-
-def test_indices_checker_covers_the_issue_edge_cases():
-    for seed in range(20):
-        cases = [args for _, args in ch06.index_cases(random.Random(seed))]
-        assert any(a["dataset_len"] == 0 for a in cases)
-        assert any(0 < a["dataset_len"] < a["num_replicas"] for a in cases)
-        assert any(
-            not a["drop_last"]
-            and S.num_samples_for(a["dataset_len"], a["num_replicas"]) * a["num_replicas"]
-            - a["dataset_len"]
-            > a["dataset_len"]
-            > 0
-            for a in cases
-        )
-        assert any(
-            a["drop_last"] and a["dataset_len"] % a["num_replicas"] == 0 and a["dataset_len"]
-            for a in cases
-        )
-        assert any(a["drop_last"] and a["dataset_len"] % a["num_replicas"] for a in cases)
-        assert len({a["epoch"] for a in cases}) >= 3 and len({a["seed"] for a in cases}) >= 3
-
-
-@pytest.mark.parametrize(
-    "wrong",
-    [
-        contiguous,
-        no_padding,
-        pad_once,
-        pad_with_last,
-        ignores_epoch,
-        ignores_seed,
-        drop_before_shuffle,
-        drop_last_floor_wrong,
-        python_shuffle,
-        ignores_shuffle_flag,
-    ],
-)
-@pytest.mark.parametrize("grade_seed", ["20261122", "7"])
-def test_indices_checker_rejects_typical_mistakes(wrong, grade_seed, monkeypatch):
-    monkeypatch.setenv("DDP_LAB_GRADE_SEED", grade_seed)
-    with pytest.raises(CaseFailed):
-        _run_checker(wrong)
-
-
-def test_indices_checker_stops_on_not_implemented():
-    def stub(*args, **kwargs):
-        raise NotImplementedError
-
-    with pytest.raises(NotImplementedError):
-        _run_checker(stub)
-
-
-def test_indices_checker_refuses_calling_the_real_sampler():
-    def cheat(n, R, rank, epoch=0, seed=0, shuffle=True, drop_last=False):
-        s = DistributedSampler(range(n), R, rank, shuffle=shuffle, seed=seed, drop_last=drop_last)
-        s.set_epoch(epoch)
-        return list(s)
-
-    assert ch06.uses_forbidden(cheat, ch06.FORBIDDEN["06.indices"]) == "DistributedSampler"
-    with pytest.raises(CaseFailed):
-        _run_checker(cheat)

@@ -4,15 +4,42 @@ The learner writes ``diagnose(nvidia_smi, nvcc_v, torch_build) -> (level, change
 texts the tools print. Hidden cases are rendered in the real layouts of several
 ``nvidia-smi`` releases; the expected answer comes from NVIDIA's minimum-driver table
 (``ddp_lab.cuda_compat``) and, for nvcc, from the rule of torch's cpp_extension.
+
+The probe (``probe_diagnose``) runs the learner's function on one case's three texts and
+returns what came out as data; the expected answer is computed and compared in the checker.
 """
 
 from __future__ import annotations
 
 import random
 from collections.abc import Callable, Iterator
+from typing import Any
 
 from ddp_lab import cuda_compat as cc
 from ddp_lab.course.grading import checker, fail
+from ddp_lab.course.i18n import Messages
+
+MESSAGES = Messages(
+    __name__,
+    {
+        "not_pair": {
+            "en": "torch {torch_build}: return a tuple of two str (level, change), not {kind}",
+            "zh": "torch {torch_build}：应返回由两个 str 组成的元组 (level, change)，而不是 {kind}",
+        },
+        "wrong": {
+            "en": "torch {torch_build}: expected {expected}, got {got}",
+            "zh": "torch {torch_build}：期望得到 {expected}，实际得到 {got}",
+        },
+        "case_new_driver": {"en": "new driver", "zh": "驱动足够新"},
+        "case_minor_version": {"en": "minor version", "zh": "小版本兼容"},
+        "case_old_driver": {"en": "old driver", "zh": "驱动太旧"},
+        "case_nvcc_major": {"en": "nvcc major", "zh": "nvcc 主版本不同"},
+        "case_no_driver": {"en": "no driver", "zh": "没有驱动"},
+        "case_cpu_build_gpu": {"en": "cpu build, GPU", "zh": "CPU 版本，有 GPU"},
+        "case_cpu_build_no_gpu": {"en": "cpu build, no GPU", "zh": "CPU 版本，没有 GPU"},
+        "case_cuda_13": {"en": "CUDA 13", "zh": "CUDA 13"},
+    },
+)
 
 # The header line of three generations of nvidia-smi (2019, 2023, 2025 layouts).
 _SMI_OLD = """+-----------------------------------------------------------------------------+
@@ -91,46 +118,68 @@ def make_cases(rng: random.Random) -> list[tuple[str, str, str, str]]:
     # 1. driver new enough, nvcc newer than torch (same major): fine
     t = rng.choice([c for c in TORCH_CUDAS if c[0] == 12 and c < (12, 8)])
     d = rng.choice(_drivers_for(lambda top, t=t: top >= (12, 8)))
-    cases.append(("new driver", render_smi(d, rng), render_nvcc((12, 8), rng), torch_str(t)))
+    cases.append(("new_driver", render_smi(d, rng), render_nvcc((12, 8), rng), torch_str(t)))
     # 2. same major, driver older than the runtime: minor version compatibility
     d = rng.choice(["525.60.13", "530.30.02"])
     t = rng.choice([(12, 4), (12, 6), (12, 8)])
-    cases.append(("minor version", render_smi(d, rng), render_nvcc(None, rng), torch_str(t)))
+    cases.append(("minor_version", render_smi(d, rng), render_nvcc(None, rng), torch_str(t)))
     # 3. driver of an older major: too old, although nvcc is new
     d = rng.choice(_drivers_for(lambda top: (11, 0) <= top < (12, 0)))
     t = rng.choice([(12, 1), (12, 4)])
-    cases.append(("old driver", render_smi(d, rng), render_nvcc(t, rng), torch_str(t)))
+    cases.append(("old_driver", render_smi(d, rng), render_nvcc(t, rng), torch_str(t)))
     # 4. runtime fits the driver but nvcc has another major: extensions will not build
     d = rng.choice(_drivers_for(lambda top: top >= (12, 4)))
     cases.append(
         (
-            "nvcc major",
+            "nvcc_major",
             render_smi(d, rng),
             render_nvcc((11, 8), rng),
             torch_str(rng.choice([(12, 1), (12, 4)])),
         )
     )
     # 5. no driver at all, CUDA build
-    cases.append(("no driver", NO_DRIVER, render_nvcc((12, 1), rng), torch_str((12, 1))))
+    cases.append(("no_driver", NO_DRIVER, render_nvcc((12, 1), rng), torch_str((12, 1))))
     # 6. CPU build: on a GPU machine, and without a driver
     d = rng.choice(_drivers_for(lambda top: top >= (12, 0)))
-    cases.append(("cpu build, GPU", render_smi(d, rng), NO_NVCC, f"2.{rng.randint(1, 9)}.0+cpu"))
-    cases.append(("cpu build, no GPU", NO_DRIVER, NO_NVCC, f"2.{rng.randint(1, 9)}.0+cpu"))
+    cases.append(("cpu_build_gpu", render_smi(d, rng), NO_NVCC, f"2.{rng.randint(1, 9)}.0+cpu"))
+    cases.append(("cpu_build_no_gpu", NO_DRIVER, NO_NVCC, f"2.{rng.randint(1, 9)}.0+cpu"))
     # 7. exact match, driver CUDA == torch CUDA (13.0)
     cases.append(
-        ("CUDA 13", render_smi("580.65.06", rng), render_nvcc((13, 0), rng), torch_str((13, 0)))
+        ("cuda_13", render_smi("580.65.06", rng), render_nvcc((13, 0), rng), torch_str((13, 0)))
     )
     rng.shuffle(cases)
     return cases
 
 
+def probe_diagnose(objects: tuple, smi: str, nvcc: str, torch_build: str) -> Any:
+    """In the learner's process: their answer for one case, as data."""
+    (diagnose,) = objects
+    out = diagnose(smi, nvcc, torch_build)
+    if not isinstance(out, (tuple, list)):
+        return {"kind": type(out).__name__}
+    if all(type(x) is str for x in out):
+        return tuple(out) if isinstance(out, tuple) else list(out)
+    items = ", ".join(type(x).__name__ for x in out[:3])
+    return {"kind": f"{type(out).__name__} ({items})"}
+
+
+def _kind(got: object) -> str:
+    if isinstance(got, dict) and type(got.get("kind")) is str:
+        return got["kind"][:40]
+    return type(got).__name__
+
+
 @checker("01.diagnose", points=3)
-def check_diagnose(rng: random.Random, diagnose: Callable) -> Iterator[object]:
+def check_diagnose(rng: random.Random, learner: Any) -> Iterator[object]:
     cases = make_cases(rng)
     yield len(cases)
     for label, smi, nvcc, torch_build in cases:
+        case = MESSAGES(f"case_{label}")
         want = expected(smi, nvcc, torch_build)
-        got = diagnose(smi, nvcc, torch_build)
-        if not isinstance(got, tuple) or tuple(got) != want:
-            raise fail(f"torch {torch_build}: expected {want}, got {got!r}", label)
-        yield label
+        got = learner.call(probe_diagnose, smi, nvcc, torch_build, timeout=30)
+        if type(got) is not tuple or not all(type(x) is str for x in got):
+            raise fail(MESSAGES("not_pair", torch_build=torch_build, kind=_kind(got)), case)
+        if got != want:
+            shown = repr(got) if len(repr(got)) <= 80 else repr(got)[:77] + "..."
+            raise fail(MESSAGES("wrong", torch_build=torch_build, expected=want, got=shown), case)
+        yield case

@@ -4,30 +4,95 @@ The learner writes ``place(nproc_per_node, cuda_visible_devices, gpus_per_node)`
 one dict per process in global rank order. The ranks are checked against a real torchrun
 launch on localhost (two simulated nodes, c10d rendezvous); the GPUs against CUDA's rule
 for ``CUDA_VISIBLE_DEVICES`` (``ddp_lab.ranks.visible_gpus``).
+
+The probe (``probe_place``) calls the learner's function in their process and returns its
+rows as data; torchrun and the model run, and the comparison happens, in the checker.
 """
 
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 from ddp_lab import ranks
 from ddp_lab.course.grading import checker, fail
+from ddp_lab.course.i18n import Messages
 
 KEYS = ("rank", "local_rank", "node_rank", "world_size", "device", "gpu")
+MESSAGES = Messages(
+    __name__,
+    {
+        "not_list": {
+            "en": "expected a list of {count} dicts (one per process), got {got}",
+            "zh": "期望得到由 {count} 个 dict 组成的列表（每个进程一个），实际得到 {got}",
+        },
+        "not_dict": {
+            "en": "expected dicts, got {kind}",
+            "zh": "列表的每一项应为 dict，实际得到 {kind}",
+        },
+        "value": {
+            "en": "process with rank {rank}: {key} should be {expected}, got {got}",
+            "zh": "rank 为 {rank} 的进程：{key} 应为 {expected}，实际得到 {got}",
+        },
+        "case_torchrun": {"en": "torchrun, 2 nodes", "zh": "torchrun，2 个节点"},
+        "case_hidden": {"en": "3 nodes, GPUs hidden", "zh": "3 个节点，GPU 全部隐藏"},
+        "case_invalid": {"en": "invalid entry", "zh": "无效项"},
+        "case_too_few": {"en": "too few GPUs", "zh": "GPU 不够"},
+    },
+)
+
+
+def _plain(value: object) -> Any:
+    """A row's value as data: None, bool, int, float, str; anything else by its type name."""
+    if value is None or type(value) in (bool, int, float, str):
+        return value
+    return {"kind": type(value).__name__}
+
+
+def probe_place(
+    objects: tuple, counts: list[int], cvds: list[str | None], gpus_per_node: int
+) -> Any:
+    """In the learner's process: their rows for one launch, as data."""
+    (place,) = objects
+    out = place(counts, cvds, gpus_per_node)
+    if not isinstance(out, list):
+        return {"kind": type(out).__name__}
+    rows: list[Any] = []
+    for row in out:
+        if isinstance(row, dict):
+            rows.append({k: _plain(row[k]) for k in KEYS if k in row})
+        else:
+            rows.append({"kind": type(row).__name__})
+    return rows
+
+
+def _kind(got: object) -> str:
+    if isinstance(got, dict) and type(got.get("kind")) is str:
+        return got["kind"][:40]
+    return type(got).__name__
+
+
+def _shown(value: object) -> str:
+    if isinstance(value, dict) and set(value) == {"kind"}:
+        return f"<{_kind(value)}>"
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _compare(got: object, want: list[dict], case: str) -> None:
-    if not isinstance(got, list) or len(got) != len(want):
-        n = len(got) if isinstance(got, list) else type(got).__name__
-        raise fail(f"expected a list of {len(want)} dicts (one per process), got {n}", case)
+    if type(got) is not list or len(got) != len(want):
+        n = len(got) if type(got) is list else _kind(got)
+        raise fail(MESSAGES("not_list", count=len(want), got=n), case)
     for g, w in zip(got, want, strict=True):
-        if not isinstance(g, dict):
-            raise fail(f"expected dicts, got {type(g).__name__}", case)
+        if type(g) is not dict or set(g) - set(KEYS):
+            raise fail(MESSAGES("not_dict", kind=_kind(g)), case)
         for k in KEYS:
-            if g.get(k) != w[k]:
+            have = g.get(k)  # plain data: no __eq__ of the learner's runs here
+            if have != w[k]:
                 raise fail(
-                    f"process with rank {w['rank']}: {k} should be {w[k]!r}, got {g.get(k)!r}", case
+                    MESSAGES("value", rank=w["rank"], key=k, expected=repr(w[k]), got=_shown(have)),
+                    case,
                 )
 
 
@@ -36,7 +101,7 @@ def _as_dicts(procs: list[ranks.Proc]) -> list[dict]:
 
 
 @checker("02.place", points=3)
-def check_place(rng: random.Random, place: Callable) -> Iterator[object]:
+def check_place(rng: random.Random, learner: Any) -> Iterator[object]:
     yield 4
     # Case 1: the oracle is torchrun itself (2 simulated nodes of different sizes).
     counts = rng.choice([[2, 3], [3, 2], [1, 3]])
@@ -55,18 +120,20 @@ def check_place(rng: random.Random, place: Callable) -> Iterator[object]:
             node_rank=r["GROUP_RANK"],
             world_size=r["WORLD_SIZE"],
         )
-    _compare(place(order_counts, order_cvds, 4), want, "torchrun, 2 nodes")
-    yield "torchrun"
+    case = MESSAGES("case_torchrun")
+    _compare(learner.call(probe_place, order_counts, order_cvds, 4, timeout=30), want, case)
+    yield case
     # Cases 2-4: CUDA_VISIBLE_DEVICES edge cases on bigger launches.
-    for case, nnodes, cvd in [
-        ("3 nodes, GPUs hidden", 3, rng.choice(["", "-1"])),
-        ("invalid entry", 2, rng.choice(["5,7,9", "1,3,8,2"])),
-        ("too few GPUs", 2, rng.choice(["6,7", "3"])),
+    for key, nnodes, cvd in [
+        ("case_hidden", 3, rng.choice(["", "-1"])),
+        ("case_invalid", 2, rng.choice(["5,7,9", "1,3,8,2"])),
+        ("case_too_few", 2, rng.choice(["6,7", "3"])),
     ]:
+        case = MESSAGES(key)
         counts = [rng.randint(2, 4) for _ in range(nnodes)]
         cvds = (
             [cvd] + [None] * (nnodes - 1) if rng.random() < 0.5 else [None] * (nnodes - 1) + [cvd]
         )
         want = _as_dicts(ranks.assign(counts, cuda_visible_devices=cvds, gpus_per_node=8))
-        _compare(place(counts, cvds, 8), want, case)
+        _compare(learner.call(probe_place, counts, cvds, 8, timeout=30), want, case)
         yield case

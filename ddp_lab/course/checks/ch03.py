@@ -1,18 +1,90 @@
 """Checkers of chapter 03's exercises: balanced chunk sizes, and gather with its backward.
 
 Oracles: ``torch.chunk`` for the default split, and for gather the single-device
-``torch.cat`` with autograd (values and gradients).
+``torch.cat`` with autograd (values and gradients), computed in the checker. The probes
+(``probe_balanced``, ``probe_gather_forward``, ``probe_gather_backward``) only call the
+learner's code in their process and return what came out as data.
 """
 
 from __future__ import annotations
 
+import operator
 import random
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import torch
 
-from ddp_lab.course.grading import checker, fail, mismatch
+from ddp_lab.course.grading import checker, fail
+from ddp_lab.course.i18n import Messages
+
+MESSAGES = Messages(
+    __name__,
+    {
+        "sizes_type": {
+            "en": "return a list of ints (rows per device), not {kind}",
+            "zh": "应返回由 int 组成的列表（每个设备的行数），而不是 {kind}",
+        },
+        "sizes": {
+            "en": "expected {expected}, got {got}",
+            "zh": "期望得到 {expected}，实际得到 {got}",
+        },
+        "out_type": {
+            "en": "apply(...) returned {kind}, not a tensor",
+            "zh": "apply(...) 返回的是 {kind}，不是张量",
+        },
+        "out_shape": {
+            "en": "output shape: expected {expected}, got {got}",
+            "zh": "输出形状：期望 {expected}，实际得到 {got}",
+        },
+        "out_values": {
+            "en": "output values differ from torch.cat",
+            "zh": "输出的数值与 torch.cat 不同",
+        },
+        "not_your_function": {
+            "en": "the output was not made by your Function, so its backward is never used",
+            "zh": "输出不是由你的 Function 生成的，所以它的 backward 永远不会被调用",
+        },
+        "grads_type": {
+            "en": "backward gave {kind} instead of one gradient per input",
+            "zh": "backward 给出的是 {kind}，而不是每个输入一个梯度",
+        },
+        "no_grad": {
+            "en": "input {index} got no gradient",
+            "zh": "第 {index} 个输入没有得到梯度",
+        },
+        "grad_shape": {
+            "en": "gradient of input {index}: shape {got}, expected {expected}",
+            "zh": "第 {index} 个输入的梯度：形状为 {got}，应为 {expected}",
+        },
+        "grad_values": {
+            "en": "gradient of input {index} differs from single-device autograd",
+            "zh": "第 {index} 个输入的梯度与单设备自动求导的结果不同",
+        },
+        "case_uneven_remainder": {"en": "uneven remainder", "zh": "余数不均"},
+        "case_two_devices": {"en": "two devices", "zh": "两个设备"},
+        "case_gpu0_zero": {"en": "gpu0_bsz = 0", "zh": "gpu0_bsz = 0"},
+        "case_gpu0_above": {
+            "en": "gpu0_bsz above the even share",
+            "zh": "gpu0_bsz 超过平均份额",
+        },
+        "case_capped": {
+            "en": "device 0 capped below torch.chunk's share",
+            "zh": "设备 0 被限制在 torch.chunk 的份额以下",
+        },
+        "case_small_batch": {
+            "en": "batch smaller than the device count",
+            "zh": "批大小小于设备数",
+        },
+        "case_one_device": {"en": "one device", "zh": "一个设备"},
+        "case_large_batch": {"en": "large batch", "zh": "大批量"},
+        "case_even_dim0": {"en": "even chunks, dim 0", "zh": "等大的块，dim 0"},
+        "case_uneven_dim0": {"en": "uneven chunks, dim 0", "zh": "大小不同的块，dim 0"},
+        "case_uneven_dim1": {"en": "uneven chunks, dim 1", "zh": "大小不同的块，dim 1"},
+        "case_one_row": {"en": "a one-row chunk", "zh": "只有一行的块"},
+        "case_more_devices": {"en": "more devices", "zh": "更多设备"},
+    },
+)
 
 
 def _torch_chunk_sizes(batch: int, n: int) -> list[int]:
@@ -53,32 +125,83 @@ def _capped_case(rng: random.Random) -> tuple[int, int, int]:
 def _balanced_cases(rng: random.Random) -> list[tuple[str, int, int, int]]:
     n = rng.randint(3, 6)
     return [
-        ("uneven remainder", n * rng.randint(4, 9) + rng.randint(1, n - 1), n, 2),
-        ("two devices", rng.randint(20, 40), 2, rng.randint(3, 9)),
-        ("gpu0_bsz = 0", rng.randint(7, 30), rng.randint(2, 5), 0),
-        ("gpu0_bsz above the even share", rng.randint(10, 20), 4, rng.randint(6, 25)),
-        ("device 0 capped below torch.chunk's share", *_capped_case(rng)),
+        ("uneven_remainder", n * rng.randint(4, 9) + rng.randint(1, n - 1), n, 2),
+        ("two_devices", rng.randint(20, 40), 2, rng.randint(3, 9)),
+        ("gpu0_zero", rng.randint(7, 30), rng.randint(2, 5), 0),
+        ("gpu0_above", rng.randint(10, 20), 4, rng.randint(6, 25)),
+        ("capped", *_capped_case(rng)),
         (
-            "batch smaller than the device count",
+            "small_batch",
             rng.randint(2, 4),
             rng.randint(5, 7),
             rng.randint(0, 1),
         ),
-        ("one device", rng.randint(3, 9), 1, 1),
-        ("large batch", rng.randint(100, 300), rng.randint(2, 8), rng.randint(1, 12)),
+        ("one_device", rng.randint(3, 9), 1, 1),
+        ("large_batch", rng.randint(100, 300), rng.randint(2, 8), rng.randint(1, 12)),
     ]
 
 
+def _int_or_kind(x: Any) -> Any:
+    if type(x) in (int, bool, float):
+        return x
+    if isinstance(x, torch.Tensor) and x.numel() == 1:
+        return x.item()
+    try:
+        return operator.index(x)
+    except TypeError:
+        return {"kind": type(x).__name__}
+
+
+def probe_balanced(objects: tuple, batch: int, n: int, gpu0: int) -> Any:
+    """In the learner's process: their sizes for one case, as data."""
+    (balanced_chunk_sizes,) = objects
+    out = balanced_chunk_sizes(batch, n, gpu0)
+    if not isinstance(out, (list, tuple)):
+        return {"kind": type(out).__name__}
+    return [_int_or_kind(x) for x in out]
+
+
+def _kind(got: object) -> str:
+    if isinstance(got, dict) and type(got.get("kind")) is str:
+        return got["kind"][:40]
+    return type(got).__name__
+
+
+def _as_sizes(got: object) -> list[int] | None:
+    """The sizes as ints when ``got`` is a list of whole numbers, else None."""
+    if type(got) is not list:
+        return None
+    sizes = []
+    for x in got:
+        if type(x) in (int, bool):
+            sizes.append(int(x))
+        elif type(x) is float and x.is_integer():
+            sizes.append(int(x))
+        else:
+            return None
+    return sizes
+
+
+def _short(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 120 else text[:117] + "..."
+
+
 @checker("03.balanced_chunks", points=2)
-def check_balanced_chunks(rng: random.Random, balanced_chunk_sizes: Callable) -> Iterator[Any]:
+def check_balanced_chunks(rng: random.Random, learner: Any) -> Iterator[Any]:
     cases = _balanced_cases(rng)
     yield len(cases)
-    for label, batch, n, gpu0 in cases:
-        got = balanced_chunk_sizes(batch, n, gpu0)
+    for key, batch, n, gpu0 in cases:
+        case = MESSAGES(f"case_{key}")
         expected = _expected_balanced(batch, n, gpu0)
-        if not isinstance(got, (list, tuple)) or [int(s) for s in got] != expected:
-            raise fail(mismatch(expected, got).args[0], label)
-        yield label
+        got = learner.call(probe_balanced, batch, n, gpu0, timeout=30)
+        sizes = _as_sizes(got)
+        if sizes is None:
+            bad = next((x for x in got if isinstance(x, dict)), got) if type(got) is list else got
+            raise fail(MESSAGES("sizes_type", kind=_kind(bad)), case)
+        if sizes != expected:
+            raise fail(MESSAGES("sizes", expected=_short(expected), got=_short(got)), case)
+        yield case
 
 
 def _gather_cases(rng: random.Random) -> list[tuple[str, int, list[int], int]]:
@@ -93,57 +216,94 @@ def _gather_cases(rng: random.Random) -> list[tuple[str, int, list[int], int]]:
         return s
 
     return [
-        ("even chunks, dim 0", 0, sizes(rng.randint(2, 4), False), rng.randint(2, 5)),
-        ("uneven chunks, dim 0", 0, sizes(rng.randint(2, 4), True), rng.randint(2, 5)),
-        ("uneven chunks, dim 1", 1, sizes(rng.randint(2, 4), True), rng.randint(2, 5)),
-        ("a one-row chunk", 0, [rng.randint(2, 4), 1], rng.randint(2, 5)),
-        ("more devices", rng.randint(0, 1), sizes(rng.randint(5, 6), True), 3),
+        ("even_dim0", 0, sizes(rng.randint(2, 4), False), rng.randint(2, 5)),
+        ("uneven_dim0", 0, sizes(rng.randint(2, 4), True), rng.randint(2, 5)),
+        ("uneven_dim1", 1, sizes(rng.randint(2, 4), True), rng.randint(2, 5)),
+        ("one_row", 0, [rng.randint(2, 4), 1], rng.randint(2, 5)),
+        ("more_devices", rng.randint(0, 1), sizes(rng.randint(5, 6), True), 3),
     ]
 
 
-def _run_gather_case(
-    gather_cls: Any, dim: int, sizes: list[int], other: int, gen: torch.Generator
+def probe_gather_forward(objects: tuple, dim: int, parts: list[torch.Tensor]) -> Any:
+    """In the learner's process: their Function's output on leaf tensors, and its grad_fn."""
+    (gather_cls,) = objects
+    leaves = [p.clone().requires_grad_() for p in parts]
+    for i, leaf in enumerate(leaves):
+        leaf._sim_device = i  # replica i's output lives on simulated device i
+    out = gather_cls.apply(0, dim, *leaves)
+    name = getattr(gather_cls, "__name__", "")
+    if not isinstance(out, torch.Tensor):
+        return {"kind": type(out).__name__}
+    return {
+        "out": out.detach().clone(),
+        "grad_fn": type(out.grad_fn).__name__,
+        "function": name if type(name) is str else "",
+    }
+
+
+def probe_gather_backward(
+    objects: tuple, dim: int, parts: list[torch.Tensor], weight: torch.Tensor
+) -> Any:
+    """In the learner's process: the inputs' gradients of ``(out * weight).sum()``."""
+    (gather_cls,) = objects
+    leaves = [p.clone().requires_grad_() for p in parts]
+    for i, leaf in enumerate(leaves):
+        leaf._sim_device = i
+    out = gather_cls.apply(0, dim, *leaves)
+    (out * weight).sum().backward()
+    return [None if leaf.grad is None else leaf.grad.detach().clone() for leaf in leaves]
+
+
+def _gather_problem(
+    learner: Any, dim: int, sizes: list[int], other: int, gen: torch.Generator
 ) -> str:
+    """What is wrong with the learner's gather on one case ("" when nothing)."""
+
     def shape(s: int) -> tuple[int, int]:
         return (s, other) if dim == 0 else (other, s)
 
     parts = [torch.randn(*shape(s), dtype=torch.float64, generator=gen) for s in sizes]
     weight = torch.randn(*shape(sum(sizes)), dtype=torch.float64, generator=gen)
-    leaves = [p.clone().requires_grad_() for p in parts]
-    for i, leaf in enumerate(leaves):
-        leaf._sim_device = i  # replica i's output lives on simulated device i
-    out = gather_cls.apply(0, dim, *leaves)
     oracle_leaves = [p.clone().requires_grad_() for p in parts]
     expected = torch.cat(oracle_leaves, dim)  # the oracle: one device, torch's autograd
-    if not isinstance(out, torch.Tensor) or out.shape != expected.shape:
-        got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
-        return f"output shape: expected {tuple(expected.shape)}, got {got}"
-    if not torch.allclose(out, expected):
-        return "output values differ from torch.cat"
-    if type(out.grad_fn).__name__ != f"{gather_cls.__name__}Backward":
-        return "the output was not made by your Function, so its backward is never used"
-    (out * weight).sum().backward()
     (expected * weight).sum().backward()
-    for i, (leaf, ref) in enumerate(zip(leaves, oracle_leaves, strict=True)):
-        if leaf.grad is None:
-            return f"input {i} got no gradient"
-        if leaf.grad.shape != ref.grad.shape:
-            return (
-                f"gradient of input {i}: shape {tuple(leaf.grad.shape)}, "
-                f"expected {tuple(ref.grad.shape)}"
+    want_out = expected.detach()
+
+    fwd = learner.call(probe_gather_forward, dim, parts, timeout=30)
+    out = fwd.get("out") if type(fwd) is dict else None
+    if not isinstance(out, torch.Tensor):
+        return MESSAGES("out_type", kind=_kind(fwd))
+    if out.shape != want_out.shape:
+        return MESSAGES("out_shape", expected=tuple(want_out.shape), got=tuple(out.shape))
+    if out.is_complex() or not torch.allclose(out.to(want_out.dtype), want_out):
+        return MESSAGES("out_values")
+    if fwd.get("grad_fn") != f"{fwd.get('function')}Backward":
+        return MESSAGES("not_your_function")
+    grads = learner.call(probe_gather_backward, dim, parts, weight, timeout=30)
+    if type(grads) is not list or len(grads) != len(parts):
+        return MESSAGES("grads_type", kind=_kind(grads))
+    for i, (grad, ref) in enumerate(zip(grads, oracle_leaves, strict=True)):
+        if grad is None:
+            return MESSAGES("no_grad", index=i)
+        if not isinstance(grad, torch.Tensor):
+            return MESSAGES("grads_type", kind=_kind(grad))
+        if grad.shape != ref.grad.shape:
+            return MESSAGES(
+                "grad_shape", index=i, got=tuple(grad.shape), expected=tuple(ref.grad.shape)
             )
-        if not torch.allclose(leaf.grad, ref.grad):
-            return f"gradient of input {i} differs from single-device autograd"
+        if grad.is_complex() or not torch.allclose(grad.to(ref.grad.dtype), ref.grad):
+            return MESSAGES("grad_values", index=i)
     return ""
 
 
 @checker("03.gather", points=3)
-def check_gather(rng: random.Random, gather_cls: Any) -> Iterator[Any]:
+def check_gather(rng: random.Random, learner: Any) -> Iterator[Any]:
     cases = _gather_cases(rng)
     yield len(cases)
-    for label, dim, sizes, other in cases:
+    for key, dim, sizes, other in cases:
+        case = MESSAGES(f"case_{key}")
         gen = torch.Generator().manual_seed(rng.randrange(10**6))
-        problem = _run_gather_case(gather_cls, dim, sizes, other, gen)
+        problem = _gather_problem(learner, dim, sizes, other, gen)
         if problem:
-            raise fail(problem, label)
-        yield label
+            raise fail(problem, case)
+        yield case

@@ -1,16 +1,25 @@
-"""Checkers of chapter 06: the sampler's indices, and an evaluation without padding bias."""
+"""Checkers of chapter 06: the sampler's indices, and an evaluation without padding bias.
+
+The probes call the learner's function in their process (``probe_indices`` once per case for
+every rank; ``probe_accuracy`` on gloo ranks) with the package's and torch's ready-made
+answers refused for the duration of the call (``course.learner.refuse``), and return what
+came out as data. The oracles (torch's ``DistributedSampler``; the exact accuracy) run and
+the comparisons happen in the checker.
+"""
 
 from __future__ import annotations
 
+import operator
 import random
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import torch
-import torch.distributed as dist
 from torch.utils.data import DistributedSampler
 
-from ddp_lab.course.grading import checker, fail, mismatch
+from ddp_lab.course.grading import checker, fail
 from ddp_lab.course.i18n import Messages
+from ddp_lab.course.learner import refuse
 
 
 def uses_forbidden(fn: Callable, names: set[str]) -> str:
@@ -42,14 +51,124 @@ MESSAGES = Messages(
             "en": "write it yourself: your function calls {name}",
             "zh": "请自己实现：你的函数调用了 {name}",
         },
+        "indices_type": {
+            "en": "return a list of ints, not {kind}",
+            "zh": "应返回由 int 组成的列表，而不是 {kind}",
+        },
+        "indices": {
+            "en": "expected {expected}, got {got}",
+            "zh": "期望得到 {expected}，实际得到 {got}",
+        },
+        "ranks": {
+            "en": "the learner's process answered for {got} ranks instead of {expected}",
+            "zh": "学习者的进程给出了 {got} 个 rank 的结果，而不是 {expected} 个",
+        },
+        "accuracy_type": {
+            "en": "return the accuracy as a float, not {kind}",
+            "zh": "应以 float 返回准确率，而不是 {kind}",
+        },
+        "accuracy": {
+            "en": "expected accuracy {expected}, got {got}",
+            "zh": "期望的准确率是 {expected}，实际得到 {got}",
+        },
+        "index_case": {
+            "en": "{what}: dataset_len={n}, num_replicas={replicas}",
+            "zh": "{what}：dataset_len={n}，num_replicas={replicas}",
+        },
+        "case_divisible_no_shuffle": {
+            "en": "divisible, shuffle=False",
+            "zh": "可整除，shuffle=False",
+        },
+        "case_padding_no_shuffle": {
+            "en": "padding, shuffle=False",
+            "zh": "需要填充，shuffle=False",
+        },
+        "case_padding_shuffled": {"en": "padding, shuffled", "zh": "需要填充，打乱顺序"},
+        "case_short_dataset": {
+            "en": "dataset_len < num_replicas",
+            "zh": "dataset_len < num_replicas",
+        },
+        "case_padding_longer": {
+            "en": "padding larger than the dataset",
+            "zh": "填充比数据集还长",
+        },
+        "case_empty": {"en": "dataset_len = 0", "zh": "dataset_len = 0"},
+        "case_drop_last_divisible": {"en": "drop_last, divisible", "zh": "drop_last，可整除"},
+        "case_drop_last_not_divisible": {
+            "en": "drop_last, not divisible",
+            "zh": "drop_last，不可整除",
+        },
+        "case_drop_last_short": {
+            "en": "drop_last, dataset_len < num_replicas",
+            "zh": "drop_last，dataset_len < num_replicas",
+        },
+        "case_epoch_1": {"en": "epoch 1 (set_epoch)", "zh": "第 1 轮（set_epoch）"},
+        "case_later_epoch": {"en": "later epoch", "zh": "更靠后的轮次"},
+        "case_other_seed": {
+            "en": "other seed, drop_last, later epoch",
+            "zh": "另一个种子，drop_last，更靠后的轮次",
+        },
+        "case_one_replica": {"en": "one replica", "zh": "只有一个副本"},
     },
 )
 
 
-def _check_forbidden(grade_id: str, fn: Callable) -> None:
-    name = uses_forbidden(fn, FORBIDDEN[grade_id])
+def probe_forbidden(objects: tuple, names: list[str]) -> str:
+    """In the learner's process: the first of ``names`` their function's code refers to."""
+    (fn,) = objects
+    return uses_forbidden(fn, set(names))
+
+
+def _refused_for_indices() -> dict[str, Any]:
+    from ddp_lab import sampler
+
+    return {
+        "DistributedSampler": DistributedSampler,
+        "ddp_lab.sampler.DistributedSampler": sampler.DistributedSampler,
+        "ddp_lab.sampler.pad_or_trim": sampler.pad_or_trim,
+        "ddp_lab.sampler.permutation": sampler.permutation,
+        "ddp_lab.sampler.assignment_grid": sampler.assignment_grid,
+        "ddp_lab.sampler.num_samples_for": sampler.num_samples_for,
+    }
+
+
+def _refused_for_accuracy() -> dict[str, Any]:
+    from ddp_lab import evaluation
+
+    return {
+        "ddp_lab.evaluation.gather_in_index_order": evaluation.gather_in_index_order,
+        "ddp_lab.evaluation.gather_by_index": evaluation.gather_by_index,
+        "ddp_lab.evaluation.all_reduce_accuracy": evaluation.all_reduce_accuracy,
+    }
+
+
+def _check_forbidden(grade_id: str, learner: Any) -> None:
+    name = learner.call(probe_forbidden, sorted(FORBIDDEN[grade_id]), timeout=30)
     if name:
-        raise fail(MESSAGES("forbidden", name=name), "-")
+        shown = name if type(name) is str else type(name).__name__
+        raise fail(MESSAGES("forbidden", name=shown[:60]), "-")
+
+
+def _int_or_kind(x: Any) -> Any:
+    if type(x) in (int, bool, float):
+        return x
+    if isinstance(x, torch.Tensor) and x.numel() == 1:
+        return x.item()
+    try:
+        return operator.index(x)
+    except TypeError:
+        return {"kind": type(x).__name__}
+
+
+def _kind(got: object) -> str:
+    if isinstance(got, dict) and type(got.get("kind")) is str:
+        return got["kind"][:40]
+    return type(got).__name__
+
+
+def _short(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 120 else text[:117] + "..."
 
 
 def torch_indices(
@@ -64,89 +183,79 @@ def torch_indices(
 
 
 def index_cases(rng: random.Random) -> list[tuple[str, dict]]:
-    """Hidden cases of 06.indices: (label, keyword arguments without rank)."""
+    """Hidden cases of 06.indices: (label key, keyword arguments without rank)."""
 
-    def case(label: str, n: int, replicas: int, **kw: object) -> tuple[str, dict]:
+    def case(key: str, n: int, replicas: int, **kw: object) -> tuple[str, dict]:
         args = dict(
             dataset_len=n, num_replicas=replicas, epoch=0, seed=0, shuffle=True, drop_last=False
         )
         args.update(kw)
-        return f"{label}: dataset_len={n}, num_replicas={replicas}", args
+        return key, args
 
     r = rng.randint(2, 4)
     return [
-        case("divisible, shuffle=False", r * rng.randint(2, 5), r, shuffle=False),
+        case("divisible_no_shuffle", r * rng.randint(2, 5), r, shuffle=False),
         case(
-            "padding, shuffle=False",
+            "padding_no_shuffle",
             r * rng.randint(2, 5) + rng.randint(1, r - 1),
             r,
             shuffle=False,
         ),
         case(
-            "padding, shuffled",
+            "padding_shuffled",
             rng.randint(11, 30) * 4 + rng.randint(2, 3),
             4,
             seed=rng.randint(1, 99),
         ),
         case(
-            "dataset_len < num_replicas",
+            "short_dataset",
             rng.randint(2, 3),
             rng.randint(5, 8),
             shuffle=rng.random() < 0.5,
         ),
-        case("padding larger than the dataset", 1, rng.randint(3, 6), seed=rng.randint(0, 9)),
-        case("dataset_len = 0", 0, rng.randint(2, 4), drop_last=rng.random() < 0.5),
+        case("padding_longer", 1, rng.randint(3, 6), seed=rng.randint(0, 9)),
+        case("empty", 0, rng.randint(2, 4), drop_last=rng.random() < 0.5),
         case(
-            "drop_last, divisible",
+            "drop_last_divisible",
             3 * rng.randint(3, 9),
             3,
             drop_last=True,
             seed=rng.randint(0, 99),
         ),
         case(
-            "drop_last, not divisible",
+            "drop_last_not_divisible",
             4 * rng.randint(3, 9) + rng.randint(1, 3),
             4,
             drop_last=True,
             seed=rng.randint(0, 99),
         ),
-        case("drop_last, dataset_len < num_replicas", rng.randint(1, 3), 4, drop_last=True),
-        case("epoch 1 (set_epoch)", rng.randint(12, 40), r, epoch=1, seed=rng.randint(0, 99)),
+        case("drop_last_short", rng.randint(1, 3), 4, drop_last=True),
+        case("epoch_1", rng.randint(12, 40), r, epoch=1, seed=rng.randint(0, 99)),
         case(
-            "later epoch",
+            "later_epoch",
             rng.randint(12, 40),
             3,
             epoch=rng.randint(2, 9),
             seed=rng.randint(100, 10**6),
         ),
         case(
-            "other seed, drop_last, later epoch",
+            "other_seed",
             rng.randint(20, 60),
             5,
             epoch=rng.randint(2, 9),
             seed=rng.randint(10, 10**4),
             drop_last=True,
         ),
-        case("one replica", rng.randint(5, 20), 1, seed=rng.randint(0, 99)),
+        case("one_replica", rng.randint(5, 20), 1, seed=rng.randint(0, 99)),
     ]
 
 
-@checker("06.indices", points=4)
-def check_indices(rng: random.Random, distributed_indices: Callable) -> Iterator[object]:
-    cases = index_cases(rng)
-    yield len(cases)
-    _check_forbidden("06.indices", distributed_indices)
-    for label, args in cases:
-        for rank in range(args["num_replicas"]):
-            expected = torch_indices(
-                args["dataset_len"],
-                args["num_replicas"],
-                rank,
-                args["epoch"],
-                args["seed"],
-                args["shuffle"],
-                args["drop_last"],
-            )
+def probe_indices(objects: tuple, args: dict) -> Any:
+    """In the learner's process: their indices for every rank of one case, as data."""
+    (distributed_indices,) = objects
+    out = []
+    for rank in range(args["num_replicas"]):
+        with refuse(_refused_for_indices(), allowed="torch.randperm, torch.Generator"):
             got = distributed_indices(
                 args["dataset_len"],
                 args["num_replicas"],
@@ -156,10 +265,49 @@ def check_indices(rng: random.Random, distributed_indices: Callable) -> Iterator
                 shuffle=args["shuffle"],
                 drop_last=args["drop_last"],
             )
-            if isinstance(got, torch.Tensor):
-                got = got.tolist()
-            if not isinstance(got, (list, tuple)) or list(got) != expected:
-                raise fail(mismatch(expected, got).args[0], f"{label}, rank={rank}")
+        if isinstance(got, torch.Tensor):
+            got = got.tolist()
+        if isinstance(got, (list, tuple)):
+            out.append([_int_or_kind(x) for x in got])
+        else:
+            out.append({"kind": type(got).__name__})
+    return out
+
+
+@checker("06.indices", points=4)
+def check_indices(rng: random.Random, learner: Any) -> Iterator[object]:
+    cases = index_cases(rng)
+    yield len(cases)
+    _check_forbidden("06.indices", learner)
+    for key, args in cases:
+        label = MESSAGES(
+            "index_case",
+            what=MESSAGES(f"case_{key}"),
+            n=args["dataset_len"],
+            replicas=args["num_replicas"],
+        )
+        results = learner.call(probe_indices, args, timeout=60)
+        if type(results) is not list or len(results) != args["num_replicas"]:
+            got = len(results) if type(results) is list else _kind(results)
+            raise fail(MESSAGES("ranks", got=got, expected=args["num_replicas"]), label)
+        for rank, got in enumerate(results):
+            expected = torch_indices(
+                args["dataset_len"],
+                args["num_replicas"],
+                rank,
+                args["epoch"],
+                args["seed"],
+                args["shuffle"],
+                args["drop_last"],
+            )
+            where = f"{label}, rank={rank}"
+            if type(got) is not list:
+                raise fail(MESSAGES("indices_type", kind=_kind(got)), where)
+            bad = next((x for x in got if type(x) not in (int, bool, float)), None)
+            if bad is not None:
+                raise fail(MESSAGES("indices_type", kind=f"list ({_kind(bad)})"), where)
+            if got != expected:
+                raise fail(MESSAGES("indices", expected=_short(expected), got=_short(got)), where)
         yield label
 
 
@@ -205,38 +353,50 @@ def accuracy_cases(rng: random.Random) -> list[tuple[int, list[tuple[int, list[f
     return result
 
 
-def _run_accuracy(rank: int, fn: Callable, datasets: list[tuple[int, list[float]]]) -> list:
-    """On each rank: the learner's accuracy for each dataset, from this rank's padded shard."""
-    replicas = dist.get_world_size()
-    out = []
-    for n, correct in datasets:
-        shard = list(DistributedSampler(range(n), replicas, rank, shuffle=False))
-        got = fn(torch.tensor([correct[i] for i in shard]), n)
-        out.append(float(got) if isinstance(got, (int, float, torch.Tensor)) else repr(got))
+def probe_accuracy(rank: int, objects: tuple, datasets: list[tuple[int, list]]) -> Any:
+    """On each of the learner's ranks: their accuracy for each dataset, from this rank's
+    padded shard (``datasets``: per dataset, its length and every rank's shard)."""
+    (gathered_accuracy,) = objects
+    out: list[Any] = []
+    for n, shards in datasets:
+        with refuse(_refused_for_accuracy(), allowed="dist.all_gather / dist.all_reduce"):
+            got = gathered_accuracy(torch.tensor(shards[rank]), n)
+        if isinstance(got, (int, float, torch.Tensor)):
+            got = float(got)
+        out.append(got if type(got) is float else {"kind": type(got).__name__})
     return out
 
 
 @checker("06.accuracy", points=3)
-def check_accuracy(rng: random.Random, gathered_accuracy: Callable) -> Iterator[object]:
-    from ddp_lab import spawn
-
+def check_accuracy(rng: random.Random, learner: Any) -> Iterator[object]:
     plan = accuracy_cases(rng)
     yield sum(len(d) for _, d in plan)
-    _check_forbidden("06.accuracy", gathered_accuracy)
+    _check_forbidden("06.accuracy", learner)
     for replicas, datasets in plan:
-        results = spawn(
-            _run_accuracy,
-            args=(gathered_accuracy, datasets),
-            nprocs=replicas,
-            backend="gloo",
-            quiet=True,
-            timeout=60,
-        )
+        shards = [  # the padded shards that torch's sampler gives each rank
+            (
+                n,
+                [
+                    [correct[i] for i in DistributedSampler(range(n), replicas, r, shuffle=False)]
+                    for r in range(replicas)
+                ],
+            )
+            for n, correct in datasets
+        ]
+        results = learner.spawn(probe_accuracy, shards, nprocs=replicas, timeout=60)
         for k, (n, correct) in enumerate(datasets):
             label = f"world_size={replicas}, dataset_len={n}"
             truth = sum(correct) / n
+            if type(results) is not list or len(results) != replicas:
+                got = len(results) if type(results) is list else _kind(results)
+                raise fail(MESSAGES("ranks", got=got, expected=replicas), label)
             for rank, per_rank in enumerate(results):
-                got = per_rank[k]
-                if isinstance(got, str) or abs(got - truth) > 1e-6:
-                    raise fail(mismatch(round(truth, 6), got).args[0], f"{label}, rank {rank}")
+                got = per_rank[k] if type(per_rank) is list and len(per_rank) > k else per_rank
+                where = f"{label}, rank {rank}"
+                if type(got) is not float:
+                    raise fail(MESSAGES("accuracy_type", kind=_kind(got)), where)
+                if not abs(got - truth) <= 1e-6:
+                    raise fail(
+                        MESSAGES("accuracy", expected=round(truth, 6), got=_short(got)), where
+                    )
             yield label

@@ -1,4 +1,5 @@
-"""Chapter 03's checkers pass the reference solutions and reject typical wrong ones."""
+"""Chapter 03's checkers, through a learner handle: the reference solutions pass, typical wrong
+ones fail with feedback, and results that are not data fail cleanly."""
 
 from __future__ import annotations
 
@@ -9,15 +10,17 @@ import pytest
 import torch
 
 import ddp_lab as dl
+from ddp_lab.course.grading import load_checkers, run_checker
+from ddp_lab.course.learner import LocalLearner
 from ddp_lab.parallel import balanced_chunk_sizes
 
 
+def _verdict(grade_id: str, obj: Any) -> tuple[bool, str]:
+    return run_checker(load_checkers()[grade_id], LocalLearner((obj,)), "en")
+
+
 def _grade(grade_id: str, obj: Any) -> bool:
-    try:
-        dl.grade(grade_id, obj)
-    except AssertionError:
-        return False
-    return True
+    return _verdict(grade_id, obj)[0]
 
 
 def notes_rule(batch: int, n: int, gpu0: int) -> list[int]:
@@ -58,19 +61,61 @@ def test_balanced_reference_passes() -> None:
     assert _grade("03.balanced_chunks", balanced_chunk_sizes)
 
 
+def as_tensor(batch: int, n: int, gpu0: int) -> Any:
+    return torch.tensor(balanced_chunk_sizes(batch, n, gpu0))
+
+
 @pytest.mark.parametrize(
     "wrong", [notes_rule, no_remainder, remainder_on_last, always_cap, even_split]
 )
 def test_balanced_rejects(wrong: Any) -> None:
-    assert not _grade("03.balanced_chunks", wrong)
+    passed, line = _verdict("03.balanced_chunks", wrong)
+    assert not passed
+    assert "FAIL 03.balanced_chunks" in line and "expected [" in line
+
+
+def test_balanced_wants_a_list(capsys: pytest.CaptureFixture) -> None:
+    passed, line = _verdict("03.balanced_chunks", as_tensor)
+    assert not passed and "return a list of ints" in line and "not Tensor" in line
+    passed, _ = _verdict("03.balanced_chunks", lambda *a: list(as_tensor(*a)))
+    assert passed  # elements may be 0-d tensors, as before
 
 
 def test_balanced_not_implemented_fails(capsys: pytest.CaptureFixture) -> None:
     def stub(batch: int, n: int, gpu0: int) -> list[int]:
         raise NotImplementedError("your code here")
 
-    assert not _grade("03.balanced_chunks", stub)
-    assert "03.balanced_chunks" in capsys.readouterr().out
+    with pytest.raises(AssertionError):
+        dl.grade("03.balanced_chunks", stub)
+    assert "FAIL 03.balanced_chunks" in capsys.readouterr().out
+
+
+class _EqualsAnything:
+    def __eq__(self, other: object) -> bool:
+        return True
+
+    def __ne__(self, other: object) -> bool:
+        return False
+
+    __hash__ = object.__hash__
+
+
+class _AnyList(list):
+    def __eq__(self, other: object) -> bool:
+        return True
+
+
+@pytest.mark.parametrize(
+    ("cheat", "feedback"),
+    [
+        (lambda *a: _EqualsAnything(), "not _EqualsAnything"),
+        (lambda *a: [_EqualsAnything()], "not _EqualsAnything"),
+        (lambda *a: _AnyList([0]), "expected ["),
+    ],
+)
+def test_balanced_result_that_is_not_data_fails_cleanly(cheat: Any, feedback: str) -> None:
+    passed, line = _verdict("03.balanced_chunks", cheat)
+    assert not passed and feedback in line
 
 
 class Gather(torch.autograd.Function):
@@ -127,9 +172,43 @@ def test_gather_reference_passes() -> None:
     assert _grade("03.gather", Gather)
 
 
-@pytest.mark.parametrize("wrong", [EvenSplit, AlwaysDim0, NoNones, Averaged, Stacked, PlainCat])
-def test_gather_rejects(wrong: Any) -> None:
-    assert not _grade("03.gather", wrong)
+@pytest.mark.parametrize(
+    ("wrong", "feedback"),
+    [
+        (EvenSplit, "raised"),  # chunk() gives the wrong sizes: autograd refuses them
+        (AlwaysDim0, "raised"),  # split along dim 0 of a dim-1 gradient
+        (NoNones, "raised"),
+        (Averaged, "differs from single-device autograd"),
+        (Stacked, "output shape"),
+        (PlainCat, "not made by your Function"),
+    ],
+)
+def test_gather_rejects(wrong: Any, feedback: str) -> None:
+    passed, line = _verdict("03.gather", wrong)
+    assert not passed
+    assert "FAIL 03.gather" in line and feedback in line
+
+
+class EqualsAnythingOut:
+    """A Function-like class whose output claims to equal everything."""
+
+    @staticmethod
+    def apply(target_device: int, dim: int, *inputs: torch.Tensor) -> Any:
+        return _EqualsAnything()
+
+
+class ZerosOut(Gather):
+    @staticmethod
+    def forward(ctx: Any, target_device: int, dim: int, *inputs: torch.Tensor) -> torch.Tensor:
+        ctx.dim, ctx.sizes = dim, [t.size(dim) for t in inputs]
+        return torch.zeros(3)
+
+
+def test_gather_result_that_is_not_data_fails_cleanly() -> None:
+    passed, line = _verdict("03.gather", EqualsAnythingOut)
+    assert not passed and "returned _EqualsAnything, not a tensor" in line
+    passed, line = _verdict("03.gather", ZerosOut)
+    assert not passed and "output shape" in line
 
 
 def test_package_gather_passes() -> None:
