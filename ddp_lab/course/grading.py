@@ -91,6 +91,20 @@ def _t(key: str, lang: str | None, **fields: object) -> str:
 
 
 def run_checker(chk: Checker, learner: Any, lang: str | None = None) -> tuple[bool, str]:
+    """Run ``chk`` with every message (the checker's own too) in ``lang``; see ``_run``."""
+    from ddp_lab.course import i18n
+
+    if lang is None:
+        return _run(chk, learner, None)
+    before = i18n.get_language()
+    i18n.set_language(lang)
+    try:
+        return _run(chk, learner, lang)
+    finally:
+        i18n.set_language(before)
+
+
+def _run(chk: Checker, learner: Any, lang: str | None) -> tuple[bool, str]:
     """Run ``chk``'s hidden cases against ``learner`` (a ``course.learner`` handle).
 
     Returns (passed, the verdict line in ``lang``). The checker draws the cases, computes
