@@ -581,6 +581,8 @@ def grade_main(args: argparse.Namespace) -> int:
         return names[i], results
 
     pool = ThreadPoolExecutor(max_workers=workers)
+    # SIGTERM (a job scheduler, `kill`) stops the grading like Ctrl-C: every run is killed.
+    previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
         graded = list(pool.map(one, range(len(subs))))
     except KeyboardInterrupt:
@@ -589,6 +591,7 @@ def grade_main(args: argparse.Namespace) -> int:
         raise
     finally:
         pool.shutdown()
+        signal.signal(signal.SIGTERM, previous)
     with open(out / "gradebook.csv", "w", newline="", encoding="utf-8") as f:
         writer = csv.writer(f)
         writer.writerow(["student", "exercise", "points", "max_points", "status"])

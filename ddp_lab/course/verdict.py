@@ -202,6 +202,15 @@ def _kill(proc: subprocess.Popen) -> None:
 
 
 def main() -> int:
+    import signal
+
+    from ddp_lab.runtime._zygote import set_parent_death_signal
+
+    # If the grader dies (killed, not interrupted), this process dies too, and bwrap's
+    # --die-with-parent takes the sandbox along: no grading outlives its grader.
+    set_parent_death_signal(signal.SIGKILL)
+    if os.getppid() == 1:  # the grader died before the line above
+        return 1
     request = json.load(sys.stdin)
     # The answer is the only thing on stdout: whatever the checkers print goes to stderr.
     answer_fd = os.dup(1)
