@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 import nbformat
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -395,7 +396,8 @@ def test_check_compares_with_the_release_rebuilt_from_the_chapter(tmp_path: Path
     assert "not a valid notebook" in capsys.readouterr().err
 
 
-def test_ctrl_c_stops_every_grading_run(tmp_path: Path) -> None:
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_ctrl_c_stops_every_grading_run(tmp_path: Path, sig: int) -> None:
     release = write(synthetic_release(), tmp_path / "release.ipynb")
     for name in ("ann", "ben"):
         nb = synthetic_solved()
@@ -420,7 +422,7 @@ def test_ctrl_c_stops_every_grading_run(tmp_path: Path) -> None:
         time.sleep(0.5)  # wait until both notebooks run
     assert leftover_processes(proc.pid), "no grading run started within 60 s"
     time.sleep(2)
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(sig)
     out = proc.communicate(timeout=60)[0].decode()
     assert proc.returncode != 0 and "KeyboardInterrupt" in out
     assert leftover_processes(proc.pid) == []
