@@ -128,3 +128,31 @@ def test_cli_up_status_down(capsys: pytest.CaptureFixture[str]) -> None:
     assert f"{tag}: orphan" in capsys.readouterr().out
     assert cli.main(["hosts", "down"]) == 0
     assert not left_behind(tag)
+
+
+def test_stored_run_shows_every_scenario(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where hosts cannot be built, the chapter shows the recorded real run instead."""
+    from ddp_lab import two_hosts as th
+
+    monkeypatch.setattr(hosts, "unavailable_reason", lambda: "not root")
+    g = th.Gallery()
+    assert set(g.runs) == set(th.EXPECT)
+    for name in th.EXPECT:
+        assert g[name].key_lines(), name
+    assert g["static"].nodes[0].accuracy() == g["one_host"].nodes[0].accuracy()
+
+
+@needs_hosts
+def test_two_hosts_train_like_one_and_every_failure_shows_its_error() -> None:
+    """The chapter's runs for real: same accuracy on two hosts, each failure's own error."""
+    from ddp_lab import two_hosts as th
+
+    g = th.Gallery()
+    one = g["one_host"].nodes[0].accuracy()
+    assert one is not None and one > 80
+    assert g["static"].nodes[0].accuracy() == one == g["c10d"].nodes[0].accuracy()
+    for name in th.EXPECT:
+        assert g[name].key_lines(), (name, [n.stdout[-2000:] for n in g[name].nodes])
+    for name in ("loopback", "c10d_no_host", "localhost", "firewall", "late_node", "nnodes"):
+        assert any(n.returncode or n.stopped for n in g[name].nodes), name
+    assert not [n for n in hosts.namespaces() if n in g.netns]
