@@ -13,6 +13,10 @@ DDP_LAB_EXTRAS=test bash setup.sh --no-lab
 missing=()
 [ -x "${DDP_LAB_CHROMIUM:-/usr/bin/chromium}" ] || missing+=(chromium)
 command -v bwrap >/dev/null || missing+=(bubblewrap)
+# - iproute2, nftables: tests/test_hosts.py and chapter 09 build hosts from network namespaces
+#   (`ip netns`) and firewall one of them (`nft`); without root they skip and say why.
+command -v ip >/dev/null || missing+=(iproute2)
+command -v nft >/dev/null || missing+=(nftables)
 if [ "${#missing[@]}" -gt 0 ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
   apt_log=$(mktemp)
   apt_install() {

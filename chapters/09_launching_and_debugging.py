@@ -916,6 +916,221 @@ for action in get_args_parser()._actions:
 pool.shutdown()
 errors.show_table()
 
+# %% [markdown] lang="en" tags=["lesson"]
+# ## 6. Two hosts for real
+#
+# Section 3's two "nodes" shared one network stack, one hostname and one loopback, so the
+# failures that make multi-node training painful could not show. `ddp_lab.hosts` builds
+# real ones on this machine: each host is a Linux **network namespace** with its own address
+# (`10.77.0.1`, `10.77.0.2`), its own interface `eth0` (a veth pair plugged into a bridge),
+# its own loopback, its own `/etc/hosts` and its own hostname (`host0`, `host1`). One call
+# builds them and always removes them (`with hosts.cluster(2) as c:`); in a terminal,
+# `ddp-lab hosts up 2` / `status` / `down`. It needs root: where the machine does not allow
+# it, the cells below show the stored output of a real run (with its date) instead.
+#
+# The next cell starts every run of this section in the background (two at a time, each on
+# two fresh hosts, with 10-second timeouts); the cells below wait for their own one.
+
+# %% [markdown] lang="zh" tags=["lesson"]
+# ## 6. 真正的两台主机
+#
+# 第 3 节的两个“节点”共用一个网络栈、一个主机名和一个回环接口，所以让多节点训练头疼的那些故障
+# 根本不会出现。`ddp_lab.hosts` 在这台机器上造出真正分开的主机：每台主机是一个 Linux
+# **网络命名空间**（network namespace），有自己的地址（`10.77.0.1`、`10.77.0.2`）、自己的网卡
+# `eth0`（一对 veth，另一端接在网桥上）、自己的回环接口、自己的 `/etc/hosts` 和自己的主机名
+# （`host0`、`host1`）。一次调用就能创建，并且一定会删除（`with hosts.cluster(2) as c:`）；
+# 在终端里则是 `ddp-lab hosts up 2` / `status` / `down`。这需要 root 权限：如果机器不允许，
+# 下面的单元会改为展示一次真实运行保存下来的输出（带日期）。
+#
+# 下一个单元在后台启动本节的所有运行（每次两个，每个都在两台新建的主机上，超时都是 10 秒）；
+# 后面的单元各自等待自己那一次的结果。
+
+# %% tags=["lesson"]
+from ddp_lab import hosts
+from ddp_lab import two_hosts as th
+
+dl.show_source(hosts.Cluster.up)
+gallery = th.Gallery()
+
+# %% [markdown] lang="en" tags=["lesson"]
+# Each host answers with its own name, address and `/etc/hosts`, and `ddp-lab doctor` (its
+# `gloo_interface` line) says which interface gloo will bind to and why. The `/etc/hosts` is
+# the one Debian's installer writes: the machine's own name on `127.0.1.1`. Remember that line.
+
+# %% [markdown] lang="zh" tags=["lesson"]
+# 每台主机都报出自己的主机名、地址和 `/etc/hosts`；`ddp-lab doctor`（它的 `gloo_interface` 一行）
+# 说明 gloo 会绑定到哪块网卡以及原因。这里的 `/etc/hosts` 和 Debian 安装程序写的一样：本机的名字
+# 指向 `127.0.1.1`。请记住这一行。
+
+# %% tags=["lesson"]
+gallery.show("look", limit=8)
+
+# %% [markdown] lang="en" tags=["lesson"]
+# ### Chapter 08's program on two hosts
+#
+# One `torchrun` per host, one worker each, **static rendezvous**: the same `--nnodes=2`,
+# `--master-addr=10.77.0.1` (host0's address) and `--master-port` on both, `--node-rank` 0
+# and 1, and `GLOO_SOCKET_IFNAME=eth0` (why, in a moment). For comparison the same program
+# runs on one host with two workers: the world size is 2 both times, so both runs see the
+# same batches and reach the same accuracy.
+
+# %% [markdown] lang="zh" tags=["lesson"]
+# ### 第 08 章的程序跑在两台主机上
+#
+# 每台主机一个 `torchrun`，各一个 worker，**静态汇合（static rendezvous）**：两边的 `--nnodes=2`、
+# `--master-addr=10.77.0.1`（host0 的地址）和 `--master-port` 相同，`--node-rank` 分别为 0 和 1，
+# 并设置 `GLOO_SOCKET_IFNAME=eth0`（原因马上就讲）。作为对照，同一个程序在一台主机上用两个
+# worker 再跑一次：两次的 world size 都是 2，所以看到的批完全相同，准确率也相同。
+
+# %% tags=["lesson"]
+one, two = gallery.show("one_host"), gallery.show("static")
+print("one host:", one.nodes[0].accuracy(), "% / two hosts:", two.nodes[0].accuracy(), "%")
+assert one.nodes[0].accuracy() == two.nodes[0].accuracy()
+
+# %% [markdown] lang="en" tags=["lesson"]
+# With the **c10d rendezvous** (`--rdzv-backend=c10d --rdzv-endpoint=host0:PORT`) there is no
+# `--node-rank`. This run uses an `/etc/hosts` that lists both hosts with their real
+# addresses, and no `GLOO_SOCKET_IFNAME`: with names that resolve properly, neither is needed.
+
+# %% [markdown] lang="zh" tags=["lesson"]
+# 使用 **c10d 汇合**（`--rdzv-backend=c10d --rdzv-endpoint=host0:PORT`）时没有 `--node-rank`。
+# 这次运行用的 `/etc/hosts` 列出了两台主机的真实地址，也没有设置 `GLOO_SOCKET_IFNAME`：名字能
+# 正确解析时，两者都不需要。
+
+# %% tags=["lesson"]
+c10d = gallery.show("c10d")
+assert c10d.nodes[0].accuracy() == two.nodes[0].accuracy()
+
+# %% [markdown] lang="en" tags=["lesson"]
+# ### Failure gallery, across two hosts
+#
+# **Gloo on the loopback.** The same static job without `GLOO_SOCKET_IFNAME`: gloo asks for
+# the hostname, resolves it, and binds to the first address it can bind (`createDefaultDevice`
+# in `torch/csrc/distributed/c10d/ProcessGroupGloo.cpp`; only when the name does not resolve
+# does it fall back to `127.0.0.1` with the warning "Unable to resolve hostname to a (local)
+# address"). Here each hostname resolves to `127.0.1.1`, so every rank advertises that
+# loopback address in the store, and rank 1, dialing rank 0 at `127.0.1.1`, reaches its *own*
+# loopback, where nobody listens:
+
+# %% [markdown] lang="zh" tags=["lesson"]
+# ### 故障集锦：跨两台主机
+#
+# **gloo 用上了回环接口。** 同一个静态任务，但不设置 `GLOO_SOCKET_IFNAME`：gloo 取得主机名，
+# 解析它，并绑定到第一个能绑定的地址（`torch/csrc/distributed/c10d/ProcessGroupGloo.cpp` 的
+# `createDefaultDevice`；只有名字解析不了时，才会退回 `127.0.0.1` 并警告 “Unable to resolve
+# hostname to a (local) address”）。这里每个主机名都解析为 `127.0.1.1`，于是每个 rank 在 store
+# 里登记的都是这个回环地址；rank 1 按 `127.0.1.1` 去连 rank 0，连到的却是它*自己*的回环接口，
+# 那里没有人在监听：
+
+# %% tags=["lesson"]
+gallery.show("loopback", limit=1)
+
+# %% [markdown] lang="en" tags=["lesson"]
+# `Connection refused, remote=[127.0.1.1]` is the tell. The fix is either
+# `GLOO_SOCKET_IFNAME=eth0` on every host (the static run above) or an `/etc/hosts` where each
+# name maps to its address on the network between the nodes (the c10d run above). NCCL has
+# the same knob, `NCCL_SOCKET_IFNAME`, for its socket connections (no GPU here, not run).
+# `ddp-lab doctor` prints the choice on each host (see its `gloo_interface` line above).
+#
+# **A c10d endpoint that no agent hosts.** With Debian's `/etc/hosts` and
+# `--rdzv-endpoint=10.77.0.1:PORT`, the c10d backend starts the store only on an agent that
+# recognises the endpoint as itself (`_matches_machine_hostname` in
+# `torch/distributed/elastic/rendezvous/utils.py` compares it to the addresses the hostname
+# resolves to). `host0` resolves to `127.0.1.1`, so nobody hosts it and every agent waits for
+# a store that never starts. Fix: name the endpoint by a hostname that resolves to it, or
+# pass `--rdzv-conf is_host=1` on the node that should host it.
+
+# %% [markdown] lang="zh" tags=["lesson"]
+# 关键线索是 `Connection refused, remote=[127.0.1.1]`。解决办法：要么在每台主机上设置
+# `GLOO_SOCKET_IFNAME=eth0`（上面的静态汇合运行），要么让 `/etc/hosts` 把每个名字映射到节点之间
+# 那张网络上的地址（上面的 c10d 运行）。NCCL 有同样的开关 `NCCL_SOCKET_IFNAME`，用于它的 socket
+# 连接（这里没有 GPU，不运行）。`ddp-lab doctor` 会在每台主机上打印这个选择（见上面的
+# `gloo_interface` 一行）。
+#
+# **没有任何 agent 托管的 c10d 端点。** 使用 Debian 的 `/etc/hosts` 和
+# `--rdzv-endpoint=10.77.0.1:PORT` 时，c10d 后端只在认出“端点就是自己”的 agent 上启动 store
+# （`torch/distributed/elastic/rendezvous/utils.py` 的 `_matches_machine_hostname` 会把端点和
+# 主机名解析出的地址做比较）。`host0` 解析为 `127.0.1.1`，所以没有谁托管 store，每个 agent 都在
+# 等一个永远不会启动的 store。解决办法：用能解析到该地址的主机名作为端点，或者在应当托管它的
+# 节点上传入 `--rdzv-conf is_host=1`。
+
+# %% tags=["lesson"]
+gallery.show("c10d_no_host", limit=2)
+
+# %% [markdown] lang="en" tags=["lesson"]
+# **`MASTER_ADDR=localhost` on the second host.** A habit from one-machine runs: host1 is told
+# `--master-addr=localhost`, so its agent looks for the store on its own loopback. It times
+# out (`--rdzv-conf timeout=10`, the static rendezvous's own timeout, read in
+# `torch/distributed/elastic/rendezvous/static_tcp_rendezvous.py`), and host0's store gives
+# up waiting with `1/2 clients joined`. Fix: the same `--master-addr`, host0's address, on
+# every node.
+
+# %% [markdown] lang="zh" tags=["lesson"]
+# **第二台主机上的 `MASTER_ADDR=localhost`。** 这是单机运行留下的习惯：host1 拿到的是
+# `--master-addr=localhost`，于是它的 agent 在自己的回环接口上找 store。它会超时
+# （`--rdzv-conf timeout=10`，静态汇合自己的超时，在
+# `torch/distributed/elastic/rendezvous/static_tcp_rendezvous.py` 里读取），而 host0 的 store
+# 等不到人，报出 `1/2 clients joined`。解决办法：每个节点都用同一个 `--master-addr`，即 host0 的地址。
+
+# %% tags=["lesson"]
+gallery.show("localhost", limit=2)
+
+# %% [markdown] lang="en" tags=["lesson"]
+# **A firewall that drops the rendezvous port.** In host0's namespace,
+# `nft add rule inet f input tcp dport PORT drop`. A dropped packet gets no answer at all (a
+# rejected one would fail at once with "Connection refused"), so the agents learn nothing
+# until their connect timeout, and then report a timeout, not a firewall. host0 fails the
+# same way: its own agent reaches the store through `10.77.0.1` too, and the input chain
+# filters that as well. When a multi-node job
+# hangs and then times out on the master port, test that port from the other node
+# (`nc -zv host0 PORT`) and open it.
+
+# %% [markdown] lang="zh" tags=["lesson"]
+# **防火墙丢弃了汇合端口的包。** 在 host0 的命名空间里执行
+# `nft add rule inet f input tcp dport PORT drop`。被丢弃（drop）的包得不到任何回应（被拒绝
+# 的包会立刻报 “Connection refused”），所以各个 agent 一直到连接超时才知道出了问题，而且报的是
+# 超时，不是防火墙。host0 也以同样的方式失败：它自己的 agent 同样通过 `10.77.0.1` 连接 store，
+# input 链也会过滤这些包。多节点任务卡住然后在 master 端口上超时时，请从另一个节点测试这个端口
+# （`nc -zv host0 PORT`），然后放行它。
+
+# %% tags=["lesson"]
+gallery.show("firewall", limit=2)
+
+# %% [markdown] lang="en" tags=["lesson"]
+# **A node that joins late.** c10d rendezvous, host1 started only after host0 has given up:
+# host0 waits `join_timeout` seconds (`--rdzv-conf join_timeout=10`; the default is 600, see
+# the table in `torch/distributed/elastic/rendezvous/dynamic_rendezvous.py`) and raises
+# `RendezvousTimeoutError`; the late node then finds no store. Fix: start the nodes together
+# (a scheduler does), or give `join_timeout` room for the slowest node to start.
+
+# %% [markdown] lang="zh" tags=["lesson"]
+# **晚到的节点。** c10d 汇合，host1 在 host0 放弃之后才启动：host0 等待 `join_timeout` 秒
+# （`--rdzv-conf join_timeout=10`；默认是 600，见 `torch/distributed/elastic/rendezvous/dynamic_rendezvous.py`
+# 里的表格）后抛出 `RendezvousTimeoutError`；晚到的节点随后找不到 store。解决办法：让各节点同时启动
+# （调度器就是这么做的），或者把 `join_timeout` 设得足够长，让最慢的节点也来得及启动。
+
+# %% tags=["lesson"]
+gallery.show("late_node", limit=2)
+
+# %% [markdown] lang="en" tags=["lesson"]
+# **Mismatched `--nnodes`.** c10d rendezvous, host0 with `--nnodes=2` and host1 with
+# `--nnodes=3`: the agents disagree on how many nodes complete the rendezvous, host0 times out
+# (`RendezvousTimeoutError`) and host1 finds the rendezvous closed (`RendezvousClosedError`).
+# Neither message mentions `--nnodes`: compare the command lines of every node first.
+
+# %% [markdown] lang="zh" tags=["lesson"]
+# **`--nnodes` 不一致。** c10d 汇合，host0 用 `--nnodes=2`，host1 用 `--nnodes=3`：两个 agent 对
+# “凑齐几个节点才算汇合完成”意见不一，host0 超时（`RendezvousTimeoutError`），host1 发现汇合已经
+# 关闭（`RendezvousClosedError`）。两条消息都没有提到 `--nnodes`：请先逐一比较每个节点的命令行。
+
+# %% tags=["lesson"]
+gallery.show("nnodes", limit=2)
+for name in th.EXPECT:  # every run above showed the line it is about
+    assert gallery[name].key_lines(), name
+if not gallery.reason:
+    print("namespaces left:", [n for n in hosts.namespaces() if n in gallery.netns])
+
+
 # %% [markdown] lang="en" tags=["exercise"]
 # ## Exercise 1: fix a hanging evaluation (3 points)
 #
@@ -1028,6 +1243,9 @@ dl.grade("09.safe_all_reduce", safe_all_reduce)
 #   `monitored_barrier` (Gloo) or the flight recorder (NCCL) turn them into errors that
 #   name the culprit.
 # - On several nodes: the GPU index is `LOCAL_RANK`, the one saver is global rank 0.
+# - On real separate hosts, gloo binds to what the hostname resolves to: set
+#   `GLOO_SOCKET_IFNAME` (or fix `/etc/hosts`), use one `--master-addr` everywhere, open the
+#   rendezvous port, start nodes together and give them the same `--nnodes`.
 
 # %% [markdown] lang="zh"
 # ## 小结
@@ -1039,3 +1257,6 @@ dl.grade("09.safe_all_reduce", safe_all_reduce)
 # - 卡住源于各 rank 对集合通信的调用不一致；DETAIL、超时和 `monitored_barrier`（Gloo）或
 #   flight recorder（NCCL）能把它变成指明元凶的错误。
 # - 多节点时：GPU 编号用 `LOCAL_RANK`，负责保存的是全局 rank 0。
+# - 在真正分开的主机上，gloo 绑定到主机名解析出的地址：请设置 `GLOO_SOCKET_IFNAME`（或修好
+#   `/etc/hosts`），所有节点用同一个 `--master-addr`，放行汇合端口，让节点同时启动，并使用相同的
+#   `--nnodes`。

@@ -116,6 +116,14 @@ MESSAGES = Messages(
             "GLOO_SOCKET_IFNAME=lo for single-machine runs.",
             "zh": "检查主机名能否解析（/etc/hosts），单机运行时可设置 GLOO_SOCKET_IFNAME=lo。",
         },
+        "gloo_loopback": {
+            "en": "Fine on one machine. On several, the other hosts cannot reach {addr}: set "
+            "GLOO_SOCKET_IFNAME to the interface between the nodes (have: {interfaces}), or "
+            "map {hostname} to that interface's address in /etc/hosts (chapter 09).",
+            "zh": "单机运行没有问题。多台机器时，其他主机连不上 {addr}：请把 GLOO_SOCKET_IFNAME "
+            "设为节点之间那块网卡（现有：{interfaces}），或者在 /etc/hosts 里把 {hostname} "
+            "映射到这块网卡的地址（见第 09 章）。",
+        },
     },
 )
 
@@ -152,6 +160,9 @@ class Facts:
     nofile: tuple[int, int] | None = None
     loopback: str = ""  # "" when gloo all-reduced over loopback, else the error
     interfaces: list[str] = field(default_factory=list)
+    hostname: str = ""  # gethostname(), what gloo resolves when GLOO_SOCKET_IFNAME is unset
+    hostname_addrs: list[str] = field(default_factory=list)  # getaddrinfo order; [] = no
+    iface_addrs: dict[str, list[str]] = field(default_factory=dict)  # ``ip -o addr``
 
 
 @dataclass
@@ -291,7 +302,55 @@ def gather() -> Facts:
     f.nofile = resource.getrlimit(resource.RLIMIT_NOFILE)
     f.interfaces = [name for _, name in socket.if_nameindex()]
     f.loopback = _loopback_gloo()
+    gather_network(f)
     return f
+
+
+def gather_network(f: Facts) -> Facts:
+    """Fill in what gloo's choice of interface depends on (hostname, addresses); fast."""
+    import socket
+
+    f.hostname = socket.gethostname()
+    try:
+        infos = socket.getaddrinfo(f.hostname, None, type=socket.SOCK_STREAM)
+        f.hostname_addrs = list(dict.fromkeys(str(info[4][0]) for info in infos))
+    except OSError:
+        f.hostname_addrs = []
+    for line in _run(["ip", "-o", "addr", "show"]).splitlines():
+        words = line.split()  # "2: eth0    inet 10.77.0.1/24 brd ..."
+        if len(words) > 3 and words[2] in ("inet", "inet6"):
+            f.iface_addrs.setdefault(words[1], []).append(words[3].split("/")[0])
+    return f
+
+
+def gloo_interface(f: Facts) -> tuple[str, str, str, str]:
+    """Which interface gloo binds to without being told, and why: (level, value, en, zh).
+
+    The rule is ``ProcessGroupGloo::createDefaultDevice`` in
+    torch/csrc/distributed/c10d/ProcessGroupGloo.cpp: GLOO_SOCKET_IFNAME wins; else the
+    first address the hostname resolves to that can be bound; else the loopback, with the
+    warning "Unable to resolve hostname to a (local) address".
+    """
+    named = f.env.get("GLOO_SOCKET_IFNAME")
+    if named:
+        return OK, f"gloo binds to {named} (GLOO_SOCKET_IFNAME)", "", ""
+    if not f.hostname:
+        return OK, "", "", ""  # not gathered (fake facts)
+    owner = {a: name for name, addrs in f.iface_addrs.items() for a in addrs}
+    usable = [a for a in f.hostname_addrs if a in owner or a.startswith("127.") or a == "::1"]
+    if usable:
+        addr = usable[0]
+        iface = owner.get(addr, "lo")
+        why = f"hostname {f.hostname!r} resolves to {addr}"
+    else:
+        addr, iface = "127.0.0.1", "lo"
+        why = f"hostname {f.hostname!r} does not resolve to a local address: loopback fallback"
+    value = f"gloo binds to {iface} ({addr}): {why}; GLOO_SOCKET_IFNAME is not set"
+    if iface != "lo" and not addr.startswith("127.") and addr != "::1":
+        return OK, value, "", ""
+    others = ", ".join(n for n in f.iface_addrs if n != "lo") or "-"
+    en, zh = MESSAGES.pair("gloo_loopback", addr=addr, interfaces=others, hostname=f.hostname)
+    return WARNING, value, en, zh
 
 
 def _f(key: str, level: str, value: str, en: str = "", zh: str = "") -> Finding:
@@ -516,6 +575,9 @@ def _system_findings(f: Facts) -> list[Finding]:
             *(MESSAGES.pair("loopback_gloo") if f.loopback else ()),
         )
     )
+    level, value, en, zh = gloo_interface(f)
+    if value:
+        out.append(_f("gloo_interface", level, value, en, zh))
     for var in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
         value = f.env.get(var)
         if value and f.interfaces:

@@ -266,3 +266,29 @@ def test_dl_doctor_is_callable_and_the_function_still_importable() -> None:
     report = dl.doctor(BASE)  # the module is callable: dl.doctor() in a notebook
     assert [x.key for x in report] == [x.key for x in doctor(BASE)]
     assert callable(dl.doctor) and dl.doctor is dr
+
+
+@pytest.mark.parametrize(
+    "env, addrs, level, needle",
+    [
+        ({}, ["127.0.1.1"], dr.WARNING, "gloo binds to lo (127.0.1.1): hostname 'host1' resolves"),
+        ({}, [], dr.WARNING, "gloo binds to lo (127.0.0.1): hostname 'host1' does not resolve"),
+        ({}, ["10.77.0.2"], dr.OK, "gloo binds to eth0 (10.77.0.2)"),
+        ({"GLOO_SOCKET_IFNAME": "eth0"}, ["127.0.1.1"], dr.OK, "eth0 (GLOO_SOCKET_IFNAME)"),
+    ],
+)
+def test_doctor_says_which_interface_gloo_uses_and_why(
+    env: dict, addrs: list, level: str, needle: str
+) -> None:
+    facts = dataclasses.replace(
+        BASE,
+        env=env,
+        hostname="host1",
+        hostname_addrs=addrs,
+        iface_addrs={"lo": ["127.0.0.1"], "eth0": ["10.77.0.2"]},
+    )
+    finding = by_key(facts)["gloo_interface"]
+    assert finding.level == level and needle in finding.value
+    if level != dr.OK:
+        assert "GLOO_SOCKET_IFNAME" in finding.en and "GLOO_SOCKET_IFNAME" in finding.zh
+        assert "eth0" in finding.en  # the interface to name instead

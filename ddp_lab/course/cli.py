@@ -70,6 +70,35 @@ def _doctor(args: argparse.Namespace) -> int:
     return doctor.main(args)
 
 
+def _hosts(args: argparse.Namespace) -> int:
+    from ddp_lab import hosts
+
+    if args.action == "down":
+        for name in hosts.down(all_clusters=args.all):
+            print(f"removed {name}")
+        return 0
+    if args.action == "status":
+        for tag, state in hosts.clusters().items():
+            owner = "running" if state["alive"] else "orphan (removed by `ddp-lab hosts down`)"
+            names = ", ".join(f"{h['hostname']}={h['addr']}" for h in state.get("hosts", []))
+            print(f"{tag}: {owner}; {names} (namespaces {', '.join(hosts.namespaces(tag))})")
+        return 0
+    reason = hosts.unavailable_reason()
+    if reason:
+        print(reason, file=sys.stderr)
+        return 2
+    c = hosts.Cluster(args.n, etc_hosts=args.etc_hosts)
+    try:
+        c.up()
+    except BaseException:
+        c.down()
+        raise
+    c.owner_gone()  # it outlives this command: `down` removes it
+    for h in c.hosts:
+        print(f"{h.hostname} {h.addr} {h.ifname}: ip netns exec {h.netns} ...")
+    return 0
+
+
 def make_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="ddp-lab", description=__doc__)
     parser.add_argument("--lang", choices=["en", "zh"], help="language of messages")
@@ -115,6 +144,13 @@ def make_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("doctor", help="check the GPU driver, CUDA, PyTorch and NCCL setup")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=_doctor)
+
+    p = sub.add_parser("hosts", help="a local cluster of hosts (network namespaces, needs root)")
+    p.add_argument("action", choices=["up", "down", "status"])
+    p.add_argument("n", nargs="?", type=int, default=2, help="hosts to build (up)")
+    p.add_argument("--etc-hosts", choices=["debian", "cluster"], default="debian")
+    p.add_argument("--all", action="store_true", help="down: also clusters still in use")
+    p.set_defaults(func=_hosts)
     return parser
 
 

@@ -1,0 +1,320 @@
+"""A local cluster of "hosts": Linux network namespaces on a bridge, one call to build it.
+
+Chapter 09 runs a two-node job where the two nodes really are apart: each host is a
+network namespace with its own address (``10.77.0.1``, ``10.77.0.2``, ...), its own
+interface ``eth0`` (a veth pair whose other end sits on a bridge), its own loopback, its own
+``/etc/hosts`` and its own hostname (a UTS namespace per command). The bridge lives in a
+namespace of its own (the "switch"), so nothing of a cluster touches this machine's network
+and two clusters (two tests in parallel) never see each other, even with the same addresses.
+
+    with cluster(2) as hosts:
+        hosts.run(0, ["hostname", "-I"])
+
+The command line does the same: ``ddp-lab hosts up 2`` / ``status`` / ``down``. Teardown kills
+every process left in the namespaces and deletes them (with their links and ports); ``down``
+also removes what a killed run left behind (clusters whose owner process is gone).
+
+By default each host's ``/etc/hosts`` maps its own name to ``127.0.1.1``, as Debian's
+installer writes it: that is what makes gloo pick the loopback on real machines (chapter 09).
+``etc_hosts="cluster"`` lists every host with its real address instead.
+
+Needs root (iproute2's ``ip netns`` mounts under /run/netns). Teaching version of what a
+real cluster gives you for free; on real machines you do not build the network yourself.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ddp_lab.course.i18n import Messages
+
+PREFIX = "ddplab"  # every namespace of a cluster: ddplab-<tag>-sw, ddplab-<tag>-h0, ...
+SUBNET = "10.77.0"
+IFNAME = "eth0"
+STATE_DIR = Path("/run/ddp-lab/hosts")  # one <tag>.json per cluster: owner pid, hosts
+ETC_NETNS = Path("/etc/netns")  # `ip netns exec NS` bind-mounts /etc/netns/NS/* over /etc/*
+MESSAGES = Messages(
+    __name__,
+    {
+        "not_root": {
+            "en": "Building hosts needs root: network namespaces are created under /run/netns "
+            "by `ip netns add`. Run as root (e.g. in the CI container), or read the stored "
+            "outputs of a real run that chapter 09 shows instead.",
+            "zh": "创建主机需要 root 权限：`ip netns add` 会在 /run/netns 下创建网络命名空间。"
+            "请以 root 身份运行（例如在 CI 容器里），或者阅读第 09 章展示的真实运行时保存下来的输出。",
+        },
+        "no_tool": {
+            "en": "Building hosts needs the `{tool}` command (Debian: apt-get install {package}).",
+            "zh": "创建主机需要 `{tool}` 命令（Debian 上：apt-get install {package}）。",
+        },
+        "no_netns": {
+            "en": "This machine does not let us create a network namespace ({error}). "
+            "A container needs CAP_SYS_ADMIN and CAP_NET_ADMIN for it.",
+            "zh": "这台机器不允许创建网络命名空间（{error}）。容器需要 CAP_SYS_ADMIN 和 "
+            "CAP_NET_ADMIN 权限才能创建。",
+        },
+        "bad_count": {
+            "en": "A cluster has 1 to 200 hosts, got {n!r}.",
+            "zh": "一个集群有 1 到 200 台主机，但收到的是 {n!r}。",
+        },
+        "failed": {
+            "en": "`{command}` failed: {error}",
+            "zh": "`{command}` 执行失败：{error}",
+        },
+    },
+)
+
+
+class HostsUnavailable(RuntimeError):
+    """Namespaces cannot be created here (not root, no iproute2, a locked-down container)."""
+
+
+def unavailable_reason() -> str | None:
+    """Why hosts cannot be built on this machine, in the current language; None if they can."""
+    if os.geteuid() != 0:
+        return MESSAGES("not_root")
+    for tool, package in (("ip", "iproute2"), ("unshare", "util-linux")):
+        if shutil.which(tool) is None:
+            return MESSAGES("no_tool", tool=tool, package=package)
+    probe = f"{PREFIX}-probe{secrets.token_hex(3)}-x"
+    done = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True)
+    subprocess.run(["ip", "netns", "del", probe], capture_output=True)
+    if done.returncode != 0:
+        return MESSAGES("no_netns", error=done.stderr.strip())
+    return None
+
+
+def _ip(*args: str) -> None:
+    done = subprocess.run(["ip", *args], capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(
+            MESSAGES("failed", command="ip " + " ".join(args), error=done.stderr.strip())
+        )
+
+
+@dataclass
+class Host:
+    """One host of a cluster: a network namespace with an address, an interface and a name."""
+
+    index: int
+    hostname: str  # host0, host1, ... (set in a UTS namespace for every command)
+    netns: str  # the namespace's name, unique per cluster
+    addr: str  # its address on the bridge
+    ifname: str = IFNAME
+
+    def command(self, argv: Sequence[str]) -> list[str]:
+        """``argv`` as run on this host: in its namespace, under its own hostname."""
+        script = 'hostname "$0" && exec "$@"'
+        return ["ip", "netns", "exec", self.netns, "unshare", "--uts", "sh", "-c", script,
+                self.hostname, *argv]  # fmt: skip
+
+
+@dataclass
+class Cluster:
+    """N hosts on one bridge. Build with :func:`cluster` (or ``up``), remove with ``down``."""
+
+    n: int
+    tag: str = field(default_factory=lambda: secrets.token_hex(3))
+    etc_hosts: str = "debian"  # "debian": own name -> 127.0.1.1; "cluster": real addresses
+    hosts: list[Host] = field(default_factory=list)
+
+    @property
+    def switch(self) -> str:
+        return f"{PREFIX}-{self.tag}-sw"
+
+    def __getitem__(self, i: int) -> Host:
+        return self.hosts[i]
+
+    def __len__(self) -> int:
+        return len(self.hosts)
+
+    def up(self) -> Cluster:
+        """Create the switch, then each host with its veth pair, address and /etc/hosts."""
+        if not (isinstance(self.n, int) and 1 <= self.n <= 200):
+            raise ValueError(MESSAGES("bad_count", n=self.n))
+        reason = unavailable_reason()
+        if reason:
+            raise HostsUnavailable(reason)
+        self._write_state()  # first: a crash from here on leaves something `down` can find
+        _ip("netns", "add", self.switch)
+        _ip("-n", self.switch, "link", "add", "br0", "type", "bridge")
+        _ip("-n", self.switch, "link", "set", "br0", "up")
+        for i in range(self.n):
+            host = Host(i, f"host{i}", f"{PREFIX}-{self.tag}-h{i}", f"{SUBNET}.{i + 1}")
+            self.hosts.append(host)
+            _ip("netns", "add", host.netns)
+            # Both ends are created inside namespaces: this machine's own links never change.
+            _ip("-n", self.switch, "link", "add", f"p{i}", "type", "veth",
+                "peer", "name", IFNAME, "netns", host.netns)  # fmt: skip
+            _ip("-n", self.switch, "link", "set", f"p{i}", "master", "br0", "up")
+            _ip("-n", host.netns, "addr", "add", f"{host.addr}/24", "dev", IFNAME)
+            _ip("-n", host.netns, "link", "set", IFNAME, "up")
+            _ip("-n", host.netns, "link", "set", "lo", "up")
+            self._write_etc_hosts(host)
+        self._write_state()
+        return self
+
+    def _write_etc_hosts(self, host: Host) -> None:
+        lines = ["127.0.0.1\tlocalhost"]
+        if self.etc_hosts == "debian":
+            lines.append(f"127.0.1.1\t{host.hostname}")  # what Debian's installer writes
+        else:
+            lines += [f"{h.addr}\t{h.hostname}" for h in self.hosts]
+        folder = ETC_NETNS / host.netns
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "hosts").write_text("\n".join(lines) + "\n")
+
+    def set_etc_hosts(self, mode: str) -> None:
+        """Rewrite every host's /etc/hosts ("debian" or "cluster"); the next command sees it."""
+        self.etc_hosts = mode
+        for host in self.hosts:
+            self._write_etc_hosts(host)
+
+    def _write_state(self) -> None:
+        STATE_DIR.mkdir(parents=True, exist_ok=True)
+        state = {"tag": self.tag, "owner": os.getpid(), "owner_start": _start_time(os.getpid()),
+                 "hosts": [h.__dict__ for h in self.hosts]}  # fmt: skip
+        (STATE_DIR / f"{self.tag}.json").write_text(json.dumps(state))
+
+    def start(self, i: int, argv: Sequence[str], env: dict[str, str] | None = None,
+              **popen: object) -> subprocess.Popen:  # fmt: skip
+        """Start ``argv`` on host ``i`` (``env`` is added to this process's environment)."""
+        full_env = {**os.environ, **(env or {})}
+        return subprocess.Popen(self.hosts[i].command(argv), env=full_env, **popen)  # type: ignore[call-overload]
+
+    def run(self, i: int, argv: Sequence[str], env: dict[str, str] | None = None,
+            timeout: float = 60.0) -> subprocess.CompletedProcess:  # fmt: skip
+        """Run ``argv`` on host ``i`` to the end; its output comes back as text."""
+        proc = self.start(i, argv, env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            kill_in(self.hosts[i].netns)
+            out, err = proc.communicate()
+        return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+    def free_port(self, i: int) -> int:
+        """A port nobody listens on, asked of host ``i``'s own network stack."""
+        code = "import socket; s = socket.socket(); s.bind(('', 0)); print(s.getsockname()[1])"
+        return int(self.run(i, [sys.executable, "-c", code], timeout=30).stdout)
+
+    def owner_gone(self) -> None:
+        """Record that no process owns this cluster any more (``hosts up`` leaves it up)."""
+        path = STATE_DIR / f"{self.tag}.json"
+        state = json.loads(path.read_text())
+        state["owner"] = None
+        path.write_text(json.dumps(state))
+
+    def down(self) -> None:
+        """Kill what runs in the hosts, delete the namespaces (links and ports go with them)."""
+        remove(self.tag)
+        self.hosts.clear()
+
+
+def _start_time(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return ""
+
+
+def namespaces(tag: str | None = None) -> list[str]:
+    """The namespaces of one cluster (or of every cluster) that exist now."""
+    done = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True)
+    names = [line.split()[0] for line in done.stdout.splitlines() if line.strip()]
+    start = f"{PREFIX}-{tag}-" if tag else f"{PREFIX}-"
+    return [name for name in names if name.startswith(start)]
+
+
+def kill_in(netns: str) -> list[int]:
+    """SIGKILL every process whose network namespace is ``netns``; return their pids."""
+    pids: list[int] = []
+    for _ in range(50):  # a dying parent may still fork: repeat until none is left
+        done = subprocess.run(["ip", "netns", "pids", netns], capture_output=True, text=True)
+        found = [int(p) for p in done.stdout.split() if int(p) != os.getpid()]
+        if not found:
+            break
+        for pid in found:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        pids += found
+        time.sleep(0.05)
+    return pids
+
+
+def remove(tag: str) -> list[str]:
+    """Remove one cluster: its processes, namespaces, /etc/netns files and state file."""
+    gone = []
+    for netns in sorted(namespaces(tag), key=lambda n: n.endswith("-sw")):  # switch last
+        kill_in(netns)
+        subprocess.run(["ip", "netns", "del", netns], capture_output=True)
+        gone.append(netns)
+    for folder in ETC_NETNS.glob(f"{PREFIX}-{tag}-*"):
+        shutil.rmtree(folder, ignore_errors=True)
+    (STATE_DIR / f"{tag}.json").unlink(missing_ok=True)
+    return gone
+
+
+def clusters() -> dict[str, dict]:
+    """Every cluster on this machine, from its namespaces and state files: tag -> state."""
+    found: dict[str, dict] = {}
+    for name in namespaces():
+        tag = name[len(PREFIX) + 1 :].rsplit("-", 1)[0]
+        found.setdefault(tag, {"tag": tag, "owner": None, "hosts": []})
+    for path in STATE_DIR.glob("*.json") if STATE_DIR.is_dir() else []:
+        with contextlib.suppress(ValueError, OSError):
+            found[path.stem] = json.loads(path.read_text())
+    for state in found.values():
+        owner = state.get("owner")
+        state["alive"] = bool(owner) and _start_time(owner) == state.get("owner_start")
+    return found
+
+
+def down(all_clusters: bool = False) -> list[str]:
+    """Remove the clusters nobody owns any more (a killed run, ``hosts up``); or all."""
+    gone: list[str] = []
+    for tag, state in clusters().items():
+        if all_clusters or not state["alive"]:
+            gone += remove(tag)
+    return gone
+
+
+@contextlib.contextmanager
+def cluster(n: int = 2, etc_hosts: str = "debian") -> Iterator[Cluster]:
+    """``with cluster(2) as hosts:`` N hosts that are always removed on the way out.
+
+    SIGTERM is turned into an exception while the block runs (main thread only), so that a
+    killed notebook cell or test still tears the hosts down; SIGKILL cannot be caught: the
+    next ``down()`` removes what it leaves.
+    """
+    c = Cluster(n, etc_hosts=etc_hosts)
+    previous = None
+    if _main_thread():
+        previous = signal.signal(signal.SIGTERM, _raise_exit)
+    try:
+        yield c.up()
+    finally:
+        c.down()
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _main_thread() -> bool:
+    import threading
+
+    return threading.current_thread() is threading.main_thread()
+
+
+def _raise_exit(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)

@@ -1,0 +1,158 @@
+"""ddp_lab.hosts: namespaces on a bridge, built and removed by one call, nothing left behind.
+
+These tests need root (CI runs as root); elsewhere they skip and say why.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from ddp_lab import hosts
+from ddp_lab.course import cli
+
+ROOT = Path(__file__).resolve().parents[1]
+REASON = hosts.unavailable_reason() if hasattr(os, "geteuid") else "not Linux"
+needs_hosts = pytest.mark.skipif(bool(REASON), reason=f"cannot build hosts here: {REASON}")
+
+
+def left_behind(tag: str) -> list[str]:
+    """Everything of cluster ``tag`` still on this machine."""
+    found = hosts.namespaces(tag)
+    found += [str(p) for p in hosts.ETC_NETNS.glob(f"{hosts.PREFIX}-{tag}-*")]
+    found += [str(p) for p in hosts.STATE_DIR.glob(f"{tag}.json")]
+    return found
+
+
+def test_not_root_says_so_in_both_languages(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    en, zh = hosts.MESSAGES.pair("not_root")
+    assert hosts.unavailable_reason() in (en, zh)
+    assert "root" in en and "root" in zh
+    c = hosts.Cluster(2)
+    with pytest.raises(hosts.HostsUnavailable):
+        c.up()
+    assert not c.hosts and not left_behind(c.tag)  # stopped before anything started
+
+
+@needs_hosts
+def test_two_hosts_have_their_own_name_address_and_interface() -> None:
+    with hosts.cluster(2) as c:
+        tag = c.tag
+        outs = [c.run(i, ["sh", "-c", "hostname; ip -br -4 addr show eth0"]).stdout for i in (0, 1)]
+        assert outs[0].split()[0] == "host0" and "10.77.0.1/24" in outs[0]
+        assert outs[1].split()[0] == "host1" and "10.77.0.2/24" in outs[1]
+        port = c.free_port(0)
+        server = c.start(0, [sys.executable, "-c", textwrap.dedent(f"""
+            import socket
+            s = socket.create_server(("10.77.0.1", {port}))
+            print(s.accept()[0].recv(5).decode(), flush=True)
+            """)], stdout=subprocess.PIPE, text=True)  # fmt: skip
+        client = f"""
+import socket, time
+for _ in range(100):
+    try:
+        socket.create_connection(("10.77.0.1", {port}), timeout=2).sendall(b"hello")
+        break
+    except OSError:
+        time.sleep(0.1)
+"""
+        assert c.run(1, [sys.executable, "-c", client], timeout=30).returncode == 0
+        assert server.communicate(timeout=30)[0].strip() == "hello"
+        # this machine's own stack cannot reach the hosts: they are on their own bridge
+        assert "10.77.0.1" not in subprocess.run(["ip", "-4", "addr"], capture_output=True,
+                                                 text=True).stdout  # fmt: skip
+    assert not left_behind(tag)
+
+
+@needs_hosts
+def test_teardown_after_an_error_kills_what_still_runs() -> None:
+    with pytest.raises(ZeroDivisionError), hosts.cluster(2) as c:
+        tag = c.tag
+        sleeper = c.start(1, ["sleep", "300"])
+        raise ZeroDivisionError("a failing cell")
+    assert sleeper.wait(timeout=10) == -signal.SIGKILL
+    assert not left_behind(tag)
+
+
+def _owner_script(hold: str) -> str:
+    return textwrap.dedent(f"""
+        import sys, time
+        from ddp_lab import hosts
+        with hosts.cluster(2) as c:
+            c.start(0, ["sleep", "300"])
+            print(c.tag, flush=True)
+            {hold}
+        """)
+
+
+@needs_hosts
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGKILL])
+def test_killed_owner_leaves_nothing_after_down(sig: int) -> None:
+    owner = subprocess.Popen([sys.executable, "-c", _owner_script("time.sleep(300)")],
+                             cwd=ROOT, stdout=subprocess.PIPE, text=True)  # fmt: skip
+    assert owner.stdout is not None
+    tag = owner.stdout.readline().strip()
+    assert hosts.namespaces(tag)
+    owner.send_signal(sig)
+    owner.wait(timeout=30)
+    if sig == signal.SIGKILL:  # nothing can run on SIGKILL: `down` finds the orphan
+        assert hosts.clusters()[tag]["alive"] is False
+        hosts.down()
+    assert not left_behind(tag)
+
+
+@needs_hosts
+def test_down_spares_a_cluster_in_use() -> None:
+    with hosts.cluster(1) as c:
+        hosts.down()  # what a parallel test's cleanup would do
+        assert c.run(0, ["true"]).returncode == 0 and hosts.namespaces(c.tag)
+    assert not left_behind(c.tag)
+
+
+@needs_hosts
+def test_cli_up_status_down(capsys: pytest.CaptureFixture[str]) -> None:
+    before = set(hosts.clusters())
+    assert cli.main(["hosts", "up", "2"]) == 0
+    tags = set(hosts.clusters()) - before
+    assert len(tags) == 1
+    tag = tags.pop()
+    assert "host1 10.77.0.2 eth0" in capsys.readouterr().out
+    cli.main(["hosts", "status"])
+    assert f"{tag}: orphan" in capsys.readouterr().out
+    assert cli.main(["hosts", "down"]) == 0
+    assert not left_behind(tag)
+
+
+def test_stored_run_shows_every_scenario(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where hosts cannot be built, the chapter shows the recorded real run instead."""
+    from ddp_lab import two_hosts as th
+
+    monkeypatch.setattr(hosts, "unavailable_reason", lambda: "not root")
+    g = th.Gallery()
+    assert set(g.runs) == set(th.EXPECT)
+    for name in th.EXPECT:
+        assert g[name].key_lines(), name
+    assert g["static"].nodes[0].accuracy() == g["one_host"].nodes[0].accuracy()
+
+
+@needs_hosts
+def test_two_hosts_train_like_one_and_every_failure_shows_its_error() -> None:
+    """The chapter's runs for real: same accuracy on two hosts, each failure's own error."""
+    from ddp_lab import two_hosts as th
+
+    g = th.Gallery()
+    one = g["one_host"].nodes[0].accuracy()
+    assert one is not None and one > 80
+    assert g["static"].nodes[0].accuracy() == one == g["c10d"].nodes[0].accuracy()
+    for name in th.EXPECT:
+        assert g[name].key_lines(), (name, [n.stdout[-2000:] for n in g[name].nodes])
+    for name in ("loopback", "c10d_no_host", "localhost", "firewall", "late_node", "nnodes"):
+        assert any(n.returncode or n.stopped for n in g[name].nodes), name
+    assert not [n for n in hosts.namespaces() if n in g.netns]
