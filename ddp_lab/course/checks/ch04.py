@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import random
 from collections.abc import Callable, Iterator
+from types import FunctionType
 from typing import Any
 
 import torch
@@ -95,7 +96,8 @@ def forbid(names: list[str], called: list[str]) -> Iterator[None]:
         for n in originals:
             setattr(dist, n, make(n))
             setattr(c10d, n, getattr(dist, n))
-        with refuse({f"dist.{n}": f for n, f in originals.items()}):
+        functions = {f"dist.{n}": f for n, f in originals.items() if isinstance(f, FunctionType)}
+        with refuse(functions):
             yield
     finally:
         for n, (a, b) in saved.items():
@@ -140,6 +142,8 @@ def spawn_case(
             raise
         if exc.timed_out:
             raise fail(MESSAGES("timeout", seconds=timeout), case) from None
+        if exc.type_name == "RankFailed" and exc.message:  # killed, or exited: the reason
+            raise fail(exc.message, case) from None
         error = f"{exc.type_name}: {exc.message}" if exc.message else exc.type_name
         raise fail(MESSAGES("crashed", error=error), case) from None
     if not isinstance(got, list) or len(got) != nprocs:

@@ -71,6 +71,8 @@ def _run(learner: Any, probe: Any, data: tuple, world_size: int, case: str) -> l
             raise
         if exc.timed_out:
             raise fail(MESSAGES("hang"), case) from None
+        if exc.type_name == "RankFailed" and exc.message:  # killed, or exited: the reason
+            raise fail(exc.message, case) from None
         error = f"{exc.type_name}: {exc.message}" if exc.message else exc.type_name
         raise fail(MESSAGES("raised", error=error), case) from None
     if not isinstance(got, list) or len(got) != world_size:
