@@ -33,8 +33,8 @@ MESSAGES = Messages(
         },
         "forbidden_alias": {
             "en": "your function called a collective this exercise asks you to build (one of "
-            "dist.{names}): build it from {allowed} instead",
-            "zh": "你的函数调用了这道练习要求你自己实现的集合通信（dist.{names} 之一）："
+            "{names}): build it from {allowed} instead",
+            "zh": "你的函数调用了这道练习要求你自己实现的集合通信（{names} 之一）："
             "请改用 {allowed} 来实现",
         },
         "not_returned": {
@@ -125,7 +125,10 @@ def judge_forbidden(called: Any, banned: list[str], allowed: str, case: str) -> 
     names = [n for n in called if n in banned] if isinstance(called, list) else []
     if names:
         raise fail(MESSAGES("forbidden", name=names[0], allowed=allowed), case)
-    raise fail(MESSAGES("forbidden_alias", names=" / ".join(banned), allowed=allowed), case)
+    raise fail(
+        MESSAGES("forbidden_alias", names=", ".join(f"dist.{n}" for n in banned), allowed=allowed),
+        case,
+    )
 
 
 def spawn_case(
