@@ -31,7 +31,10 @@ from ddp_lab.course import wire
 
 
 class LearnerError(Exception):
-    """The learner's code raised (or the runner could not run it)."""
+    """The learner's code raised (or the runner could not run it).
+
+    ``type_name`` "TimeoutError": the learner's ranks ran past the time limit (a hang).
+    """
 
     def __init__(self, type_name: str, message: str, traceback: str = "") -> None:
         super().__init__(f"{type_name}: {message}")
@@ -40,6 +43,10 @@ class LearnerError(Exception):
     @property
     def not_implemented(self) -> bool:
         return self.type_name == "NotImplementedError"
+
+    @property
+    def timed_out(self) -> bool:
+        return self.type_name == "TimeoutError"
 
 
 class RunnerGone(Exception):
@@ -68,14 +75,18 @@ def resolve_probe(name: str) -> Callable:
 
 def error_of(exc: BaseException) -> LearnerError:
     """A LearnerError for an exception of the learner's code (ranks' failures unwrapped)."""
-    from ddp_lab.runtime.launcher import DistributedError
+    from ddp_lab.runtime.launcher import DistributedError, DistributedTimeoutError
 
+    if isinstance(exc, DistributedTimeoutError):  # a hang: the ranks were stopped
+        return LearnerError("TimeoutError", _first_line(exc))
     if isinstance(exc, DistributedError) and exc.failures:
         first = next((f for f in exc.failures if f.exception is not None), exc.failures[0])
         inner = first.exception
         if inner is not None:
             return LearnerError(type(inner).__name__, _first_line(inner), first.traceback)
-        return LearnerError(first.type, first.message.splitlines()[0] if first.message else "")
+        # no exception object (an exit code, a signal, an exception the parent cannot load)
+        reason = first.reason.splitlines()[0] if first.reason else ""
+        return LearnerError("RankFailed", reason, first.traceback)
     if isinstance(exc, LearnerError):
         return exc
     return LearnerError(type(exc).__name__, _first_line(exc))

@@ -1,8 +1,11 @@
 """Checkers of chapter 04: all-reduce as reduce + broadcast, all-gather from send/recv.
 
-Each hidden case runs the learner's function on several ranks next to the real collective
-(``dist.all_reduce``, ``dist.all_gather``), with the collective the learner must rebuild
-switched off while their code runs, so that calling it is reported instead of passing.
+Each hidden case runs the learner's function on several ranks through a probe
+(``probe_all_reduce``, ``probe_all_gather``): in the learner's process, the collective they
+must rebuild is switched off while their code runs (by name in ``torch.distributed`` and, for
+aliases, on the function object itself), and the probe returns, as data, the tensors their
+code left behind and the forbidden calls it tried. The oracle (``dist.all_reduce``,
+``dist.all_gather``) runs in ranks of the checker's own; the checker compares.
 """
 
 from __future__ import annotations
@@ -10,6 +13,8 @@ from __future__ import annotations
 import contextlib
 import random
 from collections.abc import Callable, Iterator
+from types import FunctionType
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -17,6 +22,7 @@ import torch.distributed.distributed_c10d as c10d
 
 from ddp_lab.course.grading import checker, fail
 from ddp_lab.course.i18n import Messages
+from ddp_lab.course.learner import LearnerError, Refused, refuse
 
 MESSAGES = Messages(
     __name__,
@@ -24,6 +30,12 @@ MESSAGES = Messages(
         "forbidden": {
             "en": "your function called dist.{name}: build it from {allowed} instead",
             "zh": "你的函数调用了 dist.{name}：请改用 {allowed} 来实现",
+        },
+        "forbidden_alias": {
+            "en": "your function called a collective this exercise asks you to build (one of "
+            "{names}): build it from {allowed} instead",
+            "zh": "你的函数调用了这道练习要求你自己实现的集合通信（{names} 之一）："
+            "请改用 {allowed} 来实现",
         },
         "not_returned": {
             "en": "rank {rank}: it must return the tensor it was given (in place)",
@@ -39,7 +51,11 @@ MESSAGES = Messages(
             "zh": "{seconds} 秒后各 rank 仍未结束：是否死锁？（例如所有 rank 都在 recv 中等待，"
             "或各 rank 调用了不同的操作）",
         },
-        "crashed": {"en": "rank {rank} raised {error}", "zh": "rank {rank} 抛出了 {error}"},
+        "crashed": {"en": "a rank raised {error}", "zh": "有 rank 抛出了 {error}"},
+        "garbled": {
+            "en": "rank {rank}: the result could not be read (the checker's probe was changed?)",
+            "zh": "rank {rank}：无法读取结果（检查程序的探针被改动了？）",
+        },
         "list": {
             "en": "rank {rank}: fill the tensors already in tensor_list (in rank order) "
             "instead of replacing them",
@@ -48,64 +64,113 @@ MESSAGES = Messages(
     },
 )
 
+DTYPES = {"float32": torch.float32, "float64": torch.float64, "int64": torch.int64}
+DTYPES |= {"int32": torch.int32, "float16": torch.float16}
+# Seconds the ranks of one world size may run (a correct solution takes about one).
+CASE_TIMEOUT_S = 30.0
+
 
 class Forbidden(RuntimeError):
     """Raised when the learner calls a collective the exercise asks them to rebuild."""
 
 
 @contextlib.contextmanager
-def forbid(names: list[str], allowed: str) -> Iterator[None]:
-    """Replace ``dist.<name>`` (and the c10d original) by a function that raises, for a while."""
-    saved = {n: (getattr(dist, n, None), getattr(c10d, n, None)) for n in names}
+def forbid(names: list[str], called: list[str]) -> Iterator[None]:
+    """Make ``dist.<name>`` raise ``Forbidden`` for a while, recording each name in ``called``.
+
+    The module attributes (``dist`` and ``c10d``) become recording stubs; the original
+    function objects refuse too (``learner.refuse``), so an alias the learner made of one
+    (``from torch.distributed import all_reduce``) raises ``Refused``.
+    """
+    originals = {n: getattr(dist, n) for n in names if hasattr(dist, n)}
+    saved = {n: (getattr(dist, n), getattr(c10d, n, None)) for n in originals}
 
     def make(name: str) -> Callable:
         def blocked(*args: object, **kwargs: object) -> None:
-            raise Forbidden(MESSAGES("forbidden", name=name, allowed=allowed))
+            called.append(name)
+            raise Forbidden(name)
 
         return blocked
 
     try:
-        for n in names:
+        for n in originals:
             setattr(dist, n, make(n))
             setattr(c10d, n, getattr(dist, n))
-        yield
+        functions = {f"dist.{n}": f for n, f in originals.items() if isinstance(f, FunctionType)}
+        with refuse(functions):
+            yield
     finally:
         for n, (a, b) in saved.items():
             setattr(dist, n, a)
             setattr(c10d, n, b)
 
 
-def run_ranks(rank_fn: Callable, args: tuple, nprocs: int, case: str, timeout: float = 30) -> None:
-    """Run one hidden case on ``nprocs`` ranks; raise ``fail`` with the first problem found.
+def guarded(fn: Callable, args: tuple, banned: list[str]) -> tuple[Any, list[str]]:
+    """Call the learner's ``fn(*args)`` with ``banned`` forbidden: (its result, what it tried).
 
-    A learner's exception is reported with its own message (not the launcher's summary);
-    NotImplementedError (the unsolved stub) is re-raised for ``grade`` to recognise.
+    A forbidden call ends the call (result None); ``["*"]`` stands for an alias's call.
     """
-    from ddp_lab import spawn
-    from ddp_lab.runtime.launcher import DistributedError, DistributedTimeoutError
-
+    called: list[str] = []
     try:
-        results = spawn(
-            rank_fn, args=args, nprocs=nprocs, backend="gloo", quiet=True, timeout=timeout
-        )
-    except DistributedTimeoutError:
-        raise fail(MESSAGES("timeout", seconds=timeout), case) from None
-    except DistributedError as err:
-        if any(isinstance(f.exception, NotImplementedError) for f in err.failures):
+        with forbid(banned, called):
+            return fn(*args), called
+    except (Forbidden, Refused):
+        return None, called or ["*"]
+
+
+def judge_forbidden(called: Any, banned: list[str], allowed: str, case: str) -> None:
+    """Fail the case if the probe recorded a call of a forbidden collective."""
+    if called == []:
+        return
+    names = [n for n in called if n in banned] if isinstance(called, list) else []
+    if names:
+        raise fail(MESSAGES("forbidden", name=names[0], allowed=allowed), case)
+    raise fail(
+        MESSAGES("forbidden_alias", names=", ".join(f"dist.{n}" for n in banned), allowed=allowed),
+        case,
+    )
+
+
+def spawn_case(
+    learner: Any, probe: Callable, data: tuple, nprocs: int, case: str, timeout: float
+) -> list:
+    """Run ``probe`` on ``nprocs`` of the learner's ranks; a hang or a crash fails ``case``.
+
+    NotImplementedError (the unsolved stub) goes up for ``run_checker`` to recognise.
+    """
+    try:
+        got = learner.spawn(probe, *data, nprocs=nprocs, timeout=timeout)
+    except LearnerError as exc:
+        if exc.not_implemented:
             raise
-        first = err.failures[0] if err.failures else None
-        if first is None or first.exception is None:
-            raise
-        error = f"{type(first.exception).__name__}: {str(first.exception).splitlines()[0]}"
-        raise fail(MESSAGES("crashed", rank=first.rank, error=error), case) from None
-    for problem in results:
-        if problem:
-            raise fail(problem, case)
+        if exc.timed_out:
+            raise fail(MESSAGES("timeout", seconds=timeout), case) from None
+        if exc.type_name == "RankFailed" and exc.message:  # killed, or exited: the reason
+            raise fail(exc.message, case) from None
+        error = f"{exc.type_name}: {exc.message}" if exc.message else exc.type_name
+        raise fail(MESSAGES("crashed", error=error), case) from None
+    if not isinstance(got, list) or len(got) != nprocs:
+        raise fail(MESSAGES("garbled", rank="?"), case)
+    return got
 
 
 def short(t: torch.Tensor) -> str:
     values = t.flatten()[:4].tolist()
     return f"{values}{'...' if t.numel() > 4 else ''}"
+
+
+def same(got: Any, want: torch.Tensor) -> bool:
+    """``got`` is a tensor equal to ``want`` (shape, dtype and values)."""
+    return (
+        isinstance(got, torch.Tensor)
+        and got.shape == want.shape
+        and got.dtype == want.dtype
+        and torch.equal(got, want)
+    )
+
+
+def shown(got: Any) -> str:
+    return short(got) if isinstance(got, torch.Tensor) else repr(got)[:60]
 
 
 def make_input(rank: int, shape: tuple, dtype: torch.dtype, seed: int) -> torch.Tensor:
@@ -122,6 +187,7 @@ _ALL_REDUCE_BANNED = [
     "all_gather",
     "all_gather_into_tensor",
 ]
+_ALL_REDUCE_ALLOWED = "dist.reduce + dist.broadcast"
 _ALL_GATHER_BANNED = [
     "all_gather",
     "all_gather_into_tensor",
@@ -135,67 +201,157 @@ _ALL_GATHER_BANNED = [
     "broadcast_object_list",
     "gather_object",
 ]
+_ALL_GATHER_ALLOWED = "dist.send / dist.recv (or isend / irecv)"
 
 
-def _rank_all_reduce(rank: int, fn: Callable, cases: list) -> str:
+# --- probes: in the learner's process, on each rank; data only, no oracle ---------------
+
+
+def probe_all_reduce(rank: int, objects: tuple, cases: list) -> list[dict]:
+    """Per case: whether their function returned its input, the input after it, what it tried."""
+    (reduce_broadcast_all_reduce,) = objects
+    out = []
     for shape, dtype, seed in cases:
-        mine = make_input(rank, shape, dtype, seed)
-        expected = mine.clone()
-        dist.all_reduce(expected)  # the oracle
-        with forbid(_ALL_REDUCE_BANNED, "dist.reduce + dist.broadcast"):
-            got = fn(mine)
-        if got is not mine:
-            return MESSAGES("not_returned", rank=rank)
-        if not torch.equal(mine, expected):
-            return MESSAGES("values", rank=rank, expected=short(expected), got=short(mine))
-    return ""
+        mine = make_input(rank, tuple(shape), DTYPES[dtype], seed)
+        got, called = guarded(reduce_broadcast_all_reduce, (mine,), _ALL_REDUCE_BANNED)
+        out.append({"returned_input": got is mine, "tensor": mine.detach(), "forbidden": called})
+        if called:
+            break
+    return out
 
 
-def _rank_all_gather(rank: int, fn: Callable, cases: list) -> str:
+def probe_all_gather(rank: int, objects: tuple, cases: list) -> list[dict]:
+    """Per case: whether tensor_list kept its tensors, those tensors after the call, what it
+    tried."""
+    (send_recv_all_gather,) = objects
     n = dist.get_world_size()
+    out = []
     for shape, dtype, seed in cases:
-        mine = make_input(rank, shape, dtype, seed)
-        expected = [torch.zeros(shape, dtype=dtype) for _ in range(n)]
-        dist.all_gather(expected, mine)  # the oracle
-        out = [torch.full(shape, -99, dtype=dtype) for _ in range(n)]
-        given = list(out)
-        with forbid(_ALL_GATHER_BANNED, "dist.send / dist.recv (or isend / irecv)"):
-            fn(out, mine)
-        if len(out) != n or any(a is not b for a, b in zip(out, given, strict=True)):
-            return MESSAGES("list", rank=rank)
-        for got, want in zip(out, expected, strict=True):
-            if not torch.equal(got, want):
-                return MESSAGES(
-                    "values",
-                    rank=rank,
-                    expected=[short(t) for t in expected],
-                    got=[short(t) for t in out],
-                )
-    return ""
+        mine = make_input(rank, tuple(shape), DTYPES[dtype], seed)
+        given = [torch.full(tuple(shape), -99, dtype=DTYPES[dtype]) for _ in range(n)]
+        tensor_list = list(given)
+        _, called = guarded(send_recv_all_gather, (tensor_list, mine), _ALL_GATHER_BANNED)
+        kept = len(tensor_list) == n and all(
+            a is b for a, b in zip(tensor_list, given, strict=True)
+        )
+        tensors = [t.detach() for t in given]
+        out.append({"kept_list": kept, "tensors": tensors, "forbidden": called})
+        if called:
+            break
+    return out
 
 
-def _cases(rng: random.Random, dtypes: list[torch.dtype]) -> list:
+# --- oracles: in the checker's own ranks ------------------------------------------------
+
+
+def _oracle_all_reduce(rank: int, cases: list) -> list[torch.Tensor]:
+    out = []
+    for shape, dtype, seed in cases:
+        mine = make_input(rank, tuple(shape), DTYPES[dtype], seed)
+        dist.all_reduce(mine)
+        out.append(mine)
+    return out
+
+
+def _oracle_all_gather(rank: int, cases: list) -> list[list[torch.Tensor]]:
+    n = dist.get_world_size()
+    out = []
+    for shape, dtype, seed in cases:
+        mine = make_input(rank, tuple(shape), DTYPES[dtype], seed)
+        gathered = [torch.zeros(tuple(shape), dtype=DTYPES[dtype]) for _ in range(n)]
+        dist.all_gather(gathered, mine)
+        out.append(gathered)
+    return out
+
+
+def oracle(fn: Callable, args: tuple, nprocs: int) -> list:
+    """``fn(rank, *args)`` on ``nprocs`` gloo ranks of the checker's own."""
+    from ddp_lab.runtime.launcher import spawn
+
+    return spawn(fn, args=args, nprocs=nprocs, backend="gloo", quiet=True)
+
+
+# --- checkers: in the trusted process -------------------------------------------------
+
+
+def _cases(rng: random.Random, dtypes: list[str]) -> list:
     shapes = [(), (1,), (rng.randint(2, 7),), (rng.randint(2, 4), rng.randint(2, 5))]
     return [(s, rng.choice(dtypes), rng.randrange(10**6)) for s in shapes]
 
 
-def _run(rng: random.Random, fn: Callable, rank_fn: Callable) -> Iterator[object]:
-    world_sizes = [2, 3, 4, rng.choice([3, 4])]
-    yield len(world_sizes)
-    for n in world_sizes:
-        cases = _cases(rng, [torch.float32, torch.float64, torch.int64, torch.int32])
-        case = f"world_size={n}"
-        run_ranks(rank_fn, (fn, cases), n, case)
-        yield case
+def _world_sizes(rng: random.Random) -> list[int]:
+    return [2, 3, 4, rng.choice([3, 4])]
+
+
+def records_of(got: Any, rank: int, ncases: int, case: str) -> list[dict]:
+    """One rank's per-case records, checked for shape (a probe stops at a forbidden call)."""
+    if (
+        not isinstance(got, list)
+        or not 1 <= len(got) <= ncases
+        or not all(isinstance(r, dict) for r in got)
+        or (len(got) < ncases and not got[-1].get("forbidden"))
+    ):
+        raise fail(MESSAGES("garbled", rank=rank), case)
+    return got
 
 
 @checker("04.all_reduce", points=3)
-def check_all_reduce(rng: random.Random, reduce_broadcast_all_reduce: Callable) -> Iterator[object]:
+def check_all_reduce(rng: random.Random, learner: Any) -> Iterator[object]:
     """all_reduce(SUM) rebuilt from reduce + broadcast, in place, on 2-4 ranks."""
-    yield from _run(rng, reduce_broadcast_all_reduce, _rank_all_reduce)
+    world_sizes = _world_sizes(rng)
+    yield len(world_sizes)
+    for n in world_sizes:
+        cases = _cases(rng, ["float32", "float64", "int64", "int32"])
+        case = f"world_size={n}"
+        expected = oracle(_oracle_all_reduce, (cases,), n)
+        got = spawn_case(learner, probe_all_reduce, (cases,), n, case, CASE_TIMEOUT_S)
+        records = [records_of(g, r, len(cases), case) for r, g in enumerate(got)]
+        for i in range(len(cases)):
+            for rank in range(n):
+                record = records[rank][i] if i < len(records[rank]) else {"forbidden": ["*"]}
+                judge_forbidden(
+                    record.get("forbidden"), _ALL_REDUCE_BANNED, _ALL_REDUCE_ALLOWED, case
+                )
+                if record.get("returned_input") is not True:
+                    raise fail(MESSAGES("not_returned", rank=rank), case)
+                want, mine = expected[rank][i], record.get("tensor")
+                if not same(mine, want):
+                    raise fail(
+                        MESSAGES("values", rank=rank, expected=short(want), got=shown(mine)), case
+                    )
+        yield case
 
 
 @checker("04.all_gather", points=3)
-def check_all_gather(rng: random.Random, send_recv_all_gather: Callable) -> Iterator[object]:
+def check_all_gather(rng: random.Random, learner: Any) -> Iterator[object]:
     """all_gather(tensor_list, tensor) rebuilt from point-to-point messages, on 2-4 ranks."""
-    yield from _run(rng, send_recv_all_gather, _rank_all_gather)
+    world_sizes = _world_sizes(rng)
+    yield len(world_sizes)
+    for n in world_sizes:
+        cases = _cases(rng, ["float32", "float64", "int64", "int32"])
+        case = f"world_size={n}"
+        expected = oracle(_oracle_all_gather, (cases,), n)
+        got = spawn_case(learner, probe_all_gather, (cases,), n, case, CASE_TIMEOUT_S)
+        records = [records_of(g, r, len(cases), case) for r, g in enumerate(got)]
+        for i in range(len(cases)):
+            for rank in range(n):
+                record = records[rank][i] if i < len(records[rank]) else {"forbidden": ["*"]}
+                judge_forbidden(
+                    record.get("forbidden"), _ALL_GATHER_BANNED, _ALL_GATHER_ALLOWED, case
+                )
+                if record.get("kept_list") is not True:
+                    raise fail(MESSAGES("list", rank=rank), case)
+                want, tensors = expected[rank][i], record.get("tensors")
+                if not isinstance(tensors, list) or len(tensors) != n:
+                    raise fail(MESSAGES("garbled", rank=rank), case)
+                if not all(same(g, w) for g, w in zip(tensors, want, strict=True)):
+                    raise fail(
+                        MESSAGES(
+                            "values",
+                            rank=rank,
+                            expected=[short(t) for t in want],
+                            got=[shown(t) for t in tensors],
+                        ),
+                        case,
+                    )
+        yield case

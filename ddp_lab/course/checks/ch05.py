@@ -16,6 +16,11 @@ device's communicator), so a rank's batch can finish only when every message in 
 partner in the batch its peer is running now. A ring that puts a receive alone in a batch
 before its send (or a send alone before its receive) leaves every rank waiting: the replay
 gets stuck and the case fails, with the batch that blocks.
+
+Where each part runs: the probe (``probe_ring``) runs the learner's ring in their process
+under those guards and returns, per rank, the tensor it left, what it sent, its batches and
+its loose p2p calls, as data. The oracle (``dist.all_reduce``) runs in the checker's own
+ranks; the comparison, the send limit and the NCCL replay run in the checker.
 """
 
 from __future__ import annotations
@@ -24,14 +29,15 @@ import contextlib
 import math
 import random
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
 from ddp_lab.course.checks import ch04
-from ddp_lab.course.checks.ch04 import forbid, make_input, run_ranks, short
-from ddp_lab.course.grading import checker
+from ddp_lab.course.checks.ch04 import DTYPES, guarded, make_input, oracle, same, short, shown
+from ddp_lab.course.grading import checker, fail
 from ddp_lab.course.i18n import Messages
 
 _BANNED = [
@@ -134,7 +140,10 @@ def watch_p2p(batches: list[list[str]], loose: list[str]) -> Iterator[None]:
     def batch(ops: list) -> object:
         batches.append(
             [
-                (getattr(op.op, "kind", "send" if "send" in op.op.__name__ else "recv"), op.peer)
+                (
+                    getattr(op.op, "kind", "send" if "send" in op.op.__name__ else "recv"),
+                    op.peer if type(op.peer) is int else -1,
+                )
                 for op in ops
             ]
         )
@@ -207,45 +216,108 @@ def send_limit(numel: int, world_size: int) -> int:
     return 2 * (world_size - 1) * math.ceil(numel / world_size)
 
 
-def _rank_ring(rank: int, fn: Callable, cases: list) -> str:
-    n = dist.get_world_size()
+_ALLOWED = "dist.batch_isend_irecv"
+
+
+def probe_ring(rank: int, objects: tuple, cases: list) -> list[dict]:
+    """In the learner's process, on each rank: their ring on each case, under the guards.
+
+    Per case: whether it returned its input, the input after it, the forbidden collectives
+    it tried, the elements it sent, its batches of p2p ops and its p2p calls outside a batch.
+    """
+    (ring_all_reduce,) = objects
+    out = []
     for shape, dtype, seed in cases:
-        mine = make_input(rank, shape, dtype, seed)
-        expected = mine.clone()
-        dist.all_reduce(expected)  # the oracle
+        mine = make_input(rank, tuple(shape), DTYPES[dtype], seed)
         sent = [0]
-        batches: list[list[str]] = []
+        batches: list[list[tuple[str, int]]] = []
         loose: list[str] = []
-        with (
-            forbid(_BANNED, "dist.batch_isend_irecv"),
-            count_sends(sent),
-            watch_p2p(batches, loose),
-        ):
-            got = fn(mine)
-        logs: list = [None] * n
-        dist.all_gather_object(logs, batches)  # every rank, before any early return
-        if got is not mine:
-            return ch04.MESSAGES("not_returned", rank=rank)
-        if not torch.equal(mine, expected):
-            return ch04.MESSAGES("values", rank=rank, expected=short(expected), got=short(mine))
-        numel = mine.numel()
-        if loose:
-            return MESSAGES("unpaired", rank=rank, name=loose[0])
-        stuck = replay_on_one_stream(logs)
-        if stuck is not None:
-            who, index = stuck
-            ops = ", ".join(MESSAGES("op_" + k, peer=p) for k, p in logs[who][index])
-            return MESSAGES("stuck", rank=who, batch=index + 1, ops=ops)
-        if sent[0] > send_limit(numel, n):
-            return MESSAGES(
-                "too_much", rank=rank, sent=sent[0], numel=numel, n=n, limit=send_limit(numel, n)
+        with count_sends(sent), watch_p2p(batches, loose):
+            got, called = guarded(ring_all_reduce, (mine,), _BANNED)
+        out.append(
+            {
+                "returned_input": got is mine,
+                "tensor": mine.detach(),
+                "forbidden": called,
+                "sent": sent[0],
+                "batches": batches,
+                "loose": loose,
+            }
+        )
+        if called:
+            break
+    return out
+
+
+def _oracle_ring(rank: int, cases: list) -> list[torch.Tensor]:
+    """In the checker's ranks: torch's own all-reduce of each case."""
+    out = []
+    for shape, dtype, seed in cases:
+        mine = make_input(rank, tuple(shape), DTYPES[dtype], seed)
+        dist.all_reduce(mine)
+        out.append(mine)
+    return out
+
+
+def _valid_log(batches: object, n: int) -> bool:
+    return isinstance(batches, list) and all(
+        isinstance(ops, list)
+        and all(
+            isinstance(op, tuple | list)
+            and len(op) == 2
+            and op[0] in ("send", "recv")
+            and type(op[1]) is int
+            and 0 <= op[1] < n
+            for op in ops
+        )
+        for ops in batches
+    )
+
+
+def judge_ring_case(records: list, expected: list[torch.Tensor], n: int, case: str) -> None:
+    """Judge one case from every rank's record (``probe_ring``); raise ``fail`` on a problem."""
+    for rank, record in enumerate(records):
+        if not isinstance(record, dict):
+            raise fail(ch04.MESSAGES("garbled", rank=rank), case)
+        ch04.judge_forbidden(record.get("forbidden"), _BANNED, _ALLOWED, case)
+        if record.get("returned_input") is not True:
+            raise fail(ch04.MESSAGES("not_returned", rank=rank), case)
+        mine, want = record.get("tensor"), expected[rank]
+        if not same(mine, want):
+            raise fail(
+                ch04.MESSAGES("values", rank=rank, expected=short(want), got=shown(mine)), case
             )
-    return ""
+        loose, sent = record.get("loose"), record.get("sent")
+        if (
+            not isinstance(loose, list)
+            or not all(isinstance(x, str) for x in loose)
+            or type(sent) is not int
+            or not _valid_log(record.get("batches"), n)
+        ):
+            raise fail(ch04.MESSAGES("garbled", rank=rank), case)
+    for rank, record in enumerate(records):
+        if record["loose"]:
+            name = record["loose"][0]
+            name = name if name in ("send", "recv", "isend", "irecv") else "send"
+            raise fail(MESSAGES("unpaired", rank=rank, name=name), case)
+    logs = [[[(str(k), int(p)) for k, p in ops] for ops in r["batches"]] for r in records]
+    stuck = replay_on_one_stream(logs)
+    if stuck is not None:
+        who, index = stuck
+        ops = ", ".join(MESSAGES("op_" + k, peer=p) for k, p in logs[who][index])
+        raise fail(MESSAGES("stuck", rank=who, batch=index + 1, ops=ops), case)
+    numel, limit = expected[0].numel(), send_limit(expected[0].numel(), n)
+    for rank, record in enumerate(records):
+        if record["sent"] > limit:
+            raise fail(
+                MESSAGES("too_much", rank=rank, sent=record["sent"], numel=numel, n=n, limit=limit),
+                case,
+            )
 
 
 def cases_for(rng: random.Random, n: int) -> list:
     """Awkward sizes for N ranks, then a large one that exposes full-buffer passing."""
-    dtypes = [torch.float32, torch.float64, torch.int64, torch.int32, torch.float16]
+    dtypes = ["float32", "float64", "int64", "int32", "float16"]
     sizes = [
         (1,),
         (n - 1 or 1,),
@@ -257,11 +329,21 @@ def cases_for(rng: random.Random, n: int) -> list:
 
 
 @checker("05.ring", points=5)
-def check_ring(rng: random.Random, ring_all_reduce: Callable) -> Iterator[object]:
+def check_ring(rng: random.Random, learner: Any) -> Iterator[object]:
     """ring_all_reduce(tensor): SUM in place on 2-4 ranks, 2(N-1)/N of the data per rank."""
     world_sizes = [2, 3, 4, rng.choice([3, 4])]
     yield len(world_sizes)
     for n in world_sizes:
         case = f"world_size={n}"
-        run_ranks(_rank_ring, (ring_all_reduce, cases_for(rng, n)), n, case)
+        cases = cases_for(rng, n)
+        expected = oracle(_oracle_ring, (cases,), n)
+        got = ch04.spawn_case(learner, probe_ring, (cases,), n, case, ch04.CASE_TIMEOUT_S)
+        records = [ch04.records_of(g, r, len(cases), case) for r, g in enumerate(got)]
+        for i in range(len(cases)):
+            judge_ring_case(
+                [r[i] if i < len(r) else r[-1] for r in records],
+                [e[i] for e in expected],
+                n,
+                case,
+            )
         yield case

@@ -1,21 +1,27 @@
 """Checkers of chapter 09: fix a hanging evaluation; an all-reduce that fails together.
 
-Both run the learner's function on hidden world sizes under ``spawn`` with a timeout, so
-a hang is reported as a failed case instead of blocking the notebook. The oracle runs on
-a process group of its own, created before the learner's code runs: a learner's stray
-collective can then never pair up with the oracle's.
+Both run the learner's function on hidden world sizes on the learner's ranks with a
+timeout, so a hang is reported as a failed case instead of blocking the notebook. The probes
+(``probe_accuracy``, ``probe_safe``) run in the learner's process: each rank calls their
+function, then waits in a barrier on a group of its own (created before their code runs), as
+a training loop would wait in its next collective, so a rank left stuck in their code is a
+real hang; they return what came out (a number, a tensor, the name of what was raised) as
+data. The oracle runs in the checker: the global accuracy from the counts, and
+``dist.all_reduce`` in ranks of the checker's own; the checker compares.
 """
 
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from ddp_lab.course.grading import checker, fail
 from ddp_lab.course.i18n import Messages
+from ddp_lab.course.learner import LearnerError
 
 # Seconds one hidden case may run before it counts as a hang (a correct one takes < 1 s).
 HANG_TIMEOUT_S = 20.0
@@ -28,6 +34,11 @@ MESSAGES = Messages(
             "zh": "程序卡住了：有的 rank 在等待另一个 rank 永远不会调用的集合通信",
         },
         "crash": {"en": "rank {rank} raised {error}", "zh": "rank {rank} 抛出了 {error}"},
+        "raised": {"en": "a rank raised {error}", "zh": "有 rank 抛出了 {error}"},
+        "garbled": {
+            "en": "rank {rank}: the result could not be read (the checker's probe was changed?)",
+            "zh": "rank {rank}：无法读取结果（检查程序的探针被改动了？）",
+        },
         "value": {
             "en": "rank {rank} returned {got}, expected {expected}",
             "zh": "rank {rank} 返回了 {got}，应为 {expected}",
@@ -48,42 +59,75 @@ MESSAGES = Messages(
 )
 
 
-def _spawn(fn: Callable, args: tuple, world_size: int) -> list:
-    """Run a case; a hang or a crash outside the learner's code becomes a CaseFailed."""
-    from ddp_lab.runtime.launcher import DistributedError, DistributedTimeoutError, spawn
+DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
+
+def _run(learner: Any, probe: Any, data: tuple, world_size: int, case: str) -> list:
+    """Run a probe on the learner's ranks; a hang or a crash becomes a CaseFailed."""
     try:
-        return spawn(
-            fn, args=args, nprocs=world_size, backend="gloo", quiet=True, timeout=HANG_TIMEOUT_S
-        )
-    except DistributedTimeoutError:
-        raise fail(MESSAGES("hang"), f"world_size={world_size}") from None
-    except DistributedError as exc:
-        first = exc.failures[0] if exc.failures else None
-        if first is not None and isinstance(first.exception, NotImplementedError):
-            raise first.exception from None
-        error = first.reason if first is not None else str(exc)
-        raise fail(error, f"world_size={world_size}") from None
+        got = learner.spawn(probe, *data, nprocs=world_size, timeout=HANG_TIMEOUT_S)
+    except LearnerError as exc:
+        if exc.not_implemented:
+            raise
+        if exc.timed_out:
+            raise fail(MESSAGES("hang"), case) from None
+        if exc.type_name == "RankFailed" and exc.message:  # killed, or exited: the reason
+            raise fail(exc.message, case) from None
+        error = f"{exc.type_name}: {exc.message}" if exc.message else exc.type_name
+        raise fail(MESSAGES("raised", error=error), case) from None
+    if not isinstance(got, list) or len(got) != world_size:
+        raise fail(MESSAGES("garbled", rank="?"), case)
+    return got
 
 
 # --- 09.global_accuracy --------------------------------------------------------------
 
 
-def _accuracy_case(rank: int, fn: Callable, counts: list[tuple[int, int]]) -> tuple:
-    oracle_group = dist.new_group(backend="gloo")  # collective: every rank, before fn
+def _as_number(value: object) -> Any:
+    """A learner's result as data: None, a float, a tensor, or the name of its type."""
+    if value is None:
+        return None
+    if isinstance(value, torch.Tensor):
+        return value.detach()
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return float(value)
+    return {"kind": type(value).__name__}
+
+
+def probe_accuracy(rank: int, objects: tuple, counts: list) -> Any:
+    """In the learner's process, on each rank: their global_accuracy on this rank's counts."""
+    (global_accuracy,) = objects
+    group = dist.new_group(backend="gloo")  # collective: every rank, before their code
     correct, total = counts[rank]
-    both = torch.tensor([correct, total], dtype=torch.float64)
-    dist.all_reduce(both, group=oracle_group)  # the oracle: torch's own all-reduce
-    expected = (both[0] / both[1]).item()
-    got = fn(correct, total)
+    got = global_accuracy(correct, total)
     # Ranks that are done wait here, as a training loop would wait in its next
     # collective: a rank stuck in the learner's code is then a real hang.
-    dist.barrier(group=oracle_group)
-    return expected, got
+    dist.barrier(group=group)
+    return _as_number(got)
+
+
+def _number(got: Any) -> float | None:
+    """The float a rank returned, or None if it is not one number."""
+    if type(got) is float:
+        return got
+    if (
+        isinstance(got, torch.Tensor)
+        and got.numel() == 1
+        and not got.is_complex()
+        and got.dtype != torch.bool
+    ):
+        return float(got)
+    return None
+
+
+def _shown(got: Any) -> str:
+    if isinstance(got, dict):
+        return f"<{str(got.get('kind', '?'))[:40]}>"
+    return repr(got)[:60]
 
 
 @checker("09.global_accuracy", points=3)
-def check_global_accuracy(rng: random.Random, global_accuracy: Callable) -> Iterator[object]:
+def check_global_accuracy(rng: random.Random, learner: Any) -> Iterator[object]:
     world_sizes = [2, rng.choice([3, 4]), rng.choice([2, 3, 4])]
     yield len(world_sizes)
     for world_size in world_sizes:
@@ -94,15 +138,14 @@ def check_global_accuracy(rng: random.Random, global_accuracy: Callable) -> Iter
             total = rng.randint(5, 200)
             counts.append((rng.randint(0, total), total))
         case = f"world_size={world_size}"
-        results = _spawn(_accuracy_case, (global_accuracy, counts), world_size)
-        for rank, (expected, got) in enumerate(results):
-            ok = isinstance(got, (int, float, torch.Tensor)) and not isinstance(got, bool)
-            if ok:
-                got = float(got)
-                ok = abs(got - expected) <= 1e-9 + 1e-6 * abs(expected)
-            if not ok:
+        both = torch.tensor(counts, dtype=torch.float64).sum(dim=0)  # the oracle
+        expected = (both[0] / both[1]).item()
+        results = _run(learner, probe_accuracy, (counts,), world_size, case)
+        for rank, got in enumerate(results):
+            value = _number(got)
+            if value is None or not abs(value - expected) <= 1e-9 + 1e-6 * abs(expected):
                 raise fail(
-                    MESSAGES("value", rank=rank, got=repr(got)[:60], expected=round(expected, 6)),
+                    MESSAGES("value", rank=rank, got=_shown(got), expected=round(expected, 6)),
                     case,
                 )
         yield case
@@ -111,27 +154,39 @@ def check_global_accuracy(rng: random.Random, global_accuracy: Callable) -> Iter
 # --- 09.safe_all_reduce --------------------------------------------------------------
 
 
-def _safe_case(rank: int, fn: Callable, shapes: list[tuple], dtypes: list[str], seed: int) -> tuple:
-    oracle_group = dist.new_group(backend="gloo")
+def _input(rank: int, shapes: list, dtypes: list[str], seed: int) -> torch.Tensor:
     gen = torch.Generator().manual_seed(seed + rank)
-    tensor = torch.randn(shapes[rank], generator=gen).to(getattr(torch, dtypes[rank]))
-    expected = None
-    if len(set(shapes)) == 1 and len(set(dtypes)) == 1:
-        expected = tensor.clone()
-        dist.all_reduce(expected, group=oracle_group)  # the oracle
+    return torch.randn(tuple(shapes[rank]), generator=gen).to(DTYPES[dtypes[rank]])
+
+
+def probe_safe(rank: int, objects: tuple, shapes: list, dtypes: list[str], seed: int) -> dict:
+    """In the learner's process, on each rank: their safe_all_reduce on this rank's tensor;
+    the tensor after it, or the name of the exception it raised."""
+    (safe_all_reduce,) = objects
+    group = dist.new_group(backend="gloo")
+    tensor = _input(rank, shapes, dtypes, seed)
     try:
-        fn(tensor)
-        outcome = ("returned", "", tensor, expected)
+        safe_all_reduce(tensor)
+        outcome = {"what": "returned", "error": "", "tensor": tensor.detach()}
+    except NotImplementedError:
+        raise
     except Exception as exc:  # noqa: BLE001  # what the learner raised is the result
-        if isinstance(exc, NotImplementedError):
-            raise
-        outcome = ("raised", type(exc).__name__, None, expected)
-    dist.barrier(group=oracle_group)  # see _accuracy_case
+        outcome = {"what": "raised", "error": type(exc).__name__}
+    dist.barrier(group=group)  # see probe_accuracy
     return outcome
 
 
+def _oracle_safe(rank: int, shapes: list, dtypes: list[str], seed: int) -> torch.Tensor:
+    """In the checker's ranks: torch's own all-reduce of the same tensors."""
+    tensor = _input(rank, shapes, dtypes, seed)
+    dist.all_reduce(tensor)
+    return tensor
+
+
 @checker("09.safe_all_reduce", points=3)
-def check_safe_all_reduce(rng: random.Random, safe_all_reduce: Callable) -> Iterator[object]:
+def check_safe_all_reduce(rng: random.Random, learner: Any) -> Iterator[object]:
+    from ddp_lab.runtime.launcher import spawn
+
     # Every kind of mismatch each time: a check of numel only, or of the shape only,
     # must meet the case it misses.
     kinds = ["same", *rng.sample(["shape", "ndim", "dtype"], 3)]
@@ -148,20 +203,34 @@ def check_safe_all_reduce(rng: random.Random, safe_all_reduce: Callable) -> Iter
         elif kind == "dtype":
             dtypes[odd] = "float64"
         case = f"world_size={world_size}, {kind}"
-        results = _spawn(
-            _safe_case, (safe_all_reduce, shapes, dtypes, rng.randrange(10**6)), world_size
-        )
-        for rank, (what, error, tensor, expected) in enumerate(results):
-            if kind == "same":
+        data = (shapes, dtypes, rng.randrange(10**6))
+        expected = None
+        if kind == "same":
+            expected = spawn(_oracle_safe, args=data, nprocs=world_size, backend="gloo", quiet=True)
+        results = _run(learner, probe_safe, data, world_size, case)
+        for rank, outcome in enumerate(results):
+            what = outcome.get("what") if isinstance(outcome, dict) else None
+            error = outcome.get("error") if isinstance(outcome, dict) else None
+            if what not in ("returned", "raised") or not isinstance(error, str):
+                raise fail(MESSAGES("garbled", rank=rank), case)
+            error = error[:60]
+            if expected is not None:
                 if what == "raised":
                     raise fail(MESSAGES("crash", rank=rank, error=error), case)
-                if not torch.allclose(tensor, expected, rtol=1e-5, atol=1e-5):
+                tensor, want = outcome.get("tensor"), expected[rank]
+                if (
+                    not isinstance(tensor, torch.Tensor)
+                    or tensor.shape != want.shape
+                    or tensor.dtype != want.dtype
+                ):
+                    raise fail(MESSAGES("garbled", rank=rank), case)
+                if not torch.allclose(tensor, want, rtol=1e-5, atol=1e-5):
                     raise fail(
                         MESSAGES(
                             "tensor",
                             rank=rank,
                             got=tensor.flatten()[:3].tolist(),
-                            expected=expected.flatten()[:3].tolist(),
+                            expected=want.flatten()[:3].tolist(),
                         ),
                         case,
                     )

@@ -3,7 +3,8 @@
 The wrong implementations are the ones named in the issue: all-reduce without the broadcast,
 an all-gather that only works for two ranks or fills the list out of order, a ring that
 passes the whole buffer around, skips the all-gather phase or only works for N = 2, and
-solutions that call the built-in collective they were asked to rebuild.
+solutions that call the built-in collective they were asked to rebuild (also through an
+alias), and results that are not data.
 """
 
 from __future__ import annotations
@@ -11,8 +12,12 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.distributed as dist
+from torch.distributed import all_gather as aliased_all_gather
+from torch.distributed import all_reduce as aliased_all_reduce
 
 import ddp_lab as dl
+from ddp_lab.course.grading import CaseFailed, load_checkers, run_checker
+from ddp_lab.course.learner import LocalLearner
 from ddp_lab.ring import ring_all_reduce
 
 
@@ -22,6 +27,23 @@ def grade_passes(grade_id: str, fn) -> bool:
     except AssertionError:
         return False
     return True
+
+
+def verdict(grade_id: str, fn) -> tuple[bool, str]:
+    """The checker run the way the grader runs it, on a learner handle."""
+    return run_checker(load_checkers()[grade_id], LocalLearner((fn,)), "en")
+
+
+class EqualToEverything:
+    """Not data: an object that says it equals anything (and fakes a tensor's looks)."""
+
+    shape = torch.Size([1])
+
+    def __eq__(self, other):
+        return True
+
+    def __bool__(self):
+        return True
 
 
 # ---------- 04.all_reduce ----------
@@ -61,10 +83,34 @@ def test_all_reduce_reference_passes():
     assert grade_passes("04.all_reduce", ar_reference)
 
 
-@pytest.mark.parametrize("wrong", [ar_reduce_only, ar_average, ar_not_in_place, ar_cheats])
-def test_all_reduce_rejects(wrong, capsys):
-    assert not grade_passes("04.all_reduce", wrong)
-    assert "FAIL" in capsys.readouterr().out
+def ar_cheats_through_an_alias(t):  # the collective under another name
+    aliased_all_reduce(t)
+    return t
+
+
+def ar_not_data(t):  # does the work, then returns something that is not a tensor
+    ar_reference(t)
+    return EqualToEverything()
+
+
+@pytest.mark.parametrize(
+    "wrong,words",
+    [
+        (ar_reduce_only, "expected"),
+        (ar_average, "raised"),
+        (ar_not_in_place, "must return the tensor it was given"),
+        (ar_cheats, "called dist.all_reduce"),
+        (ar_cheats_through_an_alias, "one of dist.all_reduce"),
+    ],
+)
+def test_all_reduce_rejects(wrong, words):
+    passed, line = verdict("04.all_reduce", wrong)
+    assert not passed and "FAIL" in line and words in line, line
+
+
+def test_all_reduce_result_that_is_not_data_fails_cleanly():
+    passed, line = verdict("04.all_reduce", ar_not_data)
+    assert not passed and "must return the tensor it was given" in line, line
 
 
 # ---------- 04.all_gather ----------
@@ -142,6 +188,15 @@ def ag_cheats(tensor_list, tensor):
     dist.all_gather(tensor_list, tensor)
 
 
+def ag_cheats_through_an_alias(tensor_list, tensor):
+    aliased_all_gather(tensor_list, tensor)
+
+
+def ag_not_data(tensor_list, tensor):  # puts objects that say "equal" into the list
+    ag_reference(tensor_list, tensor)
+    tensor_list[:] = [EqualToEverything() for _ in tensor_list]
+
+
 def test_all_gather_deadlock_is_reported_as_a_timeout(capsys):
     assert not grade_passes("04.all_gather", ag_blocking_sends_first)
     out = capsys.readouterr().out
@@ -153,10 +208,20 @@ def test_all_gather_reference_passes():
 
 
 @pytest.mark.parametrize(
-    "wrong", [ag_two_ranks_only, ag_forgets_own, ag_arrival_order, ag_replaces_entries, ag_cheats]
+    "wrong,words",
+    [
+        (ag_two_ranks_only, "FAIL"),
+        (ag_forgets_own, "expected"),
+        (ag_arrival_order, "expected"),
+        (ag_replaces_entries, "instead of replacing them"),
+        (ag_cheats, "called dist.all_gather"),
+        (ag_cheats_through_an_alias, "one of dist.all_gather"),
+        (ag_not_data, "instead of replacing them"),
+    ],
 )
-def test_all_gather_rejects(wrong):
-    assert not grade_passes("04.all_gather", wrong)
+def test_all_gather_rejects(wrong, words):
+    passed, line = verdict("04.all_gather", wrong)
+    assert not passed and words in line, line
 
 
 # ---------- 05.ring ----------
@@ -223,20 +288,51 @@ def test_segmented_ring_passes():
     assert grade_passes("05.ring", lambda t: ring_all_reduce(t, segment_bytes=8))
 
 
+def ring_not_data(t):
+    ring_all_reduce(t)
+    return EqualToEverything()
+
+
 @pytest.mark.parametrize(
-    "wrong",
-    [ring_full_buffer, ring_no_all_gather, ring_two_ranks, ring_cheats, ring_divisible_only],
+    "wrong,words",
+    [
+        (ring_full_buffer, "Send one chunk per step"),
+        (ring_no_all_gather, "expected"),
+        (ring_two_ranks, "raised"),
+        (ring_cheats, "called dist.all_reduce"),
+        (ring_divisible_only, "ValueError"),
+    ],
 )
-def test_ring_rejects(wrong):
-    assert not grade_passes("05.ring", wrong)
+def test_ring_rejects(wrong, words):
+    passed, line = verdict("05.ring", wrong)
+    assert not passed and words in line, line
 
 
-def test_unsolved_stub_is_reported_as_not_implemented(capsys):
-    def stub(t):
-        raise NotImplementedError("your code here")
+def test_ring_result_that_is_not_data_fails_cleanly():
+    passed, line = verdict("05.ring", ring_not_data)
+    assert not passed and "must return the tensor it was given" in line, line
 
-    assert not grade_passes("05.ring", stub)
-    assert "FAIL" in capsys.readouterr().out
+
+def test_faked_records_do_not_pass():
+    # A learner's process can fake what the probe records, not the oracle's values.
+    def fake(probe, cases, nprocs, timeout):
+        record = [
+            {
+                "returned_input": True,
+                "tensor": torch.zeros(tuple(shape), dtype=getattr(torch, dtype)),
+                "forbidden": [],
+                "sent": 0,
+                "batches": [],
+                "loose": [],
+            }
+            for shape, dtype, _ in cases
+        ]
+        return [record] * nprocs
+
+    learner = LocalLearner((ring_all_reduce,))
+    learner.spawn = fake
+    passed, line = run_checker(load_checkers()["05.ring"], learner, "en")
+    assert not passed and "expected" in line, line
 
 
 # ---------- 05.ring: safe on NCCL (paired p2p) ----------
@@ -293,13 +389,22 @@ def test_ring_rejects_rings_that_deadlock_on_nccl(wrong, capsys):
     assert "NCCL" in capsys.readouterr().out
 
 
-def _feedback(rank, lang, fn):
+def _feedback(lang: str, fn) -> str:
+    """The checker's feedback on one case of 151 elements on 3 ranks, in ``lang``."""
     from ddp_lab.course import i18n
-    from ddp_lab.course.checks import ch05
+    from ddp_lab.course.checks import ch04, ch05
 
+    n, cases = 3, [((3 * 50 + 1,), "float32", 1)]
+    records = LocalLearner((fn,)).spawn(ch05.probe_ring, cases, nprocs=n)
+    expected = ch04.oracle(ch05._oracle_ring, (cases,), n)
+    saved = i18n.get_language()
     i18n.set_language(lang)
-    n = dist.get_world_size()
-    return ch05._rank_ring(rank, fn, [((n * 50 + 1,), torch.float32, 1)])
+    try:
+        with pytest.raises(CaseFailed) as failed:
+            ch05.judge_ring_case([r[0] for r in records], [e[0] for e in expected], n, "-")
+    finally:
+        i18n.set_language(saved)
+    return failed.value.args[0]
 
 
 @pytest.mark.parametrize(
@@ -312,8 +417,8 @@ def _feedback(rank, lang, fn):
     ],
 )
 def test_ring_unpaired_feedback_says_why_in_both_languages(lang, fn, needle):
-    why = dl.spawn(_feedback, args=(lang, fn), nprocs=3, backend="gloo", quiet=True)
-    assert all(needle in w for w in why), why
+    why = _feedback(lang, fn)
+    assert needle in why, why
 
 
 def test_package_ring_reference_passes_with_its_nccl_schedule():

@@ -8,6 +8,8 @@ import torch.distributed as dist
 
 import ddp_lab as dl
 from ddp_lab.course.checks import ch09
+from ddp_lab.course.grading import load_checkers, run_checker
+from ddp_lab.course.learner import LocalLearner
 
 
 @pytest.fixture(autouse=True)
@@ -127,3 +129,54 @@ def test_stub_reports_not_implemented(monkeypatch: pytest.MonkeyPatch, capsys) -
 
     assert not _grade("09.global_accuracy", stub, "1", monkeypatch)
     assert not _grade("09.safe_all_reduce", stub, "1", monkeypatch)
+
+
+class EqualToEverything:
+    """Not data: an object that says it equals anything."""
+
+    def __eq__(self, other: object) -> bool:
+        return True
+
+    def __float__(self) -> float:
+        return 0.5
+
+
+class SneakyFloat(float):
+    """A float that says it equals anything (its value is still 0)."""
+
+    def __eq__(self, other: object) -> bool:
+        return True
+
+    def __ne__(self, other: object) -> bool:
+        return False
+
+    def __sub__(self, other: object) -> float:
+        return 0.0
+
+
+def accuracy_not_data(correct: int, total: int) -> object:
+    accuracy_ok(correct, total)
+    return EqualToEverything()
+
+
+def accuracy_sneaky_float(correct: int, total: int) -> float:
+    accuracy_ok(correct, total)
+    return SneakyFloat(0.0)
+
+
+@pytest.mark.parametrize(
+    "wrong,words",
+    [(accuracy_not_data, "returned <EqualToEverything>"), (accuracy_sneaky_float, "returned 0.0")],
+)
+def test_accuracy_that_is_not_data_fails_cleanly(wrong, words: str) -> None:
+    passed, line = run_checker(load_checkers()["09.global_accuracy"], LocalLearner((wrong,)), "en")
+    assert not passed and words in line, line
+
+
+def test_hang_and_lone_raise_feedback(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DDP_LAB_GRADE_SEED", "1")
+    chk = load_checkers()["09.safe_all_reduce"]
+    passed, line = run_checker(chk, LocalLearner((safe_plain,)), "en")
+    assert not passed and ("hangs" in line or "did not raise ValueError" in line), line
+    passed, line = run_checker(chk, LocalLearner((safe_numel_only,)), "en")
+    assert not passed and "did not raise ValueError (it returned normally)" in line, line
