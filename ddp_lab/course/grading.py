@@ -113,7 +113,7 @@ def run_checker(chk: Checker, learner: Any, lang: str | None = None) -> tuple[bo
             why = _t("grade_raised", lang, error=f"{exc.type_name}: {exc.message}")
             detail = _t("grade_case_failed", lang, index=index + 1, total=total, case="-", why=why)
     except CaseFailed as exc:
-        detail = t(
+        detail = _t(
             "grade_case_failed",
             lang,
             index=index + 1,
