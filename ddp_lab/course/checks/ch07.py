@@ -1,22 +1,23 @@
 """Checkers of chapter 07: a naive DDP wrapper, and bucketed gradient hooks.
 
 07.naive_ddp: the learner's ``MyDDP(module)`` (forward, ``sync_gradients()``) trains on
-each rank's shard of hidden batches; the oracles are a single-process model trained on
-the full batch (same start as rank 0) and, for a BatchNorm model, torch's
-``DistributedDataParallel``. Every rank starts from a different model, so a wrapper that
-skips the initial broadcast fails; a hidden buffer used in forward catches one that
-forgets buffers; the step size catches one that sums instead of averaging.
+each rank's shard of hidden batches, in the learner's ranks (``probe_naive_ddp``, which
+returns every rank's parameters and buffers). The oracles run here: a single-process model
+trained on the full batch (same start as rank 0) and, for a BatchNorm model, torch's
+``DistributedDataParallel`` on ranks of the grader's own. Every rank starts from a different
+model, so a wrapper that skips the initial broadcast fails; a hidden buffer used in forward
+catches one that forgets buffers; the step size catches one that sums instead of averaging.
 
 07.bucketed: the learner's ``GradBuckets(module, bucket_cap_mb)`` registers gradient hooks,
-and ``wait()`` completes the averaging after backward. Parameters are compared with a
-single-process model trained on the full batch after a few steps (tests/test_bucketed_ddp.py
-compares the package's BucketedDDP with torch's DDP), and ``dist.all_reduce`` is watched: at least two asynchronous calls
-must happen while backward is still running.
+and ``wait()`` completes the averaging after backward. ``probe_bucketed`` returns the
+parameters after a few steps and the ``dist.all_reduce`` calls seen during the last backward
+(at least two, all asynchronous); the parameters are compared here with a single-process
+model trained on the full batch (tests/test_bucketed_ddp.py compares the package's
+BucketedDDP with torch's DDP).
 """
 
 from __future__ import annotations
 
-import copy
 import random
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -26,6 +27,44 @@ import torch.distributed as dist
 from torch import nn
 
 from ddp_lab.course.grading import checker, fail
+from ddp_lab.course.i18n import Messages
+
+MESSAGES = Messages(
+    __name__,
+    {
+        "malformed": {
+            "en": "rank {rank} sent back a result of the wrong form ({field}: {kind})",
+            "zh": "rank {rank} 返回的结果格式不对（{field}：{kind}）",
+        },
+        "naive_shifted": {
+            "en": "expected parameters and buffers equal to a single-process model trained on "
+            "the full batch; rank {rank}: max difference {diff:.3g}",
+            "zh": "参数和缓冲区应与在全批上训练的单进程模型相同；rank {rank}：最大差 {diff:.3g}",
+        },
+        "naive_bn": {
+            "en": "expected parameters and BatchNorm buffers equal to torch's "
+            "DistributedDataParallel; rank {rank}: max difference {diff:.3g}",
+            "zh": "参数和 BatchNorm 缓冲区应与 torch 的 DistributedDataParallel 相同；"
+            "rank {rank}：最大差 {diff:.3g}",
+        },
+        "bucket_calls": {
+            "en": "expected at least 2 all_reduce calls during backward (one per bucket), got "
+            "{got} on rank {rank}",
+            "zh": "反向传播期间应至少调用 2 次 all_reduce（每个桶一次），rank {rank} 上实际为 {got} 次",
+        },
+        "bucket_async": {
+            "en": "expected every all_reduce in a hook launched with async_op=True (not "
+            "blocking backward); rank {rank} made a blocking call",
+            "zh": "钩子中的每次 all_reduce 都应以 async_op=True 发起（不阻塞反向传播）；"
+            "rank {rank} 有一次阻塞调用",
+        },
+        "bucket_params": {
+            "en": "expected parameters equal to a single-process model trained on the full "
+            "batch; rank {rank}: max difference {diff:.3g}",
+            "zh": "参数应与在全批上训练的单进程模型相同；rank {rank}：最大差 {diff:.3g}",
+        },
+    },
+)
 
 TOL = 1e-9  # float64 models: only summation order may differ from the oracles
 
@@ -82,32 +121,6 @@ def _batches(spec: dict, world_size: int) -> list[tuple[torch.Tensor, torch.Tens
     ]
 
 
-def _naive_case(rank: int, my_ddp: Callable, spec: dict) -> str:
-    world_size = dist.get_world_size()
-    oracle = _build(spec, spec["seed"])  # rank 0's model: what the broadcast must spread
-    model = _build(spec, spec["seed"] + rank)  # every rank starts from a different model
-    if spec["kind"] == "bn":
-        oracle = nn.parallel.DistributedDataParallel(copy.deepcopy(model))
-    ours = my_ddp(model)
-    opt = torch.optim.SGD(model.parameters(), lr=spec["lr"])
-    opt_oracle = torch.optim.SGD(oracle.parameters(), lr=spec["lr"])
-    mine = slice(rank * spec["per_rank"], (rank + 1) * spec["per_rank"])
-    for x, y in _batches(spec, world_size):
-        opt.zero_grad()
-        nn.functional.mse_loss(ours(x[mine]), y[mine]).backward()
-        ours.sync_gradients()
-        opt.step()
-        opt_oracle.zero_grad()
-        if spec["kind"] == "bn":  # torch DDP sees the same shard
-            nn.functional.mse_loss(oracle(x[mine]), y[mine]).backward()
-        else:  # the single-process model sees the whole global batch
-            nn.functional.mse_loss(oracle(x), y).backward()
-        opt_oracle.step()
-    target = oracle.module if spec["kind"] == "bn" else oracle
-    diff = (_states(model) - _states(target)).abs().max().item()
-    return "" if diff <= TOL else f"rank {rank}: max difference {diff:.3g}"
-
-
 def _spec(rng: random.Random, kind: str) -> dict:
     return {
         "kind": kind,
@@ -122,33 +135,101 @@ def _spec(rng: random.Random, kind: str) -> dict:
     }
 
 
-def _run(fn: Callable, args: tuple, world_size: int) -> list[Any]:
-    from ddp_lab import spawn
+def _kind(value: Any) -> str:
+    """A short, language-neutral description of what came back."""
+    if isinstance(value, torch.Tensor):
+        return f"Tensor{tuple(value.shape)} {str(value.dtype).removeprefix('torch.')}"
+    return type(value).__name__
+
+
+def _states_of(out: Any, want: torch.Tensor, rank: int, field: str, label: str) -> torch.Tensor:
+    """``out`` when it is a tensor like ``want`` (parameters and buffers, flattened)."""
+    if not isinstance(out, torch.Tensor) or out.shape != want.shape or out.dtype != want.dtype:
+        raise fail(MESSAGES("malformed", rank=rank, field=field, kind=_kind(out)), label)
+    return out
+
+
+def _ranks(got: Any, world_size: int, label: str) -> list:
+    if not isinstance(got, list) or len(got) != world_size:
+        raise fail(MESSAGES("malformed", rank="-", field="ranks", kind=_kind(got)), label)
+    return got
+
+
+def _train_single(spec: dict, world_size: int) -> torch.Tensor:
+    """The oracle of the MLP cases: rank 0's model trained on the full global batches."""
+    with torch.random.fork_rng(devices=[]):
+        model = _build(spec, spec["seed"])
+    opt = torch.optim.SGD(model.parameters(), lr=spec["lr"])
+    for x, y in _batches(spec, world_size):
+        opt.zero_grad()
+        nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+    return _states(model)
+
+
+def _oracle_bn(rank: int, spec: dict) -> torch.Tensor:
+    """In the grader's ranks: torch's DDP on each rank's shard, every rank from its own model."""
+    model = _build(spec, spec["seed"] + rank)
+    ddp = nn.parallel.DistributedDataParallel(model)
+    opt = torch.optim.SGD(ddp.parameters(), lr=spec["lr"])
+    mine = slice(rank * spec["per_rank"], (rank + 1) * spec["per_rank"])
+    for x, y in _batches(spec, dist.get_world_size()):
+        opt.zero_grad()
+        nn.functional.mse_loss(ddp(x[mine]), y[mine]).backward()
+        opt.step()
+    return _states(model)
+
+
+def _spawn(fn: Callable, args: tuple, world_size: int) -> list[Any]:
+    from ddp_lab.runtime.launcher import spawn
 
     return spawn(fn, args=args, nprocs=world_size, backend="gloo", quiet=True, timeout=120)
 
 
-WHAT_NAIVE = {
-    "shifted": "parameters and buffers equal to a single-process model trained on the full batch",
-    "bn": "parameters and BatchNorm buffers equal to torch's DistributedDataParallel",
-}
+def probe_naive_ddp(rank: int, objects: tuple, spec: dict) -> torch.Tensor:
+    """In the learner's ranks: their wrapper trains this rank's model on its shard."""
+    (my_ddp,) = objects
+    model = _build(spec, spec["seed"] + rank)  # every rank starts from a different model
+    ours = my_ddp(model)
+    opt = torch.optim.SGD(model.parameters(), lr=spec["lr"])
+    mine = slice(rank * spec["per_rank"], (rank + 1) * spec["per_rank"])
+    for x, y in _batches(spec, dist.get_world_size()):
+        opt.zero_grad()
+        nn.functional.mse_loss(ours(x[mine]), y[mine]).backward()
+        ours.sync_gradients()
+        opt.step()
+    return _states(model)
 
 
 @checker("07.naive_ddp", points=3)
-def check_naive_ddp(rng: random.Random, my_ddp: Callable) -> Iterator[object]:
+def check_naive_ddp(rng: random.Random, learner: Any) -> Iterator[object]:
     cases = [(2, "shifted"), (2, "bn"), (rng.choice([3, 4]), "shifted")]
     yield len(cases)
     for world_size, kind in cases:
         label = f"world_size={world_size}, {'BatchNorm' if kind == 'bn' else 'MLP'}"
-        problems = [p for p in _run(_naive_case, (my_ddp, _spec(rng, kind)), world_size) if p]
-        if problems:
-            raise fail(f"expected {WHAT_NAIVE[kind]}; {problems[0]}", label)
+        spec = _spec(rng, kind)
+        if kind == "bn":
+            expected = _spawn(_oracle_bn, (spec,), world_size)
+        else:
+            expected = [_train_single(spec, world_size)] * world_size
+        got = _ranks(
+            learner.spawn(probe_naive_ddp, spec, nprocs=world_size, timeout=120), world_size, label
+        )
+        for rank, (out, want) in enumerate(zip(got, expected, strict=True)):
+            diff = (_states_of(out, want, rank, "states", label) - want).abs().max().item()
+            if not diff <= TOL:  # nan fails too
+                raise fail(MESSAGES(f"naive_{kind}", rank=rank, diff=diff), label)
         yield label
 
 
-def _bucketed_case(rank: int, grad_buckets: Callable, spec: dict, cap_mb: float) -> str:
+def probe_bucketed(rank: int, objects: tuple, spec: dict, cap_mb: float) -> dict[str, Any]:
+    """In the learner's ranks: their hooks average the gradients while a few steps train.
+
+    Returns the parameters and buffers at the end, and whether each ``dist.all_reduce``
+    call of the last backward pass was asynchronous.
+    """
+    (grad_buckets,) = objects
     model = _build(spec, spec["seed"])
-    oracle = _build(spec, spec["seed"])  # a single-process model on the full batch
     calls: list[bool] = []
     real_all_reduce = dist.all_reduce
 
@@ -158,7 +239,6 @@ def _bucketed_case(rank: int, grad_buckets: Callable, spec: dict, cap_mb: float)
 
     hooks = grad_buckets(model, cap_mb)
     opt = torch.optim.SGD(model.parameters(), lr=spec["lr"])
-    opt_oracle = torch.optim.SGD(oracle.parameters(), lr=spec["lr"])
     mine = slice(rank * spec["per_rank"], (rank + 1) * spec["per_rank"])
     during_backward: list[bool] = []
     dist.all_reduce = watched
@@ -170,41 +250,44 @@ def _bucketed_case(rank: int, grad_buckets: Callable, spec: dict, cap_mb: float)
             during_backward = list(calls)
             hooks.wait()
             opt.step()
-            opt_oracle.zero_grad()
-            nn.functional.mse_loss(oracle(x), y).backward()
-            opt_oracle.step()
     finally:
         dist.all_reduce = real_all_reduce
-    if len(during_backward) < 2:
-        return (
-            f"at least 2 all_reduce calls during backward (one per bucket), got "
-            f"{len(during_backward)}"
-        )
-    if not all(during_backward):
-        return "every all_reduce in a hook launched with async_op=True (not blocking backward)"
-    diff = (_states(model) - _states(oracle)).abs().max().item()
-    return (
-        ""
-        if diff <= TOL
-        else (
-            f"parameters equal to a single-process model trained on the "
-            f"full batch; max difference {diff:.3g}"
-        )
-    )
+    return {"async_calls": during_backward, "states": _states(model)}
 
 
 @checker("07.bucketed", points=3)
-def check_bucketed(rng: random.Random, grad_buckets: Callable) -> Iterator[object]:
+def check_bucketed(rng: random.Random, learner: Any) -> Iterator[object]:
     world_sizes = [2, 2, rng.choice([3, 4])]
     yield len(world_sizes)
     for world_size in world_sizes:
         spec = _spec(rng, "shifted")
         spec["depth"] = rng.randint(2, 3)
-        model = _build(spec, 0)
+        with torch.random.fork_rng(devices=[]):
+            model = _build(spec, 0)
         sizes = [p.numel() * p.element_size() for p in model.parameters() if p.requires_grad]
         cap_mb = max(sizes) / 2**20  # several buckets whatever the sizes
         label = f"world_size={world_size}, bucket_cap_mb={cap_mb:.2g}"
-        problems = [p for p in _run(_bucketed_case, (grad_buckets, spec, cap_mb), world_size) if p]
-        if problems:
-            raise fail(f"expected {problems[0]}", label)
+        want = _train_single(spec, world_size)
+        got = _ranks(
+            learner.spawn(probe_bucketed, spec, cap_mb, nprocs=world_size, timeout=120),
+            world_size,
+            label,
+        )
+        for rank, out in enumerate(got):
+            if not isinstance(out, dict):
+                raise fail(MESSAGES("malformed", rank=rank, field="result", kind=_kind(out)), label)
+            calls = out.get("async_calls")
+            if not isinstance(calls, list) or not all(type(c) is bool for c in calls):
+                raise fail(
+                    MESSAGES("malformed", rank=rank, field="async_calls", kind=_kind(calls)),
+                    label,
+                )
+            if len(calls) < 2:
+                raise fail(MESSAGES("bucket_calls", got=len(calls), rank=rank), label)
+            if not all(calls):
+                raise fail(MESSAGES("bucket_async", rank=rank), label)
+            states = _states_of(out.get("states"), want, rank, "states", label)
+            diff = (states - want).abs().max().item()
+            if not diff <= TOL:
+                raise fail(MESSAGES("bucket_params", rank=rank, diff=diff), label)
         yield label

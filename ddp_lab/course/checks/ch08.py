@@ -1,21 +1,23 @@
 """Checker of chapter 08's exercise: fix a buggy DDP training function.
 
 The learner's ``fit(model, dataset, epochs, batch_size, lr, checkpoint_path)`` runs on every
-rank of a gloo group. The checker watches what it does, not its source: the order in which
-each rank reads samples (against ``DistributedSampler`` with ``set_epoch``), which ranks
-call ``torch.save``, the checkpoint file (one file, a plain model's ``state_dict``), the
-parameters on every rank (identical, and equal to a correct run of torch's DDP from the
-same initial model), the logged losses (the same mean on every rank) and the accuracy of
-the saved model.
+rank of a gloo group in the learner's process (``probe_fit``), which reports what it did:
+the order in which each rank read samples, how many times each rank called ``torch.save``,
+the files in the checkpoint's folder and the checkpoint's tensors (loaded with
+``weights_only=True``), the parameters on every rank and the logged losses. The checker
+judges here, against torch's ``DistributedSampler`` with ``set_epoch`` and a correct run of
+torch's DDP from the same initial model (on ranks of the grader's own): one file, a plain
+model's ``state_dict``, saved by rank 0 only; parameters identical on every rank and equal
+to the oracle's; the same mean loss on every rank; the saved model as accurate.
 """
 
 from __future__ import annotations
 
-import copy
 import random
 import shutil
 import tempfile
-from collections.abc import Callable, Iterator
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -94,6 +96,14 @@ MESSAGES = Messages(
             "en": "the logged losses {got} are not the mean over all ranks {expected}",
             "zh": "记录的损失 {got} 不是所有 rank 的平均值 {expected}",
         },
+        "losses_kind": {
+            "en": "fit returned {kind}: return a list with one loss (a float) per epoch",
+            "zh": "fit 返回的是 {kind}：应返回一个列表，每一轮一个损失值（float）",
+        },
+        "malformed": {
+            "en": "rank {rank} sent back a result of the wrong form ({field}: {kind})",
+            "zh": "rank {rank} 返回的结果格式不对（{field}：{kind}）",
+        },
         "accuracy": {
             "en": "the saved model reaches {got:.1%} accuracy, a correct run {expected:.1%}",
             "zh": "保存的模型准确率为 {got:.1%}，正确的训练可达到 {expected:.1%}",
@@ -161,9 +171,46 @@ def reference_fit(
     return by_batch, by_sample
 
 
-def _run_case(rank: int, fit: Callable, case: dict[str, Any]) -> dict[str, Any]:
+def _floats(values: Any) -> Any:
+    """The learner's losses as plain floats (None stays None); else what they were."""
+    if values is None:
+        return None
+    try:
+        items = list(values)
+    except Exception:  # noqa: BLE001  # not a sequence
+        return {"kind": type(values).__name__}
+    out = []
+    for v in items:
+        try:
+            out.append(float(v))
+        except Exception:  # noqa: BLE001  # not a number
+            return {"kind": f"{type(values).__name__}[{type(v).__name__}]"}
+    return out
+
+
+def _checkpoint(path: Path) -> dict[str, Any]:
+    """The checkpoint's tensors by name, or the type of what it held / why it did not load."""
+    try:
+        state = torch.load(path, weights_only=True)
+    except Exception as exc:  # noqa: BLE001  # a pickled module, a missing file
+        return {"error": type(exc).__name__}
+    if not isinstance(state, dict):
+        return {"error": type(state).__name__}
+    return {
+        "state": {
+            str(k): v.detach().clone() if isinstance(v, torch.Tensor) else type(v).__name__
+            for k, v in state.items()
+        }
+    }
+
+
+def probe_fit(rank: int, objects: tuple, case: dict[str, Any], folder: str) -> dict[str, Any]:
+    """In the learner's ranks: their ``fit`` on the hidden case, and what it did."""
+    (fit,) = objects
+    where = Path(tempfile.gettempdir()) / folder
+    where.mkdir(parents=True, exist_ok=True)
+    path = where / "model.pt"
     x, y, model = make_case(case)
-    reference = copy.deepcopy(model)
     dataset = RecordingDataset(x, y)
     saves = []
     real_save = torch.save
@@ -174,26 +221,35 @@ def _run_case(rank: int, fit: Callable, case: dict[str, Any]) -> dict[str, Any]:
 
     torch.save = counting_save  # observe which ranks write, whatever the path
     try:
-        losses = fit(model, dataset, case["epochs"], case["batch_size"], case["lr"], case["path"])
+        losses = fit(model, dataset, case["epochs"], case["batch_size"], case["lr"], str(path))
     finally:
         torch.save = real_save
     dist.barrier()  # the learner's checkpoint is complete on every rank from here on
-    expected_reads = []
-    sampler = DistributedSampler(dataset)
-    for epoch in range(case["epochs"]):
-        sampler.set_epoch(epoch)
-        expected_reads.append(list(sampler))
-    ref_losses = reference_fit(
-        reference, RecordingDataset(x, y), case["epochs"], case["batch_size"], case["lr"]
+    result: dict[str, Any] = {
+        "reads": list(dataset.reads),
+        "saves": len(saves),
+        "losses": _floats(losses),
+        "params": [p.detach().clone() for p in model.parameters()],
+    }
+    if rank == 0:
+        result["files"] = sorted(p.name for p in where.iterdir())
+        result["checkpoint"] = _checkpoint(path)
+    dist.barrier()
+    if rank == 0:
+        shutil.rmtree(where, ignore_errors=True)
+    return result
+
+
+def _oracle(rank: int, case: dict[str, Any]) -> dict[str, Any]:
+    """In the grader's ranks: torch's DDP used correctly from the same model and data."""
+    x, y, model = make_case(case)
+    by_batch, by_sample = reference_fit(
+        model, RecordingDataset(x, y), case["epochs"], case["batch_size"], case["lr"]
     )
     return {
-        "reads": dataset.reads,
-        "expected_reads": expected_reads,
-        "saves": len(saves),
-        "losses": [float(v) for v in losses] if losses is not None else None,
-        "ref_losses": ref_losses,
         "params": [p.detach().clone() for p in model.parameters()],
-        "ref_params": [p.detach().clone() for p in reference.parameters()],
+        "by_batch": by_batch,
+        "by_sample": by_sample,
     }
 
 
@@ -206,16 +262,80 @@ def _close(got: list[float] | None, expected: list[float]) -> bool:
 
 
 def _max_diff(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
-    return max((x - y).abs().max().item() for x, y in zip(a, b, strict=True))
+    return max((x.double() - y.double()).abs().max().item() for x, y in zip(a, b, strict=True))
 
 
-def verify(results: list[dict[str, Any]], case: dict[str, Any]) -> None:
-    """Raise CaseFailed (via ``fail``) at the first behaviour that differs from a correct run."""
-    label = f"world_size={len(results)}, epochs={case['epochs']}"
-    per_epoch = len(results[0]["expected_reads"][0])
+def _kind(value: Any) -> str:
+    """A short, language-neutral description of what came back."""
+    if isinstance(value, torch.Tensor):
+        return f"Tensor{tuple(value.shape)} {str(value.dtype).removeprefix('torch.')}"
+    return type(value).__name__
+
+
+def _plain(case: dict[str, Any]) -> nn.Module:
+    """The hidden model, built here without touching this process's random state."""
+    with torch.random.fork_rng(devices=[]):
+        return make_case(case)[2]
+
+
+def _validate(results: Any, world: int, case: dict[str, Any], label: str) -> list[dict]:
+    """The probe's results, checked to be of the form it returns (anything else fails)."""
+
+    def bad(rank: object, field: str, value: Any) -> Exception:
+        return fail(MESSAGES("malformed", rank=rank, field=field, kind=_kind(value)), label)
+
+    if not isinstance(results, list) or len(results) != world:
+        raise bad("-", "ranks", results)
+    shapes = [p.shape for p in _plain(case).parameters()]
+    for rank, r in enumerate(results):
+        if not isinstance(r, dict):
+            raise bad(rank, "result", r)
+        reads, saves, losses, params = (r.get(k) for k in ("reads", "saves", "losses", "params"))
+        if not isinstance(reads, list) or not all(type(i) is int for i in reads):
+            raise bad(rank, "reads", reads)
+        if type(saves) is not int:
+            raise bad(rank, "saves", saves)
+        if isinstance(losses, dict):
+            raise fail(MESSAGES("losses_kind", kind=str(losses.get("kind", "?"))[:40]), label)
+        if losses is not None and (
+            not isinstance(losses, list) or not all(type(v) is float for v in losses)
+        ):
+            raise bad(rank, "losses", losses)
+        if (
+            not isinstance(params, list)
+            or len(params) != len(shapes)
+            or not all(
+                isinstance(p, torch.Tensor) and p.is_floating_point() and p.shape == s
+                for p, s in zip(params, shapes, strict=True)
+            )
+        ):
+            raise bad(rank, "params", params)
+    files, ckpt = results[0].get("files"), results[0].get("checkpoint")
+    if not isinstance(files, list) or not all(isinstance(f, str) for f in files):
+        raise bad(0, "files", files)
+    if not isinstance(ckpt, dict) or not (
+        isinstance(ckpt.get("error"), str) or isinstance(ckpt.get("state"), dict)
+    ):
+        raise bad(0, "checkpoint", ckpt)
+    return results
+
+
+def verify(results: Any, case: dict[str, Any], reference: dict[str, Any], world: int) -> None:
+    """Raise CaseFailed (via ``fail``) at the first behaviour that differs from a correct run.
+
+    ``results``: what ``probe_fit`` sent back from each of the ``world`` ranks;
+    ``reference``: the oracle's rank 0 (``_oracle``).
+    """
+    label = f"world_size={world}, epochs={case['epochs']}"
+    results = _validate(results, world, case, label)
+    expected_reads = [
+        [_shard(case["n"], world, rank, epoch) for epoch in range(case["epochs"])]
+        for rank in range(world)
+    ]
+    per_epoch = len(expected_reads[0][0])
     for rank, r in enumerate(results):
         reads = [r["reads"][e * per_epoch : (e + 1) * per_epoch] for e in range(case["epochs"])]
-        if reads != r["expected_reads"]:
+        if reads != expected_reads[rank]:
             same = len(reads) > 1 and reads[0] == reads[1] and len(reads[0]) == per_epoch
             raise fail(MESSAGES("order" if same else "shard", rank=rank), label)
     for rank, r in enumerate(results):
@@ -223,53 +343,62 @@ def verify(results: list[dict[str, Any]], case: dict[str, Any]) -> None:
             raise fail(MESSAGES("saves", rank=rank, count=r["saves"]), label)
     if not results[0]["saves"]:
         raise fail(MESSAGES("no_save"), label)
-    folder = Path(case["path"]).parent
-    files = sorted(p.name for p in folder.iterdir())
-    if files != [Path(case["path"]).name]:
+    files = results[0]["files"]
+    if files != ["model.pt"]:
         raise fail(MESSAGES("files", files=files), label)
-    try:
-        state = torch.load(case["path"], weights_only=True)
-        assert isinstance(state, dict), type(state).__name__
-    except Exception as exc:  # noqa: BLE001  # a pickled module, or not a dict
-        raise fail(MESSAGES("not_state_dict", error=f"{type(exc).__name__}"), label) from None
-    _, _, plain = make_case(case)
+    ckpt = results[0]["checkpoint"]
+    state = ckpt.get("state")
+    if state is None:
+        raise fail(MESSAGES("not_state_dict", error=str(ckpt["error"])[:60]), label)
+    for value in state.values():
+        if not isinstance(value, torch.Tensor):
+            raise fail(MESSAGES("not_state_dict", error=str(value)[:60]), label)
+    plain = _plain(case)
     try:
         plain.load_state_dict(state)
     except RuntimeError:
         raise fail(MESSAGES("wrapper", key=next(iter(state), "")), label) from None
     for rank, r in enumerate(results[1:], start=1):
         diff = _max_diff(results[0]["params"], r["params"])
-        if diff > 0:
+        if not diff == 0:
             raise fail(MESSAGES("ranks_differ", rank=rank, diff=diff), label)
-    diff = _max_diff(results[0]["params"], results[0]["ref_params"])
-    diff = max(diff, _max_diff(list(plain.parameters()), results[0]["ref_params"]))
-    if diff > 1e-5:
+    ref_params = reference["params"]
+    diff = _max_diff(results[0]["params"], ref_params)
+    diff = max(diff, _max_diff(list(plain.parameters()), ref_params))
+    if not diff <= 1e-5:
         raise fail(MESSAGES("params", diff=diff), label)
     for rank, r in enumerate(results[1:], start=1):
         if r["losses"] != results[0]["losses"]:
             raise fail(
                 MESSAGES("loss_ranks", a=results[0]["losses"], b=r["losses"], rank=rank), label
             )
-    got, (expected, by_sample) = results[0]["losses"], results[0]["ref_losses"]
+    got, expected, by_sample = results[0]["losses"], reference["by_batch"], reference["by_sample"]
     if not (_close(got, expected) or _close(got, by_sample)):
         short = [round(v, 4) for v in got] if got else got
         raise fail(
             MESSAGES("loss_value", got=short, expected=[round(v, 4) for v in expected]), label
         )
-    x, y, _ = make_case(case)
+    with torch.random.fork_rng(devices=[]):
+        x, y, ref_model = make_case(case)
     with torch.no_grad():
         acc = (plain(x).argmax(1) == y).float().mean().item()
-        _, _, ref_model = make_case(case)
-        for p, q in zip(ref_model.parameters(), results[0]["ref_params"], strict=True):
+        for p, q in zip(ref_model.parameters(), ref_params, strict=True):
             p.copy_(q)
         ref_acc = (ref_model(x).argmax(1) == y).float().mean().item()
     if acc < ref_acc - 1e-6:
         raise fail(MESSAGES("accuracy", got=acc, expected=ref_acc), label)
 
 
+def _shard(n: int, world: int, rank: int, epoch: int) -> list[int]:
+    """The indices ``rank`` must read in ``epoch``: DistributedSampler with set_epoch."""
+    sampler = DistributedSampler(range(n), num_replicas=world, rank=rank)
+    sampler.set_epoch(epoch)
+    return list(sampler)
+
+
 @checker("08.fit", points=5)
-def check_fit(rng: random.Random, fit: Callable) -> Iterator[object]:
-    from ddp_lab import spawn
+def check_fit(rng: random.Random, learner: Any) -> Iterator[object]:
+    from ddp_lab.runtime.launcher import spawn
 
     world_sizes = [2, rng.choice([2, 3])]
     yield len(world_sizes)
@@ -284,18 +413,12 @@ def check_fit(rng: random.Random, fit: Callable) -> Iterator[object]:
             "batch_size": rng.choice([6, 8]),
             "lr": 0.05,
         }
-        folder = tempfile.mkdtemp(prefix="ddp_lab_ch08_")
-        case["path"] = str(Path(folder) / "model.pt")
-        try:
-            results = spawn(
-                _run_case,
-                args=(fit, case),
-                nprocs=world_size,
-                backend="gloo",
-                quiet=True,
-                timeout=120,
-            )
-            verify(results, case)
-        finally:
-            shutil.rmtree(folder, ignore_errors=True)
+        folder = f"ddp_lab_ch08_{uuid.uuid4().hex}"  # the learner's /tmp, not this process's
+        results = learner.spawn(probe_fit, case, folder, nprocs=world_size, timeout=120)
+        label = f"world_size={world_size}, epochs={case['epochs']}"
+        results = _validate(results, world_size, case, label)  # before the oracle's ranks
+        reference = spawn(
+            _oracle, args=(case,), nprocs=world_size, backend="gloo", quiet=True, timeout=120
+        )[0]
+        verify(results, case, reference, world_size)
         yield f"world_size={world_size}"

@@ -1,28 +1,33 @@
 """Checkers of chapter 10: a ZeRO-1 optimizer, a bf16 comm hook, FSDP's gradient reduction.
 
+Each learner's object runs in the learner's ranks through a probe that returns data; the
+oracles run here (in this process, or on ranks of the grader's own) and the comparisons too.
+
 10.sharded_optimizer: the learner's ``MyShardedOptimizer(params, optimizer_class,
 **defaults)`` trains hidden models (tied weights, a frozen layer, odd shapes) on 2 or 3
-ranks, each rank on its part of the batch, with gradients averaged as DDP does. The
-checker passes its own ``optimizer_class`` (AdamW with weight decay that records which
-parameters each instance was given), so it sees each rank's shard: every trainable
-parameter must belong to exactly one rank (a ZeRO that steps all parameters on every rank
-fails), no rank may own much more than its share, and after the steps every rank's
-parameters must equal those of plain AdamW on the full batch (one that forgets to share
-the updated parameters fails).
+ranks, each rank on its part of the batch, with gradients averaged as DDP does
+(``probe_sharded``). The probe passes its own ``optimizer_class`` (AdamW with weight decay
+that records which parameters each instance was given) and returns each rank's shard and
+parameters: every trainable parameter must belong to exactly one rank (a ZeRO that steps
+all parameters on every rank fails), no rank may own much more than its share, and after
+the steps every rank's parameters must equal those of plain AdamW on the full batch,
+computed here (one that forgets to share the updated parameters fails).
 
-10.bf16_hook: the learner's hook is registered on torch's DDP for hidden models; the
-gradients after backward must equal those under torch's ``bf16_compress_hook`` bit for
-bit, and the collectives must carry bfloat16, 2 bytes per gradient element.
+10.bf16_hook: the learner's hook is registered on torch's DDP for hidden models
+(``probe_bf16_hook``, which returns the gradients after backward and what the collectives
+carried); the gradients must equal those under torch's ``bf16_compress_hook`` (on the
+grader's ranks) bit for bit, and the collectives must carry bfloat16, 2 bytes per gradient
+element.
 
 10.fsdp_reduce: the learner's ``reduce_grad(flat_grad)`` replaces the reduce-scatter of
-``ddp_lab.fsdp.FullyShardedDP``; training must equal single-process training on the full
-batch, and the collectives are watched: an all-reduce (every rank receiving the whole
-gradient) fails.
+``ddp_lab.fsdp.FullyShardedDP`` (``probe_fsdp``, which returns the trained state and, per
+call, the gradient's size, the result's shape and whether ``dist.all_reduce`` was called);
+training must equal single-process training on the full batch, computed here, and an
+all-reduce (every rank receiving the whole gradient) fails.
 """
 
 from __future__ import annotations
 
-import copy
 import random
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -37,6 +42,10 @@ from ddp_lab.course.i18n import Messages
 MESSAGES = Messages(
     __name__,
     {
+        "malformed": {
+            "en": "rank {rank} sent back a result of the wrong form ({field}: {kind})",
+            "zh": "rank {rank} 返回的结果格式不对（{field}：{kind}）",
+        },
         "owner_all": {
             "en": "rank {rank} built its optimizer over {mine} of the {total} trainable parameters: "
             "under ZeRO-1 each rank keeps optimizer state for its own shard only",
@@ -102,6 +111,41 @@ MESSAGES = Messages(
 )
 
 
+def _kind(value: Any) -> str:
+    """A short, language-neutral description of what came back."""
+    if isinstance(value, torch.Tensor):
+        return f"Tensor{tuple(value.shape)} {str(value.dtype).removeprefix('torch.')}"
+    return type(value).__name__
+
+
+def _bad(rank: object, field: str, value: Any, label: str) -> Exception:
+    return fail(MESSAGES("malformed", rank=rank, field=field, kind=_kind(value)), label)
+
+
+def _ranks(got: Any, world: int, fields: tuple[str, ...], label: str) -> list[dict]:
+    """The probe's per-rank results: a list of ``world`` dicts with ``fields``."""
+    if not isinstance(got, list) or len(got) != world:
+        raise _bad("-", "ranks", got, label)
+    for rank, r in enumerate(got):
+        if not isinstance(r, dict) or not all(k in r for k in fields):
+            raise _bad(rank, "result", r, label)
+    return got
+
+
+def _like(value: Any, want: torch.Tensor) -> bool:
+    return (
+        isinstance(value, torch.Tensor)
+        and value.shape == want.shape
+        and (value.dtype == want.dtype)
+    )
+
+
+def _spawn(fn: Callable, args: tuple, world_size: int) -> list[Any]:
+    from ddp_lab.runtime.launcher import spawn
+
+    return spawn(fn, args=args, nprocs=world_size, backend="gloo", quiet=True, timeout=120)
+
+
 # ----- 10.sharded_optimizer ---------------------------------------------------------------
 
 
@@ -135,48 +179,81 @@ def _recording_adamw(log: list[list[int]], index: dict[int, int]) -> type:
     return RecordingAdamW
 
 
-def _sharded_case(rank: int, my_cls: Callable, spec: dict) -> list[str]:
-    world = dist.get_world_size()
+def _tied_model(spec: dict) -> nn.Module:
     torch.manual_seed(spec["seed"])
-    model = TiedModel(spec["vocab"], spec["dim"], spec["hidden"]).double()
-    oracle = copy.deepcopy(model)
+    return TiedModel(spec["vocab"], spec["dim"], spec["hidden"]).double()
+
+
+def _batches(spec: dict, world: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    gen = torch.Generator().manual_seed(spec["data_seed"])
+    for _ in range(spec["steps"]):
+        idx = torch.randint(0, spec["vocab"], (world * spec["per_rank"], 4), generator=gen)
+        tgt = torch.randint(0, spec["vocab"], (world * spec["per_rank"], 4), generator=gen)
+        yield idx, tgt
+
+
+def probe_sharded(rank: int, objects: tuple, spec: dict) -> dict[str, Any]:
+    """In the learner's ranks: their sharded optimizer trains this rank's part of the batch.
+
+    Returns the indices of the parameters this rank's inner optimizers were given, and the
+    parameters after the steps.
+    """
+    (my_cls,) = objects
+    world = dist.get_world_size()
+    model = _tied_model(spec)
     params = list(model.parameters())
     index = {id(p): i for i, p in enumerate(params)}
     log: list[list[int]] = []
     kw = {"lr": spec["lr"], "weight_decay": spec["wd"]}
     opt = my_cls(model.parameters(), _recording_adamw(log, index), **kw)
-    opt_oracle = torch.optim.AdamW(oracle.parameters(), **kw)
-    gen = torch.Generator().manual_seed(spec["data_seed"])
     b = spec["per_rank"]
-    for _ in range(spec["steps"]):
-        idx = torch.randint(0, spec["vocab"], (world * b, 4), generator=gen)
-        tgt = torch.randint(0, spec["vocab"], (world * b, 4), generator=gen)
+    mine = slice(rank * b, (rank + 1) * b)
+    for idx, tgt in _batches(spec, world):
         opt.zero_grad()
-        mine = slice(rank * b, (rank + 1) * b)
         nn.functional.cross_entropy(model(idx[mine]).flatten(0, 1), tgt[mine].flatten()).backward()
         for p in model.parameters():
             if p.grad is not None:
                 dist.all_reduce(p.grad)
                 p.grad /= world
         opt.step()
-        opt_oracle.zero_grad()
-        nn.functional.cross_entropy(oracle(idx).flatten(0, 1), tgt.flatten()).backward()
-        opt_oracle.step()
     owned = sorted({i for group in log for i in group})
-    diff = max((p - q).abs().max().item() for p, q in zip(params, oracle.parameters(), strict=True))
-    return [owned, diff]
+    return {"owned": owned, "params": [p.detach().clone() for p in params]}
 
 
-def _sharded_verdict(results: list[list], spec: dict, world: int) -> str:
-    torch.manual_seed(spec["seed"])
-    params = list(TiedModel(spec["vocab"], spec["dim"], spec["hidden"]).parameters())
+def _adamw_full_batch(spec: dict, world: int) -> list[torch.Tensor]:
+    """The oracle: plain AdamW, one process, on the whole batch of every step."""
+    with torch.random.fork_rng(devices=[]):
+        model = _tied_model(spec)
+    opt = torch.optim.AdamW(model.parameters(), lr=spec["lr"], weight_decay=spec["wd"])
+    for idx, tgt in _batches(spec, world):
+        opt.zero_grad()
+        nn.functional.cross_entropy(model(idx).flatten(0, 1), tgt.flatten()).backward()
+        opt.step()
+    return [p.detach().clone() for p in model.parameters()]
+
+
+def _sharded_verdict(results: Any, spec: dict, world: int, label: str) -> str:
+    want = _adamw_full_batch(spec, world)
+    results = _ranks(results, world, ("owned", "params"), label)
+    for rank, r in enumerate(results):
+        owned, got = r["owned"], r["params"]
+        if not isinstance(owned, list) or not all(type(i) is int for i in owned):
+            raise _bad(rank, "owned", owned, label)
+        if not isinstance(got, list) or len(got) != len(want):
+            raise _bad(rank, "params", got, label)
+        for p, q in zip(got, want, strict=True):
+            if not _like(p, q):
+                raise _bad(rank, "params", p, label)
+    with torch.random.fork_rng(devices=[]):
+        params = list(_tied_model(spec).parameters())
     trainable = [i for i, p in enumerate(params) if p.requires_grad]
     owners: dict[int, list[int]] = {i: [] for i in trainable}
-    for rank, (owned, _) in enumerate(results):
+    for rank, r in enumerate(results):
+        owned = r["owned"]
         for i in owned:
             if i in owners:
                 owners[i].append(rank)
-        mine = [i for i in owned if i in owners]
+        mine = [i for i in set(owned) if i in owners]
         if len(trainable) > 1 and len(mine) == len(trainable):
             return MESSAGES("owner_all", rank=rank, mine=len(mine), total=len(trainable))
     for i, ranks in owners.items():
@@ -191,20 +268,15 @@ def _sharded_verdict(results: list[list], spec: dict, world: int) -> str:
         load = sum(n for i, n in sizes.items() if owners[i] == [rank])
         if load > ideal + largest:
             return MESSAGES("unbalanced", rank=rank, load=load, ideal=ideal, largest=largest)
-    for rank, (_, diff) in enumerate(results):
-        if diff > 1e-10:
+    for rank, r in enumerate(results):
+        diff = max((p - q).abs().max().item() for p, q in zip(r["params"], want, strict=True))
+        if not diff <= 1e-10:  # nan fails too
             return MESSAGES("params_differ", rank=rank, diff=diff)
     return ""
 
 
-def _run(fn: Callable, args: tuple, world_size: int) -> list[Any]:
-    from ddp_lab import spawn
-
-    return spawn(fn, args=args, nprocs=world_size, backend="gloo", quiet=True, timeout=120)
-
-
 @checker("10.sharded_optimizer", points=4)
-def check_sharded_optimizer(rng: random.Random, my_cls: Callable) -> Iterator[object]:
+def check_sharded_optimizer(rng: random.Random, learner: Any) -> Iterator[object]:
     worlds = [2, 3, rng.choice([2, 3])]
     yield len(worlds)
     for world in worlds:
@@ -220,7 +292,8 @@ def check_sharded_optimizer(rng: random.Random, my_cls: Callable) -> Iterator[ob
             "wd": rng.choice([0.01, 0.1]),
         }
         label = f"world_size={world}, tied + frozen parameters"
-        why = _sharded_verdict(_run(_sharded_case, (my_cls, spec), world), spec, world)
+        got = learner.spawn(probe_sharded, spec, nprocs=world, timeout=120)
+        why = _sharded_verdict(got, spec, world, label)
         if why:
             raise fail(why, label)
         yield label
@@ -229,41 +302,52 @@ def check_sharded_optimizer(rng: random.Random, my_cls: Callable) -> Iterator[ob
 # ----- 10.bf16_hook -----------------------------------------------------------------------
 
 
-def _hook_case(rank: int, hook: Callable, spec: dict) -> list[Any]:
+def _hook_model(spec: dict) -> nn.Module:
+    torch.manual_seed(spec["seed"])
+    return nn.Sequential(nn.Linear(spec["d"], spec["h"]), nn.Tanh(), nn.Linear(spec["h"], 3))
+
+
+def _hook_run(rank: int, hook: Callable, spec: dict) -> tuple[torch.Tensor, list]:
+    """Two backward passes of a DDP model with ``hook``: the gradients, the collectives."""
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from ddp_lab.comm_hooks import builtin_bf16_hook, count_collectives
+    from ddp_lab.comm_hooks import count_collectives
+
+    model = DDP(_hook_model(spec), bucket_cap_mb=spec["cap"])
+    model.register_comm_hook(None, hook)
+    gen = torch.Generator().manual_seed(spec["data_seed"] + rank)
+    with count_collectives() as log:
+        for _ in range(2):
+            model.zero_grad()
+            model(torch.randn(5, spec["d"], generator=gen)).pow(2).mean().backward()
+    return torch.cat([p.grad.reshape(-1) for p in model.parameters()]), log.calls
+
+
+def probe_bf16_hook(rank: int, objects: tuple, spec: dict) -> dict[str, Any]:
+    """In the learner's ranks: their hook on torch's DDP; the gradients and what was sent."""
+    (hook,) = objects
 
     # An unannotated wrapper: DDP checks a hook's name and annotations, not what it does.
     def learner(state, bucket):  # type: ignore[no-untyped-def]
         return hook(state, bucket)
 
-    out = []
-    for h in (learner, builtin_bf16_hook):
-        torch.manual_seed(spec["seed"])
-        layers = [nn.Linear(spec["d"], spec["h"]), nn.Tanh(), nn.Linear(spec["h"], 3)]
-        model = DDP(nn.Sequential(*layers), bucket_cap_mb=spec["cap"])
-        model.register_comm_hook(None, h)
-        gen = torch.Generator().manual_seed(spec["data_seed"] + rank)
-        with count_collectives() as log:
-            for _ in range(2):
-                model.zero_grad()
-                model(torch.randn(5, spec["d"], generator=gen)).pow(2).mean().backward()
-        grads = torch.cat([p.grad.reshape(-1) for p in model.parameters()])
-        out.append((grads, log.calls))
-    (ours, calls), (theirs, _) = out
-    n = 2 * sum(p.numel() for p in model.parameters())  # two backward passes
-    return [
-        (ours.float() - theirs).abs().max().item(),
-        sorted({str(d) for _, d, _ in calls}),
-        sum(b for _, _, b in calls),
-        n,
-        ours.dtype == torch.float32,
-    ]
+    grads, calls = _hook_run(rank, learner, spec)
+    return {
+        "grads": grads,
+        "dtypes": sorted({str(d) for _, d, _ in calls}),
+        "bytes": sum(int(b) for _, _, b in calls),
+    }
+
+
+def _oracle_hook(rank: int, spec: dict) -> torch.Tensor:
+    """In the grader's ranks: the same run under torch's bf16_compress_hook."""
+    from ddp_lab.comm_hooks import builtin_bf16_hook
+
+    return _hook_run(rank, builtin_bf16_hook, spec)[0]
 
 
 @checker("10.bf16_hook", points=3)
-def check_bf16_hook(rng: random.Random, hook: Callable) -> Iterator[object]:
+def check_bf16_hook(rng: random.Random, learner: Any) -> Iterator[object]:
     cases = [2, 2, 3]
     yield len(cases)
     for world in cases:
@@ -275,66 +359,149 @@ def check_bf16_hook(rng: random.Random, hook: Callable) -> Iterator[object]:
             "cap": rng.choice([1e-4, 25.0]),  # several small buckets, or one
         }
         label = f"world_size={world}, bucket_cap_mb={spec['cap']}"
-        for diff, dtypes, got, n, _ in _run(_hook_case, (hook, spec), world):
-            if diff != 0.0:
+        got = _ranks(
+            learner.spawn(probe_bf16_hook, spec, nprocs=world, timeout=120),
+            world,
+            ("grads", "dtypes", "bytes"),
+            label,
+        )
+        expected = _spawn(_oracle_hook, (spec,), world)
+        with torch.random.fork_rng(devices=[]):
+            n = 2 * sum(p.numel() for p in _hook_model(spec).parameters())  # two backwards
+        for rank, (r, want) in enumerate(zip(got, expected, strict=True)):
+            grads, dtypes, sent = r["grads"], r["dtypes"], r["bytes"]
+            if not _like(grads, want):
+                raise _bad(rank, "grads", grads, label)
+            if not isinstance(dtypes, list) or not all(
+                isinstance(d, str) and len(d) < 40 for d in dtypes
+            ):
+                raise _bad(rank, "dtypes", dtypes, label)
+            if type(sent) is not int:
+                raise _bad(rank, "bytes", sent, label)
+            if not torch.equal(grads, want):
+                diff = (grads - want).abs().max().item()
                 raise fail(MESSAGES("hook_grads", diff=diff), label)
-            if dtypes != ["torch.bfloat16"] or got != 2 * n:
-                raise fail(MESSAGES("hook_bytes", dtypes=dtypes, got=got, n=n, want=2 * n), label)
+            if dtypes != ["torch.bfloat16"] or sent != 2 * n:
+                raise fail(MESSAGES("hook_bytes", dtypes=dtypes, got=sent, n=n, want=2 * n), label)
         yield label
 
 
 # ----- 10.fsdp_reduce ---------------------------------------------------------------------
 
 
-def _fsdp_case(rank: int, reduce_grad: Callable, spec: dict) -> str:
-    from ddp_lab.comm_hooks import count_collectives
-    from ddp_lab.fsdp import FullyShardedDP
-
-    world = dist.get_world_size()
+def _fsdp_net(spec: dict) -> nn.Module:
     torch.manual_seed(spec["seed"])
     widths = spec["widths"]
     layers: list[nn.Module] = []
     for a, b in zip(widths[:-1], widths[1:], strict=True):
         layers += [nn.Linear(a, b), nn.Tanh()]
-    net = nn.Sequential(*layers[:-1]).double()
-    oracle = copy.deepcopy(net)
-    shapes: list[tuple[int, tuple]] = []
+    return nn.Sequential(*layers[:-1]).double()
 
-    def checked(flat: torch.Tensor) -> torch.Tensor:
-        with count_collectives(("all_reduce",)) as log:
-            out = reduce_grad(flat)
-        if log.calls:
-            raise AssertionError(MESSAGES("fsdp_all_reduce"))
-        shapes.append((flat.numel(), tuple(out.shape)))
-        return out
 
-    model = FullyShardedDP(net, reduce_grad=checked)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    opt_oracle = torch.optim.SGD(oracle.parameters(), lr=0.1)
+def _fsdp_batches(spec: dict, world: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     gen = torch.Generator().manual_seed(spec["data_seed"])
+    widths = spec["widths"]
     for _ in range(3):
         x = torch.randn(world * 3, widths[0], generator=gen, dtype=torch.float64)
         y = torch.randn(world * 3, widths[-1], generator=gen, dtype=torch.float64)
-        mine = slice(rank * 3, rank * 3 + 3)
-        opt.zero_grad()
-        try:
+        yield x, y
+
+
+def probe_fsdp(rank: int, objects: tuple, spec: dict) -> dict[str, Any]:
+    """In the learner's ranks: FullyShardedDP trains with their ``reduce_grad``.
+
+    Returns, per call of ``reduce_grad``, the gradient's size, the result's shape (None if
+    not a tensor) and whether it called ``dist.all_reduce``; the full state after three
+    steps, or the error that stopped training (a wrong result makes FullyShardedDP raise).
+    """
+    from ddp_lab.comm_hooks import count_collectives
+    from ddp_lab.fsdp import FullyShardedDP
+
+    (reduce_grad,) = objects
+    world = dist.get_world_size()
+    calls: list[list] = []
+
+    def recorded(flat: torch.Tensor) -> torch.Tensor:
+        with count_collectives(("all_reduce",)) as log:
+            out = reduce_grad(flat)
+        shape = list(out.shape) if isinstance(out, torch.Tensor) else None
+        calls.append([flat.numel(), shape, bool(log.calls)])
+        return out
+
+    model = FullyShardedDP(_fsdp_net(spec), reduce_grad=recorded)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    mine = slice(rank * 3, rank * 3 + 3)
+    try:
+        for x, y in _fsdp_batches(spec, world):
+            opt.zero_grad()
             nn.functional.mse_loss(model(x[mine]), y[mine]).backward()
-        except AssertionError as err:
-            return str(err)
-        for n, shape in shapes:
-            if shape != (n // world,):
-                return MESSAGES("fsdp_shape", got=shape, n=n, world=world, want=n // world)
+            opt.step()
+    except NotImplementedError:
+        raise
+    except Exception as exc:  # noqa: BLE001  # reported with what reduce_grad returned
+        error = f"{type(exc).__name__}: {str(exc).strip()[:200]}"
+        return {"calls": calls, "error": error, "state": None}
+    state = {k: v.clone() for k, v in model.full_state_dict().items()}
+    return {"calls": calls, "error": None, "state": state}
+
+
+def _sgd_full_batch(spec: dict, world: int) -> dict[str, torch.Tensor]:
+    """The oracle: plain SGD, one process, on the whole batch of every step."""
+    with torch.random.fork_rng(devices=[]):
+        net = _fsdp_net(spec)
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    for x, y in _fsdp_batches(spec, world):
+        opt.zero_grad()
+        nn.functional.mse_loss(net(x), y).backward()
         opt.step()
-        opt_oracle.zero_grad()
-        nn.functional.mse_loss(oracle(x), y).backward()
-        opt_oracle.step()
-    full = model.full_state_dict()
-    diff = max((full[k] - v).abs().max().item() for k, v in oracle.state_dict().items())
-    return MESSAGES("fsdp_params", rank=rank, diff=diff) if diff > 1e-10 else ""
+    return {k: v.detach().clone() for k, v in net.state_dict().items()}
+
+
+def _fsdp_verdict(got: Any, spec: dict, world: int, label: str) -> None:
+    from ddp_lab.course.learner import LearnerError
+
+    results = _ranks(got, world, ("calls", "error", "state"), label)
+    for rank, r in enumerate(results):
+        calls = r["calls"]
+        if not isinstance(calls, list) or not all(
+            isinstance(c, list)
+            and len(c) == 3
+            and type(c[0]) is int
+            and (c[1] is None or isinstance(c[1], list) and all(type(s) is int for s in c[1]))
+            and type(c[2]) is bool
+            for c in calls
+        ):
+            raise _bad(rank, "calls", calls, label)
+        if any(called for _, _, called in calls):
+            raise fail(MESSAGES("fsdp_all_reduce"), label)
+        for n, shape, _ in calls:
+            if shape != [n // world]:
+                got_shape = tuple(shape) if shape is not None else None
+                raise fail(
+                    MESSAGES("fsdp_shape", got=got_shape, n=n, world=world, want=n // world),
+                    label,
+                )
+    for rank, r in enumerate(results):
+        if r["error"] is not None:
+            if not isinstance(r["error"], str):
+                raise _bad(rank, "error", r["error"], label)
+            type_name, _, message = r["error"].partition(": ")
+            raise LearnerError(type_name[:100], message[:300])
+    want = _sgd_full_batch(spec, world)
+    for rank, r in enumerate(results):
+        state = r["state"]
+        if not isinstance(state, dict) or sorted(state) != sorted(want):
+            raise _bad(rank, "state", state, label)
+        for k, v in want.items():
+            if not _like(state[k], v):
+                raise _bad(rank, f"state[{k!r}]", state[k], label)
+        diff = max((state[k] - v).abs().max().item() for k, v in want.items())
+        if not diff <= 1e-10:
+            raise fail(MESSAGES("fsdp_params", rank=rank, diff=diff), label)
 
 
 @checker("10.fsdp_reduce", points=2)
-def check_fsdp_reduce(rng: random.Random, reduce_grad: Callable) -> Iterator[object]:
+def check_fsdp_reduce(rng: random.Random, learner: Any) -> Iterator[object]:
     worlds = [2, 3]
     yield len(worlds)
     for world in worlds:
@@ -344,7 +511,6 @@ def check_fsdp_reduce(rng: random.Random, reduce_grad: Callable) -> Iterator[obj
             "widths": [rng.randint(2, 9) for _ in range(rng.randint(3, 4))],
         }
         label = f"world_size={world}, uneven shards"
-        problems = [p for p in _run(_fsdp_case, (reduce_grad, spec), world) if p]
-        if problems:
-            raise fail(problems[0], label)
+        got = learner.spawn(probe_fsdp, spec, nprocs=world, timeout=120)
+        _fsdp_verdict(got, spec, world, label)
         yield label

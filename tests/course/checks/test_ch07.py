@@ -2,27 +2,23 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 import torch.distributed as dist
 from torch import nn
 
 from ddp_lab.bucketed_ddp import assign_buckets
-from ddp_lab.course.grading import CaseFailed, load_checkers, rng_for
+from ddp_lab.course.grading import load_checkers, run_checker
+from ddp_lab.course.learner import LearnerError, LocalLearner
 from ddp_lab.ddp import NaiveDDP
 
 
-def run_checker(grade_id: str, obj: object) -> str:
-    """'' when every hidden case passes, else why the first failing case failed."""
-    chk = load_checkers()[grade_id]
-    cases = chk.fn(rng_for(grade_id), obj)
-    next(cases)
-    try:
-        for _ in cases:
-            pass
-    except CaseFailed as exc:
-        return " | ".join(map(str, exc.args)) or "failed"
-    return ""
+def verdict(grade_id: str, obj: object) -> str:
+    """'' when every hidden case passes, else the failing verdict line (in English)."""
+    passed, line = run_checker(load_checkers()[grade_id], LocalLearner((obj,)), "en")
+    return "" if passed else line
 
 
 # ----- 07.naive_ddp -------------------------------------------------------------------
@@ -89,15 +85,16 @@ class TrainableOnlyDDP(MyDDP):
 
 
 def test_naive_checker_passes_correct_solutions() -> None:
-    assert run_checker("07.naive_ddp", MyDDP) == ""
-    assert run_checker("07.naive_ddp", NaiveDDP) == ""
+    assert verdict("07.naive_ddp", MyDDP) == ""
+    assert verdict("07.naive_ddp", NaiveDDP) == ""
 
 
 @pytest.mark.parametrize(
     "wrong", [SumsDDP, NoBroadcastDDP, ForgetsBuffersDDP, BuffersOnceDDP, TrainableOnlyDDP]
 )
 def test_naive_checker_rejects_wrong_solutions(wrong: type) -> None:
-    assert run_checker("07.naive_ddp", wrong) != ""
+    line = verdict("07.naive_ddp", wrong)
+    assert line.startswith("FAIL 07.naive_ddp") and "max difference" in line, line
 
 
 # ----- 07.bucketed ----------------------------------------------------------------------
@@ -178,14 +175,21 @@ class OneBucketAtTheEnd:
 
 
 def test_bucketed_checker_passes_a_correct_solution() -> None:
-    assert run_checker("07.bucketed", GradBuckets) == ""
+    assert verdict("07.bucketed", GradBuckets) == ""
 
 
 @pytest.mark.parametrize(
-    "wrong", [SumsBuckets, BlockingBuckets, NoCopyBackBuckets, OneBucketAtTheEnd]
+    ("wrong", "words"),
+    [
+        (SumsBuckets, "max difference"),
+        (BlockingBuckets, "async_op=True"),
+        (NoCopyBackBuckets, "max difference"),
+        (OneBucketAtTheEnd, "at least 2 all_reduce"),
+    ],
 )
-def test_bucketed_checker_rejects_wrong_solutions(wrong: type) -> None:
-    assert run_checker("07.bucketed", wrong) != ""
+def test_bucketed_checker_rejects_wrong_solutions(wrong: type, words: str) -> None:
+    line = verdict("07.bucketed", wrong)
+    assert line.startswith("FAIL 07.bucketed") and words in line, line
 
 
 def test_unsolved_exercise_reports_not_implemented(capsys: pytest.CaptureFixture) -> None:
@@ -199,3 +203,35 @@ def test_unsolved_exercise_reports_not_implemented(capsys: pytest.CaptureFixture
         with pytest.raises(AssertionError):
             grade(grade_id, Stub)
         assert "NotImplementedError" in capsys.readouterr().out
+
+
+class Answers:
+    """A learner handle whose ranks send back ``make(nprocs)``: what a tampered runner could."""
+
+    def __init__(self, make: Any) -> None:
+        self.make = make
+
+    def spawn(self, probe: object, *data: object, nprocs: int, timeout: float = 60) -> Any:
+        result = self.make(nprocs)
+        if isinstance(result, Exception):
+            raise result
+        return result
+
+
+@pytest.mark.parametrize("grade_id", ["07.naive_ddp", "07.bucketed"])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda n: "all good",
+        lambda n: ["PASS"] * n,
+        lambda n: [torch.zeros(3)] * n,
+        lambda n: [{"async_calls": [True, True], "states": "x"}] * n,
+        lambda n: [{"async_calls": ["yes", 1]}] * n,
+        lambda n: [torch.zeros(3)] * (n + 1),
+        lambda n: LearnerError("WireError", "a MyTensor cannot be sent"),
+    ],
+)
+def test_results_that_are_not_the_probes_data_fail_cleanly(grade_id: str, make: Any) -> None:
+    passed, line = run_checker(load_checkers()[grade_id], Answers(make), "en")
+    assert not passed and line.startswith(f"FAIL {grade_id}") and "hidden case 1 of 3" in line
+    assert "wrong form" in line or "WireError" in line, line

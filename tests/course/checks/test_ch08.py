@@ -17,6 +17,7 @@ from torch.utils.data import DataLoader, DistributedSampler
 import ddp_lab as dl
 from ddp_lab.course import grading
 from ddp_lab.course.checks import ch08
+from ddp_lab.course.learner import LearnerError
 
 
 def make_fit(bug: str = ""):
@@ -142,6 +143,55 @@ def test_typical_mistakes_fail_with_the_reason(bug, words, capsys):
     out = _grade(make_fit(bug), capsys)
     assert out.startswith("FAIL"), out
     assert words in out, out
+
+
+def test_losses_that_are_not_numbers_fail_cleanly(capsys):
+    correct = make_fit()
+
+    def fit(*args):
+        return [object() for _ in correct(*args)]
+
+    out = _grade(fit, capsys)
+    assert out.startswith("FAIL") and "list[object]" in out and "one loss" in out, out
+
+
+class Answers:
+    """A learner handle whose ranks send back ``make(nprocs)``: what a tampered runner could."""
+
+    def __init__(self, make):
+        self.make = make
+
+    def spawn(self, probe, *data, nprocs, timeout=60):
+        result = self.make(nprocs)
+        if isinstance(result, Exception):
+            raise result
+        return result
+
+
+def _results(n, **change):
+    """Well-formed probe results (of a run that did nothing), with some fields changed."""
+    base = {"reads": [], "saves": 0, "losses": [1.0] * 3, "params": []}
+    return [{**base, "files": [], "checkpoint": {"error": "X"}, **change} for _ in range(n)]
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda n: "PASS",
+        lambda n: ["PASS"] * n,
+        lambda n: _results(n + 1),
+        lambda n: _results(n),  # no parameters
+        lambda n: _results(n, reads="0,1,2"),
+        lambda n: _results(n, saves=True),
+        lambda n: _results(n, losses=["1.0"]),
+        lambda n: _results(n, checkpoint="model.pt"),
+        lambda n: LearnerError("WireError", "a MyTensor cannot be sent"),
+    ],
+)
+def test_results_that_are_not_the_probes_data_fail_cleanly(make):
+    passed, line = grading.run_checker(grading.load_checkers()["08.fit"], Answers(make), "en")
+    assert not passed and line.startswith("FAIL 08.fit") and "hidden case 1 of 2" in line
+    assert "wrong form" in line or "WireError" in line, line
 
 
 def test_unsolved_stub_fails(capsys):

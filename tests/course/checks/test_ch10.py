@@ -7,20 +7,15 @@ import torch
 import torch.distributed as dist
 
 from ddp_lab.comm_hooks import my_bf16_hook
-from ddp_lab.course.grading import CaseFailed, load_checkers, rng_for
+from ddp_lab.course.grading import load_checkers, run_checker
+from ddp_lab.course.learner import LearnerError, LocalLearner
 from ddp_lab.zero import ShardedOptimizer
 
 
-def run_checker(grade_id: str, obj: object) -> str:
-    """'' when every hidden case passes, else why the first failing case failed."""
-    cases = load_checkers()[grade_id].fn(rng_for(grade_id), obj)
-    next(cases)
-    try:
-        for _ in cases:
-            pass
-    except CaseFailed as exc:
-        return " | ".join(map(str, exc.args)) or "failed"
-    return ""
+def verdict(grade_id: str, obj: object) -> str:
+    """'' when every hidden case passes, else the failing verdict line (in English)."""
+    passed, line = run_checker(load_checkers()[grade_id], LocalLearner((obj,)), "en")
+    return "" if passed else line
 
 
 # ----- 10.sharded_optimizer -----------------------------------------------------------------
@@ -64,8 +59,8 @@ def _variant(mode):
 
 
 def test_sharded_checker_passes_correct_solutions():
-    assert run_checker("10.sharded_optimizer", MySharded) == ""
-    assert run_checker("10.sharded_optimizer", ShardedOptimizer) == ""
+    assert verdict("10.sharded_optimizer", MySharded) == ""
+    assert verdict("10.sharded_optimizer", ShardedOptimizer) == ""
 
 
 @pytest.mark.parametrize(
@@ -77,7 +72,7 @@ def test_sharded_checker_passes_correct_solutions():
     ],
 )
 def test_sharded_checker_rejects_wrong_solutions(mode, words):
-    why = run_checker("10.sharded_optimizer", _variant(mode))
+    why = verdict("10.sharded_optimizer", _variant(mode))
     assert words in why
 
 
@@ -96,12 +91,12 @@ def fp32_hook(process_group, bucket):
 
 
 def test_hook_checker_passes_the_reference():
-    assert run_checker("10.bf16_hook", my_bf16_hook) == ""
+    assert verdict("10.bf16_hook", my_bf16_hook) == ""
 
 
 @pytest.mark.parametrize(("wrong", "words"), [(sums_hook, "differ"), (fp32_hook, "bfloat16")])
 def test_hook_checker_rejects_wrong_hooks(wrong, words):
-    assert words in run_checker("10.bf16_hook", wrong)
+    assert words in verdict("10.bf16_hook", wrong)
 
 
 # ----- 10.fsdp_reduce ---------------------------------------------------------------------------
@@ -132,7 +127,7 @@ def whole_grad(flat):
 
 
 def test_fsdp_checker_passes_reduce_scatter():
-    assert run_checker("10.fsdp_reduce", reduce_scatter_grad) == ""
+    assert verdict("10.fsdp_reduce", reduce_scatter_grad) == ""
 
 
 @pytest.mark.parametrize(
@@ -140,7 +135,7 @@ def test_fsdp_checker_passes_reduce_scatter():
     [(all_reduce_grad, "all_reduce"), (summing_grad, "average"), (whole_grad, "all_reduce")],
 )
 def test_fsdp_checker_rejects_wrong_solutions(wrong, words):
-    assert words in run_checker("10.fsdp_reduce", wrong)
+    assert words in verdict("10.fsdp_reduce", wrong)
 
 
 def test_unsolved_exercises_report_not_implemented(capsys):
@@ -153,3 +148,36 @@ def test_unsolved_exercises_report_not_implemented(capsys):
         with pytest.raises(AssertionError):
             grade(grade_id, stub)
         assert "NotImplementedError" in capsys.readouterr().out
+
+
+class Answers:
+    """A learner handle whose ranks send back ``make(nprocs)``: what a tampered runner could."""
+
+    def __init__(self, make):
+        self.make = make
+
+    def spawn(self, probe, *data, nprocs, timeout=60):
+        result = self.make(nprocs)
+        if isinstance(result, Exception):
+            raise result
+        return result
+
+
+@pytest.mark.parametrize("grade_id", ["10.sharded_optimizer", "10.bf16_hook", "10.fsdp_reduce"])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda n: "PASS",
+        lambda n: ["PASS"] * n,
+        lambda n: [{}] * (n + 1),
+        lambda n: [{"owned": "all", "params": [], "grads": 0, "dtypes": "bf16", "bytes": "2"}] * n,
+        lambda n: [{"calls": [[1, "x", 0]], "error": None, "state": {}, "owned": [0, 1]}] * n,
+        lambda n: [{"owned": [0], "params": [torch.zeros(1)], "grads": torch.zeros(1)}] * n,
+        lambda n: [{"calls": [], "error": 3, "state": None, "dtypes": [], "bytes": 0}] * n,
+        lambda n: LearnerError("WireError", "a MyTensor cannot be sent"),
+    ],
+)
+def test_results_that_are_not_the_probes_data_fail_cleanly(grade_id, make):
+    passed, line = run_checker(load_checkers()[grade_id], Answers(make), "en")
+    assert not passed and line.startswith(f"FAIL {grade_id}") and "hidden case 1 of" in line
+    assert "wrong form" in line or "WireError" in line, line
