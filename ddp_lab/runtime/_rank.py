@@ -10,6 +10,7 @@ launcher's environment with RANK/WORLD_SIZE/... set, fresh random seeds, and a
 from __future__ import annotations
 
 import faulthandler
+import functools
 import io
 import linecache
 import os
@@ -31,6 +32,50 @@ def _open_capture(path: str, fd: int) -> io.TextIOWrapper:
     return io.TextIOWrapper(
         raw, encoding="utf-8", errors="backslashreplace", line_buffering=True, write_through=True
     )
+
+
+# Process groups that destroy_process_group() dropped, kept alive until the process ends.
+KEPT_GROUPS: list[Any] = []
+
+
+def keep_process_groups() -> None:
+    """Make ``destroy_process_group`` keep the group objects alive instead of freeing them.
+
+    Why: freeing the last reference to a gloo group runs ``~ProcessGroupGloo`` with the GIL
+    held, which joins its worker threads. A worker that has just finished an all-reduce
+    started inside ``backward()`` still holds that work, whose saved thread-local state
+    holds a Python object (``torch.autograd.graph`` stashes a contextvars context in it);
+    dropping the work needs the GIL: deadlock. Seen here in a plain loop without any fork
+    (init, DDP, backward, destroy, ``del ddp``: stuck within ~40 rounds), and it is what
+    made preloaded (faster) ranks hang at exit. Ranks end with ``os._exit``, which frees
+    the groups without running destructors; persistent ranks free them between requests
+    (``release_kept_groups``), long after the workers went idle.
+    """
+    import torch.distributed as dist
+
+    if not dist.is_available():
+        return
+    c10d = dist.distributed_c10d
+    original = c10d.destroy_process_group
+    if getattr(original, "_ddp_lab_keeps", False):
+        return
+
+    @functools.wraps(original)
+    def destroy_process_group(group: Any = None) -> None:
+        if group is None:
+            KEPT_GROUPS.extend(c10d._world.pg_map)
+        else:
+            KEPT_GROUPS.append(group)
+        original(group)
+
+    destroy_process_group._ddp_lab_keeps = True  # type: ignore[attr-defined]
+    c10d.destroy_process_group = destroy_process_group
+    dist.destroy_process_group = destroy_process_group
+
+
+def release_kept_groups() -> None:
+    """Free the groups kept by ``keep_process_groups`` (call when no collective just ended)."""
+    KEPT_GROUPS.clear()
 
 
 def _setup_process(rank: int, msg: dict, close_fds: tuple[int, ...]) -> None:
@@ -76,6 +121,7 @@ def _setup_process(rank: int, msg: dict, close_fds: tuple[int, ...]) -> None:
         sys.modules["numpy"].random.seed()
     import torch
 
+    keep_process_groups()
     if "OMP_NUM_THREADS" not in os.environ:
         # Like torchrun: do not let N ranks each use every core.
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // nprocs))

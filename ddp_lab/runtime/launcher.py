@@ -136,14 +136,15 @@ class FunctionJob:
 class _Zygote:
     """The parent's handle on the zygote process."""
 
-    def __init__(self) -> None:
+    def __init__(self, eager: bool = False) -> None:
+        """``eager``: preload DDP's modules before "ready" (see ``_zygote``), not after."""
         env = dict(os.environ)
         # The folder that holds the ddp_lab package (this file is ddp_lab/runtime/launcher.py).
         root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
         self.env_key = _env_key()
         self.proc = subprocess.Popen(
-            [sys.executable, "-c", "from ddp_lab.runtime._zygote import main; main()"],
+            [sys.executable, "-c", f"from ddp_lab.runtime._zygote import main; main({eager})"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             env=env,
