@@ -219,6 +219,28 @@ def prestart() -> None:
         _get_zygote()
 
 
+def wait_warm(timeout: float = 300.0) -> bool:
+    """Wait until the zygote has preloaded DDP's modules (its successor took over).
+
+    Launches work before that too (the ranks then import those modules themselves); this is
+    for benchmarks and tests that want the warm state. False if it did not happen in time.
+    """
+    deadline = time.monotonic() + timeout
+    with _lock:
+        zygote = _get_zygote()
+        zygote.wait_ready()
+        while True:
+            zygote.send({"op": "ping"})
+            pong = zygote.recv(max(0.0, deadline - time.monotonic()))
+            if pong is None:
+                return False
+            if pong.get("pid") != zygote.proc.pid:  # answered by the successor
+                return True
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.05)
+
+
 def shutdown() -> None:
     """Stop the zygote (the next launch starts a new one)."""
     global _zygote
