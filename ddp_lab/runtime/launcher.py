@@ -32,8 +32,18 @@ from typing import Any
 
 import cloudpickle
 
-from ddp_lab.course.i18n import t
+from ddp_lab.course.i18n import Messages, t
 from ddp_lab.runtime._zygote import read_msg, write_msg
+
+MESSAGES = Messages(
+    __name__,
+    {
+        "rank_cell_place": {
+            "en": "Cell, line {line}",
+            "zh": "单元格，第 {line} 行",
+        },
+    },
+)
 
 BACKENDS = ("gloo", "nccl", "mpi", "auto")
 DEFAULT_TIMEOUT = float(os.environ.get("DDP_LAB_TIMEOUT", "120"))
@@ -349,6 +359,19 @@ def _notebook_linecache() -> dict:
     }
 
 
+def cell_names() -> dict[str, str]:
+    """How ranks name each notebook cell's file: {"/tmp/ipykernel_1/ab.py": "Cell, line {line}"}.
+
+    A cell's file name changes with every kernel, and IPython's "Cell In[N]" with every
+    run of the cell (and is In[1] for every cell under nbval, which runs cells without
+    history); so the ranks say "Cell, line L" in warnings and tracebacks (the source line
+    and function name come with it), and a notebook's rank output is the same after a
+    restart and under nbval. ``{line}`` is left for the rank to fill in.
+    """
+    place = MESSAGES("rank_cell_place", line="{line}")
+    return dict.fromkeys(_notebook_linecache(), place)
+
+
 def spawn(
     fn: Callable,
     args: tuple = (),
@@ -524,6 +547,7 @@ def launch_message(payload: bytes, nprocs: int, workdir: str, port: int | None =
         "sys_path": list(sys.path),
         "argv": list(sys.argv[:1]),
         "linecache": _notebook_linecache(),
+        "cell_names": cell_names(),
     }
 
 
