@@ -1,9 +1,15 @@
-"""Launch latency: dl.spawn vs a fork-based launch vs torch.multiprocessing.spawn.
+"""Launch latency: dl.spawn vs a fork-based launch vs torch.multiprocessing.spawn, for a plain
+program and a DDP program.
 
-Each launch starts N ranks that initialise a gloo process group and do one all_reduce.
+"plain": every rank initialises a gloo process group and does one all_reduce. "ddp": every
+rank initialises the group, wraps a small model (Linear 16 -> 4) in DistributedDataParallel
+and runs one training step (forward, backward with its gradient all-reduce, SGD step).
 "cold" is the first launch in a fresh Python process (dl.spawn: includes starting its
-zygote); "warm" is the median of the launches after it. Every method is measured in the
-same run, in fresh subprocesses, so the ratios compare like with like.
+zygote); "warm" is the median of the launches after it. For dl.spawn, the warm launches start
+once the zygote has preloaded DDP's modules (``launcher.wait_warm``; "preload s" is how long
+that still took after the cold launch: a notebook spends it between ``import ddp_lab`` and its
+first launches). Every method and program is measured in the same run, in fresh subprocesses,
+so the ratios compare like with like.
 
     .venv/bin/python benchmarks/bench_launch.py [--repeats 3] [--warm 5] [--nprocs 2 4]
 """
@@ -20,6 +26,7 @@ import sys
 import time
 
 METHODS = ("dl.spawn", "fork", "mp.spawn")
+PROGRAMS = ("plain", "ddp")
 
 
 def _free_port() -> int:
@@ -30,24 +37,31 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def work(rank: int, world_size: int, port: int) -> None:
-    """What every rank does: init gloo (env:// from these variables) and one all_reduce."""
+def work(rank: int, world_size: int, port: int, program: str) -> None:
+    """What every rank does: init gloo (env:// from these variables), then the program."""
     import torch
     import torch.distributed as dist
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world_size)
-    t = torch.ones(1)
-    dist.all_reduce(t)
+    if program == "plain":
+        t = torch.ones(1)
+        dist.all_reduce(t)
+    else:
+        torch.manual_seed(0)
+        model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(16, 4))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        model(torch.randn(8, 16)).square().mean().backward()
+        opt.step()
     dist.destroy_process_group()
 
 
-def one_launch(method: str, nprocs: int) -> float:
+def one_launch(method: str, nprocs: int, program: str) -> float:
     import torch.multiprocessing as mp
 
     import ddp_lab as dl
 
-    args = (nprocs, _free_port())
+    args = (nprocs, _free_port(), program)
     start = time.perf_counter()
     if method == "dl.spawn":
         dl.spawn(work, args=args, nprocs=nprocs)
@@ -58,53 +72,71 @@ def one_launch(method: str, nprocs: int) -> float:
     return time.perf_counter() - start
 
 
-def child(method: str, nprocs: int, warm: int) -> None:
+def child(method: str, nprocs: int, program: str, warm: int) -> None:
     import torch  # noqa: F401  # the parent (a notebook kernel) has torch imported already
 
-    cold = one_launch(method, nprocs)
-    warms = [one_launch(method, nprocs) for _ in range(warm)]
-    print(json.dumps({"cold": cold, "warm": statistics.median(warms)}))
+    cold = one_launch(method, nprocs, program)
+    preload = 0.0
+    if method == "dl.spawn":
+        from ddp_lab.runtime import launcher
+
+        start = time.perf_counter()
+        if not launcher.wait_warm():
+            raise SystemExit("the zygote did not finish its preload")
+        preload = time.perf_counter() - start
+    warms = [one_launch(method, nprocs, program) for _ in range(warm)]
+    print(json.dumps({"cold": cold, "warm": statistics.median(warms), "preload": preload}))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--repeats", type=int, default=3, help="fresh processes per method")
+    parser.add_argument("--repeats", type=int, default=3, help="fresh processes per variant")
     parser.add_argument("--warm", type=int, default=5, help="warm launches per process")
     parser.add_argument("--nprocs", type=int, nargs="+", default=[2, 4])
-    parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
+    parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
+    parser.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        child(args.child[0], int(args.child[1]), args.warm)
+        child(args.child[0], int(args.child[1]), args.child[2], args.warm)
         return
-    rows = {}
-    for n in args.nprocs:
-        for method in METHODS:
-            colds, warms = [], []
-            for _ in range(args.repeats):
-                out = subprocess.run(
-                    [sys.executable, __file__, "--child", method, str(n), "--warm", str(args.warm)],
-                    capture_output=True,
-                    text=True,
-                    check=True,
-                ).stdout
-                result = json.loads(out.strip().splitlines()[-1])
-                colds.append(result["cold"])
-                warms.append(result["warm"])
-            rows[method, n] = (statistics.median(colds), statistics.median(warms))
+    rows: dict[tuple[str, str, int], tuple[float, float, float]] = {}
+    for _ in range(args.repeats):  # interleaved rounds: load changes hit every variant alike
+        for n in args.nprocs:
+            for program in PROGRAMS:
+                for method in args.methods:
+                    out = subprocess.run(
+                        [sys.executable, __file__, "--child", method, str(n), program]
+                        + ["--warm", str(args.warm)],
+                        capture_output=True,
+                        text=True,
+                        check=True,
+                    ).stdout
+                    result = json.loads(out.strip().splitlines()[-1])
+                    rows.setdefault((method, program, n), []).append(result)
+    med = {
+        key: tuple(statistics.median(r[k] for r in runs) for k in ("cold", "warm", "preload"))
+        for key, runs in rows.items()
+    }
     print(
-        f"launch latency, median seconds ({args.repeats} fresh processes, {args.warm} warm "
-        f"launches each; {os.cpu_count()} CPU cores)"
+        f"launch latency, median seconds ({args.repeats} fresh processes per variant, "
+        f"{args.warm} warm launches each; {os.cpu_count()} CPU cores)"
     )
-    print(
-        f"{'method':<10} {'ranks':>5} {'cold s':>8} {'warm s':>8} {'cold/fork':>10} {'warm/fork':>10}"
+    header = (
+        f"{'method':<9} {'ranks':>5} {'program':<7} {'cold s':>7} {'warm s':>7} "
+        f"{'preload s':>9} {'warm/plain':>10} {'cold/fork':>9} {'warm/fork':>9}"
     )
+    print(header)
     for n in args.nprocs:
-        fork_cold, fork_warm = rows["fork", n]
-        for method in METHODS:
-            c, w = rows[method, n]
-            print(
-                f"{method:<10} {n:>5} {c:>8.3f} {w:>8.3f} {c / fork_cold:>10.2f} {w / fork_warm:>10.2f}"
-            )
+        for program in PROGRAMS:
+            for method in args.methods:
+                c, w, p = med[method, program, n]
+                plain_w = med[method, "plain", n][1]
+                fc, fw, _ = med.get(("fork", program, n), (float("nan"),) * 3)
+                pre = f"{p:>9.3f}" if method == "dl.spawn" else f"{'-':>9}"
+                print(
+                    f"{method:<9} {n:>5} {program:<7} {c:>7.3f} {w:>7.3f} {pre} "
+                    f"{w / plain_w:>10.2f} {c / fc:>9.2f} {w / fw:>9.2f}"
+                )
 
 
 if __name__ == "__main__":

@@ -45,13 +45,27 @@ def tcp_states(port: int) -> list[str]:
     return states
 
 
+def process_group_of(pid: int) -> int | None:
+    """The process group id of ``pid`` (None when it is gone)."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return int(text[text.rindex(")") + 2 :].split()[2])
+
+
 def rank_processes() -> set[int]:
-    """Rank processes (and anything they started) still alive below the launcher's zygote."""
+    """Rank processes (and anything they started) still alive below the launcher's zygote.
+
+    The zygote's preloading successor (``ddp_lab.runtime._zygote``) is below it too, but in
+    the zygote's process group; every rank leads a group of its own.
+    """
     from ddp_lab.runtime import launcher
 
     if launcher._zygote is None:
         return set()
-    return descendants(launcher._zygote.proc.pid)
+    root = launcher._zygote.proc.pid
+    return {p for p in descendants(root) if process_group_of(p) not in (root, None)}
 
 
 @pytest.fixture

@@ -10,6 +10,7 @@ launcher's environment with RANK/WORLD_SIZE/... set, fresh random seeds, and a
 from __future__ import annotations
 
 import faulthandler
+import functools
 import io
 import linecache
 import os
@@ -17,6 +18,7 @@ import random
 import signal
 import sys
 import traceback
+import warnings
 from typing import Any
 
 import cloudpickle
@@ -31,6 +33,127 @@ def _open_capture(path: str, fd: int) -> io.TextIOWrapper:
     return io.TextIOWrapper(
         raw, encoding="utf-8", errors="backslashreplace", line_buffering=True, write_through=True
     )
+
+
+# Notebook cell files -> how to name them ("Cell, line {line}"), sent with every launch.
+CELL_NAMES: dict[str, str] = {}
+
+
+def _format_warning(
+    message: Warning | str,
+    category: type[Warning],
+    filename: str,
+    lineno: int,
+    line: str | None = None,
+) -> str:
+    label = CELL_NAMES.get(filename)
+    if label is None:
+        return _ORIGINAL_FORMATWARNING(message, category, filename, lineno, line)
+    if line is None:
+        line = linecache.getline(filename, lineno)
+    text = f"{label.replace('{line}', str(lineno))}: {category.__name__}: {message}\n"
+    return text + (f"  {line.strip()}\n" if line and line.strip() else "")
+
+
+def _format_frame(self: traceback.StackSummary, frame: traceback.FrameSummary) -> str:
+    text = _ORIGINAL_FORMAT_FRAME(self, frame)
+    label = CELL_NAMES.get(frame.filename)
+    if label is None:
+        return text
+    place = label.replace("{line}", str(frame.lineno))
+    return text.replace(f'File "{frame.filename}", line {frame.lineno}', place, 1)
+
+
+_ORIGINAL_FORMATWARNING = warnings.formatwarning
+_ORIGINAL_FORMAT_FRAME = traceback.StackSummary.format_frame_summary
+
+
+def use_cell_names() -> None:
+    """Name notebook code by a stable place (``Cell, line 2``) in warnings and tracebacks.
+
+    Why: the file of a cell is ``/tmp/ipykernel_<pid>/<hash>.py``, new in every kernel, so
+    rank output that names it differs after each restart (and fails strict nbval). The
+    patches only touch frames of notebook cells; everything else prints as before.
+    """
+    warnings.formatwarning = _format_warning
+    traceback.StackSummary.format_frame_summary = _format_frame  # type: ignore[method-assign]
+
+
+# Process groups that destroy_process_group() dropped, kept alive until the process ends.
+KEPT_GROUPS: list[Any] = []
+_DEFAULT_STORE: list[Any] = []  # the destroyed default group's store, for finish_together
+_FINISHED_KEY = "ddp_lab_finished"
+FINISH_WAIT_S = 10.0
+
+
+def finish_together(rank: int) -> None:
+    """Rank 0 waits (at most ``FINISH_WAIT_S``) until every rank has finished its function.
+
+    Why: rank 0 hosts the store of an ``env://`` group (MASTER_ADDR/MASTER_PORT). A rank
+    whose function returns right after ``init_process_group`` would otherwise exit, and take
+    the store down, while a slower rank is still inside ``init_process_group`` using it
+    ("Connection reset by peer"). A counter in the store is no collective, so it cannot get
+    mixed up with the program's own communication.
+    """
+    import time
+
+    import torch.distributed as dist
+
+    store = _DEFAULT_STORE[0] if _DEFAULT_STORE else None
+    if store is None and dist.is_available() and dist.is_initialized():
+        store = dist.distributed_c10d._get_default_store()
+    if store is None:
+        return
+    try:
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+        done = store.add(_FINISHED_KEY, 1)
+        deadline = time.monotonic() + FINISH_WAIT_S
+        while rank == 0 and done < world and time.monotonic() < deadline:
+            time.sleep(0.002)
+            done = store.add(_FINISHED_KEY, 0)
+    except Exception:  # noqa: BLE001, S110  # a store that is gone: nothing to wait for
+        pass
+
+
+def keep_process_groups() -> None:
+    """Make ``destroy_process_group`` keep the group objects alive instead of freeing them.
+
+    Why: freeing the last reference to a gloo group runs ``~ProcessGroupGloo`` with the GIL
+    held, which joins its worker threads. A worker that has just finished an all-reduce
+    started inside ``backward()`` still holds that work, whose saved thread-local state
+    holds a Python object (``torch.autograd.graph`` stashes a contextvars context in it);
+    dropping the work needs the GIL: deadlock. Seen here in a plain loop without any fork
+    (init, DDP, backward, destroy, ``del ddp``: stuck within ~40 rounds), and it is what
+    made preloaded (faster) ranks hang at exit. Ranks end with ``os._exit``, which frees
+    the groups without running destructors; persistent ranks free them between requests
+    (``release_kept_groups``), long after the workers went idle.
+    """
+    import torch.distributed as dist
+
+    if not dist.is_available():
+        return
+    c10d = dist.distributed_c10d
+    original = c10d.destroy_process_group
+    if getattr(original, "_ddp_lab_keeps", False):
+        return
+
+    @functools.wraps(original)
+    def destroy_process_group(group: Any = None) -> None:
+        groups = list(c10d._world.pg_map) if group is None else [group]
+        KEPT_GROUPS.extend(groups)
+        default = c10d._world.default_pg
+        if default is not None and default in groups:
+            _DEFAULT_STORE[:] = [c10d._world.pg_map[default][1]]
+        original(group)
+
+    destroy_process_group._ddp_lab_keeps = True  # type: ignore[attr-defined]
+    c10d.destroy_process_group = destroy_process_group
+    dist.destroy_process_group = destroy_process_group
+
+
+def release_kept_groups() -> None:
+    """Free the groups kept by ``keep_process_groups`` (call when no collective just ended)."""
+    KEPT_GROUPS.clear()
 
 
 def _setup_process(rank: int, msg: dict, close_fds: tuple[int, ...]) -> None:
@@ -69,6 +192,8 @@ def _setup_process(rank: int, msg: dict, close_fds: tuple[int, ...]) -> None:
     sys.argv[:] = msg.get("argv", [""])
     os.chdir(msg["cwd"])
     linecache.cache.update(msg.get("linecache", {}))
+    CELL_NAMES.update(msg.get("cell_names", {}))
+    use_cell_names()
 
     # A fork shares the zygote's random states; a fresh process would not.
     random.seed()
@@ -76,6 +201,7 @@ def _setup_process(rank: int, msg: dict, close_fds: tuple[int, ...]) -> None:
         sys.modules["numpy"].random.seed()
     import torch
 
+    keep_process_groups()
     if "OMP_NUM_THREADS" not in os.environ:
         # Like torchrun: do not let N ranks each use every core.
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // nprocs))
@@ -95,14 +221,24 @@ def init_group(rank: int, nprocs: int, backend: str) -> Any:
     return device
 
 
+# The jobs that call the learner's code (``FunctionJob``, ``CellJob``): their ``__call__``
+# frames are left out of rank tracebacks like this module's (and they name this checkout).
+_DISPATCHERS = {os.path.join(os.path.dirname(__file__), n) for n in ("launcher.py", "magic.py")}
+
+
 def error_record(exc: BaseException, own_file: str = __file__) -> dict:
     """What the notebook learns of an exception: type, message, traceback, the exception.
 
-    The traceback leaves out the frames of ``own_file`` at the top (the code that called the
-    learner's), so it starts in the learner's code.
+    The traceback leaves out the frames at the top that called the learner's code (those of
+    ``own_file`` and the jobs' ``__call__``), so it starts in the learner's code.
     """
     tb = exc.__traceback__
-    while tb is not None and tb.tb_frame.f_code.co_filename == own_file:
+    while tb is not None:
+        code = tb.tb_frame.f_code
+        if code.co_filename != own_file and not (
+            code.co_filename in _DISPATCHERS and code.co_name == "__call__"
+        ):
+            break
         tb = tb.tb_next
     try:
         pickled = cloudpickle.dumps(exc)
@@ -146,6 +282,7 @@ def main(rank: int, msg: dict, close_fds: tuple[int, ...] = ()) -> int:
         except Exception:
             print(record["traceback"], file=sys.stderr)
     if code == 0:
+        finish_together(rank)
         try:
             import torch.distributed as dist
 

@@ -72,7 +72,8 @@ class RankGroup:
             self.zygote.close()
             self.zygote = None
         if self.zygote is None:
-            self.zygote = launcher._Zygote()
+            # Preloaded before "ready": the group's one launch comes at once and lasts.
+            self.zygote = launcher._Zygote(eager=True)
         self.zygote.wait_ready()
         self.conns: dict[int, socket.socket] = {}
         self.pids: dict[int, int] = {}

@@ -29,7 +29,7 @@ from typing import Any
 
 import cloudpickle
 
-from ddp_lab.runtime._rank import error_record
+from ddp_lab.runtime._rank import CELL_NAMES, error_record, release_kept_groups
 from ddp_lab.runtime._zygote import read_msg, write_msg
 
 try:
@@ -100,7 +100,9 @@ def _exec_cell(msg: dict, ns: dict) -> None:
 
 def _handle(msg: dict, ns: dict) -> dict:
     """Run one request with SIGINT armed; return the reply."""
+    release_kept_groups()  # a cell destroyed them; their workers have been idle since
     linecache.cache.update(msg.get("linecache", {}))
+    CELL_NAMES.update(msg.get("cell_names", {}))
     reply: dict[str, Any] = {"op": "reply", "status": "ok"}
     signal.signal(signal.SIGINT, signal.default_int_handler)
     try:

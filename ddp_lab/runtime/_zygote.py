@@ -7,6 +7,17 @@ has initialised CUDA. The zygote is a clean Python process started by the launch
 never touches CUDA, so a fork of it is as fast as a fork of the kernel and still safe for
 CUDA in the children.
 
+Preload: the first ``DistributedDataParallel`` a process builds imports about 820 more
+modules (``torch._dynamo``, sympy, ...: about a second), which every rank would pay at every
+launch. So the zygote imports them too, but not before it says "ready" (that would add the
+same second to the first launch): right after "ready" it forks a *successor* that imports
+them while the zygote serves launches as before; when the successor is done, the zygote
+hands the pipes over at the next idle moment and only waits for it. Ranks forked from the
+successor start with DDP's modules loaded. Why a fork of such a process is safe, and the
+torch deadlock that first looked like a fork hang: see ARCHITECTURE.md ("The preload").
+The persistent ranks' zygote preloads before "ready" (``eager``): its only launch comes at
+once and lasts the whole group.
+
 Protocol: length-prefixed pickles. The launcher writes to the zygote's stdin; the zygote
 answers on the pipe that was its stdout (its fd 1 is then pointed at stderr so stray
 prints cannot corrupt the protocol).
@@ -15,6 +26,7 @@ prints cannot corrupt the protocol).
 from __future__ import annotations
 
 import ctypes
+import importlib
 import os
 import pickle
 import select
@@ -23,6 +35,9 @@ import struct
 import sys
 
 _HEADER = struct.Struct("!I")
+# What the first DDP construction (and its first backward) imports beyond torch.distributed.
+PRELOAD = ("torch._dynamo", "torch.nn.parallel.distributed")
+_HANDOVER = b"H"
 
 
 def write_msg(fd: int, obj: object) -> None:
@@ -76,7 +91,7 @@ def _signal_ranks(alive: dict[int, int], sig: int, ranks: list[int] | None) -> N
                     pass
 
 
-def _launch(msg: dict, in_fd: int, out_fd: int) -> bool:
+def _launch(msg: dict, in_fd: int, out_fd: int, close_fds: tuple[int, ...] = ()) -> bool:
     """Fork the ranks of one launch and report their exits. False when the parent is gone."""
     from ddp_lab.runtime import _rank
 
@@ -86,7 +101,7 @@ def _launch(msg: dict, in_fd: int, out_fd: int) -> bool:
         if pid == 0:
             code = 70
             try:
-                code = _rank.main(rank, msg, close_fds=(in_fd, out_fd))
+                code = _rank.main(rank, msg, close_fds=(in_fd, out_fd, *close_fds))
             finally:
                 os._exit(code)
         alive[pid] = rank
@@ -101,21 +116,91 @@ def _launch(msg: dict, in_fd: int, out_fd: int) -> bool:
                 _signal_ranks(alive, signal.SIGKILL, None)
             elif cmd.get("op") == "signal":
                 _signal_ranks(alive, cmd["sig"], cmd.get("ranks"))
-        while alive:
-            pid, status = os.waitpid(-1, os.WNOHANG)
-            if pid == 0:
-                break
-            rank = alive.pop(pid, None)
-            if rank is not None and parent_alive:
+        # Reap the ranks by pid: waitpid(-1) would also reap the preloading successor.
+        for pid in list(alive):
+            done, status = os.waitpid(pid, 0 if not parent_alive else os.WNOHANG)
+            if done == 0:
+                continue
+            rank = alive.pop(pid)
+            if parent_alive:
                 write_msg(out_fd, {"op": "exit", "rank": rank, "status": status})
-        if not parent_alive and alive:
-            os.waitpid(-1, 0)
     if parent_alive:
         write_msg(out_fd, {"op": "done"})
     return parent_alive
 
 
-def main() -> None:
+def preload() -> None:
+    """Import what the first DDP construction in a rank would (see the module docstring)."""
+    for name in PRELOAD:
+        try:
+            importlib.import_module(name)
+        except Exception:  # noqa: BLE001  # a torch without it: the ranks import what they need
+            pass
+
+
+def _serve(in_fd: int, out_fd: int, successor: tuple[int, int, int] | None = None) -> None:
+    """Answer the launcher's requests until end of file, or until the successor takes over.
+
+    ``successor`` is (pid, fd that says it has preloaded, fd to tell it to take over).
+    """
+    while True:
+        watch = [in_fd] if successor is None else [successor[1], in_fd]
+        ready, _, _ = select.select(watch, [], [])
+        if successor is not None and successor[1] in ready:
+            pid, ready_fd, go_fd = successor
+            if os.read(ready_fd, 1) == _HANDOVER:
+                # Idle here, between launches: whole messages only were read, so whatever
+                # the launcher sends next is the successor's to read.
+                os.write(go_fd, _HANDOVER)
+                for fd in (in_fd, out_fd, ready_fd, go_fd):
+                    os.close(fd)  # the launcher must see EOF when the successor ends
+                _, status = os.waitpid(pid, 0)
+                os._exit(os.waitstatus_to_exitcode(status) & 0xFF)
+            # The successor died before it was ready: carry on without a preload.
+            os.waitpid(pid, 0)
+            for fd in (ready_fd, go_fd):
+                os.close(fd)
+            successor = None
+            continue
+        msg = read_msg(in_fd)
+        if msg is None:
+            return
+        if msg.get("op") == "launch":
+            extra = () if successor is None else successor[1:]
+            if not _launch(msg, in_fd, out_fd, extra):
+                return
+        elif msg.get("op") == "ping":
+            write_msg(out_fd, {"op": "pong", "pid": os.getpid()})
+
+
+def _fork_successor(in_fd: int, out_fd: int) -> tuple[int, int, int]:
+    """Fork a copy of this zygote that preloads, then waits to be told to take over."""
+    ready_r, ready_w = os.pipe()
+    go_r, go_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        code = 0
+        try:
+            os.close(ready_r)
+            os.close(go_w)
+            set_parent_death_signal(signal.SIGKILL)  # dies with the zygote, before a handover too
+            preload()
+            os.write(ready_w, _HANDOVER)
+            os.close(ready_w)
+            if os.read(go_r, 1) == _HANDOVER:  # b"": the zygote ended first
+                os.close(go_r)
+                _serve(in_fd, out_fd)
+        except BaseException:  # noqa: BLE001  # never run the zygote's code twice
+            code = 70
+        finally:
+            os._exit(code)
+    os.close(ready_w)
+    os.close(go_r)
+    return pid, ready_r, go_w
+
+
+def main(eager: bool = False) -> None:
+    """Serve the launcher; ``eager``: preload before "ready" instead of in a successor."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Jupyter interrupts the whole group
     set_parent_death_signal(signal.SIGKILL)
     in_fd = 0
@@ -132,16 +217,10 @@ def main() -> None:
         import numpy  # noqa: F401
     except ImportError:
         pass
+    if eager:
+        preload()
     write_msg(out_fd, {"op": "ready", "pid": os.getpid(), "torch": torch.__version__})
-    while True:
-        msg = read_msg(in_fd)
-        if msg is None:
-            break
-        if msg.get("op") == "launch":
-            if not _launch(msg, in_fd, out_fd):
-                break
-        elif msg.get("op") == "ping":
-            write_msg(out_fd, {"op": "pong"})
+    _serve(in_fd, out_fd, None if eager else _fork_successor(in_fd, out_fd))
     os._exit(0)
 
 

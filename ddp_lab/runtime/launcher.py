@@ -32,8 +32,18 @@ from typing import Any
 
 import cloudpickle
 
-from ddp_lab.course.i18n import t
+from ddp_lab.course.i18n import Messages, t
 from ddp_lab.runtime._zygote import read_msg, write_msg
+
+MESSAGES = Messages(
+    __name__,
+    {
+        "rank_cell_place": {
+            "en": "Cell, line {line}",
+            "zh": "单元格，第 {line} 行",
+        },
+    },
+)
 
 BACKENDS = ("gloo", "nccl", "mpi", "auto")
 DEFAULT_TIMEOUT = float(os.environ.get("DDP_LAB_TIMEOUT", "120"))
@@ -136,14 +146,15 @@ class FunctionJob:
 class _Zygote:
     """The parent's handle on the zygote process."""
 
-    def __init__(self) -> None:
+    def __init__(self, eager: bool = False) -> None:
+        """``eager``: preload DDP's modules before "ready" (see ``_zygote``), not after."""
         env = dict(os.environ)
         # The folder that holds the ddp_lab package (this file is ddp_lab/runtime/launcher.py).
         root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
         self.env_key = _env_key()
         self.proc = subprocess.Popen(
-            [sys.executable, "-c", "from ddp_lab.runtime._zygote import main; main()"],
+            [sys.executable, "-c", f"from ddp_lab.runtime._zygote import main; main({eager})"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             env=env,
@@ -216,6 +227,28 @@ def prestart() -> None:
     """Start the zygote in the background so that the first launch is fast too."""
     with _lock:
         _get_zygote()
+
+
+def wait_warm(timeout: float = 300.0) -> bool:
+    """Wait until the zygote has preloaded DDP's modules (its successor took over).
+
+    Launches work before that too (the ranks then import those modules themselves); this is
+    for benchmarks and tests that want the warm state. False if it did not happen in time.
+    """
+    deadline = time.monotonic() + timeout
+    with _lock:
+        zygote = _get_zygote()
+        zygote.wait_ready()
+        while True:
+            zygote.send({"op": "ping"})
+            pong = zygote.recv(max(0.0, deadline - time.monotonic()))
+            if pong is None:
+                return False
+            if pong.get("pid") != zygote.proc.pid:  # answered by the successor
+                return True
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.05)
 
 
 def shutdown() -> None:
@@ -324,6 +357,19 @@ def _notebook_linecache() -> dict:
         for k, v in linecache.cache.items()
         if (k.startswith("<ipython-input") or "ipykernel_" in k) and len(v) == 4
     }
+
+
+def cell_names() -> dict[str, str]:
+    """How ranks name each notebook cell's file: {"/tmp/ipykernel_1/ab.py": "Cell, line {line}"}.
+
+    A cell's file name changes with every kernel, and IPython's "Cell In[N]" with every
+    run of the cell (and is In[1] for every cell under nbval, which runs cells without
+    history); so the ranks say "Cell, line L" in warnings and tracebacks (the source line
+    and function name come with it), and a notebook's rank output is the same after a
+    restart and under nbval. ``{line}`` is left for the rank to fill in.
+    """
+    place = MESSAGES("rank_cell_place", line="{line}")
+    return dict.fromkeys(_notebook_linecache(), place)
 
 
 def spawn(
@@ -501,6 +547,7 @@ def launch_message(payload: bytes, nprocs: int, workdir: str, port: int | None =
         "sys_path": list(sys.path),
         "argv": list(sys.argv[:1]),
         "linecache": _notebook_linecache(),
+        "cell_names": cell_names(),
     }
 
 

@@ -125,6 +125,7 @@ def run_cell(
         "filename": filename,
         "names": names,
         "linecache": group.new_lines(),
+        "cell_names": launcher.cell_names(),
     }
     # The cell's lines, for the ranks' tracebacks (IPython's cache has them already).
     msg["linecache"][filename] = (len(source), None, source.splitlines(True), filename)
