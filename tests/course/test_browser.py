@@ -180,7 +180,7 @@ CHAPTERS = {
     "03": Chapter(
         "03_data_parallel.ipynb",
         ("viz.chunk_sizes_widget()",),
-        {"en": ("batch_size", "num_devices"), "zh": ("batch_size", "num_devices")},
+        {"en": ("batch size", "devices"), "zh": ("批大小", "设备数")},
         move_chunk_sizes,
     ),
     "04": Chapter(
