@@ -98,13 +98,11 @@ def run(request: dict[str, Any]) -> dict[str, Any]:
         patience = cell_timeout * (len(job["cells"]) + 1) + 60
         while True:
             msg = _next_message(proc, min(deadline, time.monotonic() + patience))
-            if msg is None:
-                if time.monotonic() >= deadline:
-                    ended = "timeout"
-                elif proc.poll() is None:
-                    ended = "timeout-cell"
-                else:
-                    ended = "kernel-died"
+            if msg is None:  # no message in time: the runner is stuck
+                ended = "timeout" if time.monotonic() >= deadline else "timeout-cell"
+                break
+            if msg.get("eof"):  # its output ended: the learner's process died (or exited)
+                ended = "kernel-died"
                 break
             if "timeout" in msg:
                 ended = "timeout-cell"
@@ -167,7 +165,8 @@ def _judge(
 
 
 def _next_message(proc: subprocess.Popen, until: float) -> dict | None:
-    """The runner's next protocol message, or None if it died or ``until`` passed."""
+    """The runner's next protocol message; ``{"eof": True}`` if its output ended (it died;
+    bwrap may not have exited yet, so ``poll()`` cannot tell); None if ``until`` passed."""
     import select
 
     assert proc.stdout is not None
@@ -179,15 +178,15 @@ def _next_message(proc: subprocess.Popen, until: float) -> dict | None:
         if readable:
             line = proc.stdout.readline()
             if not line:
-                return None
+                return {"eof": True}
             try:
                 msg = json.loads(line)
             except ValueError:
                 continue  # not the protocol's: ignore
-            if isinstance(msg, dict):
+            if isinstance(msg, dict) and not msg.get("eof"):
                 return msg
         elif proc.poll() is not None:
-            return None
+            return {"eof": True}
 
 
 def _kill(proc: subprocess.Popen) -> None:
