@@ -26,6 +26,7 @@ import sys
 import time
 
 METHODS = ("dl.spawn", "fork", "mp.spawn")
+_KEEP: list = []
 PROGRAMS = ("plain", "ddp")
 
 
@@ -53,6 +54,11 @@ def work(rank: int, world_size: int, port: int, program: str) -> None:
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
         model(torch.randn(8, 16)).square().mean().backward()
         opt.step()
+        # For the torch launchers: the model must not be freed before the process ends, nor
+        # rank 0 (the store's host) exit early (dl.spawn's ranks see to both themselves; see
+        # ARCHITECTURE.md, "The preload"), or a launch may hang or fail now and then.
+        _KEEP.append(model)
+        dist.barrier()
     dist.destroy_process_group()
 
 
