@@ -26,6 +26,7 @@ import sys
 import time
 
 METHODS = ("dl.spawn", "fork", "mp.spawn")
+_KEEP: list = []
 PROGRAMS = ("plain", "ddp")
 
 
@@ -53,6 +54,11 @@ def work(rank: int, world_size: int, port: int, program: str) -> None:
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
         model(torch.randn(8, 16)).square().mean().backward()
         opt.step()
+        # For the torch launchers: the model must not be freed before the process ends, nor
+        # rank 0 (the store's host) exit early (dl.spawn's ranks see to both themselves; see
+        # ARCHITECTURE.md, "The preload"), or a launch may hang or fail now and then.
+        _KEEP.append(model)
+        dist.barrier()
     dist.destroy_process_group()
 
 
@@ -88,6 +94,22 @@ def child(method: str, nprocs: int, program: str, warm: int) -> None:
     print(json.dumps({"cold": cold, "warm": statistics.median(warms), "preload": preload}))
 
 
+def _run_child(method: str, n: int, program: str, warm: int, failures: list[str]) -> str:
+    """One fresh process's measurements; a failed process is reported and run again (3 tries)."""
+    cmd = [sys.executable, __file__, "--child", method, str(n), program, "--warm", str(warm)]
+    for _ in range(3):
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+        except subprocess.TimeoutExpired:  # a hung launch
+            failures.append(f"{method} {n} {program}: no answer in 900 s")
+            continue
+        if proc.returncode == 0:
+            return proc.stdout
+        failures.append(f"{method} {n} {program}: {proc.stderr.strip().splitlines()[-1:]}")
+        print(f"failed, run again: {failures[-1]}", file=sys.stderr)
+    raise SystemExit(f"{method} {n} {program} failed 3 times: {failures[-3:]}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repeats", type=int, default=3, help="fresh processes per variant")
@@ -99,18 +121,13 @@ def main() -> None:
     if args.child:
         child(args.child[0], int(args.child[1]), args.child[2], args.warm)
         return
-    rows: dict[tuple[str, str, int], tuple[float, float, float]] = {}
+    rows: dict[tuple[str, str, int], list[dict]] = {}
+    failures: list[str] = []
     for _ in range(args.repeats):  # interleaved rounds: load changes hit every variant alike
         for n in args.nprocs:
             for program in PROGRAMS:
                 for method in args.methods:
-                    out = subprocess.run(
-                        [sys.executable, __file__, "--child", method, str(n), program]
-                        + ["--warm", str(args.warm)],
-                        capture_output=True,
-                        text=True,
-                        check=True,
-                    ).stdout
+                    out = _run_child(method, n, program, args.warm, failures)
                     result = json.loads(out.strip().splitlines()[-1])
                     rows.setdefault((method, program, n), []).append(result)
     med = {
@@ -137,6 +154,10 @@ def main() -> None:
                     f"{method:<9} {n:>5} {program:<7} {c:>7.3f} {w:>7.3f} {pre} "
                     f"{w / plain_w:>10.2f} {c / fc:>9.2f} {w / fw:>9.2f}"
                 )
+    if failures:
+        print(f"failed processes, run again: {len(failures)}")
+        for line in failures:
+            print(f"  {line}")
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ import sys
 import textwrap
 import threading
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -286,6 +287,13 @@ def test_zygote_restarts_after_being_killed(no_leaks):
     assert dl.spawn(lambda rank: rank, nprocs=2) == [0, 1]
 
 
+def _read(path: Path) -> str:
+    try:
+        return path.read_text().strip()
+    except FileNotFoundError:
+        return ""
+
+
 SCRIPT = textwrap.dedent(
     """
     import os, sys, time
@@ -313,7 +321,8 @@ def test_keyboard_interrupt_stops_every_rank(tmp_path):
         [sys.executable, str(script), str(marker)], stdout=subprocess.PIPE, text=True
     )
     deadline = time.monotonic() + 60
-    while not all((tmp_path / f"pid.{r}").exists() for r in range(2)):
+    # Non-empty, not just there: a rank creates its file before it writes its pid.
+    while not all(_read(tmp_path / f"pid.{r}") for r in range(2)):
         assert time.monotonic() < deadline and proc.poll() is None
         time.sleep(0.05)
     time.sleep(0.2)
@@ -332,7 +341,8 @@ def test_parent_killed_takes_ranks_with_it(tmp_path):
     marker = tmp_path / "pid"
     proc = subprocess.Popen([sys.executable, str(script), str(marker)], stdout=subprocess.PIPE)
     deadline = time.monotonic() + 60
-    while not all((tmp_path / f"pid.{r}").exists() for r in range(2)):
+    # Non-empty, not just there: a rank creates its file before it writes its pid.
+    while not all(_read(tmp_path / f"pid.{r}") for r in range(2)):
         assert time.monotonic() < deadline and proc.poll() is None
         time.sleep(0.05)
     pids = [int((tmp_path / f"pid.{r}").read_text()) for r in range(2)]
