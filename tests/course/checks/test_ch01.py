@@ -8,22 +8,14 @@ import re
 from collections.abc import Callable
 
 import pytest
+from cheats import EqualsAnything, verdict
 
 from ddp_lab import cuda_compat as cc
 from ddp_lab.course.checks import ch01
-from ddp_lab.course.grading import load_checkers, run_checker
-from ddp_lab.course.i18n import get_language, set_language
-from ddp_lab.course.learner import LocalLearner
 
 
 def _verdict(fn: Callable, lang: str = "en") -> tuple[bool, str]:
-    """The verdict line in ``lang`` (the checker's own feedback follows the current language)."""
-    before = get_language()
-    set_language(lang)
-    try:
-        return run_checker(load_checkers()["01.diagnose"], LocalLearner((fn,)), lang)
-    finally:
-        set_language(before)
+    return verdict("01.diagnose", fn, lang)
 
 
 def test_checker_accepts_reference_and_all_fixtures_parse() -> None:
@@ -125,16 +117,6 @@ def test_checker_rejects_stub() -> None:
     assert not passed and "not solved yet" in line
 
 
-class _EqualsAnything:
-    def __eq__(self, other: object) -> bool:
-        return True
-
-    def __ne__(self, other: object) -> bool:
-        return False
-
-    __hash__ = object.__hash__
-
-
 class _EqualStr(str):
     def __eq__(self, other: object) -> bool:
         return True
@@ -145,8 +127,8 @@ class _EqualStr(str):
 @pytest.mark.parametrize(
     "cheat",
     [
-        lambda *_: _EqualsAnything(),
-        lambda *_: (_EqualsAnything(), _EqualsAnything()),
+        lambda *_: EqualsAnything(),
+        lambda *_: (EqualsAnything(), EqualsAnything()),
         lambda *a: tuple(_EqualStr(x) for x in reversed(ch01.expected(*a))),
     ],
 )

@@ -6,22 +6,14 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 
 import pytest
+from cheats import EqualsAnyList, EqualsAnything, verdict
 
 from ddp_lab import ranks
 from ddp_lab.course.checks import ch02
-from ddp_lab.course.grading import load_checkers, run_checker
-from ddp_lab.course.i18n import get_language, set_language
-from ddp_lab.course.learner import LocalLearner
 
 
 def _verdict(fn: Callable, lang: str = "en") -> tuple[bool, str]:
-    """The verdict line in ``lang`` (the checker's own feedback follows the current language)."""
-    before = get_language()
-    set_language(lang)
-    try:
-        return run_checker(load_checkers()["02.place"], LocalLearner((fn,)), lang)
-    finally:
-        set_language(before)
+    return verdict("02.place", fn, lang)
 
 
 def _reference(counts, cvds, gpus):
@@ -110,33 +102,18 @@ def test_checker_rejects_stub(torchrun_cached: None) -> None:
     assert not passed and "not solved yet" in line
 
 
-class _EqualsAnything:
-    def __eq__(self, other: object) -> bool:
-        return True
-
-    def __ne__(self, other: object) -> bool:
-        return False
-
-    __hash__ = object.__hash__
-
-
-class _EqualsAnyList(list):
-    def __eq__(self, other: object) -> bool:
-        return True
-
-
 @pytest.mark.parametrize(
     ("cheat", "feedback"),
     [
-        (lambda *_: _EqualsAnything(), "got _EqualsAnything"),
-        (lambda c, v, g: [_EqualsAnything() for _ in _reference(c, v, g)], "got _EqualsAnything"),
+        (lambda *_: EqualsAnything(), "got EqualsAnything"),
+        (lambda c, v, g: [EqualsAnything() for _ in _reference(c, v, g)], "got EqualsAnything"),
         (
             lambda c, v, g: [
-                dict.fromkeys(ch02.KEYS, _EqualsAnything()) for _ in _reference(c, v, g)
+                dict.fromkeys(ch02.KEYS, EqualsAnything()) for _ in _reference(c, v, g)
             ],
-            "got <_EqualsAnything>",
+            "got <EqualsAnything>",
         ),
-        (lambda *a: _EqualsAnyList(), "got 0"),
+        (lambda *a: EqualsAnyList(), "got 0"),
     ],
 )
 def test_a_result_that_is_not_data_fails_cleanly(

@@ -8,15 +8,14 @@ from typing import Any
 
 import pytest
 import torch
+from cheats import EqualsAnyList, EqualsAnything, verdict
 
 import ddp_lab as dl
-from ddp_lab.course.grading import load_checkers, run_checker
-from ddp_lab.course.learner import LocalLearner
 from ddp_lab.parallel import balanced_chunk_sizes
 
 
 def _verdict(grade_id: str, obj: Any) -> tuple[bool, str]:
-    return run_checker(load_checkers()[grade_id], LocalLearner((obj,)), "en")
+    return verdict(grade_id, obj)
 
 
 def _grade(grade_id: str, obj: Any) -> bool:
@@ -90,27 +89,12 @@ def test_balanced_not_implemented_fails(capsys: pytest.CaptureFixture) -> None:
     assert "FAIL 03.balanced_chunks" in capsys.readouterr().out
 
 
-class _EqualsAnything:
-    def __eq__(self, other: object) -> bool:
-        return True
-
-    def __ne__(self, other: object) -> bool:
-        return False
-
-    __hash__ = object.__hash__
-
-
-class _AnyList(list):
-    def __eq__(self, other: object) -> bool:
-        return True
-
-
 @pytest.mark.parametrize(
     ("cheat", "feedback"),
     [
-        (lambda *a: _EqualsAnything(), "not _EqualsAnything"),
-        (lambda *a: [_EqualsAnything()], "not _EqualsAnything"),
-        (lambda *a: _AnyList([0]), "expected ["),
+        (lambda *a: EqualsAnything(), "not EqualsAnything"),
+        (lambda *a: [EqualsAnything()], "not EqualsAnything"),
+        (lambda *a: EqualsAnyList([0]), "expected ["),
     ],
 )
 def test_balanced_result_that_is_not_data_fails_cleanly(cheat: Any, feedback: str) -> None:
@@ -194,7 +178,7 @@ class EqualsAnythingOut:
 
     @staticmethod
     def apply(target_device: int, dim: int, *inputs: torch.Tensor) -> Any:
-        return _EqualsAnything()
+        return EqualsAnything()
 
 
 class ZerosOut(Gather):
@@ -206,7 +190,7 @@ class ZerosOut(Gather):
 
 def test_gather_result_that_is_not_data_fails_cleanly() -> None:
     passed, line = _verdict("03.gather", EqualsAnythingOut)
-    assert not passed and "returned _EqualsAnything, not a tensor" in line
+    assert not passed and "returned EqualsAnything, not a tensor" in line
     passed, line = _verdict("03.gather", ZerosOut)
     assert not passed and "output shape" in line
 
