@@ -31,13 +31,13 @@
 # %% [markdown] lang="zh"
 # # 03 从内部看 DataParallel
 #
-# `nn.DataParallel`（DP）是在**一个进程**里完成的**数据并行**训练：每次前向传播，它都把一批数据
-# **切分分发**（scatter）到各块 GPU，把模型**复制**（replicate）到每块 GPU 上，在多个线程里
-# 并行运行这些**副本**（replica），最后把输出**收集**（gather）到 GPU 0。本章你将亲手运行每一步，
-# 验证结果与单设备模型完全一致，测量时间和显存花在了哪里，并实现“均衡”版本。
+# `nn.DataParallel`（DP）在**一个进程**里完成**数据并行**（data parallel）训练：每次前向传播，
+# 它都把一批数据**切分分发**（scatter）到各块 GPU，把模型**复制**（replicate）到每块 GPU 上，
+# 在多个线程里并行运行这些**副本**（replica），最后把输出**收集**（gather）到 GPU 0。本章你会亲手
+# 执行每一步，验证结果与单设备模型完全一致，测量时间和显存都花在了哪里，并实现“均衡”版本。
 #
-# 你不需要 GPU：`ddp_lab.parallel` 提供了 `torch.nn.parallel` 的教学版本，名字、签名和自动求导
-# 规则都与 PyTorch 相同，只是“设备 `i`”变成了贴在 CPU 张量副本上的一个标签。
+# 你不需要 GPU：`ddp_lab.parallel` 是 `torch.nn.parallel` 的教学版本，名字、签名和自动求导规则
+# 都与 PyTorch 相同，只不过“设备 `i`”是贴在一份 CPU 张量拷贝上的标签。
 
 # %%
 import copy
@@ -66,8 +66,8 @@ print("torch", torch.__version__, "| GPUs:", N_GPUS)
 # %% [markdown] lang="zh"
 # ## 为什么在 CPU 上看不到真正的 DataParallel
 #
-# PyTorch 的这几个基本操作都要求 CUDA 张量；没有 GPU 时，`nn.DataParallel` 的 `device_ids`
-# 是空列表，它只是直接调用模型。下一个单元在本机上展示这两点。
+# PyTorch 自己的 `scatter`、`replicate` 和 `gather` 都要求 CUDA 张量；没有 GPU 时，
+# `nn.DataParallel` 的 `device_ids` 是空列表，它只是直接调用模型。下一个单元在本机上展示这两点。
 
 # %%
 import torch.nn.parallel as tp
@@ -93,7 +93,8 @@ print("nn.DataParallel(...).device_ids =", nn.DataParallel(nn.Linear(2, 2)).devi
 # ## 四个步骤
 #
 # 下面是我们的迷你 `DataParallel` 的 `forward`。把它和 `torch/nn/parallel/data_parallel.py`
-# 对照着读：调用相同，顺序也相同。唯一新增的是 `phase(...)` 代码块，它们为后面的时间线记录每一步的耗时。
+# 对照着读：调用的函数一样，顺序也一样。新增的只有 `phase(...)` 块，它们记下每一步的耗时，
+# 供后面画时间线。
 
 # %%
 dl.show_source(P.DataParallel.forward)
@@ -108,11 +109,11 @@ dl.show_source(P.DataParallel.forward)
 # same way (`scatter_kwargs`).
 
 # %% [markdown] lang="zh"
-# ### 第 1 步：切分分发（scatter）
+# ### 第 1 步：切分分发（`scatter`）
 #
 # `scatter` 用 `torch.chunk` 沿 `dim` 切开每个张量，而 `torch.chunk` 把每块的大小**向上取整**：
-# 10 行分给 4 个设备得到 3、3、3、1；6 行分给 4 个设备只得到**三块**，于是设备 3 根本不会有副本。
-# 非张量对象以引用方式原样交给每个设备；tuple、list 和 dict 会被逐层展开；关键字参数也按同样方式
+# 10 行分给 4 个设备得到 3、3、3、1；6 行分给 4 个设备只得到**三块**，于是设备 3 根本没有副本。
+# 非张量参数按引用原样传给每个设备；tuple、list 和 dict 会逐层展开；关键字参数也按同样的方式
 # 切分（`scatter_kwargs`）。
 
 # %%
@@ -136,11 +137,11 @@ for i in range(2):
 # finds its way back to your model's parameters.
 
 # %% [markdown] lang="zh"
-# ### 第 2 步：复制模型（replicate）
+# ### 第 2 步：复制模型（`replicate`）
 #
-# `replicate` 用自动求导函数 `Broadcast` 复制参数，也就是**广播**（broadcast）。设备 0 上的副本与
-# 你的模型**共享存储**，其他副本是拷贝。副本里的“参数”已经不再是叶子张量：它们带有 `grad_fn`，
-# 反向传播正是沿着它回到你的模型参数的。
+# `replicate` 用自动求导函数 `Broadcast` 把参数**广播**（broadcast）到各个设备。设备 0 上的副本
+# 与你的模型**共享存储**，其他副本则是拷贝。副本里的“参数”已经不是叶子张量了：它们带有
+# `grad_fn`，反向传播正是顺着它找回你的模型参数。
 
 # %%
 model = nn.Sequential(nn.Linear(4, 3), nn.ReLU(), nn.Linear(3, 2))
@@ -160,10 +161,11 @@ print("parameters() of a replica:", list(r1.parameters()))
 # both, which is wrong for DDP). The model below prints what each replica sees.
 
 # %% [markdown] lang="zh"
-# ### 第 3 步：并行执行（parallel_apply）
+# ### 第 3 步：并行执行（`parallel_apply`）
 #
-# `parallel_apply` 为每个副本启动一个 Python **线程**（DP 用线程；DDP 则是每块 GPU 一个**进程**，
-# 后面几章会看到。源笔记说两者都用线程，对 DDP 来说是错的）。下面的模型会打印每个副本看到的内容。
+# `parallel_apply` 为每个副本启动一个 Python **线程**。DP 用线程，DDP 则是每块 GPU 一个**进程**
+# （后面几章会看到）；源笔记说两者都用线程，这对 DDP 来说是错的。下面的模型会打印每个副本
+# 看到了什么。
 
 # %%
 class Talker(nn.Module):
@@ -186,8 +188,8 @@ print("outside: output", tuple(out.shape), "on device", P.get_device(out))
 # with the replica's index, device and original traceback in the message.
 
 # %% [markdown] lang="zh"
-# 当某个副本抛出异常时，`parallel_apply` 会在你的线程里重新抛出同类型的异常，消息里带有副本编号、
-# 设备和原始 traceback。
+# 某个副本抛出异常时，`parallel_apply` 会在你的线程里重新抛出同一类型的异常，消息里写明
+# 副本编号、设备和原来的 traceback。
 
 # %%
 class FailsOnSmallChunks(nn.Module):
@@ -213,13 +215,13 @@ except ValueError as err:
 # a model with 500 outputs: every arrow is a copy that really happened, with its size.
 
 # %% [markdown] lang="zh"
-# ### 第 4 步：收集（gather），以及反向传播送回了什么
+# ### 第 4 步：收集（`gather`），以及反向传播送回了什么
 #
 # `gather` 把各个输出拼接到设备 0 上。反向传播按相反的顺序执行：`Gather` 的反向把**输出的梯度
-# 切分分发**到各设备（某篇源笔记说“主 GPU 把 loss scatter 到其余 GPU”，实际上分发的是这个梯度，
-# 而不是 loss）；每个副本各自反向传播；`Broadcast` 的反向把各副本的**参数梯度求和**到设备 0
-# （`ReduceAddCoalesced`）。下图来自一次被记录下来的训练步（模型有 500 个输出）：每个箭头都是一次
-# 真实发生的拷贝，并标出了大小。
+# 切分分发**到各个设备；每个副本各自做反向传播；`Broadcast` 的反向把各副本的**参数梯度求和**到
+# 设备 0（`ReduceAddCoalesced`）。某篇源笔记说“主 GPU 把损失（loss）分发给其余 GPU”，其实
+# 分发的是输出的梯度，而不是损失。下图是一个有 500 个输出的模型的一次训练步：每个箭头都是
+# 真实发生过的一次拷贝，旁边标着它的大小。
 
 # %%
 wide = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 500))
@@ -229,17 +231,18 @@ step_trace = viz.traced_step(P.DataParallel(wide, [0, 1, 2]), x, y,
 fig = viz.plot_transfers(step_trace, 3)
 
 # %% [markdown] lang="en"
-# ## Proof: mini-DP computes what one device computes
+# ## Check: mini-DP computes what one device computes
 #
-# A small CNN on the scikit-learn digits (8x8 images). We compare the outputs and every
+# A small CNN on the scikit-learn digits (8×8 images). We compare the outputs and every
 # parameter gradient of the single-device model with those of mini-DP on 3 devices,
 # including an uneven batch (50 rows: chunks 17, 17, 16), in float64.
 
 # %% [markdown] lang="zh"
-# ## 证明：迷你 DP 的计算结果与单设备完全相同
+# ## 验证：迷你 DP 算出的结果与单设备相同
 #
-# 用 scikit-learn 自带的手写数字数据集（8x8 图像）训练一个小 CNN。我们在 float64 下比较单设备模型
-# 与 3 个设备上的迷你 DP 的输出和每个参数的梯度，其中包括不能均分的批（50 行：分成 17、17、16）。
+# 模型是 scikit-learn 手写数字数据集（8×8 的图像）上的一个小 CNN。我们在 float64 下比较单设备
+# 模型与 3 个设备上的迷你 DP 的输出和每个参数的梯度，其中包括不能均分的批（50 行，分成
+# 17、17、16）。
 
 # %%
 from sklearn.datasets import load_digits
@@ -276,7 +279,8 @@ for batch in (48, 50):
 # The optimizer is built from the model's parameters as usual: it is not wrapped.
 
 # %% [markdown] lang="zh"
-# 再用 SGD 训练五步：迷你 DP 与单设备最终得到相同的参数。优化器照常用模型参数创建，不需要包装。
+# 再各用 SGD 训练五步：迷你 DP 与单设备最后得到的参数相同。优化器照常用模型的参数创建，
+# 不需要包装。
 
 # %%
 single, wrapped = make_cnn(), P.DataParallel(make_cnn(), [0, 1, 2])
@@ -309,11 +313,11 @@ print("max |param diff| after 5 steps:",
 # %% [markdown] lang="zh"
 # ## DataParallel 下的 BatchNorm
 #
-# 带有**缓冲区**（buffer）的模型表现不同。训练模式下，每个副本用*自己那一块*的均值和方差做归一化，
-# 所以输出并不等于对整批做 BatchNorm。再看滑动统计量（running stats）：只有设备 0 上的副本与你的模型
-# 共享缓冲区，所以这一步之后 `running_mean` 里**只有设备 0 那一块**的统计；其他副本的更新随着副本
-# 一起被丢弃了。在 eval 模式下使用的是滑动统计量，DP 又与单设备一致。（DDP 也是按块归一化；
-# 第 07 章第 6 节会用 `SyncBatchNorm` 解决。）
+# 带**缓冲区**（buffer）的模型就不一样了。训练模式下，每个副本用*自己那一块*数据的均值和方差
+# 做归一化，所以输出并不等于在整批上做 BatchNorm。再看运行统计量（running statistics）：只有
+# 设备 0 上的副本与你的模型共享缓冲区，所以这一步之后，`running_mean` 里**只有设备 0 那一块**的
+# 统计；其他副本的更新随副本一起被丢掉了。eval 模式下用的是运行统计量，DP 又与单设备一致。
+# （DDP 同样是按块归一化，第 07 章第 6 节用 `SyncBatchNorm` 解决这个问题。）
 
 # %%
 torch.manual_seed(1)
@@ -348,12 +352,13 @@ print("eval: equals one device:", torch.allclose(P.DataParallel(bn, [0, 1, 2])(x
 # noise. Weight by the chunk sizes, or make the chunks equal.
 
 # %% [markdown] lang="zh"
-# ## 返回每个设备的 loss
+# ## 每个设备各返回一个损失
 #
-# 为了节省设备 0 的显存（见后面几节），模型常常在 `forward` 里直接算 loss。这时每个副本返回一个标量，
-# `gather` 把这些标量拼成一个向量，每个设备一个 loss（并给出警告），然后你调用 `loss.mean()`。
-# 这个平均值对每一**块**同等加权：块大小不相等时，它不等于整批的平均 loss。某篇源笔记提到的
-# Hugging Face 模型的“细微差异”就是这个原因，并不是噪声。解决办法：按块大小加权，或者让各块一样大。
+# 为了节省设备 0 的显存（见后面几节），模型常常在 `forward` 里直接算出损失。这时每个副本返回
+# 一个标量，`gather` 把这些标量拼成一个向量，每个设备一个损失（同时给出警告），你再调用
+# `loss.mean()`。这个平均对每一**块**同等加权：块大小不等时，它不等于整批的平均损失。某篇
+# 源笔记说 Hugging Face 模型的结果有“细微差异”，原因就在这里，并不是噪声。解决办法是按块大小
+# 加权，或者让各块一样大。
 
 # %%
 class WithLoss(nn.Module):
@@ -387,8 +392,8 @@ print(f"loss of whole batch  = {with_loss(xb, yb).item():.6f}")
 # %% [markdown] lang="zh"
 # ## 时间花在哪里，以及为什么 DDP 更快
 #
-# 下面记录 CNN 在 3 个设备上的一次训练步（先预热一步）。每一步都要重新 `replicate`（`forward`
-# 结束后副本就被丢弃），重新启动线程，而 loss 和优化器只在设备 0 上运行。
+# 下面记录 CNN 在 3 个设备上的一次训练步（之前先预热一步）。每一步都要重新 `replicate`
+# （`forward` 结束后副本就被丢掉了）、重新启动线程，而损失和优化器只在设备 0 上运行。
 
 # %%
 dp_cnn = P.DataParallel(make_cnn(), [0, 1, 2])
@@ -409,11 +414,12 @@ fig = viz.plot_timeline(step_trace)
 # overheads, not GPU speed-ups.)
 
 # %% [markdown] lang="zh"
-# 这些线程共享同一个解释器，`forward` 里的 Python 代码同一时刻只有一个线程在执行（GIL）；只有在
-# torch 内核里的时间可以重叠。一个由许多小操作组成的 `forward` 就能说明这一点：这里增加“设备”并不会
-# 更快。DDP 避开了所有这些开销：只在构造时复制一次模型，每块 GPU 一个进程（各有自己的解释器），
-# 输出和 loss 留在各自的 GPU 上，并且让梯度的全归约（all-reduce）与反向传播重叠。
-# （在这台 2 核 CPU 上，所有模拟设备共用同样的核心，所以这些时间展示的是额外开销，而不是 GPU 的加速。）
+# 这些线程共用一个解释器，`forward` 里的 Python 代码同一时刻只能有一个线程在执行（GIL）；
+# 只有花在 torch 算子内部的时间才能重叠。一个由许多小运算组成的 `forward` 就能说明这一点：
+# 在这里，“设备”越多并不会越快。DDP 避开了所有这些开销：只在构造时复制一次模型，每块 GPU
+# 一个进程（各有各的解释器），输出和损失都留在各自的 GPU 上，并让梯度的全归约（all-reduce）
+# 与反向传播重叠（overlap）。（这台机器只有 2 个 CPU 核，所有模拟设备都挤在上面，所以这些
+# 时间反映的是额外开销，而不是 GPU 带来的加速。）
 
 # %%
 class ManySmallOps(nn.Module):
@@ -456,9 +462,10 @@ with torch.no_grad():
 # %% [markdown] lang="zh"
 # ## 为什么设备 0 需要更多显存
 #
-# 设备 0 除了保存每个设备为自己那一块数据保存的东西，还要保存**整批**的收集后输出及其梯度、loss 为整批
-# 数据保存的张量，以及求和后的梯度。下面的柱状图统计了一次被记录的训练步中这些字节数。模型是一个小的
-# 分割式 CNN（每个像素 8 个类别分数，所以输出很大），数据均分到 4 个设备。
+# 每个设备都要为自己那一块数据保存一些张量；设备 0 除此之外，还要保存收集来的**整批**输出及其
+# 梯度、损失函数为整批数据保存的张量，以及求和后的梯度。下面的柱状图统计了一次训练步中这些
+# 张量的字节数。模型是一个小的分割式 CNN（每个像素 8 个类别分数，所以输出很大），数据均分给
+# 4 个设备。
 
 # %%
 class Segmenter(nn.Module):
@@ -486,7 +493,7 @@ def memory_kib(dp_model, loss_fn) -> dict:
 even_mem = memory_kib(P.DataParallel(seg, [0, 1, 2, 3]), nn.functional.cross_entropy)
 for d, kinds in even_mem.items():
     print(f"device {d}: {sum(kinds.values()) / 1024:5.0f} KiB")
-fig = viz.plot_memory(even_mem, dl.tr("even split, loss on device 0", "均分，loss 在设备 0 上计算"))
+fig = viz.plot_memory(even_mem, dl.tr("even split, loss on device 0", "均分，损失在设备 0 上计算"))
 
 # %% [markdown] lang="en"
 # ## A balanced DataParallel
@@ -500,9 +507,10 @@ fig = viz.plot_memory(even_mem, dl.tr("even split, loss on device 0", "均分，
 # %% [markdown] lang="zh"
 # ## 均衡的 DataParallel
 #
-# 源笔记给出的办法：给设备 0 一个更小的块（`gpu0_bsz`），其余数据分给其他设备。我们的规则是：如果默认切分
-# 给设备 0 的行数已经不超过 `gpu0_bsz`，就保持默认切分；否则设备 0 恰好分到 `gpu0_bsz` 行，其余设备平分
-# 剩下的行，除不尽的余数由编号较小的设备各多分一行。`gpu0_bsz=0` 时设备 0 不参与计算（但仍负责收集）。
+# 源笔记给出的办法：给设备 0 一个更小的块（`gpu0_bsz`），其余数据分给其他设备。我们的规则是：
+# 如果默认切分给设备 0 的行数已经不超过 `gpu0_bsz`，就保持默认切分；否则设备 0 恰好分到
+# `gpu0_bsz` 行，其余设备平分剩下的行，除不尽的余数由编号较小的设备各多分一行。`gpu0_bsz=0`
+# 时设备 0 不参与计算（但仍负责收集）。
 
 # %%
 dl.show_source(P.balanced_chunk_sizes)
@@ -510,14 +518,14 @@ dl.show_source(P.balanced_chunk_sizes)
 # %% [markdown] lang="en"
 # Below, three set-ups side by side: the even split, the balanced split with
 # `gpu0_bsz=2`, and the even split with the loss computed *inside* each replica (the
-# per-device losses of the previous section). Balancing only moves the chunk-sized part;
+# per-device losses above). Balancing only moves the chunk-sized part;
 # the whole-batch output and loss stay on device 0. Computing the loss in the replicas
 # removes them: device 0 then gathers 4 numbers.
 
 # %% [markdown] lang="zh"
-# 下面并排比较三种设置：均分；`gpu0_bsz=2` 的均衡切分；以及均分但在每个副本*内部*计算 loss（即上一节的
-# 每设备 loss）。均衡切分只能挪走与块大小成正比的那部分；整批的输出和 loss 仍然留在设备 0 上。在副本内部
-# 计算 loss 则把它们去掉了：设备 0 只需收集 4 个数。
+# 下面并排比较三种做法：均分；`gpu0_bsz=2` 的均衡切分；均分，但在每个副本*内部*计算损失
+# （即前面“每个设备各返回一个损失”一节的做法）。均衡切分只能挪走随块大小变化的那部分；整批的
+# 输出和损失仍然留在设备 0 上。在副本内部计算损失，才能把这两样去掉：设备 0 只需收集 4 个数。
 
 # %%
 print("balanced chunk sizes:", P.balanced_chunk_sizes(32, 4, 2))
@@ -530,7 +538,7 @@ for d in range(4):
           f"balanced {sum(bal_mem[d].values()) / 1024:5.0f} KiB | "
           f"loss inside {sum(inside_mem[d].values()) / 1024:5.0f} KiB")
 fig = viz.plot_memory(bal_mem, dl.tr("balanced, gpu0_bsz=2", "均衡，gpu0_bsz=2"))
-fig = viz.plot_memory(inside_mem, dl.tr("even, loss inside the replicas", "均分，loss 在副本内计算"))
+fig = viz.plot_memory(inside_mem, dl.tr("even, loss inside the replicas", "均分，损失在副本内计算"))
 
 # %% [markdown] lang="en"
 # ### What `gpu0_bsz=0` also turns off
@@ -557,19 +565,20 @@ fig = viz.plot_memory(inside_mem, dl.tr("even, loss inside the replicas", "均�
 # %% [markdown] lang="zh"
 # ### `gpu0_bsz=0` 还会关掉什么
 #
-# 只有设备 0 上的副本与你的模型共享参数和缓冲区；其他副本都是拷贝，前向传播结束后就被丢弃。
+# 只有设备 0 上的副本与你的模型共享参数和缓冲区；其他副本都是拷贝，前向传播结束后就被丢掉。
 # torch 在 `nn.DataParallel` 文档字符串的警告里写明了这一点（`torch/nn/parallel/data_parallel.py`）：
-# “在 `forward` 中对模块的更新会丢失”（计数器永远停留在初始值），只有对设备 0 上参数和缓冲区的
-# **原地**更新会被保留，BatchNorm 的运行统计量正是靠这一点才能更新。所以 `gpu0_bsz=0` 时，
-# 设备 0 上不运行任何副本，BatchNorm 的 `running_mean`、`running_var` 和 `num_batches_tracked`
-# **始终不变**：评估时模型仍用初始统计量（均值 0、方差 1）做归一化。下面的单元用本包的
-# `BalancedDataParallel` 在 3 个模拟设备上运行；模型还会统计自己被调用的次数，并在 `forward`
-# 中记录看到的行数：在 `forward` 中设置的属性都设置在副本上，任何情况下都会丢失。
+# “在 `forward` 中对模块的更新会丢失”（计数器会一直停在初始值），只有对设备 0 上的参数和
+# 缓冲区的**原地**（in-place）更新才会保留下来，BatchNorm 的运行统计量正是靠这一点更新的。所以
+# `gpu0_bsz=0` 时，设备 0 上不运行任何副本，BatchNorm 的 `running_mean`、`running_var` 和
+# `num_batches_tracked` **始终不变**：评估时，模型仍然用初始统计量（均值 0、方差 1）做归一化。
+# 下面的单元用本包的 `BalancedDataParallel` 在 3 个模拟设备上运行；模型还会统计自己被调用的
+# 次数，并在 `forward` 里记下看到的行数：在 `forward` 里设置的属性都落在副本上，无论哪种切分
+# 都会丢失。
 #
-# dropout 也逃不出“每个副本在自己的设备上”这一点：在 GPU 上，每个副本的 dropout 掩码来自
-# **它所在设备**的随机数生成器，所以要让 DP 的运行可复现，需要 `torch.cuda.manual_seed_all`
-# （或者会给所有设备播种的 `torch.manual_seed`），而且这些掩码与同一种子下单设备运行的掩码不同。
-# （这里没有运行：需要 2 块 GPU。模拟设备共用同一个 CPU 随机数生成器。）
+# dropout 也一样，每个副本都在自己的设备上运行：在 GPU 上，每个副本的 dropout 掩码来自**它所在
+# 设备**的随机数生成器。所以要让 DP 的结果可复现，需要用 `torch.cuda.manual_seed_all` 设定种子
+# （`torch.manual_seed` 也可以，它会给所有设备设定种子）；而且即使种子相同，这些掩码也与单设备
+# 运行时的不同。（这里不运行这个例子：它需要 2 块 GPU，而模拟设备共用同一个 CPU 随机数生成器。）
 
 # %%
 class CountingBN(nn.Module):
@@ -610,11 +619,12 @@ print("one device, device 0's 2 rows: running_mean", one.bn.running_mean.numpy()
 # %% [markdown] lang="zh"
 # ### 源笔记里均衡 DataParallel 的两个错误
 #
-# 1. 只要 `gpu0_bsz` 不*小于其他设备的份额*，它就退回默认切分。10 行、4 个设备、`gpu0_bsz=2` 时，
-#    其他设备的份额是 (10 - 2) // 3 = 2，于是退回 `torch.chunk`，结果设备 0 分到了**三**行，
-#    超过了要求遵守的上限。应当与设备 0 在*默认切分*下的份额比较（下面重新实现了笔记的规则来对比）。
-# 2. 它把 `chunk_sizes` 传给 `torch.nn.parallel.scatter_kwargs`，而这个函数没有这个参数（那段代码原本
-#    来自一个自带 `scatter_kwargs` 的项目）：调用会直接失败。
+# 1. 只要 `gpu0_bsz` 不*小于其他设备的份额*，它就退回默认切分。10 行、4 个设备、`gpu0_bsz=2`
+#    时，其他设备的份额是 (10 - 2) // 3 = 2，于是退回 `torch.chunk`，结果设备 0 分到了**三**行，
+#    超过了它本该遵守的上限。应当比较的是设备 0 在*默认切分*下的份额（下面重新实现了源笔记的
+#    规则，以便对照）。
+# 2. 它把 `chunk_sizes` 传给 `torch.nn.parallel.scatter_kwargs`，可这个函数没有这个参数（那段
+#    代码抄自一个自带 `scatter_kwargs` 的项目）：调用直接失败。
 
 # %%
 import inspect
@@ -657,10 +667,10 @@ viz.chunk_sizes_widget()
 # %% [markdown] lang="zh"
 # ## `.module`、保存与加载
 #
-# 包装器把你的模型保存在 `.module` 里，所以它的 `state_dict` 的每个键都以 `"module."` 开头。
-# 保存 `dp.module.state_dict()`（不带前缀的键），然后加载到 `dp.module` 或普通模型里。某篇源笔记保存的是
-# `model.module.state_dict()`，却加载进一个新建的 `DataParallel(...)`：键对不上。如果你手里的文件带有
-# `module.` 前缀，可以用 `consume_prefix_in_state_dict_if_present` 去掉前缀。
+# 包装器把你的模型保存在 `.module` 里，所以包装器 `state_dict` 中的每个键都以 `"module."` 开头。
+# 应当保存 `dp.module.state_dict()`（键不带前缀），再加载到 `dp.module` 或普通模型里。某篇
+# 源笔记保存的是 `model.module.state_dict()`，却加载进一个新建的 `DataParallel(...)`：键对不上。
+# 如果你手里的文件带有 `module.` 前缀，可以用 `consume_prefix_in_state_dict_if_present` 去掉。
 
 # %%
 import io
@@ -697,12 +707,13 @@ print("plain model loads the stripped keys:", make_cnn().load_state_dict(prefixe
 # %% [markdown] lang="zh"
 # ## 源笔记中的另外两个错误
 #
-# **包装后立刻解包。** `net = DataParallel(model); net = net.module` 拿回的就是原来的模型：
-# 不会切分数据，所有工作都由一个设备完成。训练时保留包装器，只在保存或查看时使用 `.module`。
+# **包装后立刻解包**。`net = DataParallel(model); net = net.module` 拿回的就是原来的模型：
+# 数据不会被切分，所有工作都由一个设备完成。训练时要保留包装器，只在保存或查看时使用
+# `.module`。
 #
-# **包装优化器。** `DataParallel(optimizer)` 没有意义：优化器不是 Module，它只更新创建它时传入的模型
-# 参数，而这正是你需要的。在 CPU 上 PyTorch 一声不吭地接受了它，但包装后的对象没有 `step()`；
-# 我们的版本会直接拒绝，并给出清楚的提示。
+# **包装优化器**。`DataParallel(optimizer)` 没有意义：优化器不是 Module，它只更新创建它时传入的
+# 那个模型的参数，而这正是你想要的。在 CPU 上，PyTorch 一声不吭地接受了它，但包装出来的对象
+# 没有 `step()`；我们的版本会直接拒绝，并给出清楚的提示。
 
 # %%
 net = P.DataParallel(Talker(), [0, 1, 2])
@@ -767,10 +778,11 @@ else:
 # ## 练习 1：均衡切分的块大小（2 分）
 #
 # 编写 `balanced_chunk_sizes(batch_size, num_devices, gpu0_bsz)`，返回每个设备分到的行数列表，
-# 规则与“均衡的 DataParallel”一节相同：当 `torch.chunk` 的切分（用 0 补齐到 `num_devices` 项）给设备 0
-# 的行数不超过 `gpu0_bsz`，或者只有一个设备时，保持这个切分；否则设备 0 分到 `gpu0_bsz` 行，其余设备平分
-# 剩下的行，余数由编号较小的设备各多分一行。不要调用 `P.balanced_chunk_sizes`。隐藏测试用例包括
-# `gpu0_bsz=0`、批大小小于设备数，以及源笔记的规则出错的情况。
+# 规则与“均衡的 DataParallel”一节相同：当 `torch.chunk` 的切分（用 0 补齐到 `num_devices` 项）
+# 给设备 0 的行数不超过 `gpu0_bsz`，或者只有一个设备时，保持这个切分；否则设备 0 分到
+# `gpu0_bsz` 行，其余设备平分剩下的行，余数由编号较小的设备各多分一行。不要调用
+# `P.balanced_chunk_sizes`。隐藏测试用例包括 `gpu0_bsz=0`、批大小小于设备数，以及源笔记的规则
+# 出错的情况。
 
 # %% tags=["exercise"]
 def balanced_chunk_sizes(batch_size: int, num_devices: int, gpu0_bsz: int) -> list[int]:
@@ -803,11 +815,11 @@ dl.grade("03.balanced_chunks", balanced_chunk_sizes)
 # %% [markdown] lang="zh" tags=["exercise"]
 # ## 练习 2：带反向传播的 gather（3 分）
 #
-# 编写自动求导函数 `MyGather`：`MyGather.apply(target_device, dim, *inputs)` 沿 `dim` 拼接各个输入
-# （我们的版本还会把它们拷贝到 `target_device`；你可以忽略设备）。它的 `backward` 必须把输出梯度中
-# 来自每个输入的那一段交还给该输入：各块的**大小可以不同**，`dim` 也可能是 1。`forward` 的每个参数都要
-# 返回一个梯度（`target_device` 和 `dim` 返回 `None`）。评分单元会在隐藏的形状上，把数值和梯度与单设备的
-# `torch.cat` 比较。
+# 编写自动求导函数 `MyGather`：`MyGather.apply(target_device, dim, *inputs)` 沿 `dim` 拼接各个
+# 输入（我们的版本还会把它们拷贝到 `target_device`；你可以不管设备）。它的 `backward` 必须把
+# 输出梯度中来自每个输入的那一段交还给这个输入：各块的**大小可以不同**，`dim` 也可能是 1。
+# 要为 `forward` 的每个参数各返回一个梯度（`target_device` 和 `dim` 返回 `None`）。评分单元会
+# 在隐藏的形状上，把数值和梯度与单设备的 `torch.cat` 比较。
 
 # %% tags=["exercise"]
 class MyGather(torch.autograd.Function):
@@ -846,12 +858,12 @@ dl.grade("03.gather", MyGather)
 # %% [markdown] lang="zh"
 # ## 小结
 #
-# - DP 每一步的前向都是 scatter、replicate、parallel_apply、gather；反向按相反顺序执行：
-#   输出梯度被切分分发，参数梯度被求和。
-# - 除了使用批统计量的层以外，它的计算结果与单设备完全相同。
-# - 它慢的原因是每步都要复制模型、GIL，以及集中在设备 0 上的工作；设备 0 的显存占用也最大，
-#   均衡切分有所帮助，在副本内部计算 loss 帮助更大。
+# - DP 每个训练步的前向传播依次执行切分分发、复制、并行执行、收集（scatter、replicate、
+#   parallel_apply、gather）；反向按相反的顺序执行：输出的梯度被切分分发，参数梯度被求和。
+# - 除了用到批统计量的层，它算出的结果与单设备完全相同。
+# - 它慢，是因为每一步都要重新复制模型、受 GIL 限制，而且很多工作集中在设备 0 上；设备 0
+#   的显存占用也最大：均衡切分能缓解一些，在副本内部计算损失效果更好。
 # - 保存 `dp.module.state_dict()`；不要在训练前解包；不要包装优化器。
 #
-# 下一步：第 04 章讲进程之间的集合通信，它是 DistributedDataParallel（每个设备一个进程）的
-# 基础；第 07 章会从零实现 DistributedDataParallel。
+# 下一步：第 04 章讲进程之间的集合通信（collective communication），它是
+# DistributedDataParallel（每个设备一个进程）的基础；第 07 章会从零实现 DistributedDataParallel。
