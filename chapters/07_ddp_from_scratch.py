@@ -31,14 +31,14 @@
 # %% [markdown] lang="zh"
 # # 07 从零实现 DDP
 #
-# `DistributedDataParallel`（DDP）建立在两个想法上。每个 rank 都持有模型的完整
-# **副本**（replica）；构造包装器时，rank 0 的参数和缓冲区被**广播**（broadcast）到所有
-# rank，所以副本一开始完全相同。之后每次反向传播结束，每个 rank 都把自己的**梯度**替换为
-# 所有 rank 的平均值（一次**全归约**，all-reduce），再执行相同的优化器步骤，所以副本一直
-# 保持相同。本章先手动走一遍迭代，每个单元一步，每步之后查看每个 rank 上的张量。然后实现
-# 两遍：先写一个只有几行的朴素版本，再写一个带**桶**（bucket）、让通信与反向计算
-# **重叠**（overlap）的版本，也就是 PyTorch 的做法。对照标准始终是 torch 自己的
-# `DistributedDataParallel`。
+# `DistributedDataParallel`（DDP）建立在两个想法之上。每个 rank（进程编号）都持有模型的完整
+# **副本**（replica）；构造包装器时，rank 0 的参数和缓冲区会被**广播**（broadcast）到所有
+# rank，所以各副本一开始完全相同。之后每次反向传播结束，每个 rank 都把自己的**梯度**
+# （gradient）换成所有 rank 上的平均值，这一步是一次**全归约**（all-reduce），然后各 rank
+# 执行相同的优化器步骤，所以各副本始终保持相同。本章先手动走完一次迭代：每个单元做一步，
+# 每步之后查看每个 rank 上的张量。然后把 DDP 实现两遍：先写一个只有几行的朴素版本，再像
+# PyTorch 那样写一个带**桶**（bucket）的版本，让通信与反向计算**重叠**（overlap）。对照标准
+# 始终是 torch 自己的 `DistributedDataParallel`。
 
 # %%
 import copy
@@ -68,11 +68,10 @@ print(torch.__version__, "| CUDA GPUs:", torch.cuda.device_count())
 # %% [markdown] lang="zh"
 # ## 1. 逐个单元走一遍 DDP 的一次迭代
 #
-# 在看任何包装器之前，先在 2 个常驻的 rank 上手动完成 DDP 在一个训练步里做的事：
-# `dl.start(2)` 启动它们并只初始化一次**进程组**（process group）；以 `%%ranks` 开头的
-# 单元在两个 rank 上运行，变量会保留到下一个单元；`dl.pull("expr")` 把每个 rank 上 `expr`
-# 的值取回本 notebook，结果是按 rank 顺序排列的列表。这样每做一步，你都能查看每个 rank
-# 上的张量。
+# 先不用任何包装器，在 2 个常驻的 rank 上手动完成 DDP 在一个训练步里做的事：`dl.start(2)`
+# 启动它们，并只初始化一次**进程组**（process group）；以 `%%ranks` 开头的单元在两个 rank 上
+# 运行，变量会保留到下一个单元；`dl.pull("expr")` 把每个 rank 上 `expr` 的值取回本 notebook，
+# 得到一个按 rank 顺序排列的列表。这样每做一步，你都能查看每个 rank 上的张量。
 
 # %%
 dl.start(2, backend="gloo")
@@ -82,8 +81,8 @@ dl.start(2, backend="gloo")
 # seed each rank differently on purpose, so the replicas start different.
 
 # %% [markdown] lang="zh"
-# **第 1 步：每个 rank 一个副本。** 每个 rank 构建模型和优化器。这里故意给每个 rank
-# 不同的随机种子，所以各副本一开始并不相同。
+# **第 1 步：每个 rank 一个副本**。每个 rank 构建模型和优化器。这里故意给每个 rank 设定不同的
+# 随机种子，让各副本一开始就不相同。
 
 # %%
 # %%ranks
@@ -98,9 +97,8 @@ print("weight", model.weight.data, "bias", model.bias.data)
 # per rank, and now they are equal.
 
 # %% [markdown] lang="zh"
-# **第 2 步：广播。** 构造 `DistributedDataParallel(model)` 时，rank 0 的参数（和缓冲区）
-# 会被**广播**（broadcast）到每个 rank。手动做一遍，再把权重取回来：每个 rank 一项，
-# 现在它们相等了。
+# **第 2 步：广播**。构造 `DistributedDataParallel(model)` 时，rank 0 的参数（和缓冲区）会被
+# **广播**到每个 rank。这里手动做一遍，再把权重取回来：每个 rank 一项，现在它们相等了。
 
 # %%
 # %%ranks
@@ -118,9 +116,9 @@ print("identical on every rank:", all(torch.equal(w, weights[0]) for w in weight
 # model, different data: the losses differ.
 
 # %% [markdown] lang="zh"
-# **第 3 步：前向，每个 rank 用自己的数据。** `DistributedSampler` 会给每个 rank 分配
-# 数据集的不同部分；这里每个 rank 自己抽取一个 4 个样本的批。模型相同，数据不同，所以
-# 损失不同。
+# **第 3 步：前向传播，每个 rank 用自己的数据**。`DistributedSampler` 会给每个 rank 分配数据集
+# 的不同部分；这里每个 rank 自己抽取一个 4 个样本的批。模型相同、数据不同，所以损失（loss）
+# 也不同。
 
 # %%
 # %%ranks
@@ -135,8 +133,8 @@ print(f"loss {loss.item():.4f}")
 # replicas would drift apart.
 
 # %% [markdown] lang="zh"
-# **第 4 步：反向传播。** 每个 rank 计算自己损失的**梯度**。把梯度取回来比较：它们不同；
-# 如果每个 rank 现在就执行优化器步骤，各副本就会分道扬镳。
+# **第 4 步：反向传播**。每个 rank 计算自己损失的**梯度**。把梯度取回来比较：它们不同；如果
+# 每个 rank 现在就执行优化器步骤，各副本就会彼此偏离。
 
 # %%
 # %%ranks
@@ -154,8 +152,8 @@ print("identical on every rank:", torch.equal(local[0], local[1]))
 # gradient over the ranks with `all_reduce`, then divide by the world size.
 
 # %% [markdown] lang="zh"
-# **第 5 步：对梯度做全归约。** 这就是 DDP 给训练步增加的内容：用 `all_reduce` 把每个
-# 梯度在所有 rank 上求和，再除以 world size。
+# **第 5 步：对梯度做全归约**。这正是 DDP 给训练步增加的东西：用 `all_reduce` 把每个梯度在所有
+# rank 上求和，再除以 world size（进程总数）。
 
 # %%
 # %%ranks
@@ -176,9 +174,9 @@ print("the mean of the local gradients:", torch.allclose(synced[0], (local[0] + 
 # all pulled from the ranks.
 
 # %% [markdown] lang="zh"
-# 为什么平均值就是正确的梯度：当损失取平均、每个 rank 的批大小相同时，各 rank 梯度的
-# 平均值就是全部 8 个样本上损失的梯度。在本 notebook 里用单个进程验证一下，用的是从
-# 各 rank 取回的 rank 0 的模型和所有 rank 的数据。
+# 为什么平均值就是正确的梯度：当损失取平均、每个 rank 的批大小相同时，各 rank 梯度的平均值
+# 就是全部 8 个样本上损失的梯度。在本 notebook 里用单个进程验证一下：模型用从 rank 0 取回的
+# 参数，数据用从所有 rank 取回的批。
 
 # %%
 single = nn.Linear(3, 1)
@@ -194,8 +192,8 @@ print("equal to the all-reduced gradient:", torch.allclose(single.weight.grad, s
 # has to synchronise parameters again after the first broadcast.
 
 # %% [markdown] lang="zh"
-# **第 6 步：优化器步骤。** 每个 rank 把相同的梯度应用到相同的参数上，所以执行完这一步后
-# 各副本仍然相同。这就是为什么 DDP 在第一次广播之后再也不需要同步参数。
+# **第 6 步：优化器步骤**。每个 rank 把相同的梯度应用到相同的参数上，所以这一步之后各副本仍然
+# 相同。这就是为什么 DDP 在第一次广播之后再也不需要同步参数。
 
 # %%
 # %%ranks
@@ -213,9 +211,9 @@ print("changed by the step:", not torch.equal(after[0], weights[0]))
 # next sections wrap these steps in a class, then make the all-reduce overlap the backward.
 
 # %% [markdown] lang="zh"
-# 这就是 DDP 的一次完整迭代。`dl.status()` 显示这两个 rank 进程；用完后停止它们（关闭
-# notebook 或重启内核也会停止它们）。接下来的几节先把这些步骤包装成一个类，再让全归约与
-# 反向传播重叠。
+# 这就是 DDP 的一次完整迭代。`dl.status()` 显示这两个 rank 进程；用完之后把它们停掉（关闭
+# notebook 或重启内核也会停掉它们）。接下来几节先把这些步骤包装成一个类，再让全归约与反向
+# 传播重叠。
 
 # %%
 dl.status()
@@ -240,15 +238,15 @@ dl.stop()
 # %% [markdown] lang="zh"
 # ## 2. 朴素 DDP
 #
-# 下面是包里朴素包装器的全部代码。请读 `__init__`（广播）、`forward`（像 torch 在
-# `forward_sync_buffers=True`（默认值）时那样使用 rank 0 的缓冲区）和 `sync_gradients`
-# （先除以 world size，再用 `all_reduce` 求和）。
+# 下面是包里朴素包装器的全部代码。请读 `__init__`（广播）、`forward`（使用 rank 0 的缓冲区，
+# 与 torch 在默认的 `forward_sync_buffers=True` 下的做法相同）和 `sync_gradients`（先除以
+# world size，再用 `all_reduce` 求和）。
 #
 # torch 2.13 给缓冲区开关改了名：`broadcast_buffers` 已弃用（会给出 FutureWarning），改用
-# `forward_sync_buffers`，而且两者的 `False` 含义不同。`forward_sync_buffers=False` 只是不在
-# 每次前向传播前复制，但构造时**仍然**同步缓冲区；旧的 `broadcast_buffers=False` 连构造时的
-# 同步也跳过缓冲区（`torch/nn/parallel/distributed.py` 的 `__init__`）。`NaiveDDP` 和
-# `BucketedDDP` 接受这两个名字，含义与 torch 相同；源码后面的单元展示两者的区别。
+# `forward_sync_buffers`，而且两者取 `False` 时含义不同。`forward_sync_buffers=False` 只是不再在
+# 每次前向传播前复制缓冲区，构造时**仍然**会同步；旧的 `broadcast_buffers=False` 则连构造时也
+# 不同步缓冲区（见 `torch/nn/parallel/distributed.py` 的 `__init__`）。`NaiveDDP` 和
+# `BucketedDDP` 两个名字都接受，含义与 torch 相同；源码后面的单元展示了两者的区别。
 
 # %%
 dl.show_source(NaiveDDP)
@@ -276,16 +274,15 @@ for line in sum(dl.spawn(buffers_after_wrapping, nprocs=2, backend="gloo"), []):
 
 
 # %% [markdown] lang="en"
-# Now the proof. Each rank builds its model from a **different** random seed (as the
+# Now the check. Each rank builds its model from a **different** random seed (as the
 # source notes do with `init_seeds(1 + rank)`), once with a frozen layer and once with
 # BatchNorm buffers. We wrap one copy in `NaiveDDP` and one in torch's `DDP`, train both
 # for five steps on each rank's own data, and compare.
 
 # %% [markdown] lang="zh"
-# 现在来验证。每个 rank 用**不同**的随机种子构建模型（就像原始笔记里
-# `init_seeds(1 + rank)` 的做法），一次带冻结层，一次带 BatchNorm 缓冲区。一份副本用
-# `NaiveDDP` 包装，另一份用 torch 的 `DDP` 包装，在每个 rank 自己的数据上各训练 5 步，
-# 然后比较。
+# 现在来验证。每个 rank 用**不同**的随机种子构建模型（源笔记用 `init_seeds(1 + rank)` 也是
+# 这样做的），一次带冻结层，一次带 BatchNorm 缓冲区。一份副本用 `NaiveDDP` 包装，另一份用
+# torch 的 `DDP` 包装，在每个 rank 自己的数据上各训练 5 步，然后比较。
 
 # %% tags=["lesson"]
 def frozen_mlp() -> nn.Module:
@@ -340,13 +337,13 @@ dl.spawn(naive_vs_torch, nprocs=2, backend="gloo")
 # and are not averaged.
 
 # %% [markdown] lang="zh"
-# 包装之前各副本不同；训练 5 步之后逐位相同，而且 `NaiveDDP` 得到的参数与 torch 的
-# 完全一样（0.0）。2 个 rank 时除以 2 是精确的；`tests/test_ddp.py` 还检查了 4 个 rank，
-# 那时 gloo 相加四个数的顺序可能改变最后一位，所以允许 1e-6 的误差。（这里只比较跨 rank
-# 的参数，不比较缓冲区：广播之后，每个 rank 的 BatchNorm 会用自己的批更新运行统计量，
-# torch 的 DDP 也是如此。）
+# 包装之前各副本不同；训练 5 步之后逐位相同，而且 `NaiveDDP` 得到的参数与 torch 的完全一样
+# （差为 0.0）。2 个 rank 时除以 2 是精确的；`tests/test_ddp.py` 还检查了 4 个 rank，这时 gloo
+# 把四个数相加的顺序可能改变最后一位，所以允许 1e-6 的误差。这里只比较各 rank 的参数，不比较
+# 缓冲区：广播之后，每个 rank 的 BatchNorm 都用自己的批更新运行统计量（running statistics），
+# torch 的 DDP 也是这样。
 #
-# 冻结参数也会被广播（它们是模型的一部分），但没有梯度，也不参与平均。
+# 冻结的参数也会被广播（它们是模型的一部分），但它们没有梯度，也不参与平均。
 
 # %% [markdown] lang="en"
 # ## 3. DDP = gradient accumulation? Only under conditions
@@ -368,16 +365,16 @@ dl.spawn(naive_vs_torch, nprocs=2, backend="gloo")
 # %% [markdown] lang="zh"
 # ## 3. DDP 等于梯度累积吗？有条件
 #
-# 原始笔记 000 说，N 个 rank 的 DDP“在没有 BN 时”与单进程对 N 个微批做梯度累积
-# （gradient accumulation）“完全一致”。下面的单元在相同数据上比较 DDP 平均后的梯度和
+# 源笔记 000 说，N 个 rank 上的 DDP“在没有 BN 时”与单进程对 N 个微批（micro-batch）做梯度
+# 累积（gradient accumulation）“完全一致”。下面的单元用同一份数据，比较 DDP 平均后的梯度和
 # 梯度累积（每个微批的损失除以 N）的结果：
 #
 # - 普通 MLP，`reduction="mean"`：相等；
-# - `reduction="sum"`：累积各个 sum 得到的是全批的和，而 DDP 会在 rank 之间取平均，所以它的
-#   梯度小 N 倍；
-# - dropout：每个 rank 用自己的随机数生成器抽取掩码，单进程抽到的掩码不同，梯度不同；
-# - BatchNorm：梯度相等（两种情况下每个微批都用自己的统计量归一化），但运行统计量
-#   不同：梯度累积会更新 N 次，DDP 保留的是 rank 0 的。
+# - `reduction="sum"`：把各微批的和累积起来，得到的是整批的和，而 DDP 会在 rank 之间取平均，
+#   所以 DDP 的梯度只有累积结果的 1/N；
+# - dropout：每个 rank 用自己的随机数生成器抽取掩码，单进程抽到的是另一组掩码，所以梯度不同；
+# - BatchNorm：梯度相等（两种做法都用每个微批自己的统计量做归一化），但运行统计量不同：梯度
+#   累积会更新 N 次，DDP 保留的是 rank 0 的。
 
 # %% tags=["lesson"]
 def ddp_vs_accumulation(rank, world_size=2, per_rank=8):
@@ -421,9 +418,9 @@ dl.spawn(ddp_vs_accumulation, nprocs=2, backend="gloo")
 # a sum loss by the number of micro-batches and by nothing under DDP, or use `mean`).
 
 # %% [markdown] lang="zh"
-# 所以，只有当模型是确定性的、损失取平均、数据切分相同时，这个说法才成立；BatchNorm 的
-# 运行统计量、dropout 的随机掩码和 `sum` 损失都会破坏它（梯度累积时把 sum 损失除以微批数，
-# DDP 下不除，或者直接用 `mean`）。
+# 所以，只有当模型是确定性的、损失取平均、数据的切分方式相同时，这个说法才成立；BatchNorm 的
+# 运行统计量、dropout 的随机掩码和 `sum` 损失都会破坏它。对 `sum` 损失，可以在梯度累积时把它
+# 除以微批数、在 DDP 下不除，或者直接改用 `mean`。
 
 # %% [markdown] lang="en"
 # ## 4. Buckets and overlap
@@ -465,33 +462,33 @@ dl.spawn(ddp_vs_accumulation, nprocs=2, backend="gloo")
 # %% [markdown] lang="zh"
 # ## 4. 桶与重叠
 #
-# 朴素版本要等整个反向传播结束，然后每个参数发一次消息。torch 做得更好：它把参数分组成
-# **桶**，一个桶的梯度全部就绪就立即做全归约，同时反向传播继续计算前面几层。这件事由每个
-# 参数的梯度累加器上的**钩子**（hook）完成（`torch/csrc/distributed/c10d/reducer.cpp`）：
-# 梯度一就绪，`Reducer::mark_variable_ready_dense` 就把它复制到桶的扁平缓冲区中属于它的位置，
-# 复制时**已经乘以 1/world_size**（`at::mul_out(bucket_view, grad, 1. / div_factor_)`）；桶里
-# 最后一个梯度到齐时，再对这块缓冲区发起一次异步 `all_reduce`（求和）。并不存在“桶凑齐后再展平”
-# 这一步。（这段代码我们是在 pytorch 主分支的 `reducer.cpp` 里读到的；2.13 的
-# `torch/nn/parallel/distributed.py` 中新参数 `batched_grad_copy=False` 的文档描述的也是
-# “逐参数把梯度复制进桶并做除法”；2.13 里的确切代码行未核对。）
+# 朴素版本要等整个反向传播结束，然后每个参数发一次消息。torch 做得更好：它把参数分组装进
+# **桶**，一个桶的梯度全部就绪，就立即对它做全归约，同时反向传播继续计算前面的层。这件事由每个
+# 参数的梯度累加器上的**钩子**（hook）完成（`torch/csrc/distributed/c10d/reducer.cpp`）：梯度
+# 一就绪，`Reducer::mark_variable_ready_dense` 就把它复制到桶的扁平缓冲区里属于它的位置，复制时
+# **已经乘以 1/world_size**（`at::mul_out(bucket_view, grad, 1. / div_factor_)`）；桶里最后一个
+# 梯度到齐时，再对这块缓冲区发起一次异步 `all_reduce`（求和）。并不存在“桶凑齐后再展平”这一步。
+# （这段代码我们读的是 pytorch 主分支的 `reducer.cpp`；2.13 版 `torch/nn/parallel/distributed.py`
+# 里新参数 `batched_grad_copy=False` 的文档字符串描述的也是“逐个参数把梯度复制进桶并做除法”；
+# 2.13 中对应的代码行我们没有核对。）
 #
-# 哪些参数共用一个桶，并不像“倒序、25 MiB、第一个桶 1 MiB”那么简单（torch 2.13 的
-# `torch/nn/parallel/distributed.py` 中的 `_ddp_init_helper` 和 `_BucketCapacityConfig`，
-# 以及 `reducer.cpp` 中的 `Reducer::rebuild_buckets`）：
+# 哪些参数共用一个桶，并不像“倒序、25 MiB、第一个桶 1 MiB”那么简单（见 torch 2.13 的
+# `torch/nn/parallel/distributed.py` 中的 `_ddp_init_helper` 和 `_BucketCapacityConfig`，以及
+# `reducer.cpp` 中的 `Reducer::rebuild_buckets`）：
 #
-# - **第一次迭代**只用**一个大小不设上限的桶**（上限为 `sys.maxsize`）：torch 还不知道梯度
-#   到达的顺序；
-# - 在这次反向传播中，归约器记录梯度到达的顺序，并在下一次前向传播之前按这个顺序遍历参数，
-#   **重建**各个桶：最先封口、也最先归约的那个桶（**输出**层）上限为 1 MiB
+# - **第一次迭代**只用**一个大小不设上限的桶**（上限为 `sys.maxsize`）：torch 还不知道梯度到达
+#   的顺序；
+# - 在这次反向传播中，归约器记下梯度到达的顺序，并在下一次前向传播之前按这个顺序遍历参数，
+#   **重建**各个桶：最先封口、也最先归约的那个桶（装的是**输出**层）上限为 1 MiB
 #   （`dist._DEFAULT_FIRST_BUCKET_BYTES`），其余的桶为 `bucket_cap_mb` = 25 MiB；
-# - 显式给出 `bucket_cap_mb`（哪怕是 `25`）时，每个桶都用这个上限：不再有 1 MiB 的桶；
+# - 显式给出 `bucket_cap_mb`（哪怕是 `25`）时，每个桶都用这个上限，不再有 1 MiB 的桶；
 # - 设置 `find_unused_parameters=True` 时，桶永远不会重建：构造时的分法保持不变，即按**定义**
-#   顺序遍历再反转，所以它那个 1 MiB 的桶装的是**输入**层，最后才归约。
+#   顺序遍历再反转，所以其中 1 MiB 的那个桶装的是**输入**层，最后才被归约。
 #
-# 下面的单元先数一数模型的大小，再在 2 个 rank 上询问 torch 的 DDP 实际是怎么分的
-# （`_get_ddp_logging_data()`，一个原型阶段的调试接口），并与本包的 `assign_buckets` 比较。
-# `assign_buckets` 计算的是重建后的分法，它假设梯度按定义的逆序到达（对 `nn.Sequential`
-# 成立；在一个 `Linear` 内部，偏置先于权重）。对应的测试在 `tests/test_bucketed_ddp.py`。
+# 下面的单元先数一数模型的大小，再在 2 个 rank 上读出 torch 的 DDP 实际的分法（通过原型阶段的
+# 调试接口 `_get_ddp_logging_data()`），并与本包的 `assign_buckets` 比较。`assign_buckets` 算的是
+# 重建后的分法，它假设梯度按定义的逆序到达（对 `nn.Sequential` 成立；在一个 `Linear` 内部，偏置
+# 先于权重）。它的测试在 `tests/test_bucketed_ddp.py`。
 
 # %%
 def wide_mlp(width=512, depth=4):
@@ -546,11 +543,11 @@ for kwargs, first, rebuilt in dl.spawn(ddp_buckets, nprocs=2, backend="gloo")[0]
 # parameters share a bucket for other caps.
 
 # %% [markdown] lang="zh"
-# 解读一下：默认情况下，第一次迭代只有一个装下全部 4.28 MiB 的桶；重建之后，桶 0 是
-# `11 10 9 8`（最后两层，按到达顺序第一个超过 1 MiB 的组合），其余参数共用一个 25 MiB 的桶。
-# `bucket_cap_mb=25` 让所有参数都在同一个桶里；`find_unused_parameters=True` 保留构造时的分法，
-# 其中那个小桶装的是最前面几层（大小按归约顺序列出）。拖动滑块，看看其他上限下哪些参数共用
-# 一个桶。
+# 读一下结果：默认情况下，第一次迭代只有一个桶，装下全部 4.28 MiB；重建之后，桶 0 是
+# `11 10 9 8`（最后两层：按到达顺序累加，第一次超过 1 MiB 时封口），其余参数共用一个 25 MiB 的
+# 桶。`bucket_cap_mb=25` 让所有参数都在同一个桶里；`find_unused_parameters=True` 保留构造时的
+# 分法，其中那个小桶装的是最前面几层（各桶的大小按归约顺序列出）。拖动滑块，看看换成其他上限
+# 时哪些参数共用一个桶。
 
 # %%
 bucket_widget(wide_mlp(), caps_mb=(0.5, 1, 2, 4, 25))
@@ -560,8 +557,8 @@ bucket_widget(wide_mlp(), caps_mb=(0.5, 1, 2, 4, 25))
 # index order: every rank must issue the same collectives in the same order.
 
 # %% [markdown] lang="zh"
-# 下面是 `BucketedDDP` 中的钩子和发送部分。注意桶严格按编号顺序发送：每个 rank 必须以
-# 相同顺序发起相同的集合通信。
+# 下面是 `BucketedDDP` 中的钩子和发起通信的部分。注意各个桶严格按编号顺序发起：每个 rank 都必须
+# 以相同的顺序发起相同的集合通信（collective）。
 
 # %%
 dl.show_source(BucketedDDP._on_grad_ready)
@@ -577,10 +574,10 @@ dl.show_source(BucketedDDP._launch)
 # alike). The benchmark `benchmarks/bench_ddp.py` does the same with more steps.
 
 # %% [markdown] lang="zh"
-# 现在在 2 个 rank 上用 `wide_mlp(1024, 2)`（单元会打印它的大小；`bucket_cap_mb=2`）测量一条
-# **时间线**，并在同一次运行中测量同一个模型上 `BucketedDDP`、torch 的 `DDP` 和
-# `NaiveDDP` 每一步的时间中位数（交替运行，让机器负载对三者的影响相同）。基准脚本
-# `benchmarks/bench_ddp.py` 做的是同样的事，只是步数更多。
+# 现在用 `wide_mlp(1024, 2)`（单元会打印它的大小）和 `bucket_cap_mb=2`，在 2 个 rank 上实测
+# 一条**时间线**；同一次运行里，还在这个模型上测出 `BucketedDDP`、torch 的 `DDP` 和 `NaiveDDP`
+# 每一步耗时的中位数（三者交替运行，让机器负载对它们的影响相同）。基准脚本
+# `benchmarks/bench_ddp.py` 做的是同一件事，只是步数更多。
 
 # %% tags=["lesson"]
 def timeline_and_step_times(rank, steps=6):
@@ -617,16 +614,17 @@ plot_timeline(step);
 # 2-core CPU the gloo threads compete with backward for the same cores, so the saving is
 # small; on GPUs with NCCL, communication runs on its own stream and the overlap is what
 # lets DDP scale. The step-time ratio printed above is measured, not assumed: the goal for
-# `BucketedDDP` is at most 1.3x torch's DDP.
+# `BucketedDDP` is at most 1.3× torch's DDP.
 
 # %% [markdown] lang="zh"
-# 每个橙色条是一个桶的全归约；大多数在反向传播（蓝色）还没结束时就开始了，标题给出被反向
-# 计算掩盖的通信时间比例。在这台 2 核 CPU 上，gloo 的线程与反向计算争用同样的核，所以节省
-# 不多；在使用 NCCL 的 GPU 上，通信在单独的流上运行，正是这种重叠让 DDP 能够扩展。上面
-# 打印的步时比例是实测的，不是假设的：`BucketedDDP` 的目标是不超过 torch DDP 的 1.3 倍。
+# 每个橙色条是一个桶的全归约；大多数橙色条在反向传播（蓝色）还没结束时就开始了，标题给出了被
+# 反向计算掩盖掉的通信时间所占的比例。这台机器只有 2 个 CPU 核，gloo 的线程要和反向计算抢同样
+# 的核，所以省下的时间不多；在 GPU 上用 NCCL 时，通信在单独的流上运行，正是这种重叠让 DDP 能
+# 随 GPU 数量扩展。上面打印的步时之比是实测出来的，不是假设的：`BucketedDDP` 的目标是步时不
+# 超过 torch DDP 的 1.3 倍。
 
 # %% [markdown] lang="en"
-# ## 5. Four facts about torch's DDP, each proved on 2 ranks
+# ## 5. Four facts about torch's DDP, each checked on 2 ranks
 #
 # 1. **`no_sync()`**: backward passes inside it only accumulate local gradients; the next
 #    one outside syncs the sum. Two micro-batches with `no_sync` give the same gradients
@@ -647,20 +645,20 @@ plot_timeline(step);
 #    incomplete; without the flag, DDP raises an error on the next iteration.
 
 # %% [markdown] lang="zh"
-# ## 5. 关于 torch DDP 的四个事实，各自在 2 个 rank 上证明
+# ## 5. 关于 torch DDP 的四个事实，各在 2 个 rank 上验证
 #
-# 1. **`no_sync()`**：在它里面的反向传播只在本地累积梯度；之后在它外面的那一次反向传播
-#    同步累积的和。用 `no_sync` 处理两个微批，与一次处理两个微批得到的梯度相同（差别仅在
-#    float32 舍入误差以内）。起决定作用的是**前向传播**在哪里运行：DDP 在 `forward` 中做决定
-#    （`torch/nn/parallel/distributed.py` 的 `_post_forward` 只在 `no_sync` 之外调用
-#    `reducer.prepare_for_backward`；否则 `torch/csrc/distributed/c10d/reducer.cpp` 的
-#    `Reducer::autograd_hook` 直接返回）。前向在外、反向在 `no_sync` 内，仍然会同步；前向在内、
-#    反向在外，则不会同步。四个事实之后的单元对 torch 的 DDP 和遵循同一规则的 `BucketedDDP`
+# 1. **`no_sync()`**：在它里面执行的反向传播只在本地累积梯度；之后在它外面的下一次反向传播
+#    再同步累积下来的和。用 `no_sync` 分两次处理两个微批，与一步同时处理这两个微批得到的梯度
+#    相同（差别在 float32 舍入误差以内）。起决定作用的是**前向传播**在哪里运行：DDP 在
+#    `forward` 中做决定（`torch/nn/parallel/distributed.py` 的 `_post_forward` 只在 `no_sync`
+#    之外调用 `reducer.prepare_for_backward`；否则 `torch/csrc/distributed/c10d/reducer.cpp` 的
+#    `Reducer::autograd_hook` 直接返回）。前向在 `no_sync` 外、反向在内，仍然会同步；前向在内、
+#    反向在外，则不会同步。四个事实之后的单元对 torch 的 DDP 和 `BucketedDDP`（它遵循同一规则）
 #    运行这两种混合情况。
-# 2. **只在 rank 0 加载检查点**（checkpoint）再包装：DDP 在构造时广播，所以每个 rank 都会
-#    得到它（也不需要 `torch.manual_seed(42)`，与原始笔记 001 的说法相反）。
-# 3. 为数据增强给**每个 rank 不同的随机种子**没有问题（而且应该这样做）：包装之后模型仍然相同。
-# 4. **`find_unused_parameters`**：没有得到梯度的参数会让它所在的桶凑不齐；不设这个参数时，
+# 2. **只在 rank 0 加载检查点**（checkpoint），再包装：DDP 在构造时广播，所以每个 rank 都会得到
+#    它（也不需要 `torch.manual_seed(42)`，这与源笔记 001 的说法相反）。
+# 3. 为数据增强给**每个 rank 设不同的随机种子**没有问题（而且本该如此）：包装之后模型仍然相同。
+# 4. **`find_unused_parameters`**：没有得到梯度的参数会让它所在的桶一直凑不齐；不设这个参数时，
 #    DDP 会在下一次迭代时报错。
 
 # %% tags=["lesson"]
@@ -759,6 +757,7 @@ dl.spawn(mixed_no_sync, nprocs=2, backend="gloo");
 # inverse standard deviation and updates the running statistics. The **backward**
 # **all-reduces** (sum) two per-channel sums, `sum_dy` and `sum_dy_xmu`, to get the input
 # gradient; the weight and bias gradients are left to DDP's own all-reduce.
+#
 # `nn.SyncBatchNorm.convert_sync_batchnorm(model)` *returns* the converted model. Source
 # note 002 writes `nn.SyncBatchNorm.convert_sync_batchnorm(model).cuda()` and drops the
 # result. For a container such as `nn.Sequential` the children happen to be replaced in
@@ -768,17 +767,18 @@ dl.spawn(mixed_no_sync, nprocs=2, backend="gloo");
 # %% [markdown] lang="zh"
 # ## 6. SyncBatchNorm：记得接住返回值
 #
-# 普通 BatchNorm 用每个 rank 自己那一批的统计量做归一化；`SyncBatchNorm` 的归一化结果与在
+# 普通 BatchNorm 用每个 rank 自己那一批的统计量做归一化；`SyncBatchNorm` 的归一化结果则与在
 # 全局批上做 BatchNorm 相同。torch 2.13 里它是这样做的（`torch/nn/modules/_functions.py` 中的
-# `SyncBatchNorm` 类）：**前向**传播先算出本 rank 每个通道的（均值、invstd、样本数），再对它们做
-# **全收集**（all-gather）。用全收集而不是全归约，源码注释给出的理由是“各 rank 的样本数可能不同”。
-# 然后 `torch.batch_norm_gather_stats_with_counts` 把它们合成全局均值和标准差的倒数，并更新运行
-# 统计量。**反向**传播对两个按通道的和 `sum_dy`、`sum_dy_xmu` 做**全归约**（求和），用来算输入的
-# 梯度；权重和偏置的梯度交给 DDP 自己的全归约。
-# `nn.SyncBatchNorm.convert_sync_batchnorm(model)` **返回**转换后的模型。原始笔记 002 写的是
+# `SyncBatchNorm` 类）：**前向**传播先算出本 rank 每个通道的均值、invstd（标准差的倒数）和
+# 样本数，再对它们做**全收集**（all-gather）。之所以用全收集而不用全归约，源码注释给出的理由是
+# “各 rank 的样本数可能不同”。然后 `torch.batch_norm_gather_stats_with_counts` 把它们合成全局的
+# 均值和标准差的倒数，并更新运行统计量。**反向**传播对两个按通道求的和 `sum_dy`、`sum_dy_xmu`
+# 做**全归约**（求和），用来算输入的梯度；权重和偏置的梯度则交给 DDP 自己的全归约。
+#
+# `nn.SyncBatchNorm.convert_sync_batchnorm(model)` **返回**转换后的模型。源笔记 002 写的是
 # `nn.SyncBatchNorm.convert_sync_batchnorm(model).cuda()`，丢掉了返回值。对 `nn.Sequential`
-# 这样的容器，子模块恰好被原地替换，所以碰巧能用；而如果模型本身就是一个 BatchNorm 层，
-# 什么都不会改变。请始终写 `model = nn.SyncBatchNorm.convert_sync_batchnorm(model)`。
+# 这样的容器，子模块恰好被原地（in-place）替换，所以碰巧能用；而如果模型本身就是一个
+# BatchNorm 层，什么都不会改变。请始终写 `model = nn.SyncBatchNorm.convert_sync_batchnorm(model)`。
 
 # %%
 seq = nn.Sequential(nn.Linear(3, 3), nn.BatchNorm1d(3))
@@ -800,11 +800,12 @@ print("bare BatchNorm, result assigned:", type(nn.SyncBatchNorm.convert_sync_bat
 # `SyncBatchNorm` when 2 GPUs are present.
 
 # %% [markdown] lang="zh"
-# torch 的 DDP 只接受 GPU 上的 `SyncBatchNorm`，而且它用的内核（`torch.batch_norm_stats`）
-# 没有 CPU 版本。为了在这里也能看到效果，下一个单元在 CPU 上用同样的方式计算前向的统计量：
-# 每个 rank 全收集各自的（均值、invstd、样本数），合成全局均值和方差，再把每个 rank 的普通
-# BatchNorm 和它分别与全局批上的 BatchNorm 比较（两个 rank 故意分到不同行数）。再下一个单元
-# 在有 2 块 GPU 时运行真正的 `SyncBatchNorm`。
+# torch 的 DDP 只接受放在 GPU 上的 `SyncBatchNorm`，而且它调用的 `torch.batch_norm_stats` 等
+# 核函数（kernel）没有 CPU 版本。为了在这里也能看到效果，下一个单元在 CPU 上按同样的方法计算
+# 前向传播的统计量：每个 rank 全收集各 rank 的均值、invstd 和样本数，合成全局的均值和方差；
+# 然后把“每个 rank 各自做的普通 BatchNorm”和“用合成的统计量做的归一化”分别与全局批上的
+# BatchNorm 比较（两个 rank 故意分到不同的行数）。再下一个单元在有 2 块 GPU 时运行真正的
+# `SyncBatchNorm`。
 
 # %% tags=["lesson"]
 def sync_bn_by_hand(rank, world_size=2, eps=1e-5):
@@ -842,7 +843,7 @@ if torch.cuda.device_count() >= 2:
 else:
     print(dl.tr(en="[no 2 GPUs here] On 2 GPUs this cell wraps a SyncBatchNorm model in DDP with nccl "
                    "and prints identical running means on both ranks.",
-                zh="[此处没有 2 块 GPU] 在 2 块 GPU 上，本单元会用 nccl 把含 SyncBatchNorm 的模型包装进 "
+                zh="（这里没有 2 块 GPU）在 2 块 GPU 上，本单元会用 nccl 把含 SyncBatchNorm 的模型包装进 "
                    "DDP，并打印两个 rank 上相同的运行均值。"))
 
 # %% [markdown] lang="en"
@@ -872,20 +873,21 @@ else:
 # ## 7. 另一种做法：共享内存里的同一个模型（Hogwild）
 #
 # DDP 让每个进程持有**自己的**副本，并通过对梯度做全归约让它们保持一致。`torch.multiprocessing`
-# 在单机上提供了相反的做法：模型只有一份，放在**共享内存**里，所有进程都往里写。发送给另一个进程的
-# CPU 张量（经由 `torch.multiprocessing` 的队列，或者作为它启动的进程的参数）不会被复制：它的存储
-# 被移到共享内存（`share_memory_()`），接收方拿到的是指向同一块内存的句柄
+# 在单机上提供了相反的做法：模型只有一份，放在**共享内存**里，所有进程都往里写。发给另一个进程的
+# CPU 张量（经由 `torch.multiprocessing` 的队列，或者作为参数传给新启动的进程）不会被复制：它的
+# 存储被移到共享内存（`share_memory_()`），接收方拿到的是指向同一块内存的句柄
 # （`torch/multiprocessing/reductions.py`）。句柄以文件描述符的形式传递（共享策略
-# `file_descriptor`，Linux 上的默认值），或者以文件名的形式传递（`file_system`，用于打开的描述符
-# 过多时）；CUDA 张量走 CUDA IPC，发送方必须让它们一直存活。第一个单元把一个张量发给子进程，
-# 子进程原地加 1：父进程能看到这个变化。
+# `file_descriptor`，Linux 上的默认值），或者以文件名的形式传递（`file_system`，在打开的描述符
+# 太多时使用）；CUDA 张量走 CUDA IPC，发送方必须保证它们一直存活。第一个单元把一个张量发给
+# 子进程，子进程原地给它加 1：父进程能看到这个变化。
 #
-# **Hogwild**（Recht 等，2011；pytorch/examples 中的 `mnist_hogwild`）就建立在这一点上：
-# `model.share_memory()` 之后，几个进程各自用自己的优化器、在自己的数据上训练，**不加锁、也不做
-# 全归约**，直接写同一份参数。更新可能互相覆盖，进程之间从不同步，而且只能在一台机器内使用；DDP 则是
-# 同步的、精确的（平均梯度），还能跨机器。第二个单元用两个进程把一个共享的 `nn.Linear(2, 1)`
-# 训练到权重 (2, -3)。两个单元运行的都是 `ddp_lab/shared_memory.py` 中的函数，子进程用 "spawn"
-# 方式启动（每个子进程都要重新导入 torch，需要几秒）。
+# **Hogwild**（Recht 等，2011；pytorch/examples 中的 `mnist_hogwild`）就是建立在这一点上的训练
+# 方法：调用 `model.share_memory()` 之后，几个进程各自用自己的优化器、在自己的数据上训练，
+# **不加锁、也不做全归约**，直接写同一份参数。更新可能互相覆盖，各进程的步调从不一致，而且只能
+# 在一台机器内使用；DDP 则是同步的、精确的（用的是平均梯度），还能跨机器。第二个单元用两个进程
+# 把一个共享的 `nn.Linear(2, 1)` 朝权重 (2, -3) 训练。两个单元运行的都是
+# `ddp_lab/shared_memory.py` 中的函数，子进程以 `"spawn"` 方式启动（每个子进程都要重新导入
+# torch，需要几秒）。
 
 # %%
 from ddp_lab import shared_memory  # noqa: E402
@@ -916,15 +918,15 @@ print(shared_memory.hogwild(nprocs=2, steps=200))
 # ## 练习 1：朴素 DDP 包装器（3 分）
 #
 # 编写 `MyDDP(module)`，它是一个 `nn.Module`，包含：
-# - `__init__`：把 `module` 保存为 `self.module`，并把 rank 0 的参数（包括冻结的参数）
-#   和缓冲区广播到每个 rank；
-# - `forward(*args)`：先广播 rank 0 的缓冲区，再调用模块（torch 的 DDP 在每次训练的前向
-#   传播之前都这样做）；
+# - `__init__`：把 `module` 保存为 `self.module`，并把 rank 0 的参数（包括冻结的参数）和缓冲区
+#   广播到每个 rank；
+# - `forward(*args)`：先广播 rank 0 的缓冲区，再调用模块（torch 的 DDP 在每次训练的前向传播之前
+#   都这样做）；
 # - `sync_gradients()`：把每个已有的 `param.grad` 替换为它在所有 rank 上的平均值。
 #
-# 评分单元会在隐藏的模型和数据上训练你的包装器（每个 rank 从不同的模型开始），并与在全批上
-# 训练的单进程模型以及 torch 的 DDP 比较。求和而不是求平均、跳过初始广播、忘记缓冲区的
-# 实现都会失败。
+# 评分单元会在隐藏的模型和数据上训练你的包装器（每个 rank 从不同的模型开始），并与在全批上训练
+# 的单进程模型以及 torch 的 DDP 比较。如果实现求的是和而不是平均、跳过了初始广播或者漏掉了
+# 缓冲区，都无法通过。
 
 # %% tags=["exercise"]
 class MyDDP(nn.Module):
@@ -983,16 +985,16 @@ dl.grade("07.naive_ddp", MyDDP)
 # %% [markdown] lang="zh" tags=["exercise"]
 # ## 练习 2：分桶的梯度钩子（3 分）
 #
-# 补全 `GradBuckets`。构造函数（已给出）用 `assign_buckets` 把可训练参数分到各个桶里，并在
-# 每个参数上把 `on_grad_ready` 注册为 post-accumulate-grad 钩子。你需要编写：
-# - `on_grad_ready(param)`：统计 `param` 所在桶中已就绪的梯度；桶凑齐后，把它的梯度展平成
-#   一个张量并除以 world size，启动 `dist.all_reduce(flat, async_op=True)`，并保存 work、
+# 补全 `GradBuckets`。构造函数（已给出）用 `assign_buckets` 把可训练参数分到各个桶里，并在每个
+# 参数上把 `on_grad_ready` 注册为 post-accumulate-grad 钩子。你需要编写：
+# - `on_grad_ready(param)`：统计 `param` 所在桶中已就绪的梯度；桶凑齐后，把桶里的梯度展平成一个
+#   张量并除以 world size，启动 `dist.all_reduce(flat, async_op=True)`，并保存返回的 work 对象、
 #   这个张量和桶编号；
-# - `wait()`（在 `backward()` 之后调用）：等待每个 work，把平均后的值复制回 `param.grad`，
-#   并为下一步重置计数。
+# - `wait()`（在 `backward()` 之后调用）：逐个等待 work 完成，把平均后的值复制回 `param.grad`，
+#   再重置计数，为下一步做准备。
 #
-# 评分单元会在几步之后把参数与在全批上训练的单进程模型比较，并检查在反向传播仍在进行时
-# 至少发生了两次异步 `all_reduce` 调用。
+# 训练几步之后，评分单元会把参数与在全批上训练的单进程模型比较，并检查在反向传播仍在进行时，
+# 至少已经发起了两次异步 `all_reduce`。
 
 # %% tags=["exercise"]
 class GradBuckets:
@@ -1062,16 +1064,16 @@ dl.grade("07.bucketed", GradBuckets)
 # %% [markdown] lang="zh"
 # ## 小结
 #
-# - 在常驻 rank 上一步一步走完 DDP 的一次迭代：广播；每个 rank 在自己的数据上前向和反向
-#   （梯度各不相同）；对梯度做全归约并取平均（各 rank 相同，且等于整个批的梯度）；优化器
-#   步骤（各副本仍然相同）。
+# - 在常驻的 rank 上一步一步走完了 DDP 的一次迭代：广播；每个 rank 在自己的数据上做前向和反向
+#   传播（梯度各不相同）；对梯度做全归约并取平均（各 rank 相同，且等于整批的梯度）；优化器步骤
+#   （各副本仍然相同）。
 # - DDP = 构造时广播 + 反向传播后平均梯度；`NaiveDDP` 在 2 个 rank 上逐位复现了 torch 的参数。
-# - 桶、钩子和异步全归约让通信与反向计算重叠；`BucketedDDP` 是一个约 100 行的 Python
-#   归约器，上面实测了它与 torch 的 C++ 实现的步时对比。torch 第一次迭代只用一个桶，之后按梯度
-#   实际到达的顺序重建桶，输出层在前（默认 1 MiB）。
+# - 桶、钩子和异步全归约让通信与反向计算重叠；`BucketedDDP` 是一个约 100 行的 Python 归约器，
+#   上面实测比较了它和 torch 的 C++ 归约器的步时。torch 在第一次迭代时只用一个桶，之后按梯度
+#   实际到达的顺序重建各个桶，输出层所在的桶在最前（默认 1 MiB）。
 # - Hogwild 则让多个进程共享同一个模型；DDP 保持各副本相同。
-# - 只有确定性模型加平均损失时，DDP 才等于梯度累积；`no_sync()`、只在 rank 0 加载检查点、
-#   每个 rank 不同的数据增强种子、`find_unused_parameters` 和 `SyncBatchNorm` 都可以由上面
-#   两个想法推出。
+# - 只有模型是确定性的、损失取平均时，DDP 才等于梯度累积；`no_sync()`、只在 rank 0 加载
+#   检查点、每个 rank 不同的数据增强种子、`find_unused_parameters` 和 `SyncBatchNorm`，都可以从
+#   开头的两个想法推出来。
 #
 # 下一章（第 08 章）会在一次完整的训练中用到这些内容。
