@@ -81,7 +81,7 @@ MESSAGES = Messages(
         },
         "row_bucket": {
             "en": "all-reduce bucket {i}",
-            "zh": "全归约 桶 {i}",
+            "zh": "桶 {i} 的全归约",
         },
         "bucket": {
             "en": "bucket",
