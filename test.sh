@@ -17,6 +17,10 @@ command -v bwrap >/dev/null || missing+=(bubblewrap)
 #   (`ip netns`) and firewall one of them (`nft`); without root they skip and say why.
 command -v ip >/dev/null || missing+=(iproute2)
 command -v nft >/dev/null || missing+=(nftables)
+# - slurm-wlm, munge: tests/test_slurm.py and chapter 09 run Slurm on those hosts (slurmctld,
+#   one slurmd per host, munged); without them the tests skip and the chapter shows a stored run.
+command -v slurmd >/dev/null || missing+=(slurm-wlm)
+command -v munged >/dev/null || missing+=(munge)
 if [ "${#missing[@]}" -gt 0 ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
   apt_log=$(mktemp)
   apt_install() {

@@ -1130,6 +1130,187 @@ for name in th.EXPECT:  # every run above showed the line it is about
 if not gallery.reason:
     print("namespaces left:", [n for n in hosts.namespaces() if n in gallery.netns])
 
+# %% [markdown] lang="en" tags=["lesson"]
+# ## 7. The same program under Slurm
+#
+# On a university or lab cluster you do not type one `torchrun` per node: you write a job
+# script and hand it to the scheduler, which picks the nodes and starts your tasks on them.
+# Slurm is the common one. Its parts: `slurmctld`, the controller, on one machine; `slurmd` on
+# every node, which starts the tasks; `munged`, which signs every message between them with a
+# shared key. You submit a script with `sbatch`; inside it, `srun` starts one *task* per slot on
+# every node of the allocation. `ddp_lab.slurm` runs exactly these daemons (Debian's
+# `slurm-wlm` and `munge`) on the two hosts of section 6: `slurmctld` on host0, one `slurmd`
+# on each host (`ddp-lab slurm up` / `status` / `down` in a terminal). Without root or Slurm
+# the cells show a stored real run.
+#
+# The next cell builds the cluster and submits four job scripts at once, in the background:
+# the right one and three common mistakes. This is the right one, chapter 08's program:
+
+# %% [markdown] lang="zh" tags=["lesson"]
+# ## 7. 同一个程序交给 Slurm 运行
+#
+# 在高校或实验室的集群上，你不会在每个节点上手敲一遍 `torchrun`：你写一个作业脚本交给调度器，
+# 由它挑选节点、在节点上启动你的任务。最常见的调度器是 Slurm。它由三部分组成：一台机器上的
+# 控制器 `slurmctld`；每个节点上的 `slurmd`，负责启动任务；`munged`，用一把共享密钥给它们之间的
+# 每条消息签名。用 `sbatch` 提交脚本；在脚本里，`srun` 在分配到的每个节点上按槽位各启动一个
+# *任务*（task）。`ddp_lab.slurm` 在第 6 节的两台主机上运行的正是这些守护进程（Debian 的
+# `slurm-wlm` 和 `munge`）：`slurmctld` 在 host0 上，每台主机各一个 `slurmd`（在终端里是
+# `ddp-lab slurm up` / `status` / `down`）。没有 root 权限或没有安装 Slurm 时，下面的单元会
+# 展示一次保存下来的真实运行。
+#
+# 下一个单元搭建集群，并在后台一次提交四个作业脚本：一个正确的，三个常见的错误写法。下面是
+# 正确的那个，运行第 08 章的程序：
+
+# %% tags=["lesson"]
+from ddp_lab import slurm, slurm_jobs
+
+jobs = slurm_jobs.Jobs()
+print(slurm.script("ddp08", folder="$HOME/logs"))
+
+# %% [markdown] lang="en" tags=["lesson"]
+# Line by line: `--nodes=2` asks for two nodes; `--ntasks-per-node=1` makes `srun` start
+# **one task per node**, and that task is `torchrun`, which starts the node's workers itself
+# (`--nproc-per-node=2`: two per node, standing in for two GPUs); `--cpus-per-task=2` gives
+# that one task the node's CPUs. `SLURM_JOB_NODELIST` holds the allocation in Slurm's compact
+# form (`host[0-1]`); `scontrol show hostnames` expands it, and the first node hosts the c10d
+# rendezvous. `--nnodes="$SLURM_NNODES"` and `--rdzv-id="$SLURM_JOB_ID"` come from the job,
+# so the script does not change when you ask for 4 nodes. The port is derived from the job
+# id, so two jobs sharing a node do not fight over one. `sbatch` passes your environment on
+# (`--export=ALL` is its default, see `man sbatch`): the `torchrun` and `PYTHONPATH` of this
+# notebook reach the nodes.
+#
+# `sinfo` shows the nodes, `squeue` the queue. Right after the four submissions, the first job
+# runs (`ST` = `R`) and the others wait (`PD`, pending): each wants both nodes, so the next
+# waits for `Resources` and the ones behind it for `Priority`:
+
+# %% [markdown] lang="zh" tags=["lesson"]
+# 逐行来看：`--nodes=2` 申请两个节点；`--ntasks-per-node=1` 让 `srun` **每个节点只启动一个
+# 任务**，这个任务就是 `torchrun`，由它自己启动本节点的 worker（`--nproc-per-node=2`：每个节点
+# 两个，代表两块 GPU）；`--cpus-per-task=2` 把节点的 CPU 都分给这一个任务。`SLURM_JOB_NODELIST`
+# 以 Slurm 的紧凑写法（`host[0-1]`）给出分配到的节点，`scontrol show hostnames` 把它展开，由第
+# 一个节点托管 c10d 会合（rendezvous）。`--nnodes="$SLURM_NNODES"` 和
+# `--rdzv-id="$SLURM_JOB_ID"` 都取自作业本身，所以申请 4 个节点时脚本不用改。端口由作业号算出，
+# 两个作业共用一个节点时不会抢同一个端口。`sbatch` 会把你的环境变量带过去（默认就是
+# `--export=ALL`，见 `man sbatch`）：这个 notebook 里的 `torchrun` 和 `PYTHONPATH` 在各个节点上
+# 同样可用。
+#
+# `sinfo` 显示节点，`squeue` 显示队列。四个作业刚提交时，第一个在运行（`ST` 为 `R`），其余的在
+# 等待（`PD`，pending）：每个作业都要占满两个节点，所以排第二的在等 `Resources`（资源），后面的
+# 在等 `Priority`（优先级）：
+
+# %% tags=["lesson"]
+print(jobs.run.sinfo)
+print(jobs.run.squeue)
+job = jobs.show("ddp08")
+assert job.state == "COMPLETED"
+
+# %% [markdown] lang="en" tags=["lesson"]
+# World size 4: two nodes × two workers, and the accuracy is the one the same 4 ranks reach
+# on one host (the tests compare them). Only rank 0 prints; the job's output file collects
+# the output of every task.
+#
+# ### Three mistakes, for real
+#
+# **One task per GPU, and torchrun in each.** Other launchers want one Slurm task per GPU
+# (`--ntasks-per-node=2`), and `torchrun` also starts one process per GPU. Together:
+# 2 nodes × 2 tasks × 2 workers = **8 ranks** for 4 GPUs. With `--nnodes="$SLURM_NTASKS"` the
+# 4 agents meet and form a group of 8. Every (host, `LOCAL_RANK`) pair appears twice, so on
+# GPUs two processes would pick the same device, and the global batch and scaled learning
+# rate are twice what you planned:
+
+# %% [markdown] lang="zh" tags=["lesson"]
+# world size 为 4：两个节点 × 两个 worker，准确率和同样 4 个 rank 在一台主机上跑出来的一致
+# （测试会比较两者）。只有 rank 0 打印；作业的输出文件收集了所有任务的输出。
+#
+# ### 三个错误，真实运行
+#
+# **每块 GPU 一个任务，每个任务里再跑 torchrun。** 有些启动方式要求每块 GPU 对应一个 Slurm 任务
+# （`--ntasks-per-node=2`），而 `torchrun` 也会为每块 GPU 启动一个进程。两者叠加：2 个节点 ×
+# 2 个任务 × 2 个 worker = **8 个 rank**，而 GPU 只有 4 块。用 `--nnodes="$SLURM_NTASKS"` 时，
+# 4 个代理会合后组成一个 8 进程的组。每个（主机，`LOCAL_RANK`）组合都出现两次，在 GPU 上就是
+# 两个进程选中同一块设备，全局批大小和按比例缩放的学习率也都变成计划的两倍：
+
+# %% tags=["lesson"]
+columns = ("host", "SLURM_PROCID", "SLURM_LOCALID", "GROUP_RANK", "LOCAL_RANK", "RANK",
+           "WORLD_SIZE")
+job = jobs.show("n_by_n", limit=0)
+print(ld.format_table(job.records(), columns))
+assert len(job.records()) == 8
+
+# %% [markdown] lang="en" tags=["lesson"]
+# **The same, with `--nnodes="$SLURM_NNODES"`.** Now 4 agents arrive for a rendezvous of 2
+# nodes. The first two to arrive form the group (4 ranks; which two depends on timing, so
+# both may even sit on one host) and train; the other two wait for a next round that never
+# comes, and fail when the store goes away with the agent that hosted it. The job ends
+# `FAILED` although training finished:
+
+# %% [markdown] lang="zh" tags=["lesson"]
+# **同样的写法，但用 `--nnodes="$SLURM_NNODES"`。** 这时 4 个代理去赶一个只要 2 个节点的会合。
+# 最先到的两个组成进程组（4 个 rank；是哪两个取决于先后，甚至可能都在同一台主机上）并开始训练；
+# 另外两个在等一个永远不会到来的下一轮，托管 store 的代理退出、store 随之消失时，它们就失败了。
+# 训练明明跑完了，作业却以 `FAILED` 结束：
+
+# %% tags=["lesson"]
+job = jobs.show("extra_agents", limit=0)
+print(ld.format_table(job.records(), columns))
+for line in job.lines(r"^srun: error|RendezvousConnectionError: The connection")[:3]:
+    print("    " + line)
+assert job.state == "FAILED"
+
+# %% [markdown] lang="en" tags=["lesson"]
+# **srun without torchrun.** One task per GPU, and each task runs the program directly
+# (`srun python -m ddp_lab.train`). Nobody sets `RANK`, `WORLD_SIZE` or `MASTER_ADDR`: a
+# program that calls `init_process_group()` with the default `env://` fails with "environment
+# variable RANK expected, but not set" (`_env_rendezvous_handler` in
+# `torch/distributed/rendezvous.py`). Chapter 08's program is friendlier, and that hides the
+# mistake: without `RANK` it runs as a one-rank job (`_ensure_launcher_env` in
+# `ddp_lab/train.py`). So four independent trainings run, each on the whole dataset with world
+# size 1, and the job `COMPLETED`:
+
+# %% [markdown] lang="zh" tags=["lesson"]
+# **只用 srun，不用 torchrun。** 每块 GPU 一个任务，每个任务直接运行程序
+# （`srun python -m ddp_lab.train`）。没有谁去设置 `RANK`、`WORLD_SIZE` 和 `MASTER_ADDR`：用默认
+# `env://` 调用 `init_process_group()` 的程序会报 “environment variable RANK expected, but not
+# set” 而失败（`torch/distributed/rendezvous.py` 的 `_env_rendezvous_handler`）。第 08 章的程序
+# 更“友好”，反而掩盖了这个错误：没有 `RANK` 时它按单 rank 任务运行（`ddp_lab/train.py` 的
+# `_ensure_launcher_env`）。于是跑了四个互不相干的训练，每个都在整个数据集上以 world size 1 运行，
+# 作业状态却是 `COMPLETED`：
+
+# %% tags=["lesson"]
+job = jobs.show("no_torchrun", limit=8)
+assert len(job.lines(r"^world size 1,")) == 4
+
+# %% [markdown] lang="en" tags=["lesson"]
+# The fixes: one task per node with `torchrun` (the right script), or one task per GPU
+# *without* `torchrun`, where the program builds its environment from Slurm's: `RANK` from
+# `SLURM_PROCID`, `WORLD_SIZE` from `SLURM_NTASKS`, `LOCAL_RANK` from `SLURM_LOCALID`,
+# `MASTER_ADDR` from the first host of `SLURM_JOB_NODELIST`. Never both. Whatever you choose,
+# the first line of rank 0's log (world size, global batch) tells you whether the job is the
+# one you meant.
+#
+# **After the job.** `squeue` forgets a job soon after it ends; `sacct` reads the accounting
+# database that `slurmdbd` keeps. This small cluster runs no database (plain `sacct` says
+# accounting storage is disabled), so it keeps a job completion log instead
+# (`JobCompType=jobcomp/filetxt` in its `slurm.conf`), which `sacct -c` reads: state, nodes
+# and end time of each job. The cluster is gone afterwards, with its daemons and namespaces:
+
+# %% [markdown] lang="zh" tags=["lesson"]
+# 修正方法：要么每个节点一个任务并使用 `torchrun`（上面正确的脚本），要么每块 GPU 一个任务但
+# *不用* `torchrun`，由程序根据 Slurm 的环境变量自己设置：`RANK` 取 `SLURM_PROCID`，`WORLD_SIZE`
+# 取 `SLURM_NTASKS`，`LOCAL_RANK` 取 `SLURM_LOCALID`，`MASTER_ADDR` 取 `SLURM_JOB_NODELIST` 里的
+# 第一台主机。两者不能同时用。无论选哪种，rank 0 日志的第一行（world size、全局批大小）都能告诉你
+# 这个作业是不是你想要的那个。
+#
+# **作业结束之后。** 作业结束后不久 `squeue` 就不再显示它；`sacct` 读取的是 `slurmdbd` 维护的
+# 记账数据库。这个小集群没有运行数据库（直接运行 `sacct` 会提示记账存储已禁用），所以改为记录
+# 作业完成日志（`slurm.conf` 里的 `JobCompType=jobcomp/filetxt`），用 `sacct -c` 读取：每个作业的
+# 状态、节点和结束时间。之后集群连同它的守护进程和命名空间都会被删除：
+
+# %% tags=["lesson"]
+print(jobs.run.sacct)
+print("sacct:", jobs.run.sacct_db)
+print("namespaces left:", jobs.left())
+
 
 # %% [markdown] lang="en" tags=["exercise"]
 # ## Exercise 1: fix a hanging evaluation (3 points)

@@ -161,6 +161,7 @@ class Cluster:
             _ip("-n", host.netns, "addr", "add", f"{host.addr}/24", "dev", IFNAME)
             _ip("-n", host.netns, "link", "set", IFNAME, "up")
             _ip("-n", host.netns, "link", "set", "lo", "up")
+        for host in self.hosts:  # once all exist: "cluster" lists every host on each
             self._write_etc_hosts(host)
         self._write_state()
         return self

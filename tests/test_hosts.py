@@ -72,6 +72,19 @@ for _ in range(100):
 
 
 @needs_hosts
+@pytest.mark.parametrize("mode", ["debian", "cluster"])
+def test_every_host_resolves_the_names_its_etc_hosts_mode_promises(mode: str) -> None:
+    with hosts.cluster(3, etc_hosts=mode) as c:
+        for i in range(3):
+            out = c.run(i, ["getent", "ahostsv4", *(f"host{j}" for j in range(3))]).stdout
+            if mode == "cluster":  # every host, from every host, at its real address
+                for j in range(3):
+                    assert f"10.77.0.{j + 1}" in out, (i, out)
+            else:  # only its own name, on the loopback Debian's installer uses
+                assert "127.0.1.1" in out and "10.77.0." not in out, (i, out)
+
+
+@needs_hosts
 def test_teardown_after_an_error_kills_what_still_runs() -> None:
     with pytest.raises(ZeroDivisionError), hosts.cluster(2) as c:
         tag = c.tag

@@ -99,6 +99,32 @@ def _hosts(args: argparse.Namespace) -> int:
     return 0
 
 
+def _slurm(args: argparse.Namespace) -> int:
+    from ddp_lab import slurm
+
+    if args.action == "down":
+        for name in slurm.down(all_clusters=args.all):
+            print(f"removed {name}")
+        return 0
+    if args.action == "status":
+        for line in slurm.status():
+            print(line)
+        return 0
+    reason = slurm.unavailable_reason()
+    if reason:
+        print(reason, file=sys.stderr)
+        return 2
+    c = slurm.Cluster(args.n).up()
+    assert c.hosts is not None
+    c.hosts.owner_gone()  # it outlives this command: `down` removes it
+    print(c.run(["sinfo"]).stdout.rstrip())
+    print(
+        f"on the login node: ip netns exec {c.hosts[0].netns} env SLURM_CONF={c.env['SLURM_CONF']}"
+        " sbatch JOB.sbatch"
+    )
+    return 0
+
+
 def make_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="ddp-lab", description=__doc__)
     parser.add_argument("--lang", choices=["en", "zh"], help="language of messages")
@@ -151,6 +177,12 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--etc-hosts", choices=["debian", "cluster"], default="debian")
     p.add_argument("--all", action="store_true", help="down: also clusters still in use")
     p.set_defaults(func=_hosts)
+
+    p = sub.add_parser("slurm", help="Slurm on a local cluster of hosts (needs root, slurm-wlm)")
+    p.add_argument("action", choices=["up", "down", "status"])
+    p.add_argument("n", nargs="?", type=int, default=2, help="nodes (up)")
+    p.add_argument("--all", action="store_true", help="down: also clusters still in use")
+    p.set_defaults(func=_slurm)
     return parser
 
 
