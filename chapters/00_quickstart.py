@@ -38,7 +38,7 @@
 # `DistributedDataParallel`。所有内容都能在笔记本电脑的 CPU 上用 `gloo` 后端运行；
 # 在有 GPU 的机器上，同样的代码单元会使用 `nccl`。
 #
-# **如何使用本课程。** 课程正文在 `notebooks/zh/`，练习在 `exercises/zh/`
+# **如何使用本课程**。课程正文在 `notebooks/zh/`，练习在 `exercises/zh/`
 # （参考答案在 `solutions/zh/`）。英文版在 `en` 文件夹中，两种语言的代码完全相同。
 # 用 Shift+Enter 从上到下依次运行代码单元。
 

@@ -37,7 +37,7 @@
 # %% [markdown] lang="zh"
 # # 02 进程、rank 与分布式训练的基本术语
 #
-# **为什么要并行？** 要么模型在一个设备上放不下（切分*模型*：**模型并行**（model parallelism）），要么一个设备处理
+# **为什么要并行**？要么模型在一个设备上放不下（切分*模型*：**模型并行**（model parallelism）），要么一个设备处理
 # 每步所需的数据太慢（切分*批*：**数据并行**（data parallelism），每个**副本**（replica）处理批的一部分，再对梯度求平均）。
 # `DataParallel`（DP）在一个进程里用*线程*做数据并行；`DistributedDataParallel`（DDP）为每个
 # 副本使用一个*进程*。DDP 有两种用法：每个进程一块 GPU（`device_ids=[local_rank]`，推荐）；

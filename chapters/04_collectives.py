@@ -628,7 +628,7 @@ print("xccl built in this torch:", dist.is_xccl_available())
 # 最大的 2 的幂）合并到各自的伙伴上，最后再把结果交还给它们：多出两步整块缓冲区的传输，
 # 而不是做不到（Thakur、Rabenseifner 与 Gropp，2005；`costs.halving_doubling`，下面会运行）。
 #
-# **NCCL 怎样选择。** 不只看消息大小：每次调用时，NCCL 用“延迟 + 大小/带宽”模型估算每一对
+# **NCCL 怎样选择**。不只看消息大小：每次调用时，NCCL 用“延迟 + 大小/带宽”模型估算每一对
 # （算法，协议）的耗时，模型常数来自探测到的拓扑，然后选最快的（NCCL v2.30.7-1 中
 # `src/graph/tuning.cc` 的 `ncclTopoGetAlgoTime`，在 `src/enqueue.cc` 的 `topoGetAlgoInfo` 中
 # 取最小值）。算法有 Ring、Tree（*双*二叉树）、CollNetDirect、CollNetChain（通过网络插件在

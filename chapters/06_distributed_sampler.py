@@ -35,15 +35,15 @@
 # # 06 精确理解 DistributedSampler
 #
 # 数据并行训练中，每个 rank（进程编号）在不同的那部分数据上运行同一个程序。决定“哪一部分”的是
-# `torch.utils.data.DistributedSampler`。它的算术很短，却能解释你迟早会遇到的四个问题：
+# `torch.utils.data.DistributedSampler`。它的计算只有寥寥几行，却能解释你迟早会遇到的四个问题：
 #
 # - 每一轮（epoch）的样本顺序都一样（忘了调用 `set_epoch`）；
-# - 验证集准确率有一点点不对（采样器（sampler）的**填充**（padding）重复了一些样本）；
+# - 验证集准确率有一点点不对：采样器（sampler）的**填充**（padding）重复了一些样本；
 # - `DataLoader` 不接受同时传入 `shuffle=True` 和 `sampler`；
 # - 各 rank 的批数不一样时，会在集合通信里**卡住**（hang）。
 #
-# 本课程的源笔记还提出了两个问题，我们用可运行的代码来回答：*每个 rank 只看得到自己的
-# 分片（shard），会不会过拟合自己那一份？* 以及 *为什么每一轮的顺序都不变？*
+# 本课程的源笔记还提出了两个问题，我们用可运行的代码来回答：“每个 rank 只看得到自己的
+# 分片（shard），会不会过拟合自己那一份？”以及“为什么每一轮的顺序都不变？”
 
 # %%
 import math

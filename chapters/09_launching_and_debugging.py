@@ -1224,7 +1224,7 @@ assert job.state == "COMPLETED"
 #
 # ### 三个错误，真实运行
 #
-# **每块 GPU 一个任务，每个任务里再跑 torchrun。** 有些启动方式要求每块 GPU 对应一个 Slurm 任务
+# **每块 GPU 一个任务，每个任务里再跑 torchrun**。有些启动方式要求每块 GPU 对应一个 Slurm 任务
 # （`--ntasks-per-node=2`），而 `torchrun` 也会为每块 GPU 启动一个进程。两者叠加：2 个节点 ×
 # 2 个任务 × 2 个 worker = **8 个 rank**，而 GPU 只有 4 块。用 `--nnodes="$SLURM_NTASKS"` 时，
 # 4 个代理会合后组成一个 8 进程的组。每个（主机，`LOCAL_RANK`）组合都出现两次，在 GPU 上就是
@@ -1245,7 +1245,7 @@ assert len(job.records()) == 8
 # `FAILED` although training finished:
 
 # %% [markdown] lang="zh" tags=["lesson"]
-# **同样的写法，但用 `--nnodes="$SLURM_NNODES"`。** 这时 4 个代理去赶一个只要 2 个节点的会合。
+# **同样的写法，但用 `--nnodes="$SLURM_NNODES"`**。这时 4 个代理去赶一个只要 2 个节点的会合。
 # 最先到的两个组成进程组（4 个 rank；是哪两个取决于先后，甚至可能都在同一台主机上）并开始训练；
 # 另外两个在等一个永远不会到来的下一轮，托管 store 的代理退出、store 随之消失时，它们就失败了。
 # 训练明明跑完了，作业却以 `FAILED` 结束：
@@ -1268,7 +1268,7 @@ assert job.state == "FAILED"
 # size 1, and the job `COMPLETED`:
 
 # %% [markdown] lang="zh" tags=["lesson"]
-# **只用 srun，不用 torchrun。** 每块 GPU 一个任务，每个任务直接运行程序
+# **只用 srun，不用 torchrun**。每块 GPU 一个任务，每个任务直接运行程序
 # （`srun python -m ddp_lab.train`）。没有谁去设置 `RANK`、`WORLD_SIZE` 和 `MASTER_ADDR`：用默认
 # `env://` 调用 `init_process_group()` 的程序会报 “environment variable RANK expected, but not
 # set” 而失败（`torch/distributed/rendezvous.py` 的 `_env_rendezvous_handler`）。第 08 章的程序
@@ -1301,7 +1301,7 @@ assert len(job.lines(r"^world size 1,")) == 4
 # 第一台主机。两者不能同时用。无论选哪种，rank 0 日志的第一行（world size、全局批大小）都能告诉你
 # 这个作业是不是你想要的那个。
 #
-# **作业结束之后。** 作业结束后不久 `squeue` 就不再显示它；`sacct` 读取的是 `slurmdbd` 维护的
+# **作业结束之后**。作业结束后不久 `squeue` 就不再显示它；`sacct` 读取的是 `slurmdbd` 维护的
 # 记账数据库。这个小集群没有运行数据库（直接运行 `sacct` 会提示记账存储已禁用），所以改为记录
 # 作业完成日志（`slurm.conf` 里的 `JobCompType=jobcomp/filetxt`），用 `sacct -c` 读取：每个作业的
 # 状态、节点和结束时间。之后集群连同它的守护进程和命名空间都会被删除：

@@ -403,7 +403,7 @@ dl.spawn(zero_vs_torch, nprocs=2, backend="gloo")
 # counted; dashes: the 4+4+8 model.
 
 # %% [markdown] lang="zh"
-# **每个 rank 的内存，逐字节统计。** `measure_memory` 统计每个 rank 在两步 AdamW 之后持有的
+# **每个 rank 的内存，逐字节统计**。`measure_memory` 统计每个 rank 在两步 AdamW 之后持有的
 # 张量字节数（float32，所以每个参数 4 + 4 + 8 字节），分别在 DDP（`gradient_as_bucket_view=True`）、
 # ZeRO-1 和本章的 FSDP（第 5 节，包括峰值时已收集的参数）下。在 2、3、4 个 rank 上各运行一次；
 # 每种方法显示持有字节最多的那个 rank（也就是最先耗尽内存的那个）。点是实际计数，虚线是

@@ -59,6 +59,10 @@ CHROMIUM_ARGS = [
 RUN_TIMEOUT_MS = 240_000  # running a notebook up to its widgets (a few seconds to ~1 min)
 UI_TIMEOUT_MS = 30_000  # anything else the page has to do
 CJK = re.compile(r"[\u3000-\u303f\u4e00-\u9fff\uff00-\uffef]")
+# what Chromium shows for a soft line break left between two CJK characters (issue 18)
+CJK_SPACE = re.compile(
+    r"[\u3000-\u303f\u4e00-\u9fff\uff00-\uffef]\s+[\u3000-\u303f\u4e00-\u9fff\uff00-\uffef]"
+)
 
 pytestmark = pytest.mark.browser
 
@@ -466,6 +470,12 @@ def check_chapter(page, lab: Lab, key: str, lang: str, shots: Path | None) -> No
         assert label in labels, f"{label!r} not among the controls' labels {labels!r}"
     if lang == "en":
         assert not CJK.search(labels), labels
+    else:  # the rendered Chinese prose has no stray space between two CJK characters
+        paragraphs = page.locator(".jp-MarkdownCell .jp-RenderedMarkdown :is(p, li)")
+        texts = [t for t in paragraphs.all_inner_texts() if CJK.search(t)]
+        assert texts, "no rendered Chinese paragraph found"
+        stray = [m.group(0) for t in texts for m in CJK_SPACE.finditer(t)]
+        assert not stray, f"{len(stray)} stray spaces between CJK characters, e.g. {stray[:5]}"
 
     if chapter.figure_cell:  # a figure outside any widget: plt.show() in a plain cell
         img = code_cell(page, chapter.figure_cell).locator(".jp-OutputArea-output img")
