@@ -124,6 +124,13 @@ MESSAGES = Messages(
             "设为节点之间那块网卡（现有：{interfaces}），或者在 /etc/hosts 里把 {hostname} "
             "映射到这块网卡的地址（见第 09 章）。",
         },
+        "nccl_fallback": {
+            "en": "Fine on one machine. Across machines NCCL's bootstrap would advertise {iface}, "
+            "which the other hosts cannot reach: set NCCL_SOCKET_IFNAME to the interface "
+            "between the nodes (have: {interfaces}).",
+            "zh": "单机运行没有问题。跨机器时，NCCL 的 bootstrap 会对外公布 {iface}，其他主机"
+            "连不上它：请把 NCCL_SOCKET_IFNAME 设为节点之间那块网卡（现有：{interfaces}）。",
+        },
     },
 )
 
@@ -353,6 +360,55 @@ def gloo_interface(f: Facts) -> tuple[str, str, str, str]:
     return WARNING, value, en, zh
 
 
+def _nccl_match(names: list[str], pattern: str) -> list[str]:
+    """``ncclOsFindInterfaces``: prefixes, ``=`` exact names, ``^`` everything but these."""
+    exclude = pattern.startswith("^")
+    pattern = pattern[1:] if exclude else pattern
+    exact = pattern.startswith("=")
+    wanted = [w.split(":")[0] for w in pattern.lstrip("=").split(",") if w]
+    hit = (lambda n, w: n == w) if exact else (lambda n, w: n.startswith(w))
+    return [n for n in names if any(hit(n, w) for w in wanted) != exclude]
+
+
+def nccl_interface(f: Facts) -> tuple[str, str, str, str]:
+    """Which interfaces NCCL's sockets use, and why: (level, value, en, zh).
+
+    The rule is ``ncclFindInterfaces`` in NCCL's src/misc/socket.cc: NCCL_SOCKET_IFNAME
+    (longer than one character) wins; else ``ib*``; else the subnet of NCCL_COMM_ID; else
+    anything but ``docker*``, ``lo*`` and ``virbr*``; else docker, then lo, then virbr. NCCL
+    also skips interfaces that are not running and IPv6 loopback addresses: these facts
+    (``ip -o addr``) list addresses, so an interface that is down is counted here.
+    """
+    names = [n for n, addrs in f.iface_addrs.items() if any(a != "::1" for a in addrs)]
+    if not names:
+        return OK, "", "", ""  # not gathered (fake facts)
+    named = f.env.get("NCCL_SOCKET_IFNAME", "")
+    if len(named) > 1:
+        found = _nccl_match(names, named)
+        # none found: the NCCL_SOCKET_IFNAME finding below says so
+        return (
+            OK,
+            (f"NCCL uses {', '.join(found)} (NCCL_SOCKET_IFNAME={named})" if found else ""),
+            "",
+            "",
+        )
+    if len(f.env.get("NCCL_COMM_ID", "")) > 1:
+        return OK, "NCCL uses the interface in NCCL_COMM_ID's subnet (unless an ib* exists)", "", ""
+    steps = [("ib", "an InfiniBand (IPoIB) interface comes first"),
+             ("^docker,lo,virbr", "no ib*: the first interfaces not docker*, lo* or virbr*"),
+             ("docker", "nothing else: docker*"), ("lo", "nothing else: the loopback"),
+             ("virbr", "nothing else: virbr*")]  # fmt: skip
+    pattern, why, found = next(
+        ((p, w, hit) for p, w in steps if (hit := _nccl_match(names, p))), ("", "", names[:1])
+    )
+    value = f"NCCL uses {', '.join(found)}: {why}; NCCL_SOCKET_IFNAME is not set"
+    if pattern in ("ib", "^docker,lo,virbr"):
+        return OK, value, "", ""
+    others = ", ".join(n for n in names if n != found[0]) or "-"
+    en, zh = MESSAGES.pair("nccl_fallback", iface=found[0], interfaces=others)
+    return WARNING, value, en, zh
+
+
 def _f(key: str, level: str, value: str, en: str = "", zh: str = "") -> Finding:
     return Finding(key, level, value, en, zh)
 
@@ -578,6 +634,9 @@ def _system_findings(f: Facts) -> list[Finding]:
     level, value, en, zh = gloo_interface(f)
     if value:
         out.append(_f("gloo_interface", level, value, en, zh))
+    level, value, en, zh = nccl_interface(f)
+    if value:
+        out.append(_f("nccl_interface", level, value, en, zh))
     for var in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
         value = f.env.get(var)
         if value and f.interfaces:

@@ -292,3 +292,55 @@ def test_doctor_says_which_interface_gloo_uses_and_why(
     if level != dr.OK:
         assert "GLOO_SOCKET_IFNAME" in finding.en and "GLOO_SOCKET_IFNAME" in finding.zh
         assert "eth0" in finding.en  # the interface to name instead
+
+
+@pytest.mark.parametrize(
+    "env, ifaces, level, needle",
+    [
+        # ncclFindInterfaces (NCCL src/misc/socket.cc): ib* first ...
+        ({}, ["lo", "eth0", "ib0"], dr.OK, "NCCL uses ib0: an InfiniBand"),
+        # ... then anything but docker*, lo*, virbr*, in the machine's order ...
+        ({}, ["lo", "docker0", "eth0", "eth1"], dr.OK, "NCCL uses eth0, eth1: no ib*"),
+        # ... then docker, then the loopback: fine alone, unreachable from another host
+        ({}, ["lo", "docker0"], dr.WARNING, "NCCL uses docker0: nothing else"),
+        ({}, ["lo"], dr.WARNING, "NCCL uses lo: nothing else: the loopback"),
+        # NCCL_SOCKET_IFNAME: prefixes, "=" exact, "^" exclude; one character is ignored
+        (
+            {"NCCL_SOCKET_IFNAME": "eth"},
+            ["lo", "eth0", "eth1"],
+            dr.OK,
+            "NCCL uses eth0, eth1 (NCCL",
+        ),
+        ({"NCCL_SOCKET_IFNAME": "=eth1"}, ["lo", "eth0", "eth1"], dr.OK, "NCCL uses eth1 (NCCL"),
+        (
+            {"NCCL_SOCKET_IFNAME": "^eth0"},
+            ["lo", "eth0", "eth1"],
+            dr.OK,
+            "NCCL uses lo, eth1 (NCCL",
+        ),
+        ({"NCCL_SOCKET_IFNAME": "l"}, ["lo", "eth0"], dr.OK, "NCCL uses eth0: no ib*"),
+    ],
+)
+def test_doctor_says_which_interface_nccl_uses_and_why(
+    env: dict, ifaces: list, level: str, needle: str
+) -> None:
+    facts = dataclasses.replace(
+        BASE, env=env, iface_addrs={name: [f"10.0.0.{i}"] for i, name in enumerate(ifaces)}
+    )
+    finding = by_key(facts)["nccl_interface"]
+    assert finding.level == level and needle in finding.value, finding.value
+    if level != dr.OK:
+        assert "NCCL_SOCKET_IFNAME" in finding.en and "NCCL_SOCKET_IFNAME" in finding.zh
+
+
+def test_nccl_socket_ifname_matching_nothing_is_the_problem_finding() -> None:
+    facts = dataclasses.replace(
+        BASE,
+        env={"NCCL_SOCKET_IFNAME": "=eth"},
+        iface_addrs={"lo": ["127.0.0.1"], "eth0": ["10.0.0.1"]},
+    )
+    found = by_key(facts)
+    assert "nccl_interface" not in found  # nothing matches: no claim about what NCCL uses
+    assert (
+        found.get("NCCL_SOCKET_IFNAME") is None or found["NCCL_SOCKET_IFNAME"].level == dr.PROBLEM
+    )
