@@ -639,7 +639,7 @@ with errors.expect("collective_mismatch"):
 # %% [markdown] lang="zh" tags=["lesson"]
 # ### 跳过集合通信的 rank
 #
-# rank 1 跳过了 `all_reduce`（比如它已经没有剩余的批（batch）了），继续做别的事。给进程组设置较短的
+# rank 1 跳过了 `all_reduce`，继续做别的事，比如它已经没有剩余的批（batch）了。给进程组设置较短的
 # `timeout=` 后，rank 0 得到的是错误而不是卡住。`dist.monitored_barrier` 更进一步：rank 0 会报
 # 告*哪一个* rank 没有到达。它只支持 Gloo：对其他任何后端（backend）
 # ，`torch/distributed/distributed_c10d.py` 中的 `monitored_barrier` 都会抛出 `ValueError`（单
