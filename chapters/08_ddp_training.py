@@ -28,10 +28,10 @@
 # %% [markdown] lang="zh"
 # # 08 一次完整的 DDP 训练
 #
-# 第 07 章我们自己实现了 DDP。本章像真实程序那样使用 torch 的 `DistributedDataParallel`：
-# 从第一行代码一直到干净地退出，数据集是 scikit-learn 自带的 8x8 手写数字（无需下载）。
-# 训练程序是 `ddp_lab/train.py`：你可以在终端里用 `torchrun` 运行它，本 notebook 则通过
-# `dl.spawn` 运行完全相同的代码。我们会顺带用可运行的代码检验源笔记中的若干说法，其中有几条是错的。
+# 第 07 章我们自己实现了 DDP。本章像真实程序那样使用 torch 的 `DistributedDataParallel`：从第
+# 一行代码一直到干净地退出，数据集是 scikit-learn 自带的 8×8 手写数字（不用下载）。训练程序是
+# `ddp_lab/train.py`：你可以在终端里用 `torchrun` 运行它，本 notebook 则通过 `dl.spawn` 运行完
+# 全相同的代码。一路上我们会用可运行的代码检验源笔记里的一些说法，其中有几条是错的。
 
 # %%
 import re
@@ -62,7 +62,7 @@ print(torch.__version__, "| GPUs:", torch.cuda.device_count())
 # | prepare data once per node | `data.zero_first()` around the preparation |
 # | give each rank its own **shard** | `DistributedSampler` + `set_epoch(epoch)` |
 # | the same initial model, wrapped | `torch.manual_seed(seed)`, then `DDP(model)` |
-# | batch and **learning rate** | per-rank batch x world size = global batch; LR scaled to it |
+# | batch and **learning rate** | per-rank batch × world size = global batch; LR scaled to it |
 # | log the loss of every rank | `all_reduce` of (sum, count) |
 # | evaluate on every rank | `all_gather`, then drop the sampler's **padding** |
 # | progress on rank 0 only | `Progress(enabled=rank == 0)` |
@@ -75,16 +75,16 @@ print(torch.__version__, "| GPUs:", torch.cuda.device_count())
 # %% [markdown] lang="zh"
 # ## 一个真实的 DDP 程序包含什么
 #
-# | 步骤 | 在 `ddp_lab/train.py` 中 |
+# | 步骤 | `ddp_lab/train.py` 中的做法 |
 # | --- | --- |
-# | 每个 rank 启动一个进程 | **启动器**（`torchrun`、`dl.spawn`）设置 `RANK`、`WORLD_SIZE`、`LOCAL_RANK`、`MASTER_ADDR`、`MASTER_PORT` |
+# | 每个 rank（进程编号）启动一个进程 | **启动器**（launcher，例如 `torchrun`、`dl.spawn`）设置 `RANK`、`WORLD_SIZE`、`LOCAL_RANK`、`MASTER_ADDR`、`MASTER_PORT` |
 # | 加入**进程组**（process group） | `dist.init_process_group(backend)`，不需要其他参数 |
-# | 每个节点只准备一次数据 | 用 `data.zero_first()` 包住准备数据的代码 |
+# | 每个节点（node）只准备一次数据 | 用 `data.zero_first()` 包住准备数据的代码 |
 # | 每个 rank 拿到自己的**分片**（shard） | `DistributedSampler` + `set_epoch(epoch)` |
-# | 相同的初始模型，再包装 | `torch.manual_seed(seed)`，然后 `DDP(model)` |
-# | 批与**学习率**（learning rate） | 每个 rank 的批大小 x world size = 全局批大小；学习率随之缩放 |
-# | 记录所有 rank 的损失 | 对（总和，个数）做 `all_reduce` |
-# | 每个 rank 都参与评估 | `all_gather`，再去掉采样器的**填充**（padding） |
+# | 各 rank 的初始模型相同，再包装 | `torch.manual_seed(seed)`，然后 `DDP(model)` |
+# | 批（batch）与**学习率**（learning rate） | 每个 rank 的批大小 × world size（进程总数）= 全局批大小；学习率随之缩放 |
+# | 记录所有 rank 的损失（loss） | 对（总和，个数）做 `all_reduce` |
+# | 每个 rank 都参与评估 | `all_gather`，再去掉采样器（sampler）的**填充**（padding） |
 # | 只在 rank 0 显示进度 | `Progress(enabled=rank == 0)` |
 # | **检查点**（checkpoint） | rank 0 保存 `model.module.state_dict()`，然后 `dist.barrier()`；加载时用 `map_location` |
 # | 恢复训练、退出 | `--resume`；在 `finally` 中调用 `dist.destroy_process_group()` |
@@ -109,11 +109,10 @@ for node in (0, 1):
 # `torch.distributed.local_rank()`, also in the notes, does not exist:
 
 # %% [markdown] lang="zh"
-# 笔记里用 `parser.add_argument("--local_rank", default=-1)` 解析本地 rank（local rank）：
-# 没有 `type=int` 时得到的是字符串，`torch.cuda.set_device("1")` 会出错。`torchrun`
-# 根本不传这个参数，而是设置环境变量 `LOCAL_RANK`（只有已弃用的
-# `torch.distributed.launch` 才传 `--local-rank`）。笔记里的
-# `torch.distributed.local_rank()` 也并不存在：
+# 源笔记用 `parser.add_argument("--local_rank", default=-1)` 解析本地 rank（local rank）：没有
+# `type=int`，得到的值是字符串，于是 `torch.cuda.set_device("1")` 会出错。而 `torchrun` 根本不
+# 传这个参数，它设置的是环境变量 `LOCAL_RANK`（只有已弃用的 `torch.distributed.launch` 才传
+# `--local-rank`）。源笔记里的 `torch.distributed.local_rank()` 也并不存在：
 
 # %%
 import argparse
@@ -136,10 +135,10 @@ print("dist.local_rank exists:", hasattr(dist, "local_rank"))
 # %% [markdown] lang="zh"
 # ## 只准备一次数据：zero-first 模式
 #
-# 如果每个 rank 同时下载或解码数据集，它们会互相覆盖文件。`zero_first` 让本地 rank 0
-# 先做这件事，其他 rank 在**屏障**（barrier）处等待，完成后再放行。每个 rank 恰好调用一次
-# `dist.barrier()`：其他 rank 在代码块*之前*调用，rank 0 在代码块*之后*调用。文件先以临时名字
-# 写入再重命名，所以共享同一块磁盘的两个节点也不会把它写坏。
+# 如果每个 rank 同时下载或解码数据集，它们会互相覆盖对方的文件。`zero_first` 让本地 rank 0 去
+# 做这件事，其他 rank 在**屏障**（barrier）处等待，等它做完再放行。每个 rank 恰好调用一次
+# `dist.barrier()`：其他 rank 在代码块*之前*调用，rank 0 在代码块*之后*调用。文件先以临时文件
+# 名写入再重命名，所以即使两个节点共享同一块磁盘，也不会把它写坏。
 
 # %%
 dl.show_source(data.zero_first)
@@ -170,10 +169,10 @@ print(dl.spawn(prepare_and_report, args=(str(workdir / "data"),), nprocs=2, back
 # %% [markdown] lang="zh"
 # ## 每一轮（epoch）都重新打乱：`set_epoch`
 #
-# 笔记观察到使用 `DistributedSampler` 时“每个 epoch 之间、每次运行之间的顺序都一样”。
-# 这正是缺少 `sampler.set_epoch(epoch)` 的结果：采样器用 `seed + epoch` 打乱，而它的
-# epoch 一直是 0。每次运行顺序相同是有意设计的（每个 rank 必须算出同一个排列）；想要不同的顺序，
-# 请修改 `seed=`。
+# 源笔记观察到，使用 `DistributedSampler` 时“各轮之间、各次运行之间的顺序都不变”。缺少
+# `sampler.set_epoch(epoch)` 时正是这样：采样器用 `seed + epoch` 打乱，而它的 `epoch` 一直是
+# 0。每次运行的顺序都相同则是有意的设计（每个 rank 必须算出同一个排列）；想换一种顺序，就改
+# `seed=`。
 
 # %%
 toy = TensorDataset(torch.arange(10))
@@ -190,23 +189,25 @@ for use_set_epoch in (False, True):
 # ## Per-rank batch, global batch and the learning rate
 #
 # `--batch-size` is per rank: with N ranks one optimizer step sees N times as many samples
-# and there are N times fewer steps per epoch. The notes scale the learning rate linearly
-# (Goyal et al., 2017) and mention the square-root rule; `train.scaled_lr` does both. With
-# k = new batch / old batch, **linear** multiplies the LR by k, which keeps SGD's gradient
-# noise scale (about LR x dataset size / batch, Smith and Le 2017) unchanged; **sqrt**
-# (Krizhevsky 2014) multiplies it by sqrt(k), which keeps the variance of one update
-# (LR squared / batch) unchanged, so the noise falls as the batch grows. Below, for an LR
-# tuned at a global batch of 32:
+# as with one rank, and an epoch has 1/N as many steps. The notes scale the learning rate
+# linearly (Goyal et al., 2017) and mention the square-root rule; `train.scaled_lr` does
+# both. With k = new batch / old batch, **linear** multiplies the LR by k, which keeps SGD's
+# gradient noise scale (about LR × dataset size / batch, Smith and Le 2017) unchanged;
+# **sqrt** (Krizhevsky 2014) multiplies it by sqrt(k), which keeps the variance of one update
+# (LR squared / batch) unchanged, so the noise falls as the batch grows. In the table only
+# the base LR, 0.05, was tuned, for a global batch of 32 (the first row); the other rows
+# scale it to their global batch by each rule:
 
 # %% [markdown] lang="zh"
 # ## 每个 rank 的批、全局批与学习率
 #
-# `--batch-size` 指每个 rank 的批大小：N 个 rank 时，一次优化器更新看到 N 倍的样本，每轮的
-# 步数少 N 倍。笔记按线性规则缩放学习率（Goyal 等，2017），也提到了平方根规则；
-# `train.scaled_lr` 两者都支持。设 k = 新批大小 / 原批大小：**线性**规则把学习率乘以 k，
-# 保持 SGD 的梯度噪声尺度（约为 学习率 × 数据集大小 / 批大小，Smith 和 Le，2017）不变；
-# **平方根**规则（Krizhevsky，2014）把学习率乘以 sqrt(k)，保持单次更新的方差（学习率的平方 /
-# 批大小）不变，于是批越大噪声越小。下表中的学习率是针对全局批大小 32 调好的：
+# `--batch-size` 是每个 rank 的批大小：有 N 个 rank 时，一次优化器更新看到的样本是一个 rank 时
+# 的 N 倍，每轮的步数则是原来的 1/N。源笔记按线性规则缩放学习率（Goyal 等，2017），也提到了平
+# 方根规则；`train.scaled_lr` 两种都实现了。设 k = 新批大小 / 原批大小：**线性**规则把学习率乘
+# 以 k，使 SGD 的梯度噪声尺度（gradient noise scale，约为学习率 × 数据集大小 / 批大小，Smith
+# 和 Le，2017）保持不变；**平方根**规则（Krizhevsky，2014）把学习率乘以 sqrt(k)，使单次更新的
+# 方差（学习率的平方 / 批大小）保持不变，于是批越大，噪声越小。下表中调好的只有基准学习率
+# 0.05，它对应全局批大小 32（第一行）；其余各行按两种规则把它缩放到各自的全局批大小：
 
 # %%
 print(f"{'ranks':>5} {'global batch':>12} {'steps/epoch':>11} {'linear lr':>9} {'sqrt lr':>8}")
@@ -223,10 +224,11 @@ for n in (1, 2, 4, 8):
 # e.g. `LinearLR` from 1/k of the scaled LR to all of it (`torch/optim/lr_scheduler.py`):
 
 # %% [markdown] lang="zh"
-# 线性规则在训练刚开始、权重变化很快时并不成立：Goyal 等（2017，第 2.2 节）为了用 8k 的批
-# 训练 ResNet-50，需要**预热**（warmup）：在前 5 轮里把学习率从小批时的值逐步升到 k 倍；没有
-# 预热，大学习率会在早期发散，或者最终效果更差。在 torch 里，预热就是一个调度器，例如用
-# `LinearLR` 从缩放后学习率的 1/k 升到全部（`torch/optim/lr_scheduler.py`）：
+# 线性规则在训练刚开始、权重变化很快时并不成立：Goyal 等（2017，第 2.2 节）用大小为 8k 的批训
+# 练 ResNet-50 时，需要**预热**（warmup）：在前 5 轮里把学习率从小批时的值逐步升到它的 k 倍；
+# 不预热的话，大学习率会在早期发散，或者最终效果更差。在 torch 里，预热就是一个调度器，例如
+# `LinearLR`：从缩放后学习率的 1/k 开始，逐步升到缩放后的学习率
+# （`torch/optim/lr_scheduler.py`）：
 
 # %%
 k, warmup_steps = 8, 5  # 8 ranks; warm up over 5 steps here (Goyal et al.: 5 epochs)
@@ -249,9 +251,9 @@ print("LR per step:", lrs)
 # %% [markdown] lang="zh"
 # ## 要记录的损失是各 rank 的平均值
 #
-# 有一篇笔记说“这个 loss 是各个进程的 loss 之和”。并非如此：每个 rank 只计算自己那一批的
-# 损失；DDP 平均的是*梯度*，从不改动损失的值。要记录整步的损失，需要对它做全归约（all-reduce）。
-# 运行看看：
+# 有一篇源笔记说“这个损失是各个进程的损失之和”。并非如此：每个 rank 只计算自己那一批的损失
+# ；DDP 平均的是*梯度*，从不平均损失的值。要记录整步的损失，需要对它做全归约
+# （all-reduce）。运行看看：
 
 # %% tags=["lesson"]
 def local_loss(rank):
@@ -276,10 +278,11 @@ dl.spawn(local_loss, nprocs=2, backend="gloo")
 # different numbers of samples.
 
 # %% [markdown] lang="zh"
-# 笔记里的辅助函数是 `reduce_value(value, average=True)`，调用时却写成
-# `reduce_value(loss, world_size)`：`world_size` 被传给了 `average`。它仍然求了平均，只是因为
-# 非零整数为真；应写成 `reduce_value(loss, average=True)`。`train.mean_across_ranks` 对
-# （总和，个数）做全归约，即使各 rank 看到的样本数不同，结果也是正确的。
+# 源笔记里的辅助函数是 `reduce_value(value, average=True)`，调用时却写成了
+# `reduce_value(loss, world_size)`：`world_size` 被传给了 `average`。它仍然会求平均，只是因为
+# 任何非零的数都为真；应该写成
+# `reduce_value(loss, average=True)`。`train.mean_across_ranks` 对（总和，个数）做全归约，即使
+# 各 rank 看到的样本数不同，结果也是对的。
 
 # %% [markdown] lang="en"
 # ## Evaluation without padding bias
@@ -289,11 +292,11 @@ dl.spawn(local_loss, nprocs=2, backend="gloo")
 # them, so the repeated samples count twice. Below, only sample 0 is classified correctly:
 
 # %% [markdown] lang="zh"
-# ## 没有填充偏差的评估
+# ## 评估时避开填充带来的偏差
 #
-# 为了让各分片一样大，`DistributedSampler` 会重复开头的样本：5 个样本分给 4 个 rank 变成 8 个位置。
-# 笔记用 `all_gather` 收集（all-gather）所有 rank 的结果再求平均，于是重复的样本被算了两次。
-# 下面只有样本 0 被分类正确：
+# 为了让各分片一样大，`DistributedSampler` 会重复开头的样本：5 个样本分给 4 个 rank，变成 8 个
+# 位置。源笔记用 `all_gather` 全收集（all-gather）各 rank 的结果再求平均，于是重复的样本被计了
+# 两次。下面只有样本 0 分类正确：
 
 # %%
 five = TensorDataset(torch.arange(5))
@@ -311,9 +314,9 @@ print(f"each sample counted once:           {train.unpadded_mean(gathered, corre
 # 3 ranks). The digits test set has 359 samples on purpose: 2 or 4 ranks need padding.
 
 # %% [markdown] lang="zh"
-# `train.evaluate` 在收集结果时连同每个样本的下标一起收集，每个下标只计一次，所以分布式计算的准确率
-# 与单进程评估完全相同（测试在 2 和 3 个 rank 上验证了这一点）。数字数据集的测试集特意取 359 个样本：
-# 2 或 4 个 rank 时都需要填充。
+# `train.evaluate` 把每个样本的索引和它的结果一起收集，每个索引只计一次，所以分布式算出的准确
+# 率与单进程评估完全相同（有一个测试在 2 个和 3 个 rank 上检查了这一点）。数字数据集的测试集特
+# 意取了 359 个样本：2 个或 4 个 rank 时都需要填充。
 
 # %%
 dl.show_source(train.evaluate)
@@ -325,10 +328,10 @@ dl.show_source(train.evaluate)
 # prints its progress bar. The checkpoint goes to a temporary folder.
 
 # %% [markdown] lang="zh"
-# ## 训练
+# ## 完整的训练
 #
-# 现在在 2 个 rank 上运行整个程序，训练 3 轮（命令行默认是 10 轮）。只有 rank 0 打印进度条。
-# 检查点保存在一个临时文件夹里。
+# 现在在 2 个 rank 上运行整个程序，训练 3 轮（命令行默认是 10 轮）。只有 rank 0 打印进度条。检
+# 查点保存在一个临时文件夹里。
 
 # %% tags=["lesson"]
 common = ["--threads", "1", "--data-dir", str(workdir / "data")]
@@ -371,12 +374,12 @@ plot_history(h)
 # %% [markdown] lang="zh"
 # ## 检查点、`map_location` 与恢复训练
 #
-# 只由 rank 0 写入 `model.module.state_dict()`（普通模型的权重，没有包装器的 `module.` 前缀），
-# 然后所有 rank 在 `dist.barrier()` 处等待，这样谁也不会读到写了一半的文件。
-# `torch.load(path, map_location=device)` 把张量放到读取它的 rank 的设备上：不加它，从
-# `cuda:0` 保存的张量在每个 rank 上都会回到 `cuda:0`。恢复训练时在 `DDP(model)` 之前加载权重
-# （DDP 构造时本来就会广播 rank 0 的权重），并且每个 rank 都要加载优化器的动量
-# （没有任何操作会广播它）。再恢复训练 1 轮：
+# 只由 rank 0 写入 `model.module.state_dict()`（未包装模型的权重，不带包装器的 `module.` 前缀
+# ），然后所有 rank 在 `dist.barrier()` 处等待，这样谁也不会读到写了一半的文件
+# 。`torch.load(path, map_location=device)` 把张量放到读取它的 rank 的设备上：不加它，从
+# `cuda:0` 保存的张量在每个 rank 上都会回到 `cuda:0`。恢复训练时，权重在 `DDP(model)` 之前加载
+# ：DDP 构造时本来就会广播（broadcast）rank 0 的权重；优化器的动量则每个 rank 都要加载，因为没
+# 有任何操作会广播它。再恢复训练 1 轮：
 
 # %% tags=["lesson"]
 state = torch.load(ckpt / "last.pt", map_location="cpu", weights_only=True)
@@ -392,8 +395,9 @@ plot_history(resumed[0])
 # two GPUs:
 
 # %% [markdown] lang="zh"
-# 在 GPU 上，同一个程序会选择 `nccl`，调用 `torch.cuda.set_device(LOCAL_RANK)`，并用
-# `map_location=cuda:LOCAL_RANK` 加载检查点。有至少两块 GPU 时，下面的单元会真正运行它：
+# 在 GPU 上，同一个程序会选择 `nccl` 后端（backend），调用
+# `torch.cuda.set_device(LOCAL_RANK)`，并用 `map_location=cuda:LOCAL_RANK` 加载检查点。至少有
+# 两块 GPU 时，下面的单元会真正运行它：
 
 # %% tags=["lesson"]
 if torch.cuda.device_count() >= 2:
@@ -417,10 +421,10 @@ else:
 # %% [markdown] lang="zh"
 # ## 保存整个模块的文件已经加载不了
 #
-# 有的源笔记用 `torch.save(model.module, path)` 保存整个被 pickle 的模块。从 torch 2.6 起，
-# `torch.load` 的默认值变成了 `weights_only=True`（`torch/serialization.py` 里的提示信息写明了
-# 这一点）：它只反序列化张量、普通容器和数字，这样加载检查点时不会执行任意代码。被 pickle 的
-# 模块需要它的类，所以加载失败：
+# 有的源笔记用 `torch.save(model.module, path)` 保存整个模块，也就是把它 pickle 下来。从 torch
+# 2.6 起，`torch.load` 的默认值变成了 `weights_only=True`（`torch/serialization.py` 里的提示信
+# 息写明了这一点）：它只反序列化张量、普通容器和数字，这样检查点在加载时就无法执行代码。被
+# pickle 的模块需要它的类才能还原，所以加载失败：
 
 # %%
 net = torch.nn.Sequential(torch.nn.Linear(4, 2))  # stands for ddp_model.module
@@ -439,8 +443,8 @@ except Exception as err:  # _pickle.UnpicklingError
 # model from code:
 
 # %% [markdown] lang="zh"
-# `weights_only=False` 可以加载它，但只能用于你信任的文件：反序列化可以执行任意代码，而且类
-# 一旦移动或修改，这个文件也就失效了。应该只保存权重，也就是本章检查点的做法
+# `weights_only=False` 能加载它，但只应对你信任的文件这样做：反序列化可以执行任意代码；而且类
+# 一旦移动或修改，这个文件也会失效。应该保存权重，也就是像本章的检查点那样保存
 # `model.module.state_dict()`，再用代码重建模型：
 
 # %%
@@ -471,17 +475,18 @@ print("same weights:", torch.equal(fresh[0].weight, net[0].weight))
 # %% [markdown] lang="zh"
 # ## `pin_memory` 与 `non_blocking`
 #
-# 从 CPU 内存到 GPU 的复制由 GPU 的 DMA 引擎完成，而它只能读取**页锁定**（pinned）的主机内存。
-# 如果数据在普通（可分页）内存里，CUDA 驱动要先把它复制到一块页锁定的中转缓冲区，调用要等复制
-# 结束才返回。`DataLoader(..., pin_memory=True)` 把每个批放进页锁定内存（在单独的线程里完成，
-# `torch/utils/data/_utils/pin_memory.py`）；这时 `x.to("cuda", non_blocking=True)` 只是把复制
-# **排进**当前 CUDA 流就立即返回，CPU 可以一边准备下一个批，一边让复制进行，而之后排进同一个流的
-# 内核仍然会等它完成。从可分页内存做 `non_blocking=True` 也可以，但几乎没有收益。页锁定内存不能
-# 被换出，锁定太多会挤占机器上的其他程序。源笔记 002 的解释（“pin_memory 让 GPU 读内存更快，
-# non_blocking 让一切都变成异步”）把两者混在了一起：正是页锁定让异步复制成为可能。
+# 从 CPU 内存到 GPU 的复制由 GPU 的 DMA 引擎完成，而它只能读取**页锁定**（page-locked，也叫
+# pinned）的主机内存。如果数据在普通的可分页（pageable）内存里，CUDA 驱动（driver）要先把它复
+# 制到一块页锁定的中转缓冲区，调用要等复制结束才返回。`DataLoader(..., pin_memory=True)` 把每
+# 个批放进页锁定内存（在单独的线程里完成，见 `torch/utils/data/_utils/pin_memory.py`）；这时
+# `x.to("cuda", non_blocking=True)` 只是把复制**排进**当前 CUDA 流就立即返回，CPU 可以一边准备
+# 下一个批，一边让复制进行，而之后排进同一个流的核函数（kernel）仍会等它完成。对可分页内存使用
+# `non_blocking=True` 也可以，但几乎没有收益。页锁定内存不能被换出，锁定得太多，机器上的其他程
+# 序就会缺内存。源笔记 002 的解释（“`pin_memory` 让 GPU 读内存更快，`non_blocking` 让一切都变
+# 成异步”）把两者混为一谈：正是页锁定才使异步复制成为可能。
 #
-# 这台机器没有 GPU：页锁定需要 GPU，`DataLoader` 会给出警告并跳过它。再下一个单元在 GPU 上
-# 测量这两种复制。
+# 这台机器没有 GPU：页锁定需要 GPU，`DataLoader` 会发出警告并跳过它。再下一个单元在 GPU 上测量
+# 这两种复制。
 
 # %%
 import warnings  # noqa: E402
@@ -545,16 +550,19 @@ else:
 # %% [markdown] lang="zh"
 # ## 每个 rank 的随机种子，以及 cuDNN 的开关
 #
-# 在 DDP 下，所有东西用同一个种子是错的，所有东西都用不同的种子也是错的：
+# 在 DDP 下，所有东西都用同一个种子是错的，所有东西都用不同的种子也是错的：
 #
-# - **模型**必须从相同的状态开始：用什么种子都行，因为 `DDP(model)` 在构造时会广播 rank 0 的权重；
+# - **模型**必须从相同的状态开始：用什么种子都行，因为 `DDP(model)` 在构造时会广播 rank 0 的权
+#   重；
 # - 数据增强、**dropout** 这类**随机数据**（打乱顺序是采样器的事，所有 rank 用同一个 `seed`）
-#   必须在各 rank 之间不同，否则各 rank 会对不同的样本抽到相同的掩码、相同的裁剪：用
-#   `seed + rank` 播种。`DataLoader` 的每个 worker 从加载器的生成器得到 `base_seed + worker_id`
-#   （`torch/utils/data/_utils/worker.py`），所以按 rank 给主进程播种就覆盖了 worker 里的 torch
-#   随机数；worker 里的 `random` 和 NumPy 需要 `worker_init_fn`。
+#   必须在各 rank 之间不同，否则各 rank 会对不同的样本抽到相同的掩码、做相同的裁剪：用
+#   `seed + rank` 播种。`DataLoader` 的每个 worker 从加载器的生成器得到
+#   `base_seed + worker_id`（见 `torch/utils/data/_utils/worker.py`），所以按 rank 给主进程播
+#   种，worker 里 torch 的随机数也就跟着不同了；worker 里的 `random` 和 NumPy 则需要
+#   `worker_init_fn`。
 #
-# 下面的单元在 2 个 rank 上展示一个 dropout 层的掩码：一次所有 rank 种子相同，一次按 rank 播种。
+# 下面的单元在 2 个 rank 上展示一个 dropout 层的掩码：一次所有 rank 用相同的种子，一次按 rank
+# 播种。
 
 # %%
 def dropout_masks(rank, seed=0):
@@ -588,12 +596,13 @@ for line in dl.spawn(dropout_masks, nprocs=2, backend="gloo")[0]:
 
 # %% [markdown] lang="zh"
 # 在 GPU 上，`torch.backends.cudnn.benchmark = True` 让 cuDNN 针对每种新的输入形状试跑几种卷积
-# 算法并保留最快的：形状固定时更快，但不同运行、不同 rank 之间选中的算法可能不同。
-# `torch.backends.cudnn.deterministic = True` 把 cuDNN 限制在确定性算法上；
-# `torch.use_deterministic_algorithms(True)` 更进一步：任何没有确定性实现的 torch 操作都会报错。
-# 源笔记 000 的 `init_seeds` 设置 `deterministic = (seed == 0)`、`benchmark = not deterministic`：
-# 配合 `seed + rank`，结果是 rank 0 以确定性方式运行，其他 rank 都不是。应当由一个配置项设置这两个
-# 开关，并且所有 rank 相同。在 CPU 上它们不起作用（它们属于 cuDNN），所以本单元只打印它们。
+# 算法，保留最快的那个：形状固定时更快，但不同的运行、不同的 rank 选中的算法可能不同
+# 。`torch.backends.cudnn.deterministic = True` 把 cuDNN 限制在确定性算法上
+# ；`torch.use_deterministic_algorithms(True)` 更进一步：任何没有确定性实现的 torch 算子
+# （operator）都会报错。源笔记 000 的 `init_seeds` 设置
+# `deterministic = (seed == 0)`、`benchmark = not deterministic`：配合 `seed + rank`，结果只有
+# rank 0 以确定性方式运行，其他 rank 都不是。应该由一个配置项来设置这两个开关，并且所有 rank
+# 取值相同。在 CPU 上它们不起作用（它们属于 cuDNN），所以本单元只打印它们。
 
 # %%
 print("cudnn.benchmark:", torch.backends.cudnn.benchmark,
@@ -615,9 +624,9 @@ print("cudnn.benchmark:", torch.backends.cudnn.benchmark,
 # %% [markdown] lang="zh"
 # ## 扩展性：1、2（和 4）个 rank 时每轮的时间
 #
-# 每个 rank 使用一个线程，一轮的时间由最慢的 rank 决定。2 核机器能展示的是：2 个 rank
-# 分担一轮的工作，但每一步的全归约都要互相等待，机器上运行的其他程序也会拖慢最慢的 rank。
-# 4 个 rank 共用 2 个核不可能比 2 个 rank 更快，所以只有在至少 4 个核时，本单元才加上 4 个 rank。
+# 每个 rank 使用一个线程，一轮的时间取决于最慢的 rank。一台 2 核机器能展示的是：2 个 rank 分担
+# 一轮的工作，但它们在每一步的全归约处也要互相等待，机器上运行的其他程序也会拖慢最慢的 rank。4
+# 个 rank 共用 2 个核不可能比 2 个 rank 更快，所以只有至少 4 个核时，本单元才加上 4 个 rank。
 # 它展示不了的是：在 GPU 上每个 rank 有自己的设备，模型也大得多，全归约与反向传播重叠
 # （overlap），所以在通信或数据加载成为瓶颈之前，每轮时间几乎按 1/N 下降。
 
@@ -648,9 +657,10 @@ plt.show()
 # %% [markdown] lang="zh"
 # ## 有错误的训练函数
 #
-# 下面的 `buggy_fit` 集中了源笔记里真实出现过的错误。先自己找一找再往下读：它在循环里创建优化器
-# （动量每一步都从零开始，而且没有 `zero_grad`），从不调用 `set_epoch`，让每个 rank 都保存检查点，
-# 保存的是 DDP 包装器（键名以 `module.` 开头），并把每个 rank 自己的损失当作“总”损失返回。
+# 下面的 `buggy_fit` 集中了源笔记里真实出现过的错误。往下读之前先自己找一找：它在循环里创建优
+# 化器（动量每一步都从头开始，而且没有 `zero_grad`），从不调用 `set_epoch`，让每个 rank 都保存
+# 检查点，保存的是 DDP 包装器（键名以 `module.` 开头），还把每个 rank 自己的损失当成整体的损失
+# 返回。
 
 # %%
 def buggy_fit(model, dataset, epochs, batch_size, lr, checkpoint_path):
@@ -707,15 +717,19 @@ dl.spawn(run_buggy, args=(str(workdir / "data"),), nprocs=2, backend="gloo")
 #
 # 编写 `fit(model, dataset, epochs, batch_size, lr, checkpoint_path)`。它在一个已经初始化的
 # gloo 进程组的每个 rank 上运行，必须：
-# - 用 `DDP` 包装 `model` 并就地训练它：只创建一次 `torch.optim.SGD(..., lr=lr, momentum=0.9)`，
-#   使用 `F.cross_entropy`，每一步都调用 `zero_grad()`；
+# - 用 `DDP` 包装 `model`，原地训练传入的这个模型：只创建一次
+#   `torch.optim.SGD(..., lr=lr, momentum=0.9)`，使用 `F.cross_entropy`，每一步都调用
+#   `zero_grad()`；
 # - 从 `DataLoader(dataset, batch_size=batch_size, sampler=sampler)` 读取批，其中
 #   `sampler = DistributedSampler(dataset)`，并且每一轮都调用 `sampler.set_epoch(epoch)`；
-# - 每轮返回一个损失：各 rank 平均批损失在所有 rank 上的平均值，每个 rank 返回相同的列表；
-# - 最后只由 rank 0 把普通模型的 `state_dict()` 保存到 `checkpoint_path`，然后调用 `dist.barrier()`。
+# - 每轮返回一个损失：先在每个 rank 上对批损失求平均，再对所有 rank 求平均；每个 rank 返回的列
+#   表相同；
+# - 最后只由 rank 0 把未包装模型的 `state_dict()` 保存到 `checkpoint_path`，然后调用
+#   `dist.barrier()`。
 #
-# 评分单元会在隐藏的数据和模型上用 2 或 3 个 rank 运行你的函数，并检查它的行为：每个 rank 读取的样本、
-# 谁保存了检查点、检查点本身、每个 rank 上的参数（与正确的 DDP 训练比较）、损失和准确率。
+# 评分单元（graded cell）会在隐藏的数据和模型上用 2 个或 3 个 rank 运行你的函数，并检查它的实
+# 际行为：每个 rank 读取的样本、谁保存了检查点、检查点本身、每个 rank 上的参数（与正确的 DDP
+# 训练比较）、损失和准确率。
 
 # %% tags=["exercise"]
 def fit(model, dataset, epochs, batch_size, lr, checkpoint_path):
@@ -761,8 +775,9 @@ dl.grade("08.fit", fit)
 # %% [markdown] lang="zh"
 # ## 小结
 #
-# DDP 程序就是普通的训练循环加上几条规则：每个 rank 运行相同的代码，读取自己的分片（用 `set_epoch`
-# 每轮重新打乱），从相同的权重开始，记录在所有 rank 上归约过的数值，并且只让 rank 0 与外界交互
-# （进度、检查点），在其他 rank 依赖它的地方放一个屏障。同一个文件可以在 `torchrun` 下运行于一个或多个节点。
-# 缩放学习率时要配合预热；保存 `state_dict()`（被 pickle 的整个模块默认已经加载不了）；往 GPU 异步
-# 复制时使用页锁定内存；随机数据按 rank 播种，模型用什么种子都可以。
+# DDP 程序就是普通的训练循环加上几条规则：每个 rank 运行相同的代码，读取自己的分片（由
+# `set_epoch` 每轮重新打乱），从相同的权重开始，记录在所有 rank 上归约过的数值，并且只让 rank
+# 0 与外界打交道（进度、检查点），在其他 rank 依赖它的地方放一道屏障。同一个文件可以在
+# `torchrun` 下运行于一个或多个节点。缩放学习率要配合预热；保存 `state_dict()`（被 pickle 的整
+# 个模块默认已经加载不了）；往 GPU 异步复制要用页锁定内存；随机数据按 rank 播种，模型用什么种
+# 子都可以。

@@ -28,10 +28,11 @@
 # %% [markdown] lang="zh"
 # # 09 真实的启动方式与调试
 #
-# 到目前为止都是 `dl.spawn` 帮你启动 rank。在集群上，你会用 PyTorch 自己的**启动器**（launcher）：
-# `torchrun`（以及它已被弃用的前身 `torch.distributed.launch`）或 `torch.multiprocessing.spawn`。
-# 本章在 notebook 里逐一运行它们（作为子进程，使用空闲端口并设置超时），看看它们分别给你的进程
-# 提供了什么；在这一台机器上运行一个“两节点”任务；然后真实地触发你将会遇到的各种错误，并给出原因和解决办法。
+# 到目前为止，都是 `dl.spawn` 替你启动各个 rank（进程编号）。在集群上，你会用 PyTorch 自己
+# 的**启动器**（launcher）：`torchrun`（以及它已弃用的前身 `torch.distributed.launch`）或
+# `torch.multiprocessing.spawn`。本章在 notebook 里把它们逐一作为子进程运行，每次都用空闲端口
+# 并设置超时（timeout），看看它们分别给你的进程提供了什么；然后在这一台机器上运行一个跨两个节
+# 点（node）的任务；最后真实地触发你将会遇到的各种错误，并给出原因和解决办法。
 
 # %%
 import argparse
@@ -66,9 +67,9 @@ print(torch.__version__)
 # ## 1. 启动器给每个进程提供了什么
 #
 # 每个启动器都做两件事：为每个 rank 启动一个进程，并告诉每个进程“你是谁”。我们的演示 worker 是
-# `ddp_lab.launch_demo` 里的小函数，用 `python -m ddp_lab.launch_demo WORKER` 启动；每个 worker
-# 打印一行，列出它收到的信息。每次启动要几秒钟，所以下一个单元会在后台一次性开始本章的所有启动
-# （每次同时运行两个）；后面的单元各自等待自己那一次的结果。
+# `ddp_lab.launch_demo` 里的小函数，用 `python -m ddp_lab.launch_demo WORKER` 启动；每个
+# worker 打印一行，列出它收到的信息。每次启动要几秒钟，所以下一个单元会在后台一次性开始本章所
+# 有的启动（每次同时运行两个）；后面的单元各自等待自己那一次的结果。
 
 # %% tags=["lesson"]
 dl.show_source(ld.worker_env)
@@ -106,15 +107,16 @@ print(sorted(runs))
 # %% [markdown] lang="zh" tags=["lesson"]
 # ### `torchrun`
 #
-# `torchrun --standalone --nproc_per_node=2 script.py` 会启动一个 *agent* 进程，由它启动两个 worker
-# 并设置它们的环境变量：`RANK`（全局 rank）、`LOCAL_RANK`（本节点上的 rank）、`WORLD_SIZE`、
-# `LOCAL_WORLD_SIZE`、`GROUP_RANK`（节点的编号）、`MASTER_ADDR`/`MASTER_PORT`（整个任务的键值
-# store 监听的地址）以及 `TORCHELASTIC_RESTART_COUNT`。在 torchrun 下，这个 store 由 0 号节点的
-# *agent* 托管，而不是 rank 0：torchrun 设置 `TORCHELASTIC_USE_AGENT_STORE=True`，于是包括
-# rank 0 在内的每个 worker 都以客户端身份连接（`torch/distributed/rendezvous.py` 的
-# `_create_c10d_store`；第 3 节会打印这个变量）。`--standalone` 在空闲端口上建立一个私有的
-# **汇合（rendezvous）**，所以同一台机器上的两个任务不会冲突。每个 rank 都是一个独立进程（pid 各不相同）：
-# DDP 的数据并行用的是进程，不是线程。
+# `torchrun --standalone --nproc_per_node=2 script.py` 会启动一个*代理*（agent）进程，由它启动
+# 两个 worker 并设置它们的环境变量：`RANK`（全局 rank）、`LOCAL_RANK`（本节点上的 rank）
+# 、`WORLD_SIZE`、`LOCAL_WORLD_SIZE`、`GROUP_RANK`（节点的编号）
+# 、`MASTER_ADDR`/`MASTER_PORT`（整个任务的键值 store 监听的地址）以及
+# `TORCHELASTIC_RESTART_COUNT`。在 torchrun 下，这个 store 由 0 号节点的*代理*托管，而不是由
+# rank 0 托管：torchrun 设置了 `TORCHELASTIC_USE_AGENT_STORE=True`，于是包括 rank 0 在内的每个
+# worker 都以客户端身份连接（见 `torch/distributed/rendezvous.py` 的 `_create_c10d_store`；第
+# 3 节会打印这个变量）。`--standalone` 在空闲端口上建立一个私有的**会合**（rendezvous），所以
+# 同一台机器上的两个任务不会冲突。每个 rank 都是一个独立的进程（pid 各不相同）：DDP 的数据并行
+# （data parallel）用的是进程，不是线程。
 
 # %% tags=["lesson"]
 r = runs["torchrun"].result()
@@ -130,9 +132,9 @@ assert [rec["RANK"] for rec in r.records()] == ["0", "1"]
 # store) treat it so.
 
 # %% [markdown] lang="zh" tags=["lesson"]
-# **纠正源笔记。** 有一篇笔记把 rank 说成“进程的优先级”。它只是一个编号：上表中的 `nice` 列才是
-# 操作系统调度用的优先级，而它在每个 rank 上都一样。rank 0 之所以特殊，只是因为你的代码（以及汇合用的
-# store）这样对待它。
+# **纠正源笔记**。有一篇源笔记把 rank 说成“进程的优先级”。它只是一个编号：上表中的 `nice` 列才
+# 是操作系统调度用的优先级，而它在每个 rank 上都一样。rank 0 之所以特殊，只是因为你的代码（以
+# 及会合用的 store）这样对待它。
 
 # %% [markdown] lang="en" tags=["lesson"]
 # ### `torch.distributed.launch` (deprecated) and `--local-rank`
@@ -145,9 +147,9 @@ assert [rec["RANK"] for rec in r.records()] == ["0", "1"]
 # %% [markdown] lang="zh" tags=["lesson"]
 # ### `torch.distributed.launch`（已弃用）与 `--local-rank`
 #
-# 旧的启动器仍然能运行，会打印一条 `FutureWarning`，并且除了环境变量之外，还会在命令行上传入
-# `--local-rank=N`（PyTorch 2.0 起用连字符）。源笔记用 `type=str` 解析 `--local_rank`（下划线）。
-# 下面的 worker 先用笔记里的解析器，再用修正后的解析器。
+# 旧的启动器仍然能运行，会打印一条 `FutureWarning`，并且除了设置环境变量，还会在命令行上传入
+# `--local-rank=N`（从 PyTorch 2.0 起用连字符）。源笔记用 `type=str` 解析 `--local_rank`（下划
+# 线）。下面的 worker 先用源笔记的解析器，再用修正后的解析器。
 
 # %% tags=["lesson"]
 dl.show_source(ld.worker_legacy_args)
@@ -166,9 +168,10 @@ errors.explain(r, "bad_flag")
 # sets it), or at least `type=int`.
 
 # %% [markdown] lang="zh" tags=["lesson"]
-# 即使收到的是旧写法（`--local_rank=0`，PyTorch 1.x 就是这样传的），`type=str` 得到的也是字符串
-# `"0"`，而 `"0" == 0` 为假：像 `if local_rank == 0: save()` 这样的判断在任何 rank 上都不会保存。
-# 解决办法：读取 `int(os.environ["LOCAL_RANK"])`（每个启动器都会设置它），至少也要用 `type=int`。
+# 即使收到的是旧写法（`--local_rank=0`，PyTorch 1.x 就是这样传的），`type=str` 得到的也是字符
+# 串 `"0"`，而 `"0" == 0` 为假：像 `if local_rank == 0: save()` 这样的判断在任何 rank 上都不会
+# 保存。解决办法：读取 `int(os.environ["LOCAL_RANK"])`（每个启动器都会设置它），至少也要用
+# `type=int`。
 
 # %% tags=["lesson"]
 notes_parser = argparse.ArgumentParser()
@@ -185,7 +188,7 @@ print(repr(fixed_parser.parse_args(["--local_rank=0"]).local_rank),
 # Another note calls `torch.distributed.local_rank()`. That function does not exist:
 
 # %% [markdown] lang="zh" tags=["lesson"]
-# 另一篇笔记调用了 `torch.distributed.local_rank()`。这个函数并不存在：
+# 另一篇源笔记调用了 `torch.distributed.local_rank()`。这个函数并不存在：
 
 # %% tags=["lesson"]
 with errors.expect("no_local_rank"):
@@ -237,11 +240,11 @@ for env in dl.spawn(show_env, nprocs=2):
 # exits with a `ChildFailedError` report whose *Root Cause* names the first rank to fail.
 
 # %% [markdown] lang="zh" tags=["lesson"]
-# ## 2. worker 挂掉时，以及 “death signal”
+# ## 2. worker 挂掉时，以及“death signal”
 #
-# 使用 `--max-restarts=1` 时，一旦有 worker 失败，agent 会停掉其余 worker，并把整组重启一次
-# （`TORCHELASTIC_RESTART_COUNT` 变为 1）。如果再次失败，torchrun 会以 `ChildFailedError`
-# 报告退出，其中的 *Root Cause* 指出第一个失败的 rank。
+# 使用 `--max-restarts=1` 时，一旦有 worker 失败，代理会停掉其余的 worker，并把整组重启一次
+# （`TORCHELASTIC_RESTART_COUNT` 变为 1）。如果再次失败，torchrun 会以 `ChildFailedError` 报告
+# 退出，其中的 *Root Cause* 指出第一个失败的 rank。
 
 # %% tags=["lesson"]
 r = runs["crash"].result()
@@ -256,9 +259,9 @@ errors.explain(r, "child_failed")
 # send SIGTERM to the agent while the workers train:
 
 # %% [markdown] lang="zh" tags=["lesson"]
-# 有一篇笔记说“torch 1.8 基本不出错，torch>=1.9 不稳定”，并引用了
-# `Received 1 death signal, shutting down workers`。这行日志是 agent 在说它*从外部收到了信号*
-# （1 是 SIGHUP：终端或 ssh 会话关闭了）。下面我们在 worker 训练时向 agent 发送 SIGTERM：
+# 有一篇源笔记说“torch 1.8 基本不出错，torch>=1.9 不稳定”，并引用了
+# `Received 1 death signal, shutting down workers`。这行日志是代理在说它*从外部收到了信号*（1
+# 是 SIGHUP：终端或 ssh 会话关闭了）。下面我们在 worker 训练时向代理发送 SIGTERM：
 
 # %% tags=["lesson"]
 r = runs["signal"].result()
@@ -270,8 +273,8 @@ errors.explain(r, "death_signal")
 # checkpoints, and let `--max-restarts` (or the scheduler) resume.
 
 # %% [markdown] lang="zh" tags=["lesson"]
-# 解决办法不是换旧版 PyTorch：在 `tmux`/`nohup` 或调度器下运行长任务，保存检查点，并让
-# `--max-restarts`（或调度器）恢复运行。
+# 解决办法不是换回旧版 PyTorch：在 `tmux`/`nohup` 或调度器下运行长任务，保存检查点
+# （checkpoint），并让 `--max-restarts`（或调度器）恢复运行。
 
 # %% [markdown] lang="en" tags=["lesson"]
 # ## 3. Two nodes on one machine
@@ -308,15 +311,16 @@ print(ld.format_table(sorted(rows, key=lambda rec: int(rec["RANK"]))))
 
 # %% [markdown] lang="zh" tags=["lesson"]
 # 这里 `RANK = GROUP_RANK × LOCAL_WORLD_SIZE + LOCAL_RANK`，两个节点上的 `WORLD_SIZE` 都是 4。
-# 这个公式只在每个节点的 worker 数相同时才成立：torchrun 给每个节点的起始 rank 是它前面所有节点
-# `LOCAL_WORLD_SIZE` 之和（`torch/distributed/elastic/agent/server/api.py` 的
-# `_assign_worker_ranks`），所以 2 + 3 个 worker 时第二个节点的 rank 是 2、3、4。请读取 `RANK`，
-# 不要自己算。有一篇笔记
-# 用 `torch.cuda.device_count()` 作为 world size：那只是*一个*节点上的 GPU 数（这里是 2，和
-# `LOCAL_WORLD_SIZE` 一样），不是 4。请读取 `WORLD_SIZE`（或 `dist.get_world_size()`）。
+# 这个公式只在每个节点的 worker 数相同时才成立：torchrun 给每个节点的起始 rank 是它前面所有节
+# 点的 `LOCAL_WORLD_SIZE` 之和（见 `torch/distributed/elastic/agent/server/api.py` 的
+# `_assign_worker_ranks`），所以两个节点分别有 2 个和 3 个 worker 时，第二个节点的 rank 是
+# 2、3、4。请读取 `RANK`，不要自己算。有一篇源笔记用 `torch.cuda.device_count()` 作为 world
+# size（进程总数）：那只是*一个*节点上的 GPU 数（这里是 2，和 `LOCAL_WORLD_SIZE` 一样），而不
+# 是 4。请读取 `WORLD_SIZE`（或 `dist.get_world_size()`）。
 #
-# 使用 **c10d 汇合**（`--rdzv_backend=c10d --rdzv_endpoint=HOST:PORT`）时不需要 `--node_rank`：
-# agent 在汇合时得到各自的节点编号，节点还可以晚到或被替换（弹性训练）。同一个任务，这次用 c10d：
+# 使用 **c10d 会合**（`--rdzv_backend=c10d --rdzv_endpoint=HOST:PORT`）时不需要
+# `--node_rank`：各个代理在会合时得到各自的节点编号，节点还可以晚到或被替换（弹性训练）。同一
+# 个任务，这次用 c10d：
 
 # %% tags=["lesson"]
 results = runs["c10d"].result()
@@ -339,12 +343,12 @@ assert sorted(int(rec["RANK"]) for rec in rows) == [0, 1, 2, 3]
 # %% [markdown] lang="zh" tags=["lesson"]
 # ### 到第二个节点就出错的两个习惯
 #
-# 两者都来自源笔记，而且在单节点上都能工作，所以一直没被发现。`torch.cuda.set_device(args.rank)`
-# （笔记 002）把*全局* rank 当作 GPU 编号：在 1 号节点上 rank 是 2 和 3，而该节点只有 GPU 0 和 1，
-# 于是以 `invalid device ordinal` 失败。`if local_rank == 0: save()`（笔记 001）每个*节点*保存
-# 一次：两个节点上就有两个进程写同一个检查点路径，在共享磁盘上还是同时写。worker `node_habits`
-# 在两节点任务上把两者都演一遍（用 `LOCAL_WORLD_SIZE` 代表节点的 GPU 数；它向两个“节点”共享的
-# 目录里的同一个文件追加一行）：
+# 两者都来自源笔记，而且在单节点上都能工作，所以一直没被发现
+# 。`torch.cuda.set_device(args.rank)`（源笔记 002）把*全局* rank 当作 GPU 编号：在 1 号节点上
+# rank 是 2 和 3，而该节点只有 GPU 0 和 1，于是以 `invalid device ordinal` 失败
+# 。`if local_rank == 0: save()`（源笔记 001）每个*节点*保存一次：两个节点上就有两个进程写同一
+# 个检查点路径，在共享磁盘上还是同时写。worker `node_habits` 在两节点任务上把两者都演示一遍（
+# 用 `LOCAL_WORLD_SIZE` 代表节点的 GPU 数；它往两个“节点”共享的目录里的同一个文件追加内容）：
 
 # %% tags=["lesson"]
 dl.show_source(ld.worker_node_habits)
@@ -361,8 +365,8 @@ print(open(checkpoint).read().strip().splitlines(), "<- one file, two writers")
 # when each node has its own disk, and then say so in the code.
 
 # %% [markdown] lang="zh" tags=["lesson"]
-# 修正方法：设备用 `LOCAL_RANK`（`torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))`），
-# 保存由全局 rank 0 负责（`if dist.get_rank() == 0: save()`）。只有每个节点各有自己的磁盘时才按
+# 修正方法：设备用 `LOCAL_RANK`（`torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))`），保
+# 存由全局 rank 0 负责（`if dist.get_rank() == 0: save()`）。只有每个节点各有自己的磁盘时才按
 # 节点保存，而且要在代码里写明这一点。
 
 # %% [markdown] lang="en" tags=["lesson"]
@@ -370,7 +374,8 @@ print(open(checkpoint).read().strip().splitlines(), "<- one file, two writers")
 # before anything starts:
 
 # %% [markdown] lang="zh" tags=["lesson"]
-# 拼错的参数，比如笔记里的 `--master_adderss`（或 `--master_address`），在任何进程启动之前就会被拒绝：
+# 拼错的参数，比如源笔记里的 `--master_adderss`（或 `--master_address`），在任何进程启动之前就
+# 会被拒绝：
 
 # %% tags=["lesson"]
 cmd = ld.torchrun_command("env", 2, nnodes=2, node_rank=0)
@@ -391,14 +396,14 @@ errors.explain(r, "bad_flag")
 # A name the machine does not have fails at once, and so does a prefix of a real one:
 
 # %% [markdown] lang="zh" tags=["lesson"]
-# **在真实的多台机器上**，`--master_addr` 是每个节点都能访问到的 0 号节点的地址，节点之间的防火墙
-# 必须放行该端口，而且每个节点都必须启动（否则其他节点会一直等到汇合超时）。机器有多块网卡时，用
-# `GLOO_SOCKET_IFNAME`（gloo）或 `NCCL_SOCKET_IFNAME`（NCCL）指定使用哪一块。两者解读取值的方式
-# 不同。NCCL 接受*前缀*（`eth` 能匹配 eth0 和 eth1；前面加 `=` 表示精确匹配，加 `^` 表示排除：
-# NCCL `src/os/linux.cc` 中的 `ncclOsFindInterfaces`）。Gloo 接受用逗号分隔的*精确*网卡名
-# （gloo 的 `gloo/transport/tcp/device.cc` 中 `lookupAddrForIface` 用 `strcmp` 比较），而且会
-# 忽略只有一个字符的值（`torch/csrc/distributed/c10d/init.cpp` 中的 `strlen(ifnameEnv) > 1`
-# 判断）。写一个不存在的网卡名会立即失败，写真实网卡名的前缀也一样：
+# **在真实的多台机器上**，`--master_addr` 是每个节点都能访问到的 0 号节点的地址，节点之间的防
+# 火墙必须放行该端口，而且每个节点都必须启动（否则其他节点会一直等到会合超时）。机器有多块网卡
+# 时，用 `GLOO_SOCKET_IFNAME`（gloo）或 `NCCL_SOCKET_IFNAME`（NCCL）指定使用哪一块。两者解读取
+# 值的方式不同。NCCL 接受*前缀*（`eth` 能匹配 eth0 和 eth1；前面加 `=` 表示精确匹配，加 `^` 表
+# 示排除：见 NCCL `src/os/linux.cc` 中的 `ncclOsFindInterfaces`）。Gloo 接受用逗号分隔的*精
+# 确*网卡名（gloo 的 `gloo/transport/tcp/device.cc` 中，`lookupAddrForIface` 用 `strcmp` 比较
+# ），而且会忽略只有一个字符的值（`torch/csrc/distributed/c10d/init.cpp` 中的
+# `strlen(ifnameEnv) > 1` 判断）。写一个本机没有的网卡名会立即失败，写真实网卡名的前缀也一样：
 
 # %% tags=["lesson"]
 def wrong_interface(rank):
@@ -465,9 +470,10 @@ else:
 # %% [markdown] lang="zh" tags=["lesson"]
 # ### GPU 与 `CUDA_VISIBLE_DEVICES`
 #
-# 有一篇笔记运行 `CUDA_VISIBLE_DEVICES=0,1,2,3 ... --nproc_per_node=8`：本地 rank 4-7 会请求不可见的
-# GPU，并以 `invalid device ordinal` 失败。另一篇在脚本启动后才在脚本里设置 `CUDA_VISIBLE_DEVICES`：
-# 只有当该进程还没有初始化 CUDA 时才有效；应该在命令行上设置。
+# 有一篇源笔记运行 `CUDA_VISIBLE_DEVICES=0,1,2,3 ... --nproc_per_node=8`：本地 rank（local
+# rank）4–7 会请求看不见的 GPU，并以 `invalid device ordinal` 失败。另一篇在脚本启动之后才在脚
+# 本里设置 `CUDA_VISIBLE_DEVICES`：只有当该进程还没有初始化 CUDA 时这才有效；应该在命令行上设
+# 置。
 
 # %% tags=["lesson"]
 if torch.cuda.is_available():
@@ -521,8 +527,9 @@ print("file://", dl.spawn(join, args=(f"file://{path}", 2), nprocs=2),
 # what the file holds. Use a new path per job (or `env://`).
 
 # %% [markdown] lang="zh" tags=["lesson"]
-# 正常退出时文件会被删除。崩溃则会把它留下（“陈旧文件”），下一个使用同一路径的任务会读到旧任务的
-# 记录：可能正常、可能卡住，也可能报错，取决于文件里有什么。每个任务都用新的路径（或者用 `env://`）。
+# 正常退出时文件会被删除。崩溃则会把它留下（“陈旧文件”），下一个使用同一路径的任务会读到旧任务
+# 的记录：可能正常运行，可能卡住，也可能报错，取决于文件里有什么。每个任务都用新的路径（或者用
+# `env://`）。
 
 # %% tags=["lesson"]
 try:
@@ -543,8 +550,8 @@ os.remove(path)
 # collective. Here a group of 2 is started with only one process:
 
 # %% [markdown] lang="zh" tags=["lesson"]
-# `init_process_group` 的 `timeout=` 既限制启动时等待其他 rank 的时间，也限制每一次集合通信。
-# 下面只用一个进程去组建一个大小为 2 的进程组：
+# `init_process_group` 的 `timeout=` 既限制启动时等待其他 rank 的时间，也限制每一次集合通信
+# （collective）。下面只用一个进程去组建一个大小为 2 的进程组（process group）：
 
 # %% tags=["lesson"]
 def lonely(rank):
@@ -569,13 +576,14 @@ with errors.expect("store_timeout"):
 # %% [markdown] lang="zh" tags=["lesson"]
 # ## 5. 真实故障集锦
 #
-# ### 不匹配的集合通信：卡住
+# ### 不匹配的集合通信：卡住（hang）
 #
-# rank 0 调用 `all_reduce`，rank 1 调用 `broadcast`。不会报错：两者都会一直等下去。`dl.spawn`
-# 在超时后停止它们，并打印每个 rank 卡在哪里（torchrun 则会一直等到进程组超时：gloo 默认 30 分钟，
-# NCCL 默认 10 分钟，见 `torch/csrc/distributed/c10d/ProcessGroup.hpp` 的 `kProcessGroupDefaultTimeout`
-# 和 `ProcessGroupNCCL.hpp` 的 `kProcessGroupNCCLDefaultTimeout`；单元会打印
-# `torch.distributed.constants` 看到的这两个值，CPU 版本中 NCCL 的是 `None`）。
+# rank 0 调用 `all_reduce`，rank 1 调用 `broadcast`。不会报错：两者都会一直等下去
+# 。`dl.spawn` 在超时后停止它们，并打印每个 rank 卡在哪里（torchrun 则会一直等到进程组超时
+# ：gloo 默认 30 分钟，NCCL 默认 10 分钟，见 `torch/csrc/distributed/c10d/ProcessGroup.hpp` 的
+# `kProcessGroupDefaultTimeout` 和 `ProcessGroupNCCL.hpp` 的
+# `kProcessGroupNCCLDefaultTimeout`；单元会打印 `torch.distributed.constants` 看到的这两个值
+# ，CPU 版本中 NCCL 的值是 `None`）。
 
 # %% tags=["lesson"]
 def mismatched(rank, detail=False):
@@ -631,10 +639,11 @@ with errors.expect("collective_mismatch"):
 # %% [markdown] lang="zh" tags=["lesson"]
 # ### 跳过集合通信的 rank
 #
-# rank 1 跳过了 `all_reduce`（比如它没有剩余的批了），继续做别的事。给进程组设置较短的 `timeout=`
-# 后，rank 0 得到的是错误而不是卡住。`dist.monitored_barrier` 更进一步：rank 0 会报告*哪一个* rank 没有到达。
-# 它只支持 Gloo（`torch/distributed/distributed_c10d.py` 中的 `monitored_barrier` 对其他后端抛出
-# `ValueError`，单元最后用 `fake` 后端演示）；使用 NCCL 的任务要为它另建一个 Gloo 进程组
+# rank 1 跳过了 `all_reduce`，继续做别的事，比如它已经没有剩余的批（batch）了。给进程组设置较短的
+# `timeout=` 后，rank 0 得到的是错误而不是卡住。`dist.monitored_barrier` 更进一步：rank 0 会报
+# 告*哪一个* rank 没有到达。它只支持 Gloo：对其他任何后端（backend）
+# ，`torch/distributed/distributed_c10d.py` 中的 `monitored_barrier` 都会抛出 `ValueError`（单
+# 元最后用 `fake` 后端演示）；使用 NCCL 的任务要为它另建一个 Gloo 进程组
 # （`dist.new_group(backend="gloo")`）。
 
 # %% tags=["lesson"]
@@ -681,8 +690,8 @@ print(dl.spawn(monitored_barrier_elsewhere, nprocs=1)[0])
 # %% [markdown] lang="zh" tags=["lesson"]
 # ### 各 rank 的形状不同
 #
-# rank 0 对 3 个数做全归约，rank 1 对 4 个数做全归约。在 gloo 上这甚至不会卡住：rank 0 *返回了一个结果*，
-# 随后 rank 1 因为对端已退出而失败。开启 DETAIL 后，会先比较形状。
+# rank 0 对 3 个数做全归约（all-reduce），rank 1 对 4 个数做全归约。在 gloo 上这甚至不会卡住
+# ：rank 0 *返回了一个结果*，随后 rank 1 因为对端已退出而失败。开启 DETAIL 后，会先比较形状。
 
 # %% tags=["lesson"]
 def uneven(rank, detail=False):
@@ -747,8 +756,9 @@ except dl.DistributedError as err:
 # %% [markdown] lang="zh" tags=["lesson"]
 # ### DDP 中未使用的参数
 #
-# 没有参与计算损失的层得不到梯度，DDP 的第二步就会失败。`TORCH_DISTRIBUTED_DEBUG=INFO` 会补充参数名。
-# 解决办法是让每个参数都参与计算，或者用 `find_unused_parameters=True`（每步多遍历一次计算图）。
+# 没有参与计算损失（loss）的层得不到梯度（gradient），DDP 的第二步就会失败
+# 。`TORCH_DISTRIBUTED_DEBUG=INFO` 会补上参数名。解决办法是让每个参数都参与计算，或者使用
+# `find_unused_parameters=True`（每步多遍历一次计算图）。
 
 # %% tags=["lesson"]
 class TwoHeads(torch.nn.Module):
@@ -825,8 +835,8 @@ print("model.module.state_dict() keys:", dl.spawn(three_slips, nprocs=2, backend
 # %% [markdown] lang="zh" tags=["lesson"]
 # ### 更多日志：`TORCH_CPP_LOG_LEVEL` 与 `NCCL_DEBUG`
 #
-# `TORCH_CPP_LOG_LEVEL=INFO` 会显示 c10d 的 C++ 部分（store、socket、汇合）。`NCCL_DEBUG=INFO` 在
-# GPU 机器上打印 NCCL 的选择（网卡、环、传输方式）。
+# `TORCH_CPP_LOG_LEVEL=INFO` 会显示 c10d 的 C++ 部分（store、socket、会合）
+# 。`NCCL_DEBUG=INFO` 在 GPU 机器上打印 NCCL 的选择（网卡、环、传输方式）。
 
 # %% tags=["lesson"]
 probe = ("import torch.distributed as dist; "
@@ -857,13 +867,13 @@ else:
 # %% [markdown] lang="zh" tags=["lesson"]
 # ### torchrun 自带的帮助：错误文件与日志
 #
-# worker 抛出异常时，agent 的 `ChildFailedError` 报告会指出是哪个 rank，但写着
-# `error_file: <N/A>` 和 “To enable traceback see ...”：异常本身留在了 worker 里。给入口函数加上
-# `@record`（`from torch.distributed.elastic.multiprocessing.errors import record`）：它把异常及其
-# 调用栈以 JSON 写入 `TORCHELASTIC_ERROR_FILE` 指定的文件，agent 为每个 worker 设置这个变量，并把
-# 文件内容读进报告的 *Root Cause*（`torch/distributed/elastic/multiprocessing/errors/__init__.py`）。
-# rank 多的时候，下面四个 torchrun 参数能让输出保持可读；单元从 `torch/distributed/run.py`
-# 打印它们的帮助：
+# worker 抛出异常时，代理的 `ChildFailedError` 报告会指出是哪个 rank，但写着
+# `error_file: <N/A>` 和“To enable traceback see ...”：异常本身留在了 worker 里。给入口函数加
+# 上 `@record`（`from torch.distributed.elastic.multiprocessing.errors import record`）：它把
+# 异常及其调用栈以 JSON 格式写入 `TORCHELASTIC_ERROR_FILE` 指定的文件；代理为每个 worker 设置
+# 这个变量，并把文件内容读进报告的 *Root
+# Cause*（`torch/distributed/elastic/multiprocessing/errors/__init__.py`）。rank 多的时候，下
+# 面四个 torchrun 参数能让输出保持可读；单元从 `torch/distributed/run.py` 打印它们的帮助：
 
 # %% tags=["lesson"]
 from torch.distributed.run import get_args_parser
@@ -891,15 +901,13 @@ for action in get_args_parser()._actions:
 # %% [markdown] lang="zh" tags=["lesson"]
 # ### NCCL 的 watchdog 与 flight recorder
 #
-# 在 NCCL 上，卡住是由 `ProcessGroupNCCL` 的 *watchdog* 线程发现的：它用超时（默认 10 分钟）检查
-# 正在运行的集合通信，一旦某个超时，就中止通信器并结束进程。在此之前它可以把每个 rank 正在做什么
-# 写下来：**flight recorder** 在每个进程里保留最近 `TORCH_NCCL_TRACE_BUFFER_SIZE` 个集合通信事件
-# （torch 2.13 默认 2000，见 `FlightRecorder.hpp`），设置 `TORCH_NCCL_DUMP_ON_TIMEOUT=1` 后，
-# 转储写入 `TORCH_NCCL_DEBUG_INFO_TEMP_FILE` 指定的文件，每个 rank 一个。用
-# `python -m torch.distributed.flight_recorder.fr_trace`（`torch/distributed/flight_recorder/`）
-# 比较它们：它会指出哪个 rank 没有参加某次集合通信，作用类似 Gloo 的 `monitored_barrier`。
-# 这些变量定义在 `torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp`；本机没有 GPU，所以这里都
-# 不运行（`TORCH_NCCL_DUMP_ON_TIMEOUT` 的默认值和文件名的默认值没有核对）。
+# 在 NCCL 上，卡住是由 `ProcessGroupNCCL` 的 *watchdog* 线程发现的：它按超时（默认 10 分钟）检
+# 查正在运行的集合通信，一旦某个超时，就中止通信器并结束进程。在此之前，它可以把每个 rank 正在
+# 做什么记下来：**flight recorder** 在每个进程里保留最近 `TORCH_NCCL_TRACE_BUFFER_SIZE` 个集合
+# 通信事件（torch 2.13 默认 2000，见 `FlightRecorder.hpp`）；设置
+# `TORCH_NCCL_DUMP_ON_TIMEOUT=1` 后，转储写入 `TORCH_NCCL_DEBUG_INFO_TEMP_FILE` 指定的文件，每
+# 个 rank 一个。用
+# `python -m torch.distributed.flight_recorder.fr_trace`（`torch/distributed/flight_recorder/`）比较这些文件：它会指出哪个 rank 没有参加某次集合通信，作用类似 Gloo 的 `monitored_barrier`。这些变量定义在 `torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp` 里；本机没有 GPU，所以这里都不运行（`TORCH_NCCL_DUMP_ON_TIMEOUT` 和文件名的默认值没有核对）。
 
 # %% [markdown] lang="en" tags=["lesson"]
 # ### The table
@@ -977,10 +985,11 @@ gallery.show("look", limit=8)
 # %% [markdown] lang="zh" tags=["lesson"]
 # ### 第 08 章的程序跑在两台主机上
 #
-# 每台主机一个 `torchrun`，各一个 worker，**静态汇合（static rendezvous）**：两边的 `--nnodes=2`、
-# `--master-addr=10.77.0.1`（host0 的地址）和 `--master-port` 相同，`--node-rank` 分别为 0 和 1，
-# 并设置 `GLOO_SOCKET_IFNAME=eth0`（原因马上就讲）。作为对照，同一个程序在一台主机上用两个
-# worker 再跑一次：两次的 world size 都是 2，所以看到的批完全相同，准确率也相同。
+# 每台主机一个 `torchrun`，各一个 worker，**静态会合**（static rendezvous）：两边的
+# `--nnodes=2`、`--master-addr=10.77.0.1`（host0 的地址）和 `--master-port` 相同
+# ，`--node-rank` 分别为 0 和 1，并设置 `GLOO_SOCKET_IFNAME=eth0`（原因马上就讲）。作为对照，
+# 同一个程序在一台主机上用两个 worker 再跑一次：两次的 world size 都是 2，所以看到的批完全相同
+# ，准确率也相同。
 
 # %% tags=["lesson"]
 one, two = gallery.show("one_host"), gallery.show("static")
@@ -993,7 +1002,7 @@ assert one.nodes[0].accuracy() == two.nodes[0].accuracy()
 # addresses, and no `GLOO_SOCKET_IFNAME`: with names that resolve properly, neither is needed.
 
 # %% [markdown] lang="zh" tags=["lesson"]
-# 使用 **c10d 汇合**（`--rdzv-backend=c10d --rdzv-endpoint=host0:PORT`）时没有 `--node-rank`。
+# 使用 **c10d 会合**（`--rdzv-backend=c10d --rdzv-endpoint=host0:PORT`）时没有 `--node-rank`。
 # 这次运行用的 `/etc/hosts` 列出了两台主机的真实地址，也没有设置 `GLOO_SOCKET_IFNAME`：名字能
 # 正确解析时，两者都不需要。
 
@@ -1015,9 +1024,9 @@ assert c10d.nodes[0].accuracy() == two.nodes[0].accuracy()
 # %% [markdown] lang="zh" tags=["lesson"]
 # ### 故障集锦：跨两台主机
 #
-# **gloo 用上了回环接口。** 同一个静态任务，但不设置 `GLOO_SOCKET_IFNAME`：gloo 取得主机名，
-# 解析它，并绑定到第一个能绑定的地址（`torch/csrc/distributed/c10d/ProcessGroupGloo.cpp` 的
-# `createDefaultDevice`；只有名字解析不了时，才会退回 `127.0.0.1` 并警告 “Unable to resolve
+# **gloo 用上了回环接口**。同一个静态任务，但不设置 `GLOO_SOCKET_IFNAME`：gloo 取得主机名，解
+# 析它，并绑定到第一个能绑定的地址（`torch/csrc/distributed/c10d/ProcessGroupGloo.cpp` 的
+# `createDefaultDevice`；只有名字解析不了时，才会退回 `127.0.0.1`，并警告“Unable to resolve
 # hostname to a (local) address”）。这里每个主机名都解析为 `127.0.1.1`，于是每个 rank 在 store
 # 里登记的都是这个回环地址；rank 1 按 `127.0.1.1` 去连 rank 0，连到的却是它*自己*的回环接口，
 # 那里没有人在监听：
@@ -1042,16 +1051,16 @@ gallery.show("loopback", limit=1)
 
 # %% [markdown] lang="zh" tags=["lesson"]
 # 关键线索是 `Connection refused, remote=[127.0.1.1]`。解决办法：要么在每台主机上设置
-# `GLOO_SOCKET_IFNAME=eth0`（上面的静态汇合运行），要么让 `/etc/hosts` 把每个名字映射到节点之间
-# 那张网络上的地址（上面的 c10d 运行）。NCCL 有同样的开关 `NCCL_SOCKET_IFNAME`，用于它的 socket
-# 连接（这里没有 GPU，不运行）。`ddp-lab doctor` 会在每台主机上打印这个选择（见上面的
-# `gloo_interface` 一行）。
+# `GLOO_SOCKET_IFNAME=eth0`（上面的静态会合运行），要么让 `/etc/hosts` 把每个名字映射到它在节
+# 点之间那张网络上的地址（上面的 c10d 运行）。NCCL 的 socket 连接有同样的开关
+# `NCCL_SOCKET_IFNAME`（这里没有 GPU，不运行）。`ddp-lab doctor` 会在每台主机上打印这个选择（
+# 见上面的 `gloo_interface` 一行）。
 #
-# **没有任何 agent 托管的 c10d 端点。** 使用 Debian 的 `/etc/hosts` 和
-# `--rdzv-endpoint=10.77.0.1:PORT` 时，c10d 后端只在认出“端点就是自己”的 agent 上启动 store
-# （`torch/distributed/elastic/rendezvous/utils.py` 的 `_matches_machine_hostname` 会把端点和
-# 主机名解析出的地址做比较）。`host0` 解析为 `127.0.1.1`，所以没有谁托管 store，每个 agent 都在
-# 等一个永远不会启动的 store。解决办法：用能解析到该地址的主机名作为端点，或者在应当托管它的
+# **没有任何代理托管的 c10d 端点**。使用 Debian 的 `/etc/hosts` 和
+# `--rdzv-endpoint=10.77.0.1:PORT` 时，c10d 后端只在认出“端点就是自己”的代理上启动
+# store（`torch/distributed/elastic/rendezvous/utils.py` 的 `_matches_machine_hostname` 会把端
+# 点和主机名解析出的地址做比较）。`host0` 解析为 `127.0.1.1`，所以谁也不托管 store，每个代理都
+# 在等一个永远不会启动的 store。解决办法：用能解析到该地址的主机名作为端点，或者在应当托管它的
 # 节点上传入 `--rdzv-conf is_host=1`。
 
 # %% tags=["lesson"]
@@ -1066,11 +1075,12 @@ gallery.show("c10d_no_host", limit=2)
 # every node.
 
 # %% [markdown] lang="zh" tags=["lesson"]
-# **第二台主机上的 `MASTER_ADDR=localhost`。** 这是单机运行留下的习惯：host1 拿到的是
-# `--master-addr=localhost`，于是它的 agent 在自己的回环接口上找 store。它会超时
-# （`--rdzv-conf timeout=10`，静态汇合自己的超时，在
+# **第二台主机上的 `MASTER_ADDR=localhost`**。这是单机运行留下的习惯：host1 拿到的是
+# `--master-addr=localhost`，于是它的代理在自己的回环接口上找 store。它会超时
+# （`--rdzv-conf timeout=10`，这是静态会合自己的超时，在
 # `torch/distributed/elastic/rendezvous/static_tcp_rendezvous.py` 里读取），而 host0 的 store
-# 等不到人，报出 `1/2 clients joined`。解决办法：每个节点都用同一个 `--master-addr`，即 host0 的地址。
+# 等不到人，报出 `1/2 clients joined`。解决办法：每个节点都用同一个 `--master-addr`，即 host0
+# 的地址。
 
 # %% tags=["lesson"]
 gallery.show("localhost", limit=2)
@@ -1086,11 +1096,11 @@ gallery.show("localhost", limit=2)
 # (`nc -zv host0 PORT`) and open it.
 
 # %% [markdown] lang="zh" tags=["lesson"]
-# **防火墙丢弃了汇合端口的包。** 在 host0 的命名空间里执行
-# `nft add rule inet f input tcp dport PORT drop`。被丢弃（drop）的包得不到任何回应（被拒绝
-# 的包会立刻报 “Connection refused”），所以各个 agent 一直到连接超时才知道出了问题，而且报的是
-# 超时，不是防火墙。host0 也以同样的方式失败：它自己的 agent 同样通过 `10.77.0.1` 连接 store，
-# input 链也会过滤这些包。多节点任务卡住然后在 master 端口上超时时，请从另一个节点测试这个端口
+# **防火墙丢弃了会合端口的包**。在 host0 的命名空间里执行
+# `nft add rule inet f input tcp dport PORT drop`。被丢弃（drop）的包得不到任何回应（被拒绝的
+# 包会立刻报“Connection refused”），所以各个代理直到连接超时才知道出了问题，而且报的是超时，不
+# 是防火墙。host0 也以同样的方式失败：它自己的代理同样通过 `10.77.0.1` 连接 store，input 链也
+# 会过滤这些包。多节点任务先卡住、然后在 master 端口上超时时，请从另一个节点测试这个端口
 # （`nc -zv host0 PORT`），然后放行它。
 
 # %% tags=["lesson"]
@@ -1104,10 +1114,11 @@ gallery.show("firewall", limit=2)
 # (a scheduler does), or give `join_timeout` room for the slowest node to start.
 
 # %% [markdown] lang="zh" tags=["lesson"]
-# **晚到的节点。** c10d 汇合，host1 在 host0 放弃之后才启动：host0 等待 `join_timeout` 秒
-# （`--rdzv-conf join_timeout=10`；默认是 600，见 `torch/distributed/elastic/rendezvous/dynamic_rendezvous.py`
-# 里的表格）后抛出 `RendezvousTimeoutError`；晚到的节点随后找不到 store。解决办法：让各节点同时启动
-# （调度器就是这么做的），或者把 `join_timeout` 设得足够长，让最慢的节点也来得及启动。
+# **晚到的节点**。c10d 会合，host1 在 host0 放弃之后才启动：host0 等待 `join_timeout` 秒
+# （`--rdzv-conf join_timeout=10`；默认是 600，见
+# `torch/distributed/elastic/rendezvous/dynamic_rendezvous.py` 里的表格）后抛出
+# `RendezvousTimeoutError`；晚到的节点随后找不到 store。解决办法：让各节点同时启动（调度器就是
+# 这么做的），或者把 `join_timeout` 设得足够长，让最慢的节点也来得及启动。
 
 # %% tags=["lesson"]
 gallery.show("late_node", limit=2)
@@ -1119,9 +1130,10 @@ gallery.show("late_node", limit=2)
 # Neither message mentions `--nnodes`: compare the command lines of every node first.
 
 # %% [markdown] lang="zh" tags=["lesson"]
-# **`--nnodes` 不一致。** c10d 汇合，host0 用 `--nnodes=2`，host1 用 `--nnodes=3`：两个 agent 对
-# “凑齐几个节点才算汇合完成”意见不一，host0 超时（`RendezvousTimeoutError`），host1 发现汇合已经
-# 关闭（`RendezvousClosedError`）。两条消息都没有提到 `--nnodes`：请先逐一比较每个节点的命令行。
+# **`--nnodes` 不一致**。c10d 会合，host0 用 `--nnodes=2`，host1 用 `--nnodes=3`：两个代理对“
+# 凑齐几个节点才算会合完成”意见不一，host0 超时（`RendezvousTimeoutError`），host1 发现会合已
+# 经关闭（`RendezvousClosedError`）。两条消息都没有提到 `--nnodes`：请先逐一比较每个节点的命令
+# 行。
 
 # %% tags=["lesson"]
 gallery.show("nnodes", limit=2)
@@ -1353,8 +1365,8 @@ except dl.DistributedTimeoutError as err:
 
 # %% [markdown] lang="zh" tags=["exercise"]
 # 编写 `global_accuracy(correct, total)`：它在**每个** rank 上被调用，并在每个 rank 上返回全局
-# 准确率（一个浮点数）。评分单元会在隐藏的 world size 上、带超时地运行它，且各 rank 的样本总数不同
-# （所以各 rank 准确率的平均值是错的）。
+# 准确率（一个浮点数）。评分单元（graded cell）会在几种隐藏的 world size 下运行它并设置超时，
+# 而且各 rank 的样本总数不同（所以对各 rank 的准确率求平均是错的）。
 
 # %% tags=["exercise"]
 def global_accuracy(correct, total):
@@ -1382,10 +1394,10 @@ dl.grade("09.global_accuracy", global_accuracy)
 # %% [markdown] lang="zh" tags=["exercise"]
 # ## 练习 2：一起失败的全归约（3 分）
 #
-# 编写 `safe_all_reduce(tensor)`：与 `dist.all_reduce(tensor)` 一样（求和、原地修改），但先检查
-# 每个 rank 的形状和数据类型是否相同。如果不同，必须在**每个** rank 上抛出 `ValueError`：只有一个
-# rank 抛出异常，其他 rank 就会一直等在全归约里。各 rank 形状的维数甚至都可能不同。评分单元会在隐藏的
-# world size 上，用 `dist.all_reduce` 检查求和结果，并检查报错行为。
+# 编写 `safe_all_reduce(tensor)`：与 `dist.all_reduce(tensor)` 一样（求和、原地修改），但先检
+# 查每个 rank 的形状和数据类型是否相同。如果不同，必须在**每个** rank 上抛出 `ValueError`：只
+# 有一个 rank 抛出异常的话，其他 rank 就会一直等在全归约里。各 rank 形状的维数甚至都可能不同。
+# 评分单元会在几种隐藏的 world size 下，对照 `dist.all_reduce` 检查求和结果，并检查报错行为。
 
 # %% tags=["exercise"]
 def safe_all_reduce(tensor):
@@ -1431,13 +1443,13 @@ dl.grade("09.safe_all_reduce", safe_all_reduce)
 # %% [markdown] lang="zh"
 # ## 小结
 #
-# - `torchrun` 会设置 `RANK`、`LOCAL_RANK`、`WORLD_SIZE` 等；从环境变量读取它们。
-#   `torch.distributed.launch` 已弃用；`mp.spawn` 什么都不设置。
-# - 多节点：每个节点使用相同的 `--nnodes`/`--master_addr`/`--master_port`（或同一个 c10d 端点）；
-#   `WORLD_SIZE` 覆盖所有节点。
+# - `torchrun` 会设置 `RANK`、`LOCAL_RANK`、`WORLD_SIZE` 等变量；从环境变量读取它们
+#   。`torch.distributed.launch` 已弃用；`mp.spawn` 什么都不设置。
+# - 多节点：每个节点使用相同的 `--nnodes`/`--master_addr`/`--master_port`（或同一个 c10d 端点
+#   ）；`WORLD_SIZE` 覆盖所有节点。
 # - 卡住源于各 rank 对集合通信的调用不一致；DETAIL、超时和 `monitored_barrier`（Gloo）或
 #   flight recorder（NCCL）能把它变成指明元凶的错误。
-# - 多节点时：GPU 编号用 `LOCAL_RANK`，负责保存的是全局 rank 0。
+# - 多节点时：GPU 编号用 `LOCAL_RANK`，只由全局 rank 0 负责保存。
 # - 在真正分开的主机上，gloo 绑定到主机名解析出的地址：请设置 `GLOO_SOCKET_IFNAME`（或修好
-#   `/etc/hosts`），所有节点用同一个 `--master-addr`，放行汇合端口，让节点同时启动，并使用相同的
-#   `--nnodes`。
+#   `/etc/hosts`），所有节点用同一个 `--master-addr`，放行会合端口，让节点同时启动，并使用相同
+#   的 `--nnodes`。

@@ -55,6 +55,23 @@ MESSAGES = Messages(
         },
         "did_returned": {"en": "returned normally", "zh": "正常返回了"},
         "did_raised": {"en": "raised {error}", "zh": "抛出了 {error}"},
+        # hidden cases of 09.safe_all_reduce: what differs across the ranks
+        "case_same": {
+            "en": "world_size={world_size}, same",
+            "zh": "world_size={world_size}，各 rank 相同",
+        },
+        "case_shape": {
+            "en": "world_size={world_size}, shape",
+            "zh": "world_size={world_size}，形状不同",
+        },
+        "case_ndim": {
+            "en": "world_size={world_size}, ndim",
+            "zh": "world_size={world_size}，维数不同",
+        },
+        "case_dtype": {
+            "en": "world_size={world_size}, dtype",
+            "zh": "world_size={world_size}，数据类型不同",
+        },
     },
 )
 
@@ -202,7 +219,7 @@ def check_safe_all_reduce(rng: random.Random, learner: Any) -> Iterator[object]:
             shapes[odd] = shape + (1,)
         elif kind == "dtype":
             dtypes[odd] = "float64"
-        case = f"world_size={world_size}, {kind}"
+        case = MESSAGES(f"case_{kind}", world_size=world_size)
         data = (shapes, dtypes, rng.randrange(10**6))
         expected = None
         if kind == "same":

@@ -93,7 +93,7 @@ MESSAGES = Messages(
             "en": "reduce_grad called dist.all_reduce: every rank received the whole gradient "
             "although it keeps only its shard; use dist.reduce_scatter_single (reduce-scatter)",
             "zh": "reduce_grad 调用了 dist.all_reduce：每个 rank 都收到了完整的梯度，但它只保留"
-            "自己的分片；请用 dist.reduce_scatter_single（归约散播）",
+            "自己的分片；请用 dist.reduce_scatter_single（归约散发）",
         },
         "fsdp_shape": {
             "en": "reduce_grad returned shape {got} for a gradient of {n} elements on {world} "
@@ -106,6 +106,14 @@ MESSAGES = Messages(
             "by {diff:.3g} (return the average over the ranks, not the sum)",
             "zh": "rank {rank}：参数与在全批上的单进程训练相差 {diff:.3g}（应返回各 rank 的平均值，"
             "而不是和）",
+        },
+        "case_tied": {
+            "en": "world_size={world}, tied + frozen parameters",
+            "zh": "world_size={world}，含共享权重和冻结的参数",
+        },
+        "case_uneven": {
+            "en": "world_size={world}, uneven shards",
+            "zh": "world_size={world}，各分片大小不等",
         },
     },
 )
@@ -291,7 +299,7 @@ def check_sharded_optimizer(rng: random.Random, learner: Any) -> Iterator[object
             "lr": rng.choice([0.01, 0.05]),
             "wd": rng.choice([0.01, 0.1]),
         }
-        label = f"world_size={world}, tied + frozen parameters"
+        label = MESSAGES("case_tied", world=world)
         got = learner.spawn(probe_sharded, spec, nprocs=world, timeout=120)
         why = _sharded_verdict(got, spec, world, label)
         if why:
@@ -510,7 +518,7 @@ def check_fsdp_reduce(rng: random.Random, learner: Any) -> Iterator[object]:
             "data_seed": rng.randrange(10**6),
             "widths": [rng.randint(2, 9) for _ in range(rng.randint(3, 4))],
         }
-        label = f"world_size={world}, uneven shards"
+        label = MESSAGES("case_uneven", world=world)
         got = learner.spawn(probe_fsdp, spec, nprocs=world, timeout=120)
         _fsdp_verdict(got, spec, world, label)
         yield label
