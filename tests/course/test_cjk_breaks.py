@@ -52,6 +52,34 @@ def test_generated_zh_markdown_has_no_stray_breaks(path):
     assert stray == [], f"{len(stray)} soft breaks between CJK characters (rebuild?): {stray[:5]}"
 
 
+_CJK = r"[\u3000-\u303f\u4e00-\u9fff\uff00-\uffef]"
+# A space typed between two CJK characters (markers of emphasis between them count too):
+# "**为什么要并行？** 要么" renders with a gap, like a stray soft break (STYLE.md).
+TYPED_SPACE = re.compile(_CJK + r"[*_]*[ \t]+[*_]*" + _CJK)
+
+
+def typed_spaces(markdown: str) -> list[str]:
+    text = re.sub(r"(?ms)^\s*(```|~~~).*?^\s*\1", "", markdown)
+    text = re.sub(r"(`+).*?\1", "C", text)  # inline code is Latin: a space beside it is wanted
+    text = re.sub(r"(?m)^\|.*$", "", text)  # table cells are padded
+    return [m.group(0) for m in TYPED_SPACE.finditer(text)]
+
+
+@pytest.mark.parametrize("path", _zh_notebooks(), ids=lambda p: f"{p.parent.parent.name}/{p.name}")
+def test_generated_zh_markdown_has_no_typed_space_between_cjk(path):
+    nb = nbformat.read(path, as_version=4)
+    found = [
+        s for cell in nb.cells if cell.cell_type == "markdown" for s in typed_spaces(cell.source)
+    ]
+    assert found == [], f"{len(found)} spaces between CJK characters: {found[:5]}"
+
+
+def test_typed_space_rule():
+    assert typed_spaces("**为什么要并行？** 要么") == ["？** 要"]
+    assert typed_spaces("每个 rank 一块 GPU，`x` 的值") == []
+    assert typed_spaces("| 步骤 | 在 |\n") == []
+
+
 def test_sources_do_keep_wrapped_lines():
     """The rule matters: the zh sources are hard-wrapped (so the oracle finds breaks there)."""
     text = (build.ROOT / "chapters" / "06_distributed_sampler.py").read_text(encoding="utf-8")
