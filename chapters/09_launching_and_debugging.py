@@ -1037,9 +1037,15 @@ gallery.show("loopback", limit=1)
 # %% [markdown] lang="en" tags=["lesson"]
 # `Connection refused, remote=[127.0.1.1]` is the tell. The fix is either
 # `GLOO_SOCKET_IFNAME=eth0` on every host (the static run above) or an `/etc/hosts` where each
-# name maps to its address on the network between the nodes (the c10d run above). NCCL has
-# the same knob, `NCCL_SOCKET_IFNAME`, for its socket connections (no GPU here, not run).
+# name maps to its address on the network between the nodes (the c10d run above).
 # `ddp-lab doctor` prints the choice on each host (see its `gloo_interface` line above).
+# NCCL chooses differently: it does not resolve the hostname but picks interfaces by name,
+# `ib*` first, then any but `docker*`, `lo*` and `virbr*`, the loopback only as a last resort
+# (`ncclFindInterfaces` in NCCL's `src/misc/socket.cc`). On these hosts it would take `eth0`
+# untold; it goes wrong when the first such interface is not the one between the nodes (a
+# management network, a second card), and then `NCCL_SOCKET_IFNAME` names the right one.
+# The doctor's `nccl_interface` line applies that rule to your machine (no GPU here: NCCL
+# itself does not run).
 #
 # **A c10d endpoint that no agent hosts.** With Debian's `/etc/hosts` and
 # `--rdzv-endpoint=10.77.0.1:PORT`, the c10d backend starts the store only on an agent that
@@ -1052,9 +1058,13 @@ gallery.show("loopback", limit=1)
 # %% [markdown] lang="zh" tags=["lesson"]
 # 关键线索是 `Connection refused, remote=[127.0.1.1]`。解决办法：要么在每台主机上设置
 # `GLOO_SOCKET_IFNAME=eth0`（上面的静态会合运行），要么让 `/etc/hosts` 把每个名字映射到它在节
-# 点之间那张网络上的地址（上面的 c10d 运行）。NCCL 的 socket 连接有同样的开关
-# `NCCL_SOCKET_IFNAME`（这里没有 GPU，不运行）。`ddp-lab doctor` 会在每台主机上打印这个选择（
-# 见上面的 `gloo_interface` 一行）。
+# 点之间那张网络上的地址（上面的 c10d 运行）。`ddp-lab doctor` 会在每台主机上打印这个选择
+# （见上面的 `gloo_interface` 一行）。NCCL 的选法不同：它不解析主机名，而是按网卡名挑选，
+# 先找 `ib*`，再找 `docker*`、`lo*`、`virbr*` 以外的网卡，实在没有才用回环接口（NCCL
+# `src/misc/socket.cc` 中的 `ncclFindInterfaces`）。在这两台主机上，不用指定它也会选 `eth0`；
+# 出问题的情形是排在最前面的那块网卡并不在节点之间的网络上（比如管理网络、第二块网卡），这时
+# 用 `NCCL_SOCKET_IFNAME` 指定正确的网卡。doctor 的 `nccl_interface` 一行会把这条规则套用到
+# 你的机器上（这里没有 GPU，NCCL 本身不运行）。
 #
 # **没有任何代理托管的 c10d 端点**。使用 Debian 的 `/etc/hosts` 和
 # `--rdzv-endpoint=10.77.0.1:PORT` 时，c10d 后端只在认出“端点就是自己”的代理上启动
@@ -1200,7 +1210,7 @@ print(slurm.script("ddp08", folder="$HOME/logs"))
 # 任务**，这个任务就是 `torchrun`，由它自己启动本节点的 worker（`--nproc-per-node=2`：每个节点
 # 两个，代表两块 GPU）；`--cpus-per-task=2` 把节点的 CPU 都分给这一个任务。`SLURM_JOB_NODELIST`
 # 以 Slurm 的紧凑写法（`host[0-1]`）给出分配到的节点，`scontrol show hostnames` 把它展开，由第
-# 一个节点托管 c10d 会合（rendezvous）。`--nnodes="$SLURM_NNODES"` 和
+# 一个节点托管 c10d 会合。`--nnodes="$SLURM_NNODES"` 和
 # `--rdzv-id="$SLURM_JOB_ID"` 都取自作业本身，所以申请 4 个节点时脚本不用改。端口由作业号算出，
 # 两个作业共用一个节点时不会抢同一个端口。`sbatch` 会把你的环境变量带过去（默认就是
 # `--export=ALL`，见 `man sbatch`）：这个 notebook 里的 `torchrun` 和 `PYTHONPATH` 在各个节点上
@@ -1439,6 +1449,10 @@ dl.grade("09.safe_all_reduce", safe_all_reduce)
 # - On real separate hosts, gloo binds to what the hostname resolves to: set
 #   `GLOO_SOCKET_IFNAME` (or fix `/etc/hosts`), use one `--master-addr` everywhere, open the
 #   rendezvous port, start nodes together and give them the same `--nnodes`.
+# - Under Slurm: one task per node (`--ntasks-per-node=1`) running `torchrun
+#   --nproc-per-node=<GPUs>`, the endpoint from `SLURM_JOB_NODELIST`; or one task per GPU
+#   without torchrun, `RANK`/`WORLD_SIZE`/`LOCAL_RANK` from `SLURM_PROCID`/`SLURM_NTASKS`/
+#   `SLURM_LOCALID`. Never both. Check the world size in rank 0's first line.
 
 # %% [markdown] lang="zh"
 # ## 小结
@@ -1453,3 +1467,7 @@ dl.grade("09.safe_all_reduce", safe_all_reduce)
 # - 在真正分开的主机上，gloo 绑定到主机名解析出的地址：请设置 `GLOO_SOCKET_IFNAME`（或修好
 #   `/etc/hosts`），所有节点用同一个 `--master-addr`，放行会合端口，让节点同时启动，并使用相同
 #   的 `--nnodes`。
+# - 在 Slurm 下：要么每个节点一个任务（`--ntasks-per-node=1`），运行
+#   `torchrun --nproc-per-node=<GPU 数>`，端点取自 `SLURM_JOB_NODELIST`；要么每块 GPU 一个任务、
+#   不用 torchrun，`RANK`/`WORLD_SIZE`/`LOCAL_RANK` 分别取 `SLURM_PROCID`/`SLURM_NTASKS`/
+#   `SLURM_LOCALID`。两者不能同时用。看 rank 0 第一行里的 world size 来核对。
