@@ -76,7 +76,7 @@ print("torch", torch.__version__, "| torch.version.cuda =", torch.version.cuda)
 # 因此 `nvidia-smi` 和 `nvcc -V` 打印的 CUDA 版本通常*不同*。只要驱动的版本号更大就没有问题。
 # 如果 PyTorch 的运行时更新，要看主版本：*同一*主版本内更新的运行时仍然可以运行（下面讲的
 # 小版本兼容），只有跨主版本（例如 CUDA 12 的运行时遇到表头写着 11.x 的驱动）才无法启动。
-# 我们来问问这台机器。
+# 下面看看这台机器上的情况。
 
 # %%
 def run(cmd):
@@ -307,8 +307,8 @@ for d in range(torch.cuda.device_count()):
 # ./build/all_reduce_perf -b 8 -e 256M -f 2 -g 2     # 2 块 GPU，8 B 到 256 MB
 # ```
 #
-# `all_reduce_perf` 对每个数据量打印 `algbw`（字节数 / 时间）和 `busbw`（对全归约（all-reduce）
-# 是 `algbw * 2(n-1)/n`：每条链路实际承载的流量，可以直接与硬件带宽比较）。下面的单元并不编译
+# `all_reduce_perf` 对每个数据量打印 `algbw`（字节数 / 时间）和 `busbw`：对全归约（all-reduce）
+# 而言 `busbw` 是 `algbw * 2(n-1)/n`，即每条链路实际承载的流量，可以直接与硬件带宽比较。下面的单元并不编译
 # 任何东西（编译要很多分钟）：它由 `algbw` 算出 `busbw`，并说明这台机器是否具备编译所需的条件。
 
 # %%

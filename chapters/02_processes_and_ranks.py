@@ -37,8 +37,9 @@
 # %% [markdown] lang="zh"
 # # 02 进程、rank 与分布式训练的基本术语
 #
-# **为什么要并行**？要么模型在一个设备上放不下（切分*模型*：**模型并行**（model parallelism）），要么一个设备处理
-# 每步所需的数据太慢（切分*批*：**数据并行**（data parallelism），每个**副本**（replica）处理批的一部分，再对梯度求平均）。
+# **为什么要并行**？要么模型在一个设备上放不下，这时切分*模型*，即**模型并行**（model
+# parallelism）；要么一个设备处理每步所需的数据太慢，这时切分*批*，即**数据并行**（data
+# parallelism）：每个**副本**（replica）处理批的一部分，再对梯度求平均。
 # `DataParallel`（DP）在一个进程里用*线程*做数据并行；`DistributedDataParallel`（DDP）为每个
 # 副本使用一个*进程*。DDP 有两种用法：每个进程一块 GPU（`device_ids=[local_rank]`，推荐）；
 # 每个进程把一个模型分布在多个设备上（`device_ids=None`：DDP 与模型并行结合，用于单卡放不下
@@ -178,7 +179,7 @@ plt.show()
 # 看看你的数字：线程中的纯 Python 并不比顺序执行快（GIL 的缘故），而在 2 个空闲核上进程接近
 # 2 倍；torch 运算在线程中也能加速。因此源笔记中“一个 Python 进程只能用一个 CPU 核”的说法
 # 过于绝对：释放 GIL 的原生代码（torch 算子、NCCL 调用）可以在一个进程里使用多个核。
-# DP 仍然吃亏，因为它的 Python 代码（scatter、replicate、gather）在 GIL 下运行。
+# DP 仍然吃亏，因为它的 Python 代码（`scatter`、`replicate`、`gather`）在 GIL 下运行。
 
 # %% [markdown] lang="en"
 # ## world size, rank, local rank, node

@@ -58,7 +58,7 @@ print(torch.__version__, "| CUDA GPUs:", torch.cuda.device_count())
 # ## 1. DDP's knobs, measured
 #
 # Four settings of `DistributedDataParallel`, one model, one run on 2 ranks. The model
-# (`ShuffledMLP`, 12 layers of 256x256) calls its layers in an order different from the
+# (`ShuffledMLP`, 12 layers of 256×256) calls its layers in an order different from the
 # order it defines them, and `bucket_cap_mb=1`. For each setting the cell counts:
 #
 # - **gradients + buckets**: the bytes of the distinct storages behind every `param.grad`
@@ -71,7 +71,7 @@ print(torch.__version__, "| CUDA GPUs:", torch.cuda.device_count())
 # ## 1. 实测 DDP 的各个开关
 #
 # `DistributedDataParallel` 的四种设置，同一个模型，在 2 个 rank（进程编号）上运行一次。模型
-# （`ShuffledMLP`，12 层 256x256）调用各层的顺序与定义顺序不同，`bucket_cap_mb=1`。对每种
+# （`ShuffledMLP`，12 层 256×256）调用各层的顺序与定义顺序不同，`bucket_cap_mb=1`。对每种
 # 设置，下面的单元统计：
 #
 # - **梯度 + 桶**：所有 `param.grad` 以及一个透传通信钩子收到的每个桶背后不同存储
@@ -302,7 +302,7 @@ else:
 # ZeRO paper (Rajbhandari et al. 2019, arXiv:1910.02054, section 3) counts, for Psi
 # parameters and mixed-precision Adam, 2 Psi bytes of fp16 parameters, 2 Psi of fp16
 # gradients and K Psi of optimizer state with K = 12 (an fp32 copy of the parameters,
-# momentum and variance: 3 x 4 bytes). Sharding the optimizer state over N ranks (stage 1)
+# momentum and variance: 3 × 4 bytes). Sharding the optimizer state over N ranks (stage 1)
 # divides the K term by N; stage 2 the gradients too; stage 3 the parameters too. The
 # paper's Figure 1 example, Psi = 7.5 B on N = 64, computed from this model (the figure's
 # values as quoted here were not re-read from the paper in this session):
@@ -313,7 +313,7 @@ else:
 # 在 DDP 下，每个 rank 都持有全部内容：参数、梯度和优化器状态。ZeRO 论文（Rajbhandari 等，
 # 2019，arXiv:1910.02054，第 3 节）对 Psi 个参数、混合精度 Adam 的情况计算如下：fp16 参数
 # 2 Psi 字节，fp16 梯度 2 Psi 字节，优化器状态 K Psi 字节，K = 12（参数的 fp32 副本、动量和
-# 方差：3 x 4 字节）。把优化器状态在 N 个 rank 上分片（第 1 阶段）使 K 这一项除以 N；第 2
+# 方差：3 × 4 字节）。把优化器状态在 N 个 rank 上分片（第 1 阶段）使 K 这一项除以 N；第 2
 # 阶段把梯度也分片；第 3 阶段把参数也分片。论文图 1 的例子是 Psi = 75 亿、N = 64，下面按这个
 # 模型计算（这里引用的图中数值本次没有重新对照论文原文核对）：
 
