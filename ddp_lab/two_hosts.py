@@ -54,6 +54,7 @@ EXPECT = {
     "firewall": r"DistStoreError: Timed out after|^torch.distributed.DistNetworkError: The client",
     "late_node": r"RendezvousTimeoutError$|^torch.distributed.DistNetworkError: The client",
     "nnodes": r"Rendezvous(Timeout|Closed)Error$",
+    "nnodes_silent": r"^world size|done: test accuracy",
 }
 
 
@@ -174,7 +175,7 @@ def _fix(env: dict[str, str] | None = None) -> dict[str, str]:
 
 
 def _run(name: str) -> Scenario:
-    etc = "cluster" if name in ("c10d", "late_node", "nnodes") else "debian"
+    etc = "cluster" if name in ("c10d", "late_node", "nnodes", "nnodes_silent") else "debian"
     with hosts.cluster(2, etc_hosts=etc) as c:
         used = [c.switch] + [h.netns for h in c.hosts]
         port = c.free_port(0)
@@ -209,10 +210,19 @@ def _run(name: str) -> Scenario:
         elif name == "late_node":
             cmds = [torchrun(None, port, rdzv="c10d", master_addr="host0", conf=short)] * 2
             nodes = launch(c, cmds, late=True)
-        elif name == "nnodes":
-            nodes = launch(c, [torchrun(None, port, rdzv="c10d", master_addr="host0", conf=short),
-                               torchrun(None, port, nnodes=3, rdzv="c10d", master_addr="host0",
-                                        conf=short)])  # fmt: skip
+        elif name in ("nnodes", "nnodes_silent"):
+            # Each agent applies its own --nnodes when it joins (_add_to_participants in
+            # torch/distributed/elastic/rendezvous/dynamic_rendezvous.py): the one that joins
+            # second decides. host1 (--nnodes=3) second: the round never completes. host0
+            # (--nnodes=2) second: it completes the round at 2 nodes. The delay sets the order,
+            # and the first node hosts the store (so the second cannot join before it).
+            silent = name == "nnodes_silent"
+            conf = f"timeout={TIMEOUT},join_timeout=60" if silent else short
+            first = "host1" if silent else "host0"
+            two_nodes = torchrun(None, port, rdzv="c10d", master_addr=first, conf=conf)
+            three = torchrun(None, port, nnodes=3, rdzv="c10d", master_addr=first, conf=conf)
+            delays = (5.0, 0.0) if silent else (0.0, 5.0)
+            nodes = launch(c, [two_nodes, three], delays=delays)
         else:
             raise KeyError(name)
     return Scenario(name, nodes, used)

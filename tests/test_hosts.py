@@ -168,4 +168,6 @@ def test_two_hosts_train_like_one_and_every_failure_shows_its_error() -> None:
         assert g[name].key_lines(), (name, [n.stdout[-2000:] for n in g[name].nodes])
     for name in ("loopback", "c10d_no_host", "localhost", "firewall", "late_node", "nnodes"):
         assert any(n.returncode or n.stopped for n in g[name].nodes), name
+    # the node that joins second decides: --nnodes=2 joining second completes the round at 2
+    assert any(line.startswith("world size 2,") for line in g["nnodes_silent"].key_lines())
     assert not [n for n in hosts.namespaces() if n in g.netns]
