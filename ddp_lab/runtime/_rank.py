@@ -23,6 +23,8 @@ from typing import Any
 
 import cloudpickle
 
+from ddp_lab.runtime import _pickle
+
 
 def _open_capture(path: str, fd: int) -> io.TextIOWrapper:
     target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -241,7 +243,7 @@ def error_record(exc: BaseException, own_file: str = __file__) -> dict:
             break
         tb = tb.tb_next
     try:
-        pickled = cloudpickle.dumps(exc)
+        pickled = _pickle.dumps(exc)
     except Exception:  # noqa: BLE001  # e.g. an exception holding a lock
         pickled = None
     return {
@@ -254,7 +256,7 @@ def error_record(exc: BaseException, own_file: str = __file__) -> dict:
 
 def _write(path: str, obj: object) -> None:
     with open(path + ".tmp", "wb") as f:
-        f.write(cloudpickle.dumps(obj))
+        f.write(_pickle.dumps(obj))
     os.replace(path + ".tmp", path)
 
 

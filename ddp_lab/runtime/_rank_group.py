@@ -23,10 +23,8 @@ import tempfile
 import time
 from typing import Any
 
-import cloudpickle
-
 from ddp_lab.course.i18n import t
-from ddp_lab.runtime import launcher
+from ddp_lab.runtime import _pickle, launcher
 from ddp_lab.runtime._rank_loop import LoopJob
 from ddp_lab.runtime._zygote import read_msg, write_msg
 from ddp_lab.runtime.launcher import DistributedError, DistributedTimeoutError, RankFailure
@@ -91,7 +89,7 @@ class RankGroup:
             listener.bind(path)
             listener.listen(self.nprocs)
             self.port = launcher.free_port()
-            payload = cloudpickle.dumps(LoopJob(path, self.nprocs, self.backend))
+            payload = _pickle.dumps(LoopJob(path, self.nprocs, self.backend))
             self.zygote.send(launcher.launch_message(payload, self.nprocs, self.workdir, self.port))
             self._accept(listener)
         except BaseException:

@@ -29,6 +29,7 @@ from typing import Any
 
 import cloudpickle
 
+from ddp_lab.runtime import _pickle
 from ddp_lab.runtime._rank import CELL_NAMES, error_record, release_kept_groups
 from ddp_lab.runtime._zygote import read_msg, write_msg
 
@@ -110,7 +111,7 @@ def _handle(msg: dict, ns: dict) -> dict:
             _exec_cell(msg, ns)
         elif msg["op"] == "pull":
             value = eval(compile(msg["expr"], "<pull>", "eval"), ns)  # noqa: S307
-            reply["value"] = cloudpickle.dumps(portable(value))
+            reply["value"] = _pickle.dumps(portable(value))
         elif msg["op"] == "push":
             values = cloudpickle.loads(msg["values"])
             ns.update(values)

@@ -33,6 +33,7 @@ from typing import Any
 import cloudpickle
 
 from ddp_lab.course.i18n import Messages, t
+from ddp_lab.runtime import _pickle
 from ddp_lab.runtime._zygote import read_msg, write_msg
 
 MESSAGES = Messages(
@@ -326,7 +327,7 @@ def _explain_pickle_error(fn: Callable, args: tuple, error: Exception) -> str:
         pass
     for what, value in candidates:
         try:
-            cloudpickle.dumps(value)
+            _pickle.dumps(value)
         except Exception as exc:  # noqa: BLE001
             return t("unpicklable", what=what, error=f"{type(exc).__name__}: {exc}")
     name = getattr(fn, "__qualname__", repr(fn))
@@ -336,7 +337,7 @@ def _explain_pickle_error(fn: Callable, args: tuple, error: Exception) -> str:
 def dumps_job(job: Any, fn: Callable, args: tuple) -> bytes:
     """Pickle a job, or raise a ValueError that names what cannot be pickled."""
     try:
-        return cloudpickle.dumps(job)
+        return _pickle.dumps(job)
     except Exception as exc:  # noqa: BLE001
         raise ValueError(_explain_pickle_error(fn, args, exc)) from None
 
@@ -344,7 +345,7 @@ def dumps_job(job: Any, fn: Callable, args: tuple) -> bytes:
 def dumps_named(name: str, value: Any) -> bytes:
     """Pickle a notebook value that a cell sends to the ranks, or say which name cannot go."""
     try:
-        return cloudpickle.dumps(value)
+        return _pickle.dumps(value)
     except Exception as exc:  # noqa: BLE001
         error = f"{type(exc).__name__}: {exc}"
         raise ValueError(t("unpicklable", what=t("name_what", name=name), error=error)) from None

@@ -31,7 +31,7 @@ from typing import Any
 import cloudpickle
 
 from ddp_lab.course.i18n import t
-from ddp_lab.runtime import launcher
+from ddp_lab.runtime import _pickle, launcher
 from ddp_lab.runtime._rank_group import PREFIX, RANK_NAMES, RankGroup, alive, errors
 from ddp_lab.runtime.launcher import DistributedError
 from ddp_lab.runtime.magic import _SKIP, used_names
@@ -162,7 +162,7 @@ def push(values: dict[str, Any] | None = None, /, ranks: Any = None, **kwargs: A
         if not name.isidentifier():
             raise ValueError(t("bad_name", name=name))
         launcher.dumps_named(name, value)
-    blob = cloudpickle.dumps(values)
+    blob = _pickle.dumps(values)
     replies = group.request(targets, {"op": "push", "values": blob}, "push " + ", ".join(values))
     failed = errors(replies)
     if failed:
