@@ -36,6 +36,7 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from ddp_lab.course.i18n import Messages
 
@@ -299,7 +300,16 @@ def cluster(n: int = 2, etc_hosts: str = "debian") -> Iterator[Cluster]:
     killed notebook cell or test still tears the hosts down; SIGKILL cannot be caught: the
     next ``down()`` removes what it leaves.
     """
-    c = Cluster(n, etc_hosts=etc_hosts)
+    with up_until_exit(Cluster(n, etc_hosts=etc_hosts)) as c:
+        yield c
+
+
+@contextlib.contextmanager
+def up_until_exit(c: Any) -> Iterator[Any]:
+    """``c.up()`` for the block, ``c.down()`` after it, also when SIGTERM ends the block.
+
+    Any cluster with ``up()`` and ``down()`` (these hosts, ``ddp_lab.slurm``'s cluster).
+    """
     previous = None
     if _main_thread():
         previous = signal.signal(signal.SIGTERM, _raise_exit)

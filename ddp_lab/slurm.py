@@ -26,7 +26,6 @@ import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -328,16 +327,8 @@ def down(all_clusters: bool = False) -> list[str]:
 @contextlib.contextmanager
 def cluster(n: int = 2) -> Iterator[Cluster]:
     """``with cluster(2) as c:`` Slurm on N hosts, always removed on the way out."""
-    c = Cluster(n)
-    previous = None
-    if hosts._main_thread():  # a killed cell or test (SIGTERM) still tears it down
-        previous = signal.signal(signal.SIGTERM, hosts._raise_exit)
-    try:
-        yield c.up()
-    finally:
-        c.down()
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
+    with hosts.up_until_exit(Cluster(n)) as c:  # a killed cell or test (SIGTERM) too
+        yield c
 
 
 if __name__ == "__main__":
