@@ -35,6 +35,12 @@ def left_behind(folder: Path, netns: list[str]) -> list[str]:
     return found
 
 
+def explain(job: slurm.Job, lines: int = 60) -> str:
+    """A failed assertion's message: the job's state and the end of its output."""
+    tail = "\n".join(job.output.splitlines()[-lines:])
+    return f"job {job.id} ({job.name}) {job.state}, last lines of its output:\n{tail}"
+
+
 def test_missing_slurm_says_so_in_both_languages(monkeypatch: pytest.MonkeyPatch) -> None:
     real = shutil.which
     monkeypatch.setattr(shutil, "which", lambda t: None if t == "slurmd" else real(t))
@@ -79,8 +85,8 @@ def test_jobs_train_like_one_host_show_each_mistake_and_leave_nothing() -> None:
     assert run.squeue.count(" PD ") + run.squeue.count(" R ") == len(slurm.SCRIPTS)
     jobs = run.jobs
     # the right script: 2 nodes x 2 workers, the accuracy of the same 4 ranks on one host
-    assert jobs["ddp08"].state == "COMPLETED"
-    assert jobs["ddp08"].lines(r"^world size 4,")
+    assert jobs["ddp08"].state == "COMPLETED", explain(jobs["ddp08"])
+    assert jobs["ddp08"].lines(r"^world size 4,"), explain(jobs["ddp08"])
     one_host = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=4",
          "-m", "ddp_lab.train", "--epochs", "2", "--threads", "1"],
@@ -90,14 +96,14 @@ def test_jobs_train_like_one_host_show_each_mistake_and_leave_nothing() -> None:
     assert accuracy.findall(one_host.stdout) == accuracy.findall(jobs["ddp08"].output) != []
     # a task per GPU and torchrun per task: 8 ranks, two of them per (host, LOCAL_RANK)
     recs = jobs["n_by_n"].records()
-    assert len(recs) == 8 and {r["group_size"] for r in recs} == {8}
+    assert len(recs) == 8 and {r["group_size"] for r in recs} == {8}, explain(jobs["n_by_n"])
     seats = [(r["host"], r["LOCAL_RANK"]) for r in recs]
     assert all(seats.count(s) == 2 for s in seats)
     # a task per GPU, --nnodes=$SLURM_NNODES: 4 ranks train, 2 agents are left out, job fails
-    assert jobs["extra_agents"].state == "FAILED"
+    assert jobs["extra_agents"].state == "FAILED", explain(jobs["extra_agents"])
     assert [r["group_size"] for r in jobs["extra_agents"].records()] == [4] * 4
     # no torchrun: four lone trainings of world size 1
-    assert len(jobs["no_torchrun"].lines(r"^world size 1,")) == 4
+    assert len(jobs["no_torchrun"].lines(r"^world size 1,")) == 4, explain(jobs["no_torchrun"])
     assert len(jobs["no_torchrun"].lines(r"^done: test accuracy")) == 4
     for job in jobs.values():
         assert re.search(rf"^{job.id}\s.*{job.state}", run.sacct, re.M), job
