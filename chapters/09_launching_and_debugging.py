@@ -1183,11 +1183,11 @@ if not gallery.reason:
 
 # %% [markdown] lang="zh" tags=["lesson"]
 # 还有一种故障出现在*已经*训练完的任务里：某个 worker 打印完最后一行之后以 SIGABRT 终止，报
-# “terminate called without an active exception”，torchrun 于是报告任务失败。本课程的程序以前
-# 大约每三十次运行出现一次。原因在 PyTorch 而不在任务本身：DDP 用过的 gloo 进程组，
-# `destroy_process_group` 并不会释放它，它的线程继续存活；Python 退出时，其中一个线程可能还在
-# 释放最后一次集合通信。现在程序用 `os._exit` 结束 worker；下面的单元给出推理过程，
-# `tests/test_train.py` 对两方面都做了检查。
+# “terminate called without an active exception”，torchrun 于是报告任务失败。以前本课程的程序
+# 大约每运行三十次就会遇到一次。问题出在 PyTorch，而不在任务本身：DDP 用过的 gloo 进程组，
+# `destroy_process_group` 并不会释放，它的线程继续存活；Python 退出时，其中一个线程可能还在
+# 清理最后一次集合通信留下的对象。现在程序用 `os._exit` 结束 worker；下面的单元展示了完整的推理，
+# `tests/test_train.py` 对这两点都做了检查。
 
 # %% tags=["lesson"]
 from ddp_lab import train as ddp_train
