@@ -23,8 +23,8 @@ from ddp_lab import (
     doctor,  # callable: dl.doctor() prints the machine report
 )
 from ddp_lab.course.grading import grade
-from ddp_lab.course.i18n import get_language, set_language
 from ddp_lab.course.notebook import setup, show_source, tr
+from ddp_lab.i18n import get_language, set_language
 from ddp_lab.runtime.launcher import (
     DistributedError,
     DistributedTimeoutError,

@@ -1,4 +1,4 @@
-"""Old import paths of modules that moved into ``ddp_lab.runtime`` / ``ddp_lab.course``.
+"""Old import paths of modules that moved (into ``ddp_lab.runtime``, ``ddp_lab.course``...).
 
 The package used to be one flat folder. Code written against it (a learner's notebook,
 ``from ddp_lab.launcher import spawn``, ``import ddp_lab.grading``) keeps working: importing
@@ -20,7 +20,7 @@ old path                   new place
 ``ddp_lab.grader``         ``ddp_lab.course.grader``
 ``ddp_lab.grading``        ``ddp_lab.course.grading``
 ``ddp_lab.notebook``       ``ddp_lab.course.notebook``
-``ddp_lab.i18n``           ``ddp_lab.course.i18n``
+``ddp_lab.course.i18n``    ``ddp_lab.i18n`` (gettext now: no ``Messages``/``t``)
 ``ddp_lab.checks[.chNN]``  ``ddp_lab.course.checks[.chNN]``
 =========================  ==================================
 
@@ -53,8 +53,9 @@ MOVED: dict[str, str] = {
     },
     **{
         f"ddp_lab.{name}": f"ddp_lab.course.{name}"
-        for name in ("build", "cli", "grader", "grading", "notebook", "i18n", "checks")
+        for name in ("build", "cli", "grader", "grading", "notebook", "checks")
     },
+    "ddp_lab.course.i18n": "ddp_lab.i18n",
 }
 
 

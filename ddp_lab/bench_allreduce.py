@@ -24,48 +24,15 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ddp_lab.course.i18n import Messages
+from ddp_lab.i18n import N_, _t, lookup
 from ddp_lab.ring import ring_all_reduce
 
 IMPLS = ("ring", "torch")
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-MESSAGES = Messages(
-    __name__,
-    {
-        "bad_size": {
-            "en": "Sizes must be positive byte counts like 1024, 64K or 16M, got {value!r}.",
-            "zh": "大小必须是正的字节数，例如 1024、64K 或 16M，但收到的是 {value!r}。",
-        },
-        "bad_impl": {
-            "en": "Unknown implementation {value!r}: choose from {choices}.",
-            "zh": "未知的实现 {value!r}：请从 {choices} 中选择。",
-        },
-        "bad_iters": {
-            "en": "iters must be a positive int and warmup a non-negative int.",
-            "zh": "iters 必须是正整数，warmup 必须是非负整数。",
-        },
-        "axis_size": {
-            "en": "message size (bytes)",
-            "zh": "消息大小（字节）",
-        },
-        "axis_busbw": {
-            "en": "bus bandwidth (GB/s)",
-            "zh": "总线带宽 busbw（GB/s）",
-        },
-        "legend.ring": {
-            "en": "hand-written ring, N={n}",
-            "zh": "手写环形，N={n}",
-        },
-        "legend.torch": {
-            "en": "dist.all_reduce, N={n}",
-            "zh": "dist.all_reduce，N={n}",
-        },
-        "title": {
-            "en": "all-reduce on gloo: hand-written ring vs dist.all_reduce",
-            "zh": "gloo 上的全归约：手写环形与 dist.all_reduce 对比",
-        },
-    },
-)
+MESSAGES = {
+    "legend.ring": N_("hand-written ring, N={n}"),
+    "legend.torch": N_("dist.all_reduce, N={n}"),
+}
 
 
 def parse_size(text: str | int) -> int:
@@ -78,9 +45,19 @@ def parse_size(text: str | int) -> int:
         try:
             value = int(float(s[: len(s) - len(unit)]) * _UNITS[unit])
         except ValueError:
-            raise ValueError(MESSAGES("bad_size", value=text)) from None
+            raise ValueError(
+                _t(
+                    "Sizes must be positive byte counts like 1024, 64K or 16M, got {value!r}.",
+                    value=text,
+                )
+            ) from None
     if value < 1:
-        raise ValueError(MESSAGES("bad_size", value=text))
+        raise ValueError(
+            _t(
+                "Sizes must be positive byte counts like 1024, 64K or 16M, got {value!r}.",
+                value=text,
+            )
+        )
     return value
 
 
@@ -174,7 +151,13 @@ def run(
 
     for name in impls:
         if name not in IMPLS:
-            raise ValueError(MESSAGES("bad_impl", value=name, choices=", ".join(IMPLS)))
+            raise ValueError(
+                _t(
+                    "Unknown implementation {value!r}: choose from {choices}.",
+                    value=name,
+                    choices=", ".join(IMPLS),
+                )
+            )
     if (
         isinstance(iters, bool)
         or not isinstance(iters, int)
@@ -182,7 +165,7 @@ def run(
         or not isinstance(warmup, int)
         or warmup < 0
     ):
-        raise ValueError(MESSAGES("bad_iters"))
+        raise ValueError(_t("iters must be a positive int and warmup a non-negative int."))
     byte_sizes = [parse_size(s) for s in sizes]
     rows = spawn(
         _rank_main,
@@ -239,12 +222,12 @@ def plot(rows: list[dict], ax: Any = None) -> Any:
             *zip(*pts, strict=True),
             marker="o",
             linestyle="-" if impl == "ring" else "--",
-            label=MESSAGES(f"legend.{impl}", n=n),
+            label=lookup(MESSAGES, f"legend.{impl}", n=n),
         )
     ax.set_xscale("log", base=2)
-    ax.set_xlabel(MESSAGES("axis_size"))
-    ax.set_ylabel(MESSAGES("axis_busbw"))
-    ax.set_title(MESSAGES("title"))
+    ax.set_xlabel(_t("message size (bytes)"))
+    ax.set_ylabel(_t("bus bandwidth (GB/s)"))
+    ax.set_title(_t("all-reduce on gloo: hand-written ring vs dist.all_reduce"))
     ax.legend()
     ax.grid(True, alpha=0.3)
     return ax

@@ -34,61 +34,12 @@ import torch.distributed as dist
 from torch import nn
 from torch.autograd import Variable
 
-from ddp_lab.course.i18n import Messages
 from ddp_lab.ddp import broadcast_state, check_wrappable, module_states, resolve_buffer_sync
+from ddp_lab.i18n import _t
 
 DEFAULT_BUCKET_CAP_MB = 25.0  # torch's default
 DEFAULT_FIRST_BUCKET_MB = 1.0  # torch's dist._DEFAULT_FIRST_BUCKET_BYTES, in MiB
 MB = 1024 * 1024
-
-MESSAGES = Messages(
-    __name__,
-    {
-        "bad_cap": {
-            "en": "bucket_cap_mb must be a positive number of MiB or None (25), got {value!r}.",
-            "zh": "bucket_cap_mb 必须是正数（单位 MiB）或 None（即 25），但收到的是 {value!r}。",
-        },
-        "mixed": {
-            "en": "BucketedDDP needs every trainable parameter on one dtype and device; got {kinds}.",
-            "zh": "BucketedDDP 要求所有可训练参数的 dtype 和设备相同，但发现了 {kinds}。",
-        },
-        "unused": {
-            "en": "Backward ended but bucket(s) {buckets} never got the gradients of {names}: "
-            "those parameters took no part in computing the loss. torch's DDP raises a similar "
-            "error unless find_unused_parameters=True.",
-            "zh": "反向传播结束了，但桶 {buckets} 始终没有收到 {names} 的梯度：这些参数没有参与"
-            "计算损失。torch 的 DDP 在这种情况下也会报类似的错，除非设置 find_unused_parameters=True。",
-        },
-        "axis_ms": {
-            "en": "ms since the forward began (red: backward() returned)",
-            "zh": "自前向开始的毫秒数（红线：backward() 返回）",
-        },
-        "overlap_title": {
-            "en": "communication hidden behind backward: {step_overlap:.0%}",
-            "zh": "被反向计算掩盖的通信：{step_overlap:.0%}",
-        },
-        "axis_grad_size": {
-            "en": "gradient size (MiB)",
-            "zh": "梯度大小（MiB）",
-        },
-        "buckets_title": {
-            "en": "bucket_cap_mb={bucket_cap_mb}: {plan} bucket(s)",
-            "zh": "bucket_cap_mb={bucket_cap_mb}：{plan} 个桶",
-        },
-        "row_compute": {
-            "en": "forward | backward",
-            "zh": "前向 | 反向",
-        },
-        "row_bucket": {
-            "en": "all-reduce bucket {i}",
-            "zh": "桶 {i} 的全归约",
-        },
-        "bucket": {
-            "en": "bucket",
-            "zh": "桶",
-        },
-    },
-)
 
 
 def check_cap(value: Any) -> float | None:
@@ -96,7 +47,12 @@ def check_cap(value: Any) -> float | None:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-        raise ValueError(MESSAGES("bad_cap", value=value))
+        raise ValueError(
+            _t(
+                "bucket_cap_mb must be a positive number of MiB or None (25), got {value!r}.",
+                value=value,
+            )
+        )
     return float(value)
 
 
@@ -214,7 +170,13 @@ class BucketedDDP(nn.Module):
         params = [p for p in module.parameters() if p.requires_grad]
         kinds = {(str(p.dtype), str(p.device)) for p in params}
         if len(kinds) > 1:
-            raise ValueError(MESSAGES("mixed", kinds=sorted(kinds)))
+            raise ValueError(
+                _t(
+                    "BucketedDDP needs every trainable parameter on one dtype and device; "
+                    "got {kinds}.",
+                    kinds=sorted(kinds),
+                )
+            )
         super().__init__()
         self.module = module
         self.forward_sync_buffers, init_buffers = resolve_buffer_sync(
@@ -321,7 +283,15 @@ class BucketedDDP(nn.Module):
                     for p in self.buckets[i].params
                     if p.grad is None
                 ]
-                raise RuntimeError(MESSAGES("unused", buckets=missing, names=names))
+                raise RuntimeError(
+                    _t(
+                        "Backward ended but bucket(s) {buckets} never got the gradients of "
+                        "{names}: those parameters took no part in computing the loss. torch's "
+                        "DDP raises a similar error unless find_unused_parameters=True.",
+                        buckets=missing,
+                        names=names,
+                    )
+                )
             for bucket in self.buckets:
                 bucket.work.wait()
                 torch._foreach_copy_([p.grad for p in bucket.params], bucket.views)
@@ -357,10 +327,13 @@ def plot_timeline(step: StepTimeline, ax: Any = None) -> Any:
     ax.axvline(step.synced * ms, color="tab:red", linestyle="--")
     ax.set_yticks([1.0] + [2.0 + i for i in range(len(step.comm))])
     ax.set_yticklabels(
-        [MESSAGES("row_compute")] + [MESSAGES("row_bucket", i=i) for i in range(len(step.comm))]
+        [_t("forward | backward")]
+        + [_t("all-reduce bucket {i}", i=i) for i in range(len(step.comm))]
     )
-    ax.set_xlabel(MESSAGES("axis_ms"))
-    ax.set_title(MESSAGES("overlap_title", step_overlap=step.overlap()))
+    ax.set_xlabel(_t("ms since the forward began (red: backward() returned)"))
+    ax.set_title(
+        _t("communication hidden behind backward: {step_overlap:.0%}", step_overlap=step.overlap())
+    )
     return ax
 
 
@@ -389,11 +362,17 @@ def bucket_widget(
         for b, idx in enumerate(plan):
             for i in idx:
                 ax.barh(i, sizes[i], color=colors(b % 10))
-                ax.text(sizes[i], i, f" {MESSAGES('bucket')} {b}", va="center")
+                ax.text(sizes[i], i, " " + _t("bucket") + " " + f"{b}", va="center")
         ax.set_yticks(range(len(named)), [n for n, _ in named])
         ax.invert_yaxis()
-        ax.set_xlabel(MESSAGES("axis_grad_size"))
-        ax.set_title(MESSAGES("buckets_title", bucket_cap_mb=bucket_cap_mb, plan=len(plan)))
+        ax.set_xlabel(_t("gradient size (MiB)"))
+        ax.set_title(
+            _t(
+                "bucket_cap_mb={bucket_cap_mb}: {plan} bucket(s)",
+                bucket_cap_mb=bucket_cap_mb,
+                plan=len(plan),
+            )
+        )
         plt.show()
 
     slider = widgets.SelectionSlider(

@@ -18,21 +18,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ddp_lab.course.i18n import Messages
-
-MESSAGES = Messages(
-    __name__,
-    {
-        "before": {
-            "en": "before",
-            "zh": "之前",
-        },
-        "after": {
-            "en": "after",
-            "zh": "之后",
-        },
-    },
-)
+from ddp_lab.i18n import _t
 
 OPS = (
     "send_recv",
@@ -255,7 +241,7 @@ def draw(op: str, world_size: int = 4, axes: Any = None) -> Any:
     if axes is None:
         fig, axes = plt.subplots(1, 2, figsize=(9, 0.55 * world_size + 1.0))
     fig = axes[0].figure
-    titles = (MESSAGES("before"), MESSAGES("after"))
+    titles = (_t("before"), _t("after"))
     width = max(max(len(row) for row in before), max(len(row) for row in after), 1)
     for ax, rows, title in zip(axes, (before, after), titles, strict=True):
         for r, row in enumerate(rows):

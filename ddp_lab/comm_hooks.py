@@ -23,19 +23,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ddp_lab.course.i18n import Messages
+from ddp_lab.i18n import _t
 
 COUNTED = ("all_reduce", "all_gather", "all_gather_single", "reduce_scatter_single", "broadcast")
-
-MESSAGES = Messages(
-    __name__,
-    {
-        "unknown_hook": {
-            "en": "Unknown hook {name!r}; choose one of {names}.",
-            "zh": "未知的钩子 {name!r}；可选的有 {names}。",
-        },
-    },
-)
 
 
 @dataclass
@@ -207,4 +197,6 @@ def my_bf16_hook(process_group: Any, bucket: dist.GradBucket) -> torch.futures.F
 
 
 def unknown_hook(name: str) -> ValueError:
-    return ValueError(MESSAGES("unknown_hook", name=name, names=sorted(hook_choices())))
+    return ValueError(
+        _t("Unknown hook {name!r}; choose one of {names}.", name=name, names=sorted(hook_choices()))
+    )

@@ -27,48 +27,7 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ddp_lab.course.i18n import Messages
-
-MESSAGES = Messages(
-    __name__,
-    {
-        "axis_ranks": {
-            "en": "number of ranks N",
-            "zh": "rank 数 N",
-        },
-        "axis_time": {
-            "en": "time of one all-reduce (ms)",
-            "zh": "一次全归约的时间（毫秒）",
-        },
-        "title": {
-            "en": "S = {size:g} MiB, alpha = {alpha:g} us, bandwidth = {bandwidth:g} GB/s",
-            "zh": "S = {size:g} MiB，延迟 alpha = {alpha:g} 微秒，带宽 = {bandwidth:g} GB/s",
-        },
-        "widget_max_n": {
-            "en": "max N",
-            "zh": "最大 N",
-        },
-        "widget_size": {
-            "en": "size (MiB)",
-            "zh": "消息大小（MiB）",
-        },
-        "widget_latency": {
-            "en": "latency (us)",
-            "zh": "延迟（微秒）",
-        },
-        "widget_bandwidth": {
-            "en": "bandwidth (GB/s)",
-            "zh": "带宽（GB/s）",
-        },
-        # Legend names: "algorithm.<name>" for each name of ALGORITHMS.
-        "algorithm.parameter server": {"en": "parameter server", "zh": "参数服务器"},
-        "algorithm.binomial tree": {"en": "binomial tree", "zh": "二项树"},
-        "algorithm.halving-doubling": {"en": "halving-doubling", "zh": "递归减半/加倍"},
-        "algorithm.butterfly": {"en": "butterfly", "zh": "蝶形"},
-        "algorithm.ring": {"en": "ring", "zh": "环形"},
-        "algorithm.segmented ring": {"en": "segmented ring", "zh": "分段环形"},
-    },
-)
+from ddp_lab.i18n import N_, _t
 
 
 def _log2(n: int) -> int:
@@ -132,8 +91,16 @@ ALGORITHMS: dict[str, Callable[..., float]] = {
     "ring": ring,
     "segmented ring": segmented_ring,
 }
-# Legend names in Chinese, the terms chapter 04 uses (docs/GLOSSARY.md); MESSAGES has them.
-ALGORITHM_NAMES_ZH = {name: MESSAGES[f"algorithm.{name}"]["zh"] for name in ALGORITHMS}
+# Legend names, shown in the notebook's language (zh: the terms chapter 04 uses, docs/GLOSSARY.md).
+ALGORITHM_NAMES = {
+    "parameter server": N_("parameter server"),
+    "binomial tree": N_("binomial tree"),
+    "halving-doubling": N_("halving-doubling"),
+    "butterfly": N_("butterfly"),
+    "ring": N_("ring"),
+    "segmented ring": N_("segmented ring"),
+}
+ALGORITHM_NAMES_ZH = {name: _t(ALGORITHM_NAMES[name], "zh") for name in ALGORITHMS}
 
 
 def _halving_doubling_bytes(n: int, size: float) -> float:
@@ -185,11 +152,18 @@ def plot_curves(
 
     ns = list(range(2, max_n + 1))
     for name, times in curves(ns, size, alpha, bandwidth, gamma).items():
-        label = MESSAGES(f"algorithm.{name}")
+        label = _t(ALGORITHM_NAMES[name])
         ax.plot(ns, [t * 1e3 for t in times], marker=".", label=label)
-    ax.set_xlabel(MESSAGES("axis_ranks"))
-    ax.set_ylabel(MESSAGES("axis_time"))
-    ax.set_title(MESSAGES("title", size=size / 2**20, alpha=alpha * 1e6, bandwidth=bandwidth / 1e9))
+    ax.set_xlabel(_t("number of ranks N"))
+    ax.set_ylabel(_t("time of one all-reduce (ms)"))
+    ax.set_title(
+        _t(
+            "S = {size:g} MiB, alpha = {alpha:g} us, bandwidth = {bandwidth:g} GB/s",
+            size=size / 2**20,
+            alpha=alpha * 1e6,
+            bandwidth=bandwidth / 1e9,
+        )
+    )
     ax.set_yscale("log")
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8)
@@ -203,16 +177,14 @@ def cost_widget() -> Any:
     from IPython.display import display
 
     style = {"description_width": "initial"}
-    max_n = widgets.IntSlider(
-        value=16, min=2, max=64, description=MESSAGES("widget_max_n"), style=style
-    )
+    max_n = widgets.IntSlider(value=16, min=2, max=64, description=_t("max N"), style=style)
     size_mb = widgets.FloatLogSlider(
         value=64,
         base=2,
         min=-10,
         max=12,
         style=style,
-        description=MESSAGES("widget_size"),
+        description=_t("size (MiB)"),
     )
     alpha_us = widgets.FloatLogSlider(
         value=10,
@@ -220,7 +192,7 @@ def cost_widget() -> Any:
         min=-1,
         max=4,
         style=style,
-        description=MESSAGES("widget_latency"),
+        description=_t("latency (us)"),
     )
     bw_gb = widgets.FloatLogSlider(
         value=10,
@@ -228,7 +200,7 @@ def cost_widget() -> Any:
         min=-1,
         max=3,
         style=style,
-        description=MESSAGES("widget_bandwidth"),
+        description=_t("bandwidth (GB/s)"),
     )
     out = widgets.Output()
 

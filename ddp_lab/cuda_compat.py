@@ -15,88 +15,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from ddp_lab.course.i18n import Messages, get_language
-
-MESSAGES = Messages(
-    __name__,
-    {
-        "driver_too_old": {
-            "en": "driver {d} supports CUDA up to {top}, too old for CUDA {r}: upgrade the "
-            "driver to >= {need_or} or install a torch build for CUDA <= {top}",
-            "zh": "驱动 {d} 最高只支持 CUDA {top}，运行不了 CUDA {r}：把驱动升级到 >= "
-            "{need_or}，或安装面向 CUDA <= {top} 的 torch",
-        },
-        "driver_too_old_across": {
-            "en": "driver {d} supports CUDA up to {top}, too old for CUDA {r}: upgrade the "
-            "driver to >= {need_or} or install a torch build for CUDA <= {top} (on a "
-            "data-center GPU, the cuda-compat package of forward compatibility is a third way)",
-            "zh": "驱动 {d} 最高只支持 CUDA {top}，运行不了 CUDA {r}：把驱动升级到 >= "
-            "{need_or}，或安装面向 CUDA <= {top} 的 torch（数据中心 GPU 还可以用前向兼容的 "
-            "cuda-compat 包）",
-        },
-        "nvcc_matches": {
-            "en": "nvcc {nvcc} matches torch's CUDA",
-            "zh": "nvcc {nvcc} 与 torch 的 CUDA 一致",
-        },
-        "driver_ok": {
-            "en": "driver {d} supports CUDA up to {top} >= {r}",
-            "zh": "驱动 {d} 最高支持 CUDA {top} >= {r}",
-        },
-        "driver_minor_compat": {
-            "en": "driver {d} supports CUDA {top}, older than {r}; it runs through minor "
-            "version compatibility (same major {r2}, driver >= {family}) but newer PTX "
-            "cannot be JIT-compiled: upgrade the driver to >= {need_or_family} when you can",
-            "zh": "驱动 {d} 只支持到 CUDA {top}，低于 {r}；依靠小版本兼容（同为 {r2}.x，"
-            "驱动 >= {family}）可以运行，但无法 JIT 编译更新的 PTX：有条件时把驱动升级到 >= "
-            "{need_or_family}",
-        },
-        "nvcc_nothing_to_compare": {
-            "en": "nothing to compare (no nvcc or a CPU build)",
-            "zh": "无需比较（没有 nvcc，或是 CPU 版 torch）",
-        },
-        "nvcc_other_major": {
-            "en": "nvcc {nvcc} vs torch's CUDA {torch_cuda}: different major versions, so "
-            "building CUDA extensions fails; running torch is not affected. Install a "
-            "{torch_cuda2}.x toolkit and point CUDA_HOME at it",
-            "zh": "nvcc {nvcc} 与 torch 的 CUDA {torch_cuda} 主版本不同，编译 CUDA 扩展会失败；"
-            "运行 torch 不受影响。请安装 {torch_cuda2}.x 的工具包并让 CUDA_HOME 指向它",
-        },
-        "nvcc_same_major": {
-            "en": "nvcc {nvcc} vs torch {torch_cuda}: same major, builds work (torch only warns "
-            "about the minor difference)",
-            "zh": "nvcc {nvcc} 与 torch {torch_cuda} 主版本相同，可以编译扩展（torch "
-            "只对小版本差异给出警告）",
-        },
-        "bad_version": {
-            "en": "Not a version number: {text!r} (expected digits and dots, e.g. 535.104.05).",
-            "zh": "不是版本号：{text!r}（应由数字和点组成，例如 535.104.05）。",
-        },
-        "widget_driver": {
-            "en": "driver",
-            "zh": "驱动",
-        },
-        "widget_runtime": {
-            "en": "CUDA runtime",
-            "zh": "CUDA 运行时",
-        },
-        "axis_runtime": {
-            "en": "CUDA runtime version",
-            "zh": "CUDA 运行时版本",
-        },
-        "axis_min_driver": {
-            "en": "minimum driver (Linux)",
-            "zh": "最低驱动版本（Linux）",
-        },
-        "legend": {
-            "en": "Green: supported, orange: minor version compatibility, red: too old",
-            "zh": "绿：支持；橙：小版本兼容；红：驱动太旧",
-        },
-        "your_driver": {
-            "en": "your driver {value}",
-            "zh": "你的驱动 {value}",
-        },
-    },
-)
+from ddp_lab.i18n import _t, get_language, pair
 
 Version = tuple[int, ...]
 
@@ -141,7 +60,14 @@ def parse_version(text: str) -> Version:
     """'535.104.05' -> (535, 104, 5); '12.1' -> (12, 1). Raises ValueError otherwise."""
     m = re.fullmatch(r"\s*v?(\d+(?:\.\d+)*)\s*", str(text))
     if not m:
-        raise ValueError(_pick(*MESSAGES.pair("bad_version", text=text)))
+        raise ValueError(
+            _pick(
+                *pair(
+                    "Not a version number: {text!r} (expected digits and dots, e.g. 535.104.05).",
+                    text=text,
+                )
+            )
+        )
     return tuple(int(p) for p in m.group(1).split("."))
 
 
@@ -260,15 +186,23 @@ def check_driver_runtime(driver: str | Version, runtime: str | tuple[int, int]) 
         return Verdict(
             OK,
             "nothing",
-            *MESSAGES.pair("driver_ok", d=fmt_driver(d), top=fmt(top), r=fmt(r)),
+            *pair(
+                "driver {d} supports CUDA up to {top} >= {r}",
+                d=fmt_driver(d),
+                top=fmt(top),
+                r=fmt(r),
+            ),
         )
     family = MINOR_COMPAT_MIN_DRIVER.get(r[0])
     if family and d >= parse_version(family):
         return Verdict(
             WARNING,
             "driver",
-            *MESSAGES.pair(
-                "driver_minor_compat",
+            *pair(
+                "driver {d} supports CUDA {top}, older than {r}; it runs through minor "
+                "version compatibility (same major {r2}, driver >= {family}) but newer "
+                "PTX cannot be JIT-compiled: upgrade the driver to >= {need_or_family} "
+                "when you can",
                 d=fmt_driver(d),
                 top=fmt(top),
                 r=fmt(r),
@@ -283,12 +217,26 @@ def check_driver_runtime(driver: str | Version, runtime: str | tuple[int, int]) 
     return Verdict(
         PROBLEM,
         "driver",
-        *MESSAGES.pair(
-            "driver_too_old_across" if across else "driver_too_old",
-            d=fmt_driver(d),
-            top=fmt(top),
-            r=fmt(r),
-            need_or=need or "?",
+        *(
+            pair(
+                "driver {d} supports CUDA up to {top}, too old for CUDA {r}: upgrade the "
+                "driver to >= {need_or} or install a torch build for CUDA <= {top} (on a "
+                "data-center GPU, the cuda-compat package of forward compatibility is a "
+                "third way)",
+                d=fmt_driver(d),
+                top=fmt(top),
+                r=fmt(r),
+                need_or=need or "?",
+            )
+            if across
+            else pair(
+                "driver {d} supports CUDA up to {top}, too old for CUDA {r}: upgrade the "
+                "driver to >= {need_or} or install a torch build for CUDA <= {top}",
+                d=fmt_driver(d),
+                top=fmt(top),
+                r=fmt(r),
+                need_or=need or "?",
+            )
         ),
     )
 
@@ -296,13 +244,15 @@ def check_driver_runtime(driver: str | Version, runtime: str | tuple[int, int]) 
 def check_nvcc_torch(nvcc: tuple[int, int] | None, torch_cuda: tuple[int, int] | None) -> Verdict:
     """Can this nvcc build extensions for this torch? (the rule of torch's cpp_extension)."""
     if nvcc is None or torch_cuda is None:
-        return Verdict(OK, "nothing", *MESSAGES.pair("nvcc_nothing_to_compare"))
+        return Verdict(OK, "nothing", *pair("nothing to compare (no nvcc or a CPU build)"))
     if nvcc[0] != torch_cuda[0]:
         return Verdict(
             WARNING,
             "toolkit",
-            *MESSAGES.pair(
-                "nvcc_other_major",
+            *pair(
+                "nvcc {nvcc} vs torch's CUDA {torch_cuda}: different major versions, so "
+                "building CUDA extensions fails; running torch is not affected. Install "
+                "a {torch_cuda2}.x toolkit and point CUDA_HOME at it",
                 nvcc=fmt(nvcc),
                 torch_cuda=fmt(torch_cuda),
                 torch_cuda2=torch_cuda[0],
@@ -312,9 +262,14 @@ def check_nvcc_torch(nvcc: tuple[int, int] | None, torch_cuda: tuple[int, int] |
         return Verdict(
             OK,
             "nothing",
-            *MESSAGES.pair("nvcc_same_major", nvcc=fmt(nvcc), torch_cuda=fmt(torch_cuda)),
+            *pair(
+                "nvcc {nvcc} vs torch {torch_cuda}: same major, builds work (torch only "
+                "warns about the minor difference)",
+                nvcc=fmt(nvcc),
+                torch_cuda=fmt(torch_cuda),
+            ),
         )
-    return Verdict(OK, "nothing", *MESSAGES.pair("nvcc_matches", nvcc=fmt(nvcc)))
+    return Verdict(OK, "nothing", *pair("nvcc {nvcc} matches torch's CUDA", nvcc=fmt(nvcc)))
 
 
 def compat_rows(driver: str | Version) -> list[tuple[str, str, str]]:
@@ -357,13 +312,13 @@ def compat_widget(driver: str | SmiInfo | None = None, runtime: str | None = Non
     pick_driver = w.Dropdown(
         options=drivers,
         value=driver or drivers[-1],
-        description=MESSAGES("widget_driver"),
+        description=_t("driver"),
         style=style,
     )
     pick_cuda = w.Dropdown(
         options=cudas,
         value=fmt(parse_version(runtime)[:2]) if runtime else "12.1",
-        description=MESSAGES("widget_runtime"),
+        description=_t("CUDA runtime"),
         style=style,
     )
     verdict = w.HTML()
@@ -390,14 +345,14 @@ def compat_widget(driver: str | SmiInfo | None = None, runtime: str | None = Non
                 d[0] + (d[1] if len(d) > 1 else 0) / 1000,
                 color="black",
                 ls="--",
-                label=MESSAGES("your_driver", value=pick_driver.value),
+                label=_t("your driver {value}", value=pick_driver.value),
             )
             ax.set_xticks(list(xs), [c for c, _, _ in rows], rotation=60, fontsize=7)
             ax.set_ylim(370, 600)
-            ax.set_xlabel(MESSAGES("axis_runtime"))
-            ax.set_ylabel(MESSAGES("axis_min_driver"))
+            ax.set_xlabel(_t("CUDA runtime version"))
+            ax.set_ylabel(_t("minimum driver (Linux)"))
             ax.set_title(
-                MESSAGES("legend"),
+                _t("Green: supported, orange: minor version compatibility, red: too old"),
                 fontsize=9,
             )
             ax.legend(loc="upper left", fontsize=8)

@@ -31,37 +31,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ddp_lab.course.i18n import Messages
-
-MESSAGES = Messages(
-    __name__,
-    {
-        "no_group": {
-            "en": "{what} needs an initialised process group: call dist.init_process_group(...) "
-            "first (or use dl.spawn(..., backend='gloo')).",
-            "zh": "{what} 需要已初始化的进程组：请先调用 dist.init_process_group(...)"
-            "（或使用 dl.spawn(..., backend='gloo')）。",
-        },
-        "not_module": {
-            "en": "{what} wraps a torch.nn.Module, got {value!r}.",
-            "zh": "{what} 只能包装 torch.nn.Module，但收到的是 {value!r}。",
-        },
-        "broadcast_buffers": {
-            "en": "`broadcast_buffers` is deprecated (torch 2.13): use `forward_sync_buffers`. "
-            "Unlike `broadcast_buffers=False`, `forward_sync_buffers=False` still syncs the "
-            "buffers at construction.",
-            "zh": "`broadcast_buffers` 已弃用（torch 2.13）：请改用 `forward_sync_buffers`。"
-            "与 `broadcast_buffers=False` 不同，`forward_sync_buffers=False` 在构造时仍会同步"
-            "缓冲区。",
-        },
-        "both_buffers": {
-            "en": "Both `broadcast_buffers` and `forward_sync_buffers` were given: "
-            "`broadcast_buffers` is deprecated and ignored.",
-            "zh": "同时给出了 `broadcast_buffers` 和 `forward_sync_buffers`：`broadcast_buffers` "
-            "已弃用，其取值被忽略。",
-        },
-    },
-)
+from ddp_lab.i18n import _t
 
 
 def resolve_buffer_sync(
@@ -76,8 +46,18 @@ def resolve_buffer_sync(
     import warnings
 
     if broadcast_buffers is not None:
-        key = "both_buffers" if forward_sync_buffers is not None else "broadcast_buffers"
-        warnings.warn(MESSAGES(key), FutureWarning, stacklevel=3)
+        if forward_sync_buffers is not None:
+            why = _t(
+                "Both `broadcast_buffers` and `forward_sync_buffers` were given: "
+                "`broadcast_buffers` is deprecated and ignored."
+            )
+        else:
+            why = _t(
+                "`broadcast_buffers` is deprecated (torch 2.13): use "
+                "`forward_sync_buffers`. Unlike `broadcast_buffers=False`, "
+                "`forward_sync_buffers=False` still syncs the buffers at construction."
+            )
+        warnings.warn(why, FutureWarning, stacklevel=3)
     if forward_sync_buffers is not None:
         return bool(forward_sync_buffers), True
     sync = True if broadcast_buffers is None else bool(broadcast_buffers)
@@ -87,9 +67,18 @@ def resolve_buffer_sync(
 def check_wrappable(module: Any, what: str) -> None:
     """Raise a clear error before anything starts if ``module`` cannot be wrapped."""
     if not isinstance(module, nn.Module):
-        raise TypeError(MESSAGES("not_module", what=what, value=module))
+        raise TypeError(
+            _t("{what} wraps a torch.nn.Module, got {value!r}.", what=what, value=module)
+        )
     if not (dist.is_available() and dist.is_initialized()):
-        raise RuntimeError(MESSAGES("no_group", what=what))
+        raise RuntimeError(
+            _t(
+                "{what} needs an initialised process group: call "
+                "dist.init_process_group(...) first (or use dl.spawn(..., "
+                "backend='gloo')).",
+                what=what,
+            )
+        )
 
 
 def module_states(module: nn.Module) -> list[torch.Tensor]:

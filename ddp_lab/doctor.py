@@ -24,98 +24,8 @@ from typing import Any
 
 from ddp_lab import cuda_compat as cc
 from ddp_lab import interfaces as ifs
-from ddp_lab.course.i18n import Messages, get_language
+from ddp_lab.i18n import get_language, pair
 from ddp_lab.interfaces import gloo_interface, missing_interfaces, nccl_interface  # noqa: F401
-
-MESSAGES = Messages(
-    __name__,
-    {
-        "cuda_inc_path": {
-            "en": "export CUDA_INC_PATH={inc} (torch.utils.cpp_extension.include_paths adds it).",
-            "zh": "export CUDA_INC_PATH={inc}（torch.utils.cpp_extension.include_paths 会加入它）。",
-        },
-        "cuda_torch_no_driver": {
-            "en": "torch is a CUDA build but there is no driver: it runs on CPU only. Install the "
-            "NVIDIA driver, or use the CPU build.",
-            "zh": "torch 是 CUDA 版本，但没有驱动：只能在 CPU 上运行。请安装 NVIDIA 驱动，或改用 "
-            "CPU 版 torch。",
-        },
-        "driver_unreachable": {
-            "en": "nvidia-smi cannot reach the driver: install or load the NVIDIA driver (in a "
-            "container: run it with --gpus all).",
-            "zh": "nvidia-smi 无法连接驱动：请安装或加载 NVIDIA 驱动（容器里请用 --gpus all 启动）。",
-        },
-        "install_cuda_torch": {
-            "en": "Install a CUDA build of torch whose CUDA <= the driver's {cuda} (pytorch.org, "
-            "'Get started').",
-            "zh": "请安装 CUDA 版 torch，其 CUDA 版本 <= 驱动支持的 {cuda}（见 pytorch.org 的 Get "
-            "started）。",
-        },
-        "own_nccl": {
-            "en": "Your own NCCL is not the one in use: check with torch.cuda.nccl.version(), or "
-            "LD_PRELOAD it.",
-            "zh": "你自己编译的 NCCL 并没有被使用：用 torch.cuda.nccl.version() 核对，或用 "
-            "LD_PRELOAD 加载它。",
-        },
-        "dist_env_set": {
-            "en": "Launchers set these per process; a leftover value makes init_process_group wait "
-            "for ranks that never come. Unset them.",
-            "zh": "这些变量应由启动器为每个进程设置；残留的值会让 init_process_group "
-            "一直等待不存在的 rank。请取消它们。",
-        },
-        "driver_mismatch": {
-            "en": "The kernel module and the user-space driver differ (an upgrade without a "
-            "reboot): reboot, or reload the nvidia kernel modules.",
-            "zh": "内核模块与用户态驱动版本不一致（升级后没有重启）：请重启，或重新加载 nvidia "
-            "内核模块。",
-        },
-        "cvd_hides_all": {
-            "en": "Unset CUDA_VISIBLE_DEVICES or list valid indices (e.g. 0,1).",
-            "zh": "请取消 CUDA_VISIBLE_DEVICES，或只列出有效的编号（例如 0,1）。",
-        },
-        "slower_transfers": {
-            "en": "Slower transfers; unset it unless it works around a known hardware problem.",
-            "zh": "传输会变慢；除非是为了绕开已知的硬件问题，请取消它。",
-        },
-        "several_toolkits": {
-            "en": "Several toolkits: set CUDA_HOME and PATH to the one matching torch's "
-            "CUDA {torch_cuda} before building extensions.",
-            "zh": "找到多个工具包：编译扩展前请让 CUDA_HOME 和 PATH 指向与 torch 的 CUDA "
-            "{torch_cuda} 一致的那个。",
-        },
-        "cuda_home_not_toolkit": {
-            "en": "torch would build extensions with {home}/bin/nvcc and {home}/include: set "
-            "CUDA_HOME to the toolkit folder that holds both.",
-            "zh": "torch 编译扩展时会使用 {home}/bin/nvcc 和 {home}/include：请把 CUDA_HOME "
-            "设为同时包含二者的工具包目录。",
-        },
-        "cuda_home_not_toolkit_found": {
-            "en": "torch would build extensions with {home}/bin/nvcc and {home}/include: set "
-            "CUDA_HOME to the toolkit folder that holds both (found: {found}).",
-            "zh": "torch 编译扩展时会使用 {home}/bin/nvcc 和 {home}/include：请把 CUDA_HOME "
-            "设为同时包含二者的工具包目录（已找到：{found}）。",
-        },
-        "install_cuda_torch_nccl": {
-            "en": "Install a CUDA build of torch from pytorch.org: it ships NCCL.",
-            "zh": "请从 pytorch.org 安装 CUDA 版 torch：它自带 NCCL。",
-        },
-        "shm_size": {
-            "en": "DataLoader workers and NCCL pass data through /dev/shm: in Docker use "
-            "--shm-size=8g (or --ipc=host).",
-            "zh": "DataLoader 的 worker 和 NCCL 通过 /dev/shm 交换数据：Docker 中请加 "
-            "--shm-size=8g（或 --ipc=host）。",
-        },
-        "raise_nofile": {
-            "en": "Raise it: ulimit -n {limit}",
-            "zh": "调高上限：ulimit -n {limit}",
-        },
-        "loopback_gloo": {
-            "en": "Check that the host name resolves (/etc/hosts) or set "
-            "GLOO_SOCKET_IFNAME=lo for single-machine runs.",
-            "zh": "检查主机名能否解析（/etc/hosts），单机运行时可设置 GLOO_SOCKET_IFNAME=lo。",
-        },
-    },
-)
 
 OK, WARNING, PROBLEM = cc.OK, cc.WARNING, cc.PROBLEM
 MIB = 1 << 20
@@ -327,15 +237,38 @@ def _driver_findings(f: Facts) -> list[Finding]:
                 "driver",
                 WARNING,
                 "no nvidia-smi: no NVIDIA driver found",
-                *MESSAGES.pair("cuda_torch_no_driver"),
+                *pair(
+                    "torch is a CUDA build but there is no driver: it runs on CPU only. "
+                    "Install the NVIDIA driver, or use the CPU build."
+                ),
             )
         ]
     smi = cc.parse_nvidia_smi(f.nvidia_smi)
     if smi is None or smi.error:
         why = smi.error if smi else "empty output"
         if "version mismatch" in why:
-            return [_f("driver", PROBLEM, why, *MESSAGES.pair("driver_mismatch"))]
-        return [_f("driver", PROBLEM, why, *MESSAGES.pair("driver_unreachable"))]
+            return [
+                _f(
+                    "driver",
+                    PROBLEM,
+                    why,
+                    *pair(
+                        "The kernel module and the user-space driver differ (an upgrade without "
+                        "a reboot): reboot, or reload the nvidia kernel modules."
+                    ),
+                )
+            ]
+        return [
+            _f(
+                "driver",
+                PROBLEM,
+                why,
+                *pair(
+                    "nvidia-smi cannot reach the driver: install or load the NVIDIA driver "
+                    "(in a container: run it with --gpus all)."
+                ),
+            )
+        ]
     out = [
         _f(
             "driver",
@@ -350,7 +283,11 @@ def _driver_findings(f: Facts) -> list[Finding]:
                 "driver_vs_torch",
                 WARNING,
                 "CPU build of torch on a GPU machine",
-                *MESSAGES.pair("install_cuda_torch", cuda=cc.fmt(smi.cuda)),
+                *pair(
+                    "Install a CUDA build of torch whose CUDA <= the driver's {cuda} "
+                    "(pytorch.org, 'Get started').",
+                    cuda=cc.fmt(smi.cuda),
+                ),
             )
         )
     else:
@@ -372,7 +309,7 @@ def _driver_findings(f: Facts) -> list[Finding]:
                     "devices",
                     PROBLEM,
                     f"torch sees 0 of {len(smi.gpus)} GPU(s): {why}",
-                    *MESSAGES.pair("cvd_hides_all"),
+                    *pair("Unset CUDA_VISIBLE_DEVICES or list valid indices (e.g. 0,1)."),
                 )
             )
         else:
@@ -397,7 +334,11 @@ def _toolkit_findings(f: Facts) -> list[Finding]:
             WARNING if len(set(versions.values())) > 1 else OK,
             f"CUDA toolkits found: {listing}",
             *(
-                MESSAGES.pair("several_toolkits", torch_cuda=cc.fmt(torch_cuda))
+                pair(
+                    "Several toolkits: set CUDA_HOME and PATH to the one matching torch's "
+                    "CUDA {torch_cuda} before building extensions.",
+                    torch_cuda=cc.fmt(torch_cuda),
+                )
                 if len(set(versions.values())) > 1
                 else ()
             ),
@@ -449,10 +390,20 @@ def _toolkit_findings(f: Facts) -> list[Finding]:
                 "cuda_home",
                 WARNING,
                 f"{home} (from {source}) is not a toolkit (no bin/nvcc + include/cuda_runtime.h)",
-                *MESSAGES.pair(
-                    "cuda_home_not_toolkit_found" if f.toolkits else "cuda_home_not_toolkit",
-                    home=home,
-                    found=", ".join(f.toolkits),
+                *(
+                    pair(
+                        "torch would build extensions with {home}/bin/nvcc and {home}/include: "
+                        "set CUDA_HOME to the toolkit folder that holds both (found: {found}).",
+                        home=home,
+                        found=", ".join(f.toolkits),
+                    )
+                    if f.toolkits
+                    else pair(
+                        "torch would build extensions with {home}/bin/nvcc and {home}/include: "
+                        "set CUDA_HOME to the toolkit folder that holds both.",
+                        home=home,
+                        found=", ".join(f.toolkits),
+                    )
                 ),
             )
         )
@@ -466,7 +417,10 @@ def _toolkit_findings(f: Facts) -> list[Finding]:
                 WARNING,
                 f"{home} (from {source}) keeps its headers in {inc}, not in include/ "
                 "(conda's CUDA 12+ layout): building extensions cannot find cuda_runtime.h",
-                *MESSAGES.pair("cuda_inc_path", inc=inc),
+                *pair(
+                    "export CUDA_INC_PATH={inc} (torch.utils.cpp_extension.include_paths adds it).",
+                    inc=inc,
+                ),
             )
         )
     else:
@@ -483,7 +437,11 @@ def _nccl_findings(f: Facts) -> list[Finding]:
             "backends",
             PROBLEM if not b.get("gloo") else WARNING if gpus and not b.get("nccl") else OK,
             names,
-            *(MESSAGES.pair("install_cuda_torch_nccl") if gpus and not b.get("nccl") else ()),
+            *(
+                pair("Install a CUDA build of torch from pytorch.org: it ships NCCL.")
+                if gpus and not b.get("nccl")
+                else ()
+            ),
         )
     ]
     if f.nccl:
@@ -499,7 +457,10 @@ def _nccl_findings(f: Facts) -> list[Finding]:
                 "nccl",
                 WARNING,
                 f"LD_LIBRARY_PATH has {own[0]}/libnccl but the process loaded {f.loaded_nccl[0]}",
-                *MESSAGES.pair("own_nccl"),
+                *pair(
+                    "Your own NCCL is not the one in use: check with "
+                    "torch.cuda.nccl.version(), or LD_PRELOAD it."
+                ),
             )
     return out
 
@@ -514,7 +475,14 @@ def _system_findings(f: Facts) -> list[Finding]:
                 "shm",
                 level,
                 size,
-                *(MESSAGES.pair("shm_size") if level != OK else ()),
+                *(
+                    pair(
+                        "DataLoader workers and NCCL pass data through /dev/shm: in Docker use "
+                        "--shm-size=8g (or --ipc=host)."
+                    )
+                    if level != OK
+                    else ()
+                ),
             )
         )
     if f.nofile is not None:
@@ -524,7 +492,11 @@ def _system_findings(f: Facts) -> list[Finding]:
                 "nofile",
                 WARNING if soft < 4096 else OK,
                 f"open files: soft {soft}, hard {hard}",
-                *(MESSAGES.pair("raise_nofile", limit=min(hard, 65536)) if soft < 4096 else ()),
+                *(
+                    pair("Raise it: ulimit -n {limit}", limit=min(hard, 65536))
+                    if soft < 4096
+                    else ()
+                ),
             )
         )
     out.append(
@@ -532,7 +504,14 @@ def _system_findings(f: Facts) -> list[Finding]:
             "loopback",
             PROBLEM if f.loopback else OK,
             f.loopback or "gloo all-reduce between 2 ranks over 127.0.0.1 and a free port",
-            *(MESSAGES.pair("loopback_gloo") if f.loopback else ()),
+            *(
+                pair(
+                    "Check that the host name resolves (/etc/hosts) or set "
+                    "GLOO_SOCKET_IFNAME=lo for single-machine runs."
+                )
+                if f.loopback
+                else ()
+            ),
         )
     )
     out += [_f(*finding) for finding in ifs.findings(f)]
@@ -547,7 +526,17 @@ def _system_findings(f: Facts) -> list[Finding]:
     )
     for k in ("NCCL_P2P_DISABLE", "NCCL_IB_DISABLE", "NCCL_SHM_DISABLE"):
         if dist_vars.get(k) == "1":
-            out.append(_f(k, WARNING, f"{k}=1", *MESSAGES.pair("slower_transfers")))
+            out.append(
+                _f(
+                    k,
+                    WARNING,
+                    f"{k}=1",
+                    *pair(
+                        "Slower transfers; unset it unless it works around a known hardware "
+                        "problem."
+                    ),
+                )
+            )
     left = [k for k in ("RANK", "WORLD_SIZE", "MASTER_PORT") if k in dist_vars]
     if left:
         out.append(
@@ -555,7 +544,10 @@ def _system_findings(f: Facts) -> list[Finding]:
                 "leftover",
                 WARNING,
                 f"{', '.join(left)} set in this shell",
-                *MESSAGES.pair("dist_env_set"),
+                *pair(
+                    "Launchers set these per process; a leftover value makes "
+                    "init_process_group wait for ranks that never come. Unset them."
+                ),
             )
         )
     return out

@@ -18,180 +18,109 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from ddp_lab.course.i18n import LANGUAGES, Messages, get_language
+from ddp_lab.i18n import LANGUAGES, N_, _t, get_language, lookup
 
-MESSAGES = Messages(
-    __name__,
-    {
-        "cause": {"en": "cause", "zh": "原因"},
-        "fix": {"en": "fix", "zh": "解决办法"},
-        "message": {"en": "message", "zh": "报错信息"},
-        "unknown_key": {
-            "en": "Unknown error key {key!r}: choose one of {choices}.",
-            "zh": "未知的错误键 {key!r}：请从 {choices} 中选择。",
-        },
-        "no_error": {
-            "en": "Expected the error {key!r}, but the code ran without one.",
-            "zh": "本应出现错误 {key!r}，但代码正常运行结束了。",
-        },
-        "wrong_error": {
-            "en": "Expected the error {key!r}, got a different one:\n{text}",
-            "zh": "本应出现错误 {key!r}，却得到另一个错误：\n{text}",
-        },
-        "expected": {"en": "Expected failure, as planned", "zh": "预期中的失败"},
-        # One cause and one fix per entry of TABLE, keyed "<entry key>.cause" / ".fix".
-        "collective_mismatch.cause": {
-            "en": "Ranks called different collectives at the same point (seen with "
-            "TORCH_DISTRIBUTED_DEBUG=DETAIL; without it the job hangs).",
-            "zh": "各 rank 在同一位置调用了不同的集合通信（开启 TORCH_DISTRIBUTED_DEBUG=DETAIL "
-            "时才报错，否则程序卡住）。",
-        },
-        "collective_mismatch.fix": {
-            "en": "Every rank must call the same collectives in the same order; keep rank-dependent "
-            "branches free of collectives.",
-            "zh": "所有 rank 必须以相同顺序调用相同的集合通信；依赖 rank 的分支里不要放集合通信。",
-        },
-        "shape_mismatch.cause": {
-            "en": "Ranks passed tensors of different shapes to one collective (e.g. a smaller last "
-            "batch). Without DETAIL, gloo may return wrong numbers or crash a peer.",
-            "zh": "各 rank 传给同一个集合通信的张量形状不同（例如最后一个批更小）。不开 DETAIL 时，"
-            "gloo 可能悄悄算错，或让对端崩溃。",
-        },
-        "shape_mismatch.fix": {
-            "en": "Give every rank the same shape: pad, or exchange sizes first (all_gather of the "
-            "shapes) and fail on every rank together.",
-            "zh": "让每个 rank 的形状一致：填充，或先交换形状（对形状做 all_gather），再在所有 rank "
-            "上一起报错。",
-        },
-        "recv_timeout.cause": {
-            "en": "A peer never entered the matching collective: it skipped it, is stuck elsewhere, "
-            "or is much slower (e.g. rank 0 saving a checkpoint).",
-            "zh": "对端没有进入与之配对的集合通信：跳过了它、卡在别处，或者慢得多（例如 rank 0 "
-            "在保存检查点）。",
-        },
-        "recv_timeout.fix": {
-            "en": "Make every rank call the collective; find the missing rank with "
-            "dist.monitored_barrier; raise timeout= only for work that is really slow.",
-            "zh": "让每个 rank 都调用该集合通信；用 dist.monitored_barrier 找出缺席的 rank；"
-            "只有在确实很慢的工作前才加大 timeout=。",
-        },
-        "monitored_barrier.cause": {
-            "en": "The named rank did not reach the barrier in time.",
-            "zh": "报错里点名的 rank 没能按时到达屏障。",
-        },
-        "monitored_barrier.fix": {
-            "en": "Look at what that rank does before the barrier (its stack, its branch).",
-            "zh": "检查该 rank 在屏障之前做了什么（它的调用栈、它走的分支）。",
-        },
-        "peer_closed.cause": {
-            "en": "Another rank exited or crashed; this rank only noticed it.",
-            "zh": "另一个 rank 已经退出或崩溃；这个 rank 只是察觉到了。",
-        },
-        "peer_closed.fix": {
-            "en": "This is not the root cause: read the first failure of the other ranks.",
-            "zh": "这不是根本原因：去看其他 rank 最早的那个错误。",
-        },
-        "address_in_use.cause": {
-            "en": "MASTER_PORT is taken: another job, or a previous run that is still alive.",
-            "zh": "MASTER_PORT 已被占用：另一个任务，或者还没退出的上一次运行。",
-        },
-        "address_in_use.fix": {
-            "en": "Pick a free port (torchrun --standalone, or --master_port of a free port); stop "
-            "leftover processes.",
-            "zh": "换一个空闲端口（torchrun --standalone，或用空闲端口作 --master_port）；"
-            "结束残留进程。",
-        },
-        "store_timeout.cause": {
-            "en": "Not every rank reached init_process_group: WORLD_SIZE too large, a node not "
-            "started, wrong MASTER_ADDR, or a firewall.",
-            "zh": "并非所有 rank 都到达了 init_process_group：WORLD_SIZE 偏大、有节点没启动、"
-            "MASTER_ADDR 写错，或被防火墙挡住。",
-        },
-        "store_timeout.fix": {
-            "en": "Check WORLD_SIZE = nnodes x nproc_per_node; start every node; check that "
-            "MASTER_ADDR:MASTER_PORT is reachable from every node.",
-            "zh": "检查 WORLD_SIZE = nnodes × nproc_per_node；启动所有节点；确认每个节点都能连上 "
-            "MASTER_ADDR:MASTER_PORT。",
-        },
-        "env_not_set.cause": {
-            "en": "init_process_group() with env:// outside a launcher that sets RANK, WORLD_SIZE, "
-            "MASTER_ADDR, MASTER_PORT (plain python, mp.spawn).",
-            "zh": "在没有设置 RANK、WORLD_SIZE、MASTER_ADDR、MASTER_PORT 的启动器之外（直接 python、"
-            "mp.spawn）用 env:// 调用了 init_process_group()。",
-        },
-        "env_not_set.fix": {
-            "en": "Launch with torchrun, or pass rank=, world_size= and an init_method.",
-            "zh": "用 torchrun 启动，或者显式传入 rank=、world_size= 和 init_method。",
-        },
-        "no_interface.cause": {
-            "en": "GLOO_SOCKET_IFNAME names a network interface this machine does not have.",
-            "zh": "GLOO_SOCKET_IFNAME 指定的网卡在这台机器上不存在。",
-        },
-        "no_interface.fix": {
-            "en": "Set it to an interface that `ip addr` lists on every node (the same for "
-            "NCCL_SOCKET_IFNAME).",
-            "zh": "设为每个节点上 `ip addr` 都能列出的网卡（NCCL_SOCKET_IFNAME 同理）。",
-        },
-        "unused_parameters.cause": {
-            "en": "Some parameters got no gradient (not used in the loss), so DDP's reduction of "
-            "the previous step never finished.",
-            "zh": "有些参数没有得到梯度（没参与计算损失），DDP 上一步的归约因此没有完成。",
-        },
-        "unused_parameters.fix": {
-            "en": "Use every parameter, or pass find_unused_parameters=True (slower); "
-            "TORCH_DISTRIBUTED_DEBUG=INFO names the parameters.",
-            "zh": "让每个参数都参与计算，或传入 find_unused_parameters=True（更慢）；"
-            "TORCH_DISTRIBUTED_DEBUG=INFO 会列出这些参数的名字。",
-        },
-        "child_failed.cause": {
-            "en": "torchrun: a worker exited with an error.",
-            "zh": "torchrun：有 worker 以错误退出。",
-        },
-        "child_failed.fix": {
-            "en": "Read 'Root Cause (first observed failure)' and that rank's traceback above it.",
-            "zh": "看 'Root Cause (first observed failure)' 以及它上方该 rank 的 traceback。",
-        },
-        "death_signal.cause": {
-            "en": "The torchrun agent was sent a signal from outside (scheduler limit, Ctrl-C, "
-            "closed ssh session); not a PyTorch bug.",
-            "zh": "torchrun 的代理（agent）收到了来自外部的信号（调度器时限、Ctrl-C、ssh 断开），并不是 "
-            "PyTorch 的 bug。",
-        },
-        "death_signal.fix": {
-            "en": "Find who sent it (job time limit, preemption, terminal closed: use tmux/nohup); "
-            "save checkpoints and use --max-restarts.",
-            "zh": "找到发信号的一方（作业时限、抢占、终端关闭：用 tmux/nohup）；保存检查点并使用 "
-            "--max-restarts。",
-        },
-        "bad_flag.cause": {
-            "en": "A misspelt launcher flag, or a script that does not accept --local-rank.",
-            "zh": "启动器参数拼错了，或者脚本不接受 --local-rank 参数。",
-        },
-        "bad_flag.fix": {
-            "en": "Use torchrun --help for the names (--master_addr); read LOCAL_RANK from the "
-            "environment.",
-            "zh": "用 torchrun --help 核对参数名（--master_addr）；从环境变量读取 LOCAL_RANK。",
-        },
-        "no_local_rank.cause": {
-            "en": "torch.distributed has no local_rank(): the launcher gives it.",
-            "zh": "torch.distributed 里没有 local_rank()：本地 rank 由启动器给出。",
-        },
-        "no_local_rank.fix": {
-            "en": "int(os.environ['LOCAL_RANK'])",
-            "zh": "int(os.environ['LOCAL_RANK'])",
-        },
-        "invalid_ordinal.cause": {
-            "en": "LOCAL_RANK >= number of visible GPUs (CUDA_VISIBLE_DEVICES lists fewer GPUs than "
-            "--nproc_per_node).",
-            "zh": "LOCAL_RANK 大于等于可见 GPU 数（CUDA_VISIBLE_DEVICES 列出的 GPU 少于 "
-            "--nproc_per_node）。",
-        },
-        "invalid_ordinal.fix": {
-            "en": "--nproc_per_node = number of GPUs in CUDA_VISIBLE_DEVICES.",
-            "zh": "--nproc_per_node 等于 CUDA_VISIBLE_DEVICES 中的 GPU 数。",
-        },
-    },
-)
+MESSAGES = {
+    "cause": N_("cause"),
+    "fix": N_("fix"),
+    "message": N_("message"),
+    "unknown_key": N_("Unknown error key {key!r}: choose one of {choices}."),
+    "no_error": N_("Expected the error {key!r}, but the code ran without one."),
+    "wrong_error": N_("Expected the error {key!r}, got a different one:\n{text}"),
+    "expected": N_("Expected failure, as planned"),
+    "collective_mismatch.cause": N_(
+        "Ranks called different collectives at the same point (seen with "
+        "TORCH_DISTRIBUTED_DEBUG=DETAIL; without it the job hangs)."
+    ),
+    "collective_mismatch.fix": N_(
+        "Every rank must call the same collectives in the same order; keep "
+        "rank-dependent branches free of collectives."
+    ),
+    "shape_mismatch.cause": N_(
+        "Ranks passed tensors of different shapes to one collective (e.g. a "
+        "smaller last batch). Without DETAIL, gloo may return wrong numbers or "
+        "crash a peer."
+    ),
+    "shape_mismatch.fix": N_(
+        "Give every rank the same shape: pad, or exchange sizes first "
+        "(all_gather of the shapes) and fail on every rank together."
+    ),
+    "recv_timeout.cause": N_(
+        "A peer never entered the matching collective: it skipped it, is stuck "
+        "elsewhere, or is much slower (e.g. rank 0 saving a checkpoint)."
+    ),
+    "recv_timeout.fix": N_(
+        "Make every rank call the collective; find the missing rank with "
+        "dist.monitored_barrier; raise timeout= only for work that is really "
+        "slow."
+    ),
+    "monitored_barrier.cause": N_("The named rank did not reach the barrier in time."),
+    "monitored_barrier.fix": N_(
+        "Look at what that rank does before the barrier (its stack, its branch)."
+    ),
+    "peer_closed.cause": N_("Another rank exited or crashed; this rank only noticed it."),
+    "peer_closed.fix": N_("This is not the root cause: read the first failure of the other ranks."),
+    "address_in_use.cause": N_(
+        "MASTER_PORT is taken: another job, or a previous run that is still alive."
+    ),
+    "address_in_use.fix": N_(
+        "Pick a free port (torchrun --standalone, or --master_port of a free "
+        "port); stop leftover processes."
+    ),
+    "store_timeout.cause": N_(
+        "Not every rank reached init_process_group: WORLD_SIZE too large, a node "
+        "not started, wrong MASTER_ADDR, or a firewall."
+    ),
+    "store_timeout.fix": N_(
+        "Check WORLD_SIZE = nnodes x nproc_per_node; start every node; check "
+        "that MASTER_ADDR:MASTER_PORT is reachable from every node."
+    ),
+    "env_not_set.cause": N_(
+        "init_process_group() with env:// outside a launcher that sets RANK, "
+        "WORLD_SIZE, MASTER_ADDR, MASTER_PORT (plain python, mp.spawn)."
+    ),
+    "env_not_set.fix": N_("Launch with torchrun, or pass rank=, world_size= and an init_method."),
+    "no_interface.cause": N_(
+        "GLOO_SOCKET_IFNAME names a network interface this machine does not have."
+    ),
+    "no_interface.fix": N_(
+        "Set it to an interface that `ip addr` lists on every node (the same for "
+        "NCCL_SOCKET_IFNAME)."
+    ),
+    "unused_parameters.cause": N_(
+        "Some parameters got no gradient (not used in the loss), so DDP's "
+        "reduction of the previous step never finished."
+    ),
+    "unused_parameters.fix": N_(
+        "Use every parameter, or pass find_unused_parameters=True (slower); "
+        "TORCH_DISTRIBUTED_DEBUG=INFO names the parameters."
+    ),
+    "child_failed.cause": N_("torchrun: a worker exited with an error."),
+    "child_failed.fix": N_(
+        "Read 'Root Cause (first observed failure)' and that rank's traceback above it."
+    ),
+    "death_signal.cause": N_(
+        "The torchrun agent was sent a signal from outside (scheduler limit, "
+        "Ctrl-C, closed ssh session); not a PyTorch bug."
+    ),
+    "death_signal.fix": N_(
+        "Find who sent it (job time limit, preemption, terminal closed: use "
+        "tmux/nohup); save checkpoints and use --max-restarts."
+    ),
+    "bad_flag.cause": N_(
+        "A misspelt launcher flag, or a script that does not accept --local-rank."
+    ),
+    "bad_flag.fix": N_(
+        "Use torchrun --help for the names (--master_addr); read LOCAL_RANK from the environment."
+    ),
+    "no_local_rank.cause": N_("torch.distributed has no local_rank(): the launcher gives it."),
+    "no_local_rank.fix": N_("int(os.environ['LOCAL_RANK'])"),
+    "invalid_ordinal.cause": N_(
+        "LOCAL_RANK >= number of visible GPUs (CUDA_VISIBLE_DEVICES lists fewer "
+        "GPUs than --nproc_per_node)."
+    ),
+    "invalid_ordinal.fix": N_("--nproc_per_node = number of GPUs in CUDA_VISIBLE_DEVICES."),
+}
 
 
 def _lang(lang: str | None) -> str:
@@ -210,12 +139,12 @@ class KnownError:
     @property
     def cause(self) -> dict[str, str]:
         """Why it happens, by language (from MESSAGES)."""
-        return {lang: MESSAGES(f"{self.key}.cause", lang) for lang in LANGUAGES}
+        return {lang: lookup(MESSAGES, f"{self.key}.cause", lang) for lang in LANGUAGES}
 
     @property
     def fix(self) -> dict[str, str]:
         """How to fix it, by language (from MESSAGES)."""
-        return {lang: MESSAGES(f"{self.key}.fix", lang) for lang in LANGUAGES}
+        return {lang: lookup(MESSAGES, f"{self.key}.fix", lang) for lang in LANGUAGES}
 
     def matches(self, text: str) -> bool:
         return re.search(self.pattern, text) is not None
@@ -316,7 +245,14 @@ BY_KEY = {e.key: e for e in TABLE}
 def get(key: str) -> KnownError:
     """The entry named ``key``, or a clear ValueError."""
     if key not in BY_KEY:
-        raise ValueError(MESSAGES("unknown_key", _lang(None), key=key, choices=", ".join(BY_KEY)))
+        raise ValueError(
+            _t(
+                "Unknown error key {key!r}: choose one of {choices}.",
+                _lang(None),
+                key=key,
+                choices=", ".join(BY_KEY),
+            )
+        )
     return BY_KEY[key]
 
 
@@ -345,10 +281,17 @@ def explain(error: Any, key: str, lang: str | None = None) -> KnownError:
     lang = _lang(lang)
     if not entry.matches(text):
         short = text if len(text) < 2000 else text[:2000] + " ..."
-        raise AssertionError(MESSAGES("wrong_error", lang, key=key, text=short))
-    print(f"{MESSAGES('message', lang)}: {entry.first_line(text)}")
-    print(f"{MESSAGES('cause', lang)}: {entry.cause[lang]}")
-    print(f"{MESSAGES('fix', lang)}: {entry.fix[lang]}")
+        raise AssertionError(
+            _t(
+                "Expected the error {key!r}, got a different one:\n{text}",
+                lang,
+                key=key,
+                text=short,
+            )
+        )
+    print(_t("message", lang) + ": " + f"{entry.first_line(text)}")
+    print(_t("cause", lang) + ": " + f"{entry.cause[lang]}")
+    print(_t("fix", lang) + ": " + f"{entry.fix[lang]}")
     return entry
 
 
@@ -365,11 +308,17 @@ class expect:  # noqa: N801  # used like a function: `with expect("key"):`
     def __exit__(self, exc_type: type | None, exc: BaseException | None, tb: Any) -> bool:
         lang = _lang(self.lang)
         if exc is None:
-            raise AssertionError(MESSAGES("no_error", lang, key=self.entry.key))
+            raise AssertionError(
+                _t(
+                    "Expected the error {key!r}, but the code ran without one.",
+                    lang,
+                    key=self.entry.key,
+                )
+            )
         if not isinstance(exc, Exception):
             return False  # KeyboardInterrupt and friends pass through
         self.error = exc
-        print(f"[{MESSAGES('expected', lang)}: {type(exc).__name__}]")
+        print("[" + _t("Expected failure, as planned", lang) + ": " + f"{type(exc).__name__}" + "]")
         explain(exc, self.entry.key, lang)
         return True
 
@@ -389,7 +338,7 @@ def show_table(lang: str | None = None) -> Any:
 
     lang = _lang(lang)
     head = ["message", "cause", "fix"]
-    cells = "".join(f"<th>{MESSAGES(h, lang)}</th>" for h in head)
+    cells = "".join(("<th>" + lookup(MESSAGES, h, lang) + "</th>") for h in head)
     body = "".join(
         "<tr>"
         + "".join(f"<td style='text-align:left'>{html.escape(r[h])}</td>" for h in head)

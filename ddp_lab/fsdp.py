@@ -43,32 +43,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.autograd import Variable
 
-from ddp_lab.course.i18n import Messages
-
-MESSAGES = Messages(
-    __name__,
-    {
-        "shared": {
-            "en": "Parameter {name} is used by two units; FullyShardedDP (the teaching version) "
-            "needs each parameter in exactly one unit. Put both users in one unit.",
-            "zh": "参数 {name} 被两个单元共用；教学版 FullyShardedDP 要求每个参数只属于一个"
-            "单元。请把用到它的模块放进同一个单元。",
-        },
-        "frozen": {
-            "en": "Parameter {name} is frozen; FullyShardedDP (the teaching version) shards "
-            "trainable parameters only.",
-            "zh": "参数 {name} 是冻结的；教学版 FullyShardedDP 只对可训练参数分片。",
-        },
-        "row_reduce_scatter": {"en": "reduce-scatter", "zh": "归约散发"},
-        "row_compute": {"en": "compute", "zh": "计算"},
-        "row_all_gather": {"en": "all-gather", "zh": "全收集"},
-        "axis_ms": {"en": "ms since the forward began", "zh": "自前向开始的毫秒数"},
-        "timeline_title": {
-            "en": "one FullyShardedDP step: gather, compute, free; gather again, reduce-scatter",
-            "zh": "FullyShardedDP 的一步：收集、计算、释放；反向时再收集、归约散发",
-        },
-    },
-)
+from ddp_lab.i18n import _t
 
 
 def _all_gather(out: torch.Tensor, inp: torch.Tensor, group: Any) -> None:
@@ -183,7 +158,13 @@ class FullyShardedDP(nn.Module):
         self._aliases: dict[int, list[tuple[nn.Module, str, str]]] = {}
         for name, p in module.named_parameters(remove_duplicate=False):
             if not p.requires_grad:
-                raise ValueError(MESSAGES("frozen", name=name))
+                raise ValueError(
+                    _t(
+                        "Parameter {name} is frozen; FullyShardedDP (the teaching version) "
+                        "shards trainable parameters only.",
+                        name=name,
+                    )
+                )
             owner_name, _, attr = name.rpartition(".")
             self._aliases.setdefault(id(p), []).append(
                 (module.get_submodule(owner_name), attr, name)
@@ -198,7 +179,14 @@ class FullyShardedDP(nn.Module):
                 if id(p) in seen:
                     if m is module:
                         continue  # already in a child unit
-                    raise ValueError(MESSAGES("shared", name=self._aliases[id(p)][0][2]))
+                    raise ValueError(
+                        _t(
+                            "Parameter {name} is used by two units; FullyShardedDP (the teaching "
+                            "version) needs each parameter in exactly one unit. Put both users in "
+                            "one unit.",
+                            name=self._aliases[id(p)][0][2],
+                        )
+                    )
                 seen[id(p)] = names[id(m)] or "<root>"
                 params.append(p)
             if params:
@@ -424,11 +412,11 @@ def plot_fsdp_timeline(step: FSDPTimeline, ax: Any = None) -> Any:
     ax.set_yticks(
         [0, 1, 2],
         [
-            MESSAGES("row_reduce_scatter"),
-            MESSAGES("row_compute"),
-            MESSAGES("row_all_gather"),
+            _t("reduce-scatter"),
+            _t("compute"),
+            _t("all-gather"),
         ],
     )
-    ax.set_xlabel(MESSAGES("axis_ms"))
-    ax.set_title(MESSAGES("timeline_title"))
+    ax.set_xlabel(_t("ms since the forward began"))
+    ax.set_title(_t("one FullyShardedDP step: gather, compute, free; gather again, reduce-scatter"))
     return ax

@@ -38,43 +38,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ddp_lab.course.i18n import Messages
+from ddp_lab.i18n import _t
 
 PREFIX = "ddplab"  # every namespace of a cluster: ddplab-<tag>-sw, ddplab-<tag>-h0, ...
 SUBNET = "10.77.0"
 IFNAME = "eth0"
 STATE_DIR = Path("/run/ddp-lab/hosts")  # one <tag>.json per cluster: owner pid, hosts
 ETC_NETNS = Path("/etc/netns")  # `ip netns exec NS` bind-mounts /etc/netns/NS/* over /etc/*
-MESSAGES = Messages(
-    __name__,
-    {
-        "not_root": {
-            "en": "Building hosts needs root: network namespaces are created under /run/netns "
-            "by `ip netns add`. Run as root (e.g. in the CI container), or read the stored "
-            "outputs of a real run that chapter 09 shows instead.",
-            "zh": "创建主机需要 root 权限：`ip netns add` 会在 /run/netns 下创建网络命名空间。"
-            "请以 root 身份运行（例如在 CI 容器里），或者阅读第 09 章展示的真实运行时保存下来的输出。",
-        },
-        "no_tool": {
-            "en": "Building hosts needs the `{tool}` command (Debian: apt-get install {package}).",
-            "zh": "创建主机需要 `{tool}` 命令（Debian 上：apt-get install {package}）。",
-        },
-        "no_netns": {
-            "en": "This machine does not let us create a network namespace ({error}). "
-            "A container needs CAP_SYS_ADMIN and CAP_NET_ADMIN for it.",
-            "zh": "这台机器不允许创建网络命名空间（{error}）。容器需要 CAP_SYS_ADMIN 和 "
-            "CAP_NET_ADMIN 权限才能创建。",
-        },
-        "bad_count": {
-            "en": "A cluster has 1 to 200 hosts, got {n!r}.",
-            "zh": "一个集群有 1 到 200 台主机，但收到的是 {n!r}。",
-        },
-        "failed": {
-            "en": "`{command}` failed: {error}",
-            "zh": "`{command}` 执行失败：{error}",
-        },
-    },
-)
 
 
 class HostsUnavailable(RuntimeError):
@@ -84,15 +54,27 @@ class HostsUnavailable(RuntimeError):
 def unavailable_reason() -> str | None:
     """Why hosts cannot be built on this machine, in the current language; None if they can."""
     if os.geteuid() != 0:
-        return MESSAGES("not_root")
+        return _t(
+            "Building hosts needs root: network namespaces are created under "
+            "/run/netns by `ip netns add`. Run as root (e.g. in the CI container), "
+            "or read the stored outputs of a real run that chapter 09 shows instead."
+        )
     for tool, package in (("ip", "iproute2"), ("unshare", "util-linux")):
         if shutil.which(tool) is None:
-            return MESSAGES("no_tool", tool=tool, package=package)
+            return _t(
+                "Building hosts needs the `{tool}` command (Debian: apt-get install {package}).",
+                tool=tool,
+                package=package,
+            )
     probe = f"{PREFIX}-probe{secrets.token_hex(3)}-x"
     done = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True)
     subprocess.run(["ip", "netns", "del", probe], capture_output=True)
     if done.returncode != 0:
-        return MESSAGES("no_netns", error=done.stderr.strip())
+        return _t(
+            "This machine does not let us create a network namespace ({error}). A "
+            "container needs CAP_SYS_ADMIN and CAP_NET_ADMIN for it.",
+            error=done.stderr.strip(),
+        )
     return None
 
 
@@ -100,7 +82,11 @@ def _ip(*args: str) -> None:
     done = subprocess.run(["ip", *args], capture_output=True, text=True)
     if done.returncode != 0:
         raise RuntimeError(
-            MESSAGES("failed", command="ip " + " ".join(args), error=done.stderr.strip())
+            _t(
+                "`{command}` failed: {error}",
+                command="ip " + " ".join(args),
+                error=done.stderr.strip(),
+            )
         )
 
 
@@ -143,7 +129,7 @@ class Cluster:
     def up(self) -> Cluster:
         """Create the switch, then each host with its veth pair, address and /etc/hosts."""
         if not (isinstance(self.n, int) and 1 <= self.n <= 200):
-            raise ValueError(MESSAGES("bad_count", n=self.n))
+            raise ValueError(_t("A cluster has 1 to 200 hosts, got {n!r}.", n=self.n))
         reason = unavailable_reason()
         if reason:
             raise HostsUnavailable(reason)

@@ -12,33 +12,9 @@ from __future__ import annotations
 from typing import Protocol
 
 from ddp_lab import cuda_compat as cc
-from ddp_lab.course.i18n import Messages
+from ddp_lab.i18n import pair
 
 OK, WARNING, PROBLEM = cc.OK, cc.WARNING, cc.PROBLEM
-MESSAGES = Messages(
-    __name__,
-    {
-        "set_ifname": {
-            "en": "Set {var} to one of: {interfaces}.",
-            "zh": "请把 {var} 设为以下之一：{interfaces}。",
-        },
-        "gloo_loopback": {
-            "en": "Fine on one machine. On several, the other hosts cannot reach {addr}: set "
-            "GLOO_SOCKET_IFNAME to the interface between the nodes (have: {interfaces}), or "
-            "map {hostname} to that interface's address in /etc/hosts (chapter 09).",
-            "zh": "单机运行没有问题。多台机器时，其他主机连不上 {addr}：请把 GLOO_SOCKET_IFNAME "
-            "设为节点之间那块网卡（现有：{interfaces}），或者在 /etc/hosts 里把 {hostname} "
-            "映射到这块网卡的地址（见第 09 章）。",
-        },
-        "nccl_fallback": {
-            "en": "Fine on one machine. Across machines NCCL's bootstrap would advertise {iface}, "
-            "which the other hosts cannot reach: set NCCL_SOCKET_IFNAME to the interface "
-            "between the nodes (have: {interfaces}).",
-            "zh": "单机运行没有问题。跨机器时，NCCL 的 bootstrap 会对外公布 {iface}，其他主机"
-            "连不上它：请把 NCCL_SOCKET_IFNAME 设为节点之间那块网卡（现有：{interfaces}）。",
-        },
-    },
-)
 
 
 class NetworkFacts(Protocol):
@@ -71,7 +47,11 @@ def findings(f: NetworkFacts) -> list[tuple[str, str, str, str, str]]:
                         PROBLEM,
                         f"{var}={value}: no interface {missing[0]!r} "
                         f"(have {', '.join(f.interfaces)})",
-                        *MESSAGES.pair("set_ifname", var=var, interfaces=", ".join(f.interfaces)),
+                        *pair(
+                            "Set {var} to one of: {interfaces}.",
+                            var=var,
+                            interfaces=", ".join(f.interfaces),
+                        ),
                     )
                 )
     return out
@@ -103,7 +83,15 @@ def gloo_interface(f: NetworkFacts) -> tuple[str, str, str, str]:
     if iface != "lo" and not addr.startswith("127.") and addr != "::1":
         return OK, value, "", ""
     others = ", ".join(n for n in f.iface_addrs if n != "lo") or "-"
-    en, zh = MESSAGES.pair("gloo_loopback", addr=addr, interfaces=others, hostname=f.hostname)
+    en, zh = pair(
+        "Fine on one machine. On several, the other hosts cannot reach {addr}: "
+        "set GLOO_SOCKET_IFNAME to the interface between the nodes (have: "
+        "{interfaces}), or map {hostname} to that interface's address in "
+        "/etc/hosts (chapter 09).",
+        addr=addr,
+        interfaces=others,
+        hostname=f.hostname,
+    )
     return WARNING, value, en, zh
 
 
@@ -152,7 +140,13 @@ def nccl_interface(f: NetworkFacts) -> tuple[str, str, str, str]:
     if pattern in ("ib", "^docker,lo,virbr"):
         return OK, value, "", ""
     others = ", ".join(n for n in names if n != found[0]) or "-"
-    en, zh = MESSAGES.pair("nccl_fallback", iface=found[0], interfaces=others)
+    en, zh = pair(
+        "Fine on one machine. Across machines NCCL's bootstrap would advertise "
+        "{iface}, which the other hosts cannot reach: set NCCL_SOCKET_IFNAME to "
+        "the interface between the nodes (have: {interfaces}).",
+        iface=found[0],
+        interfaces=others,
+    )
     return WARNING, value, en, zh
 
 

@@ -26,7 +26,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
-from ddp_lab.course.i18n import Messages
+from ddp_lab.i18n import _t
 from ddp_lab.runtime.launcher import free_port
 
 MARKER = "DDP_LAB_DEMO_ID"
@@ -42,19 +42,6 @@ ENV_KEYS = (
 )
 # torchrun's own log lines start with a level letter, a date and the pid, e.g. "W1122 07:33".
 _LOG_PREFIX = re.compile(r"^[IWEF]\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ ")
-MESSAGES = Messages(
-    __name__,
-    {
-        "bad_worker": {
-            "en": "Unknown demo worker {name!r}: choose one of {choices}.",
-            "zh": "未知的演示 worker {name!r}：请从 {choices} 中选择。",
-        },
-        "bad_count": {
-            "en": "{what} must be a whole number >= 1, got {value!r}.",
-            "zh": "{what} 必须是大于等于 1 的整数，但收到的是 {value!r}。",
-        },
-    },
-)
 
 
 # --- the workers ---------------------------------------------------------------------
@@ -206,13 +193,21 @@ def main(argv: list[str] | None = None) -> None:
 def check_worker(name: str) -> str:
     """Raise a clear ValueError for an unknown worker name."""
     if name not in WORKERS:
-        raise ValueError(MESSAGES("bad_worker", name=name, choices=", ".join(WORKERS)))
+        raise ValueError(
+            _t(
+                "Unknown demo worker {name!r}: choose one of {choices}.",
+                name=name,
+                choices=", ".join(WORKERS),
+            )
+        )
     return name
 
 
 def _check_count(what: str, value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(MESSAGES("bad_count", what=what, value=value))
+        raise ValueError(
+            _t("{what} must be a whole number >= 1, got {value!r}.", what=what, value=value)
+        )
     return value
 
 

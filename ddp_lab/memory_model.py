@@ -19,22 +19,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from ddp_lab.course.i18n import Messages
+from ddp_lab.i18n import _t
 
 STAGES = {0: "DDP", 1: "ZeRO-1 (P_os)", 2: "ZeRO-2 (P_os+g)", 3: "ZeRO-3 / FSDP (P_os+g+p)"}
-
-
-MESSAGES = Messages(
-    __name__,
-    {
-        "axis_ranks": {"en": "ranks N", "zh": "rank 数 N"},
-        "axis_mib": {"en": "MiB per rank", "zh": "每个 rank 的 MiB"},
-        "title": {
-            "en": "counted (dots) vs (4+4+8)Psi model (dashes), Psi={psi}",
-            "zh": "实际计数（点）与 (4+4+8)Psi 模型（虚线），Psi={psi}",
-        },
-    },
-)
 
 
 def zero_bytes_per_rank(
@@ -138,8 +125,8 @@ def plot_memory(measured: dict[int, list[dict[str, Any]]], ax: Any = None) -> An
         ]
         ax.plot(ns, [b / 2**20 for b in model_line], "--", color=color)
     ax.set_xticks(ns)
-    ax.set_xlabel(MESSAGES("axis_ranks"))
-    ax.set_ylabel(MESSAGES("axis_mib"))
-    ax.set_title(MESSAGES("title", psi=f"{psi:,}"))
+    ax.set_xlabel(_t("ranks N"))
+    ax.set_ylabel(_t("MiB per rank"))
+    ax.set_title(_t("counted (dots) vs (4+4+8)Psi model (dashes), Psi={psi}", psi=f"{psi:,}"))
     ax.legend()
     return ax

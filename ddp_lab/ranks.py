@@ -24,55 +24,7 @@ import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ddp_lab.course.i18n import Messages, get_language
-
-MESSAGES = Messages(
-    __name__,
-    {
-        "bad_nnodes": {
-            "en": "nnodes must be a whole number >= 1, got {nnodes!r}.",
-            "zh": "nnodes 必须是 >= 1 的整数，但收到的是 {nnodes!r}。",
-        },
-        "bad_nproc_per_node": {
-            "en": "nproc_per_node must be whole numbers >= 1, got {nproc_per_node!r}.",
-            "zh": "nproc_per_node 必须是 >= 1 的整数，但收到的是 {nproc_per_node!r}。",
-        },
-        "per_node_count": {
-            "en": "{what} has {count} entries for {nnodes} nodes.",
-            "zh": "{what} 有 {count} 项，但节点数是 {nnodes}。",
-        },
-        "widget_gpus": {
-            "en": "GPUs/node",
-            "zh": "每节点 GPU",
-        },
-        "widget_cvd_unset": {
-            "en": "unset (e.g. 2,3)",
-            "zh": "未设置（例如 2,3）",
-        },
-        "table_head": {
-            "en": "<tr><th>rank</th><th>local rank</th><th>node</th><th>device</th><th>physical "
-            "GPU</th></tr>",
-            "zh": "<tr><th>rank</th><th>本地 rank</th><th>节点</th><th>设备</th><th>物理 "
-            "GPU</th></tr>",
-        },
-        "legend": {
-            "en": "grey: hidden by CUDA_VISIBLE_DEVICES; red: no GPU for this local rank",
-            "zh": "灰色：被 CUDA_VISIBLE_DEVICES 隐藏；红色：该本地 rank 没有 GPU",
-        },
-        "node_label": {
-            "en": "node {node}",
-            "zh": "节点 {node}",
-        },
-        "proc_label": {
-            "en": "rank {rank}\nlocal {local_rank}\n{device}",
-            "zh": "rank {rank}\n本地 {local_rank}\n{device}",
-        },
-        "no_device": {
-            "en": "no GPU",
-            "zh": "无 GPU",
-        },
-    },
-)
+from ddp_lab.i18n import _t, get_language, pair
 
 
 def _err(en: str, zh: str) -> ValueError:
@@ -115,7 +67,14 @@ def visible_gpus(cuda_visible_devices: str | None, gpus_on_node: int) -> list[in
 def _per_node(value: object, nnodes: int, what: str) -> list:
     if isinstance(value, (list, tuple)):
         if len(value) != nnodes:
-            raise _err(*MESSAGES.pair("per_node_count", what=what, count=len(value), nnodes=nnodes))
+            raise _err(
+                *pair(
+                    "{what} has {count} entries for {nnodes} nodes.",
+                    what=what,
+                    count=len(value),
+                    nnodes=nnodes,
+                )
+            )
         return list(value)
     return [value] * nnodes
 
@@ -136,10 +95,15 @@ def assign(
     if nnodes is None:
         nnodes = len(nproc_per_node) if isinstance(nproc_per_node, (list, tuple)) else 1
     if isinstance(nnodes, bool) or not isinstance(nnodes, int) or nnodes < 1:
-        raise ValueError(MESSAGES("bad_nnodes", nnodes=nnodes))
+        raise ValueError(_t("nnodes must be a whole number >= 1, got {nnodes!r}.", nnodes=nnodes))
     counts = _per_node(nproc_per_node, nnodes, "nproc_per_node")
     if any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in counts):
-        raise ValueError(MESSAGES("bad_nproc_per_node", nproc_per_node=nproc_per_node))
+        raise ValueError(
+            _t(
+                "nproc_per_node must be whole numbers >= 1, got {nproc_per_node!r}.",
+                nproc_per_node=nproc_per_node,
+            )
+        )
     cvds = _per_node(cuda_visible_devices, nnodes, "cuda_visible_devices")
     world = sum(counts)
     procs, base = [], 0
@@ -264,11 +228,11 @@ def rank_table_widget(nnodes: int = 2, nproc_per_node: int = 4, gpus_per_node: i
     style = {"description_width": "initial"}  # long labels are not cut to "nproc_per..."
     s_nodes = w.IntSlider(nnodes, 1, 4, description="nnodes", style=style)
     s_nproc = w.IntSlider(nproc_per_node, 1, 8, description="nproc_per_node", style=style)
-    s_gpus = w.IntSlider(gpus_per_node, 1, 8, description=MESSAGES("widget_gpus"), style=style)
+    s_gpus = w.IntSlider(gpus_per_node, 1, 8, description=_t("GPUs/node"), style=style)
     t_cvd = w.Text(
         "",
         description="CUDA_VISIBLE_DEVICES",
-        placeholder=MESSAGES("widget_cvd_unset"),
+        placeholder=_t("unset (e.g. 2,3)"),
         style=style,
     )
     out = w.Output()
@@ -298,26 +262,29 @@ def rank_table_widget(nnodes: int = 2, nproc_per_node: int = 4, gpus_per_node: i
                     ax.text(
                         x + 0.45 if isinstance(p.gpu, int) else x,
                         y + 0.35,
-                        MESSAGES(
-                            "proc_label",
+                        _t(
+                            "rank {rank}\nlocal {local_rank}\n{device}",
                             rank=p.rank,
                             local_rank=p.local_rank,
-                            device=p.device or MESSAGES("no_device"),
+                            device=p.device or _t("no GPU"),
                         ),
                         ha="center",
                         fontsize=7,
                         color="black" if p.device else "#c62828",
                     )
-                ax.text(-0.2, y + 0.45, MESSAGES("node_label", node=node), ha="right")
+                ax.text(-0.2, y + 0.45, _t("node {node}", node=node), ha="right")
             ax.set_xlim(-1.3, s_gpus.value + 0.5 * s_nproc.value + 0.2)
             ax.set_ylim(0, s_nodes.value)
             ax.axis("off")
             ax.set_title(
-                MESSAGES("legend"),
+                _t("grey: hidden by CUDA_VISIBLE_DEVICES; red: no GPU for this local rank"),
                 fontsize=9,
             )
             plt.show()
-            head = MESSAGES("table_head")
+            head = _t(
+                "<tr><th>rank</th><th>local "
+                "rank</th><th>node</th><th>device</th><th>physical GPU</th></tr>"
+            )
             rows = "".join(
                 f"<tr><td>{p.rank}</td><td>{p.local_rank}</td><td>{p.node_rank}</td>"
                 f"<td>{p.device or '-'}</td><td>{'-' if p.gpu is None else p.gpu}"

@@ -30,53 +30,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ddp_lab.course.i18n import Messages
-
-MESSAGES = Messages(
-    __name__,
-    {
-        "not_tensor": {
-            "en": "ring_all_reduce needs a torch.Tensor, got {kind}.",
-            "zh": "ring_all_reduce 需要一个 torch.Tensor，但收到的是 {kind}。",
-        },
-        "no_group": {
-            "en": "Initialise the process group first (dist.init_process_group).",
-            "zh": "请先初始化进程组（dist.init_process_group）。",
-        },
-        "bad_segment": {
-            "en": "segment_bytes must be a positive int or None, got {value!r}.",
-            "zh": "segment_bytes 必须是正整数或 None，但收到的是 {value!r}。",
-        },
-        "sparse": {
-            "en": "ring_all_reduce works on dense tensors only.",
-            "zh": "ring_all_reduce 只支持稠密张量。",
-        },
-        "start": {
-            "en": "start",
-            "zh": "开始",
-        },
-        "step_title": {
-            "en": "after step {step} of {steps} ({phase}); red: sent next",
-            "zh": "第 {step}/{steps} 步之后（{phase}）；红框：下一步发送",
-        },
-        "chunk_label": {
-            "en": "chunk {c}",
-            "zh": "块 {c}",
-        },
-        "reduce_scatter": {
-            "en": "reduce-scatter",
-            "zh": "归约散发",
-        },
-        "all_gather": {
-            "en": "all-gather",
-            "zh": "全收集",
-        },
-        "step": {
-            "en": "step",
-            "zh": "步",
-        },
-    },
-)
+from ddp_lab.i18n import _t
 
 
 def chunk_bounds(numel: int, world_size: int) -> list[tuple[int, int]]:
@@ -136,15 +90,19 @@ def ring_all_reduce(
             elements moved, and a snapshot of the first element of every chunk.
     """
     if not isinstance(tensor, torch.Tensor):
-        raise TypeError(MESSAGES("not_tensor", kind=type(tensor).__name__))
+        raise TypeError(
+            _t("ring_all_reduce needs a torch.Tensor, got {kind}.", kind=type(tensor).__name__)
+        )
     if tensor.layout != torch.strided:
-        raise ValueError(MESSAGES("sparse"))
+        raise ValueError(_t("ring_all_reduce works on dense tensors only."))
     if segment_bytes is not None and (
         isinstance(segment_bytes, bool) or not isinstance(segment_bytes, int) or segment_bytes < 1
     ):
-        raise ValueError(MESSAGES("bad_segment", value=segment_bytes))
+        raise ValueError(
+            _t("segment_bytes must be a positive int or None, got {value!r}.", value=segment_bytes)
+        )
     if not dist.is_initialized():
-        raise RuntimeError(MESSAGES("no_group"))
+        raise RuntimeError(_t("Initialise the process group first (dist.init_process_group)."))
     n = dist.get_world_size(group)
     rank = dist.get_rank(group)
     if n == 1 or tensor.numel() == 0:
@@ -335,15 +293,18 @@ def draw_state(states: list, step: int, ax: Any = None) -> Any:
             ax.text(c + 0.47, n - 1 - r + 0.42, label, ha="center", va="center", fontsize=8)
         ax.text(-0.15, n - 1 - r + 0.42, f"rank {r}", ha="right", va="center", fontsize=9)
     for c in range(n):
-        ax.text(c + 0.47, n + 0.05, MESSAGES("chunk_label", c=c), ha="center", fontsize=9)
+        ax.text(c + 0.47, n + 0.05, _t("chunk {c}", c=c), ha="center", fontsize=9)
     phase = (
-        MESSAGES("start")
-        if step == 0
-        else MESSAGES("reduce_scatter")
-        if step <= n - 1
-        else MESSAGES("all_gather")
+        _t("start") if step == 0 else _t("reduce-scatter") if step <= n - 1 else _t("all-gather")
     )
-    ax.set_title(MESSAGES("step_title", step=step, steps=2 * (n - 1), phase=phase))
+    ax.set_title(
+        _t(
+            "after step {step} of {steps} ({phase}); red: sent next",
+            step=step,
+            steps=2 * (n - 1),
+            phase=phase,
+        )
+    )
     ax.set_xlim(-1.4, n)
     ax.set_ylim(-0.1, n + 0.4)
     ax.axis("off")
@@ -367,9 +328,7 @@ def ring_widget(world_size: int = 4, traces: list | None = None) -> Any:
         description="N",
         disabled=traces is not None,
     )
-    step = widgets.IntSlider(
-        value=0, min=0, max=2 * (n_slider.value - 1), description=MESSAGES("step")
-    )
+    step = widgets.IntSlider(value=0, min=0, max=2 * (n_slider.value - 1), description=_t("step"))
     out = widgets.Output()
 
     def redraw(_: Any = None) -> None:

@@ -19,66 +19,33 @@ from typing import Any
 import torch
 from torch.utils.data import Sampler
 
-from ddp_lab.course.i18n import Messages
-
-MESSAGES = Messages(
-    __name__,
-    {
-        "int": {
-            "en": "{name} must be an int, got {value!r}.",
-            "zh": "{name} 必须是整数，但收到的是 {value!r}。",
-        },
-        "replicas": {
-            "en": "num_replicas must be at least 1 (one per rank), got {value}.",
-            "zh": "num_replicas 至少为 1（每个 rank 一个），但收到的是 {value}。",
-        },
-        "rank": {
-            "en": "rank must be in [0, {last}] for num_replicas={replicas}, got {value}.",
-            "zh": "num_replicas={replicas} 时 rank 必须在 [0, {last}] 之间，但收到的是 {value}。",
-        },
-        "length": {
-            "en": "dataset_len must be 0 or more, got {value}.",
-            "zh": "dataset_len 不能为负数，但收到的是 {value}。",
-        },
-        "grid_title": {
-            "en": "What each rank reads: num_samples={num_samples}, total_size={total_size} "
-            "(hatched: padding, a repeated sample)",
-            "zh": "每个 rank 读取的样本：num_samples={num_samples}，"
-            "total_size={total_size}（斜线：填充，即重复的样本）",
-        },
-        "dataset_title": {
-            "en": "The dataset, coloured by rank: {dropped} dropped (x, grey), {total_size} "
-            "padded slots (×k: read k times)",
-            "zh": "数据集（按 rank 着色）：丢弃 {dropped} 个（x，灰色），填充 {total_size} "
-            "个位置（×k：被读取 k 次）",
-        },
-        "widget_length": {
-            "en": "dataset length",
-            "zh": "数据集长度",
-        },
-        "widget_highlight": {
-            "en": "highlight rank (-1: all)",
-            "zh": "高亮 rank（-1：全部）",
-        },
-    },
-)
+from ddp_lab.i18n import _t
 
 
 def _check_int(name: str, value: Any) -> int:
     # bool is an int subclass, but rank=True is always a mistake.
     if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(MESSAGES("int", name=name, value=value))
+        raise TypeError(_t("{name} must be an int, got {value!r}.", name=name, value=value))
     return value
 
 
 def check_arguments(dataset_len: int, num_replicas: int, rank: int | None = None) -> None:
     """Raise a clear error for a negative length, no replicas or a rank out of range."""
     if _check_int("dataset_len", dataset_len) < 0:
-        raise ValueError(MESSAGES("length", value=dataset_len))
+        raise ValueError(_t("dataset_len must be 0 or more, got {value}.", value=dataset_len))
     if _check_int("num_replicas", num_replicas) < 1:
-        raise ValueError(MESSAGES("replicas", value=num_replicas))
+        raise ValueError(
+            _t("num_replicas must be at least 1 (one per rank), got {value}.", value=num_replicas)
+        )
     if rank is not None and not 0 <= _check_int("rank", rank) < num_replicas:
-        raise ValueError(MESSAGES("rank", last=num_replicas - 1, replicas=num_replicas, value=rank))
+        raise ValueError(
+            _t(
+                "rank must be in [0, {last}] for num_replicas={replicas}, got {value}.",
+                last=num_replicas - 1,
+                replicas=num_replicas,
+                value=rank,
+            )
+        )
 
 
 def num_samples_for(dataset_len: int, num_replicas: int, drop_last: bool = False) -> int:
@@ -249,7 +216,12 @@ def draw_assignment(a: Assignment, highlight_rank: int | None = None, fig: Any =
     )
     top.set_xticks([])
     top.set_title(
-        MESSAGES("grid_title", num_samples=a.num_samples, total_size=a.total_size),
+        _t(
+            "What each rank reads: num_samples={num_samples}, "
+            "total_size={total_size} (hatched: padding, a repeated sample)",
+            num_samples=a.num_samples,
+            total_size=a.total_size,
+        ),
         fontsize=10,
     )
 
@@ -281,8 +253,9 @@ def draw_assignment(a: Assignment, highlight_rank: int | None = None, fig: Any =
     bottom.set_xticks([])
     bottom.set_yticks([])
     bottom.set_title(
-        MESSAGES(
-            "dataset_title",
+        _t(
+            "The dataset, coloured by rank: {dropped} dropped (x, grey), "
+            "{total_size} padded slots (×k: read k times)",
             dropped=len(a.dropped),
             total_size=a.total_size - a.dataset_len + len(a.dropped),
         ),
@@ -299,13 +272,13 @@ def sampler_widget(dataset_len: int = 10, num_replicas: int = 4, max_len: int = 
 
     check_arguments(dataset_len, num_replicas)
     style = {"description_width": "initial"}
-    n = W.IntSlider(dataset_len, 0, max_len, description=MESSAGES("widget_length"), style=style)
+    n = W.IntSlider(dataset_len, 0, max_len, description=_t("dataset length"), style=style)
     replicas = W.IntSlider(num_replicas, 1, 8, description="num_replicas", style=style)
     rank = W.IntSlider(
         0,
         -1,
         num_replicas - 1,
-        description=MESSAGES("widget_highlight"),
+        description=_t("highlight rank (-1: all)"),
         style=style,
     )
     shuffle = W.Checkbox(True, description="shuffle")

@@ -34,37 +34,23 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ddp_lab import hosts
-from ddp_lab.course.i18n import Messages
+from ddp_lab.i18n import _t
 
 STATE_DIR = Path("/run/ddp-lab/slurm")  # one folder per cluster, named by its hosts' tag
 TOOLS = {"slurmctld": "slurm-wlm", "slurmd": "slurm-wlm", "sbatch": "slurm-wlm",
          "munged": "munge"}  # fmt: skip
 CPUS = 2  # per node; SlurmdParameters=config_overrides: the same on every machine
-MESSAGES = Messages(
-    __name__,
-    {
-        "no_tool": {
-            "en": "A Slurm cluster needs the `{tool}` command (Debian: apt-get install {package}).",
-            "zh": "Slurm 集群需要 `{tool}` 命令（Debian 上：apt-get install {package}）。",
-        },
-        "not_ready": {
-            "en": "The Slurm daemons did not come up within {seconds} s. Their last log lines:\n"
-            "{logs}",
-            "zh": "Slurm 守护进程没有在 {seconds} 秒内启动完毕。它们日志的最后几行：\n{logs}",
-        },
-        "bad_script": {
-            "en": "Unknown job script {name!r}: choose one of {choices}.",
-            "zh": "未知的作业脚本 {name!r}：请从 {choices} 中选择。",
-        },
-    },
-)
 
 
 def unavailable_reason() -> str | None:
     """Why a Slurm cluster cannot be built here, in the current language; None if it can."""
     for tool, package in TOOLS.items():
         if shutil.which(tool) is None:
-            return MESSAGES("no_tool", tool=tool, package=package)
+            return _t(
+                "A Slurm cluster needs the `{tool}` command (Debian: apt-get install {package}).",
+                tool=tool,
+                package=package,
+            )
     return hosts.unavailable_reason()
 
 
@@ -103,7 +89,13 @@ SCRIPTS = {
 def script(name: str, folder: str | Path = "/tmp") -> str:
     """The sbatch script ``name`` (see :data:`SCRIPTS`), writing its output to ``folder``."""
     if name not in SCRIPTS:
-        raise ValueError(MESSAGES("bad_script", name=name, choices=", ".join(SCRIPTS)))
+        raise ValueError(
+            _t(
+                "Unknown job script {name!r}: choose one of {choices}.",
+                name=name,
+                choices=", ".join(SCRIPTS),
+            )
+        )
     tasks, nnodes, program = SCRIPTS[name]
     text = _HEAD.format(name=name, tasks=tasks, cpus=CPUS // tasks, folder=folder)
     if not nnodes:
@@ -247,7 +239,14 @@ PartitionName=debug Nodes=ALL Default=YES MaxTime=10 State=UP
             time.sleep(0.5)
         logs = [line for p in sorted(self.folder.glob("*.out")) for line in
                 p.read_text(errors="replace").splitlines()[-3:]]  # fmt: skip
-        raise RuntimeError(MESSAGES("not_ready", seconds=timeout, logs="\n".join(logs)))
+        raise RuntimeError(
+            _t(
+                "The Slurm daemons did not come up within {seconds} s. Their last log "
+                "lines:\n{logs}",
+                seconds=timeout,
+                logs="\n".join(logs),
+            )
+        )
 
     def run(self, argv: list[str], timeout: float = 60.0) -> subprocess.CompletedProcess:
         """Run a command on host0, the login node (``squeue``, ``sinfo``, ``sacct``...)."""

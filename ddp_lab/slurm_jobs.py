@@ -19,20 +19,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ddp_lab import hosts, slurm
-from ddp_lab.course.i18n import Messages
+from ddp_lab.i18n import _t
 
 RECORD = Path(__file__).with_name("slurm_run.json")
-MESSAGES = Messages(
-    __name__,
-    {
-        "stored": {
-            "en": "A Slurm cluster cannot be built here ({reason}) Showing the stored output of "
-            "a real run on {date}: {command}",
-            "zh": "这里无法搭建 Slurm 集群（{reason}）下面展示的是 {date} 一次真实运行保存下来的"
-            "输出：{command}",
-        },
-    },
-)
 # The lines of a job's output each scenario is about: the chapter prints them, tests check them.
 EXPECT = {
     "ddp08": r"^world size|^done: test accuracy",
@@ -82,8 +71,10 @@ class Jobs:
         self.reason = slurm.unavailable_reason()
         if self.reason:
             stored = json.loads(RECORD.read_text())
-            print(MESSAGES("stored", reason=self.reason, date=stored["date"],
-                           command=stored["command"]))  # fmt: skip
+            print(_t(
+"A Slurm cluster cannot be built here ({reason}) Showing the stored "
+"output of a real run on {date}: {command}"
+, reason=self.reason, date=stored["date"], command=stored["command"]))  # fmt: skip
             jobs = {k: slurm.Job(**v) for k, v in stored["run"].pop("jobs").items()}
             self._run: Future | Run = Run(**stored["run"], jobs=jobs)
             return

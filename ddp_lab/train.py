@@ -33,37 +33,10 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
-from ddp_lab.course.i18n import Messages
 from ddp_lab.data import load_digits_split
+from ddp_lab.i18n import _t
 
 CHECKPOINT_NAME = "last.pt"
-MESSAGES = Messages(
-    __name__,
-    {
-        "positive": {
-            "en": "{name} must be a positive number, got {value}.",
-            "zh": "{name} 必须是正数，但收到的是 {value}。",
-        },
-        "no_checkpoint": {
-            "en": "--resume: no checkpoint at {path}. Train once with "
-            "--checkpoint-dir first, or leave out --resume.",
-            "zh": "--resume：{path} 处没有检查点。请先用 --checkpoint-dir 训练一次，"
-            "或者去掉 --resume。",
-        },
-        "resume_no_dir": {
-            "en": "--resume without a path needs --checkpoint-dir.",
-            "zh": "不带路径的 --resume 需要同时给出 --checkpoint-dir。",
-        },
-        "not_a_dir": {
-            "en": "--checkpoint-dir {path} exists and is not a folder.",
-            "zh": "--checkpoint-dir {path} 已存在，但不是文件夹。",
-        },
-        "nccl_no_gpu": {
-            "en": "--backend nccl needs CUDA GPUs; this machine has none. Use gloo.",
-            "zh": "--backend nccl 需要 CUDA GPU，这台机器没有。请使用 gloo。",
-        },
-    },
-)
 
 
 class SmallCNN(nn.Module):
@@ -152,23 +125,43 @@ def check_args(args: argparse.Namespace) -> argparse.Namespace:
     for name in ("epochs", "batch_size", "base_batch", "lr"):
         value = getattr(args, name)
         if not (value > 0 and math.isfinite(value)):
-            raise ValueError(MESSAGES("positive", name="--" + name.replace("_", "-"), value=value))
+            raise ValueError(
+                _t(
+                    "{name} must be a positive number, got {value}.",
+                    name="--" + name.replace("_", "-"),
+                    value=value,
+                )
+            )
     if args.threads < 0:
-        raise ValueError(MESSAGES("positive", name="--threads", value=args.threads))
+        raise ValueError(
+            _t(
+                "{name} must be a positive number, got {value}.",
+                name="--threads",
+                value=args.threads,
+            )
+        )
     if (
         args.checkpoint_dir
         and Path(args.checkpoint_dir).exists()
         and not Path(args.checkpoint_dir).is_dir()
     ):
-        raise ValueError(MESSAGES("not_a_dir", path=args.checkpoint_dir))
+        raise ValueError(
+            _t("--checkpoint-dir {path} exists and is not a folder.", path=args.checkpoint_dir)
+        )
     if args.resume == "last":
         if not args.checkpoint_dir:
-            raise ValueError(MESSAGES("resume_no_dir"))
+            raise ValueError(_t("--resume without a path needs --checkpoint-dir."))
         args.resume = str(Path(args.checkpoint_dir) / CHECKPOINT_NAME)
     if args.resume and not Path(args.resume).is_file():
-        raise ValueError(MESSAGES("no_checkpoint", path=args.resume))
+        raise ValueError(
+            _t(
+                "--resume: no checkpoint at {path}. Train once with --checkpoint-dir "
+                "first, or leave out --resume.",
+                path=args.resume,
+            )
+        )
     if args.backend == "nccl" and not torch.cuda.is_available():
-        raise ValueError(MESSAGES("nccl_no_gpu"))
+        raise ValueError(_t("--backend nccl needs CUDA GPUs; this machine has none. Use gloo."))
     return args
 
 

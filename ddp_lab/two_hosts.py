@@ -26,22 +26,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ddp_lab import hosts
-from ddp_lab.course.i18n import Messages
+from ddp_lab.i18n import _t
 
 RECORD = Path(__file__).with_name("two_hosts_run.json")
 TRAIN_ARGS = ("--epochs", "2", "--threads", "1")
 TIMEOUT = 10  # seconds: every rendezvous and store timeout of the failure gallery
-MESSAGES = Messages(
-    __name__,
-    {
-        "stored": {
-            "en": "Hosts cannot be built here ({reason}) Showing the stored output of a real "
-            "run on {date}: {command}",
-            "zh": "这里无法创建主机（{reason}）下面展示的是 {date} 一次真实运行保存下来的输出："
-            "{command}",
-        },
-    },
-)
 # The line each scenario is about: the chapter prints it, the tests check it.
 EXPECT = {
     "look": r".",
@@ -241,8 +230,10 @@ class Gallery:
         self.runs: dict[str, Future | Scenario] = {}
         if self.reason:
             stored = json.loads(RECORD.read_text())
-            print(MESSAGES("stored", reason=self.reason, date=stored["date"],
-                           command=stored["command"]))  # fmt: skip
+            print(_t(
+"Hosts cannot be built here ({reason}) Showing the stored output of a "
+"real run on {date}: {command}"
+, reason=self.reason, date=stored["date"], command=stored["command"]))  # fmt: skip
             for name, nodes in stored["scenarios"].items():
                 self.runs[name] = Scenario(name, [NodeRun(**n) for n in nodes])
             return

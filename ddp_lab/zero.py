@@ -28,23 +28,7 @@ import torch
 import torch.distributed as dist
 from torch.optim import Optimizer
 
-from ddp_lab.course.i18n import Messages
-
-MESSAGES = Messages(
-    __name__,
-    {
-        "not_consolidated": {
-            "en": "Call consolidate_state_dict(to={to}) on every rank first; only rank {to} then "
-            "holds the full state_dict (torch's ZeroRedundancyOptimizer has the same rule).",
-            "zh": "请先在每个 rank 上调用 consolidate_state_dict(to={to})；之后只有 rank {to} "
-            "持有完整的 state_dict（torch 的 ZeroRedundancyOptimizer 也是这个规则）。",
-        },
-        "bad_world": {
-            "en": "world_size must be a positive integer, got {value!r}.",
-            "zh": "world_size 必须是正整数，但收到的是 {value!r}。",
-        },
-    },
-)
+from ddp_lab.i18n import _t
 
 
 def assign_shards(
@@ -58,7 +42,9 @@ def assign_shards(
     over from earlier parameter groups and is updated in place.
     """
     if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
-        raise ValueError(MESSAGES("bad_world", value=world_size))
+        raise ValueError(
+            _t("world_size must be a positive integer, got {value!r}.", value=world_size)
+        )
     if loads is None:
         loads = [0] * world_size
     owners = [0] * len(sizes)
@@ -181,7 +167,14 @@ class ShardedOptimizer(Optimizer):
     def state_dict(self) -> dict[str, Any]:
         """The consolidated state dict (rank ``to`` only, after ``consolidate_state_dict``)."""
         if self._consolidated is None:
-            raise RuntimeError(MESSAGES("not_consolidated", to=self._consolidated_to))
+            raise RuntimeError(
+                _t(
+                    "Call consolidate_state_dict(to={to}) on every rank first; only rank "
+                    "{to} then holds the full state_dict (torch's ZeroRedundancyOptimizer "
+                    "has the same rule).",
+                    to=self._consolidated_to,
+                )
+            )
         return self._consolidated
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:

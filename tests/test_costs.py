@@ -121,7 +121,7 @@ def test_legend_speaks_the_notebook_language():
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from ddp_lab.course import i18n
+    from ddp_lab import i18n
 
     assert set(costs.ALGORITHM_NAMES_ZH) == set(costs.ALGORITHMS)
     before = i18n.get_language()

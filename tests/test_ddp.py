@@ -204,7 +204,7 @@ def test_buffer_sync_follows_torch_2_13(kwargs):
 
 
 def test_broadcast_buffers_is_deprecated_in_both_languages():
-    from ddp_lab.course import i18n
+    from ddp_lab import i18n
     from ddp_lab.ddp import resolve_buffer_sync
 
     for lang, needle in [("en", "deprecated"), ("zh", "已弃用")]:

@@ -102,7 +102,7 @@ def test_same_seed_plus_epoch_same_order():
     ],
 )
 def test_bad_arguments_are_explained_in_both_languages(kwargs, error):
-    from ddp_lab.course.i18n import get_language, set_language
+    from ddp_lab.i18n import get_language, set_language
 
     before = get_language()
     try:

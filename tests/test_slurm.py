@@ -20,6 +20,7 @@ import pytest
 
 from ddp_lab import hosts, slurm, slurm_jobs
 from ddp_lab.course import cli
+from ddp_lab.i18n import pair
 
 ROOT = Path(__file__).resolve().parents[1]
 REASON = slurm.unavailable_reason() if hasattr(os, "geteuid") else "not Linux"
@@ -44,7 +45,11 @@ def explain(job: slurm.Job, lines: int = 60) -> str:
 def test_missing_slurm_says_so_in_both_languages(monkeypatch: pytest.MonkeyPatch) -> None:
     real = shutil.which
     monkeypatch.setattr(shutil, "which", lambda t: None if t == "slurmd" else real(t))
-    en, zh = slurm.MESSAGES.pair("no_tool", tool="slurmd", package="slurm-wlm")
+    en, zh = pair(
+        "A Slurm cluster needs the `{tool}` command (Debian: apt-get install {package}).",
+        tool="slurmd",
+        package="slurm-wlm",
+    )
     assert slurm.unavailable_reason() in (en, zh)
     assert "apt-get install slurm-wlm" in en and "apt-get install slurm-wlm" in zh
     c = slurm.Cluster(2)

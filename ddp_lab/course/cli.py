@@ -189,7 +189,7 @@ def make_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = make_parser().parse_args(argv)
     if args.lang:
-        from ddp_lab.course.i18n import set_language
+        from ddp_lab.i18n import set_language
 
         set_language(args.lang)
     return int(args.func(args) or 0)

@@ -23,6 +23,8 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
+from ddp_lab.i18n import _t, lookup
+
 STATUSES = ("passed", "failed")
 VISIBILITIES = ("hidden", "after_due_date", "after_published", "visible")
 
@@ -40,15 +42,15 @@ def gradescope_results(results: list[Any], lang: str, execution_time: float) -> 
                 "score": float(r.points),
                 "max_score": float(r.max_points),
                 "status": "passed" if r.status == "passed" else "failed",
-                "output": f"{msg(r.status, lang)}" + (f"\n{r.detail}" if r.detail else ""),
+                "output": lookup(msg, r.status, lang) + (f"\n{r.detail}" if r.detail else ""),
                 "visibility": "visible",
             }
         )
     return {
         "score": float(sum(r.points for r in results)),
         "execution_time": round(execution_time, 1),
-        "output": msg(
-            "total",
+        "output": _t(
+            "total {points}/{max_points} points",
             lang,
             points=sum(r.points for r in results),
             max_points=sum(r.max_points for r in results),

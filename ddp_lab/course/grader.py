@@ -41,7 +41,7 @@ from pathlib import Path
 import nbformat
 
 from ddp_lab.course import export
-from ddp_lab.course.i18n import Messages
+from ddp_lab.i18n import N_, _t, lookup
 
 TOKEN_VAR = "DDP_LAB_GRADE_TOKEN"
 OUTPUT_PROP = "ddp_lab_output"
@@ -49,74 +49,41 @@ ERROR_PROP = "ddp_lab_error"
 KERNEL_DIED = "ddp-lab: the kernel died"
 PACKAGE_PARENT = Path(__file__).resolve().parents[2]  # holds ddp_lab/ (this is ddp_lab/course/)
 
-MESSAGES = Messages(
-    __name__,
-    {
-        "passed": {"en": "passed", "zh": "通过"},
-        "failed": {"en": "failed", "zh": "未通过"},
-        "tampered-changed": {"en": "graded cell changed", "zh": "评分单元被修改"},
-        "tampered-deleted": {"en": "graded cell deleted", "zh": "评分单元被删除"},
-        "tampered-moved": {"en": "graded cell moved", "zh": "评分单元被移动"},
-        "timeout": {"en": "timed out", "zh": "超时"},
-        "kernel-died": {"en": "kernel died", "zh": "内核崩溃"},
-        "invalid": {"en": "invalid notebook", "zh": "notebook 文件无效"},
-        "error": {"en": "not run", "zh": "未能运行"},
-        "why_changed": {
-            "en": "the code of the graded cell was changed; copy it back from the released notebook.",
-            "zh": "评分单元的代码被修改了；请从发布的 notebook 中把它复制回来。",
-        },
-        "why_dup": {"en": "the graded cell appears {n} times.", "zh": "评分单元出现了 {n} 次。"},
-        "why_deleted": {"en": "the graded cell is missing.", "zh": "找不到评分单元。"},
-        "why_moved": {
-            "en": "the graded cell was moved relative to the exercise cells; put it back in place.",
-            "zh": "评分单元相对于练习单元的位置被移动了；请把它移回原处。",
-        },
-        "why_total": {
-            "en": "the notebook did not finish within {timeout:g} s and was stopped.",
-            "zh": "notebook 在 {timeout:g} 秒内没有运行完，已被停止。",
-        },
-        "why_cell": {
-            "en": "a cell ran longer than {timeout:g} s and was interrupted (an endless loop?).",
-            "zh": "有代码单元运行超过 {timeout:g} 秒，已被中断（是否有死循环？）。",
-        },
-        "why_died": {
-            "en": "the Python kernel died (os._exit, a crash or out of memory) before this cell ran.",
-            "zh": "在运行这个单元之前 Python 内核已经退出（os._exit、崩溃或内存不足）。",
-        },
-        "why_invalid": {
-            "en": "not a valid notebook: {error}",
-            "zh": "不是有效的 notebook：{error}",
-        },
-        "why_error": {
-            "en": "the notebook could not be run: {error}",
-            "zh": "无法运行 notebook：{error}",
-        },
-        "total": {"en": "total {points}/{max_points} points", "zh": "总分 {points}/{max_points}"},
-        "feedback": {"en": "Feedback for {student}: {title}", "zh": "{student} 的反馈：{title}"},
-        "no_file": {"en": "No such file: {path}", "zh": "找不到文件：{path}"},
-        "no_graded": {
-            "en": "{path} has no graded cells: is it an exercise notebook?",
-            "zh": "{path} 中没有评分单元：它是练习 notebook 吗？",
-        },
-        "no_subs": {
-            "en": "No .ipynb submissions found in {paths}",
-            "zh": "在 {paths} 中找不到 .ipynb 提交",
-        },
-        "bad_number": {
-            "en": "--{name} must be a positive number, got {value!r}.",
-            "zh": "--{name} 必须是正数，但收到的是 {value!r}。",
-        },
-        "wrote": {"en": "wrote {path}", "zh": "已写入 {path}"},
-        "progress": {
-            "en": "{done}/{total} graded, {zeros} with no points, about {left} s left",
-            "zh": "已评 {done}/{total} 份，{zeros} 份零分，预计还需约 {left} 秒",
-        },
-        "no_such_exercise": {
-            "en": "{path} has no exercise {grade_id}; it has: {ids}",
-            "zh": "{path} 中没有练习 {grade_id}；现有的练习：{ids}",
-        },
-    },
-)
+MESSAGES = {
+    "passed": N_("passed"),
+    "failed": N_("failed"),
+    "tampered-changed": N_("graded cell changed"),
+    "tampered-deleted": N_("graded cell deleted"),
+    "tampered-moved": N_("graded cell moved"),
+    "timeout": N_("timed out"),
+    "kernel-died": N_("kernel died"),
+    "invalid": N_("invalid notebook"),
+    "error": N_("not run"),
+    "why_changed": N_(
+        "the code of the graded cell was changed; copy it back from the released notebook."
+    ),
+    "why_dup": N_("the graded cell appears {n} times."),
+    "why_deleted": N_("the graded cell is missing."),
+    "why_moved": N_(
+        "the graded cell was moved relative to the exercise cells; put it back in place."
+    ),
+    "why_total": N_("the notebook did not finish within {timeout:g} s and was stopped."),
+    "why_cell": N_("a cell ran longer than {timeout:g} s and was interrupted (an endless loop?)."),
+    "why_died": N_(
+        "the Python kernel died (os._exit, a crash or out of memory) before this cell ran."
+    ),
+    "why_invalid": N_("not a valid notebook: {error}"),
+    "why_error": N_("the notebook could not be run: {error}"),
+    "total": N_("total {points}/{max_points} points"),
+    "feedback": N_("Feedback for {student}: {title}"),
+    "no_file": N_("No such file: {path}"),
+    "no_graded": N_("{path} has no graded cells: is it an exercise notebook?"),
+    "no_subs": N_("No .ipynb submissions found in {paths}"),
+    "bad_number": N_("--{name} must be a positive number, got {value!r}."),
+    "wrote": N_("wrote {path}"),
+    "progress": N_("{done}/{total} graded, {zeros} with no points, about {left} s left"),
+    "no_such_exercise": N_("{path} has no exercise {grade_id}; it has: {ids}"),
+}
 
 
 @dataclass
@@ -345,7 +312,9 @@ def score(
         if not isinstance(sub.get("cells"), list):
             raise ValueError("no list of cells")
     except Exception as exc:  # noqa: BLE001  # any unreadable file scores 0, the rest go on
-        why = MESSAGES("why_invalid", lang, error=f"{type(exc).__name__}: {str(exc)[:200]}")
+        why = _t(
+            "not a valid notebook: {error}", lang, error=f"{type(exc).__name__}: {str(exc)[:200]}"
+        )
         return lang, [Result(e.grade_id, 0, e.points, "invalid", why) for e in exercises]
     lang = language_of(sub, lang)
     found, tampered = locate(release, sub)
@@ -359,17 +328,35 @@ def score(
         if status == "passed":
             results[grade_id] = Result(grade_id, ex.points, ex.points, "passed", detail)
         elif status == "timeout":  # the whole submission ran out of time
-            why = MESSAGES("why_total", lang, timeout=timeout)
+            why = _t(
+                "the notebook did not finish within {timeout:g} s and was stopped.",
+                lang,
+                timeout=timeout,
+            )
             results[grade_id] = Result(grade_id, 0, ex.points, "timeout", why)
         elif status == "timeout-cell":
-            why = MESSAGES("why_cell", lang, timeout=cell_timeout)
+            why = _t(
+                "a cell ran longer than {timeout:g} s and was interrupted (an endless loop?).",
+                lang,
+                timeout=cell_timeout,
+            )
             results[grade_id] = Result(grade_id, 0, ex.points, "timeout", why)
         elif status == "kernel-died":
-            results[grade_id] = Result(grade_id, 0, ex.points, status, MESSAGES("why_died", lang))
+            results[grade_id] = Result(
+                grade_id,
+                0,
+                ex.points,
+                status,
+                _t(
+                    "the Python kernel died (os._exit, a crash or out of memory) before this "
+                    "cell ran.",
+                    lang,
+                ),
+            )
         elif status == "failed":
             results[grade_id] = Result(grade_id, 0, ex.points, "failed", detail)
         else:
-            why = MESSAGES("why_error", lang, error=detail or "-")
+            why = _t("the notebook could not be run: {error}", lang, error=detail or "-")
             results[grade_id] = Result(grade_id, 0, ex.points, "error", why)
     for ex in exercises:
         kind = tampered.get(ex.grade_id)
@@ -377,7 +364,7 @@ def score(
             key = "why_dup" if kind.startswith("dup:") else f"why_{kind}"
             status = "tampered-changed" if kind.startswith("dup:") else f"tampered-{kind}"
             results[ex.grade_id] = Result(
-                ex.grade_id, 0, ex.points, status, MESSAGES(key, lang, n=kind[4:])
+                ex.grade_id, 0, ex.points, status, lookup(MESSAGES, key, lang, n=kind[4:])
             )
     return lang, [results[e.grade_id] for e in exercises]
 
@@ -385,12 +372,21 @@ def score(
 def report_lines(results: list[Result], lang: str) -> list[str]:
     """One line per exercise and a total, in ``lang``."""
     lines = [
-        f"- {r.grade_id}: {MESSAGES(r.status, lang)}, {r.points}/{r.max_points}"
+        (
+            "- "
+            + f"{r.grade_id}"
+            + ": "
+            + lookup(MESSAGES, r.status, lang)
+            + ", "
+            + f"{r.points}"
+            + "/"
+            + f"{r.max_points}"
+        )
         + (f"\n  {r.detail}" if r.detail and r.status != "passed" else "")
         for r in results
     ]
-    total = MESSAGES(
-        "total",
+    total = _t(
+        "total {points}/{max_points} points",
         lang,
         points=sum(r.points for r in results),
         max_points=sum(r.max_points for r in results),
@@ -402,12 +398,17 @@ def _positive(args: argparse.Namespace, *names: str) -> str | None:
     for name in names:
         value = getattr(args, name, None)
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-            return MESSAGES("bad_number", _cli_lang(), name=name.replace("_", "-"), value=value)
+            return _t(
+                "--{name} must be a positive number, got {value!r}.",
+                _cli_lang(),
+                name=name.replace("_", "-"),
+                value=value,
+            )
     return None
 
 
 def _cli_lang() -> str:
-    from ddp_lab.course.i18n import get_language
+    from ddp_lab.i18n import get_language
 
     return get_language()
 
@@ -438,7 +439,7 @@ def check_main(args: argparse.Namespace) -> int:
     path = Path(args.notebook)
     problem = _positive(args, "cell_timeout", "timeout")
     if problem is None and not path.is_file():
-        problem = MESSAGES("no_file", _cli_lang(), path=path)
+        problem = _t("No such file: {path}", _cli_lang(), path=path)
     if problem:
         print(problem, file=sys.stderr)
         return 2
@@ -446,18 +447,34 @@ def check_main(args: argparse.Namespace) -> int:
         nb = nbformat.read(path, as_version=4)
     except Exception as exc:  # noqa: BLE001  # any unreadable file: say why, in one line
         error = f"{type(exc).__name__}: {str(exc)[:200]}"
-        print(f"{path}: {MESSAGES('why_invalid', _cli_lang(), error=error)}", file=sys.stderr)
+        print(
+            f"{path}" + ": " + _t("not a valid notebook: {error}", _cli_lang(), error=error),
+            file=sys.stderr,
+        )
         return 1
     release = reference_for(nb)
     if nb.metadata.get("ddp_lab", {}).get("kind") == "notebooks" or not exercises_of(release):
-        print(MESSAGES("no_graded", language_of(nb), path=path), file=sys.stderr)
+        print(
+            _t(
+                "{path} has no graded cells: is it an exercise notebook?",
+                language_of(nb),
+                path=path,
+            ),
+            file=sys.stderr,
+        )
         return 1
     only = getattr(args, "only", None)
     if only:
         ids = [e.grade_id for e in exercises_of(release)]
         if only not in ids:
             print(
-                MESSAGES("no_such_exercise", language_of(nb), path=path, grade_id=only, ids=ids),
+                _t(
+                    "{path} has no exercise {grade_id}; it has: {ids}",
+                    language_of(nb),
+                    path=path,
+                    grade_id=only,
+                    ids=ids,
+                ),
                 file=sys.stderr,
             )
             return 2
@@ -512,8 +529,8 @@ class Progress:
             self.zeros += zero
             elapsed = time.monotonic() - self.start
             left = elapsed / self.count * (self.total - self.count)
-            bar = MESSAGES(
-                "progress",
+            bar = _t(
+                "{done}/{total} graded, {zeros} with no points, about {left} s left",
                 self.lang,
                 done=self.count,
                 total=self.total,
@@ -529,19 +546,25 @@ def grade_main(args: argparse.Namespace) -> int:
     release_path = Path(args.release)
     problem = _positive(args, "cell_timeout", "timeout")
     if problem is None and (not isinstance(args.jobs, int) or args.jobs < 0):
-        problem = MESSAGES("bad_number", lang, name="jobs", value=args.jobs)
+        problem = _t(
+            "--{name} must be a positive number, got {value!r}.", lang, name="jobs", value=args.jobs
+        )
     if problem is None and not release_path.is_file():
-        problem = MESSAGES("no_file", lang, path=release_path)
+        problem = _t("No such file: {path}", lang, path=release_path)
     missing = [p for p in args.submissions if not Path(p).exists()]
     if problem is None and missing:
-        problem = MESSAGES("no_file", lang, path=", ".join(missing))
+        problem = _t("No such file: {path}", lang, path=", ".join(missing))
     subs = [] if problem else find_submissions(args.submissions)
     if problem is None and not subs:
-        problem = MESSAGES("no_subs", lang, paths=" ".join(args.submissions))
+        problem = _t(
+            "No .ipynb submissions found in {paths}", lang, paths=" ".join(args.submissions)
+        )
     if problem is None:
         release = nbformat.read(release_path, as_version=4)
         if not exercises_of(release):
-            problem = MESSAGES("no_graded", lang, path=release_path)
+            problem = _t(
+                "{path} has no graded cells: is it an exercise notebook?", lang, path=release_path
+            )
     if problem:
         print(problem, file=sys.stderr)
         return 2
@@ -560,10 +583,25 @@ def grade_main(args: argparse.Namespace) -> int:
                 release, subs[i], args.cell_timeout, args.timeout, job=i % workers
             )
         except Exception as exc:  # noqa: BLE001  # a bug here must not stop the other gradings
-            sub_lang, why = lang, MESSAGES("why_error", lang, error=f"{type(exc).__name__}: {exc}")
+            sub_lang, why = (
+                lang,
+                _t(
+                    "the notebook could not be run: {error}",
+                    lang,
+                    error=f"{type(exc).__name__}: {exc}",
+                ),
+            )
             results = [Result(e.grade_id, 0, e.points, "error", why) for e in exercises_of(release)]
         text = [
-            f"# {MESSAGES('feedback', sub_lang, student=names[i], title=_title(subs[i], title))}",
+            (
+                "# "
+                + _t(
+                    "Feedback for {student}: {title}",
+                    sub_lang,
+                    student=names[i],
+                    title=_title(subs[i], title),
+                )
+            ),
             "",
             *report_lines(results, sub_lang),
             "",
@@ -598,5 +636,5 @@ def grade_main(args: argparse.Namespace) -> int:
         for name, results in graded:
             for r in results:
                 writer.writerow([name, r.grade_id, r.points, r.max_points, r.status])
-    print(MESSAGES("wrote", lang, path=out / "gradebook.csv"))
+    print(_t("wrote {path}", lang, path=out / "gradebook.csv"))
     return 0

@@ -27,8 +27,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from ddp_lab.course.i18n import MESSAGES as _I18N
-from ddp_lab.course.i18n import t
+from ddp_lab.i18n import _t
 
 DEFAULT_SEED = 20261122
 # Extra modules that register checkers (ddp_lab.course.checks.* are always loaded).
@@ -83,16 +82,14 @@ def mismatch(expected: Any, actual: Any) -> CaseFailed:
         s = repr(x)
         return s if len(s) <= 160 else s[:157] + "..."
 
-    return CaseFailed(t("grade_mismatch", expected=short(expected), actual=short(actual)))
-
-
-def _t(key: str, lang: str | None, **fields: object) -> str:
-    return _I18N(key, lang, **fields)
+    return CaseFailed(
+        _t("expected {expected}, got {actual}", expected=short(expected), actual=short(actual))
+    )
 
 
 def run_checker(chk: Checker, learner: Any, lang: str | None = None) -> tuple[bool, str]:
     """Run ``chk`` with every message (the checker's own too) in ``lang``; see ``_run``."""
-    from ddp_lab.course import i18n
+    from ddp_lab import i18n
 
     if lang is None:
         return _run(chk, learner, None)
@@ -122,16 +119,31 @@ def _run(chk: Checker, learner: Any, lang: str | None) -> tuple[bool, str]:
     except RunnerGone:
         raise
     except NotImplementedError:
-        detail = _t("grade_not_implemented", lang)
+        detail = _t(
+            "the exercise is not solved yet (NotImplementedError: replace the stub "
+            "with your code).",
+            lang,
+        )
     except LearnerError as exc:
         if exc.not_implemented:
-            detail = _t("grade_not_implemented", lang)
+            detail = _t(
+                "the exercise is not solved yet (NotImplementedError: replace the stub "
+                "with your code).",
+                lang,
+            )
         else:
-            why = _t("grade_raised", lang, error=f"{exc.type_name}: {exc.message}")
-            detail = _t("grade_case_failed", lang, index=index + 1, total=total, case="-", why=why)
+            why = _t("your code raised {error}", lang, error=f"{exc.type_name}: {exc.message}")
+            detail = _t(
+                "hidden case {index} of {total} ({case}) failed: {why}",
+                lang,
+                index=index + 1,
+                total=total,
+                case="-",
+                why=why,
+            )
     except CaseFailed as exc:
         detail = _t(
-            "grade_case_failed",
+            "hidden case {index} of {total} ({case}) failed: {why}",
             lang,
             index=index + 1,
             total=total,
@@ -139,11 +151,31 @@ def _run(chk: Checker, learner: Any, lang: str | None) -> tuple[bool, str]:
             why=exc.args[0],
         )
     except Exception as exc:  # noqa: BLE001  # anything else the learner's code caused
-        why = _t("grade_raised", lang, error=f"{type(exc).__name__}: {_first_line(exc)}")
-        detail = _t("grade_case_failed", lang, index=index + 1, total=total, case="-", why=why)
+        why = _t(
+            "your code raised {error}", lang, error=f"{type(exc).__name__}: {_first_line(exc)}"
+        )
+        detail = _t(
+            "hidden case {index} of {total} ({case}) failed: {why}",
+            lang,
+            index=index + 1,
+            total=total,
+            case="-",
+            why=why,
+        )
     else:
-        return True, _t("grade_pass", lang, grade_id=chk.grade_id, points=chk.points)
-    return False, _t("grade_fail", lang, grade_id=chk.grade_id, points=chk.points, detail=detail)
+        return True, _t(
+            "PASS {grade_id}: all hidden cases passed, {points}/{points} points",
+            lang,
+            grade_id=chk.grade_id,
+            points=chk.points,
+        )
+    return False, _t(
+        "FAIL {grade_id}: 0/{points} points. {detail}",
+        lang,
+        grade_id=chk.grade_id,
+        points=chk.points,
+        detail=detail,
+    )
 
 
 def grade(grade_id: str, *objects: Any) -> None:
@@ -159,7 +191,7 @@ def grade(grade_id: str, *objects: Any) -> None:
 
     registry = load_checkers()
     if grade_id not in registry:
-        raise KeyError(t("grade_unknown", grade_id=grade_id))
+        raise KeyError(_t("unknown exercise {grade_id!r}", grade_id=grade_id))
     chk = registry[grade_id]
     passed, line = run_checker(chk, LocalLearner(objects))
     print(line)

@@ -28,6 +28,7 @@ from collections.abc import Callable, Iterator
 from typing import IO, Any
 
 from ddp_lab.course import wire
+from ddp_lab.i18n import _t
 
 
 class LearnerError(Exception):
@@ -195,10 +196,15 @@ _ACTIVE: list[tuple[list[str], str]] = []  # (refused names, what to use instead
 
 
 def _refused_call() -> None:
-    from ddp_lab.course.i18n import t
-
     names, allowed = _ACTIVE[-1] if _ACTIVE else (["?"], "-")
-    raise Refused(t("grade_refused", name=" / ".join(names), allowed=allowed))
+    raise Refused(
+        _t(
+            "this exercise asks you to write it yourself: calling {name} is not "
+            "allowed here (use {allowed}).",
+            name=" / ".join(names),
+            allowed=allowed,
+        )
+    )
 
 
 def _refusing_init(self: Any, *args: Any, **kwargs: Any) -> None:

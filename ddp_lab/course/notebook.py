@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from ddp_lab.course import i18n
+from ddp_lab import i18n
 
 CJK_FONT_FILE = "NotoSansCJKsc-Regular.otf"
 CJK_FONT_NAME = "Noto Sans CJK SC"

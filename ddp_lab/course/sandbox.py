@@ -29,28 +29,13 @@ import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
 
-from ddp_lab.course.i18n import Messages
+from ddp_lab.i18n import _t
 
 SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc")
 # The environment a sandboxed run starts from; everything else (the grading seed, tokens,
 # the instructor's credentials) stays outside.
 KEEP_ENV = ("LANG", "LC_ALL", "TZ", "OMP_NUM_THREADS", "DDP_LAB_LANG", "MPLBACKEND")
 BASE_UID = 61000  # first user id for sandboxed runs as root (one per parallel job)
-
-
-MESSAGES = Messages(
-    __name__,
-    {
-        "unsandboxed": {
-            "en": "WARNING: submissions are NOT sandboxed on this machine (needs Linux with "
-            "bubblewrap and user namespaces: apt-get install bubblewrap). Their code runs with "
-            "your rights: it can read and write your files and reach your network.",
-            "zh": "警告：本机无法隔离提交的代码（需要 Linux、bubblewrap 和用户命名空间："
-            "apt-get install bubblewrap）。提交的代码将以你的权限运行：它可以读写你的文件、"
-            "访问你的网络。",
-        },
-    },
-)
 
 
 @dataclass(frozen=True)
@@ -113,7 +98,13 @@ def warn_unsandboxed(lang: str = "en") -> None:
     if _warned or available():
         return
     _warned = True
-    text = MESSAGES("unsandboxed", lang)
+    text = _t(
+        "WARNING: submissions are NOT sandboxed on this machine (needs Linux "
+        "with bubblewrap and user namespaces: apt-get install bubblewrap). Their "
+        "code runs with your rights: it can read and write your files and reach "
+        "your network.",
+        lang,
+    )
     print("\n" + "!" * 78 + "\n" + text + "\n" + "!" * 78 + "\n", file=sys.stderr, flush=True)
 
 

@@ -32,6 +32,7 @@ import nbformat
 
 from ddp_lab.course import sandbox
 from ddp_lab.course.learner import RemoteLearner, RunnerGone
+from ddp_lab.i18n import _t
 
 
 def build_job(
@@ -142,15 +143,27 @@ def _judge(
 ) -> dict[str, Any]:
     """One exercise's verdict, computed here; the learner's code is reached by probes only."""
     from ddp_lab.course.grading import run_checker
-    from ddp_lab.course.i18n import MESSAGES as I18N
 
     chk = registry.get(grade_id)
     if chk is None:
         return {"status": "error", "detail": f"no checker for {grade_id}"}
     if error:
-        why = I18N("grade_raised", lang, error=error)
-        detail = I18N("grade_case_failed", lang, index=1, total="?", case="-", why=why)
-        line = I18N("grade_fail", lang, grade_id=grade_id, points=chk.points, detail=detail)
+        why = _t("your code raised {error}", lang, error=error)
+        detail = _t(
+            "hidden case {index} of {total} ({case}) failed: {why}",
+            lang,
+            index=1,
+            total="?",
+            case="-",
+            why=why,
+        )
+        line = _t(
+            "FAIL {grade_id}: 0/{points} points. {detail}",
+            lang,
+            grade_id=grade_id,
+            points=chk.points,
+            detail=detail,
+        )
         return {"status": "failed", "detail": line}
     if time.monotonic() >= deadline:
         return {"status": "timeout"}

@@ -15,8 +15,8 @@ from typing import Any
 
 from torch import nn
 
+from ddp_lab.i18n import _t
 from ddp_lab.parallel._device import phase
-from ddp_lab.parallel._messages import MESSAGES
 from ddp_lab.parallel.data_parallel import DataParallel
 from ddp_lab.parallel.parallel_apply import get_a_var
 from ddp_lab.parallel.scatter_gather import scatter_kwargs
@@ -24,7 +24,14 @@ from ddp_lab.parallel.scatter_gather import scatter_kwargs
 
 def _check_int(name: str, value: Any, low: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise ValueError(MESSAGES("bad_int", name=name, value=value, low=low))
+        raise ValueError(
+            _t(
+                "{name} must be an integer >= {low}, got {value!r}.",
+                name=name,
+                value=value,
+                low=low,
+            )
+        )
     return value
 
 
@@ -83,7 +90,12 @@ class BalancedDataParallel(DataParallel):
         """This batch's rows per device (the batch size comes from the first tensor)."""
         t = get_a_var(inputs) if get_a_var(inputs) is not None else get_a_var(kwargs)
         if t is None:
-            raise ValueError(MESSAGES("no_batch"))
+            raise ValueError(
+                _t(
+                    "BalancedDataParallel needs at least one tensor argument to find the "
+                    "batch size."
+                )
+            )
         return balanced_chunk_sizes(t.size(self.dim), len(self.device_ids), self.gpu0_bsz)
 
     def forward(self, *inputs: Any, **kwargs: Any) -> Any:

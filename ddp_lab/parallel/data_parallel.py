@@ -16,8 +16,8 @@ from typing import Any, Generic, TypeVar
 import torch
 from torch import nn
 
+from ddp_lab.i18n import _t
 from ddp_lab.parallel._device import device_index, phase
-from ddp_lab.parallel._messages import MESSAGES
 from ddp_lab.parallel.parallel_apply import parallel_apply
 from ddp_lab.parallel.replicate import replicate
 from ddp_lab.parallel.scatter_gather import gather, scatter_kwargs
@@ -28,16 +28,34 @@ DEFAULT_DEVICES = (0, 1)
 
 def _check_module(module: Any) -> None:
     if not isinstance(module, nn.Module):
-        raise TypeError(MESSAGES("not_module", kind=type(module).__name__))
+        raise TypeError(
+            _t(
+                "DataParallel wraps an nn.Module (your model), got {kind}. An optimizer "
+                "is not a Module: keep it as it is and build it from model.parameters().",
+                kind=type(module).__name__,
+            )
+        )
 
 
 def _check_devices(device_ids: Sequence[Any]) -> list[int]:
     try:
         ids = [device_index(d) for d in device_ids]
     except (TypeError, ValueError):
-        raise ValueError(MESSAGES("bad_devices", value=device_ids)) from None
+        raise ValueError(
+            _t(
+                "device_ids must be a non-empty list of distinct device indices >= 0, "
+                "got {value!r}.",
+                value=device_ids,
+            )
+        ) from None
     if not ids or len(set(ids)) != len(ids) or min(ids) < 0:
-        raise ValueError(MESSAGES("bad_devices", value=device_ids))
+        raise ValueError(
+            _t(
+                "device_ids must be a non-empty list of distinct device indices >= 0, "
+                "got {value!r}.",
+                value=device_ids,
+            )
+        )
     return ids
 
 

@@ -19,6 +19,7 @@ import torch
 from torch import nn
 from torch._utils import ExceptionWrapper
 
+from ddp_lab.i18n import _t
 from ddp_lab.parallel._device import (
     HOST,
     count_saved,
@@ -29,7 +30,6 @@ from ddp_lab.parallel._device import (
     record_alloc,
     tag,
 )
-from ddp_lab.parallel._messages import MESSAGES
 
 
 def get_a_var(obj: Any) -> torch.Tensor | None:
@@ -71,13 +71,21 @@ def parallel_apply(
     """
     if len(modules) != len(inputs):
         raise ValueError(
-            MESSAGES("len_mismatch", modules=len(modules), what="inputs", count=len(inputs))
+            _t(
+                "The number of modules {modules} is not equal to the number of {what} {count}.",
+                modules=len(modules),
+                what="inputs",
+                count=len(inputs),
+            )
         )
     if kwargs_tup is not None:
         if len(modules) != len(kwargs_tup):
             raise ValueError(
-                MESSAGES(
-                    "len_mismatch", modules=len(modules), what="kwargs_tup", count=len(kwargs_tup)
+                _t(
+                    "The number of modules {modules} is not equal to the number of {what} {count}.",
+                    modules=len(modules),
+                    what="kwargs_tup",
+                    count=len(kwargs_tup),
                 )
             )
     else:
@@ -85,7 +93,12 @@ def parallel_apply(
     if devices is not None:
         if len(modules) != len(devices):
             raise ValueError(
-                MESSAGES("len_mismatch", modules=len(modules), what="devices", count=len(devices))
+                _t(
+                    "The number of modules {modules} is not equal to the number of {what} {count}.",
+                    modules=len(modules),
+                    what="devices",
+                    count=len(devices),
+                )
             )
         devices = [device_index(d) for d in devices]
     else:

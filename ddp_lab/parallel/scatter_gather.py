@@ -15,8 +15,8 @@ from typing import Any
 
 import torch
 
+from ddp_lab.i18n import _t
 from ddp_lab.parallel._functions import Gather, Scatter
-from ddp_lab.parallel._messages import MESSAGES
 
 
 def _is_namedtuple(obj: Any) -> bool:
@@ -32,7 +32,14 @@ def _check_chunk_sizes(obj: Any, chunk_sizes: Sequence[int], n: int, dim: int) -
         or sum(sizes) != obj.size(dim)
     ):
         raise ValueError(
-            MESSAGES("bad_chunks", count=n, total=obj.size(dim), dim=dim, value=chunk_sizes)
+            _t(
+                "chunk_sizes must be {count} positive integers that add up to {total} "
+                "(the size of dim {dim}), got {value!r}.",
+                count=n,
+                total=obj.size(dim),
+                dim=dim,
+                value=chunk_sizes,
+            )
         )
 
 
@@ -103,7 +110,7 @@ def gather(outputs: Any, target_device: Any, dim: int = 0) -> Any:
             return None
         if isinstance(out, dict):
             if not all(len(out) == len(d) for d in outputs):
-                raise ValueError(MESSAGES("dict_keys"))
+                raise ValueError(_t("All dicts must have the same number of keys."))
             return type(out)((k, gather_map([d[k] for d in outputs])) for k in out)
         if _is_namedtuple(out):
             return type(out)._make(map(gather_map, zip(*outputs, strict=True)))

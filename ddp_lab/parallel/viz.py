@@ -13,96 +13,23 @@ from typing import Any
 import torch
 from torch import nn
 
-from ddp_lab.course.i18n import Messages
+from ddp_lab.i18n import N_, _t, lookup
 from ddp_lab.parallel._device import HOST, Trace, count_saved, phase, trace
 from ddp_lab.parallel.balanced import balanced_chunk_sizes, default_chunk_sizes
 
-MESSAGES = Messages(
-    __name__,
-    {
-        "step_scatter": {
-            "en": "1 scatter inputs",
-            "zh": "1 切分分发输入",
-        },
-        "step_broadcast": {
-            "en": "2 replicate (broadcast)",
-            "zh": "2 复制模型（广播）",
-        },
-        "step_gather": {
-            "en": "4 gather outputs",
-            "zh": "4 收集输出",
-        },
-        "step_scatter_grad": {
-            "en": "5 scatter output grads",
-            "zh": "5 切分分发输出梯度",
-        },
-        "step_reduce_add": {
-            "en": "6 sum parameter grads",
-            "zh": "6 参数梯度求和",
-        },
-        "step_gather_grad": {
-            "en": "input grads to host",
-            "zh": "输入梯度回到主机",
-        },
-        "axis_time": {
-            "en": "time (ms)",
-            "zh": "时间（毫秒）",
-        },
-        "main_thread": {
-            "en": "main thread",
-            "zh": "主线程",
-        },
-        "axis_rows": {
-            "en": "rows",
-            "zh": "行数",
-        },
-        "default_chunks": {
-            "en": "default (torch.chunk)",
-            "zh": "默认（torch.chunk）",
-        },
-        "balanced_chunks": {
-            "en": "balanced",
-            "zh": "均衡",
-        },
-        "device": {"en": "dev {n}", "zh": "设备 {n}"},
-        "host": {"en": "host", "zh": "主机"},
-        "replica_thread": {"en": "replica {n}", "zh": "副本 {n}"},
-        "phase.scatter": {"en": "scatter", "zh": "切分分发"},
-        "phase.replicate": {"en": "replicate", "zh": "复制模型"},
-        "phase.forward": {"en": "forward", "zh": "前向"},
-        "phase.gather": {"en": "gather", "zh": "收集"},
-        "phase.loss": {"en": "loss", "zh": "损失"},
-        "phase.backward": {"en": "backward", "zh": "反向"},
-        "mem.parameters": {"en": "parameters", "zh": "参数"},
-        "mem.gradients": {"en": "gradients", "zh": "梯度"},
-        "mem.input chunk": {"en": "input chunk", "zh": "输入分块"},
-        "mem.activations": {"en": "activations", "zh": "激活"},
-        "mem.output": {"en": "output", "zh": "输出"},
-        "mem.loss": {"en": "loss", "zh": "损失"},
-        "mem.gathered output + grad": {
-            "en": "gathered output + grad",
-            "zh": "收集后的输出及其梯度",
-        },
-        "mem.summed gradients": {"en": "summed gradients", "zh": "求和后的梯度"},
-        "widget_batch": {"en": "batch size", "zh": "批大小"},
-        "widget_devices": {"en": "devices", "zh": "设备数"},
-        "widget_gpu0": {"en": "gpu0_bsz", "zh": "gpu0_bsz（设备 0 的行数）"},
-    },
-)
-
 
 def _label(prefix: str, name: str) -> str:
-    """``MESSAGES[prefix + name]`` in the current language, or ``name`` if there is none."""
+    """``_LEGEND[prefix.name]`` in the current language, or ``name`` if there is none."""
     key = f"{prefix}.{name}"
-    return MESSAGES(key) if key in MESSAGES else name
+    return lookup(_LEGEND, key) if key in _LEGEND else name
 
 
 def _row_label(thread: str) -> str:
     """A timeline row: "main thread", "replica N" (parallel_apply's thread "replica-N")."""
     if thread == "MainThread":
-        return MESSAGES("main_thread")
+        return _t("main thread")
     if thread.startswith("replica-") and thread[8:].isdigit():
-        return MESSAGES("replica_thread", n=int(thread[8:]))
+        return _t("replica {n}", n=int(thread[8:]))
     return thread
 
 
@@ -149,16 +76,16 @@ def plot_transfers(t: Trace, n_devices: int) -> Any:
     axes = [axes] if len(steps) == 1 else list(axes)
     ys = {HOST: n_devices} | {d: n_devices - 1 - d for d in range(n_devices)}
     titles = {
-        "scatter": MESSAGES("step_scatter"),
-        "broadcast": MESSAGES("step_broadcast"),
-        "gather": MESSAGES("step_gather"),
-        "scatter_grad": MESSAGES("step_scatter_grad"),
-        "reduce_add": MESSAGES("step_reduce_add"),
-        "gather_grad": MESSAGES("step_gather_grad"),
+        "scatter": _t("1 scatter inputs"),
+        "broadcast": _t("2 replicate (broadcast)"),
+        "gather": _t("4 gather outputs"),
+        "scatter_grad": _t("5 scatter output grads"),
+        "reduce_add": _t("6 sum parameter grads"),
+        "gather_grad": _t("input grads to host"),
     }
     for ax, step in zip(axes, steps, strict=True):
         for name, y in ys.items():
-            label = MESSAGES("host") if name == HOST else MESSAGES("device", n=name)
+            label = _t("host") if name == HOST else _t("dev {n}", n=name)
             ax.text(
                 0.5,
                 y,
@@ -206,7 +133,7 @@ def plot_timeline(t: Trace) -> Any:
     import matplotlib.pyplot as plt
 
     data = timeline_data(t)
-    replicas = [MESSAGES("replica_thread", n=i) for i in range(64)]
+    replicas = [_t("replica {n}", n=i) for i in range(64)]
     rows = sorted(
         {r for r, *_ in data},
         key=lambda r: (replicas.index(r) if r in replicas else len(replicas), r),
@@ -219,7 +146,7 @@ def plot_timeline(t: Trace) -> Any:
     for name, c in colors.items():
         ax.barh(0, 0, color=c, label=_label("phase", name))
     ax.set_yticks(range(len(rows)), rows)
-    ax.set_xlabel(MESSAGES("axis_time"))
+    ax.set_xlabel(_t("time (ms)"))
     ax.legend(fontsize=8, ncol=len(colors), loc="upper center", bbox_to_anchor=(0.5, -0.35))
     fig.tight_layout()
     return fig
@@ -269,7 +196,7 @@ def plot_memory(mem: dict[int, dict[str, int]], title: str = "") -> Any:
     for i, kind in enumerate(kinds):
         vals = [mem[d].get(kind, 0) / 1024 for d in sorted(mem)]
         ax.bar(
-            [MESSAGES("device", n=d) for d in sorted(mem)],
+            [_t("dev {n}", n=d) for d in sorted(mem)],
             vals,
             bottom=bottom,
             label=_label("mem", kind),
@@ -304,19 +231,38 @@ def chunk_sizes_widget() -> Any:
             [x - 0.2 for x in xs],
             data["default"],
             0.4,
-            label=MESSAGES("default_chunks"),
+            label=_t("default (torch.chunk)"),
         )
-        ax.bar([x + 0.2 for x in xs], data["balanced"], 0.4, label=MESSAGES("balanced_chunks"))
+        ax.bar([x + 0.2 for x in xs], data["balanced"], 0.4, label=_t("balanced"))
         ax.axhline(gpu0_bsz, ls=":", c="gray")
-        ax.set_xticks(list(xs), [MESSAGES("device", n=x) for x in xs])
-        ax.set_ylabel(MESSAGES("axis_rows"))
+        ax.set_xticks(list(xs), [_t("dev {n}", n=x) for x in xs])
+        ax.set_ylabel(_t("rows"))
         ax.legend(fontsize=8)
         plt.show()
 
     style = {"description_width": "initial"}  # the names are not cut to "num_devi..."
     return w.interactive(
         draw,
-        batch_size=w.IntSlider(30, 1, 128, description=MESSAGES("widget_batch"), style=style),
-        num_devices=w.IntSlider(4, 1, 8, description=MESSAGES("widget_devices"), style=style),
-        gpu0_bsz=w.IntSlider(4, 0, 64, description=MESSAGES("widget_gpu0"), style=style),
+        batch_size=w.IntSlider(30, 1, 128, description=_t("batch size"), style=style),
+        num_devices=w.IntSlider(4, 1, 8, description=_t("devices"), style=style),
+        gpu0_bsz=w.IntSlider(4, 0, 64, description=_t("gpu0_bsz"), style=style),
     )
+
+
+# Legend names of the phases and memory kinds (``_label``).
+_LEGEND = {
+    "phase.scatter": N_("scatter"),
+    "phase.replicate": N_("replicate"),
+    "phase.forward": N_("forward"),
+    "phase.gather": N_("gather"),
+    "phase.loss": N_("loss"),
+    "phase.backward": N_("backward"),
+    "mem.parameters": N_("parameters"),
+    "mem.gradients": N_("gradients"),
+    "mem.input chunk": N_("input chunk"),
+    "mem.activations": N_("activations"),
+    "mem.output": N_("output"),
+    "mem.loss": N_("loss"),
+    "mem.gathered output + grad": N_("gathered output + grad"),
+    "mem.summed gradients": N_("summed gradients"),
+}

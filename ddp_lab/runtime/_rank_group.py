@@ -23,7 +23,7 @@ import tempfile
 import time
 from typing import Any
 
-from ddp_lab.course.i18n import t
+from ddp_lab.i18n import _t
 from ddp_lab.runtime import _pickle, launcher
 from ddp_lab.runtime._rank_loop import LoopJob
 from ddp_lab.runtime._zygote import read_msg, write_msg
@@ -110,7 +110,12 @@ class RankGroup:
             fds = [listener.fileno(), self.zygote.out_fd, *socks]
             ready, _, _ = select.select(fds, [], [], max(0.0, deadline - time.monotonic()))
             if not ready:
-                raise DistributedTimeoutError(t("start_timeout", timeout=_START_TIMEOUT_S))
+                raise DistributedTimeoutError(
+                    _t(
+                        "The persistent ranks did not all start within {timeout:g} s.",
+                        timeout=_START_TIMEOUT_S,
+                    )
+                )
             for fd in ready:
                 if fd == listener.fileno():
                     conn, _ = listener.accept()
@@ -118,7 +123,7 @@ class RankGroup:
                 elif fd == self.zygote.out_fd:
                     lost = self._poll_zygote()
                     if lost:
-                        raise DistributedError(t("start_failed"), lost)
+                        raise DistributedError(_t("The persistent ranks could not start:"), lost)
                 else:
                     msg = read_msg(fd)
                     if msg is None:
@@ -139,7 +144,16 @@ class RankGroup:
                 msg = self.zygote.recv(0)
             except RuntimeError:  # the zygote died, and its ranks with it
                 self.done = True
-                return lost + [RankFailure(r, t("zygote_died")) for r in range(self.nprocs)]
+                return lost + [
+                    RankFailure(
+                        r,
+                        _t(
+                            "The launcher's helper process died unexpectedly; it will be restarted "
+                            "on the next call."
+                        ),
+                    )
+                    for r in range(self.nprocs)
+                ]
             if msg is None:
                 return lost
             if msg["op"] == "done":
@@ -197,7 +211,13 @@ class RankGroup:
         if not items or any(
             isinstance(r, bool) or not isinstance(r, int) or not 0 <= r < self.nprocs for r in items
         ):
-            raise ValueError(t("bad_ranks", value=ranks, last=self.nprocs - 1))
+            raise ValueError(
+                _t(
+                    "ranks must be rank numbers from 0 to {last} (e.g. [0, 1]), got {value!r}.",
+                    value=ranks,
+                    last=self.nprocs - 1,
+                )
+            )
         return sorted(set(items))
 
     def _wait(self, pending: set[int], replies: dict[int, dict], timeout: float) -> None:
@@ -213,7 +233,9 @@ class RankGroup:
                     while not lost and time.monotonic() < deadline:
                         select.select([self.zygote.out_fd], [], [], 0.1)
                         lost = self._poll_zygote()
-                    lost = lost or [RankFailure(fds[fd], t("rank_gone", rank=fds[fd]))]
+                    lost = lost or [
+                        RankFailure(fds[fd], _t("rank {rank} closed its connection", rank=fds[fd]))
+                    ]
                     continue
                 replies[fds[fd]] = msg
                 pending.discard(fds[fd])
@@ -241,7 +263,9 @@ class RankGroup:
                 try:
                     write_msg(self.conns[r].fileno(), msg)
                 except OSError:
-                    raise _Lost([RankFailure(r, t("rank_gone", rank=r))]) from None
+                    raise _Lost(
+                        [RankFailure(r, _t("rank {rank} closed its connection", rank=r))]
+                    ) from None
             deadline = time.monotonic() + limit
             failed_at = None
             while pending:
@@ -259,7 +283,16 @@ class RankGroup:
         except _Lost as lost:
             self.output.finish()
             self._restart()
-            summary = t("group_restarted", nprocs=self.nprocs) + "\n" + t("ranks_lost")
+            summary = (
+                _t(
+                    "The group was restarted and ITS STATE IS LOST: {nprocs} new rank "
+                    "processes hold none of the variables made so far. Run the cells that "
+                    "create them again.",
+                    nprocs=self.nprocs,
+                )
+                + "\n"
+                + _t("A rank process ended while the group was running:")
+            )
             raise DistributedError(summary, lost.failures) from None
         self.output.finish()
         for r, reply in replies.items():
@@ -275,16 +308,37 @@ class RankGroup:
         self.output.finish()
         launcher.print_stacks(stuck, stacks)
         failures = errors(replies) + [
-            RankFailure(r, t("stack_of", rank=r), stack=stacks.get(r, "")) for r in stuck
+            RankFailure(
+                r, _t("where rank {rank} was stuck (Python stack)", rank=r), stack=stacks.get(r, "")
+            )
+            for r in stuck
         ]
         ranks = ", ".join(map(str, stuck))
         if failed_at is not None:
             first = errors(replies)[0].rank
-            summary = t("after_failure", ranks=ranks, first=first, grace=_AFTER_FAILURE_S)
+            summary = _t(
+                "Ranks {ranks} were still running {grace:g} s after rank {first} failed: "
+                "they are probably waiting in a collective that rank {first} never "
+                "reached.",
+                ranks=ranks,
+                first=first,
+                grace=_AFTER_FAILURE_S,
+            )
         else:
-            summary = t("ranks_timeout", ranks=ranks, timeout=limit)
+            summary = _t(
+                "Timed out after {timeout:g} s: ranks {ranks} were still running this "
+                "cell. A hang usually means the ranks called different collectives, or "
+                "one rank skipped one. Use %%ranks --timeout S if the work is just slow.",
+                ranks=ranks,
+                timeout=limit,
+            )
         self._restart()
-        summary += "\n" + t("group_restarted", nprocs=self.nprocs)
+        summary += "\n" + _t(
+            "The group was restarted and ITS STATE IS LOST: {nprocs} new rank "
+            "processes hold none of the variables made so far. Run the cells that "
+            "create them again.",
+            nprocs=self.nprocs,
+        )
         raise DistributedTimeoutError(summary, failures)
 
     def _interrupt(self, pending: set[int], replies: dict) -> None:
@@ -299,7 +353,14 @@ class RankGroup:
         self.output.finish()
         ranks = ", ".join(map(str, interrupted))
         if not pending:
-            print(t("ranks_interrupted", ranks=ranks), file=sys.stderr)
+            print(
+                _t(
+                    "Interrupted: the cell was stopped on ranks {ranks}. The group is still "
+                    "running and keeps its variables.",
+                    ranks=ranks,
+                ),
+                file=sys.stderr,
+            )
         else:
             stuck = sorted(pending)
             launcher.print_stacks(
@@ -307,8 +368,24 @@ class RankGroup:
             )
             self._restart()
             stuck_text = ", ".join(map(str, stuck))
-            print(t("interrupt_stuck", ranks=stuck_text, grace=_INTERRUPT_GRACE_S), file=sys.stderr)
-            print(t("group_restarted", nprocs=self.nprocs), file=sys.stderr)
+            print(
+                _t(
+                    "Interrupted, but ranks {ranks} did not stop within {grace:g} s (a rank "
+                    "waiting inside a collective cannot be interrupted).",
+                    ranks=stuck_text,
+                    grace=_INTERRUPT_GRACE_S,
+                ),
+                file=sys.stderr,
+            )
+            print(
+                _t(
+                    "The group was restarted and ITS STATE IS LOST: {nprocs} new rank "
+                    "processes hold none of the variables made so far. Run the cells that "
+                    "create them again.",
+                    nprocs=self.nprocs,
+                ),
+                file=sys.stderr,
+            )
         raise KeyboardInterrupt
 
     def new_lines(self) -> dict:

@@ -32,19 +32,9 @@ from typing import Any
 
 import cloudpickle
 
-from ddp_lab.course.i18n import Messages, t
+from ddp_lab.i18n import _t, _tp
 from ddp_lab.runtime import _pickle
 from ddp_lab.runtime._zygote import read_msg, write_msg
-
-MESSAGES = Messages(
-    __name__,
-    {
-        "rank_cell_place": {
-            "en": "Cell, line {line}",
-            "zh": "单元格，第 {line} 行",
-        },
-    },
-)
 
 BACKENDS = ("gloo", "nccl", "mpi", "auto")
 DEFAULT_TIMEOUT = float(os.environ.get("DDP_LAB_TIMEOUT", "120"))
@@ -77,7 +67,9 @@ def _check_timeout(value: Any) -> float:
     if value is None:
         return float("inf")
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-        raise ValueError(t("bad_timeout", value=value))
+        raise ValueError(
+            _t("timeout must be a positive number of seconds or None, got {value!r}.", value=value)
+        )
     return float(value)
 
 
@@ -112,9 +104,19 @@ class DistributedError(RuntimeError):
             parts.append(f"  - {f.reason}")
         for f in self.failures:
             if f.traceback:
-                parts.append(f"\n--- {t('traceback_of', rank=f.rank)} ---\n{f.traceback.rstrip()}")
+                parts.append(
+                    "\n--- "
+                    + _t("traceback of rank {rank}", rank=f.rank)
+                    + " ---\n"
+                    + f"{f.traceback.rstrip()}"
+                )
             if f.stack:
-                parts.append(f"\n--- {t('stack_of', rank=f.rank)} ---\n{f.stack.rstrip()}")
+                parts.append(
+                    "\n--- "
+                    + _t("where rank {rank} was stuck (Python stack)", rank=f.rank)
+                    + " ---\n"
+                    + f"{f.stack.rstrip()}"
+                )
         return "\n".join(parts)
 
     def _render_traceback_(self) -> list[str]:
@@ -174,7 +176,12 @@ class _Zygote:
         if not self.ready:
             msg = self.recv(timeout)
             if not msg or msg.get("op") != "ready":
-                raise RuntimeError(t("zygote_died"))
+                raise RuntimeError(
+                    _t(
+                        "The launcher's helper process died unexpectedly; it will be restarted "
+                        "on the next call."
+                    )
+                )
             self.ready = True
 
     def send(self, msg: dict) -> None:
@@ -187,7 +194,12 @@ class _Zygote:
             return None
         msg = read_msg(self.out_fd)
         if msg is None:
-            raise RuntimeError(t("zygote_died"))
+            raise RuntimeError(
+                _t(
+                    "The launcher's helper process died unexpectedly; it will be restarted "
+                    "on the next call."
+                )
+            )
         return msg
 
     def alive(self) -> bool:
@@ -283,7 +295,13 @@ def resolve_backend(backend: str | None, nprocs: int) -> str | None:
     if backend is None:
         return None
     if backend not in BACKENDS:
-        raise ValueError(t("bad_backend", value=backend, choices=", ".join(BACKENDS)))
+        raise ValueError(
+            _t(
+                "Unknown backend {value!r}: choose one of {choices}.",
+                value=backend,
+                choices=", ".join(BACKENDS),
+            )
+        )
     import torch.distributed as dist
 
     gpus = cuda_device_count()
@@ -295,21 +313,39 @@ def resolve_backend(backend: str | None, nprocs: int) -> str | None:
         "mpi": dist.is_mpi_available,
     }[backend]()
     if backend == "nccl" and gpus < nprocs:
-        raise ValueError(t("nccl_no_gpus", nprocs=nprocs, gpus=gpus))
+        raise ValueError(
+            _t(
+                "The nccl backend needs one CUDA GPU per rank: you asked for {nprocs} "
+                "ranks, this machine has {gpus} GPU(s). Use backend='gloo' (runs on CPU) "
+                "or 'auto'.",
+                nprocs=nprocs,
+                gpus=gpus,
+            )
+        )
     if not available:
-        raise ValueError(t("backend_unavailable", backend=backend))
+        raise ValueError(
+            _t("The {backend} backend is not available in this PyTorch build.", backend=backend)
+        )
     return backend
 
 
 def check_nprocs(nprocs: Any) -> int:
     """Validate ``nprocs`` and return it as an int."""
     if isinstance(nprocs, bool) or not isinstance(nprocs, int):
-        raise ValueError(t("bad_nprocs_type", value=nprocs))
+        raise ValueError(
+            _t("nprocs must be a whole number of processes, got {value!r}.", value=nprocs)
+        )
     if nprocs < 1:
-        raise ValueError(t("bad_nprocs_small", value=nprocs))
+        raise ValueError(_t("nprocs must be at least 1, got {value}.", value=nprocs))
     if nprocs > max_nprocs():
         raise ValueError(
-            t("bad_nprocs_large", value=nprocs, cpus=os.cpu_count(), limit=max_nprocs())
+            _t(
+                "nprocs={value} is too many for this machine ({cpus} CPU cores): the "
+                "limit is {limit}. Each rank is a full Python process; try 2 or 4.",
+                value=nprocs,
+                cpus=os.cpu_count(),
+                limit=max_nprocs(),
+            )
         )
     return nprocs
 
@@ -318,20 +354,32 @@ def _explain_pickle_error(fn: Callable, args: tuple, error: Exception) -> str:
     """Find which captured name or argument cannot be pickled, for the error message."""
     candidates: list[tuple[str, Any]] = []
     for i, a in enumerate(args):
-        candidates.append((t("arg_what", index=i), a))
+        candidates.append((_t("argument {index} of args", index=i), a))
     try:
         cv = inspect.getclosurevars(fn)
         for name, value in {**cv.globals, **cv.nonlocals}.items():
-            candidates.append((t("name_what", name=name), value))
+            candidates.append((_t("the name {name!r}", name=name), value))
     except TypeError:
         pass
     for what, value in candidates:
         try:
             _pickle.dumps(value)
         except Exception as exc:  # noqa: BLE001
-            return t("unpicklable", what=what, error=f"{type(exc).__name__}: {exc}")
+            return _t(
+                "Cannot send {what} to the child processes: {error}. Every rank is a "
+                "separate process, so what the function uses must be picklable. Create "
+                "it inside the function instead.",
+                what=what,
+                error=f"{type(exc).__name__}: {exc}",
+            )
     name = getattr(fn, "__qualname__", repr(fn))
-    return t("unpicklable", what=t("fn_what", name=name), error=f"{type(error).__name__}: {error}")
+    return _t(
+        "Cannot send {what} to the child processes: {error}. Every rank is a "
+        "separate process, so what the function uses must be picklable. Create "
+        "it inside the function instead.",
+        what=_t("the function {name!r}", name=name),
+        error=f"{type(error).__name__}: {error}",
+    )
 
 
 def dumps_job(job: Any, fn: Callable, args: tuple) -> bytes:
@@ -348,7 +396,15 @@ def dumps_named(name: str, value: Any) -> bytes:
         return _pickle.dumps(value)
     except Exception as exc:  # noqa: BLE001
         error = f"{type(exc).__name__}: {exc}"
-        raise ValueError(t("unpicklable", what=t("name_what", name=name), error=error)) from None
+        raise ValueError(
+            _t(
+                "Cannot send {what} to the child processes: {error}. Every rank is a "
+                "separate process, so what the function uses must be picklable. Create "
+                "it inside the function instead.",
+                what=_t("the name {name!r}", name=name),
+                error=error,
+            )
+        ) from None
 
 
 def _notebook_linecache() -> dict:
@@ -369,7 +425,7 @@ def cell_names() -> dict[str, str]:
     and function name come with it), and a notebook's rank output is the same after a
     restart and under nbval. ``{line}`` is left for the rank to fill in.
     """
-    place = MESSAGES("rank_cell_place", line="{line}")
+    place = _t("Cell, line {line}", line="{line}")
     return dict.fromkeys(_notebook_linecache(), place)
 
 
@@ -401,9 +457,16 @@ def spawn(
         quiet: print nothing; the output is still attached to a ``DistributedError``.
     """
     if not callable(fn):
-        raise TypeError(t("not_callable", value=fn))
+        raise TypeError(
+            _t(
+                "The first argument must be a function to run on every rank, got {value!r}.",
+                value=fn,
+            )
+        )
     if not join:
-        raise ValueError(t("join_false"))
+        raise ValueError(
+            _t("ddp_lab.spawn always waits for the ranks (join=True); join=False is not supported.")
+        )
     nprocs = check_nprocs(nprocs)
     limit = DEFAULT_TIMEOUT if timeout == -1 else _check_timeout(timeout)
     backend = resolve_backend(backend, nprocs)
@@ -474,8 +537,12 @@ def _describe_status(rank: int, status: int) -> str:
             name = signal.Signals(sig).name
         except ValueError:
             name = str(sig)
-        return t("rank_signal", rank=rank, signal=name)
-    return t("rank_exit_code", rank=rank, code=os.WEXITSTATUS(status))
+        return _t("rank {rank} was killed by signal {signal}", rank=rank, signal=name)
+    return _t(
+        "rank {rank} exited with code {code} without raising an exception (os._exit or sys.exit?)",
+        rank=rank,
+        code=os.WEXITSTATUS(status),
+    )
 
 
 def failure_from_error(rank: int, info: dict) -> RankFailure:
@@ -487,14 +554,24 @@ def failure_from_error(rank: int, info: dict) -> RankFailure:
         except Exception:  # noqa: BLE001  # e.g. a class only the ranks know
             exc = None
     error = f"{info['type']}: {info['message']}" if info["message"] else info["type"]
-    return RankFailure(rank, t("rank_raised", rank=rank, error=error), info["traceback"], exc)
+    return RankFailure(
+        rank,
+        _tp("rank_raised", "rank {rank} raised {error}", rank=rank, error=error),
+        info["traceback"],
+        exc,
+    )
 
 
 def print_stacks(ranks: list[int], stacks: dict[int, str]) -> None:
     """Print where each stuck rank is, under a header per rank (ranks without a stack skipped)."""
     for r in ranks:
         if stacks.get(r):
-            sys.stderr.write(f"--- {t('stack_of', rank=r)} ---\n{stacks[r]}")
+            sys.stderr.write(
+                "--- "
+                + _t("where rank {rank} was stuck (Python stack)", rank=r)
+                + " ---\n"
+                + f"{stacks[r]}"
+            )
 
 
 def _read_result(workdir: str, rank: int) -> tuple[str, Any] | None:
@@ -600,7 +677,7 @@ def _supervise(
     except KeyboardInterrupt:
         _stop_all(zygote)
         output.finish()
-        print(t("interrupted"), file=sys.stderr)
+        print(_t("Interrupted: all ranks were stopped."), file=sys.stderr)
         raise
     output.finish()
     return _collect(
@@ -675,19 +752,39 @@ def _collect(
     outputs = {r: output.text(r) for r in range(nprocs)}
     if timed_out:
         ranks = sorted(stopping)
-        hung = [RankFailure(r, t("stack_of", rank=r), stack=stacks.get(r, "")) for r in ranks]
+        hung = [
+            RankFailure(
+                r, _t("where rank {rank} was stuck (Python stack)", rank=r), stack=stacks.get(r, "")
+            )
+            for r in ranks
+        ]
         if not output.quiet:
             print_stacks(ranks, stacks)
         raise DistributedTimeoutError(
-            t("timeout", timeout=limit, ranks=", ".join(map(str, ranks))),
+            _t(
+                "Timed out after {timeout:g} s: ranks {ranks} were still running and "
+                "were stopped. A hang usually means the ranks called different "
+                "collectives, or one rank skipped one. Pass timeout=... (or %%ddp "
+                "--timeout S) if the work is just slow.",
+                timeout=limit,
+                ranks=", ".join(map(str, ranks)),
+            ),
             [f for f in failures if f.rank not in stopping] + hung,
             outputs,
         )
     if failures:
         own = [f for f in failures if f.rank not in stopping] or failures
-        summary = t("ranks_failed", count=len(own), nprocs=nprocs, first=own[0].rank)
+        summary = _t(
+            "{count} of {nprocs} ranks failed; the first to fail was rank {first}.",
+            count=len(own),
+            nprocs=nprocs,
+            first=own[0].rank,
+        )
         stopped = sorted(stopping - {f.rank for f in own})
         if stopped:
-            summary += "\n" + t("ranks_stopped", ranks=", ".join(map(str, stopped)))
+            summary += "\n" + _t(
+                "ranks stopped by the launcher after the failure: {ranks}",
+                ranks=", ".join(map(str, stopped)),
+            )
         raise DistributedError(summary, own, outputs)
     return results

@@ -17,6 +17,7 @@ import ast
 import types
 from typing import Any
 
+from ddp_lab.i18n import _t
 from ddp_lab.runtime import launcher
 
 # IPython's own names, never worth sending to a rank.
@@ -115,9 +116,13 @@ def parse_ranks(text: str | None) -> list[int] | None:
             lo, _, hi = part.strip().partition("-")
             out.extend(range(int(lo), int(hi or lo) + 1))
     except ValueError:
-        from ddp_lab.course.i18n import t
-
-        raise ValueError(t("bad_ranks", value=text, last="N-1")) from None
+        raise ValueError(
+            _t(
+                "ranks must be rank numbers from 0 to {last} (e.g. [0, 1]), got {value!r}.",
+                value=text,
+                last="N-1",
+            )
+        ) from None
     return out
 
 

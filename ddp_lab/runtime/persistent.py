@@ -30,7 +30,7 @@ from typing import Any
 
 import cloudpickle
 
-from ddp_lab.course.i18n import t
+from ddp_lab.i18n import _t
 from ddp_lab.runtime import _pickle, launcher
 from ddp_lab.runtime._rank_group import PREFIX, RANK_NAMES, RankGroup, alive, errors
 from ddp_lab.runtime.launcher import DistributedError
@@ -42,7 +42,12 @@ _group: RankGroup | None = None
 def current() -> RankGroup:
     """The running group, or a RuntimeError that says how to start one."""
     if _group is None or _group.zygote is None:  # never started, stopped, or failed to restart
-        raise RuntimeError(t("no_group"))
+        raise RuntimeError(
+            _t(
+                "No persistent ranks are running: start them with dl.start(2) (or %ranks "
+                "start -n 2)."
+            )
+        )
     return _group
 
 
@@ -78,10 +83,23 @@ def start(nprocs: int = 2, backend: str = "auto", timeout: float | None = -1) ->
     if _group is not None:
         old = _group.nprocs
         _stop_quietly()
-        print(t("group_replaced", nprocs=old))
+        print(
+            _t(
+                "The previous group of {nprocs} ranks was stopped (its variables are gone).",
+                nprocs=old,
+            )
+        )
     _clean_stale()
     _group = RankGroup(nprocs, backend, limit)
-    print(t("group_started", nprocs=nprocs, backend=backend))
+    print(
+        _t(
+            "Started {nprocs} persistent ranks ({backend} backend). Run cells on "
+            "them with %%ranks; dl.pull / dl.push move values; dl.status() shows "
+            "them; dl.stop() ends them.",
+            nprocs=nprocs,
+            backend=backend,
+        )
+    )
 
 
 def _stop_quietly() -> None:
@@ -96,7 +114,7 @@ def stop() -> None:
     if _group is not None:
         nprocs = _group.nprocs
         _stop_quietly()
-        print(t("group_stopped", nprocs=nprocs))
+        print(_t("Stopped the {nprocs} ranks; nothing of them is left running.", nprocs=nprocs))
 
 
 atexit.register(_stop_quietly)
@@ -135,7 +153,13 @@ def run_cell(
     replies = group.request(targets, msg, what, timeout, stream)
     failed = errors(replies)
     if failed:
-        summary = t("cell_failed", count=len(failed), nranks=len(targets), first=failed[0].rank)
+        summary = _t(
+            "{count} of {nranks} ranks raised an exception in this cell (first: rank "
+            "{first}). The group is still running and keeps its variables.",
+            count=len(failed),
+            nranks=len(targets),
+            first=failed[0].rank,
+        )
         raise DistributedError(summary, failed)
 
 
@@ -148,7 +172,12 @@ def pull(expr: str, ranks: Any = None, timeout: float | None = -1) -> list[Any]:
     replies = group.request(targets, {"op": "pull", "expr": expr}, f"pull {expr}", timeout)
     failed = errors(replies)
     if failed:
-        summary = t("pull_failed", expr=expr, count=len(failed), nranks=len(targets))
+        summary = _t(
+            "{count} of {nranks} ranks could not evaluate {expr!r}.",
+            expr=expr,
+            count=len(failed),
+            nranks=len(targets),
+        )
         raise DistributedError(summary, failed)
     return [cloudpickle.loads(replies[r]["value"]) for r in targets]
 
@@ -160,13 +189,20 @@ def push(values: dict[str, Any] | None = None, /, ranks: Any = None, **kwargs: A
     values = {**(values or {}), **kwargs}
     for name, value in values.items():
         if not name.isidentifier():
-            raise ValueError(t("bad_name", name=name))
+            raise ValueError(_t("{name!r} cannot be a variable name on the ranks.", name=name))
         launcher.dumps_named(name, value)
     blob = _pickle.dumps(values)
     replies = group.request(targets, {"op": "push", "values": blob}, "push " + ", ".join(values))
     failed = errors(replies)
     if failed:
-        raise DistributedError(t("push_failed", count=len(failed), nranks=len(targets)), failed)
+        raise DistributedError(
+            _t(
+                "{count} of {nranks} ranks could not receive the values.",
+                count=len(failed),
+                nranks=len(targets),
+            ),
+            failed,
+        )
 
 
 class GroupStatus:
@@ -175,18 +211,26 @@ class GroupStatus:
     def __init__(self, group: RankGroup | None) -> None:
         self.rows = group.rows() if group is not None else []
         self.header = (
-            t("status_header", nprocs=group.nprocs, backend=group.backend, cells=group.cells)
+            _t(
+                "{nprocs} persistent ranks, {backend} backend, {cells} cells run",
+                nprocs=group.nprocs,
+                backend=group.backend,
+                cells=group.cells,
+            )
             if group is not None
-            else t("no_group")
+            else _t(
+                "No persistent ranks are running: start them with dl.start(2) (or %ranks "
+                "start -n 2)."
+            )
         )
 
     def __repr__(self) -> str:
         if not self.rows:
             return self.header
-        table = [t("status_columns").split("|")]
+        table = [_t("rank|pid|alive|device|running").split("|")]
         for rank, pid, up, device, running, last in self.rows:
-            doing = running or (t("status_idle", last=last) if last else t("status_new"))
-            yes_no = t("status_yes") if up else t("status_no")
+            doing = running or (_t("idle (last: {last})", last=last) if last else _t("idle"))
+            yes_no = _t("yes") if up else _t("no")
             table.append([str(rank), str(pid), yes_no, device, doing])
         widths = [max(_width(row[i]) for row in table) for i in range(4)]
         lines = [

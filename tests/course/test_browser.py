@@ -557,7 +557,7 @@ def test_setup_font_covers_the_chinese_the_course_draws():
     from matplotlib import font_manager
 
     import ddp_lab as dl
-    from ddp_lab.course import i18n
+    from ddp_lab import i18n
 
     before, lang = matplotlib.rcParams.copy(), i18n.get_language()
     try:
@@ -585,7 +585,7 @@ def test_bold_chinese_draws_without_a_warning(caplog):
     import matplotlib.pyplot as plt
 
     import ddp_lab as dl
-    from ddp_lab.course import i18n
+    from ddp_lab import i18n
 
     before, lang = matplotlib.rcParams.copy(), i18n.get_language()
     try:

@@ -16,8 +16,11 @@ import torch  # noqa: E402
 from matplotlib.text import Text  # noqa: E402
 from torch import nn  # noqa: E402
 
-from ddp_lab import bench_allreduce, ranks  # noqa: E402
-from ddp_lab.course import i18n  # noqa: E402
+from ddp_lab import (  # noqa: E402
+    bench_allreduce,
+    i18n,  # noqa: E402
+    ranks,
+)
 from ddp_lab.parallel import BalancedDataParallel, DataParallel, viz  # noqa: E402
 
 # Words that stay in English in the Chinese text too: identifiers, units, API names and the

@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 
 from ddp_lab.course import cli, grader
 from ddp_lab.course.build import grade_pass_line
-from ddp_lab.course.i18n import set_language
+from ddp_lab.i18n import set_language
 
 ROOT = Path(__file__).resolve().parents[2]
 RELEASE = ROOT / "exercises" / "en" / "00_quickstart.ipynb"

@@ -7,7 +7,8 @@ import warnings
 import pytest
 
 import ddp_lab as dl
-from ddp_lab.course import i18n, notebook
+from ddp_lab import i18n
+from ddp_lab.course import notebook
 
 
 def test_detect_language_from_env_session_and_cwd(monkeypatch, tmp_path):

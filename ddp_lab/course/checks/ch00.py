@@ -19,25 +19,7 @@ import torch
 import torch.distributed as dist
 
 from ddp_lab.course.grading import checker, fail
-from ddp_lab.course.i18n import Messages
-
-MESSAGES = Messages(
-    __name__,
-    {
-        "not_tensor": {
-            "en": "rank {rank} returned {kind}, not a tensor",
-            "zh": "rank {rank} 返回的是 {kind}，不是张量",
-        },
-        "shape": {
-            "en": "rank {rank} returned shape {got}; the mean over ranks has shape {expected}",
-            "zh": "rank {rank} 返回的形状是 {got}；跨 rank 平均值的形状应为 {expected}",
-        },
-        "values": {
-            "en": "rank {rank} returned {got}, but the mean over ranks is {expected}",
-            "zh": "rank {rank} 返回了 {got}，但跨 rank 的平均值是 {expected}",
-        },
-    },
-)
+from ddp_lab.i18n import _t
 
 
 def probe_average(rank: int, objects: tuple, values: list[torch.Tensor]) -> Any:
@@ -74,14 +56,33 @@ def check_average(rng: random.Random, learner: Any) -> Iterator[object]:
         got = learner.spawn(probe_average, values, nprocs=world_size, timeout=60)
         for rank, (out, want) in enumerate(zip(got, expected, strict=True)):
             if not isinstance(out, torch.Tensor):
-                raise fail(MESSAGES("not_tensor", rank=rank, kind=out.get("kind", "?")), case)
+                raise fail(
+                    _t(
+                        "rank {rank} returned {kind}, not a tensor",
+                        rank=rank,
+                        kind=out.get("kind", "?"),
+                    ),
+                    case,
+                )
             if out.shape != want.shape:
                 raise fail(
-                    MESSAGES("shape", rank=rank, got=tuple(out.shape), expected=tuple(want.shape)),
+                    _t(
+                        "rank {rank} returned shape {got}; the mean over ranks has shape "
+                        "{expected}",
+                        rank=rank,
+                        got=tuple(out.shape),
+                        expected=tuple(want.shape),
+                    ),
                     case,
                 )
             if not torch.allclose(out.to(want.dtype), want, rtol=1e-5, atol=1e-6):
                 raise fail(
-                    MESSAGES("values", rank=rank, got=_head(out), expected=_head(want)), case
+                    _t(
+                        "rank {rank} returned {got}, but the mean over ranks is {expected}",
+                        rank=rank,
+                        got=_head(out),
+                        expected=_head(want),
+                    ),
+                    case,
                 )
         yield case

@@ -17,29 +17,18 @@ from typing import Any
 
 from ddp_lab import cuda_compat as cc
 from ddp_lab.course.grading import checker, fail
-from ddp_lab.course.i18n import Messages
+from ddp_lab.i18n import N_, _t, lookup
 
-MESSAGES = Messages(
-    __name__,
-    {
-        "not_pair": {
-            "en": "torch {torch_build}: return a tuple of two str (level, change), not {kind}",
-            "zh": "torch {torch_build}：应返回由两个 str 组成的元组 (level, change)，而不是 {kind}",
-        },
-        "wrong": {
-            "en": "torch {torch_build}: expected {expected}, got {got}",
-            "zh": "torch {torch_build}：期望得到 {expected}，实际得到 {got}",
-        },
-        "case_new_driver": {"en": "new driver", "zh": "驱动足够新"},
-        "case_minor_version": {"en": "minor version", "zh": "小版本兼容"},
-        "case_old_driver": {"en": "old driver", "zh": "驱动太旧"},
-        "case_nvcc_major": {"en": "nvcc major", "zh": "nvcc 主版本不同"},
-        "case_no_driver": {"en": "no driver", "zh": "没有驱动"},
-        "case_cpu_build_gpu": {"en": "cpu build, GPU", "zh": "CPU 版本，有 GPU"},
-        "case_cpu_build_no_gpu": {"en": "cpu build, no GPU", "zh": "CPU 版本，没有 GPU"},
-        "case_cuda_13": {"en": "CUDA 13", "zh": "CUDA 13"},
-    },
-)
+MESSAGES = {
+    "case_new_driver": N_("new driver"),
+    "case_minor_version": N_("minor version"),
+    "case_old_driver": N_("old driver"),
+    "case_nvcc_major": N_("nvcc major"),
+    "case_no_driver": N_("no driver"),
+    "case_cpu_build_gpu": N_("cpu build, GPU"),
+    "case_cpu_build_no_gpu": N_("cpu build, no GPU"),
+    "case_cuda_13": N_("CUDA 13"),
+}
 
 # The header line of three generations of nvidia-smi (2019, 2023, 2025 layouts).
 _SMI_OLD = """+-----------------------------------------------------------------------------+
@@ -174,12 +163,27 @@ def check_diagnose(rng: random.Random, learner: Any) -> Iterator[object]:
     cases = make_cases(rng)
     yield len(cases)
     for label, smi, nvcc, torch_build in cases:
-        case = MESSAGES(f"case_{label}")
+        case = lookup(MESSAGES, f"case_{label}")
         want = expected(smi, nvcc, torch_build)
         got = learner.call(probe_diagnose, smi, nvcc, torch_build, timeout=30)
         if type(got) is not tuple or not all(type(x) is str for x in got):
-            raise fail(MESSAGES("not_pair", torch_build=torch_build, kind=_kind(got)), case)
+            raise fail(
+                _t(
+                    "torch {torch_build}: return a tuple of two str (level, change), not {kind}",
+                    torch_build=torch_build,
+                    kind=_kind(got),
+                ),
+                case,
+            )
         if got != want:
             shown = repr(got) if len(repr(got)) <= 80 else repr(got)[:77] + "..."
-            raise fail(MESSAGES("wrong", torch_build=torch_build, expected=want, got=shown), case)
+            raise fail(
+                _t(
+                    "torch {torch_build}: expected {expected}, got {got}",
+                    torch_build=torch_build,
+                    expected=want,
+                    got=shown,
+                ),
+                case,
+            )
         yield case

@@ -17,30 +17,18 @@ from typing import Any
 
 from ddp_lab import ranks
 from ddp_lab.course.grading import checker, fail
-from ddp_lab.course.i18n import Messages
+from ddp_lab.i18n import N_, _t, lookup
 
 KEYS = ("rank", "local_rank", "node_rank", "world_size", "device", "gpu")
-MESSAGES = Messages(
-    __name__,
-    {
-        "not_list": {
-            "en": "expected a list of {count} dicts (one per process), got {got}",
-            "zh": "期望得到由 {count} 个 dict 组成的列表（每个进程一个），实际得到 {got}",
-        },
-        "not_dict": {
-            "en": "expected dicts, got {kind}",
-            "zh": "列表的每一项应为 dict，实际得到 {kind}",
-        },
-        "value": {
-            "en": "process with rank {rank}: {key} should be {expected}, got {got}",
-            "zh": "rank 为 {rank} 的进程：{key} 应为 {expected}，实际得到 {got}",
-        },
-        "case_torchrun": {"en": "torchrun, 2 nodes", "zh": "torchrun，2 个节点"},
-        "case_hidden": {"en": "3 nodes, GPUs hidden", "zh": "3 个节点，GPU 全部隐藏"},
-        "case_invalid": {"en": "invalid entry", "zh": "无效项"},
-        "case_too_few": {"en": "too few GPUs", "zh": "GPU 不够"},
-    },
-)
+MESSAGES = {
+    "not_list": N_("expected a list of {count} dicts (one per process), got {got}"),
+    "not_dict": N_("expected dicts, got {kind}"),
+    "value": N_("process with rank {rank}: {key} should be {expected}, got {got}"),
+    "case_torchrun": N_("torchrun, 2 nodes"),
+    "case_hidden": N_("3 nodes, GPUs hidden"),
+    "case_invalid": N_("invalid entry"),
+    "case_too_few": N_("too few GPUs"),
+}
 
 
 def _plain(value: object) -> Any:
@@ -83,15 +71,28 @@ def _shown(value: object) -> str:
 def _compare(got: object, want: list[dict], case: str) -> None:
     if type(got) is not list or len(got) != len(want):
         n = len(got) if type(got) is list else _kind(got)
-        raise fail(MESSAGES("not_list", count=len(want), got=n), case)
+        raise fail(
+            _t(
+                "expected a list of {count} dicts (one per process), got {got}",
+                count=len(want),
+                got=n,
+            ),
+            case,
+        )
     for g, w in zip(got, want, strict=True):
         if type(g) is not dict or set(g) - set(KEYS):
-            raise fail(MESSAGES("not_dict", kind=_kind(g)), case)
+            raise fail(_t("expected dicts, got {kind}", kind=_kind(g)), case)
         for k in KEYS:
             have = g.get(k)  # plain data: no __eq__ of the learner's runs here
             if have != w[k]:
                 raise fail(
-                    MESSAGES("value", rank=w["rank"], key=k, expected=repr(w[k]), got=_shown(have)),
+                    _t(
+                        "process with rank {rank}: {key} should be {expected}, got {got}",
+                        rank=w["rank"],
+                        key=k,
+                        expected=repr(w[k]),
+                        got=_shown(have),
+                    ),
                     case,
                 )
 
@@ -120,7 +121,7 @@ def check_place(rng: random.Random, learner: Any) -> Iterator[object]:
             node_rank=r["GROUP_RANK"],
             world_size=r["WORLD_SIZE"],
         )
-    case = MESSAGES("case_torchrun")
+    case = _t("torchrun, 2 nodes")
     _compare(learner.call(probe_place, order_counts, order_cvds, 4, timeout=30), want, case)
     yield case
     # Cases 2-4: CUDA_VISIBLE_DEVICES edge cases on bigger launches.
@@ -129,7 +130,7 @@ def check_place(rng: random.Random, learner: Any) -> Iterator[object]:
         ("case_invalid", 2, rng.choice(["5,7,9", "1,3,8,2"])),
         ("case_too_few", 2, rng.choice(["6,7", "3"])),
     ]:
-        case = MESSAGES(key)
+        case = lookup(MESSAGES, key)
         counts = [rng.randint(2, 4) for _ in range(nnodes)]
         cvds = (
             [cvd] + [None] * (nnodes - 1) if rng.random() < 0.5 else [None] * (nnodes - 1) + [cvd]

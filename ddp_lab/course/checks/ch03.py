@@ -16,75 +16,23 @@ from typing import Any
 import torch
 
 from ddp_lab.course.grading import checker, fail
-from ddp_lab.course.i18n import Messages
+from ddp_lab.i18n import N_, _t, lookup
 
-MESSAGES = Messages(
-    __name__,
-    {
-        "sizes_type": {
-            "en": "return a list of ints (rows per device), not {kind}",
-            "zh": "应返回由 int 组成的列表（每个设备的行数），而不是 {kind}",
-        },
-        "sizes": {
-            "en": "expected {expected}, got {got}",
-            "zh": "期望得到 {expected}，实际得到 {got}",
-        },
-        "out_type": {
-            "en": "apply(...) returned {kind}, not a tensor",
-            "zh": "apply(...) 返回的是 {kind}，不是张量",
-        },
-        "out_shape": {
-            "en": "output shape: expected {expected}, got {got}",
-            "zh": "输出形状：期望 {expected}，实际得到 {got}",
-        },
-        "out_values": {
-            "en": "output values differ from torch.cat",
-            "zh": "输出的数值与 torch.cat 不同",
-        },
-        "not_your_function": {
-            "en": "the output was not made by your Function, so its backward is never used",
-            "zh": "输出不是由你的 Function 生成的，所以它的 backward 永远不会被调用",
-        },
-        "grads_type": {
-            "en": "backward gave {kind} instead of one gradient per input",
-            "zh": "backward 给出的是 {kind}，而不是每个输入一个梯度",
-        },
-        "no_grad": {
-            "en": "input {index} got no gradient",
-            "zh": "第 {index} 个输入没有得到梯度",
-        },
-        "grad_shape": {
-            "en": "gradient of input {index}: shape {got}, expected {expected}",
-            "zh": "第 {index} 个输入的梯度：形状为 {got}，应为 {expected}",
-        },
-        "grad_values": {
-            "en": "gradient of input {index} differs from single-device autograd",
-            "zh": "第 {index} 个输入的梯度与单设备自动求导的结果不同",
-        },
-        "case_uneven_remainder": {"en": "uneven remainder", "zh": "余数不均"},
-        "case_two_devices": {"en": "two devices", "zh": "两个设备"},
-        "case_gpu0_zero": {"en": "gpu0_bsz = 0", "zh": "gpu0_bsz = 0"},
-        "case_gpu0_above": {
-            "en": "gpu0_bsz above the even share",
-            "zh": "gpu0_bsz 超过平均份额",
-        },
-        "case_capped": {
-            "en": "device 0 capped below torch.chunk's share",
-            "zh": "设备 0 被限制在 torch.chunk 的份额以下",
-        },
-        "case_small_batch": {
-            "en": "batch smaller than the device count",
-            "zh": "批大小小于设备数",
-        },
-        "case_one_device": {"en": "one device", "zh": "一个设备"},
-        "case_large_batch": {"en": "large batch", "zh": "大批量"},
-        "case_even_dim0": {"en": "even chunks, dim 0", "zh": "等大的块，第 0 维"},
-        "case_uneven_dim0": {"en": "uneven chunks, dim 0", "zh": "大小不同的块，第 0 维"},
-        "case_uneven_dim1": {"en": "uneven chunks, dim 1", "zh": "大小不同的块，第 1 维"},
-        "case_one_row": {"en": "a one-row chunk", "zh": "只有一行的块"},
-        "case_more_devices": {"en": "more devices", "zh": "更多设备"},
-    },
-)
+MESSAGES = {
+    "case_uneven_remainder": N_("uneven remainder"),
+    "case_two_devices": N_("two devices"),
+    "case_gpu0_zero": N_("gpu0_bsz = 0"),
+    "case_gpu0_above": N_("gpu0_bsz above the even share"),
+    "case_capped": N_("device 0 capped below torch.chunk's share"),
+    "case_small_batch": N_("batch smaller than the device count"),
+    "case_one_device": N_("one device"),
+    "case_large_batch": N_("large batch"),
+    "case_even_dim0": N_("even chunks, dim 0"),
+    "case_uneven_dim0": N_("uneven chunks, dim 0"),
+    "case_uneven_dim1": N_("uneven chunks, dim 1"),
+    "case_one_row": N_("a one-row chunk"),
+    "case_more_devices": N_("more devices"),
+}
 
 
 def _torch_chunk_sizes(batch: int, n: int) -> list[int]:
@@ -192,15 +140,20 @@ def check_balanced_chunks(rng: random.Random, learner: Any) -> Iterator[Any]:
     cases = _balanced_cases(rng)
     yield len(cases)
     for key, batch, n, gpu0 in cases:
-        case = MESSAGES(f"case_{key}")
+        case = lookup(MESSAGES, f"case_{key}")
         expected = _expected_balanced(batch, n, gpu0)
         got = learner.call(probe_balanced, batch, n, gpu0, timeout=30)
         sizes = _as_sizes(got)
         if sizes is None:
             bad = next((x for x in got if isinstance(x, dict)), got) if type(got) is list else got
-            raise fail(MESSAGES("sizes_type", kind=_kind(bad)), case)
+            raise fail(
+                _t("return a list of ints (rows per device), not {kind}", kind=_kind(bad)), case
+            )
         if sizes != expected:
-            raise fail(MESSAGES("sizes", expected=_short(expected), got=_short(got)), case)
+            raise fail(
+                _t("expected {expected}, got {got}", expected=_short(expected), got=_short(got)),
+                case,
+            )
         yield case
 
 
@@ -272,27 +225,34 @@ def _gather_problem(
     fwd = learner.call(probe_gather_forward, dim, parts, timeout=30)
     out = fwd.get("out") if type(fwd) is dict else None
     if not isinstance(out, torch.Tensor):
-        return MESSAGES("out_type", kind=_kind(fwd))
+        return _t("apply(...) returned {kind}, not a tensor", kind=_kind(fwd))
     if out.shape != want_out.shape:
-        return MESSAGES("out_shape", expected=tuple(want_out.shape), got=tuple(out.shape))
+        return _t(
+            "output shape: expected {expected}, got {got}",
+            expected=tuple(want_out.shape),
+            got=tuple(out.shape),
+        )
     if out.is_complex() or not torch.allclose(out.to(want_out.dtype), want_out):
-        return MESSAGES("out_values")
+        return _t("output values differ from torch.cat")
     if fwd.get("grad_fn") != f"{fwd.get('function')}Backward":
-        return MESSAGES("not_your_function")
+        return _t("the output was not made by your Function, so its backward is never used")
     grads = learner.call(probe_gather_backward, dim, parts, weight, timeout=30)
     if type(grads) is not list or len(grads) != len(parts):
-        return MESSAGES("grads_type", kind=_kind(grads))
+        return _t("backward gave {kind} instead of one gradient per input", kind=_kind(grads))
     for i, (grad, ref) in enumerate(zip(grads, oracle_leaves, strict=True)):
         if grad is None:
-            return MESSAGES("no_grad", index=i)
+            return _t("input {index} got no gradient", index=i)
         if not isinstance(grad, torch.Tensor):
-            return MESSAGES("grads_type", kind=_kind(grad))
+            return _t("backward gave {kind} instead of one gradient per input", kind=_kind(grad))
         if grad.shape != ref.grad.shape:
-            return MESSAGES(
-                "grad_shape", index=i, got=tuple(grad.shape), expected=tuple(ref.grad.shape)
+            return _t(
+                "gradient of input {index}: shape {got}, expected {expected}",
+                index=i,
+                got=tuple(grad.shape),
+                expected=tuple(ref.grad.shape),
             )
         if grad.is_complex() or not torch.allclose(grad.to(ref.grad.dtype), ref.grad):
-            return MESSAGES("grad_values", index=i)
+            return _t("gradient of input {index} differs from single-device autograd", index=i)
     return ""
 
 
@@ -301,7 +261,7 @@ def check_gather(rng: random.Random, learner: Any) -> Iterator[Any]:
     cases = _gather_cases(rng)
     yield len(cases)
     for key, dim, sizes, other in cases:
-        case = MESSAGES(f"case_{key}")
+        case = lookup(MESSAGES, f"case_{key}")
         gen = torch.Generator().manual_seed(rng.randrange(10**6))
         problem = _gather_problem(learner, dim, sizes, other, gen)
         if problem:

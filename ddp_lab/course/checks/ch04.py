@@ -21,48 +21,8 @@ import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
 from ddp_lab.course.grading import checker, fail
-from ddp_lab.course.i18n import Messages
 from ddp_lab.course.learner import LearnerError, Refused, refuse
-
-MESSAGES = Messages(
-    __name__,
-    {
-        "forbidden": {
-            "en": "your function called dist.{name}: build it from {allowed} instead",
-            "zh": "你的函数调用了 dist.{name}：请改用 {allowed} 来实现",
-        },
-        "forbidden_alias": {
-            "en": "your function called a collective this exercise asks you to build (one of "
-            "{names}): build it from {allowed} instead",
-            "zh": "你的函数调用了这道练习要求你自己实现的集合通信（{names} 之一）："
-            "请改用 {allowed} 来实现",
-        },
-        "not_returned": {
-            "en": "rank {rank}: it must return the tensor it was given (in place)",
-            "zh": "rank {rank}：函数必须原地修改并返回传入的那个张量",
-        },
-        "values": {
-            "en": "rank {rank}: expected {expected}, got {got}",
-            "zh": "rank {rank}：期望 {expected}，实际得到 {got}",
-        },
-        "timeout": {
-            "en": "the ranks were still running after {seconds} s: a deadlock? (e.g. every "
-            "rank waiting in recv, or ranks calling different operations)",
-            "zh": "{seconds} 秒后各 rank 仍未结束：是否死锁？（例如所有 rank 都在 recv 中等待，"
-            "或各 rank 调用了不同的操作）",
-        },
-        "crashed": {"en": "a rank raised {error}", "zh": "有 rank 抛出了 {error}"},
-        "garbled": {
-            "en": "rank {rank}: the result could not be read (the checker's probe was changed?)",
-            "zh": "rank {rank}：无法读取结果（检查程序的探针被改动了？）",
-        },
-        "list": {
-            "en": "rank {rank}: fill the tensors already in tensor_list (in rank order) "
-            "instead of replacing them",
-            "zh": "rank {rank}：请把数据写入 tensor_list 里原有的张量（按 rank 顺序），而不是替换它们",
-        },
-    },
-)
+from ddp_lab.i18n import _t
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "int64": torch.int64}
 DTYPES |= {"int32": torch.int32, "float16": torch.float16}
@@ -124,9 +84,21 @@ def judge_forbidden(called: Any, banned: list[str], allowed: str, case: str) -> 
         return
     names = [n for n in called if n in banned] if isinstance(called, list) else []
     if names:
-        raise fail(MESSAGES("forbidden", name=names[0], allowed=allowed), case)
+        raise fail(
+            _t(
+                "your function called dist.{name}: build it from {allowed} instead",
+                name=names[0],
+                allowed=allowed,
+            ),
+            case,
+        )
     raise fail(
-        MESSAGES("forbidden_alias", names=", ".join(f"dist.{n}" for n in banned), allowed=allowed),
+        _t(
+            "your function called a collective this exercise asks you to build (one "
+            "of {names}): build it from {allowed} instead",
+            names=", ".join(f"dist.{n}" for n in banned),
+            allowed=allowed,
+        ),
         case,
     )
 
@@ -144,13 +116,26 @@ def spawn_case(
         if exc.not_implemented:
             raise
         if exc.timed_out:
-            raise fail(MESSAGES("timeout", seconds=timeout), case) from None
+            raise fail(
+                _t(
+                    "the ranks were still running after {seconds} s: a deadlock? (e.g. every "
+                    "rank waiting in recv, or ranks calling different operations)",
+                    seconds=timeout,
+                ),
+                case,
+            ) from None
         if exc.type_name == "RankFailed" and exc.message:  # killed, or exited: the reason
             raise fail(exc.message, case) from None
         error = f"{exc.type_name}: {exc.message}" if exc.message else exc.type_name
-        raise fail(MESSAGES("crashed", error=error), case) from None
+        raise fail(_t("a rank raised {error}", error=error), case) from None
     if not isinstance(got, list) or len(got) != nprocs:
-        raise fail(MESSAGES("garbled", rank="?"), case)
+        raise fail(
+            _t(
+                "rank {rank}: the result could not be read (the checker's probe was changed?)",
+                rank="?",
+            ),
+            case,
+        )
     return got
 
 
@@ -291,7 +276,13 @@ def records_of(got: Any, rank: int, ncases: int, case: str) -> list[dict]:
         or not all(isinstance(r, dict) for r in got)
         or (len(got) < ncases and not got[-1].get("forbidden"))
     ):
-        raise fail(MESSAGES("garbled", rank=rank), case)
+        raise fail(
+            _t(
+                "rank {rank}: the result could not be read (the checker's probe was changed?)",
+                rank=rank,
+            ),
+            case,
+        )
     return got
 
 
@@ -313,11 +304,23 @@ def check_all_reduce(rng: random.Random, learner: Any) -> Iterator[object]:
                     record.get("forbidden"), _ALL_REDUCE_BANNED, _ALL_REDUCE_ALLOWED, case
                 )
                 if record.get("returned_input") is not True:
-                    raise fail(MESSAGES("not_returned", rank=rank), case)
+                    raise fail(
+                        _t(
+                            "rank {rank}: it must return the tensor it was given (in place)",
+                            rank=rank,
+                        ),
+                        case,
+                    )
                 want, mine = expected[rank][i], record.get("tensor")
                 if not same(mine, want):
                     raise fail(
-                        MESSAGES("values", rank=rank, expected=short(want), got=shown(mine)), case
+                        _t(
+                            "rank {rank}: expected {expected}, got {got}",
+                            rank=rank,
+                            expected=short(want),
+                            got=shown(mine),
+                        ),
+                        case,
                     )
         yield case
 
@@ -340,14 +343,28 @@ def check_all_gather(rng: random.Random, learner: Any) -> Iterator[object]:
                     record.get("forbidden"), _ALL_GATHER_BANNED, _ALL_GATHER_ALLOWED, case
                 )
                 if record.get("kept_list") is not True:
-                    raise fail(MESSAGES("list", rank=rank), case)
+                    raise fail(
+                        _t(
+                            "rank {rank}: fill the tensors already in tensor_list (in rank order) "
+                            "instead of replacing them",
+                            rank=rank,
+                        ),
+                        case,
+                    )
                 want, tensors = expected[rank][i], record.get("tensors")
                 if not isinstance(tensors, list) or len(tensors) != n:
-                    raise fail(MESSAGES("garbled", rank=rank), case)
+                    raise fail(
+                        _t(
+                            "rank {rank}: the result could not be read (the checker's probe was "
+                            "changed?)",
+                            rank=rank,
+                        ),
+                        case,
+                    )
                 if not all(same(g, w) for g, w in zip(tensors, want, strict=True)):
                     raise fail(
-                        MESSAGES(
-                            "values",
+                        _t(
+                            "rank {rank}: expected {expected}, got {got}",
                             rank=rank,
                             expected=[short(t) for t in want],
                             got=[shown(t) for t in tensors],

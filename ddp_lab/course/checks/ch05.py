@@ -38,7 +38,7 @@ import torch.distributed.distributed_c10d as c10d
 from ddp_lab.course.checks import ch04
 from ddp_lab.course.checks.ch04 import DTYPES, guarded, make_input, oracle, same, short, shown
 from ddp_lab.course.grading import checker, fail
-from ddp_lab.course.i18n import Messages
+from ddp_lab.i18n import N_, _t, lookup
 
 _BANNED = [
     "all_reduce",
@@ -54,43 +54,11 @@ _BANNED = [
     "gather",
     "scatter",
 ]
-# The messages this checker shares with ch04 (not_returned, values...) are ch04.MESSAGES.
-MESSAGES = Messages(
-    __name__,
-    {
-        "unpaired": {
-            "en": "rank {rank} called dist.{name} outside batch_isend_irecv. That passes on Gloo "
-            "but deadlocks (or risks it) on NCCL, where dist.send does not even block the CPU: "
-            "put each step's send to the right and receive from the left in ONE "
-            "dist.batch_isend_irecv.",
-            "zh": "rank {rank} 在 batch_isend_irecv 之外调用了 dist.{name}。这在 Gloo 上能通过，但在 "
-            "NCCL 上会死锁（或有死锁风险），而且 NCCL 的 dist.send 根本不会阻塞 CPU：请把每一步的"
-            "“向右发送”和“从左接收”放进同一个 dist.batch_isend_irecv。",
-        },
-        "stuck": {
-            "en": "on NCCL this ring would deadlock: rank {rank} waits in its batch_isend_irecv "
-            "number {batch} ({ops}), whose partners are not in the batches its peers are "
-            "running. NCCL runs all batched p2p of a GPU on one stream (ProcessGroupNCCL.cpp, "
-            "pointToPoint), so a batch holding only a receive blocks this rank's later send, "
-            "and around the ring every rank waits for the others. Put the send and the receive "
-            "of a step in the same batch.",
-            "zh": "这个环在 NCCL 上会死锁：rank {rank} 卡在它的第 {batch} 个 batch_isend_irecv"
-            "（{ops}），对端正在执行的批次里没有与之配对的操作。NCCL 把同一块 GPU 的所有批量点对点"
-            "操作放在同一个流上执行（ProcessGroupNCCL.cpp 的 pointToPoint），所以只含接收的批次会"
-            "阻塞本 rank 之后的发送，环上每个 rank 都在等别人。请把一步中的发送和接收放进同一个批次。",
-        },
-        "op_send": {"en": "send to {peer}", "zh": "发送给 {peer}"},
-        "op_recv": {"en": "receive from {peer}", "zh": "从 {peer} 接收"},
-        "too_much": {
-            "en": "rank {rank} sent {sent} elements for a tensor of {numel} on {n} ranks; a ring "
-            "sends at most {limit} (2(N-1) chunks of about numel/N). Send one chunk per step, "
-            "not the whole buffer.",
-            "zh": "rank {rank} 为一个 {numel} 个元素的张量在 {n} 个 rank 上发送了 {sent} 个元素；"
-            "环形全归约最多发送 {limit} 个（2(N-1) 个大小约为 numel/N 的块）。"
-            "每一步只发送一个块，而不是整个缓冲区。",
-        },
-    },
-)
+# Texts picked by a computed key (ops of the send/recv log).
+MESSAGES = {
+    "op_send": N_("send to {peer}"),
+    "op_recv": N_("receive from {peer}"),
+}
 
 
 @contextlib.contextmanager
@@ -278,14 +246,29 @@ def judge_ring_case(records: list, expected: list[torch.Tensor], n: int, case: s
     """Judge one case from every rank's record (``probe_ring``); raise ``fail`` on a problem."""
     for rank, record in enumerate(records):
         if not isinstance(record, dict):
-            raise fail(ch04.MESSAGES("garbled", rank=rank), case)
+            raise fail(
+                _t(
+                    "rank {rank}: the result could not be read (the checker's probe was changed?)",
+                    rank=rank,
+                ),
+                case,
+            )
         ch04.judge_forbidden(record.get("forbidden"), _BANNED, _ALLOWED, case)
         if record.get("returned_input") is not True:
-            raise fail(ch04.MESSAGES("not_returned", rank=rank), case)
+            raise fail(
+                _t("rank {rank}: it must return the tensor it was given (in place)", rank=rank),
+                case,
+            )
         mine, want = record.get("tensor"), expected[rank]
         if not same(mine, want):
             raise fail(
-                ch04.MESSAGES("values", rank=rank, expected=short(want), got=shown(mine)), case
+                _t(
+                    "rank {rank}: expected {expected}, got {got}",
+                    rank=rank,
+                    expected=short(want),
+                    got=shown(mine),
+                ),
+                case,
             )
         loose, sent = record.get("loose"), record.get("sent")
         if (
@@ -294,23 +277,62 @@ def judge_ring_case(records: list, expected: list[torch.Tensor], n: int, case: s
             or type(sent) is not int
             or not _valid_log(record.get("batches"), n)
         ):
-            raise fail(ch04.MESSAGES("garbled", rank=rank), case)
+            raise fail(
+                _t(
+                    "rank {rank}: the result could not be read (the checker's probe was changed?)",
+                    rank=rank,
+                ),
+                case,
+            )
     for rank, record in enumerate(records):
         if record["loose"]:
             name = record["loose"][0]
             name = name if name in ("send", "recv", "isend", "irecv") else "send"
-            raise fail(MESSAGES("unpaired", rank=rank, name=name), case)
+            raise fail(
+                _t(
+                    "rank {rank} called dist.{name} outside batch_isend_irecv. That passes "
+                    "on Gloo but deadlocks (or risks it) on NCCL, where dist.send does not "
+                    "even block the CPU: put each step's send to the right and receive from "
+                    "the left in ONE dist.batch_isend_irecv.",
+                    rank=rank,
+                    name=name,
+                ),
+                case,
+            )
     logs = [[[(str(k), int(p)) for k, p in ops] for ops in r["batches"]] for r in records]
     stuck = replay_on_one_stream(logs)
     if stuck is not None:
         who, index = stuck
-        ops = ", ".join(MESSAGES("op_" + k, peer=p) for k, p in logs[who][index])
-        raise fail(MESSAGES("stuck", rank=who, batch=index + 1, ops=ops), case)
+        ops = ", ".join(lookup(MESSAGES, "op_" + k, peer=p) for k, p in logs[who][index])
+        raise fail(
+            _t(
+                "on NCCL this ring would deadlock: rank {rank} waits in its "
+                "batch_isend_irecv number {batch} ({ops}), whose partners are not in the "
+                "batches its peers are running. NCCL runs all batched p2p of a GPU on "
+                "one stream (ProcessGroupNCCL.cpp, pointToPoint), so a batch holding "
+                "only a receive blocks this rank's later send, and around the ring every "
+                "rank waits for the others. Put the send and the receive of a step in "
+                "the same batch.",
+                rank=who,
+                batch=index + 1,
+                ops=ops,
+            ),
+            case,
+        )
     numel, limit = expected[0].numel(), send_limit(expected[0].numel(), n)
     for rank, record in enumerate(records):
         if record["sent"] > limit:
             raise fail(
-                MESSAGES("too_much", rank=rank, sent=record["sent"], numel=numel, n=n, limit=limit),
+                _t(
+                    "rank {rank} sent {sent} elements for a tensor of {numel} on {n} ranks; "
+                    "a ring sends at most {limit} (2(N-1) chunks of about numel/N). Send one "
+                    "chunk per step, not the whole buffer.",
+                    rank=rank,
+                    sent=record["sent"],
+                    numel=numel,
+                    n=n,
+                    limit=limit,
+                ),
                 case,
             )
 

@@ -18,8 +18,8 @@ import torch
 from torch.utils.data import DistributedSampler
 
 from ddp_lab.course.grading import checker, fail
-from ddp_lab.course.i18n import Messages
 from ddp_lab.course.learner import refuse
+from ddp_lab.i18n import N_, _t, lookup
 
 
 def uses_forbidden(fn: Callable, names: set[str]) -> str:
@@ -44,73 +44,21 @@ FORBIDDEN = {
     },
     "06.accuracy": {"gather_in_index_order", "gather_by_index", "all_reduce_accuracy"},
 }
-MESSAGES = Messages(
-    __name__,
-    {
-        "forbidden": {
-            "en": "write it yourself: your function calls {name}",
-            "zh": "请自己实现：你的函数调用了 {name}",
-        },
-        "indices_type": {
-            "en": "return a list of ints, not {kind}",
-            "zh": "应返回由 int 组成的列表，而不是 {kind}",
-        },
-        "indices": {
-            "en": "expected {expected}, got {got}",
-            "zh": "期望得到 {expected}，实际得到 {got}",
-        },
-        "ranks": {
-            "en": "the learner's process answered for {got} ranks instead of {expected}",
-            "zh": "学习者的进程给出了 {got} 个 rank 的结果，而不是 {expected} 个",
-        },
-        "accuracy_type": {
-            "en": "return the accuracy as a float, not {kind}",
-            "zh": "应以 float 返回准确率，而不是 {kind}",
-        },
-        "accuracy": {
-            "en": "expected accuracy {expected}, got {got}",
-            "zh": "期望的准确率是 {expected}，实际得到 {got}",
-        },
-        "index_case": {
-            "en": "{what}: dataset_len={n}, num_replicas={replicas}",
-            "zh": "{what}：dataset_len={n}，num_replicas={replicas}",
-        },
-        "case_divisible_no_shuffle": {
-            "en": "divisible, shuffle=False",
-            "zh": "可整除，shuffle=False",
-        },
-        "case_padding_no_shuffle": {
-            "en": "padding, shuffle=False",
-            "zh": "需要填充，shuffle=False",
-        },
-        "case_padding_shuffled": {"en": "padding, shuffled", "zh": "需要填充，打乱顺序"},
-        "case_short_dataset": {
-            "en": "dataset_len < num_replicas",
-            "zh": "dataset_len < num_replicas",
-        },
-        "case_padding_longer": {
-            "en": "padding larger than the dataset",
-            "zh": "填充比数据集还长",
-        },
-        "case_empty": {"en": "dataset_len = 0", "zh": "dataset_len = 0"},
-        "case_drop_last_divisible": {"en": "drop_last, divisible", "zh": "drop_last，可整除"},
-        "case_drop_last_not_divisible": {
-            "en": "drop_last, not divisible",
-            "zh": "drop_last，不可整除",
-        },
-        "case_drop_last_short": {
-            "en": "drop_last, dataset_len < num_replicas",
-            "zh": "drop_last，dataset_len < num_replicas",
-        },
-        "case_epoch_1": {"en": "epoch 1 (set_epoch)", "zh": "第 1 轮（set_epoch）"},
-        "case_later_epoch": {"en": "later epoch", "zh": "更靠后的轮次"},
-        "case_other_seed": {
-            "en": "other seed, drop_last, later epoch",
-            "zh": "另一个种子，drop_last，更靠后的轮次",
-        },
-        "case_one_replica": {"en": "one replica", "zh": "只有一个副本"},
-    },
-)
+MESSAGES = {
+    "case_divisible_no_shuffle": N_("divisible, shuffle=False"),
+    "case_padding_no_shuffle": N_("padding, shuffle=False"),
+    "case_padding_shuffled": N_("padding, shuffled"),
+    "case_short_dataset": N_("dataset_len < num_replicas"),
+    "case_padding_longer": N_("padding larger than the dataset"),
+    "case_empty": N_("dataset_len = 0"),
+    "case_drop_last_divisible": N_("drop_last, divisible"),
+    "case_drop_last_not_divisible": N_("drop_last, not divisible"),
+    "case_drop_last_short": N_("drop_last, dataset_len < num_replicas"),
+    "case_epoch_1": N_("epoch 1 (set_epoch)"),
+    "case_later_epoch": N_("later epoch"),
+    "case_other_seed": N_("other seed, drop_last, later epoch"),
+    "case_one_replica": N_("one replica"),
+}
 
 
 def probe_forbidden(objects: tuple, names: list[str]) -> str:
@@ -146,7 +94,7 @@ def _check_forbidden(grade_id: str, learner: Any) -> None:
     name = learner.call(probe_forbidden, sorted(FORBIDDEN[grade_id]), timeout=30)
     if name:
         shown = name if type(name) is str else type(name).__name__
-        raise fail(MESSAGES("forbidden", name=shown[:60]), "-")
+        raise fail(_t("write it yourself: your function calls {name}", name=shown[:60]), "-")
 
 
 def _int_or_kind(x: Any) -> Any:
@@ -280,16 +228,23 @@ def check_indices(rng: random.Random, learner: Any) -> Iterator[object]:
     yield len(cases)
     _check_forbidden("06.indices", learner)
     for key, args in cases:
-        label = MESSAGES(
-            "index_case",
-            what=MESSAGES(f"case_{key}"),
+        label = _t(
+            "{what}: dataset_len={n}, num_replicas={replicas}",
+            what=lookup(MESSAGES, f"case_{key}"),
             n=args["dataset_len"],
             replicas=args["num_replicas"],
         )
         results = learner.call(probe_indices, args, timeout=60)
         if type(results) is not list or len(results) != args["num_replicas"]:
             got = len(results) if type(results) is list else _kind(results)
-            raise fail(MESSAGES("ranks", got=got, expected=args["num_replicas"]), label)
+            raise fail(
+                _t(
+                    "the learner's process answered for {got} ranks instead of {expected}",
+                    got=got,
+                    expected=args["num_replicas"],
+                ),
+                label,
+            )
         for rank, got in enumerate(results):
             expected = torch_indices(
                 args["dataset_len"],
@@ -302,12 +257,19 @@ def check_indices(rng: random.Random, learner: Any) -> Iterator[object]:
             )
             where = f"{label}, rank={rank}"
             if type(got) is not list:
-                raise fail(MESSAGES("indices_type", kind=_kind(got)), where)
+                raise fail(_t("return a list of ints, not {kind}", kind=_kind(got)), where)
             bad = next((x for x in got if type(x) not in (int, bool, float)), None)
             if bad is not None:
-                raise fail(MESSAGES("indices_type", kind=f"list ({_kind(bad)})"), where)
+                raise fail(
+                    _t("return a list of ints, not {kind}", kind=f"list ({_kind(bad)})"), where
+                )
             if got != expected:
-                raise fail(MESSAGES("indices", expected=_short(expected), got=_short(got)), where)
+                raise fail(
+                    _t(
+                        "expected {expected}, got {got}", expected=_short(expected), got=_short(got)
+                    ),
+                    where,
+                )
         yield label
 
 
@@ -389,14 +351,28 @@ def check_accuracy(rng: random.Random, learner: Any) -> Iterator[object]:
             truth = sum(correct) / n
             if type(results) is not list or len(results) != replicas:
                 got = len(results) if type(results) is list else _kind(results)
-                raise fail(MESSAGES("ranks", got=got, expected=replicas), label)
+                raise fail(
+                    _t(
+                        "the learner's process answered for {got} ranks instead of {expected}",
+                        got=got,
+                        expected=replicas,
+                    ),
+                    label,
+                )
             for rank, per_rank in enumerate(results):
                 got = per_rank[k] if type(per_rank) is list and len(per_rank) > k else per_rank
                 where = f"{label}, rank {rank}"
                 if type(got) is not float:
-                    raise fail(MESSAGES("accuracy_type", kind=_kind(got)), where)
+                    raise fail(
+                        _t("return the accuracy as a float, not {kind}", kind=_kind(got)), where
+                    )
                 if not abs(got - truth) <= 1e-6:
                     raise fail(
-                        MESSAGES("accuracy", expected=round(truth, 6), got=_short(got)), where
+                        _t(
+                            "expected accuracy {expected}, got {got}",
+                            expected=round(truth, 6),
+                            got=_short(got),
+                        ),
+                        where,
                     )
             yield label

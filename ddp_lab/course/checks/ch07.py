@@ -27,44 +27,18 @@ import torch.distributed as dist
 from torch import nn
 
 from ddp_lab.course.grading import checker, fail
-from ddp_lab.course.i18n import Messages
+from ddp_lab.i18n import N_, _t, lookup
 
-MESSAGES = Messages(
-    __name__,
-    {
-        "malformed": {
-            "en": "rank {rank} sent back a result of the wrong form ({field}: {kind})",
-            "zh": "rank {rank} 返回的结果格式不对（{field}：{kind}）",
-        },
-        "naive_shifted": {
-            "en": "expected parameters and buffers equal to a single-process model trained on "
-            "the full batch; rank {rank}: max difference {diff:.3g}",
-            "zh": "参数和缓冲区应与在全批上训练的单进程模型相同；rank {rank}：最大差 {diff:.3g}",
-        },
-        "naive_bn": {
-            "en": "expected parameters and BatchNorm buffers equal to torch's "
-            "DistributedDataParallel; rank {rank}: max difference {diff:.3g}",
-            "zh": "参数和 BatchNorm 缓冲区应与 torch 的 DistributedDataParallel 相同；"
-            "rank {rank}：最大差 {diff:.3g}",
-        },
-        "bucket_calls": {
-            "en": "expected at least 2 all_reduce calls during backward (one per bucket), got "
-            "{got} on rank {rank}",
-            "zh": "反向传播期间应至少调用 2 次 all_reduce（每个桶一次），rank {rank} 上实际为 {got} 次",
-        },
-        "bucket_async": {
-            "en": "expected every all_reduce in a hook launched with async_op=True (not "
-            "blocking backward); rank {rank} made a blocking call",
-            "zh": "钩子中的每次 all_reduce 都应以 async_op=True 发起（不阻塞反向传播）；"
-            "rank {rank} 有一次阻塞调用",
-        },
-        "bucket_params": {
-            "en": "expected parameters equal to a single-process model trained on the full "
-            "batch; rank {rank}: max difference {diff:.3g}",
-            "zh": "参数应与在全批上训练的单进程模型相同；rank {rank}：最大差 {diff:.3g}",
-        },
-    },
-)
+MESSAGES = {
+    "naive_shifted": N_(
+        "expected parameters and buffers equal to a single-process model trained "
+        "on the full batch; rank {rank}: max difference {diff:.3g}"
+    ),
+    "naive_bn": N_(
+        "expected parameters and BatchNorm buffers equal to torch's "
+        "DistributedDataParallel; rank {rank}: max difference {diff:.3g}"
+    ),
+}
 
 TOL = 1e-9  # float64 models: only summation order may differ from the oracles
 
@@ -145,13 +119,29 @@ def _kind(value: Any) -> str:
 def _states_of(out: Any, want: torch.Tensor, rank: int, field: str, label: str) -> torch.Tensor:
     """``out`` when it is a tensor like ``want`` (parameters and buffers, flattened)."""
     if not isinstance(out, torch.Tensor) or out.shape != want.shape or out.dtype != want.dtype:
-        raise fail(MESSAGES("malformed", rank=rank, field=field, kind=_kind(out)), label)
+        raise fail(
+            _t(
+                "rank {rank} sent back a result of the wrong form ({field}: {kind})",
+                rank=rank,
+                field=field,
+                kind=_kind(out),
+            ),
+            label,
+        )
     return out
 
 
 def _ranks(got: Any, world_size: int, label: str) -> list:
     if not isinstance(got, list) or len(got) != world_size:
-        raise fail(MESSAGES("malformed", rank="-", field="ranks", kind=_kind(got)), label)
+        raise fail(
+            _t(
+                "rank {rank} sent back a result of the wrong form ({field}: {kind})",
+                rank="-",
+                field="ranks",
+                kind=_kind(got),
+            ),
+            label,
+        )
     return got
 
 
@@ -218,7 +208,7 @@ def check_naive_ddp(rng: random.Random, learner: Any) -> Iterator[object]:
         for rank, (out, want) in enumerate(zip(got, expected, strict=True)):
             diff = (_states_of(out, want, rank, "states", label) - want).abs().max().item()
             if not diff <= TOL:  # nan fails too
-                raise fail(MESSAGES(f"naive_{kind}", rank=rank, diff=diff), label)
+                raise fail(lookup(MESSAGES, f"naive_{kind}", rank=rank, diff=diff), label)
         yield label
 
 
@@ -275,19 +265,55 @@ def check_bucketed(rng: random.Random, learner: Any) -> Iterator[object]:
         )
         for rank, out in enumerate(got):
             if not isinstance(out, dict):
-                raise fail(MESSAGES("malformed", rank=rank, field="result", kind=_kind(out)), label)
+                raise fail(
+                    _t(
+                        "rank {rank} sent back a result of the wrong form ({field}: {kind})",
+                        rank=rank,
+                        field="result",
+                        kind=_kind(out),
+                    ),
+                    label,
+                )
             calls = out.get("async_calls")
             if not isinstance(calls, list) or not all(type(c) is bool for c in calls):
                 raise fail(
-                    MESSAGES("malformed", rank=rank, field="async_calls", kind=_kind(calls)),
+                    _t(
+                        "rank {rank} sent back a result of the wrong form ({field}: {kind})",
+                        rank=rank,
+                        field="async_calls",
+                        kind=_kind(calls),
+                    ),
                     label,
                 )
             if len(calls) < 2:
-                raise fail(MESSAGES("bucket_calls", got=len(calls), rank=rank), label)
+                raise fail(
+                    _t(
+                        "expected at least 2 all_reduce calls during backward (one per bucket), "
+                        "got {got} on rank {rank}",
+                        got=len(calls),
+                        rank=rank,
+                    ),
+                    label,
+                )
             if not all(calls):
-                raise fail(MESSAGES("bucket_async", rank=rank), label)
+                raise fail(
+                    _t(
+                        "expected every all_reduce in a hook launched with async_op=True (not "
+                        "blocking backward); rank {rank} made a blocking call",
+                        rank=rank,
+                    ),
+                    label,
+                )
             states = _states_of(out.get("states"), want, rank, "states", label)
             diff = (states - want).abs().max().item()
             if not diff <= TOL:
-                raise fail(MESSAGES("bucket_params", rank=rank, diff=diff), label)
+                raise fail(
+                    _t(
+                        "expected parameters equal to a single-process model trained on the full "
+                        "batch; rank {rank}: max difference {diff:.3g}",
+                        rank=rank,
+                        diff=diff,
+                    ),
+                    label,
+                )
         yield label

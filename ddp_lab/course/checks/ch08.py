@@ -29,87 +29,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from ddp_lab.course.grading import checker, fail
-from ddp_lab.course.i18n import Messages
-
-MESSAGES = Messages(
-    __name__,
-    {
-        "order": {
-            "en": "rank {rank} read the samples in the same order in epoch 1 and epoch 2: "
-            "call sampler.set_epoch(epoch) at the start of every epoch",
-            "zh": "rank {rank} 在第 1 轮和第 2 轮以相同的顺序读取样本：请在每一轮开始时调用 "
-            "sampler.set_epoch(epoch)",
-        },
-        "shard": {
-            "en": "rank {rank} did not read its DistributedSampler shard (DistributedSampler(dataset) "
-            "with set_epoch(epoch), batches from DataLoader(dataset, batch_size, sampler=...))",
-            "zh": "rank {rank} 读取的样本不是它的 DistributedSampler 分片（应使用 "
-            "DistributedSampler(dataset)、set_epoch(epoch) 和 DataLoader(dataset, batch_size, "
-            "sampler=...)）",
-        },
-        "saves": {
-            "en": "rank {rank} called torch.save {count} time(s): only rank 0 should write the "
-            "checkpoint (if dist.get_rank() == 0), then every rank waits at dist.barrier()",
-            "zh": "rank {rank} 调用了 {count} 次 torch.save：只应由 rank 0 写检查点"
-            "（if dist.get_rank() == 0），然后所有 rank 在 dist.barrier() 处等待",
-        },
-        "no_save": {
-            "en": "rank 0 never called torch.save: save the model's state_dict to checkpoint_path",
-            "zh": "rank 0 没有调用 torch.save：请把模型的 state_dict 保存到 checkpoint_path",
-        },
-        "files": {
-            "en": "expected exactly one checkpoint file at checkpoint_path, found {files}",
-            "zh": "checkpoint_path 处应当恰好有一个检查点文件，实际找到 {files}",
-        },
-        "not_state_dict": {
-            "en": "the checkpoint is not a plain state_dict ({error}): save "
-            "ddp_model.module.state_dict(), not the model object",
-            "zh": "检查点不是普通的 state_dict（{error}）：请保存 ddp_model.module.state_dict()，"
-            "而不是模型对象",
-        },
-        "wrapper": {
-            "en": "the checkpoint does not load into a plain model (keys like {key!r}): you saved "
-            "the DDP wrapper; save ddp_model.module.state_dict()",
-            "zh": "检查点无法加载到普通模型中（键名形如 {key!r}）：你保存的是 DDP 包装器；"
-            "请保存 ddp_model.module.state_dict()",
-        },
-        "ranks_differ": {
-            "en": "the parameters differ between rank 0 and rank {rank} after training (max "
-            "difference {diff:.2e}): wrap the model in DDP so gradients are averaged",
-            "zh": "训练后 rank 0 与 rank {rank} 的参数不同（最大差 {diff:.2e}）：请用 DDP 包装模型，"
-            "让梯度在各 rank 间求平均",
-        },
-        "params": {
-            "en": "the parameters differ from a correct DDP run (max difference {diff:.2e}): "
-            "create the optimizer once, before the loop (SGD with momentum=0.9 keeps state), and "
-            "call zero_grad() every step",
-            "zh": "参数与正确的 DDP 训练结果不同（最大差 {diff:.2e}）：优化器只能在循环之前创建一次"
-            "（带 momentum=0.9 的 SGD 有内部状态），并且每一步都要调用 zero_grad()",
-        },
-        "loss_ranks": {
-            "en": "the ranks returned different losses ({a} on rank 0, {b} on rank {rank}): "
-            "average each epoch's loss over all ranks with dist.all_reduce",
-            "zh": "各 rank 返回的损失不同（rank 0 为 {a}，rank {rank} 为 {b}）：请用 "
-            "dist.all_reduce 把每一轮的损失在所有 rank 间求平均",
-        },
-        "loss_value": {
-            "en": "the logged losses {got} are not the mean over all ranks {expected}",
-            "zh": "记录的损失 {got} 不是所有 rank 的平均值 {expected}",
-        },
-        "losses_kind": {
-            "en": "fit returned {kind}: return a list with one loss (a float) per epoch",
-            "zh": "fit 返回的是 {kind}：应返回一个列表，每一轮一个损失值（float）",
-        },
-        "malformed": {
-            "en": "rank {rank} sent back a result of the wrong form ({field}: {kind})",
-            "zh": "rank {rank} 返回的结果格式不对（{field}：{kind}）",
-        },
-        "accuracy": {
-            "en": "the saved model reaches {got:.1%} accuracy, a correct run {expected:.1%}",
-            "zh": "保存的模型准确率为 {got:.1%}，正确的训练可达到 {expected:.1%}",
-        },
-    },
-)
+from ddp_lab.i18n import _t
 
 
 class RecordingDataset(Dataset):
@@ -282,7 +202,15 @@ def _validate(results: Any, world: int, case: dict[str, Any], label: str) -> lis
     """The probe's results, checked to be of the form it returns (anything else fails)."""
 
     def bad(rank: object, field: str, value: Any) -> Exception:
-        return fail(MESSAGES("malformed", rank=rank, field=field, kind=_kind(value)), label)
+        return fail(
+            _t(
+                "rank {rank} sent back a result of the wrong form ({field}: {kind})",
+                rank=rank,
+                field=field,
+                kind=_kind(value),
+            ),
+            label,
+        )
 
     if not isinstance(results, list) or len(results) != world:
         raise bad("-", "ranks", results)
@@ -296,7 +224,13 @@ def _validate(results: Any, world: int, case: dict[str, Any], label: str) -> lis
         if type(saves) is not int:
             raise bad(rank, "saves", saves)
         if isinstance(losses, dict):
-            raise fail(MESSAGES("losses_kind", kind=str(losses.get("kind", "?"))[:40]), label)
+            raise fail(
+                _t(
+                    "fit returned {kind}: return a list with one loss (a float) per epoch",
+                    kind=str(losses.get("kind", "?"))[:40],
+                ),
+                label,
+            )
         if losses is not None and (
             not isinstance(losses, list) or not all(type(v) is float for v in losses)
         ):
@@ -337,46 +271,130 @@ def verify(results: Any, case: dict[str, Any], reference: dict[str, Any], world:
         reads = [r["reads"][e * per_epoch : (e + 1) * per_epoch] for e in range(case["epochs"])]
         if reads != expected_reads[rank]:
             same = len(reads) > 1 and reads[0] == reads[1] and len(reads[0]) == per_epoch
-            raise fail(MESSAGES("order" if same else "shard", rank=rank), label)
+            raise fail(
+                (
+                    _t(
+                        "rank {rank} read the samples in the same order in epoch 1 and epoch 2: "
+                        "call sampler.set_epoch(epoch) at the start of every epoch",
+                        rank=rank,
+                    )
+                    if same
+                    else _t(
+                        "rank {rank} did not read its DistributedSampler shard "
+                        "(DistributedSampler(dataset) with set_epoch(epoch), batches from "
+                        "DataLoader(dataset, batch_size, sampler=...))",
+                        rank=rank,
+                    )
+                ),
+                label,
+            )
     for rank, r in enumerate(results):
         if rank > 0 and r["saves"]:
-            raise fail(MESSAGES("saves", rank=rank, count=r["saves"]), label)
+            raise fail(
+                _t(
+                    "rank {rank} called torch.save {count} time(s): only rank 0 should write "
+                    "the checkpoint (if dist.get_rank() == 0), then every rank waits at "
+                    "dist.barrier()",
+                    rank=rank,
+                    count=r["saves"],
+                ),
+                label,
+            )
     if not results[0]["saves"]:
-        raise fail(MESSAGES("no_save"), label)
+        raise fail(
+            _t("rank 0 never called torch.save: save the model's state_dict to checkpoint_path"),
+            label,
+        )
     files = results[0]["files"]
     if files != ["model.pt"]:
-        raise fail(MESSAGES("files", files=files), label)
+        raise fail(
+            _t(
+                "expected exactly one checkpoint file at checkpoint_path, found {files}",
+                files=files,
+            ),
+            label,
+        )
     ckpt = results[0]["checkpoint"]
     state = ckpt.get("state")
     if state is None:
-        raise fail(MESSAGES("not_state_dict", error=str(ckpt["error"])[:60]), label)
+        raise fail(
+            _t(
+                "the checkpoint is not a plain state_dict ({error}): save "
+                "ddp_model.module.state_dict(), not the model object",
+                error=str(ckpt["error"])[:60],
+            ),
+            label,
+        )
     for value in state.values():
         if not isinstance(value, torch.Tensor):
-            raise fail(MESSAGES("not_state_dict", error=str(value)[:60]), label)
+            raise fail(
+                _t(
+                    "the checkpoint is not a plain state_dict ({error}): save "
+                    "ddp_model.module.state_dict(), not the model object",
+                    error=str(value)[:60],
+                ),
+                label,
+            )
     plain = _plain(case)
     try:
         plain.load_state_dict(state)
     except RuntimeError:
-        raise fail(MESSAGES("wrapper", key=next(iter(state), "")), label) from None
+        raise fail(
+            _t(
+                "the checkpoint does not load into a plain model (keys like {key!r}): "
+                "you saved the DDP wrapper; save ddp_model.module.state_dict()",
+                key=next(iter(state), ""),
+            ),
+            label,
+        ) from None
     for rank, r in enumerate(results[1:], start=1):
         diff = _max_diff(results[0]["params"], r["params"])
         if not diff == 0:
-            raise fail(MESSAGES("ranks_differ", rank=rank, diff=diff), label)
+            raise fail(
+                _t(
+                    "the parameters differ between rank 0 and rank {rank} after training "
+                    "(max difference {diff:.2e}): wrap the model in DDP so gradients are "
+                    "averaged",
+                    rank=rank,
+                    diff=diff,
+                ),
+                label,
+            )
     ref_params = reference["params"]
     diff = _max_diff(results[0]["params"], ref_params)
     diff = max(diff, _max_diff(list(plain.parameters()), ref_params))
     if not diff <= 1e-5:
-        raise fail(MESSAGES("params", diff=diff), label)
+        raise fail(
+            _t(
+                "the parameters differ from a correct DDP run (max difference "
+                "{diff:.2e}): create the optimizer once, before the loop (SGD with "
+                "momentum=0.9 keeps state), and call zero_grad() every step",
+                diff=diff,
+            ),
+            label,
+        )
     for rank, r in enumerate(results[1:], start=1):
         if r["losses"] != results[0]["losses"]:
             raise fail(
-                MESSAGES("loss_ranks", a=results[0]["losses"], b=r["losses"], rank=rank), label
+                _t(
+                    "the ranks returned different losses ({a} on rank 0, {b} on rank "
+                    "{rank}): average each epoch's loss over all ranks with dist.all_reduce",
+                    a=results[0]["losses"],
+                    b=r["losses"],
+                    rank=rank,
+                ),
+                label,
             )
     got, expected, by_sample = results[0]["losses"], reference["by_batch"], reference["by_sample"]
     if not (_close(got, expected) or _close(got, by_sample)):
         short = [round(v, 4) for v in got] if got else got
         raise fail(
-            MESSAGES("loss_value", got=short, expected=[round(v, 4) for v in expected]), label
+            _t(
+                "the logged losses {got} are not the mean over all ranks {expected}",
+                got=short,
+                expected=[round(v, 4) for v in expected],
+            ),
+            label,
         )
     with torch.random.fork_rng(devices=[]):
         x, y, ref_model = make_case(case)
@@ -386,7 +404,14 @@ def verify(results: Any, case: dict[str, Any], reference: dict[str, Any], world:
             p.copy_(q)
         ref_acc = (ref_model(x).argmax(1) == y).float().mean().item()
     if acc < ref_acc - 1e-6:
-        raise fail(MESSAGES("accuracy", got=acc, expected=ref_acc), label)
+        raise fail(
+            _t(
+                "the saved model reaches {got:.1%} accuracy, a correct run {expected:.1%}",
+                got=acc,
+                expected=ref_acc,
+            ),
+            label,
+        )
 
 
 def _shard(n: int, world: int, rank: int, epoch: int) -> list[int]:

@@ -20,60 +20,20 @@ import torch
 import torch.distributed as dist
 
 from ddp_lab.course.grading import checker, fail
-from ddp_lab.course.i18n import Messages
 from ddp_lab.course.learner import LearnerError
+from ddp_lab.i18n import N_, _t, lookup
 
 # Seconds one hidden case may run before it counts as a hang (a correct one takes < 1 s).
 HANG_TIMEOUT_S = 20.0
 
-MESSAGES = Messages(
-    __name__,
-    {
-        "hang": {
-            "en": "it hangs: some rank waits in a collective that another rank never calls",
-            "zh": "程序卡住了：有的 rank 在等待另一个 rank 永远不会调用的集合通信",
-        },
-        "crash": {"en": "rank {rank} raised {error}", "zh": "rank {rank} 抛出了 {error}"},
-        "raised": {"en": "a rank raised {error}", "zh": "有 rank 抛出了 {error}"},
-        "garbled": {
-            "en": "rank {rank}: the result could not be read (the checker's probe was changed?)",
-            "zh": "rank {rank}：无法读取结果（检查程序的探针被改动了？）",
-        },
-        "value": {
-            "en": "rank {rank} returned {got}, expected {expected}",
-            "zh": "rank {rank} 返回了 {got}，应为 {expected}",
-        },
-        "tensor": {
-            "en": "rank {rank}: the tensor holds {got}, expected the sum over ranks {expected}",
-            "zh": "rank {rank}：张量中是 {got}，应为各 rank 之和 {expected}",
-        },
-        "no_raise": {
-            "en": "rank {rank} did not raise ValueError (it {did}); shapes or dtypes "
-            "differ across ranks, so every rank must raise it",
-            "zh": "rank {rank} 没有抛出 ValueError（它{did}）；各 rank 的形状或数据类型"
-            "不同，所以每个 rank 都必须抛出它",
-        },
-        "did_returned": {"en": "returned normally", "zh": "正常返回了"},
-        "did_raised": {"en": "raised {error}", "zh": "抛出了 {error}"},
-        # hidden cases of 09.safe_all_reduce: what differs across the ranks
-        "case_same": {
-            "en": "world_size={world_size}, same",
-            "zh": "world_size={world_size}，各 rank 相同",
-        },
-        "case_shape": {
-            "en": "world_size={world_size}, shape",
-            "zh": "world_size={world_size}，形状不同",
-        },
-        "case_ndim": {
-            "en": "world_size={world_size}, ndim",
-            "zh": "world_size={world_size}，维数不同",
-        },
-        "case_dtype": {
-            "en": "world_size={world_size}, dtype",
-            "zh": "world_size={world_size}，数据类型不同",
-        },
-    },
-)
+MESSAGES = {
+    "did_returned": N_("returned normally"),
+    "did_raised": N_("raised {error}"),
+    "case_same": N_("world_size={world_size}, same"),
+    "case_shape": N_("world_size={world_size}, shape"),
+    "case_ndim": N_("world_size={world_size}, ndim"),
+    "case_dtype": N_("world_size={world_size}, dtype"),
+}
 
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
@@ -87,13 +47,21 @@ def _run(learner: Any, probe: Any, data: tuple, world_size: int, case: str) -> l
         if exc.not_implemented:
             raise
         if exc.timed_out:
-            raise fail(MESSAGES("hang"), case) from None
+            raise fail(
+                _t("it hangs: some rank waits in a collective that another rank never calls"), case
+            ) from None
         if exc.type_name == "RankFailed" and exc.message:  # killed, or exited: the reason
             raise fail(exc.message, case) from None
         error = f"{exc.type_name}: {exc.message}" if exc.message else exc.type_name
-        raise fail(MESSAGES("raised", error=error), case) from None
+        raise fail(_t("a rank raised {error}", error=error), case) from None
     if not isinstance(got, list) or len(got) != world_size:
-        raise fail(MESSAGES("garbled", rank="?"), case)
+        raise fail(
+            _t(
+                "rank {rank}: the result could not be read (the checker's probe was changed?)",
+                rank="?",
+            ),
+            case,
+        )
     return got
 
 
@@ -162,7 +130,12 @@ def check_global_accuracy(rng: random.Random, learner: Any) -> Iterator[object]:
             value = _number(got)
             if value is None or not abs(value - expected) <= 1e-9 + 1e-6 * abs(expected):
                 raise fail(
-                    MESSAGES("value", rank=rank, got=_shown(got), expected=round(expected, 6)),
+                    _t(
+                        "rank {rank} returned {got}, expected {expected}",
+                        rank=rank,
+                        got=_shown(got),
+                        expected=round(expected, 6),
+                    ),
                     case,
                 )
         yield case
@@ -219,7 +192,7 @@ def check_safe_all_reduce(rng: random.Random, learner: Any) -> Iterator[object]:
             shapes[odd] = shape + (1,)
         elif kind == "dtype":
             dtypes[odd] = "float64"
-        case = MESSAGES(f"case_{kind}", world_size=world_size)
+        case = lookup(MESSAGES, f"case_{kind}", world_size=world_size)
         data = (shapes, dtypes, rng.randrange(10**6))
         expected = None
         if kind == "same":
@@ -229,22 +202,37 @@ def check_safe_all_reduce(rng: random.Random, learner: Any) -> Iterator[object]:
             what = outcome.get("what") if isinstance(outcome, dict) else None
             error = outcome.get("error") if isinstance(outcome, dict) else None
             if what not in ("returned", "raised") or not isinstance(error, str):
-                raise fail(MESSAGES("garbled", rank=rank), case)
+                raise fail(
+                    _t(
+                        "rank {rank}: the result could not be read (the checker's probe was "
+                        "changed?)",
+                        rank=rank,
+                    ),
+                    case,
+                )
             error = error[:60]
             if expected is not None:
                 if what == "raised":
-                    raise fail(MESSAGES("crash", rank=rank, error=error), case)
+                    raise fail(_t("rank {rank} raised {error}", rank=rank, error=error), case)
                 tensor, want = outcome.get("tensor"), expected[rank]
                 if (
                     not isinstance(tensor, torch.Tensor)
                     or tensor.shape != want.shape
                     or tensor.dtype != want.dtype
                 ):
-                    raise fail(MESSAGES("garbled", rank=rank), case)
+                    raise fail(
+                        _t(
+                            "rank {rank}: the result could not be read (the checker's probe was "
+                            "changed?)",
+                            rank=rank,
+                        ),
+                        case,
+                    )
                 if not torch.allclose(tensor, want, rtol=1e-5, atol=1e-5):
                     raise fail(
-                        MESSAGES(
-                            "tensor",
+                        _t(
+                            "rank {rank}: the tensor holds {got}, expected the sum over ranks "
+                            "{expected}",
                             rank=rank,
                             got=tensor.flatten()[:3].tolist(),
                             expected=want.flatten()[:3].tolist(),
@@ -252,6 +240,14 @@ def check_safe_all_reduce(rng: random.Random, learner: Any) -> Iterator[object]:
                         case,
                     )
             elif what != "raised" or error != "ValueError":
-                did = MESSAGES(f"did_{what}", error=error)
-                raise fail(MESSAGES("no_raise", rank=rank, did=did), case)
+                did = lookup(MESSAGES, f"did_{what}", error=error)
+                raise fail(
+                    _t(
+                        "rank {rank} did not raise ValueError (it {did}); shapes or dtypes "
+                        "differ across ranks, so every rank must raise it",
+                        rank=rank,
+                        did=did,
+                    ),
+                    case,
+                )
         yield case

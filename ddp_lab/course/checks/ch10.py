@@ -37,86 +37,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ddp_lab.course.grading import checker, fail
-from ddp_lab.course.i18n import Messages
-
-MESSAGES = Messages(
-    __name__,
-    {
-        "malformed": {
-            "en": "rank {rank} sent back a result of the wrong form ({field}: {kind})",
-            "zh": "rank {rank} 返回的结果格式不对（{field}：{kind}）",
-        },
-        "owner_all": {
-            "en": "rank {rank} built its optimizer over {mine} of the {total} trainable parameters: "
-            "under ZeRO-1 each rank keeps optimizer state for its own shard only",
-            "zh": "rank {rank} 的优化器包含了全部 {total} 个可训练参数中的 {mine} 个：ZeRO-1 中每个 "
-            "rank 只为自己的分片保存优化器状态",
-        },
-        "owner_none": {
-            "en": "parameter #{index} (shape {shape}) is stepped by no rank: every trainable "
-            "parameter needs exactly one owner",
-            "zh": "第 {index} 个参数（形状 {shape}）没有任何 rank 负责更新：每个可训练参数必须恰好"
-            "属于一个 rank",
-        },
-        "owner_twice": {
-            "en": "parameter #{index} (shape {shape}) is stepped by ranks {ranks}: each parameter "
-            "must belong to exactly one shard",
-            "zh": "第 {index} 个参数（形状 {shape}）被 rank {ranks} 同时更新：每个参数只能属于一个分片",
-        },
-        "unbalanced": {
-            "en": "rank {rank} owns {load} elements, more than the ideal {ideal:.0f} plus the "
-            "largest parameter ({largest}): assign the largest parameters first, each to the "
-            "least loaded rank",
-            "zh": "rank {rank} 拥有 {load} 个元素，超过理想值 {ideal:.0f} 加上最大参数（{largest}）："
-            "请先分配最大的参数，每次分给当前负载最小的 rank",
-        },
-        "params_differ": {
-            "en": "rank {rank}: parameters differ from plain AdamW on the full batch by {diff:.3g} "
-            "(did every rank receive the parameters updated by their owner? broadcast each "
-            "parameter from its owner after the step)",
-            "zh": "rank {rank}：参数与在全批上运行的普通 AdamW 相差 {diff:.3g}（每个 rank 都收到了"
-            "由所属 rank 更新后的参数吗？优化器步骤之后，请从所属 rank 广播每个参数）",
-        },
-        "hook_grads": {
-            "en": "gradients differ from torch's bf16_compress_hook by {diff:.3g} (cast to "
-            "bfloat16, divide by the world size, all-reduce, copy back into bucket.buffer())",
-            "zh": "梯度与 torch 的 bf16_compress_hook 相差 {diff:.3g}（转换为 bfloat16、除以 world "
-            "size、全归约，再复制回 bucket.buffer()）",
-        },
-        "hook_bytes": {
-            "en": "the collectives carried {dtypes}, {got} bytes for {n} gradient elements; a bf16 "
-            "hook sends bfloat16, 2 bytes per element ({want} bytes)",
-            "zh": "集合通信传输的是 {dtypes}，{n} 个梯度元素共 {got} 字节；bf16 钩子应当发送 "
-            "bfloat16，每个元素 2 字节（{want} 字节）",
-        },
-        "fsdp_all_reduce": {
-            "en": "reduce_grad called dist.all_reduce: every rank received the whole gradient "
-            "although it keeps only its shard; use dist.reduce_scatter_single (reduce-scatter)",
-            "zh": "reduce_grad 调用了 dist.all_reduce：每个 rank 都收到了完整的梯度，但它只保留"
-            "自己的分片；请用 dist.reduce_scatter_single（归约散发）",
-        },
-        "fsdp_shape": {
-            "en": "reduce_grad returned shape {got} for a gradient of {n} elements on {world} "
-            "ranks; expected this rank's shard, shape ({want},)",
-            "zh": "对 {world} 个 rank 上 {n} 个元素的梯度，reduce_grad 返回的形状是 {got}；应返回"
-            "本 rank 的分片，形状为 ({want},)",
-        },
-        "fsdp_params": {
-            "en": "rank {rank}: parameters differ from single-process training on the full batch "
-            "by {diff:.3g} (return the average over the ranks, not the sum)",
-            "zh": "rank {rank}：参数与在全批上的单进程训练相差 {diff:.3g}（应返回各 rank 的平均值，"
-            "而不是和）",
-        },
-        "case_tied": {
-            "en": "world_size={world}, tied + frozen parameters",
-            "zh": "world_size={world}，含共享权重和冻结的参数",
-        },
-        "case_uneven": {
-            "en": "world_size={world}, uneven shards",
-            "zh": "world_size={world}，各分片大小不等",
-        },
-    },
-)
+from ddp_lab.i18n import _t
 
 
 def _kind(value: Any) -> str:
@@ -127,7 +48,15 @@ def _kind(value: Any) -> str:
 
 
 def _bad(rank: object, field: str, value: Any, label: str) -> Exception:
-    return fail(MESSAGES("malformed", rank=rank, field=field, kind=_kind(value)), label)
+    return fail(
+        _t(
+            "rank {rank} sent back a result of the wrong form ({field}: {kind})",
+            rank=rank,
+            field=field,
+            kind=_kind(value),
+        ),
+        label,
+    )
 
 
 def _ranks(got: Any, world: int, fields: tuple[str, ...], label: str) -> list[dict]:
@@ -263,23 +192,55 @@ def _sharded_verdict(results: Any, spec: dict, world: int, label: str) -> str:
                 owners[i].append(rank)
         mine = [i for i in set(owned) if i in owners]
         if len(trainable) > 1 and len(mine) == len(trainable):
-            return MESSAGES("owner_all", rank=rank, mine=len(mine), total=len(trainable))
+            return _t(
+                "rank {rank} built its optimizer over {mine} of the {total} trainable "
+                "parameters: under ZeRO-1 each rank keeps optimizer state for its own "
+                "shard only",
+                rank=rank,
+                mine=len(mine),
+                total=len(trainable),
+            )
     for i, ranks in owners.items():
         shape = tuple(params[i].shape)
         if not ranks:
-            return MESSAGES("owner_none", index=i, shape=shape)
+            return _t(
+                "parameter #{index} (shape {shape}) is stepped by no rank: every "
+                "trainable parameter needs exactly one owner",
+                index=i,
+                shape=shape,
+            )
         if len(ranks) > 1:
-            return MESSAGES("owner_twice", index=i, shape=shape, ranks=ranks)
+            return _t(
+                "parameter #{index} (shape {shape}) is stepped by ranks {ranks}: each "
+                "parameter must belong to exactly one shard",
+                index=i,
+                shape=shape,
+                ranks=ranks,
+            )
     sizes = {i: params[i].numel() for i in trainable}
     ideal, largest = sum(sizes.values()) / world, max(sizes.values())
     for rank in range(world):
         load = sum(n for i, n in sizes.items() if owners[i] == [rank])
         if load > ideal + largest:
-            return MESSAGES("unbalanced", rank=rank, load=load, ideal=ideal, largest=largest)
+            return _t(
+                "rank {rank} owns {load} elements, more than the ideal {ideal:.0f} plus "
+                "the largest parameter ({largest}): assign the largest parameters first, "
+                "each to the least loaded rank",
+                rank=rank,
+                load=load,
+                ideal=ideal,
+                largest=largest,
+            )
     for rank, r in enumerate(results):
         diff = max((p - q).abs().max().item() for p, q in zip(r["params"], want, strict=True))
         if not diff <= 1e-10:  # nan fails too
-            return MESSAGES("params_differ", rank=rank, diff=diff)
+            return _t(
+                "rank {rank}: parameters differ from plain AdamW on the full batch by "
+                "{diff:.3g} (did every rank receive the parameters updated by their "
+                "owner? broadcast each parameter from its owner after the step)",
+                rank=rank,
+                diff=diff,
+            )
     return ""
 
 
@@ -299,7 +260,7 @@ def check_sharded_optimizer(rng: random.Random, learner: Any) -> Iterator[object
             "lr": rng.choice([0.01, 0.05]),
             "wd": rng.choice([0.01, 0.1]),
         }
-        label = MESSAGES("case_tied", world=world)
+        label = _t("world_size={world}, tied + frozen parameters", world=world)
         got = learner.spawn(probe_sharded, spec, nprocs=world, timeout=120)
         why = _sharded_verdict(got, spec, world, label)
         if why:
@@ -388,9 +349,27 @@ def check_bf16_hook(rng: random.Random, learner: Any) -> Iterator[object]:
                 raise _bad(rank, "bytes", sent, label)
             if not torch.equal(grads, want):
                 diff = (grads - want).abs().max().item()
-                raise fail(MESSAGES("hook_grads", diff=diff), label)
+                raise fail(
+                    _t(
+                        "gradients differ from torch's bf16_compress_hook by {diff:.3g} (cast to "
+                        "bfloat16, divide by the world size, all-reduce, copy back into "
+                        "bucket.buffer())",
+                        diff=diff,
+                    ),
+                    label,
+                )
             if dtypes != ["torch.bfloat16"] or sent != 2 * n:
-                raise fail(MESSAGES("hook_bytes", dtypes=dtypes, got=sent, n=n, want=2 * n), label)
+                raise fail(
+                    _t(
+                        "the collectives carried {dtypes}, {got} bytes for {n} gradient "
+                        "elements; a bf16 hook sends bfloat16, 2 bytes per element ({want} bytes)",
+                        dtypes=dtypes,
+                        got=sent,
+                        n=n,
+                        want=2 * n,
+                    ),
+                    label,
+                )
         yield label
 
 
@@ -481,12 +460,26 @@ def _fsdp_verdict(got: Any, spec: dict, world: int, label: str) -> None:
         ):
             raise _bad(rank, "calls", calls, label)
         if any(called for _, _, called in calls):
-            raise fail(MESSAGES("fsdp_all_reduce"), label)
+            raise fail(
+                _t(
+                    "reduce_grad called dist.all_reduce: every rank received the whole "
+                    "gradient although it keeps only its shard; use "
+                    "dist.reduce_scatter_single (reduce-scatter)"
+                ),
+                label,
+            )
         for n, shape, _ in calls:
             if shape != [n // world]:
                 got_shape = tuple(shape) if shape is not None else None
                 raise fail(
-                    MESSAGES("fsdp_shape", got=got_shape, n=n, world=world, want=n // world),
+                    _t(
+                        "reduce_grad returned shape {got} for a gradient of {n} elements on "
+                        "{world} ranks; expected this rank's shard, shape ({want},)",
+                        got=got_shape,
+                        n=n,
+                        world=world,
+                        want=n // world,
+                    ),
                     label,
                 )
     for rank, r in enumerate(results):
@@ -505,7 +498,15 @@ def _fsdp_verdict(got: Any, spec: dict, world: int, label: str) -> None:
                 raise _bad(rank, f"state[{k!r}]", state[k], label)
         diff = max((state[k] - v).abs().max().item() for k, v in want.items())
         if not diff <= 1e-10:
-            raise fail(MESSAGES("fsdp_params", rank=rank, diff=diff), label)
+            raise fail(
+                _t(
+                    "rank {rank}: parameters differ from single-process training on the full "
+                    "batch by {diff:.3g} (return the average over the ranks, not the sum)",
+                    rank=rank,
+                    diff=diff,
+                ),
+                label,
+            )
 
 
 @checker("10.fsdp_reduce", points=2)
@@ -518,7 +519,7 @@ def check_fsdp_reduce(rng: random.Random, learner: Any) -> Iterator[object]:
             "data_seed": rng.randrange(10**6),
             "widths": [rng.randint(2, 9) for _ in range(rng.randint(3, 4))],
         }
-        label = MESSAGES("case_uneven", world=world)
+        label = _t("world_size={world}, uneven shards", world=world)
         got = learner.spawn(probe_fsdp, spec, nprocs=world, timeout=120)
         _fsdp_verdict(got, spec, world, label)
         yield label

@@ -12,17 +12,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from ddp_lab.course.grading import checker, fail
-from ddp_lab.course.i18n import Messages
-
-MESSAGES = Messages(
-    __name__,
-    {
-        "returned": {
-            "en": "{name}() returned {got}, expected {expected}",
-            "zh": "{name}() 返回了 {got}，期望 {expected}",
-        },
-    },
-)
+from ddp_lab.i18n import _t
 
 
 def probe_call(objects: tuple) -> Any:
@@ -34,7 +24,15 @@ def _check(name: str, expected: int, learner: Any) -> Iterator[object]:
     yield 1
     got = learner.call(probe_call, timeout=60)
     if type(got) is not int or got != expected:
-        raise fail(MESSAGES("returned", name=name, got=repr(got)[:60], expected=expected), "-")
+        raise fail(
+            _t(
+                "{name}() returned {got}, expected {expected}",
+                name=name,
+                got=repr(got)[:60],
+                expected=expected,
+            ),
+            "-",
+        )
     yield "-"
 
 

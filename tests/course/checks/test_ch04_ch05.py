@@ -391,7 +391,7 @@ def test_ring_rejects_rings_that_deadlock_on_nccl(wrong, capsys):
 
 def _feedback(lang: str, fn) -> str:
     """The checker's feedback on one case of 151 elements on 3 ranks, in ``lang``."""
-    from ddp_lab.course import i18n
+    from ddp_lab import i18n
     from ddp_lab.course.checks import ch04, ch05
 
     n, cases = 3, [((3 * 50 + 1,), "float32", 1)]
