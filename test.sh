@@ -13,11 +13,11 @@ DDP_LAB_EXTRAS=test bash setup.sh --no-lab
 missing=()
 [ -x "${DDP_LAB_CHROMIUM:-/usr/bin/chromium}" ] || missing+=(chromium)
 command -v bwrap >/dev/null || missing+=(bubblewrap)
-# - iproute2, nftables: tests/test_hosts.py and chapter 09 build hosts from network namespaces
+# - iproute2, nftables: tests/cluster/test_hosts.py and chapter 09 build hosts from network namespaces
 #   (`ip netns`) and firewall one of them (`nft`); without root they skip and say why.
 command -v ip >/dev/null || missing+=(iproute2)
 command -v nft >/dev/null || missing+=(nftables)
-# - slurm-wlm, munge: tests/test_slurm.py and chapter 09 run Slurm on those hosts (slurmctld,
+# - slurm-wlm, munge: tests/cluster/test_slurm.py and chapter 09 run Slurm on those hosts (slurmctld,
 #   one slurmd per host, munged); without them the tests skip and the chapter shows a stored run.
 command -v slurmd >/dev/null || missing+=(slurm-wlm)
 command -v munged >/dev/null || missing+=(munge)

@@ -928,7 +928,7 @@ errors.show_table()
 # ## 6. Two hosts for real
 #
 # Section 3's two "nodes" shared one network stack, one hostname and one loopback, so the
-# failures that make multi-node training painful could not show. `ddp_lab.hosts` builds
+# failures that make multi-node training painful could not show. `ddp_lab.cluster.hosts` builds
 # real ones on this machine: each host is a Linux **network namespace** with its own address
 # (`10.77.0.1`, `10.77.0.2`), its own interface `eth0` (a veth pair plugged into a bridge),
 # its own loopback, its own `/etc/hosts` and its own hostname (`host0`, `host1`). One call
@@ -943,7 +943,7 @@ errors.show_table()
 # ## 6. 真正的两台主机
 #
 # 第 3 节的两个“节点”共用一个网络栈、一个主机名和一个回环接口，所以让多节点训练头疼的那些故障
-# 根本不会出现。`ddp_lab.hosts` 在这台机器上造出真正分开的主机：每台主机是一个 Linux
+# 根本不会出现。`ddp_lab.cluster.hosts` 在这台机器上造出真正分开的主机：每台主机是一个 Linux
 # **网络命名空间**（network namespace），有自己的地址（`10.77.0.1`、`10.77.0.2`）、自己的网卡
 # `eth0`（一对 veth，另一端接在网桥上）、自己的回环接口、自己的 `/etc/hosts` 和自己的主机名
 # （`host0`、`host1`）。一次调用就能创建，并且一定会删除（`with hosts.cluster(2) as c:`）；
@@ -954,7 +954,7 @@ errors.show_table()
 # 后面的单元各自等待自己那一次的结果。
 
 # %% tags=["lesson"]
-from ddp_lab import hosts
+from ddp_lab.cluster import hosts
 from ddp_lab import two_hosts as th
 
 dl.show_source(hosts.Cluster.up)
@@ -1202,7 +1202,7 @@ dl.show_source(ddp_train.exit_without_finalizing)
 # Slurm is the common one. Its parts: `slurmctld`, the controller, on one machine; `slurmd` on
 # every node, which starts the tasks; `munged`, which signs every message between them with a
 # shared key. You submit a script with `sbatch`; inside it, `srun` starts one *task* per slot on
-# every node of the allocation. `ddp_lab.slurm` runs exactly these daemons (Debian's
+# every node of the allocation. `ddp_lab.cluster.slurm` runs exactly these daemons (Debian's
 # `slurm-wlm` and `munge`) on the two hosts of section 6: `slurmctld` on host0, one `slurmd`
 # on each host (`ddp-lab slurm up` / `status` / `down` in a terminal). Without root or Slurm
 # the cells show a stored real run.
@@ -1217,7 +1217,7 @@ dl.show_source(ddp_train.exit_without_finalizing)
 # 由它挑选节点、在节点上启动你的任务。最常见的调度器是 Slurm。它由三部分组成：一台机器上的
 # 控制器 `slurmctld`；每个节点上的 `slurmd`，负责启动任务；`munged`，用一把共享密钥给它们之间的
 # 每条消息签名。用 `sbatch` 提交脚本；在脚本里，`srun` 在分配到的每个节点上按槽位各启动一个
-# *任务*（task）。`ddp_lab.slurm` 在第 6 节的两台主机上运行的正是这些守护进程（Debian 的
+# *任务*（task）。`ddp_lab.cluster.slurm` 在第 6 节的两台主机上运行的正是这些守护进程（Debian 的
 # `slurm-wlm` 和 `munge`）：`slurmctld` 在 host0 上，每台主机各一个 `slurmd`（在终端里是
 # `ddp-lab slurm up` / `status` / `down`）。没有 root 权限或没有安装 Slurm 时，下面的单元会
 # 展示一次保存下来的真实运行。
@@ -1226,7 +1226,8 @@ dl.show_source(ddp_train.exit_without_finalizing)
 # 正确的那个，运行第 08 章的程序：
 
 # %% tags=["lesson"]
-from ddp_lab import slurm, slurm_jobs
+from ddp_lab import slurm_jobs
+from ddp_lab.cluster import slurm
 
 jobs = slurm_jobs.Jobs()
 print(slurm.script("ddp08", folder="$HOME/logs"))

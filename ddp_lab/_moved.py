@@ -21,12 +21,14 @@ old path                   new place
 ``ddp_lab.grading``        ``ddp_lab.course.grading``
 ``ddp_lab.notebook``       ``ddp_lab.course.notebook``
 ``ddp_lab.course.i18n``    ``ddp_lab.i18n`` (gettext now: no ``Messages``/``t``)
+``ddp_lab.hosts``          ``ddp_lab.cluster.hosts``
+``ddp_lab.slurm``          ``ddp_lab.cluster.slurm``
 ``ddp_lab.checks[.chNN]``  ``ddp_lab.course.checks[.chNN]``
 =========================  ==================================
 
 How: a finder on ``sys.meta_path`` answers for the old names only and hands back the
 module imported under the new name; ``ddp_lab.__getattr__`` does the same for attribute
-access (``dl.launcher``).
+access (``dl.launcher``), and ``python -m OLD.PATH`` runs the new module's code.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ import importlib.abc
 import importlib.machinery
 import importlib.util
 import sys
-from types import ModuleType
+from types import CodeType, ModuleType
 
 MOVED: dict[str, str] = {
     **{
@@ -56,6 +58,8 @@ MOVED: dict[str, str] = {
         for name in ("build", "cli", "grader", "grading", "notebook", "checks")
     },
     "ddp_lab.course.i18n": "ddp_lab.i18n",
+    "ddp_lab.hosts": "ddp_lab.cluster.hosts",
+    "ddp_lab.slurm": "ddp_lab.cluster.slurm",
 }
 
 
@@ -84,6 +88,14 @@ class _MovedFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         module = importlib.import_module(new_name(spec.name) or spec.name)
         self._own_specs[spec.name] = module.__spec__
         return module
+
+    def get_code(self, fullname: str) -> CodeType | None:
+        """The new module's code: ``python -m ddp_lab.slurm`` (runpy) runs it as ``__main__``."""
+        spec = importlib.util.find_spec(new_name(fullname) or fullname)
+        loader = spec.loader if spec else None
+        return (
+            loader.get_code(spec.name) if isinstance(loader, importlib.abc.InspectLoader) else None
+        )
 
     def exec_module(self, module: ModuleType) -> None:
         # The import machinery has just set ``__spec__`` to the alias's spec (the old name);

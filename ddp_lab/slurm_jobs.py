@@ -1,7 +1,7 @@
 """Chapter 09's Slurm jobs: chapter 08's program under ``sbatch``, and the common mistakes.
 
-:class:`Jobs` builds a two-node Slurm cluster (:mod:`ddp_lab.slurm`) in the background,
-submits every script of :data:`ddp_lab.slurm.SCRIPTS` at once (they queue: each wants both
+:class:`Jobs` builds a two-node Slurm cluster (:mod:`ddp_lab.cluster.slurm`) in the background,
+submits every script of :data:`ddp_lab.cluster.slurm.SCRIPTS` at once (they queue: each wants both
 nodes), keeps what ``squeue`` showed right after the submission, waits for each job, reads
 ``sacct -c`` and removes the cluster. Where a cluster cannot be built (not root, no
 ``slurm-wlm``), it shows the stored outputs of a real run instead:
@@ -18,7 +18,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from ddp_lab import hosts, slurm
+from ddp_lab.cluster import hosts, slurm
 from ddp_lab.i18n import _t
 
 RECORD = Path(__file__).with_name("slurm_run.json")

@@ -1,4 +1,4 @@
-"""Chapter 08's training program on two hosts (``ddp_lab.hosts``), and how it fails.
+"""Chapter 08's training program on two hosts (``ddp_lab.cluster.hosts``), and how it fails.
 
 Each scenario builds its own two hosts, starts one ``torchrun`` per host (one worker each)
 running ``python -m ddp_lab.train``, and keeps what each node printed. The working runs
@@ -25,7 +25,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from ddp_lab import hosts
+from ddp_lab.cluster import hosts
 from ddp_lab.i18n import _t
 
 RECORD = Path(__file__).with_name("two_hosts_run.json")

@@ -1,4 +1,4 @@
-"""Old import paths of modules that moved into ddp_lab.runtime / ddp_lab.course still work."""
+"""Old import paths of modules that moved (runtime, course, cluster, i18n) still work."""
 
 from __future__ import annotations
 
@@ -43,3 +43,10 @@ def test_names_that_never_existed_still_fail():
     with pytest.raises(ModuleNotFoundError):
         importlib.import_module("ddp_lab.no_such_module")
     assert _moved.new_name("ddp_lab.launcherx") is None
+
+
+def test_python_dash_m_runs_an_old_path():
+    # The Slurm jobs stored in slurm_run.json ran ``python -m ddp_lab.slurm where``.
+    code = "-m ddp_lab.slurm"
+    out = subprocess.run([sys.executable, *code.split()], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr

@@ -71,7 +71,7 @@ def _doctor(args: argparse.Namespace) -> int:
 
 
 def _hosts(args: argparse.Namespace) -> int:
-    from ddp_lab import hosts
+    from ddp_lab.cluster import hosts
 
     if args.action == "down":
         for name in hosts.down(all_clusters=args.all):
@@ -100,7 +100,7 @@ def _hosts(args: argparse.Namespace) -> int:
 
 
 def _slurm(args: argparse.Namespace) -> int:
-    from ddp_lab import slurm
+    from ddp_lab.cluster import slurm
 
     if args.action == "down":
         for name in slurm.down(all_clusters=args.all):

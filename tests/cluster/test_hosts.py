@@ -1,4 +1,4 @@
-"""ddp_lab.hosts: namespaces on a bridge, built and removed by one call, nothing left behind.
+"""ddp_lab.cluster.hosts: namespaces on a bridge, built and removed by one call, nothing left behind.
 
 These tests need root (CI runs as root); elsewhere they skip and say why.
 """
@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from ddp_lab import hosts
+from ddp_lab.cluster import hosts
 from ddp_lab.course import cli
 from ddp_lab.i18n import pair
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 REASON = hosts.unavailable_reason() if hasattr(os, "geteuid") else "not Linux"
 needs_hosts = pytest.mark.skipif(bool(REASON), reason=f"cannot build hosts here: {REASON}")
 
@@ -102,7 +102,7 @@ def test_teardown_after_an_error_kills_what_still_runs() -> None:
 def _owner_script(hold: str) -> str:
     return textwrap.dedent(f"""
         import sys, time
-        from ddp_lab import hosts
+        from ddp_lab.cluster import hosts
         with hosts.cluster(2) as c:
             c.start(0, ["sleep", "300"])
             print(c.tag, flush=True)

@@ -294,7 +294,7 @@ def cluster(n: int = 2, etc_hosts: str = "debian") -> Iterator[Cluster]:
 def up_until_exit(c: Any) -> Iterator[Any]:
     """``c.up()`` for the block, ``c.down()`` after it, also when SIGTERM ends the block.
 
-    Any cluster with ``up()`` and ``down()`` (these hosts, ``ddp_lab.slurm``'s cluster).
+    Any cluster with ``up()`` and ``down()`` (these hosts, ``ddp_lab.cluster.slurm``'s cluster).
     """
     previous = None
     if _main_thread():

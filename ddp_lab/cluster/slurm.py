@@ -1,9 +1,9 @@
-"""A one-machine Slurm cluster whose nodes are ``ddp_lab.hosts``, and jobs to run on it.
+"""A one-machine Slurm cluster whose nodes are ``ddp_lab.cluster.hosts``, and jobs to run on it.
 
 Chapter 09 submits chapter 08's training program with ``sbatch`` the way a university or lab
 cluster runs it: one ``srun`` task per node, each task a ``torchrun`` that starts the node's
 workers, the rendezvous endpoint taken from ``SLURM_JOB_NODELIST``. The nodes are the network
-namespaces of :mod:`ddp_lab.hosts` (``host0``, ``host1``, with ``/etc/hosts`` listing both):
+namespaces of :mod:`ddp_lab.cluster.hosts` (``host0``, ``host1``, with ``/etc/hosts`` listing both):
 ``slurmctld`` runs on host0, one ``slurmd`` on every host, and one ``munged`` signs their
 messages (a real cluster runs ``munged`` on every node with the same key; here the hosts share
 one filesystem, so they share one daemon's socket). The daemons listen on Slurm's default
@@ -33,7 +33,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ddp_lab import hosts
+from ddp_lab.cluster import hosts
 from ddp_lab.i18n import _t
 
 STATE_DIR = Path("/run/ddp-lab/slurm")  # one folder per cluster, named by its hosts' tag
@@ -78,9 +78,9 @@ SCRIPTS = {
     # right: one task per node, torchrun starts the node's 2 workers ("GPUs") -> 4 ranks
     "ddp08": (1, '"$SLURM_NNODES"', _TRAIN),
     # one task per GPU *and* torchrun per task: 4 agents x 2 workers -> 8 ranks
-    "n_by_n": (2, '"$SLURM_NTASKS"', "-m ddp_lab.slurm where"),
+    "n_by_n": (2, '"$SLURM_NTASKS"', "-m ddp_lab.cluster.slurm where"),
     # one task per GPU, --nnodes=$SLURM_NNODES: 4 agents for a 2-node rendezvous
-    "extra_agents": (2, '"$SLURM_NNODES"', "-m ddp_lab.slurm where"),
+    "extra_agents": (2, '"$SLURM_NNODES"', "-m ddp_lab.cluster.slurm where"),
     # one task per GPU and no torchrun: nobody sets RANK/WORLD_SIZE
     "no_torchrun": (2, "", "srun python " + _TRAIN),
 }
@@ -156,7 +156,7 @@ class Cluster:
     def env(self) -> dict[str, str]:
         """What a login shell on host0 would have: Slurm's config, this Python, ddp_lab."""
         bin_dir = str(Path(sys.executable).parent)
-        root = str(Path(__file__).resolve().parents[1])
+        root = str(Path(__file__).resolve().parents[2])
         return {"SLURM_CONF": str(self.folder / "slurm.conf"), "OMP_NUM_THREADS": "1",
                 "PATH": bin_dir + os.pathsep + os.environ.get("PATH", ""),
                 "PYTHONPATH": root}  # fmt: skip

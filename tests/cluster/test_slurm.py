@@ -1,4 +1,4 @@
-"""ddp_lab.slurm and slurm_jobs: Slurm on local hosts, chapter 09's jobs, nothing left behind.
+"""ddp_lab.cluster.slurm and slurm_jobs: Slurm on local hosts, chapter 09's jobs, nothing left behind.
 
 The cluster tests need root and Debian's slurm-wlm and munge (test.sh installs them as root,
 as in CI); elsewhere they skip and say why.
@@ -18,11 +18,12 @@ from pathlib import Path
 
 import pytest
 
-from ddp_lab import hosts, slurm, slurm_jobs
+from ddp_lab import slurm_jobs
+from ddp_lab.cluster import hosts, slurm
 from ddp_lab.course import cli
 from ddp_lab.i18n import pair
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 REASON = slurm.unavailable_reason() if hasattr(os, "geteuid") else "not Linux"
 needs_slurm = pytest.mark.skipif(bool(REASON), reason=f"cannot build Slurm here: {REASON}")
 
@@ -118,7 +119,7 @@ def test_jobs_train_like_one_host_show_each_mistake_and_leave_nothing() -> None:
 @needs_slurm
 def test_killed_owner_leaves_nothing_after_down() -> None:
     code = (
-        "from ddp_lab import slurm; import time\n"
+        "from ddp_lab.cluster import slurm; import time\n"
         "c = slurm.Cluster(2).up()\n"
         "print(c.folder, *[h.netns for h in c.hosts.hosts], c.hosts.switch, flush=True)\n"
         "time.sleep(600)\n"
