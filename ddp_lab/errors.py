@@ -289,9 +289,9 @@ def explain(error: Any, key: str, lang: str | None = None) -> KnownError:
                 text=short,
             )
         )
-    print(_t("message", lang) + ": " + f"{entry.first_line(text)}")
-    print(_t("cause", lang) + ": " + f"{entry.cause[lang]}")
-    print(_t("fix", lang) + ": " + f"{entry.fix[lang]}")
+    print(_t("message", lang) + f": {entry.first_line(text)}")
+    print(_t("cause", lang) + f": {entry.cause[lang]}")
+    print(_t("fix", lang) + f": {entry.fix[lang]}")
     return entry
 
 
@@ -318,7 +318,7 @@ class expect:  # noqa: N801  # used like a function: `with expect("key"):`
         if not isinstance(exc, Exception):
             return False  # KeyboardInterrupt and friends pass through
         self.error = exc
-        print("[" + _t("Expected failure, as planned", lang) + ": " + f"{type(exc).__name__}" + "]")
+        print("[" + _t("Expected failure, as planned", lang) + f": {type(exc).__name__}]")
         explain(exc, self.entry.key, lang)
         return True
 

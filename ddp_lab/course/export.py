@@ -23,16 +23,26 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
-from ddp_lab.i18n import _t, lookup
+from ddp_lab.i18n import N_, _t, lookup
 
 STATUSES = ("passed", "failed")
+# The status of a ``grader.Result``, as the report and Gradescope show it.
+STATUS_TEXTS = {
+    "passed": N_("passed"),
+    "failed": N_("failed"),
+    "tampered-changed": N_("graded cell changed"),
+    "tampered-deleted": N_("graded cell deleted"),
+    "tampered-moved": N_("graded cell moved"),
+    "timeout": N_("timed out"),
+    "kernel-died": N_("kernel died"),
+    "invalid": N_("invalid notebook"),
+    "error": N_("not run"),
+}
 VISIBILITIES = ("hidden", "after_due_date", "after_published", "visible")
 
 
 def gradescope_results(results: list[Any], lang: str, execution_time: float) -> dict[str, Any]:
     """Gradescope's results.json for one submission (``results``: ``grader.Result``s)."""
-    from ddp_lab.course.grader import MESSAGES as msg
-
     tests = []
     for number, r in enumerate(results, 1):
         tests.append(
@@ -42,7 +52,8 @@ def gradescope_results(results: list[Any], lang: str, execution_time: float) -> 
                 "score": float(r.points),
                 "max_score": float(r.max_points),
                 "status": "passed" if r.status == "passed" else "failed",
-                "output": lookup(msg, r.status, lang) + (f"\n{r.detail}" if r.detail else ""),
+                "output": lookup(STATUS_TEXTS, r.status, lang)
+                + (f"\n{r.detail}" if r.detail else ""),
                 "visibility": "visible",
             }
         )

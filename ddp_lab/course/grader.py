@@ -49,16 +49,8 @@ ERROR_PROP = "ddp_lab_error"
 KERNEL_DIED = "ddp-lab: the kernel died"
 PACKAGE_PARENT = Path(__file__).resolve().parents[2]  # holds ddp_lab/ (this is ddp_lab/course/)
 
+# Why a graded cell counts as tampered, by the kind ``tampered`` found.
 MESSAGES = {
-    "passed": N_("passed"),
-    "failed": N_("failed"),
-    "tampered-changed": N_("graded cell changed"),
-    "tampered-deleted": N_("graded cell deleted"),
-    "tampered-moved": N_("graded cell moved"),
-    "timeout": N_("timed out"),
-    "kernel-died": N_("kernel died"),
-    "invalid": N_("invalid notebook"),
-    "error": N_("not run"),
     "why_changed": N_(
         "the code of the graded cell was changed; copy it back from the released notebook."
     ),
@@ -67,22 +59,6 @@ MESSAGES = {
     "why_moved": N_(
         "the graded cell was moved relative to the exercise cells; put it back in place."
     ),
-    "why_total": N_("the notebook did not finish within {timeout:g} s and was stopped."),
-    "why_cell": N_("a cell ran longer than {timeout:g} s and was interrupted (an endless loop?)."),
-    "why_died": N_(
-        "the Python kernel died (os._exit, a crash or out of memory) before this cell ran."
-    ),
-    "why_invalid": N_("not a valid notebook: {error}"),
-    "why_error": N_("the notebook could not be run: {error}"),
-    "total": N_("total {points}/{max_points} points"),
-    "feedback": N_("Feedback for {student}: {title}"),
-    "no_file": N_("No such file: {path}"),
-    "no_graded": N_("{path} has no graded cells: is it an exercise notebook?"),
-    "no_subs": N_("No .ipynb submissions found in {paths}"),
-    "bad_number": N_("--{name} must be a positive number, got {value!r}."),
-    "wrote": N_("wrote {path}"),
-    "progress": N_("{done}/{total} graded, {zeros} with no points, about {left} s left"),
-    "no_such_exercise": N_("{path} has no exercise {grade_id}; it has: {ids}"),
 }
 
 
@@ -97,7 +73,8 @@ class Exercise:
 
 @dataclass
 class Result:
-    """One exercise of one notebook: points and a status (a key of ``M``) with details."""
+    """One exercise of one notebook: points and a status (a key of ``export.STATUS_TEXTS``)
+    with details."""
 
     grade_id: str
     points: int
@@ -373,14 +350,9 @@ def report_lines(results: list[Result], lang: str) -> list[str]:
     """One line per exercise and a total, in ``lang``."""
     lines = [
         (
-            "- "
-            + f"{r.grade_id}"
-            + ": "
-            + lookup(MESSAGES, r.status, lang)
-            + ", "
-            + f"{r.points}"
-            + "/"
-            + f"{r.max_points}"
+            f"- {r.grade_id}: "
+            + lookup(export.STATUS_TEXTS, r.status, lang)
+            + f", {r.points}/{r.max_points}"
         )
         + (f"\n  {r.detail}" if r.detail and r.status != "passed" else "")
         for r in results
@@ -448,7 +420,7 @@ def check_main(args: argparse.Namespace) -> int:
     except Exception as exc:  # noqa: BLE001  # any unreadable file: say why, in one line
         error = f"{type(exc).__name__}: {str(exc)[:200]}"
         print(
-            f"{path}" + ": " + _t("not a valid notebook: {error}", _cli_lang(), error=error),
+            f"{path}: " + _t("not a valid notebook: {error}", _cli_lang(), error=error),
             file=sys.stderr,
         )
         return 1

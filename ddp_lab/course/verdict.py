@@ -216,7 +216,7 @@ def _kill(proc: subprocess.Popen) -> None:
 def main() -> int:
     import signal
 
-    from ddp_lab.runtime._zygote import set_parent_death_signal
+    from ddp_lab.runtime._process import set_parent_death_signal
 
     # If the grader dies (killed, not interrupted), this process dies too, and bwrap's
     # --die-with-parent takes the sandbox along: no grading outlives its grader.

@@ -159,7 +159,7 @@ def release_kept_groups() -> None:
 
 
 def _setup_process(rank: int, msg: dict, close_fds: tuple[int, ...]) -> None:
-    from ddp_lab.runtime._zygote import set_parent_death_signal
+    from ddp_lab.runtime._process import set_parent_death_signal
 
     os.setpgid(0, 0)
     set_parent_death_signal(signal.SIGKILL)

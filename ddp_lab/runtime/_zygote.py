@@ -25,14 +25,14 @@ prints cannot corrupt the protocol).
 
 from __future__ import annotations
 
-import ctypes
 import importlib
 import os
 import pickle
 import select
 import signal
 import struct
-import sys
+
+from ddp_lab.runtime._process import set_parent_death_signal
 
 _HEADER = struct.Struct("!I")
 # What the first DDP construction (and its first backward) imports beyond torch.distributed.
@@ -67,16 +67,6 @@ def read_msg(fd: int) -> object | None:
         return None
     body = _read_exact(fd, _HEADER.unpack(header)[0])
     return None if body is None else pickle.loads(body)
-
-
-def set_parent_death_signal(sig: int) -> None:
-    """Ask Linux to send ``sig`` to this process when its parent dies (no orphans)."""
-    if sys.platform.startswith("linux"):
-        try:
-            libc = ctypes.CDLL(None, use_errno=True)
-            libc.prctl(1, int(sig), 0, 0, 0)  # 1 == PR_SET_PDEATHSIG
-        except OSError:
-            pass
 
 
 def _signal_ranks(alive: dict[int, int], sig: int, ranks: list[int] | None) -> None:

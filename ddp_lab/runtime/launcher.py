@@ -107,15 +107,13 @@ class DistributedError(RuntimeError):
                 parts.append(
                     "\n--- "
                     + _t("traceback of rank {rank}", rank=f.rank)
-                    + " ---\n"
-                    + f"{f.traceback.rstrip()}"
+                    + f" ---\n{f.traceback.rstrip()}"
                 )
             if f.stack:
                 parts.append(
                     "\n--- "
                     + _t("where rank {rank} was stuck (Python stack)", rank=f.rank)
-                    + " ---\n"
-                    + f"{f.stack.rstrip()}"
+                    + f" ---\n{f.stack.rstrip()}"
                 )
         return "\n".join(parts)
 
@@ -569,8 +567,7 @@ def print_stacks(ranks: list[int], stacks: dict[int, str]) -> None:
             sys.stderr.write(
                 "--- "
                 + _t("where rank {rank} was stuck (Python stack)", rank=r)
-                + " ---\n"
-                + f"{stacks[r]}"
+                + f" ---\n{stacks[r]}"
             )
 
 

@@ -14,23 +14,12 @@ value with cloudpickle. Output, errors, timeouts and cleanup are those of
 from __future__ import annotations
 
 import ast
-import types
 from typing import Any
 
 from ddp_lab.i18n import _t
 from ddp_lab.runtime import launcher
-
-# IPython's own names, never worth sending to a rank.
-_SKIP = {"In", "Out", "get_ipython", "exit", "quit", "_ih", "_oh", "_dh"}
-
-
-def used_names(code: types.CodeType) -> set[str]:
-    """All global names a code object (and the code nested in it) refers to."""
-    names = set(code.co_names)
-    for const in code.co_consts:
-        if isinstance(const, types.CodeType):
-            names |= used_names(const)
-    return names
+from ddp_lab.runtime._cell import SKIP as _SKIP
+from ddp_lab.runtime._cell import used_names
 
 
 class CellJob:

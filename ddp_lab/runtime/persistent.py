@@ -32,9 +32,9 @@ import cloudpickle
 
 from ddp_lab.i18n import _t
 from ddp_lab.runtime import _pickle, launcher
+from ddp_lab.runtime._cell import SKIP, used_names
 from ddp_lab.runtime._rank_group import PREFIX, RANK_NAMES, RankGroup, alive, errors
 from ddp_lab.runtime.launcher import DistributedError
-from ddp_lab.runtime.magic import _SKIP, used_names
 
 _group: RankGroup | None = None
 
@@ -134,7 +134,7 @@ def run_cell(
     targets = group.check_ranks(ranks)
     code = compile(ast.parse(source, filename), filename, "exec")  # syntax errors stay here
     known = set.intersection(*(group.defined[r] for r in targets))
-    wanted = used_names(code) - _SKIP - RANK_NAMES - known
+    wanted = used_names(code) - SKIP - RANK_NAMES - known
     user_ns = user_ns or {}
     names = {k: launcher.dumps_named(k, user_ns[k]) for k in sorted(wanted) if k in user_ns}
     msg = {
