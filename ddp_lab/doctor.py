@@ -61,7 +61,7 @@ MESSAGES = Messages(
             "en": "Launchers set these per process; a leftover value makes init_process_group wait "
             "for ranks that never come. Unset them.",
             "zh": "这些变量应由启动器为每个进程设置；残留的值会让 init_process_group "
-            "一直等待不存在的 rank。请取消它们。",
+            "一直等待不存在的 rank。请用 unset 清除这些变量。",
         },
         "driver_mismatch": {
             "en": "The kernel module and the user-space driver differ (an upgrade without a "
@@ -71,11 +71,11 @@ MESSAGES = Messages(
         },
         "cvd_hides_all": {
             "en": "Unset CUDA_VISIBLE_DEVICES or list valid indices (e.g. 0,1).",
-            "zh": "请取消 CUDA_VISIBLE_DEVICES，或只列出有效的编号（例如 0,1）。",
+            "zh": "请 unset CUDA_VISIBLE_DEVICES，或只列出有效的编号（例如 0,1）。",
         },
         "slower_transfers": {
             "en": "Slower transfers; unset it unless it works around a known hardware problem.",
-            "zh": "传输会变慢；除非是为了绕开已知的硬件问题，请取消它。",
+            "zh": "传输会变慢；除非是为了绕开已知的硬件问题，请用 unset 清除它。",
         },
         "several_toolkits": {
             "en": "Several toolkits: set CUDA_HOME and PATH to the one matching torch's "
