@@ -28,19 +28,37 @@
 # `exercises/en/` (solutions in `solutions/en/`). The Chinese edition is in the `zh`
 # folders; the code is the same in both. Run cells from top to bottom with
 # Shift+Enter.
+#
+# **Installing.** `bash setup.sh` installs everything into `.venv`. It takes torch from
+# `TORCH_INDEX_URL` (set it to PyTorch's CPU wheels on a laptop without a GPU) and every
+# other package from `PIP_INDEX_URL`; readers in mainland China, where PyPI, PyTorch's
+# wheels and GitHub are often slow, find mirrors for both in the README's "CPU and mirror
+# routes" section.
+#
+# Code and its comments are in English in both editions, and so is what PyTorch prints (logs,
+# errors): that is the text you will search for. The course's own messages, plots and
+# tables are in your edition's language.
 
 # %% [markdown] lang="zh"
 # # 00 欢迎与快速上手
 #
-# 本课程从内部讲解 PyTorch 的数据并行训练：你将在这个 notebook 里启动多个**进程**，
-# 每个进程是一个 **rank**（进程编号）；观察它们通过**集合通信**（collective，例如**全归约**，
-# all-reduce）互相通信，并亲手重写 `DataParallel`、环形全归约（ring all-reduce）和
-# `DistributedDataParallel`。所有内容都能在笔记本电脑的 CPU 上用 `gloo` 后端运行；
+# 本课程带你深入 PyTorch 数据并行训练的内部机制：你将在这个 notebook 里启动多个**进程**
+# （process），每个进程是一个 **rank**（进程编号）；观察它们如何通过**集合通信**
+# （collective）交换数据，例如**全归约**（all-reduce），并亲手重写 `DataParallel`、
+# 环形全归约（ring all-reduce）和 `DistributedDataParallel`。所有内容都能在笔记本电脑的 CPU 上用 `gloo` 后端运行；
 # 在有 GPU 的机器上，同样的代码单元会使用 `nccl`。
 #
 # **如何使用本课程**。课程正文在 `notebooks/zh/`，练习在 `exercises/zh/`
 # （参考答案在 `solutions/zh/`）。英文版在 `en` 文件夹中，两种语言的代码完全相同。
 # 用 Shift+Enter 从上到下依次运行代码单元。
+#
+# **安装**。`bash setup.sh` 把所有依赖装进 `.venv`。torch 从 `TORCH_INDEX_URL` 指定的索引
+# 安装（没有 GPU 的笔记本电脑可以指向 PyTorch 的 CPU 版 wheel），其余的包从 `PIP_INDEX_URL`
+# 安装。在中国大陆，PyPI、PyTorch 的 wheel 和 GitHub 的访问往往很慢：两者的国内镜像以及
+# 怎样选择，见 README 的“CPU and mirror routes”一节。
+#
+# 代码和注释在两种语言版本中都是英文，PyTorch 打印的日志和报错也是英文：遇到问题时，你要搜索
+# 的正是这些原文。课程自己的提示信息、图和表格则使用你所选版本的语言。
 
 # %%
 import torch
@@ -92,8 +110,9 @@ print(results)
 # %% [markdown] lang="zh"
 # ## `%%ddp` 单元魔法命令
 #
-# 做小实验时，`%%ddp -n N` 会在 `N` 个 rank 上运行整个单元，并且**进程组**已经初始化好。
-# 单元内可以直接使用 `rank`、`world_size` 和 `device`，也可以使用前面单元里定义的名字。
+# 做小实验时，`%%ddp -n N` 会在 `N` 个 rank 上运行整个单元，并且**进程组**（process group）
+# 已经初始化好。单元内可以直接使用 `rank`、`world_size` 和 `device`，也可以使用前面单元里
+# 定义的名字（比如上面的 `hello`）。
 
 # %%
 # %%ddp -n 2
@@ -107,8 +126,8 @@ print(f"rank {rank}/{world_size} on {device}: {x.tolist()}")
 # different collectives) ends at the timeout with the stack of every stuck rank.
 
 # %% [markdown] lang="zh"
-# 当某个 rank 出错时，启动器会停止其他 rank，并抛出一个指明出错 rank 并附带其
-# traceback 的异常。如果程序卡住（例如两个 rank 在等待不同的集合通信），到达超时时间后
+# 当某个 rank 出错时，启动器会停止其他 rank，并抛出一个异常，指明是哪个 rank 出错，
+# 附上它的 traceback。如果程序卡住（例如两个 rank 在等待不同的集合通信），到达超时时间后
 # 会打印每个卡住的 rank 的调用栈。
 
 # %%

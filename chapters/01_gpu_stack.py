@@ -74,8 +74,8 @@ print("torch", torch.__version__, "| torch.version.cuda =", torch.version.cuda)
 #   `nvcc` 对驱动一无所知。
 #
 # 因此 `nvidia-smi` 和 `nvcc -V` 打印的 CUDA 版本通常*不同*。只要驱动的版本号更大就没有问题。
-# 如果 PyTorch 的运行时更新，要看主版本：*同一*主版本内更新的运行时仍然可以运行（下面讲的
-# 小版本兼容），只有跨主版本（例如 CUDA 12 的运行时遇到表头写着 11.x 的驱动）才无法启动。
+# 如果 PyTorch 自带的运行时比驱动支持的版本还新，就要看主版本：*同一*主版本内较新的运行时
+# 仍然可以运行（下面讲的小版本兼容），只有跨主版本（例如 CUDA 12 的运行时遇到表头写着 11.x 的驱动）才无法启动。
 # 下面看看这台机器上的情况。
 
 # %%
@@ -113,26 +113,30 @@ print(cc.check_driver_runtime(info.driver, "12.8").text)
 # %% [markdown] lang="en"
 # The rule comes from NVIDIA's table of minimum driver versions per CUDA release (CUDA
 # Toolkit Release Notes, Tables 2 and 3, Linux x86_64:
-# https://docs.nvidia.com/cuda/cuda-toolkit-release-notes/). Within one major version,
+# [docs.nvidia.com/cuda/cuda-toolkit-release-notes](https://docs.nvidia.com/cuda/cuda-toolkit-release-notes/)).
+# Within one major version,
 # *minor version compatibility* lets, say, a CUDA 12.4 runtime run on a 12.0 driver
 # (>= 525.60.13). What does not work there: JIT compilation of PTX produced by the newer
 # toolkit (code shipped only as PTX fails to load), and the few API calls that need a newer
 # driver (they return `cudaErrorCallRequiresNewerDriver`). So it is a warning, not an error.
 # Across major versions only **forward compatibility** helps: NVIDIA's `cuda-compat`
 # package puts a newer user-mode driver (`libcuda.so`) next to the old kernel driver, and it
-# is supported on data-center GPUs only (CUDA Compatibility guide,
-# https://docs.nvidia.com/deploy/cuda-compatibility/; not runnable here).
+# is supported on data-center GPUs only
+# ([CUDA Compatibility guide](https://docs.nvidia.com/deploy/cuda-compatibility/); needs such
+# a GPU, not run here).
 
 # %% [markdown] lang="zh"
-# 这条规则来自 NVIDIA 发布的各 CUDA 版本最低驱动版本表（CUDA Toolkit Release Notes 的
-# 表 2 和表 3，Linux x86_64：https://docs.nvidia.com/cuda/cuda-toolkit-release-notes/）。
+# 这条规则来自 NVIDIA 发布的各 CUDA 版本最低驱动版本表
+# （[CUDA Toolkit Release Notes](https://docs.nvidia.com/cuda/cuda-toolkit-release-notes/)
+# 的表 2 和表 3，Linux x86_64）。
 # 在同一个主版本内，*小版本兼容*（minor version compatibility）允许例如 CUDA 12.4 的运行时在
 # 12.0 的驱动（>= 525.60.13）上运行。在这种情况下不能用的是：JIT 编译新工具包生成的 PTX
 # （只以 PTX 形式提供的代码无法加载），以及少数需要新驱动的 API（返回
 # `cudaErrorCallRequiresNewerDriver`）。所以这是警告，不是错误。跨主版本时只有**前向兼容**
 # （forward compatibility）能帮上忙：NVIDIA 的 `cuda-compat` 包把更新的用户态驱动
-# （`libcuda.so`）放在旧的内核驱动旁边，而且只支持数据中心 GPU（CUDA Compatibility 指南，
-# https://docs.nvidia.com/deploy/cuda-compatibility/；本机无法运行）。
+# （`libcuda.so`）放在旧的内核驱动旁边，而且只支持数据中心 GPU（见
+# [CUDA Compatibility 指南](https://docs.nvidia.com/deploy/cuda-compatibility/)；需要这类 GPU，
+# 这里没有运行）。
 
 # %%
 for cuda, need in list(cc.MIN_DRIVER_LINUX.items())[:6] + [((11, 0), cc.MIN_DRIVER_LINUX[11, 0])]:
@@ -233,14 +237,14 @@ print(loaded or "no libnccl is loaded in this process (CPU build of torch)")
 # %% [markdown] lang="zh"
 # ## GPU 架构与 wheel，以及设备编号
 #
-# CUDA 版 wheel 里的 kernel 是为一组 GPU 架构编译的，用 `torch.cuda.get_arch_list()` 可以打印
+# CUDA 版 wheel 里的核函数（kernel）是为一组 GPU 架构编译的，用 `torch.cuda.get_arch_list()` 可以打印
 # 出来（`sm_90` 即计算能力 9.0；`compute_90` 是 PTX，驱动可以为更新的 GPU 做 JIT 编译）。
 # 不在这个列表里的 GPU（被这个版本放弃的旧卡，或者没有对应 PTX 的新卡）启动时会得到一条警告
-# （`torch/cuda/__init__.py` 的 `_check_capability`），第一个 kernel 运行时则报
+# （`torch/cuda/__init__.py` 的 `_check_capability`），第一个核函数运行时则报
 # `CUDA error: no kernel image is available for execution on the device`。解决办法是换一个为它
 # 编译的 wheel，而不是换驱动。
 #
-# 各工具的设备编号也不一样：CUDA（也就是 torch）默认按速度从快到慢编号
+# 各工具的设备编号也不一样：CUDA（因而 torch 也一样）默认按速度从快到慢编号
 # （`CUDA_DEVICE_ORDER=FASTEST_FIRST`），`nvidia-smi` 按 PCI 总线编号。在混插不同 GPU 的机器上，
 # `cuda:0` 不一定是 `nvidia-smi` 里的 GPU 0；设置 `CUDA_DEVICE_ORDER=PCI_BUS_ID` 就能让两者一致
 # （CUDA Programming Guide 的“CUDA Environment Variables”；本机无法演示）。
@@ -257,15 +261,15 @@ for d in range(torch.cuda.device_count()):
 # %% [markdown] lang="en"
 # ### Building NCCL without root (and testing it)
 #
-# The source notes build NCCL in a home folder, which works, but two of their steps are
-# wrong: they add the build's `include/` folder to `PATH` (headers are not programs; the
+# A recipe common in notes and blog posts builds NCCL in a home folder, which works, but two
+# of its steps are wrong: it adds the build's `include/` folder to `PATH` (headers are not programs; the
 # programs a build makes since NCCL 2.24, `ncclras` and later `ncclparam`, go to `bin/`, see
-# `BINDIR` in NCCL's `src/Makefile`), and their `LD_LIBRARY_PATH` points at a different
+# `BINDIR` in NCCL's `src/Makefile`), and its `LD_LIBRARY_PATH` points at a different
 # folder than `BUILDDIR`. The steps, with kernels only for your GPU (here compute
 # capability 9.0, an H100). `v2.30.7-1` is the newest tag of NVIDIA/nccl as this course was
 # checked; its `makefiles/common.mk` knows CUDA 8 to 13 (CUDA 13 drops GPUs before sm_75).
-# Which CUDA versions NVIDIA builds and tests it with is in the tag's release notes
-# (https://github.com/NVIDIA/nccl/releases), not checked here; pick the tag whose notes list
+# Which CUDA versions NVIDIA builds and tests it with is in the tag's
+# [release notes](https://github.com/NVIDIA/nccl/releases); pick the tag whose notes list
 # your CUDA.
 #
 # ```bash
@@ -287,14 +291,15 @@ for d in range(torch.cuda.device_count()):
 # %% [markdown] lang="zh"
 # ### 无 root 权限编译 NCCL（并测试）
 #
-# 源笔记在用户目录下编译 NCCL，这个思路可行，但有两步是错的：把编译结果的 `include/` 目录加入了
+# 网上常见的一种做法是在用户目录下编译 NCCL。这个思路可行，但有两步是错的：把编译结果的
+# `include/` 目录加入了
 # `PATH`（头文件不是可执行程序；从 NCCL 2.24 起编译出的程序 `ncclras`，以及后来的 `ncclparam`，
 # 放在 `bin/` 里，见 NCCL `src/Makefile` 中的 `BINDIR`），而且 `LD_LIBRARY_PATH` 指向的目录与
 # `BUILDDIR` 不同。正确的步骤如下，只为你的 GPU 生成代码（这里是计算能力 9.0，即 H100）。
-# 核对本课程时 NVIDIA/nccl 最新的 tag 是 `v2.30.7-1`；它的 `makefiles/common.mk` 认识 CUDA 8
+# 核对本课程时 NVIDIA/nccl 最新的 tag 是 `v2.30.7-1`；它的 `makefiles/common.mk` 支持 CUDA 8
 # 到 13（CUDA 13 不再支持 sm_75 之前的 GPU）。NVIDIA 用哪些 CUDA 版本编译和测试它，写在该
-# tag 的发布说明里（https://github.com/NVIDIA/nccl/releases），这里没有核对；请选择发布说明中
-# 列出你的 CUDA 的 tag。
+# tag 的[发布说明](https://github.com/NVIDIA/nccl/releases)里；请选择发布说明中列出你的
+# CUDA 版本的 tag。
 #
 # ```bash
 # git clone https://github.com/NVIDIA/nccl.git && cd nccl
@@ -334,7 +339,7 @@ else:
 # `include/`. torch adds only `CUDA_HOME/include` and the folder in `CUDA_INC_PATH`
 # (`include_paths` in `torch/utils/cpp_extension.py`), so set
 # `CUDA_INC_PATH=$CONDA_PREFIX/targets/x86_64-linux/include`; `ddp-lab doctor` says so when it
-# sees that layout (the layout itself is not checked on this machine, which has no conda).
+# sees that layout (seeing it needs a conda toolkit; not run here).
 # A trap this very machine shows: a wrapper script `/usr/local/bin/nvcc` makes the guess
 # `/usr/local`, which has no CUDA headers.
 
@@ -343,11 +348,12 @@ else:
 #
 # `torch.utils.cpp_extension` 依次使用 `CUDA_HOME`、`CUDA_PATH`、`PATH` 上找到的 `nvcc` 的
 # 上两级目录，最后是 `/usr/local/cuda`。用 conda 安装的工具包（`conda install cuda-toolkit`）
-# 把 `nvcc` 放在 `$CONDA_PREFIX/bin`，所以目录能找到；但它 CUDA 12 及以后的包把头文件放在
+# 把 `nvcc` 放在 `$CONDA_PREFIX/bin`，所以能找到工具包目录；但 CUDA 12 及以后的 conda 包把头文件放在
 # `$CONDA_PREFIX/targets/x86_64-linux/include`，而不是 `include/`。torch 只加入
 # `CUDA_HOME/include` 和 `CUDA_INC_PATH` 指定的目录（`torch/utils/cpp_extension.py` 的
 # `include_paths`），所以要设置 `CUDA_INC_PATH=$CONDA_PREFIX/targets/x86_64-linux/include`；
-# `ddp-lab doctor` 看到这种布局时会给出这条建议（布局本身没有在本机核对：这里没有 conda）。
+# `ddp-lab doctor` 看到这种布局时会给出这条建议（要看到这种布局需要 conda 安装的工具包，
+# 这里没有运行）。
 # 本机就能演示一个陷阱：包装脚本 `/usr/local/bin/nvcc` 会让 torch 猜成 `/usr/local`，
 # 而那里没有 CUDA 头文件。
 
@@ -368,23 +374,35 @@ print("with CUDA_HOME=/usr/local/cuda-12.1:",
 # Pick a wheel index whose CUDA is **<=** the "CUDA Version" of `nvidia-smi` (for example
 # `pip install torch --index-url https://download.pytorch.org/whl/cu128`), or the CPU build
 # (`.../whl/cpu`) on a machine without a GPU. Each index holds only the releases built for
-# that CUDA: `cu121` stops at torch 2.5.1, so an old driver pins you to an old torch (or,
-# within one major, minor version compatibility lets a newer index run with a warning). The
-# list of releases per index is on https://download.pytorch.org/whl/ (not reachable from
-# this course's test machine: unchecked here). The source notes pin `torch==1.10.1+cu102`
-# and claim "torch >= 1.9 is unstable": that claim came from one elastic-agent warning
-# ("Received 1 death signal"), which only says a worker was stopped. Use a current release.
+# that CUDA: `cu121` stops at torch 2.5 (the "Release Compatibility Matrix" in PyTorch's
+# `RELEASE.md` lists CUDA 12.1 up to 2.5 and not after), so an old driver pins you to an old
+# torch (or, within one major, minor version compatibility lets a newer index run with a
+# warning). Old tutorials pin `torch==1.10.1+cu102` and claim "torch >= 1.9 is unstable":
+# that claim comes from one elastic-agent warning ("Received 1 death signal"), which only
+# says a worker was stopped. Use a current release.
+#
+# `bash setup.sh` reads two variables: `TORCH_INDEX_URL` (where torch comes from, e.g. the
+# CPU wheels on a laptop without a GPU) and `PIP_INDEX_URL` (every other package, e.g. a
+# PyPI mirror). Readers in mainland China, where the multi-GB CUDA wheels and GitHub clones
+# are often slow, find mirrors and how to choose them in the README's "CPU and mirror
+# routes" section.
 
 # %% [markdown] lang="zh"
 # ## 安装匹配的 torch
 #
-# 选择 CUDA 版本 **<=** `nvidia-smi` 显示的“CUDA Version”的 wheel 源（例如
+# 选择 CUDA 版本**不高于** `nvidia-smi` 表头“CUDA Version”的 wheel 索引（例如
 # `pip install torch --index-url https://download.pytorch.org/whl/cu128`），没有 GPU 的机器用
-# CPU 版本（`.../whl/cpu`）。每个源只收录为该 CUDA 编译的版本：`cu121` 最高到 torch 2.5.1，所以
-# 旧驱动会把你限制在旧的 torch 上（或者在同一主版本内，依靠小版本兼容带警告地使用更新的源）。
-# 每个源有哪些版本见 https://download.pytorch.org/whl/（课程的测试机访问不到，这里没有核对）。源笔记固定使用 `torch==1.10.1+cu102`，并说“torch >= 1.9 不稳定”：
-# 这个说法只来自一条弹性代理（elastic agent）的警告（“Received 1 death signal”），它只表示某个 worker
-# 被停止了。请使用当前的版本。
+# CPU 版本（`.../whl/cpu`）。每个索引只收录为该 CUDA 编译的版本：`cu121` 最高到 torch 2.5
+# （PyTorch 的 `RELEASE.md` 里的“Release Compatibility Matrix”中，CUDA 12.1 只列到 2.5），
+# 所以旧驱动会把你限制在旧的 torch 上（在同一主版本内，也可以借助小版本兼容使用更新的索引，
+# 只是会有警告）。一些旧教程固定使用 `torch==1.10.1+cu102`，并说“torch >= 1.9 不稳定”：这个
+# 说法只来自一条弹性代理（elastic agent）的警告（“Received 1 death signal”），它只表示某个
+# worker 被停止了。请使用当前的稳定版。
+#
+# `bash setup.sh` 读取两个变量：`TORCH_INDEX_URL`（torch 从哪里装，例如没有 GPU 的笔记本
+# 电脑用 CPU 版 wheel）和 `PIP_INDEX_URL`（其余所有包，例如 PyPI 镜像）。在中国大陆，数 GB
+# 的 CUDA 版 wheel 和 GitHub 克隆往往很慢，甚至中断：镜像站的选择和用法见 README 的
+# “CPU and mirror routes”一节。
 
 # %% [markdown] lang="en"
 # ## `ddp-lab doctor`: everything in one report
@@ -487,4 +505,4 @@ dl.grade("01.diagnose", diagnose)
 # %% [markdown] lang="zh"
 # ## 接下来
 #
-# 第 02 章会启动多个进程，并给每个进程分配 rank。
+# 第 02 章会启动多个进程，并给每个进程分配 rank（进程编号）。

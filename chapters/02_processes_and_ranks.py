@@ -27,12 +27,12 @@
 # over several devices per process (`device_ids=None`: DDP combined with model parallelism,
 # for models too big for a GPU). A third mode, several GPUs per process each holding a copy,
 # is gone: `DDP(model, device_ids=[0, 1])` raises `ValueError: device_ids can only be None or
-# contain a single element` (`torch/nn/parallel/distributed.py`, `__init__`; removed in
-# PyTorch 1.9 according to the review of this course, a date not checked here). The cells
-# below show the error, on CPU too, and the second mode.
+# contain a single element` (`torch/nn/parallel/distributed.py`, `__init__`; the error came
+# with PyTorch 1.9, pytorch/pytorch#54454 "Error out SPMD mode"). The cells below show the
+# error, on CPU too, and the second mode.
 #
-# The source notes say "DP uses threads, DDP uses threads": DDP uses **processes**, and
-# the reason is the GIL, which we now measure.
+# A claim often met in notes and blog posts: "DP uses threads, and so does DDP". DDP uses
+# **processes**, and the reason is the GIL, which we now measure.
 
 # %% [markdown] lang="zh"
 # # 02 进程、rank 与分布式训练的基本术语
@@ -45,12 +45,12 @@
 # 每个进程把一个模型分布在多个设备上（`device_ids=None`：DDP 与模型并行结合，用于单卡放不下
 # 的模型）。第三种用法（每个进程多块 GPU、每块放一份副本）已经被移除：
 # `DDP(model, device_ids=[0, 1])` 会抛出 `ValueError: device_ids can only be None or contain a
-# single element`（`torch/nn/parallel/distributed.py` 的 `__init__`；据本课程的审阅意见是在
-# PyTorch 1.9 移除的，这个版本号本课程没有核实）。下面的单元展示这个错误（在 CPU 上也会报错）
-# 以及第二种用法。
+# single element`（`torch/nn/parallel/distributed.py` 的 `__init__`；这个报错从 PyTorch 1.9
+# 开始出现，见 pytorch/pytorch#54454）。下面的单元展示这个错误（在 CPU
+# 上也会报错）以及第二种用法。
 #
-# 源笔记写着“DP 使用多线程，DDP 使用多线程”：DDP 使用的是**多进程**，原因是 GIL，
-# 下面我们来测量它。
+# 网上常见一种说法：“DP 使用多线程，DDP 也使用多线程”。其实 DDP 使用的是**多进程**，原因是
+# GIL，下面我们来测量它。
 
 # %%
 import os
@@ -170,14 +170,14 @@ plt.show()
 
 # %% [markdown] lang="en"
 # Read your numbers: pure Python in threads is no faster than sequential (the GIL), while
-# processes approach 2x on 2 free cores; torch ops gain in threads too. The notes' claim
+# processes approach 2x on 2 free cores; torch ops gain in threads too. The common claim
 # "one Python process can only use one CPU core" is therefore too strong: native code that
 # releases the GIL (torch kernels, NCCL calls) uses many cores from one process. DP still
 # suffers, because its Python code (scatter, replicate, gather) runs under the GIL.
 
 # %% [markdown] lang="zh"
-# 看看你的数字：线程中的纯 Python 并不比顺序执行快（GIL 的缘故），而在 2 个空闲核上进程接近
-# 2 倍；torch 运算在线程中也能加速。因此源笔记中“一个 Python 进程只能用一个 CPU 核”的说法
+# 看看你测出来的数字：线程中的纯 Python 并不比顺序执行快（GIL 的缘故），而在 2 个空闲核上
+# 进程接近 2 倍；torch 运算在线程中也能加速。因此常见的“一个 Python 进程只能用一个 CPU 核”的说法
 # 过于绝对：释放 GIL 的原生代码（torch 算子、NCCL 调用）可以在一个进程里使用多个核。
 # DP 仍然吃亏，因为它的 Python 代码（`scatter`、`replicate`、`gather`）在 GIL 下运行。
 
@@ -185,20 +185,21 @@ plt.show()
 # ## world size, rank, local rank, node
 #
 # A launch runs on `nnodes` **nodes** with `nproc_per_node` processes each. The **world
-# size** is the number of processes; each has a **rank** (0 to world_size - 1, an identity,
+# size** is the number of processes; each has a **rank** (0 to `world_size - 1`, an identity,
 # not a priority) and a **local rank** (its index on its node, used to pick its GPU).
 # The processes form the default **process group**; they meet at `MASTER_ADDR:MASTER_PORT`
-# (the **rendezvous**). `torch.distributed.local_rank()` from the source notes does not
-# exist: the launcher gives `LOCAL_RANK` in the environment.
+# (the **rendezvous**). `torch.distributed.local_rank()`, which some tutorials call, does
+# not exist: the launcher gives `LOCAL_RANK` in the environment.
 
 # %% [markdown] lang="zh"
 # ## world size、rank、本地 rank、节点
 #
-# 一次启动在 `nnodes` 个**节点**上运行，每个节点 `nproc_per_node` 个进程。**world size**
-# （进程总数）是进程的个数；每个进程有一个 **rank**（进程编号，0 到 world_size - 1，是身份，不是
+# 一次启动在 `nnodes` 个**节点**（node）上运行，每个节点 `nproc_per_node` 个进程。
+# **world size**（进程总数）即参与这次任务的进程数；每个进程有一个 **rank**（进程编号，0 到
+# `world_size - 1`，是身份，不是
 # 优先级）和一个**本地 rank**（local rank，它在本节点上的编号，用来选择 GPU）。这些进程组成默认的
-# **进程组**（process group），在 `MASTER_ADDR:MASTER_PORT` 会合（rendezvous）。源笔记中的
-# `torch.distributed.local_rank()` 并不存在：启动器通过环境变量 `LOCAL_RANK` 提供本地 rank。
+# **进程组**（process group），在 `MASTER_ADDR:MASTER_PORT` 会合（rendezvous）。有些教程里
+# 调用的 `torch.distributed.local_rank()` 并不存在：启动器通过环境变量 `LOCAL_RANK` 提供本地 rank。
 
 # %%
 print("torch.distributed has local_rank():", hasattr(torch.distributed, "local_rank"))
@@ -206,12 +207,12 @@ dl.show_source(ranks.assign)
 
 # %% [markdown] lang="en"
 # Move the sliders. `CUDA_VISIBLE_DEVICES=4,5,6,7` with 4 processes per node puts local
-# rank 0 on physical GPU 4; with 8 processes (a mistake in the source notes) local ranks
-# 4-7 get no GPU at all.
+# rank 0 on physical GPU 4; with 8 processes (a mistake easy to make when copying a
+# launch line) local ranks 4-7 get no GPU at all.
 
 # %% [markdown] lang="zh"
 # 拖动滑块试试。`CUDA_VISIBLE_DEVICES=4,5,6,7` 且每节点 4 个进程时，本地 rank 0 使用物理
-# GPU 4；如果每节点 8 个进程（源笔记中的错误），本地 rank 4-7 根本没有 GPU。
+# GPU 4；如果每节点 8 个进程（照抄启动命令时很容易犯的错误），本地 rank 4 到 7 根本没有 GPU。
 
 # %%
 ranks.rank_table_widget(nnodes=2, nproc_per_node=4, gpus_per_node=8);
@@ -231,7 +232,7 @@ for p in ranks.assign(8, nnodes=1, cuda_visible_devices="4,5,6,7", gpus_per_node
 # %% [markdown] lang="zh"
 # ## torchrun 实际做了什么
 #
-# 我们在本机启动两个 torchrun 代理，每个假装是一个节点，使用 `--rdzv-backend=c10d` 和一个
+# 我们在本机启动两个 torchrun 代理，各自扮演一个节点，使用 `--rdzv-backend=c10d` 和一个
 # 空闲端口。注意 `--node_rank`：使用 c10d 会合时它会被**忽略**，节点编号由会合过程自己分配
 # （见 `GROUP_RANK`）。各节点的进程数甚至可以不同。
 
@@ -252,7 +253,7 @@ for row in seen:
 # first invalid entry. The graded cell compares you with a real torchrun launch.
 
 # %% [markdown] lang="zh" tags=["exercise"]
-# ## 练习：为每个进程定位（3 分）
+# ## 练习：推算每个进程的 rank 与 GPU（3 分）
 #
 # 编写 `place(nproc_per_node, cuda_visible_devices, gpus_per_node)`：`nproc_per_node` 和
 # `cuda_visible_devices` 都是按节点编号顺序、每个节点一项的列表（`cuda_visible_devices` 的

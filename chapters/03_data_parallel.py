@@ -43,6 +43,7 @@
 import copy
 import threading
 import time
+import unicodedata
 import warnings
 
 import torch
@@ -157,14 +158,14 @@ print("parameters() of a replica:", list(r1.parameters()))
 # ### Step 3: parallel_apply
 #
 # `parallel_apply` starts one Python **thread** per replica (DP uses threads; DDP uses one
-# **process** per GPU, as the next chapters show; the source notes say "threads" for
-# both, which is wrong for DDP). The model below prints what each replica sees.
+# **process** per GPU, as the next chapters show; the common claim that both use threads
+# is wrong for DDP). The model below prints what each replica sees.
 
 # %% [markdown] lang="zh"
 # ### 第 3 步：并行执行（`parallel_apply`）
 #
 # `parallel_apply` 为每个副本启动一个 Python **线程**。DP 用线程，DDP 则是每块 GPU 一个**进程**
-# （后面几章会看到）；源笔记说两者都用线程，这对 DDP 来说是错的。下面的模型会打印每个副本
+# （后面几章会看到）；常见的“两者都用线程”的说法，对 DDP 来说是错的。下面的模型会打印每个副本
 # 看到了什么。
 
 # %%
@@ -208,8 +209,9 @@ except ValueError as err:
 # ### Step 4: gather, and what backward sends back
 #
 # `gather` concatenates the outputs on device 0. Backward runs the steps in reverse:
-# `Gather`'s backward **scatters the gradient of the output** (one of the source notes
-# says "the loss is scattered to the other GPUs": it is this gradient, not the loss), each
+# `Gather`'s backward **scatters the gradient of the output** (a common description, "the
+# main GPU scatters the loss to the other GPUs", gets this wrong: it is this gradient, not
+# the loss), each
 # replica runs its own backward, and `Broadcast`'s backward **sums the replicas' parameter
 # gradients** onto device 0 (`ReduceAddCoalesced`). The picture comes from a traced step of
 # a model with 500 outputs: every arrow is a copy that really happened, with its size.
@@ -219,7 +221,7 @@ except ValueError as err:
 #
 # `gather` 把各个输出拼接到设备 0 上。反向传播按相反的顺序执行：`Gather` 的反向把**输出的梯度
 # 切分分发**到各个设备；每个副本各自做反向传播；`Broadcast` 的反向把各副本的**参数梯度求和**到
-# 设备 0（`ReduceAddCoalesced`）。某篇源笔记说“主 GPU 把损失（loss）分发给其余 GPU”，其实
+# 设备 0（`ReduceAddCoalesced`）。常见的说法是“主 GPU 把损失（loss）分发给其余 GPU”，其实
 # 分发的是输出的梯度，而不是损失。下图是一个有 500 个输出的模型的一次训练步：每个箭头都是
 # 真实发生过的一次拷贝，旁边标着它的大小。
 
@@ -348,16 +350,17 @@ print("eval: equals one device:", torch.allclose(P.DataParallel(bn, [0, 1, 2])(x
 # `forward`. Each replica then returns a scalar, `gather` turns the scalars into a vector
 # with one loss per device (with a warning), and you call `loss.mean()`. That mean
 # weights every **chunk** equally: with uneven chunks it is not the batch mean. This is
-# the "slight difference" one source note reports for Hugging Face models; it is not
-# noise. Weight by the chunk sizes, or make the chunks equal.
+# the "slight difference" blog posts report between a Hugging Face model's loss under
+# DataParallel and the loss computed by hand; it is not noise. Weight by the chunk sizes, or make the chunks equal.
 
 # %% [markdown] lang="zh"
 # ## 每个设备各返回一个损失
 #
 # 为了节省设备 0 的显存（见后面几节），模型常常在 `forward` 里直接算出损失。这时每个副本返回
 # 一个标量，`gather` 把这些标量拼成一个向量，每个设备一个损失（同时给出警告），你再调用
-# `loss.mean()`。这个平均对每一**块**同等加权：块大小不等时，它不等于整批的平均损失。某篇
-# 源笔记说 Hugging Face 模型的结果有“细微差异”，原因就在这里，并不是噪声。解决办法是按块大小
+# `loss.mean()`。这个平均对每一**块**同等加权：块大小不等时，它不等于整批的平均损失。有些
+# 博客发现，DataParallel 下 Hugging Face 模型返回的损失与手工计算的结果有“细微差异”，原因就在
+# 这里，并不是噪声。解决办法是按块大小
 # 加权，或者让各块一样大。
 
 # %%
@@ -396,12 +399,18 @@ print(f"loss of whole batch  = {with_loss(xb, yb).item():.6f}")
 # （`forward` 结束后副本就被丢掉了）、重新启动线程，而损失和优化器只在设备 0 上运行。
 
 # %%
+def pad(text, width):
+    """Left-justify to ``width`` terminal columns: a Chinese character takes two."""
+    return text + " " * (width - sum(1 + (unicodedata.east_asian_width(c) in "WF") for c in text))
+
+
 dp_cnn = P.DataParallel(make_cnn(), [0, 1, 2])
 xb, yb = images[:256], labels[:256]
 viz.traced_step(dp_cnn, xb, yb, nn.functional.cross_entropy)  # warm-up
 step_trace = viz.traced_step(dp_cnn, xb, yb, nn.functional.cross_entropy)
 for row, name, start, dur in viz.timeline_data(step_trace):
-    print(f"{row:12s} {name:10s} starts {start:7.2f} ms, takes {dur:6.2f} ms")
+    print(dl.tr(en=f"{pad(row, 12)} {name:10s} starts {start:7.2f} ms, takes {dur:6.2f} ms",
+                zh=f"{pad(row, 12)} {name:10s} 开始于 {start:7.2f} ms，耗时 {dur:6.2f} ms"))
 fig = viz.plot_timeline(step_trace)
 
 # %% [markdown] lang="en"
@@ -498,8 +507,9 @@ fig = viz.plot_memory(even_mem, dl.tr("even split, loss on device 0", "均分，
 # %% [markdown] lang="en"
 # ## A balanced DataParallel
 #
-# The fix from the source notes: give device 0 a smaller chunk (`gpu0_bsz`) and spread the
-# rest over the other devices. Our rule: if the default split already gives device 0 at
+# The fix widely copied in blog posts (`BalancedDataParallel`, from the
+# `kimiyoung/transformer-xl` repository): give device 0 a smaller chunk (`gpu0_bsz`) and
+# spread the rest over the other devices. Our rule: if the default split already gives device 0 at
 # most `gpu0_bsz` rows, keep it; otherwise device 0 gets exactly `gpu0_bsz` and the others
 # share the rest, the lower-numbered devices taking one extra row each for the remainder.
 # `gpu0_bsz=0` leaves device 0 out of the computation (it still gathers).
@@ -507,7 +517,8 @@ fig = viz.plot_memory(even_mem, dl.tr("even split, loss on device 0", "均分，
 # %% [markdown] lang="zh"
 # ## 均衡的 DataParallel
 #
-# 源笔记给出的办法：给设备 0 一个更小的块（`gpu0_bsz`），其余数据分给其他设备。我们的规则是：
+# 博客里广为转抄的办法（`BalancedDataParallel`，出自 `kimiyoung/transformer-xl` 仓库）：给设备 0
+# 一个更小的块（`gpu0_bsz`），其余数据分给其他设备。我们的规则是：
 # 如果默认切分给设备 0 的行数已经不超过 `gpu0_bsz`，就保持默认切分；否则设备 0 恰好分到
 # `gpu0_bsz` 行，其余设备平分剩下的行，除不尽的余数由编号较小的设备各多分一行。`gpu0_bsz=0`
 # 时设备 0 不参与计算（但仍负责收集）。
@@ -606,33 +617,34 @@ one(rows[:2])
 print("one device, device 0's 2 rows: running_mean", one.bn.running_mean.numpy().round(3), "| calls", one.calls)
 
 # %% [markdown] lang="en"
-# ### Two mistakes in the notes' balanced DataParallel
+# ### Two mistakes in the copied `BalancedDataParallel`
 #
 # 1. Its rule falls back to the default split whenever `gpu0_bsz` is not *smaller than the
 #    other devices' share*. With 10 rows, 4 devices and `gpu0_bsz=2` the others' share is
 #    (10 - 2) // 3 = 2, so it falls back to `torch.chunk`, which gives device 0 **three**
 #    rows: more than the cap it was asked to respect. Compare device 0's *default* share
-#    instead (below, the notes' rule re-implemented).
-# 2. It passes `chunk_sizes` to `torch.nn.parallel.scatter_kwargs`, which has no such
-#    parameter (the code it came from had its own `scatter_kwargs`): the call fails.
+#    instead (below, its rule re-implemented).
+# 2. It passes `chunk_sizes` to its own `scatter_kwargs`; copied next to
+#    `torch.nn.parallel.scatter_kwargs` instead, the call fails, because torch's function
+#    has no such parameter.
 
 # %% [markdown] lang="zh"
-# ### 源笔记里均衡 DataParallel 的两个错误
+# ### 转抄的 `BalancedDataParallel` 里的两个错误
 #
 # 1. 只要 `gpu0_bsz` 不*小于其他设备的份额*，它就退回默认切分。10 行、4 个设备、`gpu0_bsz=2`
 #    时，其他设备的份额是 (10 - 2) // 3 = 2，于是退回 `torch.chunk`，结果设备 0 分到了**三**行，
-#    超过了它本该遵守的上限。应当比较的是设备 0 在*默认切分*下的份额（下面重新实现了源笔记的
+#    超过了它本该遵守的上限。应当比较的是设备 0 在*默认切分*下的份额（下面重新实现了它的
 #    规则，以便对照）。
-# 2. 它把 `chunk_sizes` 传给 `torch.nn.parallel.scatter_kwargs`，可这个函数没有这个参数（那段
-#    代码抄自一个自带 `scatter_kwargs` 的项目）：调用直接失败。
+# 2. 它把 `chunk_sizes` 传给自己定义的 `scatter_kwargs`；如果转抄时换成了
+#    `torch.nn.parallel.scatter_kwargs`，调用就会直接失败，因为 torch 的这个函数没有这个参数。
 
 # %%
 import inspect
 
 
-def notes_rule(batch: int, n: int, gpu0: int) -> list[int]:
+def copied_rule(batch: int, n: int, gpu0: int) -> list[int]:
     unit = (batch - gpu0) // (n - 1)
-    if gpu0 >= unit:  # the notes' test
+    if gpu0 >= unit:  # BalancedDataParallel's test
         return P.default_chunk_sizes(batch, n)
     sizes = [gpu0] + [unit] * (n - 1)
     for i in range(batch - sum(sizes)):
@@ -641,7 +653,7 @@ def notes_rule(batch: int, n: int, gpu0: int) -> list[int]:
 
 
 for case in [(52, 3, 16), (53, 3, 16), (10, 4, 2)]:
-    print(case, "notes:", notes_rule(*case), "| fixed:", P.balanced_chunk_sizes(*case))
+    print(case, "copied:", copied_rule(*case), "| fixed:", P.balanced_chunk_sizes(*case))
 from torch.nn.parallel.scatter_gather import scatter_kwargs
 
 print("torch scatter_kwargs", inspect.signature(scatter_kwargs))
@@ -660,16 +672,16 @@ viz.chunk_sizes_widget()
 #
 # The wrapper keeps your model as `.module`, so every key of its `state_dict` starts with
 # `"module."`. Save `dp.module.state_dict()` (plain keys) and load into `dp.module` or
-# into a plain model. One source note saves `model.module.state_dict()` and then loads
-# it into a fresh `DataParallel(...)`: the keys do not match. If you have a file with
+# into a plain model. A common slip saves `model.module.state_dict()` and then loads it
+# into a fresh `DataParallel(...)`: the keys do not match. If you have a file with
 # `module.` keys, `consume_prefix_in_state_dict_if_present` strips the prefix.
 
 # %% [markdown] lang="zh"
 # ## `.module`、保存与加载
 #
 # 包装器把你的模型保存在 `.module` 里，所以包装器 `state_dict` 中的每个键都以 `"module."` 开头。
-# 应当保存 `dp.module.state_dict()`（键不带前缀），再加载到 `dp.module` 或普通模型里。某篇
-# 源笔记保存的是 `model.module.state_dict()`，却加载进一个新建的 `DataParallel(...)`：键对不上。
+# 应当保存 `dp.module.state_dict()`（键不带前缀），再加载到 `dp.module` 或普通模型里。一个常见
+# 的失误是保存 `model.module.state_dict()`，却加载进一个新建的 `DataParallel(...)`：键对不上。
 # 如果你手里的文件带有 `module.` 前缀，可以用 `consume_prefix_in_state_dict_if_present` 去掉。
 
 # %%
@@ -684,7 +696,7 @@ torch.save(dp.module.state_dict(), buffer)
 buffer.seek(0)
 saved = torch.load(buffer)
 try:
-    P.DataParallel(make_cnn(), [0, 1]).load_state_dict(saved)  # the notes' mistake
+    P.DataParallel(make_cnn(), [0, 1]).load_state_dict(saved)  # the common slip
 except RuntimeError as err:
     print("RuntimeError:", str(err).splitlines()[0], "...")
 P.DataParallel(make_cnn(), [0, 1]).module.load_state_dict(saved)
@@ -693,7 +705,7 @@ consume_prefix_in_state_dict_if_present(prefixed, "module.")
 print("plain model loads the stripped keys:", make_cnn().load_state_dict(prefixed))
 
 # %% [markdown] lang="en"
-# ## Two more mistakes from the notes
+# ## Two more common mistakes
 #
 # **Unwrapping right after wrapping.** `net = DataParallel(model); net = net.module` gives
 # back the original model: nothing is scattered and one device does all the work. Keep the
@@ -705,7 +717,7 @@ print("plain model loads the stripped keys:", make_cnn().load_state_dict(prefixe
 # no `step()`; ours refuses it with a clear message.
 
 # %% [markdown] lang="zh"
-# ## 源笔记中的另外两个错误
+# ## 另外两个常见错误
 #
 # **包装后立刻解包**。`net = DataParallel(model); net = net.module` 拿回的就是原来的模型：
 # 数据不会被切分，所有工作都由一个设备完成。训练时要保留包装器，只在保存或查看时使用
@@ -772,7 +784,7 @@ else:
 # `gpu0_bsz` rows or there is one device; otherwise device 0 gets `gpu0_bsz` and the others
 # share the rest, lower-numbered devices taking the remainder's extra rows. Do not call
 # `P.balanced_chunk_sizes`. The hidden cases include `gpu0_bsz=0`, batches smaller than
-# the device count, and the case where the notes' rule goes wrong.
+# the device count, and the case where the copied rule goes wrong.
 
 # %% [markdown] lang="zh" tags=["exercise"]
 # ## 练习 1：均衡切分的块大小（2 分）
@@ -781,7 +793,7 @@ else:
 # 规则与“均衡的 DataParallel”一节相同：当 `torch.chunk` 的切分（用 0 补齐到 `num_devices` 项）
 # 给设备 0 的行数不超过 `gpu0_bsz`，或者只有一个设备时，保持这个切分；否则设备 0 分到
 # `gpu0_bsz` 行，其余设备平分剩下的行，余数由编号较小的设备各多分一行。不要调用
-# `P.balanced_chunk_sizes`。隐藏测试用例包括 `gpu0_bsz=0`、批大小小于设备数，以及源笔记的规则
+# `P.balanced_chunk_sizes`。隐藏测试用例包括 `gpu0_bsz=0`、批大小小于设备数，以及转抄的规则
 # 出错的情况。
 
 # %% tags=["exercise"]
@@ -813,7 +825,7 @@ dl.grade("03.balanced_chunks", balanced_chunk_sizes)
 # cell compares values and gradients with single-device `torch.cat` on hidden shapes.
 
 # %% [markdown] lang="zh" tags=["exercise"]
-# ## 练习 2：带反向传播的 gather（3 分）
+# ## 练习 2：带反向传播的收集（`gather`）（3 分）
 #
 # 编写自动求导函数 `MyGather`：`MyGather.apply(target_device, dim, *inputs)` 沿 `dim` 拼接各个
 # 输入（我们的版本还会把它们拷贝到 `target_device`；你可以不管设备）。它的 `backward` 必须把

@@ -113,34 +113,56 @@ except dl.DistributedTimeoutError as err:
 # %% [markdown] lang="en"
 # Two fixes. **Order by rank**: even ranks send first, odd ranks receive first, so every
 # `send` meets a `recv`. Or **post both at once** with the non-blocking `isend`/`irecv`,
-# which return a request object, and `wait()` on both. Both fixes are for Gloo (and MPI).
+# which return a request object, and `wait()` on both. On Gloo (and MPI) both work; the
+# next cell runs them.
 #
-# On NCCL neither is enough, for a different reason. There `dist.send` does not even block
-# the CPU: it queues a kernel on a CUDA stream and returns; the *stream* waits. A separate
-# `isend`/`irecv` runs on the stream of a two-rank communicator made for that pair
-# (`torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp`, `pointToPoint`, key
-# `getKeySendRecv`), and NCCL's guide says that sends and receives that must progress
-# together have to be in one group, or they can deadlock (NCCL `docs/userguide/source/
-# usage/p2p.rst`). `dist.batch_isend_irecv` is that group: PyTorch wraps the list in
-# `ncclGroupStart`/`ncclGroupEnd`. So for an exchange, put the send and the receive in
-# **one** `batch_isend_irecv` (`torch/distributed/distributed_c10d.py`); it works on Gloo
-# too. (This machine has no two GPUs, so the NCCL hang itself is not run here: the claim
-# rests on the sources named above.)
+# On NCCL the first fix still works, the second one may not. There `dist.send` does not
+# even block the CPU: it queues an NCCL send on a CUDA stream and returns, and the *stream*
+# waits. An NCCL send or receive "is blocking for the GPU": the stream does nothing else
+# until the peer's matching call runs (NCCL's `ncclSend`/`ncclRecv` reference). A plain
+# `send` or `recv` between two ranks goes to one communicator and one stream for that pair,
+# whichever direction it takes (`torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp`,
+# `pointToPoint`: the key `getKeySendRecv(rank, peer)` is the same for both ranks and both
+# directions), and the stream runs the calls in the order they were issued.
+#
+# - Ordered by rank, rank 0's stream holds send, recv and rank 1's holds recv, send: the
+#   first calls match, then the second ones. Nothing has to run at the same time, so it
+#   completes.
+# - Posted as separate `isend` then `irecv` on both ranks, both streams start with a send
+#   and wait there for a receive that sits behind the other rank's send: the GPUs hang,
+#   although the CPU moved on long ago (`wait()` only waits for the stream).
+#
+# NCCL's guide says it plainly: calls that must progress at the same time go in one group,
+# `ncclGroupStart`/`ncclGroupEnd` (`docs/userguide/source/usage/p2p.rst`).
+# `dist.batch_isend_irecv` is that group (`torch/distributed/distributed_c10d.py`), so the
+# form that is safe on every backend is the send and the receive in **one**
+# `batch_isend_irecv`. The NCCL cases need two GPUs and are not run here; the sources named
+# above are what to read.
 
 # %% [markdown] lang="zh"
 # 有两种修正方法。**按 rank 排序**：偶数 rank 先发后收，奇数 rank 先收后发，这样每个
 # `send` 都能遇到一个 `recv`。或者用非阻塞的 `isend`/`irecv` **同时发起**收和发：
-# 它们返回一个请求对象，再对两者调用 `wait()`。这两种修正针对的是 Gloo（以及 MPI）。
+# 它们返回一个请求对象，再对两者调用 `wait()`。在 Gloo（以及 MPI）上两种方法都可行，
+# 下一个单元会运行它们。
 #
-# 在 NCCL 上两者都不够，原因也不同。在 NCCL 上 `dist.send` 根本不会阻塞 CPU：它只是把一个
-# kernel 放进 CUDA 流就返回了，等待的是*流*。单独发起的 `isend`/`irecv` 运行在为这一对 rank
-# 建立的双 rank 通信器的流上（`torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp` 的
-# `pointToPoint`，键由 `getKeySendRecv` 生成）；而 NCCL 的文档说，需要同时推进的发送和接收
-# 必须放在同一个组里，否则可能死锁（NCCL 的 `docs/userguide/source/usage/p2p.rst`）。
-# `dist.batch_isend_irecv` 就是这个组：PyTorch 用 `ncclGroupStart`/`ncclGroupEnd` 把整个列表
-# 包起来。所以交换数据时，要把发送和接收放进**同一个** `batch_isend_irecv`
-# （`torch/distributed/distributed_c10d.py`）；它在 Gloo 上同样可用。（本机没有两块 GPU，
-# 这里不运行 NCCL 上的卡住现象：这个结论依据的是上面列出的源码和文档。）
+# 在 NCCL 上，第一种方法仍然可行，第二种则可能卡住。NCCL 的 `dist.send` 根本不阻塞 CPU：
+# 它只是把一次 NCCL 发送放进 CUDA 流就返回了，真正等待的是*流*。而 NCCL 的发送或接收对
+# GPU 是阻塞的：对方执行与之匹配的调用之前，这条流什么也不做（NCCL 文档中 `ncclSend`/
+# `ncclRecv` 的说明）。两个 rank 之间单独的 `send` 或 `recv`，不论方向，都走这一对 rank
+# 专用的同一个通信器、同一条流（`torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp` 的
+# `pointToPoint`：键 `getKeySendRecv(rank, peer)` 对两个 rank、两个方向都相同），流按发起的
+# 顺序执行这些调用。
+#
+# - 按 rank 排序时，rank 0 的流上依次是发、收，rank 1 的流上是收、发：先是两边的第一个调用
+#   相互匹配，然后是第二个。没有哪两个调用需要同时进行，所以能顺利完成。
+# - 两个 rank 都先 `isend` 再 `irecv`、分开发起时，两条流都以发送开头，各自等待一个接收，
+#   而那个接收排在对方的发送后面：GPU 卡死了，CPU 却早已往下执行（`wait()` 只等这条流）。
+#
+# NCCL 的文档说得很直接：需要同时推进的调用必须放进同一个组，即
+# `ncclGroupStart`/`ncclGroupEnd` 之间（`docs/userguide/source/usage/p2p.rst`）。
+# `dist.batch_isend_irecv` 就是这个组（`torch/distributed/distributed_c10d.py`），所以在
+# 任何后端上都安全的写法，是把发送和接收放进**同一个** `batch_isend_irecv`。NCCL 上的这两种
+# 情形需要两块 GPU，这里没有运行；想深入了解，就读上面列出的源码和文档。
 
 # %%
 def swap_odd_even(rank):
@@ -188,11 +210,11 @@ print("batched:    ", dl.spawn(swap_batched, nprocs=2, backend="gloo"))
 # tests of `ddp_lab` check that model against the real operations. After each picture,
 # a cell runs the real call on 4 ranks.
 #
-# Two slips of source note 004 to drop now. "All-reduce is a kind of all-gather" is wrong:
-# all-gather *concatenates* (every rank ends with N pieces, N times the data), all-reduce
+# Two slips often met in tutorials and blog posts. "All-reduce is a kind of all-gather" is
+# wrong: all-gather *concatenates* (every rank ends with N pieces, N times the data), all-reduce
 # *combines* (every rank ends with one tensor of the input's size); an all-reduce can be
-# *built* from a reduce-scatter followed by an all-gather (chapter 05). And `MPI_Allreduce`
-# has no `root` argument (`sendbuf, recvbuf, count, datatype, op, comm` in the MPI standard):
+# *built* from a reduce-scatter followed by an all-gather (chapter 05). And "`MPI_Allreduce`
+# takes a root" is wrong too: it has no `root` argument (`sendbuf, recvbuf, count, datatype, op, comm` in the MPI standard):
 # every rank gets the result, so there is no root, here as in `dist.all_reduce`.
 #
 # **Broadcast** copies the root's tensor to every rank.
@@ -206,10 +228,10 @@ print("batched:    ", dl.spawn(swap_batched, nprocs=2, backend="gloo"))
 # `ddp_lab` 的测试会用真实的操作来验证这个模型。每张图后面都有一个单元在 4 个 rank 上
 # 执行真正的调用。
 #
-# 先纠正源笔记（004）的两个小错误。“全归约是一种全收集”是错的：全收集是*拼接*（每个 rank 最后
+# 先纠正教程和博客里常见的两个小错误。“全归约是一种全收集”是错的：全收集（all-gather）是*拼接*（每个 rank 最后
 # 得到 N 块，数据量是输入的 N 倍），全归约是*合并*（每个 rank 最后得到一个与输入同样大小的
-# 张量）；全归约可以*由*归约散发加全收集*组成*（第 05 章）。另外 `MPI_Allreduce` 没有 `root`
-# 参数（MPI 标准中的参数是 `sendbuf, recvbuf, count, datatype, op, comm`）：每个 rank 都得到
+# 张量）；全归约可以*由*归约散发（reduce-scatter）加全收集*组成*（第 05 章）。“`MPI_Allreduce` 需要指定根”
+# 也不对：它没有 `root` 参数（MPI 标准中的参数是 `sendbuf, recvbuf, count, datatype, op, comm`）：每个 rank 都得到
 # 结果，所以没有根 rank，`dist.all_reduce` 也一样。
 #
 # **广播**（broadcast）把根 rank 的张量复制到所有 rank。
@@ -390,7 +412,7 @@ dl.stop()
 #
 # The tensors `dist.all_gather` fills carry no autograd history (`requires_grad=False`),
 # even the slot that holds your own tensor. A loss built on them, such as the
-# contrastive loss of source note 000 that gathers every rank's features, back-propagates
+# contrastive loss often written that way, which gathers every rank's features, back-propagates
 # nothing into this rank's features, and no error says so. Two fixes, both run below:
 #
 # - put your own tensor back into its slot (`parts[rank] = x`): the gradient flows to
@@ -405,14 +427,14 @@ dl.stop()
 # ### `all_gather` 与自动求导：梯度被悄悄丢掉
 #
 # `dist.all_gather` 填充的张量没有自动求导的历史（`requires_grad=False`），连存放你自己张量的
-# 那个位置也没有。基于它们构造的损失，例如源笔记 000 中收集所有 rank 特征的对比损失
+# 那个位置也没有。基于它们构造的损失（loss），例如常见的那种先收集所有 rank 特征再计算的对比损失
 # （contrastive loss），不会把任何梯度传回本 rank 的特征，而且没有任何报错。两种修正，
 # 下面都会运行：
 #
 # - 把你自己的张量放回它的位置（`parts[rank] = x`）：梯度只流向你自己的那一份；之后由 DDP
 #   对梯度求平均时，这是常用的修正；
-# - 使用可微的 `torch.distributed.nn.functional.all_gather`：它的反向传播是一次按 SUM 的
-#   归约散发（reduce-scatter）（`torch/distributed/nn/functional.py` 的 `_AllGather.backward`），
+# - 使用可微的 `torch.distributed.nn.functional.all_gather`：它的反向传播是一次求和（SUM）的
+#   归约散发（见 `torch/distributed/nn/functional.py` 的 `_AllGather.backward`），
 #   所以每个 rank 得到的是所有 rank 对它那一份的梯度之和。torch 2.13 把它标记为弃用（给出
 #   FutureWarning，指向私有模块 `torch.distributed._functional_collectives`）。
 
@@ -455,10 +477,10 @@ for rank, rows in enumerate(dl.spawn(gather_with_grad, nprocs=2, backend="gloo")
 # Every collective also takes `async_op=True`: it returns a `Work` at once, and `wait()`
 # waits for it. What "done" means depends on the backend. On Gloo (CPU), `wait()` returns
 # when the data is there. On NCCL, `wait()` only makes the *current CUDA stream* wait for
-# NCCL's stream: the CPU goes on, and the result is ready for the next kernel, not yet in
-# memory you could print (`WorkNCCL::wait` and `synchronize` in
-# `torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp`; the CPU blocks only with
-# `TORCH_NCCL_BLOCKING_WAIT=1` or a timeout passed to `wait`). To time an NCCL collective,
+# NCCL's stream: the CPU goes on before the data has arrived, and only work queued later on
+# that stream (the next kernel, or the copy `print` makes) sees the result
+# (`WorkNCCL::wait` and `synchronize` in `torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp`;
+# the CPU blocks only with `TORCH_NCCL_BLOCKING_WAIT=1` or a timeout passed to `wait`). To time an NCCL collective,
 # call `torch.cuda.synchronize()` after it. (No GPU here: the NCCL behaviour is from the
 # source, not run.)
 
@@ -473,7 +495,8 @@ for rank, rows in enumerate(dl.spawn(gather_with_grad, nprocs=2, backend="gloo")
 #
 # 每个集合通信都接受 `async_op=True`：立即返回一个 `Work`，`wait()` 等待它完成。“完成”的含义
 # 取决于后端。在 Gloo（CPU）上，`wait()` 返回时数据已经到位。在 NCCL 上，`wait()` 只是让*当前
-# CUDA 流*等待 NCCL 的流：CPU 继续往下走，结果对下一个 kernel 可用，但还不是你能打印的内存
+# CUDA 流*等待 NCCL 的流：数据还没到，CPU 就继续往下走了；只有之后排进这条流的工作（下一个
+# 核函数（kernel），或 `print` 引起的拷贝）才能看到结果
 # （`torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp` 中的 `WorkNCCL::wait` 和 `synchronize`；
 # 只有设置 `TORCH_NCCL_BLOCKING_WAIT=1` 或给 `wait` 传入超时时 CPU 才会阻塞）。要给 NCCL 集合
 # 通信计时，之后要调用 `torch.cuda.synchronize()`。（这里没有 GPU：NCCL 的行为依据源码，没有运行。）
@@ -509,14 +532,15 @@ for rank, rows in enumerate(dl.spawn(tensor_forms, nprocs=2, backend="gloo")):
 # %% [markdown] lang="en"
 # ## Which backend supports what
 #
-# The source notes (002) copy a support table from an old release of the PyTorch
-# documentation. Rather than trust any table, ask your own installation: `collectives.probe`
+# A support table from an old release of the PyTorch documentation is still copied into
+# tutorials and blog posts. Rather than trust any table, ask your own installation: `collectives.probe`
 # runs every operation above on 2 ranks and compares the result with the model.
 
 # %% [markdown] lang="zh"
 # ## 哪个后端支持哪些操作
 #
-# 源笔记（002）里的支持表抄自旧版 PyTorch 文档。与其相信某张表，不如直接问你自己的安装：
+# 不少教程和博客还在转抄旧版 PyTorch 文档里的支持表。与其相信哪张表，不如在你自己的环境里
+# 实测一遍：
 # `collectives.probe` 在 2 个 rank 上运行上面的每一个操作，并把结果与模型比较。
 
 # %%
@@ -532,21 +556,20 @@ else:
 
 # %% [markdown] lang="en"
 # The documented table of PyTorch 2.x for all three backends (`?` for MPI on GPU: it
-# depends on whether your MPI was built with CUDA support), and the cells where the notes'
+# depends on whether your MPI was built with CUDA support), and the cells where that old
 # table is out of date. Gloo on CPU now has `reduce_scatter` and `all_to_all` (your probe
 # just ran them), Gloo on GPU gained most collectives, and NCCL has `scatter`. The table in
-# `docs/source/distributed.rst` was changed within 2.x releases; in which release each Gloo
-# GPU cell changed was not checked for this course (read that file's history on GitHub).
-# Besides these three, torch 2.13 knows `xccl`, the backend for Intel GPUs (`xpu` devices),
+# `docs/source/distributed.rst` of your release is the one to trust; that file's history on
+# GitHub shows when each cell changed. Besides these three, torch 2.13 has `xccl`, the backend for Intel GPUs (`xpu` devices),
 # and `ucc` and `fake`; the last lines of the cell list them.
 
 # %% [markdown] lang="zh"
 # 下面是 PyTorch 2.x 文档中三个后端的支持表（MPI 在 GPU 上为 `?`：取决于你的 MPI 编译时
-# 是否支持 CUDA），以及源笔记中那张表已经过时的格子。Gloo 在 CPU 上现在支持
+# 是否支持 CUDA），以及那张旧表中已经过时的格子。Gloo 在 CPU 上现在支持
 # `reduce_scatter` 和 `all_to_all`（你的探测刚刚运行过它们），Gloo 在 GPU 上增加了大部分
-# 集合通信操作，NCCL 也支持了 `scatter`。这张表在 `docs/source/distributed.rst` 中于 2.x 的
-# 各版本间有过改动；Gloo 在 GPU 上的每一格是在哪个版本改变的，本课程没有核对（请在 GitHub 上
-# 查看这个文件的历史）。除了这三个，torch 2.13 还认识面向 Intel GPU（`xpu` 设备）的 `xccl`，
+# 集合通信操作，NCCL 也支持了 `scatter`。可信的是你所用版本的 `docs/source/distributed.rst`；
+# 每一格在哪个版本改变，可以在 GitHub 上查看这个文件的历史。除了这三个，torch 2.13 还内置了
+# 面向 Intel GPU（`xpu` 设备）的 `xccl`，
 # 以及 `ucc` 和 `fake`；单元的最后几行会列出它们。
 
 # %%
@@ -556,8 +579,8 @@ for op, row in collectives.DOCUMENTED.items():
     print(f"{op:15s}" + "".join(f"{row[c]:>10s}" for c in columns))
 print()
 for op, where, notes, docs in collectives.table_differences():
-    print(dl.tr(en=f"{op:15s} {where:9s} notes: {notes}  docs: {docs}",
-                zh=f"{op:15s} {where:9s} 笔记：{notes}  文档：{docs}"))
+    print(dl.tr(en=f"{op:15s} {where:9s} old table: {notes}  docs now: {docs}",
+                zh=f"{op:15s} {where:9s} 旧表：{notes}  现行文档：{docs}"))
 print()
 print("backends:", dist.Backend.backend_list, "| default per device:",
       dist.Backend.default_device_backend_map)
@@ -598,12 +621,13 @@ print("xccl built in this torch:", dist.is_xccl_available())
 # choice and a tuner plugin can override it; `NCCL_DEBUG=INFO` with
 # `NCCL_DEBUG_SUBSYS=TUNING` prints it (on a GPU machine; not run here).
 #
-# **A mistake in the notes (004).** They give 2(α + S/B) + NSC for reduce + broadcast. That
-# assumes the root receives the N-1 tensors at the same time at full bandwidth. With one
+# **A common mistake.** Tutorials and blog posts often give 2(α + S/B) + NSC for reduce +
+# broadcast. That assumes the root receives the N-1 tensors at the same time at full
+# bandwidth. With one
 # link it receives them one after another: the root alone moves (N-1)S bytes in and
 # (N-1)S bytes out. The cell below counts the bytes that really pass through the root.
-# (The notes' "recursive halving and doubling" formula, 2log₂N(α + S/B + SC), is close to
-# the binomial tree's, but counts the reduction twice: the tree reduces on the way up only,
+# (The "recursive halving and doubling" formula often given with it,
+# 2log₂N(α + S/B + SC), is close to the binomial tree's, but counts the reduction twice: the tree reduces on the way up only,
 # log₂N·Sγ, and the broadcast down reduces nothing. Real halving-doubling sends halves,
 # quarters, ... of the buffer.)
 
@@ -625,8 +649,8 @@ print("xccl built in this torch:", dist.is_xccl_available())
 # 环形和递归减半/加倍发送的数据最少，无论 N 多大都是 2(N-1)/N·S < 2S；环形为此付出
 # 2(N-1) 次延迟，递归减半/加倍只需 2log₂N 次。这些公式针对 N 是 2 的幂的情形；其他 N 时，
 # 二项树和蝶形把 log₂N 向上取整，递归减半/加倍则先把多出来的 N - p 个 rank（p 是不超过 N 的
-# 最大的 2 的幂）合并到各自的伙伴上，最后再把结果交还给它们：多出两步整块缓冲区的传输，
-# 而不是做不到（Thakur、Rabenseifner 与 Gropp，2005；`costs.halving_doubling`，下面会运行）。
+# 最大的 2 的幂）合并到各自的伙伴上，最后再把结果交还给它们：代价只是多出两步整块缓冲区的
+# 传输，并不是没法做（Thakur、Rabenseifner 与 Gropp，2005；`costs.halving_doubling`，下面会运行）。
 #
 # **NCCL 怎样选择**。不只看消息大小：每次调用时，NCCL 用“延迟 + 大小/带宽”模型估算每一对
 # （算法，协议）的耗时，模型常数来自探测到的拓扑，然后选最快的（NCCL v2.30.7-1 中
@@ -639,10 +663,10 @@ print("xccl built in this torch:", dist.is_xccl_available())
 # 可以覆盖它；设置 `NCCL_DEBUG=INFO` 和 `NCCL_DEBUG_SUBSYS=TUNING` 会打印出来（需要 GPU 机器；
 # 这里没有运行）。
 #
-# **源笔记（004）中的一个错误**。源笔记给出的归约 + 广播耗时是 2(α + S/B) + NSC。
+# **一个常见的错误**。教程和博客里常把归约 + 广播的耗时写成 2(α + S/B) + NSC。
 # 这相当于假设根 rank 能以满带宽同时接收 N-1 个张量。只有一条链路时，它只能一个接一个地
 # 接收：仅根 rank 就要收 (N-1)S 字节、发 (N-1)S 字节。下面的单元统计真正经过根 rank
-# 的字节数。（源笔记中“递归减半与加倍”的公式 2log₂N(α + S/B + SC) 接近二项树的公式，但把归约
+# 的字节数。（常与它一起给出的“递归减半与加倍”公式 2log₂N(α + S/B + SC) 接近二项树的公式，但把归约
 # 算了两遍：二项树只在向上归约时计算，即 log₂N·Sγ，向下广播时不做归约。真正的递归减半/加倍
 # 每次只发送缓冲区的一半、四分之一……）
 
@@ -676,7 +700,7 @@ for n in (2, 3, 4):
     moved = dl.spawn(bytes_through_root, args=(size,), nprocs=n, backend="gloo")[0]
     print(f"N={n}: the root moved {moved / 2**20:.0f} MiB = 2(N-1)S; "
           f"model: {2 * costs.bytes_sent('parameter server', n, size * 4) / 2**20:.0f} MiB; "
-          f"the notes' formula assumes 2S = {2 * size * 4 / 2**20:.0f} MiB")
+          f"the 2(α + S/B) formula assumes 2S = {2 * size * 4 / 2**20:.0f} MiB")
 
 # %% [markdown] lang="en"
 # Move the sliders: message size, latency and bandwidth, and the largest N. With small

@@ -83,13 +83,13 @@ for numel in (12, 10, 3):
 #
 # Each rank sends 2(N-1) chunks of S/N bytes: 2(N-1)/N·S in total, less than 2S for
 # any N. Every rank sends at every step: there is no "master" rank from which the process
-# starts (the source notes, 002, describe the ring as a relay that starts at GPU 0, and
-# 000 calls the gather-to-one-GPU scheme a "tree all-reduce": it is a parameter server;
-# a tree all-reduce is something else, see chapter 04).
+# starts. Two descriptions often met in notes and blog posts are wrong: the ring as a relay
+# that starts at GPU 0, and "tree all-reduce" for the scheme that gathers everything on one
+# GPU (that is a parameter server; a tree all-reduce is something else, see chapter 04).
 #
-# A false friend: the link list (003) points to "Reduced ring" for further reading. That is
-# a term of ring theory in algebra (a ring with no nonzero nilpotent elements) and has
-# nothing to do with the ring all-reduce. For the algorithm, read Patarasuk and Yuan,
+# A false friend: reading lists sometimes give "Reduced ring" as further reading on the
+# ring all-reduce. That is a term of ring theory in algebra (a ring with no nonzero
+# nilpotent elements) and has nothing to do with the ring all-reduce. For the algorithm, read Patarasuk and Yuan,
 # "Bandwidth optimal all-reduce algorithms for clusters of workstations" (2009), and
 # NCCL's documentation.
 
@@ -105,12 +105,12 @@ for numel in (12, 10, 3):
 #   完成的块再沿环传一圈。
 #
 # 每个 rank 共发送 2(N-1) 个大小为 S/N 的块：总计 2(N-1)/N·S，对任何 N 都小于 2S。
-# 每一步所有 rank 都在发送：并不存在一个作为起点的“主” rank（源笔记 002 把环形算法描述成
-# 从 GPU 0 开始的接力；000 把“全部汇总到一块 GPU”的方案称为“树形全归约”，那其实是参数
-# 服务器；树形全归约是另一种算法，见第 04 章）。
+# 每一步所有 rank 都在发送：并不存在一个作为起点的“主”rank。教程和博客里常见的两种描述都不对：
+# 一是把环形算法说成从 GPU 0 开始的接力；二是把“全部汇总到一块 GPU”的方案称为“树形全归约”，
+# 那其实是参数服务器，树形全归约是另一种算法（见第 04 章）。
 #
-# 一个容易望文生义的名字：链接列表（003）把“Reduced ring”列为延伸阅读。那是抽象代数中环论的术语（没有
-# 非零幂零元的环），与环形全归约毫无关系。关于这个算法，请读 Patarasuk 与 Yuan 的
+# 一个容易望文生义的名字：有些参考资料把“Reduced ring”（约化环）列为环形全归约的延伸阅读。
+# 这是抽象代数里环论的术语（没有非零幂零元的环），与环形全归约毫无关系。关于这个算法，请读 Patarasuk 与 Yuan 的
 # “Bandwidth optimal all-reduce algorithms for clusters of workstations”（2009）以及 NCCL 的文档。
 
 # %%
@@ -393,9 +393,9 @@ plt.show()
 # | 64 MiB | 1.230 | 1.250 | 0.611 | 0.490 |
 #
 # From 16 MiB up the hand-written ring reaches about the bus bandwidth of
-# `dist.all_reduce`: 0.83 to 1.26 times it over four runs with N = 2 and 4, 0.9 or more in
-# all but one (16 MiB on 4 ranks). On a busy machine a single run varies by about 10%. Below 1 MiB it is latency bound: it makes 2(N-1) separate exchanges from
-# Python, and Gloo's `send` waits for the receiver each time (chapter 04's deadlock showed
+# `dist.all_reduce`: 0.90 to 1.25 times it in the table (16 and 64 MiB, N = 2 and 4), and
+# on a busy machine a single run varies by about 10%. Below 1 MiB it is latency bound: it
+# makes 2(N-1) separate exchanges from Python, and Gloo's `send` waits for the receiver each time (chapter 04's deadlock showed
 # it), while Gloo's own all-reduce runs entirely in C++.
 #
 # What limits busbw here is not a link. With Gloo on one machine every byte goes through
@@ -423,9 +423,8 @@ plt.show()
 # | 16 MiB | 0.907 | 0.912 | 0.593 | 0.658 |
 # | 64 MiB | 1.230 | 1.250 | 0.611 | 0.490 |
 #
-# 从 16 MiB 起，手写环形算法的总线带宽与 `dist.all_reduce` 相当：在 N = 2 和 4 的四次运行中
-# 为后者的 0.83 到 1.26 倍，除一次（4 个 rank、16 MiB）外都不低于 0.9。在繁忙的机器上，
-# 单次运行的波动约为 10%。1 MiB 以下它受延迟限制：它在 Python 中
+# 从 16 MiB 起，手写环形算法的总线带宽与 `dist.all_reduce` 相当：表中（16 MiB 和 64 MiB，
+# N = 2 和 4）为后者的 0.90 到 1.25 倍；在繁忙的机器上，单次运行的波动约为 10%。1 MiB 以下它受延迟限制：它在 Python 中
 # 进行 2(N-1) 次独立的交换，而且 Gloo 的 `send` 每次都要等待接收方（第 04 章的死锁演示了
 # 这一点）；Gloo 自己的全归约则完全在 C++ 中运行。
 #

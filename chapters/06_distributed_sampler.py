@@ -27,9 +27,9 @@
 # - `DataLoader` refuses `shuffle=True` together with a `sampler`;
 # - ranks with different numbers of batches **hang** in a collective.
 #
-# The course's source notes also ask two questions that we answer with running code:
-# *does each rank overfit its own shard, since it never sees the others?* and *why does
-# the order never change between epochs?*
+# Two questions come up again and again, and we answer them with running code: *does each
+# rank overfit its own shard, since it never sees the others?* and *why does the order
+# never change between epochs?*
 
 # %% [markdown] lang="zh"
 # # 06 精确理解 DistributedSampler
@@ -42,8 +42,8 @@
 # - `DataLoader` 不接受同时传入 `shuffle=True` 和 `sampler`；
 # - 各 rank 的批数不一样时，会在集合通信里**卡住**（hang）。
 #
-# 本课程的源笔记还提出了两个问题，我们用可运行的代码来回答：“每个 rank 只看得到自己的
-# 分片（shard），会不会过拟合自己那一份？”以及“为什么每一轮的顺序都不变？”
+# 还有两个经常被问到的问题，我们用可运行的代码来回答：“每个 rank 只看得到自己的分片
+# （shard），会不会过拟合自己那一份？”以及“为什么每一轮的顺序都不变？”
 
 # %%
 import math
@@ -83,9 +83,9 @@ torch.set_num_threads(1)  # the ranks share 2 cores; extra threads only fight ea
 # - `drop_last=False`（默认）：`num_samples = ceil(n / R)`，并把索引列表加长（填充）到
 #   `total_size = num_samples * R`；
 # - `drop_last=True`：`num_samples = floor(n / R)`，把列表尾部截掉，只留 `total_size` 个。
-#   当 `R` 不整除 `n` 时，PyTorch 源码写的是 `ceil((n - R) / R)`，结果是同一个数。
+#   当 `n` 不能被 `R` 整除时，PyTorch 源码写的是 `ceil((n - R) / R)`，结果是同一个数。
 #
-# 下面的单元先按公式计算，再询问真正的采样器。
+# 下面的单元先按公式计算，再与真正的采样器核对。
 
 # %%
 print(" n  R  drop_last | ceil/floor formula | torch num_samples  total_size")
@@ -101,7 +101,7 @@ for n, R in [(10, 4), (12, 4), (2, 7), (0, 3), (13, 5)]:
 # Take 10 samples on 4 ranks without shuffling: `total_size` is 12, so two indices are
 # added, and they are **copies of the first indices**, 0 and 1. Then each rank takes every
 # `R`-th index starting at its rank (`indices[rank::R]`), not a contiguous block. So the
-# notes' claim that the sampler makes sure every process gets *different* data is not quite
+# common claim that the sampler makes sure every process gets *different* data is not quite
 # true: below, ranks 2 and 3 read samples 0 and 1 again.
 
 # %% [markdown] lang="zh"
@@ -109,7 +109,7 @@ for n, R in [(10, 4), (12, 4), (2, 7), (0, 3), (13, 5)]:
 #
 # 取 10 个样本、4 个 rank、不打乱：`total_size` 是 12，所以要补两个索引，补的是**开头的
 # 索引的副本**：0 和 1。然后每个 rank 从自己的编号开始，每隔 `R` 个取一个
-# （`indices[rank::R]`），而不是取连续的一段。因此源笔记中“采样器确保不同进程的数据不同”的
+# （`indices[rank::R]`），而不是取连续的一段。因此常见的“采样器确保不同进程的数据不同”的
 # 说法并不完全正确：下例中 rank 2 和 rank 3 又读了一遍样本 0 和 1。
 
 # %%
@@ -159,8 +159,8 @@ dl.show_source(sampler.DistributedSampler)
 # order of `seed=1, epoch=0`.
 
 # %% [markdown] lang="zh"
-# 为什么要跨步取？用 `rank::R` 时，填充的副本位于列表末尾，因此会**每个 rank 一个**地落在
-# 最后几个 rank 上：上面 rank 2 和 rank 3 各读到一个重复样本。如果按连续分块，所有副本都会
+# 为什么要跨步取？用 `rank::R` 时，填充的副本位于列表末尾，因此会分散到最后几个 rank 上，
+# **每个 rank 一个**：上面 rank 2 和 rank 3 各读到一个重复样本。如果按连续分块，所有副本都会
 # 堆在最后一个 rank 上。
 #
 # ## 打乱：一个排列，种子是 `seed + epoch`
@@ -189,9 +189,8 @@ print("seed=0, epoch=1:", list(a), "| seed=1, epoch=0:", list(b))
 # %% [markdown] lang="en"
 # ## Why the order never changes: `set_epoch`
 #
-# The source notes observe that, although `shuffle=True` is the default, every epoch (and
-# every new run) shows the same order, and call it strange. It is what the code above
-# implies: the sampler's `epoch` stays 0 unless **you** call `sampler.set_epoch(epoch)` at
+# A puzzle often reported: although `shuffle=True` is the default, every epoch (and every
+# new run) shows the same order. It is what the code above implies: the sampler's `epoch` stays 0 unless **you** call `sampler.set_epoch(epoch)` at
 # the start of each epoch, so `seed + epoch` never changes. That every *run* repeats the same
 # orders is on purpose (reproducible runs; all ranks must agree). For different orders
 # between runs, pass a different `seed=`, the same on every rank. Two ranks, three epochs:
@@ -199,8 +198,8 @@ print("seed=0, epoch=1:", list(a), "| seed=1, epoch=0:", list(b))
 # %% [markdown] lang="zh"
 # ## 为什么顺序从不改变：`set_epoch`
 #
-# 源笔记观察到：尽管 `shuffle=True` 是默认值，每一轮（以及每次重新运行）的顺序都一样，
-# 并觉得奇怪。这正是上面代码的结果：除非**你**在每一轮开始时调用
+# 一个常被问到的怪现象：尽管 `shuffle=True` 是默认值，每一轮（以及每次重新运行）的顺序
+# 却都一样。这正是上面代码的结果：除非**你**在每一轮开始时调用
 # `sampler.set_epoch(epoch)`，采样器的 `epoch` 一直是 0，`seed + epoch` 就永远不变。
 # 每次*运行*得到相同顺序是有意为之（结果可复现，且所有 rank 必须一致）。如果想让不同运行的
 # 顺序不同，请传入不同的 `seed=`，并保证每个 rank 相同。两个 rank、三轮：
@@ -239,15 +238,14 @@ for name, group in [("seed=0 on every rank", good), ("seed=rank", bad)]:
 # ## `DataLoader`: a sampler *or* `shuffle=True`, not both
 #
 # The sampler already decides the order, so `DataLoader(..., shuffle=True, sampler=s)` is
-# refused. Pass the sampler and leave `shuffle` at its default `False` (the pattern
-# `shuffle=(sampler is None)` in the notes is right for code that runs with or without
-# distribution).
+# refused. Pass the sampler and leave `shuffle` at its default `False` (the common pattern
+# `shuffle=(sampler is None)` is right for code that runs with or without distribution).
 
 # %% [markdown] lang="zh"
 # ## `DataLoader`：`sampler` 与 `shuffle=True` 二选一
 #
 # 顺序已经由采样器决定，所以 `DataLoader(..., shuffle=True, sampler=s)` 会被拒绝。传入采样器，
-# 并让 `shuffle` 保持默认的 `False`（源笔记中的写法 `shuffle=(sampler is None)` 适用于既可
+# 并让 `shuffle` 保持默认的 `False`（常见的写法 `shuffle=(sampler is None)` 适用于既可
 # 分布式运行、也可单进程运行的代码，是正确的）。
 
 # %%
@@ -347,8 +345,8 @@ print(f"DDP vs single process on the union: max diff = {(w0[True] - single.weigh
 #
 # ## Evaluation: padding biases a gathered accuracy
 #
-# The notes evaluate by letting each rank predict its shard (from a `DistributedSampler`),
-# gathering the per-sample results with `all_gather` and averaging. But the padded
+# A common way to evaluate: each rank predicts its shard (from a `DistributedSampler`), the
+# per-sample results are gathered with `all_gather` and averaged. But the padded
 # duplicates are counted too: with 10 validation samples on 4 ranks, 12 results are
 # averaged and samples 0 and 1 count twice. The bias can go either way. Below, a model is
 # trained for a moment in this process, then evaluated on 10 samples by 4 ranks.
@@ -359,9 +357,9 @@ print(f"DDP vs single process on the union: max diff = {(w0[True] - single.weigh
 #
 # ## 评估：填充让收集来的准确率产生偏差
 #
-# 源笔记中的评估方法是：每个 rank 预测自己的分片（来自 `DistributedSampler`），用全收集
+# 一种常见的评估方法是：每个 rank 预测自己的分片（来自 `DistributedSampler`），用全收集
 # （all-gather，`all_gather`）汇总每个样本的结果再取平均。但填充的重复样本也被计算在内：
-# 10 个验证样本分给 4 个 rank 时，平均的是 12 个结果，样本 0 和 1 各算了两次。偏差可能偏高
+# 10 个验证样本分给 4 个 rank 时，平均的是 12 个结果，样本 0 和 1 各算了两次。结果可能偏高，
 # 也可能偏低。下面先在本进程里把模型简单训练一下，再用 4 个 rank 在 10 个样本上评估。
 
 # %%
@@ -384,7 +382,7 @@ def evaluate_on_rank(rank, model, X_val, y_val):
     idx = torch.tensor(list(s))
     with torch.no_grad():
         correct = model(X_val[idx]).argmax(1) == y_val[idx]  # a bool tensor
-    gathered = evaluation.gather_tensor(correct)  # all_gather + cat, as in the notes
+    gathered = evaluation.gather_tensor(correct)  # all_gather + cat: the common way
     biased = gathered.float().mean().item()
     fixed_order = evaluation.gather_in_index_order(correct, n).float().mean().item()
     fixed_index = evaluation.gather_by_index(correct, idx, n).float().mean().item()
@@ -414,7 +412,7 @@ dl.spawn(evaluate_on_rank, args=(model, X_val, y_val), nprocs=4, backend="gloo")
 #    ranks `all_reduce` the sums of correct answers and of samples
 #    (`evaluation.all_reduce_accuracy`).
 #
-# The notes also say that `bool` tensors cannot be gathered. With the `gloo` backend of this
+# Another common claim: `bool` tensors cannot be gathered. With the `gloo` backend of this
 # PyTorch, the `correct` tensor above is `bool` and `all_gather` works; convert to `float`
 # only for the mean.
 
@@ -428,7 +426,7 @@ dl.spawn(evaluate_on_rank, args=(model, X_val, y_val), nprocs=4, backend="gloo")
 # 3. **对计数求和**：每个 rank 评估不带填充的分片 `range(rank, n, R)`，各 rank 用
 #    `all_reduce` 对“答对的个数”和“样本个数”求和（`evaluation.all_reduce_accuracy`）。
 #
-# 源笔记中还说 `bool` 张量不能被收集。在当前 PyTorch 的 `gloo` 后端上，上面的 `correct` 就是
+# 另一个常见说法是 `bool` 张量不能被收集。在当前 PyTorch 的 `gloo` 后端上，上面的 `correct` 就是
 # `bool` 张量，`all_gather` 可以正常工作；只在求平均时才需要转成 `float`。
 
 # %% tags=["lesson"]
@@ -480,7 +478,7 @@ steps = dl.spawn(shortest_steps, nprocs=2, backend="gloo")
 print("cut to the shortest shard, steps per rank:", steps)
 
 # %% [markdown] lang="en"
-# Two tools. The first drops data: `drop_last=True` in the sampler, or every rank cutting
+# There are two ways out. The first drops data: `drop_last=True` in the sampler, or every rank cutting
 # its shard to the shortest one (the second function above agrees on it with an
 # `all_reduce(op=MIN)` and finishes). The `Join` context manager
 # (`torch.distributed.algorithms.Join`) keeps the data: a rank that runs out of batches
@@ -489,11 +487,11 @@ print("cut to the shortest shard, steps per rank:", steps)
 # smaller (DDP's `join(divide_by_initial_world_size=...)` changes that).
 
 # %% [markdown] lang="zh"
-# 两个工具。第一种是丢掉数据：在采样器里设置 `drop_last=True`，或者让每个 rank 都把分片截到
+# 有两种办法。第一种是丢弃数据：在采样器里设置 `drop_last=True`，或者让每个 rank 都把分片截到
 # 最短分片的长度（上面第二个函数用 `all_reduce(op=MIN)` 约定这个长度，于是顺利结束）。
-# `Join` 上下文管理器（`torch.distributed.algorithms.Join`）则保留全部数据：先用完数据的 rank
+# 第二种是 `Join` 上下文管理器（`torch.distributed.algorithms.Join`），它保留全部数据：先用完数据的 rank
 # 会继续用零参与其他 rank 的梯度全归约，直到所有 rank 都结束。默认情况下求和结果仍然除以
-# 初始的 world size，所以最后这几步的更新更小（DDP 的 `join(divide_by_initial_world_size=...)`
+# 初始的 world size（进程总数），所以最后这几步的更新更小（DDP 的 `join(divide_by_initial_world_size=...)`
 # 可以改变这一点）。
 
 # %%
@@ -568,7 +566,7 @@ dl.grade("06.indices", distributed_indices)
 # %% [markdown] lang="en" tags=["exercise"]
 # ## Exercise 2: an evaluation without padding bias (3 points)
 #
-# `biased_accuracy` below is the notes' evaluation. Each rank passes `correct`, a float
+# `biased_accuracy` below is that common evaluation. Each rank passes `correct`, a float
 # tensor with 1.0 where the prediction was right, for the indices its
 # `DistributedSampler(shuffle=False)` gave it (so padded duplicates included), and the
 # `dataset_len`. Write `gathered_accuracy(correct, dataset_len)` that returns, on every rank,
@@ -579,7 +577,7 @@ dl.grade("06.indices", distributed_indices)
 # %% [markdown] lang="zh" tags=["exercise"]
 # ## 练习 2：没有填充偏差的评估（3 分）
 #
-# 下面的 `biased_accuracy` 就是源笔记中的评估方法。每个 rank 传入 `correct`（一个 float 张量，
+# 下面的 `biased_accuracy` 就是前面那种常见的评估方法。每个 rank 传入 `correct`（一个 float 张量，
 # 预测正确处为 1.0，对应它的 `DistributedSampler(shuffle=False)` 给出的索引，因此包含填充的
 # 重复样本）和 `dataset_len`。编写 `gathered_accuracy(correct, dataset_len)`，在每个 rank 上
 # 返回这 `dataset_len` 个样本上确切的准确率（float）。请自己使用 `dist.all_gather` 或

@@ -1,8 +1,12 @@
 """One terminology: the zh text uses docs/GLOSSARY.md's terms, never its rejected variants.
 
-Scans the Chinese markdown of the chapter sources and every zh message of the package's
-catalog (ddp_lab/locale/zh/LC_MESSAGES/ddp_lab.po). Inline code and English glosses in
-full-width parentheses (对比损失（contrastive loss）) are left out: there English is wanted.
+Scans the Chinese markdown of the chapter sources, the Chinese strings of their code cells
+(`dl.tr(zh=...)`, plot labels) and every zh message of the package's
+catalog (ddp_lab/locale/zh/LC_MESSAGES/ddp_lab.po). Inline code and
+English glosses in full-width parentheses (对比损失（contrastive loss）) are left out: there
+English is wanted. Two slips of any language are checked in every generated notebook: a bare
+URL that runs into the Chinese after it (GFM autolinks stop only at a space), and a reference
+to the notes this course grew from, which learners never got.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ import re
 from pathlib import Path
 
 import jupytext
+import nbformat
 import pytest
 from babel.messages.pofile import read_po
 
@@ -19,8 +24,8 @@ from ddp_lab.course import build
 
 # The rejected variants of docs/GLOSSARY.md ("Rejected variants"), with the term to use.
 REJECTED = {
-    r"原始笔记": "源笔记",
-    r"(?<![源始])笔记(?!本)": "源笔记 (笔记本 is a notebook or laptop: fine)",
+    r"原始笔记": "常见说法: the notes are never cited",
+    r"(?<![源始])笔记(?!本)": "常见说法, 教程和博客 (笔记本 is a notebook or laptop: fine)",
     r"(?<![A-Za-z_])loss(?![A-Za-z_])": "损失 (`loss` in code font for the variable)",
     r"滑动统计量": "运行统计量",
     r"就地": "原地",
@@ -31,6 +36,7 @@ REJECTED = {
     r"散播": "散发",
     r"汇合": "会合",
     r"(?<!全)收集（all-gather）": "全收集（all-gather）",
+    r"(?<![A-Za-z_])kernels?(?![A-Za-z_])": "核函数 for GPU code; 内核 for the OS or Jupyter",
 }
 
 # Every chapter's zh text follows the glossary (issue 18), and so does every message table.
@@ -72,6 +78,75 @@ def test_chapter_uses_the_glossary(chapter):
     assert found == []
 
 
+# A string literal of a code cell that holds Chinese: "..." or '...' on one line.
+_ZH_STRING = re.compile(
+    r"""(["'])((?:(?!\1)[^\n\\]|\\.)*[\u4e00-\u9fff](?:(?!\1)[^\n\\]|\\.)*)\1"""
+)
+
+
+def zh_strings(code: str) -> list[str]:
+    """The Chinese string literals of ``code``, f-string fields (``{loss:.3f}``) removed."""
+    return [re.sub(r"\{[^{}]*\}", "", m.group(2)) for m in _ZH_STRING.finditer(code)]
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS)
+def test_chapter_code_strings_use_the_glossary(chapter):
+    """What a code cell prints or draws in Chinese (`dl.tr(zh=...)`) follows the glossary."""
+    (src,) = (p for p in build.sources() if p.name.startswith(chapter + "_"))
+    code = [c.source for c in jupytext.read(src).cells if c.cell_type == "code"]
+    found = [h for cell in code for text in zh_strings(cell) for h in hits(text)]
+    assert found == []
+
+
+def _notebooks():
+    return sorted(p for kind in build.KINDS for p in (build.ROOT / kind).glob("*/*.ipynb"))
+
+
+# A URL that a Markdown renderer turns into a link by itself: not a link target `](...)`, not
+# an autolink `<...>`.
+_BARE_URL = re.compile(r"(?<![(<])https?://\S+")
+
+
+def bare_urls_into_text(markdown: str) -> list[str]:
+    """Bare URLs of ``markdown`` (code left out) followed by non-ASCII text, no space between:
+    GFM's autolink runs to the next space, so "…/whl/（课程）。在同一个" becomes one link."""
+    return [
+        m.group(0)
+        for m in _BARE_URL.finditer(prose(markdown, glosses=True))
+        if not m.group(0).isascii()
+    ]
+
+
+# The notes this course grew from: learners never got them (issue 28), so no notebook names
+# them or their numbers ("source note 004", "源笔记（002）", "the notes' rule").
+NOTES = re.compile(
+    r"source notes?|源笔记|原始笔记|\bthe notes\b|notes'|[（(]00\d[)）]|笔记 ?00\d"
+    r"|\bnotes? 00\d"
+)
+
+
+def notes_references(text: str) -> list[str]:
+    return [
+        text[max(0, m.start() - 30) : m.end() + 10].replace("\n", " ") for m in NOTES.finditer(text)
+    ]
+
+
+@pytest.mark.parametrize("path", _notebooks(), ids=lambda p: p.relative_to(build.ROOT).as_posix())
+def test_notebook_has_no_bare_url_running_into_text(path):
+    nb = nbformat.read(path, as_version=4)
+    found = [
+        u for c in nb.cells if c.cell_type == "markdown" for u in bare_urls_into_text(c.source)
+    ]
+    assert found == [], "write <https://...> or [text](https://...)"
+
+
+@pytest.mark.parametrize("path", _notebooks(), ids=lambda p: p.relative_to(build.ROOT).as_posix())
+def test_notebook_does_not_cite_the_source_notes(path):
+    nb = nbformat.read(path, as_version=4)
+    found = [r for c in nb.cells for r in notes_references(c.source)]
+    assert found == [], 'state the claim itself ("a common claim: ..."), then what runs'
+
+
 def test_messages_use_the_glossary():
     with (Path(ddp_lab.__file__).parent / "locale/zh/LC_MESSAGES/ddp_lab.po").open("rb") as f:
         catalog = read_po(f)  # every message, the checkers' feedback included
@@ -90,7 +165,49 @@ def test_messages_use_the_glossary():
         ("先归约散播，再收集（all-gather）", ["散播", "收集（all-gather）"]),
         ("全收集（all-gather）和 CUDA 内核", ["CUDA 内核"]),
         ("torchrun 的 agent 收到信号，在 c10d 汇合", ["agent", "汇合"]),
+        ("它只是把一个 kernel 放进 CUDA 流", ["kernel"]),
+        ("下一个核函数（kernel），重启内核", []),
     ],
 )
 def test_the_scan(text, bad):
     assert [h.split(" (use")[0].strip("'") for h in hits(text)] == bad
+
+
+def test_the_code_string_scan():
+    code = """print(dl.tr(en=f"{op} notes: {n}", zh=f"{op:15s} 笔记：{notes}  文档：{docs}"))
+ax.set_title(dl.tr(en="loss", zh='损失 {loss:.3f}'))"""
+    assert zh_strings(code) == [" 笔记：  文档：", "损失 "]
+    assert [h.split(" (use")[0].strip("'") for t in zh_strings(code) for h in hits(t)] == ["笔记"]
+
+
+@pytest.mark.parametrize(
+    ("markdown", "bad"),
+    [
+        (
+            "Linux x86_64：https://docs.nvidia.com/cuda/）。在同一个主版本内",
+            ["https://docs.nvidia.com/cuda/）。在同一个主版本内"],
+        ),
+        ("见 https://github.com/NVIDIA/nccl/releases 的说明", []),
+        ("见[发布说明](https://github.com/NVIDIA/nccl/releases)里", []),
+        ("见 <https://download.pytorch.org/whl/>。", []),
+        ("(Release Notes: https://docs.nvidia.com/cuda/). Within", []),
+        ("`pip install --index-url https://download.pytorch.org/whl/cu128`）", []),
+    ],
+)
+def test_the_url_scan(markdown, bad):
+    assert bare_urls_into_text(markdown) == bad
+
+
+@pytest.mark.parametrize(
+    ("text", "found"),
+    [
+        ("The source notes (002) copy a table", 2),
+        ("Two slips of source note 004 to drop now", 1),
+        ("先纠正源笔记（004）的两个小错误", 2),
+        ("the notes' rule, and the notes say", 2),
+        ("a common claim in tutorials: DP uses threads; 笔记本电脑", 0),
+        ("torch 2.13 (2024) on 4 GPUs, release notes of NCCL", 0),
+    ],
+)
+def test_the_notes_scan(text, found):
+    assert len(notes_references(text)) == found
