@@ -170,8 +170,15 @@ def grade_main(args: argparse.Namespace) -> int:
     progress = Progress(len(subs), lang)
     slots = isolation.Slots()
 
-    def report_one(sub: intake.Submission, sub_lang: str, results: list[Result], t: float) -> None:
+    def write_results(sub: intake.Submission, lang: str, results: list[Result], t: float) -> None:
+        doc = export.gradescope_results(results, lang, t, notes=notes, extra=extra)
         name = report.file_name(sub.identity)
+        report.write_text(out / "results" / f"{name}.json", json.dumps(doc, ensure_ascii=False))
+        if gradescope and len(subs) == 1:
+            Path(gradescope).parent.mkdir(parents=True, exist_ok=True)
+            report.write_text(Path(gradescope), json.dumps(doc, ensure_ascii=False))
+
+    def write_feedback(sub: intake.Submission, sub_lang: str, results: list[Result]) -> None:
         title = titles.get(sub_lang) or next(iter(titles.values()))
         student = report.code_span(sub.identity, report.MAX_NAME)
         text = [
@@ -180,15 +187,11 @@ def grade_main(args: argparse.Namespace) -> int:
             *report_lines(results, sub_lang, markdown=True),
             "",
         ]
-        if sub.others:
+        if sub.others and not sub.problem:
             files = ", ".join(report.code_span(f, report.MAX_NAME) for f in sub.others)
             text += [MESSAGES("others", sub_lang, files=files), ""]
+        name = report.file_name(sub.identity)
         report.write_text(out / "feedback" / f"{name}.md", "\n".join(text))
-        doc = export.gradescope_results(results, sub_lang, t, notes=notes, extra=extra)
-        report.write_text(out / "results" / f"{name}.json", json.dumps(doc, ensure_ascii=False))
-        if gradescope and len(subs) == 1:
-            Path(gradescope).parent.mkdir(parents=True, exist_ok=True)
-            report.write_text(Path(gradescope), json.dumps(doc, ensure_ascii=False))
 
     def one(i: int) -> tuple[str, list[Result]]:
         sub = subs[i]
@@ -206,10 +209,13 @@ def grade_main(args: argparse.Namespace) -> int:
             why = GRADER_MESSAGES("why_error", lang, error=f"{type(exc).__name__}: {exc}")
             results = [Result(e.grade_id, 0, e.points, "error", why) for e in exercises]
         try:
-            report_one(sub, sub_lang, results, time.monotonic() - started)
+            write_results(sub, sub_lang, results, time.monotonic() - started)
+            write_feedback(sub, sub_lang, results)
         except Exception as exc:  # noqa: BLE001  # a full disk, a bad name: this one's error
             why = MESSAGES("why_report", lang, error=f"{type(exc).__name__}: {exc}")
             results = [Result(r.grade_id, 0, r.max_points, "error", why) for r in results]
+            with contextlib.suppress(Exception):  # say so where it can still be written
+                write_results(sub, sub_lang, results, time.monotonic() - started)
         with contextlib.suppress(Exception):
             progress.done(
                 sub.identity,

@@ -198,7 +198,7 @@ try:
         if cell.get("cell_type") == "code":
             cell["outputs"] = []
             cell["execution_count"] = None
-    text = nbformat.writes(nb)
+    text = nbformat.writes(nb, ensure_ascii=True)  # a lone surrogate stays an escape
 except Exception as exc:
     text = json.dumps({{"error": type(exc).__name__ + ": " + str(exc)[:300]}})
 sys.stdout.write(text)

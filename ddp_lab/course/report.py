@@ -53,8 +53,13 @@ def clean(text: object, limit: int = MAX_TEXT, newlines: bool = False) -> str:
 
 
 def shown(text: object, limit: int = MAX_NAME) -> str:
-    """Learner text for the terminal: one line, escaped, capped."""
-    return clean(text, limit)
+    """Learner text for the terminal: one line, escaped, capped (two long names that
+    differ only past the cap still look different: a hash of the whole is added)."""
+    s = clean(text, limit)
+    if s.endswith("…") and len(s) > limit:
+        raw = str(text).encode("utf-8", "surrogateescape")
+        s += hashlib.sha256(raw).hexdigest()[:8]
+    return s
 
 
 _FORMULA = ("=", "+", "-", "@", "\t", "\r")
