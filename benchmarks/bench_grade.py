@@ -75,7 +75,7 @@ def main() -> None:
             totals: dict[str, list[float]] = {m: [] for m in modes}
             each: dict[str, list[float]] = {m: [] for m in modes}
             for r in range(args.repeat):
-                for mode, (env, root) in (modes.items() if r % 2 == 0 else reversed(modes.items())):
+                for mode, (env, root) in modes.items() if r % 2 == 0 else reversed(modes.items()):
                     out = Path(tmp) / f"{mode}{chapter}-{r}"
                     totals[mode].append(grade(release, subs, out, args.jobs, env, root))
                     each[mode] += per_submission(out)

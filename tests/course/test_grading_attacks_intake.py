@@ -36,15 +36,13 @@ from ddp_lab.course import export, grader, intake, isolation, report, sandbox
 
 
 def cgroups_left() -> list[str]:
-    """ddp-lab cgroups of any grading still present on this machine."""
-    roots = [Path("/sys/fs/cgroup")]
+    """cgroups of this process's gradings (and tests) still present on this machine."""
+    mine = (f"ddp-lab-{os.getpid()}-", f"ddp-lab-test-{os.getpid()}")
     found = []
-    for root in roots:
-        if root.is_dir():
-            for dirpath, dirnames, _ in os.walk(root):
-                found += [os.path.join(dirpath, d) for d in dirnames if d.startswith("ddp-lab-")]
-                if dirpath.count("/") > 8:
-                    dirnames[:] = []
+    for dirpath, dirnames, _ in os.walk("/sys/fs/cgroup"):
+        found += [os.path.join(dirpath, d) for d in dirnames if d.startswith(mine)]
+        if dirpath.count("/") > 8:
+            dirnames[:] = []
     return found
 
 
@@ -309,3 +307,58 @@ def test_neighbours_cannot_starve_or_fill_the_machine(tmp_path: Path) -> None:
     assert shutil.disk_usage(tmp_path).free > free - 200 * 2**20
     assert leftover_processes() == [] and sandbox_user_processes() == []
     assert cgroups_left() == []
+
+
+def test_slots_are_unique_across_graders(tmp_path: Path) -> None:
+    a, b = isolation.Slots(folder=tmp_path), isolation.Slots(folder=tmp_path)  # two graders
+    held = [a.acquire(), b.acquire(), a.acquire(), b.acquire()]
+    assert sorted(held) == [0, 1, 2, 3]
+    a.release(held[0])
+    assert b.acquire() == held[0]  # free again once released
+
+
+@pytest.mark.skipif(isolation.unavailable_reason() is not None, reason="no cgroups here")
+def test_a_cgroup_limits_its_processes_and_leaves_nothing(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+    import time
+
+    limits = isolation.CgroupLimits(memory_gb=0.25, pids=20)
+    code = (
+        "import os, time\n"
+        "n = 0\n"
+        "try:\n"
+        "    while n < 100:\n"
+        "        if os.fork() == 0:\n"
+        "            os.close(1)\n"
+        "            os.close(2)\n"
+        "            time.sleep(60)\n"
+        "            os._exit(0)\n"
+        "        n += 1\n"
+        "except OSError:\n"
+        "    pass\n"
+        "print('forked', n, flush=True)\n"
+        "try:\n"
+        "    x = bytearray(512 * 2**20)\n"
+        "    print('allocated')\n"
+        "except MemoryError:\n"
+        "    print('no memory')\n"
+    )
+    with isolation.Cgroup(f"ddp-lab-test-{os.getpid()}", limits) as group:
+        argv = group.enter_argv([sys.executable, "-c", code])
+        t0 = time.monotonic()
+        p = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+        assert "forked" in p.stdout and int(p.stdout.split()[1]) < 20, p.stdout + p.stderr
+        assert "allocated" not in p.stdout  # killed by the memory limit, or refused
+        assert group.pids() and group.cpu_seconds() > 0  # the sleeping children are in it
+        assert time.monotonic() - t0 < 60
+    assert group.pids() == [] and cgroups_left() == []
+
+
+def test_a_timeout_is_blamed_on_the_machine_only_when_the_code_had_no_cpu() -> None:
+    # (idle, total) jiffies before and after a 100 s run on a machine of 2 cores.
+    busy = ((0.0, 0.0), (5.0, 200.0))
+    idle = ((0.0, 0.0), (150.0, 200.0))
+    assert isolation.busy_machine(*busy, used=10.0, wall=100.0)
+    assert not isolation.busy_machine(*busy, used=90.0, wall=100.0)  # it used the time
+    assert not isolation.busy_machine(*idle, used=1.0, wall=100.0)  # sleeping or deadlocked
