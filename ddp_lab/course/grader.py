@@ -339,7 +339,7 @@ def run_verdict(
     with tempfile.TemporaryFile() as log, group or contextlib.nullcontext():
         if group is not None:
             cmd = group.enter_argv(cmd)
-        started, idle_before = time.monotonic(), isolation.machine_idle()
+        started = time.monotonic()
         proc = subprocess.Popen(
             cmd,
             env=env,
@@ -349,6 +349,7 @@ def run_verdict(
             start_new_session=True,
         )
         _RUNNING[proc.pid] = token
+        watch = isolation.Starvation(group) if group is not None else None
         try:
             out, _ = proc.communicate(json.dumps(request).encode(), timeout=timeout + 60)
             answer = json.loads(out or b"{}")
@@ -362,6 +363,7 @@ def run_verdict(
             error = " ".join(tail)[-300:]
             answer = {"results": {g: {"status": "error", "detail": error} for g in found}}
         finally:  # no sandbox, zygote or rank may outlive the run
+            waited = watch.stop() if watch is not None else 0.0
             if group is not None:
                 group.kill()
             kill_run(proc.pid, token)
@@ -372,7 +374,7 @@ def run_verdict(
             v.get("status") in ("timeout", "timeout-cell") for v in results.values()
         ):
             wall, used = time.monotonic() - started, group.cpu_seconds()
-            if isolation.busy_machine(idle_before, isolation.machine_idle(), used, wall):
+            if isolation.starved(waited, used, wall):
                 why = MESSAGES("why_busy", lang, used=used, wall=wall)
                 for v in results.values():
                     if v.get("status") in ("timeout", "timeout-cell"):

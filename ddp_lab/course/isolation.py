@@ -14,8 +14,9 @@
   and removed after its processes are killed. Without either (not root, a container that
   does not delegate cgroups, not Linux) ``unavailable_reason`` says why and grading goes on
   without these limits.
-- ``busy_machine``: whether a run's timeout may be blamed on the learner's code (it used
-  the time) or on the machine (the submission got little CPU while the machine was busy).
+- ``Starvation`` and ``starved``: whether a run's timeout may be blamed on the learner's
+  code (it used the time, or slept) or on the machine (its tasks were runnable and waited
+  for a CPU that others had).
 """
 
 from __future__ import annotations
@@ -276,20 +277,44 @@ class Cgroup:
                     time.sleep(0.05)
 
 
-def machine_idle() -> tuple[float, float]:
-    """(idle, total) CPU time of the whole machine so far, from /proc/stat (jiffies)."""
-    with contextlib.suppress(OSError, ValueError):
-        fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-        return float(fields[3] + fields[4]), float(sum(fields[:8]))
-    return 0.0, 0.0
+class Starvation:
+    """How long a group's tasks waited for a CPU while runnable (the kernel's per-task
+    ``schedstat`` run-queue delay), sampled every ``period`` s by a thread until ``stop``:
+    the tasks' own sleeping or deadlock does not count, a CPU taken by others does."""
+
+    def __init__(self, group: Cgroup, period: float = 1.0) -> None:
+        self.group, self.period = group, period
+        self.delays: dict[int, float] = {}  # task id -> run-queue delay so far (s)
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _tasks(self) -> list[int]:
+        tids: set[int] = set()
+        for pid in self.group.pids():
+            with contextlib.suppress(OSError):
+                tids.update(int(t) for t in os.listdir(f"/proc/{pid}/task"))
+        return sorted(tids)
+
+    def sample(self) -> None:
+        for tid in self._tasks():
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                delay = int(Path(f"/proc/{tid}/schedstat").read_text().split()[1]) / 1e9
+                self.delays[tid] = max(delay, self.delays.get(tid, 0.0))
+
+    def _run(self) -> None:
+        while not self.done.wait(self.period):
+            self.sample()
+
+    def stop(self) -> float:
+        """Stop sampling; the total wait in seconds."""
+        self.done.set()
+        self.thread.join()
+        return sum(self.delays.values())
 
 
-def busy_machine(
-    before: tuple[float, float], after: tuple[float, float], used: float, wall: float
-) -> bool:
-    """Whether a submission that ran out of time was starved: the machine had almost no
-    idle CPU during the run, and the submission itself got less than half a core."""
-    idle, total = after[0] - before[0], after[1] - before[1]
-    if total <= 0 or wall <= 0:
-        return False
-    return idle / total < 0.1 and used / wall < 0.5
+def starved(waited: float, used: float, wall: float) -> bool:
+    """Whether a submission that ran out of time was starved: its tasks waited for a CPU
+    (runnable, not running) for at least half the run in total, and it got less than half
+    a core. A submission that slept, deadlocked or kept its own CPUs busy is not."""
+    return wall > 0 and waited >= 0.5 * wall and used < 0.5 * wall
