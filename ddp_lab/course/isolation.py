@@ -315,6 +315,7 @@ class Starvation:
 
 def starved(waited: float, used: float, wall: float) -> bool:
     """Whether a submission that ran out of time was starved: its tasks waited for a CPU
-    (runnable, not running) for at least half the run in total, and it got less than half
-    a core. A submission that slept, deadlocked or kept its own CPUs busy is not."""
-    return wall > 0 and waited >= 0.5 * wall and used < 0.5 * wall
+    (runnable, not running) for as long as the run in total, and it got less than a quarter
+    of a core. A submission that slept, deadlocked or kept a CPU busy is not. Either way it
+    gets no points: a starved one is an ``error`` to grade again, not a ``timeout``."""
+    return wall > 0 and waited >= wall and used < 0.25 * wall

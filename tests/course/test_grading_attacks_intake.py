@@ -361,6 +361,6 @@ def test_a_cgroup_limits_its_processes_and_leaves_nothing(tmp_path: Path) -> Non
 
 def test_a_timeout_is_blamed_on_the_machine_only_when_the_code_waited_for_cpu() -> None:
     # Seconds: run-queue wait of its tasks, CPU used, wall time of a 100 s run.
-    assert isolation.starved(waited=80.0, used=10.0, wall=100.0)  # runnable, no CPU
-    assert not isolation.starved(waited=80.0, used=90.0, wall=100.0)  # it used the time
+    assert isolation.starved(waited=180.0, used=10.0, wall=100.0)  # runnable, no CPU
+    assert not isolation.starved(waited=180.0, used=90.0, wall=100.0)  # it used the time
     assert not isolation.starved(waited=1.0, used=1.0, wall=100.0)  # sleeping or deadlocked
