@@ -1,21 +1,23 @@
-"""Time ``ddp-lab grade`` on a class of chapter 00 submissions: sandboxed vs not, one run.
+"""Time ``ddp-lab grade`` on a class of chapter 00 and 05 submissions: this tree vs another.
 
-    python benchmarks/bench_grade.py [--n 30] [--jobs 2] [--repeat 1] [--old CHECKOUT]
+    python benchmarks/bench_grade.py [--n 30] [--jobs 2] [--repeat 1] [--chapters 00 05]
+                                     [--old CHECKOUT]
 
-Writes N submissions (half correct, half the usual mistake), grades them with the sandbox
-and with ``DDP_LAB_SANDBOX=0``, alternating the two ``--repeat`` times, and prints the total
-wall time of each grading and the median time per submission (Gradescope's
-``execution_time`` of each results/NAME.json), with the ratio sandboxed / unsandboxed.
-``--old`` also times another checkout's ``ddp-lab grade`` (e.g. the nbval grader before
-verdicts left the kernel) on the same submissions.
+Writes N submissions per chapter (half the solution, half the unsolved exercise), grades
+them with this checkout (``after``: sandbox, a cgroup and a user-id slot per submission,
+tmpfs folders, intake in a separate process) and, with ``--old``, with another checkout's
+``ddp-lab grade`` (``before``, e.g. main), alternating the two ``--repeat`` times on the same
+submissions; without ``--old`` the second mode is this tree with ``DDP_LAB_CGROUPS=0``. Prints
+per chapter and mode the total wall time and the median time per submission (Gradescope's
+``execution_time`` of each results/NAME.json), and the ratio after / before of the medians.
 """
 
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -23,31 +25,24 @@ import tempfile
 import time
 from pathlib import Path
 
-import nbformat
-
 ROOT = Path(__file__).resolve().parent.parent
-RELEASE = ROOT / "exercises" / "en" / "00_quickstart.ipynb"
-SOLUTION = (
-    "def average_across_ranks(value):\n"
-    "    out = value.clone()\n    dist.all_reduce(out)\n    return out / dist.get_world_size()\n"
-)
-WRONG = "def average_across_ranks(value):\n    dist.all_reduce(value)\n    return value\n"
+NAMES = {"00": "00_quickstart", "05": "05_ring_allreduce"}
 
 
-def submissions(folder: Path, n: int) -> None:
-    release = nbformat.read(RELEASE, as_version=4)
-    stub = next(i for i, c in enumerate(release.cells) if "def average_across_ranks" in c.source)
+def submissions(folder: Path, chapter: str, n: int) -> Path:
+    """N submissions of one chapter: even ones solved, odd ones the unsolved exercise."""
+    name = next(p.name for p in (ROOT / "exercises" / "en").glob(f"{chapter}_*.ipynb"))
     for k in range(n):
-        nb = copy.deepcopy(release)
-        nb.cells[stub].source = SOLUTION if k % 2 == 0 else WRONG
-        nbformat.write(nb, folder / f"student{k:02d}.ipynb")
+        src = ROOT / ("solutions" if k % 2 == 0 else "exercises") / "en" / name
+        (folder / f"student{k:02d}").mkdir(parents=True)
+        shutil.copy(src, folder / f"student{k:02d}" / name)
+    return ROOT / "exercises" / "en" / name
 
 
-def grade(subs: Path, out: Path, jobs: int, env: dict, root: Path = ROOT) -> float:
-    cmd = [sys.executable, "-m", "ddp_lab.course.cli", "grade", "--release", str(RELEASE)]
-    if not (root / "ddp_lab" / "course").is_dir():  # an old checkout: the flat layout
-        cmd[2] = "ddp_lab.cli"
-    cmd += [str(subs), "--out", str(out), "--jobs", str(jobs)]
+def grade(release: Path, subs: Path, out: Path, jobs: int, env: dict, root: Path) -> float:
+    python = root / ".venv" / "bin" / "python"
+    cmd = [str(python if python.exists() else sys.executable), "-m", "ddp_lab.course.cli"]
+    cmd += ["grade", "--release", str(release), str(subs), "--out", str(out), "--jobs", str(jobs)]
     env = {**os.environ, "PYTHONPATH": str(root), **env}
     t0 = time.perf_counter()
     subprocess.run(cmd, env=env, check=True, stdout=subprocess.DEVNULL, cwd=root)
@@ -60,39 +55,37 @@ def per_submission(out: Path) -> list[float]:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--n", type=int, default=30)
+    p.add_argument("--n", type=int, default=30, help="submissions per chapter")
     p.add_argument("--jobs", type=int, default=2)
     p.add_argument("--repeat", type=int, default=1)
-    p.add_argument("--old", type=Path, default=None, help="another checkout to time as well")
+    p.add_argument("--chapters", nargs="+", default=["00", "05"])
+    p.add_argument("--old", type=Path, default=None, help="another checkout (before)")
     args = p.parse_args()
+    modes = {"after": ({}, ROOT)}
+    if args.old:
+        modes["before"] = ({}, args.old.resolve())
+    else:
+        modes["no-cgroups"] = ({"DDP_LAB_CGROUPS": "0"}, ROOT)
+    base = "before" if args.old else "no-cgroups"
+    print(f"--jobs {args.jobs}, {os.cpu_count()} cores, {args.n} submissions per chapter")
     with tempfile.TemporaryDirectory() as tmp:
-        subs = Path(tmp) / "subs"
-        subs.mkdir()
-        submissions(subs, args.n)
-        totals: dict[str, list[float]] = {"sandboxed": [], "unsandboxed": []}
-        each: dict[str, list[float]] = {"sandboxed": [], "unsandboxed": []}
-        if args.old:
-            totals["old"] = []
-        for r in range(args.repeat):
-            for mode, env in (("unsandboxed", {"DDP_LAB_SANDBOX": "0"}), ("sandboxed", {})):
-                out = Path(tmp) / f"{mode}{r}"
-                totals[mode].append(grade(subs, out, args.jobs, env))
-                each[mode] += per_submission(out)
-            if args.old:
-                totals["old"].append(grade(subs, Path(tmp) / f"old{r}", args.jobs, {}, args.old))
-        print(f"{args.n} submissions of chapter 00, --jobs {args.jobs}, {os.cpu_count()} cores")
-        for mode, ts in totals.items():
-            line = f"{mode:12s} total {statistics.median(ts):7.1f} s"
-            if each.get(mode):
-                line += f"   median per submission {statistics.median(each[mode]):5.1f} s"
-            print(line)
-        ratio = statistics.median(totals["sandboxed"]) / statistics.median(totals["unsandboxed"])
-        print(f"sandboxed / unsandboxed (total): {ratio:.2f}x")
-        if args.old:
-            old = statistics.median(totals["old"])
-            print(
-                f"sandboxed / old grader (total): {statistics.median(totals['sandboxed']) / old:.2f}x"
-            )
+        for chapter in args.chapters:
+            subs = Path(tmp) / f"subs{chapter}"
+            release = submissions(subs, chapter, args.n)
+            totals: dict[str, list[float]] = {m: [] for m in modes}
+            each: dict[str, list[float]] = {m: [] for m in modes}
+            for r in range(args.repeat):
+                for mode, (env, root) in modes.items() if r % 2 == 0 else reversed(modes.items()):
+                    out = Path(tmp) / f"{mode}{chapter}-{r}"
+                    totals[mode].append(grade(release, subs, out, args.jobs, env, root))
+                    each[mode] += per_submission(out)
+            for mode in modes:
+                print(
+                    f"chapter {chapter} {mode:10s} total {statistics.median(totals[mode]):7.1f} s"
+                    f"   median per submission {statistics.median(each[mode]):5.2f} s"
+                )
+            ratio = statistics.median(each["after"]) / statistics.median(each[base])
+            print(f"chapter {chapter} after / {base} (median per submission): {ratio:.2f}x")
 
 
 if __name__ == "__main__":

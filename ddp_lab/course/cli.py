@@ -26,9 +26,9 @@ def _check(args: argparse.Namespace) -> int:
 
 
 def _grade(args: argparse.Namespace) -> int:
-    from ddp_lab.course import grader
+    from ddp_lab.course import grade_class
 
-    return grader.grade_main(args)
+    return grade_class.grade_main(args)
 
 
 def _gradescope(args: argparse.Namespace) -> int:
@@ -40,7 +40,9 @@ def _gradescope(args: argparse.Namespace) -> int:
     if not release.is_file():
         print(f"no such file: {release}", file=sys.stderr)
         return 2
-    out = export.write_gradescope_zip(release, Path(args.out), args.seed, build.ROOT, args.torch)
+    out = export.write_gradescope_zip(
+        release, Path(args.out), args.seed, build.ROOT, args.torch, args.torch_index
+    )
     print(f"wrote {out}")
     return 0
 
@@ -57,7 +59,9 @@ def _classroom(args: argparse.Namespace) -> int:
         print(f"no such file: {release}", file=sys.stderr)
         return 2
     exercises = grader.exercises_of(nbformat.read(release, as_version=4))
-    text = export.classroom_workflow(release, args.notebook or str(release), exercises)
+    text = export.classroom_workflow(
+        release, args.notebook or str(release), exercises, args.torch_index
+    )
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(text, encoding="utf-8")
     print(f"wrote {args.out}")
@@ -152,6 +156,10 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--gradescope", metavar="PATH", help="also write Gradescope's results.json (one submission)"
     )
+    p.add_argument(
+        "--memory-gb", type=float, default=None, help="memory of one submission's cgroup (8)"
+    )
+    p.add_argument("--pids", type=int, default=None, help="processes of one submission (1024)")
     p.set_defaults(func=_grade)
 
     p = sub.add_parser("gradescope", help="write a Gradescope autograder zip for a release")
@@ -159,12 +167,22 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", required=True, help="your DDP_LAB_GRADE_SEED (kept in the zip)")
     p.add_argument("--out", default="autograder.zip")
     p.add_argument("--torch", default="torch==2.13.0", help="torch requirement for the image")
+    p.add_argument(
+        "--torch-index",
+        default="https://download.pytorch.org/whl/cpu",
+        help="pip index for torch (default: PyTorch's CPU wheels; '' for PyPI's default)",
+    )
     p.set_defaults(func=_gradescope)
 
     p = sub.add_parser("classroom", help="write a GitHub Classroom autograding workflow")
     p.add_argument("--release", required=True, help="the released exercise notebook")
     p.add_argument("--notebook", help="the notebook's path in the learners' repository")
     p.add_argument("--out", default=".github/workflows/classroom.yml")
+    p.add_argument(
+        "--torch-index",
+        default="https://download.pytorch.org/whl/cpu",
+        help="extra pip index for torch (default: PyTorch's CPU wheels; '' for PyPI only)",
+    )
     p.set_defaults(func=_classroom)
 
     p = sub.add_parser("doctor", help="check the GPU driver, CUDA, PyTorch and NCCL setup")

@@ -23,28 +23,31 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
-from ddp_lab.i18n import N_, _t, lookup
+from ddp_lab.i18n import _t, lookup
 
 STATUSES = ("passed", "failed")
-# The status of a ``grader.Result``, as the report and Gradescope show it.
-STATUS_TEXTS = {
-    "passed": N_("passed"),
-    "failed": N_("failed"),
-    "tampered-changed": N_("graded cell changed"),
-    "tampered-deleted": N_("graded cell deleted"),
-    "tampered-moved": N_("graded cell moved"),
-    "timeout": N_("timed out"),
-    "kernel-died": N_("kernel died"),
-    "invalid": N_("invalid notebook"),
-    "error": N_("not run"),
-}
 VISIBILITIES = ("hidden", "after_due_date", "after_published", "visible")
 
 
-def gradescope_results(results: list[Any], lang: str, execution_time: float) -> dict[str, Any]:
-    """Gradescope's results.json for one submission (``results``: ``grader.Result``s)."""
+def gradescope_results(
+    results: list[Any],
+    lang: str,
+    execution_time: float,
+    notes: list[str] | None = None,
+    extra: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Gradescope's results.json for one submission (``results``: ``grader.Result``s).
+
+    Outputs are Markdown: the status is the grader's, each detail (which quotes the
+    learner's code and output) is in a fenced block, never markup. ``notes``: the
+    grader's own lines for the top output (e.g. that it ran without a sandbox).
+    """
+    from ddp_lab.course import report
+    from ddp_lab.course.grader import MESSAGES as msg
+
     tests = []
     for number, r in enumerate(results, 1):
+        detail = f"\n\n{report.code_block(r.detail)}" if r.detail else ""
         tests.append(
             {
                 "name": f"{r.grade_id}",
@@ -52,23 +55,28 @@ def gradescope_results(results: list[Any], lang: str, execution_time: float) -> 
                 "score": float(r.points),
                 "max_score": float(r.max_points),
                 "status": "passed" if r.status == "passed" else "failed",
-                "output": lookup(STATUS_TEXTS, r.status, lang)
-                + (f"\n{r.detail}" if r.detail else ""),
+                "output": (lookup(msg, r.status, lang) + f"{detail}"),
+                "output_format": "md",
                 "visibility": "visible",
             }
         )
-    return {
+    total = _t(
+        "total {points}/{max_points} points",
+        lang,
+        points=sum(r.points for r in results),
+        max_points=sum(r.max_points for r in results),
+    )
+    doc: dict[str, Any] = {
         "score": float(sum(r.points for r in results)),
         "execution_time": round(execution_time, 1),
-        "output": _t(
-            "total {points}/{max_points} points",
-            lang,
-            points=sum(r.points for r in results),
-            max_points=sum(r.max_points for r in results),
-        ),
+        "output": "\n\n".join([*(notes or []), total]),
+        "output_format": "md",
         "stdout_visibility": "hidden",
         "tests": tests,
     }
+    if extra:
+        doc["extra_data"] = dict(extra)
+    return doc
 
 
 def validate_gradescope(doc: dict[str, Any]) -> list[str]:
@@ -139,12 +147,16 @@ def validate_gradescope(doc: dict[str, Any]) -> list[str]:
     return problems
 
 
+TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
+
 SETUP_SH = """#!/usr/bin/env bash
 # Gradescope runs this once, as root, when it builds the autograder image.
 set -euo pipefail
+apt-get update -q
 apt-get install -y -q --no-install-recommends python3 python3-venv python3-pip bubblewrap
 python3 -m venv /autograder/venv
-/autograder/venv/bin/pip install -q {torch}
+# torch first, the CPU build (the autograder has no GPU; the CUDA build is gigabytes more).
+/autograder/venv/bin/pip install -q {torch_index}{torch}
 /autograder/venv/bin/pip install -q /autograder/source/ddp-lab
 """
 
@@ -164,9 +176,18 @@ export DDP_LAB_GRADE_SEED={seed}
 
 
 def write_gradescope_zip(
-    release: Path, out: Path, seed: str, package_root: Path, torch_spec: str = "torch==2.13.0"
+    release: Path,
+    out: Path,
+    seed: str,
+    package_root: Path,
+    torch_spec: str = "torch==2.13.0",
+    torch_index: str = TORCH_CPU_INDEX,
 ) -> Path:
-    """Write the Gradescope autograder zip for ``release``; return its path."""
+    """Write the Gradescope autograder zip for ``release``; return its path.
+
+    ``torch_index``: the index torch is installed from (PyTorch's CPU wheels by default;
+    ``""``: PyPI's default build).
+    """
     out.parent.mkdir(parents=True, exist_ok=True)
 
     def add(z: zipfile.ZipFile, name: str, text: str, executable: bool = False) -> None:
@@ -176,7 +197,9 @@ def write_gradescope_zip(
         z.writestr(info, text)
 
     with zipfile.ZipFile(out, "w") as z:
-        add(z, "setup.sh", SETUP_SH.format(torch=shlex.quote(torch_spec)), executable=True)
+        index = f"--index-url {shlex.quote(torch_index)} " if torch_index else ""
+        setup = SETUP_SH.format(torch=shlex.quote(torch_spec), torch_index=index)
+        add(z, "setup.sh", setup, executable=True)
         run = RUN_AUTOGRADER.format(seed=shlex.quote(seed), release=shlex.quote(release.name))
         add(z, "run_autograder", run, executable=True)
         z.write(release, release.name)
@@ -187,8 +210,14 @@ def write_gradescope_zip(
     return out
 
 
-def classroom_workflow(release: Path, notebook_in_repo: str, exercises: list[Any]) -> str:
-    """A GitHub Classroom autograding workflow: one step per exercise, then the reporter."""
+def classroom_workflow(
+    release: Path, notebook_in_repo: str, exercises: list[Any], torch_index: str = TORCH_CPU_INDEX
+) -> str:
+    """A GitHub Classroom autograding workflow: one step per exercise, then the reporter.
+
+    torch comes from ``torch_index`` (PyTorch's CPU wheels by default: the runners have no
+    GPU), installed before ``setup.sh``, which keeps it; ``""``: setup.sh's own choice.
+    """
     steps = []
     ids = []
     for ex in exercises:
@@ -209,6 +238,13 @@ def classroom_workflow(release: Path, notebook_in_repo: str, exercises: list[Any
     env = "\n".join(
         f'          {i.upper()}_RESULTS: "${{{{steps.{i}.outputs.result}}}}"' for i in ids
     )
+    # torch first, into the venv setup.sh uses: setup.sh keeps a torch that imports.
+    torch_step = (
+        "          python -m venv .venv\n"
+        f"          .venv/bin/pip install -q --index-url {shlex.quote(torch_index)} torch==2.13.0\n"
+        if torch_index
+        else ""
+    )
     return f"""# GitHub Classroom autograding for {release.name}, written by `ddp-lab classroom`.
 # Put it in the assignment's template repository as .github/workflows/classroom.yml.
 name: Autograding Tests
@@ -228,8 +264,9 @@ jobs:
           python-version: "3.11"
       - name: Install the course (this repository is a copy of it)
         run: |
+          sudo apt-get update -q
           sudo apt-get install -y -q bubblewrap
-          bash setup.sh --no-lab
+{torch_step}          bash setup.sh --no-lab
 {chr(10).join(steps)}
       - name: Autograding Reporter
         uses: classroom-resources/autograding-grading-reporter@v1

@@ -1,46 +1,49 @@
-"""``ddp-lab check`` (learners) and ``ddp-lab grade`` (instructors): score exercise notebooks.
+"""``ddp-lab check`` (learners) and scoring one submission (``ddp-lab grade``, see
+``course.grade_class`` for the class): nothing that ran learner code is trusted; what such a
+process says is data to verify, and it only ever receives its own inputs.
 
 A graded cell is a code cell tagged ``grade`` with ``grade_id`` and ``points`` metadata.
 Scoring a notebook:
-1. compare it with the release: a graded cell whose code changed, that is missing, or that
-   moved relative to the other graded and exercise cells scores 0 ("tampered");
-2. hand the submission to ``course.verdict`` in a process of its own: it runs the learner's
-   code cells in the sandbox (``course.sandbox``, ``course.runner``), keeps the objects each
-   graded cell names, and computes every verdict itself (``course.learner``: the checker
-   reaches the learner's code through probes that return data only);
-3. kill everything the run started (its process group, then every process carrying the
-   run's token), whatever happened; a timeout or a crash gives the exercises left their
-   zeroes with the reason.
-The in-notebook line printed by ``dl.grade`` is never read: nothing a learner's code does in
-its own process decides a verdict.
+1. read it without trusting it (``course.intake``: regular files only, size cap, parsed in
+   a limited process, outputs removed);
+2. compare it with the release: a graded cell whose code changed (its syntax tree: a
+   comment or spacing is not a change), that is missing, or that moved relative to the
+   other graded and exercise cells scores 0 ("tampered");
+3. hand the submission to ``course.verdict`` in a process of its own, in a cgroup of the
+   submission's own (``course.isolation``) with a user id no other running submission has:
+   it runs the learner's code cells in the sandbox (``course.sandbox``, ``course.runner``)
+   and computes every verdict itself;
+4. kill everything the run started (its cgroup, its process group, then every process
+   carrying the run's token), whatever happened; a timeout or a crash gives the exercises
+   left their zeroes with the reason; a timeout while the machine was too busy to give the
+   submission CPU is an ``error`` (grade it again), not the learner's fault.
+The in-notebook line printed by ``dl.grade`` is never read.
 
 How it differs from nbgrader and otter-grader: no database, server or student ids; the
-kernel's own report is not trusted; each submission runs in a bubblewrap sandbox instead of
-a container.
+kernel's own report is not trusted; each submission runs in a bubblewrap sandbox and a
+cgroup instead of a container.
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
 import contextlib
 import copy
-import csv
 import json
 import os
 import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import uuid
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 import nbformat
 
-from ddp_lab.course import export
+from ddp_lab.course import intake, isolation, report
 from ddp_lab.i18n import N_, _t, lookup
 
 TOKEN_VAR = "DDP_LAB_GRADE_TOKEN"
@@ -49,8 +52,24 @@ ERROR_PROP = "ddp_lab_error"
 KERNEL_DIED = "ddp-lab: the kernel died"
 PACKAGE_PARENT = Path(__file__).resolve().parents[2]  # holds ddp_lab/ (this is ddp_lab/course/)
 
-# Why a graded cell counts as tampered, by the kind ``tampered`` found.
 MESSAGES = {
+    "passed": N_("passed"),
+    "failed": N_("failed"),
+    "tampered-changed": N_("graded cell changed"),
+    "tampered-deleted": N_("graded cell deleted"),
+    "tampered-moved": N_("graded cell moved"),
+    "timeout": N_("timed out"),
+    "kernel-died": N_("kernel died"),
+    "invalid": N_("invalid notebook"),
+    "error": N_("not run"),
+    "duplicate": N_("several notebooks"),
+    "flagged": N_("flagged for review"),
+    "why_busy": N_(
+        "the grading machine was too busy to give this notebook CPU time (it "
+        "used {used:.0f} s of CPU in {wall:.0f} s): not the notebook's fault; "
+        "grade it again."
+    ),
+    "why_flagged": N_("flagged for the instructor's review: {error}"),
     "why_changed": N_(
         "the code of the graded cell was changed; copy it back from the released notebook."
     ),
@@ -59,6 +78,22 @@ MESSAGES = {
     "why_moved": N_(
         "the graded cell was moved relative to the exercise cells; put it back in place."
     ),
+    "why_total": N_("the notebook did not finish within {timeout:g} s and was stopped."),
+    "why_cell": N_("a cell ran longer than {timeout:g} s and was interrupted (an endless loop?)."),
+    "why_died": N_(
+        "the Python kernel died (os._exit, a crash or out of memory) before this cell ran."
+    ),
+    "why_invalid": N_("not a valid notebook: {error}"),
+    "why_error": N_("the notebook could not be run: {error}"),
+    "total": N_("total {points}/{max_points} points"),
+    "feedback": N_("Feedback for {student}: {title}"),
+    "no_file": N_("No such file: {path}"),
+    "no_graded": N_("{path} has no graded cells: is it an exercise notebook?"),
+    "no_subs": N_("No .ipynb submissions found in {paths}"),
+    "bad_number": N_("--{name} must be a positive number, got {value!r}."),
+    "wrote": N_("wrote {path}"),
+    "progress": N_("{done}/{total} graded, {zeros} with no points, about {left} s left"),
+    "no_such_exercise": N_("{path} has no exercise {grade_id}; it has: {ids}"),
 }
 
 
@@ -73,8 +108,7 @@ class Exercise:
 
 @dataclass
 class Result:
-    """One exercise of one notebook: points and a status (a key of ``export.STATUS_TEXTS``)
-    with details."""
+    """One exercise of one notebook: points and a status (a key of ``M``) with details."""
 
     grade_id: str
     points: int
@@ -86,6 +120,20 @@ class Result:
 def _norm(source: str) -> str:
     # Editors add or drop trailing spaces and newlines; that is not tampering.
     return "\n".join(line.rstrip() for line in source.strip().splitlines())
+
+
+def same_code(a: str, b: str) -> bool:
+    """Whether two cells run the same code: equal syntax trees (a comment, spacing or a
+    line break inside parentheses is no change), or equal text where either is not Python
+    (a cell magic)."""
+    if _norm(a) == _norm(b):
+        return True
+    if max(len(a), len(b)) > 4 * min(len(a), len(b)) + 1000:  # comments cannot explain that
+        return False
+    try:
+        return ast.dump(ast.parse(a)) == ast.dump(ast.parse(b))
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return False
 
 
 def _is_graded(cell: nbformat.NotebookNode) -> bool:
@@ -131,13 +179,13 @@ def locate(
                 for i, c in enumerate(sub.cells)
                 if c.cell_type == "code"
                 and "grade_id" not in c.metadata
-                and _norm(c.source) == _norm(ex.cell.source)
+                and same_code(c.source, ex.cell.source)
             ]
         if not hits:
             tampered[ex.grade_id] = "deleted"
         elif len(hits) > 1:
             tampered[ex.grade_id] = f"dup:{len(hits)}"
-        elif _norm(sub.cells[hits[0]].source) != _norm(ex.cell.source):
+        elif not same_code(sub.cells[hits[0]].source, ex.cell.source):
             tampered[ex.grade_id] = "changed"
         else:
             found[ex.grade_id] = hits[0]
@@ -211,16 +259,21 @@ def run_verdict(
     cell_timeout: float,
     timeout: float,
     job: int = 0,
+    limits: isolation.CgroupLimits | None = None,
 ) -> dict[str, dict]:
     """grade_id -> {status, detail} from ``course.verdict``, run in a process of its own.
 
     That process never runs learner code: it starts the submission's code in the sandbox
-    and computes each verdict itself. Its process group and everything carrying this run's
-    token are killed afterwards, whatever happened.
+    and computes each verdict itself. ``job`` must be a number no other running grading
+    holds (``isolation.Slots``): the sandbox's user id is derived from it. Where cgroups
+    work, the process and all it starts live in a cgroup of their own (``limits``). Its
+    cgroup, process group and everything carrying this run's token are killed afterwards,
+    whatever happened.
     """
     from ddp_lab.course import sandbox
 
     sandbox.warn_unsandboxed(lang)
+    isolation.warn_no_cgroups(lang)
     token = f"{os.getpid()}-{uuid.uuid4().hex}"
     env = {k: v for k, v in os.environ.items() if k not in ("JPY_SESSION_NAME", "PYTEST_ADDOPTS")}
     env.update(
@@ -243,7 +296,13 @@ def run_verdict(
         "env": {TOKEN_VAR: token},
     }
     cmd = [sys.executable, "-m", "ddp_lab.course.verdict"]
-    with tempfile.TemporaryFile() as log:
+    group = None
+    if isolation.unavailable_reason() is None:
+        group = isolation.Cgroup(f"ddp-lab-{token}", limits or isolation.CgroupLimits())
+    with tempfile.TemporaryFile() as log, group or contextlib.nullcontext():
+        if group is not None:
+            cmd = group.enter_argv(cmd)
+        started = time.monotonic()
         proc = subprocess.Popen(
             cmd,
             env=env,
@@ -253,41 +312,85 @@ def run_verdict(
             start_new_session=True,
         )
         _RUNNING[proc.pid] = token
+        watch = isolation.Starvation(group) if group is not None else None
         try:
             out, _ = proc.communicate(json.dumps(request).encode(), timeout=timeout + 60)
             answer = json.loads(out or b"{}")
+            if not isinstance(answer, dict) or not isinstance(answer.get("results"), dict):
+                raise ValueError("no results")
         except subprocess.TimeoutExpired:
             answer = {"results": {g: {"status": "timeout"} for g in found}}
         except ValueError:
-            log.seek(0)
+            log.seek(max(0, log.seek(0, os.SEEK_END) - 4096))
             tail = log.read().decode(errors="replace").strip().splitlines()[-1:]
             error = " ".join(tail)[-300:]
             answer = {"results": {g: {"status": "error", "detail": error} for g in found}}
         finally:  # no sandbox, zygote or rank may outlive the run
+            waited = watch.stop() if watch is not None else 0.0
+            if group is not None:
+                group.kill()
             kill_run(proc.pid, token)
             proc.wait()
             _RUNNING.pop(proc.pid, None)
-    return answer.get("results", {})
+        results = {g: v for g, v in answer["results"].items() if isinstance(v, dict)}
+        if group is not None and any(
+            v.get("status") in ("timeout", "timeout-cell") for v in results.values()
+        ):
+            wall, used = time.monotonic() - started, group.cpu_seconds()
+            if isolation.starved(waited, used, wall):
+                why = _t(
+                    "the grading machine was too busy to give this notebook CPU time (it "
+                    "used {used:.0f} s of CPU in {wall:.0f} s): not the notebook's fault; "
+                    "grade it again.",
+                    lang,
+                    used=used,
+                    wall=wall,
+                )
+                for v in results.values():
+                    if v.get("status") in ("timeout", "timeout-cell"):
+                        v.update(status="busy", detail=why)
+    return results
 
 
 def _stream_text(outputs: list) -> str:
     return "".join(o.get("text", "") for o in outputs if o.get("output_type") == "stream")
 
 
+def load_submission(
+    source: Path | intake.Submission | nbformat.NotebookNode,
+) -> nbformat.NotebookNode:
+    """A submission's notebook, read by ``course.intake`` (``intake.BadFile``: not read;
+    another exception: not a notebook); a notebook already read that way is returned."""
+    if isinstance(source, nbformat.NotebookNode):
+        return source
+    if isinstance(source, intake.Submission):
+        if source.problem:
+            raise intake.BadFile(source.problem)
+        return intake.load(source.root, source.rel)
+    return intake.load(source.parent, (source.name,))
+
+
 def score(
     release: nbformat.NotebookNode,
-    path: Path,
+    source: Path | intake.Submission | nbformat.NotebookNode,
     cell_timeout: float,
     timeout: float,
     job: int = 0,
+    limits: isolation.CgroupLimits | None = None,
 ) -> tuple[str, list[Result]]:
-    """Score one submission against ``release``: (its language, one Result per exercise)."""
+    """Score one submission against ``release``: (its language, one Result per exercise).
+
+    ``source``: a notebook (read as a file given by the instructor) or a found
+    ``intake.Submission``. A file that is not read gives every exercise ``error`` (or
+    ``duplicate``), one that is not a notebook ``invalid``, with the reason.
+    """
     lang = language_of(release)
     exercises = exercises_of(release)
     try:
-        sub = nbformat.read(path, as_version=4)
-        if not isinstance(sub.get("cells"), list):
-            raise ValueError("no list of cells")
+        sub = load_submission(source)
+    except intake.BadFile as exc:
+        status = source.status if isinstance(source, intake.Submission) else "error"
+        return lang, [Result(e.grade_id, 0, e.points, status, str(exc)) for e in exercises]
     except Exception as exc:  # noqa: BLE001  # any unreadable file scores 0, the rest go on
         why = _t(
             "not a valid notebook: {error}", lang, error=f"{type(exc).__name__}: {str(exc)[:200]}"
@@ -295,13 +398,15 @@ def score(
         return lang, [Result(e.grade_id, 0, e.points, "invalid", why) for e in exercises]
     lang = language_of(sub, lang)
     found, tampered = locate(release, sub)
-    verdicts = run_verdict(release, sub, found, lang, cell_timeout, timeout, job) if found else {}
+    verdicts = (
+        run_verdict(release, sub, found, lang, cell_timeout, timeout, job, limits) if found else {}
+    )
     results = {}
     by_id = {ex.grade_id: ex for ex in exercises}
     for grade_id in found:
         ex = by_id[grade_id]
         v = verdicts.get(grade_id, {"status": "error"})
-        status, detail = v.get("status", "error"), v.get("detail", "")
+        status, detail = str(v.get("status", "error")), str(v.get("detail", ""))
         if status == "passed":
             results[grade_id] = Result(grade_id, ex.points, ex.points, "passed", detail)
         elif status == "timeout":  # the whole submission ran out of time
@@ -332,6 +437,11 @@ def score(
             )
         elif status == "failed":
             results[grade_id] = Result(grade_id, 0, ex.points, "failed", detail)
+        elif status == "busy":  # the machine's fault, not the notebook's: grade it again
+            results[grade_id] = Result(grade_id, 0, ex.points, "error", detail)
+        elif status == "flagged":  # held for the instructor: no points until reviewed
+            why = _t("flagged for the instructor's review: {error}", lang, error=detail or "-")
+            results[grade_id] = Result(grade_id, 0, ex.points, "flagged", why)
         else:
             why = _t("the notebook could not be run: {error}", lang, error=detail or "-")
             results[grade_id] = Result(grade_id, 0, ex.points, "error", why)
@@ -346,17 +456,20 @@ def score(
     return lang, [results[e.grade_id] for e in exercises]
 
 
-def report_lines(results: list[Result], lang: str) -> list[str]:
-    """One line per exercise and a total, in ``lang``."""
-    lines = [
-        (
-            f"- {r.grade_id}: "
-            + lookup(export.STATUS_TEXTS, r.status, lang)
-            + f", {r.points}/{r.max_points}"
+def report_lines(results: list[Result], lang: str, markdown: bool = False) -> list[str]:
+    """One line per exercise and a total, in ``lang``. Details (which quote the learner's
+    code and output) are escaped: in a fenced block with ``markdown``, else one escaped
+    text for a terminal."""
+    lines = []
+    for r in results:
+        lines.append(
+            f"- {r.grade_id}: " + lookup(MESSAGES, r.status, lang) + f", {r.points}/{r.max_points}"
         )
-        + (f"\n  {r.detail}" if r.detail and r.status != "passed" else "")
-        for r in results
-    ]
+        if r.detail and r.status != "passed":
+            if markdown:
+                lines.append("\n" + report.code_block(r.detail) + "\n")
+            else:
+                lines.append("  " + report.clean(r.detail, newlines=True).replace("\n", "\n  "))
     total = _t(
         "total {points}/{max_points} points",
         lang,
@@ -415,14 +528,16 @@ def check_main(args: argparse.Namespace) -> int:
     if problem:
         print(problem, file=sys.stderr)
         return 2
-    try:
-        nb = nbformat.read(path, as_version=4)
+    try:  # the learner's own file: a link to it is fine, but not a FIFO or a huge file
+        real = path.resolve()
+        nb = intake.load(real.parent, (real.name,))
+    except intake.BadFile as exc:
+        print(report.shown(exc, report.MAX_TEXT), file=sys.stderr)
+        return 1
     except Exception as exc:  # noqa: BLE001  # any unreadable file: say why, in one line
         error = f"{type(exc).__name__}: {str(exc)[:200]}"
-        print(
-            f"{path}: " + _t("not a valid notebook: {error}", _cli_lang(), error=error),
-            file=sys.stderr,
-        )
+        why = _t("not a valid notebook: {error}", _cli_lang(), error=error)
+        print(f"{report.shown(path)}: {report.shown(why, report.MAX_TEXT)}", file=sys.stderr)
         return 1
     release = reference_for(nb)
     if nb.metadata.get("ddp_lab", {}).get("kind") == "notebooks" or not exercises_of(release):
@@ -452,161 +567,12 @@ def check_main(args: argparse.Namespace) -> int:
             return 2
         release = copy.deepcopy(release)
         release.cells = [c for c in release.cells if c.metadata.get("grade_id", only) == only]
-    lang, results = score(release, path, args.cell_timeout, args.timeout)
-    print(path)
+    slots = isolation.Slots()
+    job = slots.acquire()
+    try:
+        lang, results = score(release, nb, args.cell_timeout, args.timeout, job=job)
+    finally:
+        slots.release(job)
+    print(report.shown(path, report.MAX_TEXT))
     print("\n".join(report_lines(results, lang)))
     return 0 if results and all(r.status == "passed" for r in results) else 1
-
-
-def find_submissions(paths: list[str]) -> list[Path]:
-    """Notebooks named on the command line or found (recursively) in the folders named."""
-    found: list[Path] = []
-    for p in map(Path, paths):
-        items = sorted(p.rglob("*.ipynb")) if p.is_dir() else [p]
-        found += [i for i in items if ".ipynb_checkpoints" not in i.parts]
-    return list(dict.fromkeys(found))
-
-
-def student_names(subs: list[Path], release_stem: str) -> list[str]:
-    """``alice.ipynb`` -> alice; ``alice/00_quickstart.ipynb`` -> alice; unique names."""
-    names, seen = [], set()
-    for s in subs:
-        name = s.parent.name if s.stem == release_stem and s.parent.name else s.stem
-        base, k = name, 2
-        while name in seen:
-            name, k = f"{base}-{k}", k + 1
-        seen.add(name)
-        names.append(name)
-    return names
-
-
-def _title(path: Path, default: str) -> str:
-    """The notebook's title (in its own language), or ``default``."""
-    with contextlib.suppress(Exception):
-        return str(json.loads(path.read_text(encoding="utf-8"))["metadata"]["ddp_lab"]["title"])
-    return default
-
-
-class Progress:
-    """One line per graded submission: done/total, failures so far, time left (estimated)."""
-
-    def __init__(self, total: int, lang: str) -> None:
-        self.total, self.lang, self.count, self.zeros = total, lang, 0, 0
-        self.start = time.monotonic()
-        self.lock = threading.Lock()
-
-    def done(self, name: str, summary: str, zero: bool) -> None:
-        with self.lock:
-            self.count += 1
-            self.zeros += zero
-            elapsed = time.monotonic() - self.start
-            left = elapsed / self.count * (self.total - self.count)
-            bar = _t(
-                "{done}/{total} graded, {zeros} with no points, about {left} s left",
-                self.lang,
-                done=self.count,
-                total=self.total,
-                zeros=self.zeros,
-                left=f"{left:.0f}",
-            )
-            print(f"[{bar}] {name}: {summary}", flush=True)
-
-
-def grade_main(args: argparse.Namespace) -> int:
-    """``ddp-lab grade --release R SUBMISSIONS...``: write gradebook.csv and feedback files."""
-    lang = _cli_lang()
-    release_path = Path(args.release)
-    problem = _positive(args, "cell_timeout", "timeout")
-    if problem is None and (not isinstance(args.jobs, int) or args.jobs < 0):
-        problem = _t(
-            "--{name} must be a positive number, got {value!r}.", lang, name="jobs", value=args.jobs
-        )
-    if problem is None and not release_path.is_file():
-        problem = _t("No such file: {path}", lang, path=release_path)
-    missing = [p for p in args.submissions if not Path(p).exists()]
-    if problem is None and missing:
-        problem = _t("No such file: {path}", lang, path=", ".join(missing))
-    subs = [] if problem else find_submissions(args.submissions)
-    if problem is None and not subs:
-        problem = _t(
-            "No .ipynb submissions found in {paths}", lang, paths=" ".join(args.submissions)
-        )
-    if problem is None:
-        release = nbformat.read(release_path, as_version=4)
-        if not exercises_of(release):
-            problem = _t(
-                "{path} has no graded cells: is it an exercise notebook?", lang, path=release_path
-            )
-    if problem:
-        print(problem, file=sys.stderr)
-        return 2
-    out = Path(args.out)
-    (out / "feedback").mkdir(parents=True, exist_ok=True)
-    names = student_names(subs, release_path.stem)
-    title = release.metadata.get("ddp_lab", {}).get("title", release_path.stem)
-
-    workers = args.jobs or os.cpu_count() or 1
-    progress = Progress(len(subs), lang)
-
-    def one(i: int) -> tuple[str, list[Result]]:
-        started = time.monotonic()
-        try:
-            sub_lang, results = score(
-                release, subs[i], args.cell_timeout, args.timeout, job=i % workers
-            )
-        except Exception as exc:  # noqa: BLE001  # a bug here must not stop the other gradings
-            sub_lang, why = (
-                lang,
-                _t(
-                    "the notebook could not be run: {error}",
-                    lang,
-                    error=f"{type(exc).__name__}: {exc}",
-                ),
-            )
-            results = [Result(e.grade_id, 0, e.points, "error", why) for e in exercises_of(release)]
-        text = [
-            (
-                "# "
-                + _t(
-                    "Feedback for {student}: {title}",
-                    sub_lang,
-                    student=names[i],
-                    title=_title(subs[i], title),
-                )
-            ),
-            "",
-            *report_lines(results, sub_lang),
-            "",
-        ]
-        (out / "feedback" / f"{names[i]}.md").write_text("\n".join(text), encoding="utf-8")
-        doc = export.gradescope_results(results, sub_lang, time.monotonic() - started)
-        (out / "results").mkdir(exist_ok=True)
-        (out / "results" / f"{names[i]}.json").write_text(json.dumps(doc, ensure_ascii=False))
-        if getattr(args, "gradescope", None) and len(subs) == 1:
-            Path(args.gradescope).parent.mkdir(parents=True, exist_ok=True)
-            Path(args.gradescope).write_text(json.dumps(doc, ensure_ascii=False))
-        progress.done(
-            names[i], report_lines(results, lang)[-1], all(r.status != "passed" for r in results)
-        )
-        return names[i], results
-
-    pool = ThreadPoolExecutor(max_workers=workers)
-    # SIGTERM (a job scheduler, `kill`) stops the grading like Ctrl-C: every run is killed.
-    previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
-    try:
-        graded = list(pool.map(one, range(len(subs))))
-    except KeyboardInterrupt:
-        pool.shutdown(wait=False, cancel_futures=True)
-        kill_all_runs()
-        raise
-    finally:
-        pool.shutdown()
-        signal.signal(signal.SIGTERM, previous)
-    with open(out / "gradebook.csv", "w", newline="", encoding="utf-8") as f:
-        writer = csv.writer(f)
-        writer.writerow(["student", "exercise", "points", "max_points", "status"])
-        for name, results in graded:
-            for r in results:
-                writer.writerow([name, r.grade_id, r.points, r.max_points, r.status])
-    print(_t("wrote {path}", lang, path=out / "gradebook.csv"))
-    return 0

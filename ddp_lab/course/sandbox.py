@@ -3,13 +3,18 @@
 What a sandboxed command gets (Linux with bubblewrap and user namespaces):
 - a read-only view of the system folders and of Python and its packages, nothing else of
   the host: no home folders, no other submissions, no release or solutions;
-- one writable folder (its own, deleted by the caller afterwards) and a private ``/tmp``;
+- one writable folder and a private ``/tmp`` and ``/dev/shm``, each a tmpfs of a fixed size
+  inside the sandbox (``Limits``: the host's disk never fills, and nothing written there
+  outlives the run); the files the caller put in the folder are visible read-only;
 - its own network namespace with only a loopback (ranks still talk gloo over it; the host's
   loopback services are out of reach), its own PID namespace (nothing it starts outlives it:
   ``--die-with-parent`` kills the namespace's first process when the grader kills bwrap),
   its own IPC and UTS namespaces, a cleared environment (the grading seed never enters);
 - limits: processes (``RLIMIT_NPROC``, counted per user, so as root the command runs as a
-  user id of its own, where root would be exempt), address space, CPU seconds, no core dumps.
+  user id of its own, where root would be exempt: ``BASE_UID + job``, where the grader
+  gives each running submission a ``job`` no other running one has, see
+  ``course.isolation.Slots``), address space, CPU seconds, file size (``RLIMIT_FSIZE``), no
+  core dumps. The grader adds a cgroup per submission (``course.isolation``).
 
 Where the machine cannot do this (no bubblewrap, user namespaces disabled, not Linux) the
 command runs as is and ``warn_unsandboxed`` says so once, loudly.
@@ -45,6 +50,10 @@ class Limits:
     nproc: int = 512  # processes and threads: a few ranks with torch's thread pools fit
     address_space_gb: float = 16.0
     cpu_seconds: int = 3600
+    file_size_mb: int = 256  # RLIMIT_FSIZE: the largest file a process may write
+    workdir_mb: int = 256  # tmpfs over the working folder (0: bind the host folder instead)
+    tmp_mb: int = 256  # tmpfs on /tmp
+    shm_mb: int = 512  # tmpfs on /dev/shm (torch.multiprocessing shares tensors there)
 
 
 def _python_dirs() -> list[str]:
@@ -151,6 +160,7 @@ def wrap(
         f"--nproc={nproc}",
         f"--as={int(limits.address_space_gb * 2**30)}",
         f"--cpu={limits.cpu_seconds}",
+        f"--fsize={limits.file_size_mb * 2**20}",
         "--core=0",
         "--",
         bwrap,
@@ -168,10 +178,15 @@ def wrap(
         "/dev",
         "--proc",
         "/proc",
-        "--tmpfs",
-        "/tmp",
+        *_tmpfs("/tmp", limits.tmp_mb),
+        *_tmpfs("/dev/shm", limits.shm_mb),
     ]
-    cmd += _bind_args([d for d in (*SYSTEM_DIRS, *_python_dirs()) if Path(d).exists()], [workdir])
+    read_only = [d for d in (*SYSTEM_DIRS, *_python_dirs()) if Path(d).exists()]
+    if limits.workdir_mb > 0:
+        cmd += _bind_args(read_only, [])
+        cmd += _private_workdir(workdir, limits.workdir_mb)
+    else:
+        cmd += _bind_args(read_only, [workdir])
     cmd += ["--chdir", workdir]
     for key, value in run_env.items():
         cmd += ["--setenv", key, value]
@@ -181,13 +196,31 @@ def wrap(
         # dropping every capability. The views are bind mounts, so that user reads Python
         # even where it lives under /root.
         uid = BASE_UID + job
-        os.chown(workdir, uid, uid)
+        if limits.workdir_mb <= 0:
+            os.chown(workdir, uid, uid)
         cmd += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID", "--"]
         cmd += ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups"]
         cmd += ["--inh-caps=-all", "--bounding-set=-all"]
     else:
         cmd += ["--unshare-user"]
     return cmd + ["--", *argv], run_env
+
+
+def _tmpfs(path: str, size_mb: int) -> list[str]:
+    """bwrap arguments for a world-writable tmpfs of ``size_mb`` MiB on ``path``."""
+    return ["--perms", "01777", "--size", str(size_mb * 2**20), "--tmpfs", path]
+
+
+def _private_workdir(workdir: str, size_mb: int) -> list[str]:
+    """bwrap arguments: a tmpfs of ``size_mb`` on ``workdir``; what the caller put there is
+    shown read-only (files) or as empty writable folders (folders, one level)."""
+    args = _tmpfs(workdir, size_mb)
+    for entry in sorted(Path(workdir).iterdir()):
+        if entry.is_dir() and not entry.is_symlink():
+            args += ["--perms", "01777", "--dir", str(entry)]
+        elif entry.is_file() and not entry.is_symlink():
+            args += ["--ro-bind", str(entry), str(entry)]
+    return args
 
 
 def _bind_args(read_only: list[str], writable: list[str]) -> list[str]:

@@ -22,7 +22,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ddp_lab.course import cli, grader
+from ddp_lab.course import cli, grader, intake
 from ddp_lab.course.build import grade_pass_line
 from ddp_lab.i18n import set_language
 
@@ -208,23 +208,27 @@ def test_learner_cells_and_whitespace_never_count_as_tampering(
     assert tampered(nb) == expected
 
 
-def test_student_names_and_submission_folders(tmp_path: Path) -> None:
+def test_identities_come_from_the_instructors_layout(tmp_path: Path) -> None:
     for rel in [
         "alice.ipynb",
         "bob/00_quickstart.ipynb",
         "sub/alice.ipynb",
+        "carol/deep/work.ipynb",
         ".ipynb_checkpoints/alice-checkpoint.ipynb",
+        "bob/.ipynb_checkpoints/00_quickstart-checkpoint.ipynb",
         "notes.txt",
     ]:
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / rel).write_text("{}")
-    subs = grader.find_submissions([str(tmp_path), str(tmp_path / "alice.ipynb")])
-    assert [s.relative_to(tmp_path).as_posix() for s in subs] == [
-        "alice.ipynb",
-        "bob/00_quickstart.ipynb",
-        "sub/alice.ipynb",
+    subs = intake.find([str(tmp_path), str(tmp_path / "alice.ipynb")], "00_quickstart", "en")
+    # The folder under the submissions folder names the student; a file directly in it, its
+    # file name (the instructor's export put it there); a file named twice is one submission.
+    assert [(s.identity, "/".join(s.rel), s.problem) for s in subs] == [
+        ("alice", "alice.ipynb", ""),
+        ("bob", "bob/00_quickstart.ipynb", ""),
+        ("carol", "carol/deep/work.ipynb", ""),
+        ("sub", "sub/alice.ipynb", ""),
     ]
-    assert grader.student_names(subs, "00_quickstart") == ["alice", "bob", "alice-2"]
 
 
 def test_bad_arguments_fail_before_anything_runs(tmp_path: Path, capsys, monkeypatch) -> None:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from ddp_lab.course import sandbox
+from ddp_lab.course import isolation, sandbox
 
 pytestmark = pytest.mark.skipif(
     not sandbox.available(), reason="no bubblewrap/user namespaces here (test.sh installs bwrap)"
@@ -24,8 +24,13 @@ def run(
 ) -> subprocess.CompletedProcess:
     work = tmp_path / "work"
     work.mkdir(exist_ok=True)
-    cmd, env = sandbox.wrap([sys.executable, "-c", code], work, **kw)
-    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+    slots = isolation.Slots()  # a user id no grading running on this machine has
+    job = slots.acquire()
+    try:
+        cmd, env = sandbox.wrap([sys.executable, "-c", code], work, job=job, **kw)
+        return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+    finally:
+        slots.release(job)
 
 
 def test_reads_python_writes_only_its_folder(tmp_path: Path) -> None:
@@ -36,6 +41,7 @@ def test_reads_python_writes_only_its_folder(tmp_path: Path) -> None:
         f"print('secret', os.path.exists({str(secret)!r}))\n"
         f"print('repo', os.path.exists({str(REPO / 'README.md')!r}))\n"
         "open('mine.txt', 'w').write('ok')\n"
+        "print('mine', open('mine.txt').read())\n"
         "for p in ['/etc/evil', '/usr/evil', os.path.dirname(ddp_lab.__file__) + '/evil']:\n"
         "    try:\n"
         "        open(p, 'w')\n"
@@ -47,7 +53,47 @@ def test_reads_python_writes_only_its_folder(tmp_path: Path) -> None:
     assert p.returncode == 0, p.stderr
     assert "secret False" in p.stdout and "repo False" in p.stdout
     assert "WROTE" not in p.stdout and p.stdout.count("refused") == 3
-    assert (tmp_path / "work" / "mine.txt").read_text() == "ok"
+    # Its folder is a tmpfs of its own inside the sandbox: nothing reaches the host's disk.
+    assert "mine ok" in p.stdout and not (tmp_path / "work" / "mine.txt").exists()
+
+
+def test_writable_places_and_files_are_size_limited(tmp_path: Path) -> None:
+    (tmp_path / "work").mkdir()
+    (tmp_path / "work" / "job.json").write_text("{}")
+    code = (
+        "import os\n"
+        "print('job', open('job.json').read())\n"
+        "try:\n"
+        "    open('job.json', 'w')\n"
+        "except OSError:\n"
+        "    print('job read-only')\n"
+        "for folder in ('.', '/tmp', '/dev/shm'):\n"
+        "    n = 0\n"
+        "    try:\n"
+        "        for k in range(100):\n"
+        "            with open(os.path.join(folder, f'f{k}'), 'wb') as f:\n"
+        "                f.write(b'x' * 2**20)\n"
+        "            n += 1\n"
+        "    except OSError as e:\n"
+        "        print(folder, n, e.errno)\n"
+        "for k in range(4):\n"
+        "    os.remove(f'/tmp/f{k}')\n"
+        "try:\n"
+        "    with open('/tmp/big', 'wb') as f:\n"
+        "        f.write(b'x' * 3 * 2**20)\n"
+        "except OSError as e:\n"
+        "    print('fsize', e.errno)\n"
+    )
+    limits = sandbox.Limits(workdir_mb=8, tmp_mb=16, shm_mb=12, file_size_mb=2)
+    p = run(code, tmp_path, limits=limits)
+    assert p.returncode == 0, p.stderr
+    assert "job {}" in p.stdout and "job read-only" in p.stdout
+    # Each folder stops at its size (ENOSPC, 1 MiB files), a file at RLIMIT_FSIZE (EFBIG).
+    full = {ln.split()[0]: ln.split()[1:] for ln in p.stdout.splitlines() if ln[:1] in "./"}
+    assert {k: v[1] for k, v in full.items()} == {".": "28", "/tmp": "28", "/dev/shm": "28"}
+    assert 4 <= int(full["."][0]) <= 8 and 12 <= int(full["/tmp"][0]) <= 16, p.stdout
+    assert 8 <= int(full["/dev/shm"][0]) <= 12 and "fsize 27" in p.stdout
+    assert sorted(os.listdir(tmp_path / "work")) == ["job.json"]
 
 
 def test_environment_is_cleared(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

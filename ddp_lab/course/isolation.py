@@ -1,0 +1,319 @@
+"""Per-submission resources: a user id no running submission shares, and a cgroup each.
+
+- ``Slots``: the sandbox of a submission runs as ``sandbox.BASE_UID + slot``; a slot is
+  held (an ``flock`` on a file of the grader's temp folder, so two ``ddp-lab grade`` runs on
+  one machine do not share one either) from the start of the grading to its end. Processes
+  per user (``RLIMIT_NPROC``) are then counted per submission: one submission's fork bomb
+  cannot make another's ``fork`` fail.
+- ``Cgroup``: one control group per submission, holding the verdict process and everything
+  it starts (the sandbox and its ranks): a pids limit, a memory limit (tmpfs pages written
+  by the sandbox count too) and an equal CPU share (``cpu.shares`` in v1, ``cpu.weight`` in
+  v2), so 300 busy processes in one submission get the CPU of one submission. cgroup v2 is
+  used where its memory, pids and cpu controllers can be enabled, else v1's ``memory``,
+  ``pids``, ``cpu`` and ``cpuacct`` hierarchies; the group is created below the grader's own
+  and removed after its processes are killed. Without either (not root, a container that
+  does not delegate cgroups, not Linux) ``unavailable_reason`` says why and grading goes on
+  without these limits.
+- ``Starvation`` and ``starved``: whether a run's timeout may be blamed on the learner's
+  code (it used the time, or slept) or on the machine (its tasks were runnable and waited
+  for a CPU that others had).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import functools
+import os
+import signal
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from ddp_lab.i18n import _t
+
+V1_CONTROLLERS = ("memory", "pids", "cpu", "cpuacct")
+
+
+@dataclass(frozen=True)
+class CgroupLimits:
+    """What one submission (its verdict process, sandbox and ranks together) may use."""
+
+    memory_gb: float = 8.0
+    pids: int = 1024
+    cpu_weight: int = 100  # v2 cpu.weight; v1 cpu.shares = 1024 * weight / 100
+
+
+class Slots:
+    """Numbers no other running grading (of this or another grader process) holds."""
+
+    def __init__(self, size: int = 1000, folder: Path | None = None) -> None:
+        self.size = size
+        self.folder = folder or Path(tempfile.gettempdir()) / f"ddp-lab-slots-{os.geteuid()}"
+        self.folder.mkdir(mode=0o700, exist_ok=True)
+        self.held: dict[int, int] = {}
+        self.lock = threading.Lock()
+
+    def acquire(self) -> int:
+        while True:
+            with self.lock:
+                for n in range(self.size):
+                    if n in self.held:
+                        continue
+                    fd = os.open(self.folder / f"{n}.lock", os.O_RDWR | os.O_CREAT, 0o600)
+                    try:
+                        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    except OSError:
+                        os.close(fd)
+                        continue
+                    self.held[n] = fd
+                    return n
+            time.sleep(0.5)  # every slot in use (more than `size` gradings): wait for one
+
+    def release(self, n: int) -> None:
+        with self.lock:
+            fd = self.held.pop(n, None)
+        if fd is not None:
+            os.close(fd)  # closing drops the flock
+
+
+def _mounts() -> list[tuple[str, str, set[str]]]:
+    """(mount point, fstype, super options) of every cgroup file system."""
+    found = []
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/self/mountinfo").read_text().splitlines():
+            left, _, right = line.partition(" - ")
+            fields, rfields = left.split(), right.split()
+            if rfields and rfields[0] in ("cgroup", "cgroup2"):
+                found.append((fields[4], rfields[0], set(rfields[-1].split(","))))
+    return found
+
+
+def _own(hierarchy: str) -> str:
+    """The grader's cgroup path in a v1 hierarchy (a controller's name) or v2 (``""``)."""
+    for line in Path("/proc/self/cgroup").read_text().splitlines():
+        _, ctrls, path = line.split(":", 2)
+        if (hierarchy == "" and ctrls == "") or hierarchy in ctrls.split(","):
+            return path.lstrip("/")
+    raise OSError(errno.ENOENT, f"not in a {hierarchy or 'v2'} cgroup")
+
+
+@functools.cache
+def _layout() -> tuple[str, dict[str, Path]] | str:
+    """("v2", {"": parent}) or ("v1", {controller: parent}) where groups are made, or why not."""
+    if os.environ.get("DDP_LAB_CGROUPS", "1") == "0":
+        return "turned off with DDP_LAB_CGROUPS=0"
+    if not Path("/proc/self/cgroup").exists():
+        return "this system has no cgroups"
+    mounts = _mounts()
+    for point, kind, _ in mounts:
+        if kind != "cgroup2":
+            continue
+        with contextlib.suppress(OSError):
+            parent = Path(point) / _own("")
+            have = set((Path(point) / "cgroup.controllers").read_text().split())
+            if {"memory", "pids", "cpu"} <= have:
+                with contextlib.suppress(OSError):
+                    (parent / "cgroup.subtree_control").write_text("+memory +pids +cpu")
+                enabled = set((parent / "cgroup.subtree_control").read_text().split())
+                if {"memory", "pids", "cpu"} <= enabled and _try({"": parent}):
+                    return "v2", {"": parent}
+    v1: dict[str, Path] = {}
+    for point, kind, opts in mounts:
+        if kind == "cgroup":
+            for ctrl in V1_CONTROLLERS:
+                if ctrl in opts and ctrl not in v1:
+                    with contextlib.suppress(OSError):
+                        v1[ctrl] = Path(point) / _own(ctrl)
+    missing = [c for c in V1_CONTROLLERS if c not in v1]
+    if missing:
+        return f"no cgroup v2 with memory, pids and cpu, nor cgroup v1 {', '.join(missing)}"
+    if not _try(v1):
+        return "cannot create cgroups here (needs root, or a delegated cgroup)"
+    return "v1", v1
+
+
+def _try(parents: dict[str, Path]) -> bool:
+    made = []
+    try:
+        for parent in parents.values():
+            d = parent / f"ddp-lab-probe-{os.getpid()}-{threading.get_ident()}"
+            if d not in made:
+                d.mkdir()
+                made.append(d)
+        return True
+    except OSError:
+        return False
+    finally:
+        for d in made:
+            with contextlib.suppress(OSError):
+                d.rmdir()
+
+
+def unavailable_reason() -> str | None:
+    """Why there is no cgroup per submission here, or None."""
+    layout = _layout()
+    return layout if isinstance(layout, str) else None
+
+
+_warned = False
+
+
+def warn_no_cgroups(lang: str = "en") -> None:
+    """Say once, on stderr, that submissions share the machine's resources without cgroups."""
+    global _warned
+    why = unavailable_reason()
+    if _warned or why is None:
+        return
+    _warned = True
+    print(
+        _t(
+            "WARNING: no cgroup per submission on this machine ({why}): a "
+            "submission's processes, memory and CPU are limited per process and per "
+            "user id only.",
+            lang,
+            why=why,
+        ),
+        flush=True,
+        file=__import__("sys").stderr,
+    )
+
+
+class Cgroup:
+    """One submission's control group (``available()`` first); a context manager that
+    kills what is left in it and removes it on exit."""
+
+    def __init__(self, name: str, limits: CgroupLimits = CgroupLimits()) -> None:
+        layout = _layout()
+        assert not isinstance(layout, str), layout
+        self.version, parents = layout
+        self.dirs = {ctrl: parent / name for ctrl, parent in parents.items()}
+        self.limits = limits
+
+    def __enter__(self) -> Cgroup:
+        for d in dict.fromkeys(self.dirs.values()):
+            d.mkdir()
+        try:
+            memory = int(self.limits.memory_gb * 2**30)
+            if self.version == "v2":
+                d = self.dirs[""]
+                (d / "memory.max").write_text(str(memory))
+                with contextlib.suppress(OSError):
+                    (d / "memory.swap.max").write_text("0")
+                (d / "pids.max").write_text(str(self.limits.pids))
+                (d / "cpu.weight").write_text(str(self.limits.cpu_weight))
+            else:
+                (self.dirs["memory"] / "memory.limit_in_bytes").write_text(str(memory))
+                with contextlib.suppress(OSError):  # only where swap accounting is on
+                    (self.dirs["memory"] / "memory.memsw.limit_in_bytes").write_text(str(memory))
+                (self.dirs["pids"] / "pids.max").write_text(str(self.limits.pids))
+                shares = max(2, 1024 * self.limits.cpu_weight // 100)
+                (self.dirs["cpu"] / "cpu.shares").write_text(str(shares))
+        except BaseException:
+            self.remove()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.remove()
+
+    def procs_files(self) -> list[Path]:
+        return [d / "cgroup.procs" for d in dict.fromkeys(self.dirs.values())]
+
+    def enter_argv(self, argv: list[str]) -> list[str]:
+        """``argv`` run by a shell that first moves itself into this group (then ``exec``):
+        nothing it starts is ever outside the group."""
+        writes = " && ".join(f"echo $$ > '{p}'" for p in self.procs_files())
+        return ["/bin/sh", "-c", f'{writes} && exec "$@"', "ddp-lab-cgroup", *argv]
+
+    def pids(self) -> list[int]:
+        pids: set[int] = set()
+        for f in self.procs_files():
+            with contextlib.suppress(OSError, ValueError):
+                pids.update(int(x) for x in f.read_text().split())
+        return sorted(pids)
+
+    def cpu_seconds(self) -> float:
+        """CPU time used by everything that ran in the group so far."""
+        with contextlib.suppress(OSError, ValueError, KeyError):
+            if self.version == "v2":
+                stat = dict(
+                    line.split() for line in (self.dirs[""] / "cpu.stat").read_text().splitlines()
+                )
+                return int(stat["usage_usec"]) / 1e6
+            return int((self.dirs["cpuacct"] / "cpuacct.usage").read_text()) / 1e9
+        return 0.0
+
+    def kill(self) -> None:
+        """SIGKILL everything in the group until it is empty (a fork races the kill)."""
+        if self.version == "v2":
+            with contextlib.suppress(OSError):
+                (self.dirs[""] / "cgroup.kill").write_text("1")
+        for _ in range(100):
+            pids = self.pids()
+            if not pids:
+                return
+            for pid in pids:
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)
+            time.sleep(0.05)
+
+    def remove(self) -> None:
+        """Kill what is left, then remove the group from every hierarchy."""
+        self.kill()
+        for d in dict.fromkeys(self.dirs.values()):
+            for _ in range(50):  # the kernel frees a group shortly after its last process
+                try:
+                    d.rmdir()
+                    break
+                except FileNotFoundError:
+                    break
+                except OSError:
+                    time.sleep(0.05)
+
+
+class Starvation:
+    """How long a group's tasks waited for a CPU while runnable (the kernel's per-task
+    ``schedstat`` run-queue delay), sampled every ``period`` s by a thread until ``stop``:
+    the tasks' own sleeping or deadlock does not count, a CPU taken by others does."""
+
+    def __init__(self, group: Cgroup, period: float = 1.0) -> None:
+        self.group, self.period = group, period
+        self.delays: dict[int, float] = {}  # task id -> run-queue delay so far (s)
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _tasks(self) -> list[int]:
+        tids: set[int] = set()
+        for pid in self.group.pids():
+            with contextlib.suppress(OSError):
+                tids.update(int(t) for t in os.listdir(f"/proc/{pid}/task"))
+        return sorted(tids)
+
+    def sample(self) -> None:
+        for tid in self._tasks():
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                delay = int(Path(f"/proc/{tid}/schedstat").read_text().split()[1]) / 1e9
+                self.delays[tid] = max(delay, self.delays.get(tid, 0.0))
+
+    def _run(self) -> None:
+        while not self.done.wait(self.period):
+            self.sample()
+
+    def stop(self) -> float:
+        """Stop sampling; the total wait in seconds."""
+        self.done.set()
+        self.thread.join()
+        return sum(self.delays.values())
+
+
+def starved(waited: float, used: float, wall: float) -> bool:
+    """Whether a submission that ran out of time was starved: its tasks waited for a CPU
+    (runnable, not running) for as long as the run in total, and it got less than a quarter
+    of a core. A submission that slept, deadlocked or kept a CPU busy is not. Either way it
+    gets no points: a starved one is an ``error`` to grade again, not a ``timeout``."""
+    return wall > 0 and waited >= wall and used < 0.25 * wall

@@ -1,0 +1,136 @@
+"""What the grader writes and prints: learner text made harmless, and the class's gradebook.
+
+Learner text (a folder name, an exception message, a checker's line quoting the learner's
+output) reaches a spreadsheet, a Markdown viewer, Gradescope's page and the instructor's
+terminal. Everywhere it goes through ``clean``: lone surrogates (a non-UTF-8 file name) and
+control, format and escape characters become visible escapes, and the length is capped.
+Then, per destination:
+- CSV: a cell that a spreadsheet would read as a formula (``= + - @``, tab, CR first: OWASP's
+  "CSV injection" rule) gets a leading ``'``;
+- Markdown (feedback files, Gradescope's ``output``): learner text inside a code span or
+  fence whose backtick run is longer than any in the text, so it never becomes markup;
+- terminal: ``shown`` (``clean`` then no raw escape can reach the terminal).
+File names of feedback come from ``file_name``: printable, short, unique per identity.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import os
+import re
+import unicodedata
+from pathlib import Path
+
+MAX_TEXT = 2000  # characters of one learner text in a report
+MAX_NAME = 80  # characters of an identity in file names and tables
+
+
+def clean(text: object, limit: int = MAX_TEXT, newlines: bool = False) -> str:
+    """``text`` with every character that is not printable shown as an escape, capped.
+
+    Lone surrogates (from ``surrogateescape``: a non-UTF-8 byte) become ``\\xNN``; control
+    and format characters (escape sequences, bidi overrides) ``\\uNNNN``; tab and newline
+    are kept only with ``newlines``.
+    """
+    s = str(text) if not isinstance(text, bytes) else text.decode("utf-8", "surrogateescape")
+    out = []
+    for ch in s:
+        code = ord(ch)
+        if 0xDC80 <= code <= 0xDCFF:  # surrogateescape of byte code - 0xDC00
+            out.append(f"\\x{code - 0xDC00:02x}")
+        elif 0xD800 <= code <= 0xDFFF:
+            out.append(f"\\u{code:04x}")
+        elif newlines and ch in "\n\t":
+            out.append(ch)
+        elif unicodedata.category(ch) in ("Cc", "Cf", "Zl", "Zp", "Co", "Cn"):
+            out.append(f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}")
+        else:
+            out.append(ch)
+        if len(out) > limit:
+            return "".join(out[:limit]) + "…"
+    return "".join(out)
+
+
+def shown(text: object, limit: int = MAX_NAME) -> str:
+    """Learner text for the terminal: one line, escaped, capped (two long names that
+    differ only past the cap still look different: a hash of the whole is added)."""
+    s = clean(text, limit)
+    if s.endswith("…") and len(s) > limit:
+        raw = str(text).encode("utf-8", "surrogateescape")
+        s += hashlib.sha256(raw).hexdigest()[:8]
+    return s
+
+
+_FORMULA = ("=", "+", "-", "@", "\t", "\r")
+
+
+def csv_cell(value: object) -> object:
+    """A CSV cell no spreadsheet runs as a formula (numbers pass unchanged)."""
+    if isinstance(value, (int, float)):
+        return value
+    s = clean(value, MAX_TEXT)
+    return "'" + s if s.startswith(_FORMULA) else s
+
+
+def code_span(text: object, limit: int = MAX_TEXT) -> str:
+    """Learner text as one inline Markdown code span (never markup or HTML)."""
+    s = clean(text, limit).replace("\n", " ")
+    ticks = "`" * (max((len(m) for m in re.findall(r"`+", s)), default=0) + 1)
+    pad = " " if s.startswith("`") or s.endswith("`") or not s.strip() else ""
+    return f"{ticks}{pad}{s}{pad}{ticks}"
+
+
+def code_block(text: object, limit: int = MAX_TEXT) -> str:
+    """Learner text (several lines) as a fenced Markdown block (never markup or HTML)."""
+    s = clean(text, limit, newlines=True)
+    fence = "`" * max(3, max((len(m) for m in re.findall(r"`+", s)), default=0) + 1)
+    return f"{fence}text\n{s}\n{fence}"
+
+
+def file_name(identity: str) -> str:
+    """A file name for ``identity``: printable ASCII-safe, short, and unique (a hash of the
+    original is added whenever the name had to change)."""
+    safe = re.sub(r"[^\w.-]", "_", clean(identity, MAX_NAME), flags=re.ASCII).lstrip(".-")
+    if safe == identity and safe and len(safe) <= MAX_NAME:
+        return safe
+    raw = identity.encode("utf-8", "surrogateescape")
+    return f"{safe[:MAX_NAME] or 'student'}-{hashlib.sha256(raw).hexdigest()[:10]}"
+
+
+def write_text(path: Path, text: str) -> None:
+    """Write ``text`` whole or not at all (a full disk leaves no half file under ``path``)."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+
+
+def write_gradebook(out: Path, rows: list[tuple[str, list]]) -> list[Path]:
+    """``gradebook.csv`` (one row per student and exercise) and ``totals.csv`` (one row per
+    student: total and maximum). ``rows``: (identity, ``grader.Result``s)."""
+    book = out / "gradebook.csv"
+    totals = out / "totals.csv"
+    lines: list[list[object]] = [["student", "exercise", "points", "max_points", "status"]]
+    sums: list[list[object]] = [["student", "total", "max_points", "statuses"]]
+    for name, results in rows:
+        for r in results:
+            lines.append([csv_cell(name), csv_cell(r.grade_id), r.points, r.max_points, r.status])
+        statuses = sorted({r.status for r in results})
+        sums.append(
+            [
+                csv_cell(name),
+                sum(r.points for r in results),
+                sum(r.max_points for r in results),
+                " ".join(statuses),
+            ]
+        )
+    for path, table in ((book, lines), (totals, sums)):
+        tmp = path.with_name(f".{path.name}.tmp")
+        with open(tmp, "w", newline="", encoding="utf-8") as f:
+            csv.writer(f).writerows(table)
+        os.replace(tmp, path)
+    return [book, totals]
