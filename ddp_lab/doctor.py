@@ -52,10 +52,11 @@ MESSAGES = Messages(
             "started）。",
         },
         "own_nccl": {
-            "en": "Your own NCCL is not the one in use: check with torch.cuda.nccl.version(), or "
-            "LD_PRELOAD it.",
-            "zh": "你自己编译的 NCCL 并没有被使用：用 torch.cuda.nccl.version() 核对，或用 "
-            "LD_PRELOAD 加载它。",
+            "en": "Your own NCCL is not the one in use: LD_PRELOAD it (torch loads its wheel's "
+            "copy by full path; torch.cuda.nccl.version() only shows the nccl.h torch was "
+            "compiled with).",
+            "zh": "你自己编译的 NCCL 并没有被使用：请用 LD_PRELOAD 加载它（torch 会按完整路径加载 "
+            "wheel 里的那一份；torch.cuda.nccl.version() 只反映 torch 编译时所用的 nccl.h）。",
         },
         "dist_env_set": {
             "en": "Launchers set these per process; a leftover value makes init_process_group wait "
