@@ -266,8 +266,9 @@ for d in range(torch.cuda.device_count()):
 #
 # Where the machine has no toolkit (on a cluster, `module avail cuda` lists the installed
 # ones), NVIDIA's pip wheels bring one into a virtual environment. For CUDA 13,
-# `nvidia-cuda-nvcc` and the wheels it depends on put `nvcc`, `cicc`, `ptxas`, the headers
-# and `libcudart_static.a` into one folder, `site-packages/nvidia/cu13`, which serves as
+# `nvidia-cuda-nvcc`, the wheels it depends on and `nvidia-cuda-cccl` (the C++ headers that
+# NCCL includes from `include/cccl`) put `nvcc`, `cicc`, `ptxas`, the headers and
+# `libcudart_static.a` into one folder, `site-packages/nvidia/cu13`, which serves as
 # `CUDA_HOME`. The CUDA 12 wheel `nvidia-cuda-nvcc-cu12` (12.8.93, and 12.9.86, the newest)
 # holds only `ptxas` and `libnvvm`, no `nvcc`: for CUDA 12 you need a real toolkit. Build with
 # the CUDA major of your torch: torch 2.13.0 on PyPI is a CUDA 13.0 build that depends on
@@ -281,8 +282,8 @@ for d in range(torch.cuda.device_count()):
 # the link fails with `cannot find -lcudart_static`. And `lib/` has `libcudart.so.13` but no
 # `libcudart.so`, which nccl-tests links with `-lcudart` (`CUDARTLIB ?= cudart`): without
 # `CUDARTLIB=cudart_static` it fails with `cannot find -lcudart`. Nothing links against the
-# driver (`libcuda.so`, which no wheel here brings): the CUDA runtime opens it when a program
-# starts.
+# driver (`libcuda.so`, which no wheel here brings): the CUDA runtime opens it while the
+# program runs.
 #
 # `v2.30.7-1` is the newest tag of NVIDIA/nccl and `v2.19.6` that of NVIDIA/nccl-tests as
 # this course was checked. NCCL's `makefiles/common.mk` knows CUDA 8 to 13 (CUDA 13 drops
@@ -319,22 +320,23 @@ for d in range(torch.cuda.device_count()):
 # `LD_LIBRARY_PATH` 指向的目录与 `BUILDDIR` 不同。
 #
 # 机器上没有工具包时（在集群上，`module avail cuda` 会列出已安装的版本），可以用 NVIDIA 的
-# pip wheel 把工具包装进虚拟环境。对 CUDA 13，`nvidia-cuda-nvcc` 和它依赖的几个 wheel 会把
-# `nvcc`、`cicc`、`ptxas`、头文件和 `libcudart_static.a` 装进同一个目录
-# `site-packages/nvidia/cu13`，这个目录就可以当作 `CUDA_HOME`。CUDA 12 的
+# pip wheel 把工具包装进虚拟环境。对 CUDA 13，`nvidia-cuda-nvcc`、它依赖的几个 wheel 以及
+# `nvidia-cuda-cccl`（NCCL 从 `include/cccl` 引用的 C++ 头文件）会把 `nvcc`、`cicc`、
+# `ptxas`、头文件和 `libcudart_static.a` 装进同一个目录 `site-packages/nvidia/cu13`，
+# 这个目录就可以当作 `CUDA_HOME`。CUDA 12 的
 # `nvidia-cuda-nvcc-cu12`（12.8.93，以及最新的 12.9.86）里只有 `ptxas` 和 `libnvvm`，没有
 # `nvcc`：用 CUDA 12 就得有真正的工具包。请用与你的 torch 相同的 CUDA 主版本编译：PyPI 上的
 # torch 2.13.0 是 CUDA 13.0 版本，依赖 `nvidia-nccl-cu13==2.29.7`。五个 wheel 都要固定版本：
 # 不固定的话，pip 会给 `nvidia-cuda-nvcc==13.0.88` 配上最新的 `nvidia-nvvm` 和
 # `nvidia-cuda-crt`（13.5.37），也就是另一个发行版的组件。
 #
-# 这些 wheel 与 `/usr/local/cuda` 下的工具包有两处不同，makefile 都会碰到。它们只有 `lib/`，
+# 这些 wheel 与 `/usr/local/cuda` 下的工具包有两处不同，makefile 都会遇到。它们只有 `lib/`，
 # 没有 `lib64/`，而 NCCL 的 `makefiles/common.mk` 和 nccl-tests 的 `src/common.mk` 都写着
 # `CUDA_LIB ?= $(CUDA_HOME)/lib64`：不加 `CUDA_LIB=$CUDA_HOME/lib`，链接时会报
 # `cannot find -lcudart_static`。另外 `lib/` 里有 `libcudart.so.13`，却没有 `libcudart.so`，
 # 而 nccl-tests 用 `-lcudart` 链接（`CUDARTLIB ?= cudart`）：不加 `CUDARTLIB=cudart_static`，
 # 会报 `cannot find -lcudart`。没有任何东西链接驱动（`libcuda.so`，这里的 wheel 都不带它）：
-# CUDA 运行时在程序启动时才去打开它。
+# CUDA 运行时在程序运行时才去打开它。
 #
 # 核对本课程时，NVIDIA/nccl 最新的 tag 是 `v2.30.7-1`，NVIDIA/nccl-tests 是 `v2.19.6`。NCCL 的
 # `makefiles/common.mk` 认识 CUDA 8 到 13（CUDA 13 不再支持 sm_75 之前的 GPU）；NVIDIA 用哪些
@@ -344,25 +346,26 @@ for d in range(torch.cuda.device_count()):
 # （见 `makefiles/common.mk` 中的 `NVCC_GENCODE ?=`）。
 #
 # ```bash
-# python3 -m venv $HOME/opt/cuda13                        # a CUDA toolkit from pip, no root
+# python3 -m venv $HOME/opt/cuda13                        # 用 pip 装 CUDA 工具包，无需 root
 # $HOME/opt/cuda13/bin/pip install nvidia-cuda-nvcc==13.0.88 nvidia-nvvm==13.0.88 \
 #     nvidia-cuda-crt==13.0.88 nvidia-cuda-runtime==13.0.96 nvidia-cuda-cccl==13.0.85
 # export CUDA_HOME=$(echo $HOME/opt/cuda13/lib/python3*/site-packages/nvidia/cu13)
 # git clone https://github.com/NVIDIA/nccl.git && cd nccl
-# git checkout v2.30.7-1                     # a tag whose release notes list your CUDA
+# git checkout v2.30.7-1                     # 选择发布说明中列出你的 CUDA 版本的 tag
 # make -j$(nproc) src.build BUILDDIR=$HOME/opt/nccl CUDA_HOME=$CUDA_HOME \
 #      CUDA_LIB=$CUDA_HOME/lib NVCC_GENCODE="-gencode=arch=compute_90,code=sm_90"
 # cd .. && git clone https://github.com/NVIDIA/nccl-tests.git && cd nccl-tests
 # git checkout v2.19.6
 # make MPI=0 CUDA_HOME=$CUDA_HOME CUDA_LIB=$CUDA_HOME/lib CUDARTLIB=cudart_static \
 #      NCCL_HOME=$HOME/opt/nccl NVCC_GENCODE="-gencode=arch=compute_90,code=sm_90"
-# export LD_LIBRARY_PATH=$HOME/opt/nccl/lib:$LD_LIBRARY_PATH   # lib/ (bin/ has ncclras)
-# ./build/all_reduce_perf -b 8 -e 256M -f 2 -g 2     # 2 GPUs, 8 B to 256 MB
+# export LD_LIBRARY_PATH=$HOME/opt/nccl/lib:$LD_LIBRARY_PATH   # 是 lib/（bin/ 里是 ncclras）
+# ./build/all_reduce_perf -b 8 -e 256M -f 2 -g 2     # 2 块 GPU，8 B 到 256 MB
 # ```
 
 # %% [markdown] lang="en"
 # What you will see (a run on 2026-11-25: no GPU, no driver, 2 CPU cores shared with other
-# jobs, the toolkit from the wheels above; the whole transcript is in `docs/nccl-build.md`):
+# jobs, the toolkit from the wheels above, paths written as in the commands; the whole
+# transcript is in `docs/nccl-build.md`):
 #
 # ```text
 # $ ls $CUDA_HOME $CUDA_HOME/lib
@@ -371,7 +374,7 @@ for d in range(torch.cuda.device_count()):
 # $ $CUDA_HOME/bin/nvcc --version | tail -2
 # Cuda compilation tools, release 13.0, V13.0.88
 # Build cuda_13.0.r13.0/compiler.36424714_0
-# $ make -j2 src.build BUILDDIR=$HOME/opt/nccl CUDA_HOME=$CUDA_HOME ...
+# $ make -j$(nproc) src.build BUILDDIR=$HOME/opt/nccl CUDA_HOME=$CUDA_HOME ...    # nproc: 2
 # NVCC_GENCODE is -gencode=arch=compute_90,code=sm_90
 # Generating nccl.h.in                           > $HOME/opt/nccl/include/nccl.h
 # ...
@@ -385,13 +388,13 @@ for d in range(torch.cuda.device_count()):
 #
 # The build compiles about 140 C++ files and 171 CUDA files (169 of them generated by
 # `generate.py` in `src/device/` and `src/device/symmetric/`, each once for the one
-# architecture), then links
-# `lib/libnccl.so.2.30.7`. On those 2 shared cores, under `nice`, 55 of those files were compiled in 21 minutes,
-# and the run stopped there: the link, nccl-tests against the library and the library's own outputs
-# (`ls -l lib`, `ldd`, `nm -D`) are not checked here.
+# architecture), then links `lib/libnccl.so.2.30.7`. On those 2 shared cores, under `nice`, 61
+# of those files were compiled in 31 minutes, and the run stopped there: the link, nccl-tests
+# against the library and the library's own outputs (`ls -l lib`, `ldd`, `nm -D`) are not
+# checked here.
 #
-# Without `CUDA_HOME` pointing at a toolkit (the old text of this chapter assumed
-# `/usr/local/cuda-12.8`), `make` does not stop at once: the first file that includes the CUDA
+# Without `CUDA_HOME` pointing at a toolkit (say `CUDA_HOME=/usr/local/cuda-12.8` on a
+# machine that has none), `make` does not stop at once: the first file that includes the CUDA
 # headers fails with `fatal error: cuda_runtime.h: No such file or directory`.
 #
 # The built library answers `ncclGetVersion` without a GPU (`NCCL_VERSION_CODE`, 23007 for
@@ -400,7 +403,7 @@ for d in range(torch.cuda.device_count()):
 
 # %% [markdown] lang="zh"
 # 你会看到的输出（2026-11-25 的一次运行：没有 GPU，没有驱动，2 个与其他任务共享的 CPU 核，
-# 工具包来自上面的 wheel；完整记录见 `docs/nccl-build.md`）：
+# 工具包来自上面的 wheel，路径按上面命令的写法给出；完整记录见 `docs/nccl-build.md`）：
 #
 # ```text
 # $ ls $CUDA_HOME $CUDA_HOME/lib
@@ -409,7 +412,7 @@ for d in range(torch.cuda.device_count()):
 # $ $CUDA_HOME/bin/nvcc --version | tail -2
 # Cuda compilation tools, release 13.0, V13.0.88
 # Build cuda_13.0.r13.0/compiler.36424714_0
-# $ make -j2 src.build BUILDDIR=$HOME/opt/nccl CUDA_HOME=$CUDA_HOME ...
+# $ make -j$(nproc) src.build BUILDDIR=$HOME/opt/nccl CUDA_HOME=$CUDA_HOME ...    # nproc: 2
 # NVCC_GENCODE is -gencode=arch=compute_90,code=sm_90
 # Generating nccl.h.in                           > $HOME/opt/nccl/include/nccl.h
 # ...
@@ -421,13 +424,15 @@ for d in range(torch.cuda.device_count()):
 # #define NCCL_VERSION_CODE 23007
 # ```
 #
-# 编译过程要编译大约 140 个 C++ 文件和 171 个 CUDA 文件（其中 169 个由 `src/device/` 和
-# `src/device/symmetric/` 中的 `generate.py` 生成，每个只为这一种架构编译一次），然后链接出 `lib/libnccl.so.2.30.7`。在那 2 个共享的 CPU
-# 核上（用 `nice` 降低了优先级），21 分钟里编译完了其中 55 个文件，这次运行就停在
-# 这里：链接、基于这个库编译 nccl-tests，以及库本身的输出（`ls -l lib`、`ldd`、`nm -D`）都没有在这里核对。
+# 整个过程要编译大约 140 个 C++ 文件和 171 个 CUDA 文件（其中 169 个由 `src/device/` 和
+# `src/device/symmetric/` 中的 `generate.py` 生成，每个只为这一种架构编译一次），然后链接出
+# `lib/libnccl.so.2.30.7`。在那 2 个共享的 CPU
+# 核上（用 `nice` 降低了优先级），31 分钟里编译完了其中 61 个文件，这次运行
+# 就停在这里：链接、基于这个库编译 nccl-tests，以及库本身的输出（`ls -l lib`、`ldd`、
+# `nm -D`）都没有在这里核对。
 #
-# 如果 `CUDA_HOME` 没有指向工具包（本章旧版本假定的是 `/usr/local/cuda-12.8`），`make` 不会
-# 立刻停下：第一个包含 CUDA 头文件的源文件会报
+# 如果 `CUDA_HOME` 没有指向工具包（例如机器上并没有 `/usr/local/cuda-12.8`，却设置了
+# `CUDA_HOME=/usr/local/cuda-12.8`），`make` 不会立刻停下：第一个包含 CUDA 头文件的源文件会报
 # `fatal error: cuda_runtime.h: No such file or directory`。
 #
 # 编译出的库不需要 GPU 就能回答 `ncclGetVersion`（返回 `NCCL_VERSION_CODE`，2.30.7 对应
