@@ -261,60 +261,212 @@ for d in range(torch.cuda.device_count()):
 # %% [markdown] lang="en"
 # ### Building NCCL without root (and testing it)
 #
-# A recipe common in notes and blog posts builds NCCL in a home folder, which works, but two
-# of its steps are wrong: it adds the build's `include/` folder to `PATH` (headers are not programs; the
-# programs a build makes since NCCL 2.24, `ncclras` and later `ncclparam`, go to `bin/`, see
-# `BINDIR` in NCCL's `src/Makefile`), and its `LD_LIBRARY_PATH` points at a different
-# folder than `BUILDDIR`. The steps, with kernels only for your GPU (here compute
-# capability 9.0, an H100). `v2.30.7-1` is the newest tag of NVIDIA/nccl as this course was
-# checked; its `makefiles/common.mk` knows CUDA 8 to 13 (CUDA 13 drops GPUs before sm_75).
-# Which CUDA versions NVIDIA builds and tests it with is in the tag's
-# [release notes](https://github.com/NVIDIA/nccl/releases); pick the tag whose notes list
-# your CUDA.
+# Building NCCL needs a CUDA toolkit (`nvcc`, the CUDA headers and `libcudart_static.a`), but
+# no GPU, no driver and no root. A recipe common in notes and blog posts builds NCCL in a home
+# folder, which works, but two of its steps are wrong: it adds the build's `include/` folder to
+# `PATH` (headers are not programs; the programs a build makes since NCCL 2.24, `ncclras` and
+# later `ncclparam`, go to `bin/`, see `BINDIR` in NCCL's `src/Makefile`), and its
+# `LD_LIBRARY_PATH` points at a different folder than `BUILDDIR`.
+#
+# Where the machine has no toolkit (on a cluster, `module avail cuda` lists the installed
+# ones), NVIDIA's pip wheels bring one into a virtual environment. For CUDA 13,
+# `nvidia-cuda-nvcc`, the wheels it depends on and `nvidia-cuda-cccl` (the C++ headers that
+# NCCL includes from `include/cccl`) put `nvcc`, `cicc`, `ptxas`, the headers and
+# `libcudart_static.a` into one folder, `site-packages/nvidia/cu13`, which serves as
+# `CUDA_HOME`. The CUDA 12 wheel `nvidia-cuda-nvcc-cu12` (12.8.93, and 12.9.86, the newest)
+# holds only `ptxas` and `libnvvm`, no `nvcc`: for CUDA 12 you need a real toolkit. Build with
+# the CUDA major of your torch: torch 2.13.0 on PyPI is a CUDA 13.0 build that depends on
+# `nvidia-nccl-cu13==2.29.7`. Pin all five wheels: unpinned, pip completes
+# `nvidia-cuda-nvcc==13.0.88` with the newest `nvidia-nvvm` and `nvidia-cuda-crt` (13.5.37),
+# parts of another release.
+#
+# The wheels differ from a toolkit in `/usr/local/cuda` in two ways that the makefiles meet.
+# They have `lib/` and no `lib64/`, while NCCL's `makefiles/common.mk` and nccl-tests'
+# `src/common.mk` say `CUDA_LIB ?= $(CUDA_HOME)/lib64`: without `CUDA_LIB=$CUDA_HOME/lib`
+# the link fails with `cannot find -lcudart_static`. And `lib/` has `libcudart.so.13` but no
+# `libcudart.so`, which nccl-tests links with `-lcudart` (`CUDARTLIB ?= cudart`): without
+# `CUDARTLIB=cudart_static` it fails with `cannot find -lcudart`. Nothing links against the
+# driver (`libcuda.so`, which no wheel here brings): the CUDA runtime opens it while the
+# program runs.
+#
+# `v2.30.7-1` is the newest tag of NVIDIA/nccl and `v2.19.6` that of NVIDIA/nccl-tests as
+# this course was checked. NCCL's `makefiles/common.mk` knows CUDA 8 to 13 (CUDA 13 drops
+# GPUs before sm_75); which CUDA versions NVIDIA builds and tests a tag with is in its
+# [release notes](https://github.com/NVIDIA/nccl/releases): pick a tag whose notes list
+# your CUDA. `NVCC_GENCODE` compiles the kernels for your GPU only (here
+# compute capability 9.0, an H100); without it, CUDA 13 compiles them for six architectures
+# plus PTX (`NVCC_GENCODE ?=` in `makefiles/common.mk`).
 #
 # ```bash
+# python3 -m venv $HOME/opt/cuda13                        # a CUDA toolkit from pip, no root
+# $HOME/opt/cuda13/bin/pip install nvidia-cuda-nvcc==13.0.88 nvidia-nvvm==13.0.88 \
+#     nvidia-cuda-crt==13.0.88 nvidia-cuda-runtime==13.0.96 nvidia-cuda-cccl==13.0.85
+# export CUDA_HOME=$(echo $HOME/opt/cuda13/lib/python3*/site-packages/nvidia/cu13)
 # git clone https://github.com/NVIDIA/nccl.git && cd nccl
 # git checkout v2.30.7-1                     # a tag whose release notes list your CUDA
-# make -j8 src.build BUILDDIR=$HOME/opt/nccl CUDA_HOME=/usr/local/cuda-12.8 \
-#      NVCC_GENCODE="-gencode=arch=compute_90,code=sm_90"
+# make -j$(nproc) src.build BUILDDIR=$HOME/opt/nccl CUDA_HOME=$CUDA_HOME \
+#      CUDA_LIB=$CUDA_HOME/lib NVCC_GENCODE="-gencode=arch=compute_90,code=sm_90"
+# cd .. && git clone https://github.com/NVIDIA/nccl-tests.git && cd nccl-tests
+# git checkout v2.19.6
+# make MPI=0 CUDA_HOME=$CUDA_HOME CUDA_LIB=$CUDA_HOME/lib CUDARTLIB=cudart_static \
+#      NCCL_HOME=$HOME/opt/nccl NVCC_GENCODE="-gencode=arch=compute_90,code=sm_90"
 # export LD_LIBRARY_PATH=$HOME/opt/nccl/lib:$LD_LIBRARY_PATH   # lib/ (bin/ has ncclras)
-# git clone https://github.com/NVIDIA/nccl-tests.git && cd nccl-tests
-# make MPI=0 CUDA_HOME=/usr/local/cuda-12.8 NCCL_HOME=$HOME/opt/nccl
 # ./build/all_reduce_perf -b 8 -e 256M -f 2 -g 2     # 2 GPUs, 8 B to 256 MB
 # ```
-#
-# `all_reduce_perf` prints per size `algbw` (bytes / time) and `busbw`
-# (`algbw * 2(n-1)/n` for all-reduce: the traffic each link really carries, comparable to
-# the hardware bandwidth). The cell below does not build anything (that takes many minutes):
-# it computes `busbw` from an `algbw` and says whether this machine has what the build needs.
 
 # %% [markdown] lang="zh"
 # ### 无 root 权限编译 NCCL（并测试）
 #
-# 网上常见的一种做法是在用户目录下编译 NCCL。这个思路可行，但有两步是错的：把编译结果的
-# `include/` 目录加入了
-# `PATH`（头文件不是可执行程序；从 NCCL 2.24 起编译出的程序 `ncclras`，以及后来的 `ncclparam`，
-# 放在 `bin/` 里，见 NCCL `src/Makefile` 中的 `BINDIR`），而且 `LD_LIBRARY_PATH` 指向的目录与
-# `BUILDDIR` 不同。正确的步骤如下，只为你的 GPU 生成代码（这里是计算能力 9.0，即 H100）。
-# 核对本课程时 NVIDIA/nccl 最新的 tag 是 `v2.30.7-1`；它的 `makefiles/common.mk` 支持 CUDA 8
-# 到 13（CUDA 13 不再支持 sm_75 之前的 GPU）。NVIDIA 用哪些 CUDA 版本编译和测试它，写在该
-# tag 的[发布说明](https://github.com/NVIDIA/nccl/releases)里；请选择发布说明中列出你的
-# CUDA 版本的 tag。
+# 编译 NCCL 需要 CUDA 工具包（`nvcc`、CUDA 头文件和 `libcudart_static.a`），但不需要 GPU、驱动，
+# 也不需要 root。网上常见的一种做法是在用户目录下编译 NCCL，这个思路可行，但有两步是错的：把编译结果的
+# `include/` 目录加入了 `PATH`（头文件不是可执行程序；从 NCCL 2.24 起编译出的程序 `ncclras`，
+# 以及后来的 `ncclparam`，放在 `bin/` 里，见 NCCL `src/Makefile` 中的 `BINDIR`），而且
+# `LD_LIBRARY_PATH` 指向的目录与 `BUILDDIR` 不同。
+#
+# 机器上没有工具包时（在集群上，`module avail cuda` 会列出已安装的版本），可以用 NVIDIA 的
+# pip wheel 把工具包装进虚拟环境。对 CUDA 13，`nvidia-cuda-nvcc`、它依赖的几个 wheel 以及
+# `nvidia-cuda-cccl`（NCCL 从 `include/cccl` 引用的 C++ 头文件）会把 `nvcc`、`cicc`、
+# `ptxas`、头文件和 `libcudart_static.a` 装进同一个目录 `site-packages/nvidia/cu13`，
+# 这个目录就可以当作 `CUDA_HOME`。CUDA 12 的
+# `nvidia-cuda-nvcc-cu12`（12.8.93，以及最新的 12.9.86）里只有 `ptxas` 和 `libnvvm`，没有
+# `nvcc`：用 CUDA 12 就得有真正的工具包。请用与你的 torch 相同的 CUDA 主版本编译：PyPI 上的
+# torch 2.13.0 是 CUDA 13.0 版本，依赖 `nvidia-nccl-cu13==2.29.7`。五个 wheel 都要固定版本：
+# 不固定的话，pip 会给 `nvidia-cuda-nvcc==13.0.88` 配上最新的 `nvidia-nvvm` 和
+# `nvidia-cuda-crt`（13.5.37），也就是另一个发行版的组件。
+#
+# 这些 wheel 与 `/usr/local/cuda` 下的工具包有两处不同，makefile 都会遇到。它们只有 `lib/`，
+# 没有 `lib64/`，而 NCCL 的 `makefiles/common.mk` 和 nccl-tests 的 `src/common.mk` 都写着
+# `CUDA_LIB ?= $(CUDA_HOME)/lib64`：不加 `CUDA_LIB=$CUDA_HOME/lib`，链接时会报
+# `cannot find -lcudart_static`。另外 `lib/` 里有 `libcudart.so.13`，却没有 `libcudart.so`，
+# 而 nccl-tests 用 `-lcudart` 链接（`CUDARTLIB ?= cudart`）：不加 `CUDARTLIB=cudart_static`，
+# 会报 `cannot find -lcudart`。没有任何东西链接驱动（`libcuda.so`，这里的 wheel 都不带它）：
+# CUDA 运行时在程序运行时才去打开它。
+#
+# 核对本课程时，NVIDIA/nccl 最新的 tag 是 `v2.30.7-1`，NVIDIA/nccl-tests 是 `v2.19.6`。NCCL 的
+# `makefiles/common.mk` 认识 CUDA 8 到 13（CUDA 13 不再支持 sm_75 之前的 GPU）；NVIDIA 用哪些
+# CUDA 版本编译和测试某个 tag，写在它的[发布说明](https://github.com/NVIDIA/nccl/releases)里：请选择发布说明中列出你的 CUDA 的 tag。`NVCC_GENCODE` 让核函数只为你的 GPU
+# 编译（这里是计算能力 9.0，即 H100）；不设置的话，CUDA 13 会为六种架构各编译一遍，另加 PTX
+# （见 `makefiles/common.mk` 中的 `NVCC_GENCODE ?=`）。
 #
 # ```bash
+# python3 -m venv $HOME/opt/cuda13                        # 用 pip 装 CUDA 工具包，无需 root
+# $HOME/opt/cuda13/bin/pip install nvidia-cuda-nvcc==13.0.88 nvidia-nvvm==13.0.88 \
+#     nvidia-cuda-crt==13.0.88 nvidia-cuda-runtime==13.0.96 nvidia-cuda-cccl==13.0.85
+# export CUDA_HOME=$(echo $HOME/opt/cuda13/lib/python3*/site-packages/nvidia/cu13)
 # git clone https://github.com/NVIDIA/nccl.git && cd nccl
 # git checkout v2.30.7-1                     # 选择发布说明中列出你的 CUDA 版本的 tag
-# make -j8 src.build BUILDDIR=$HOME/opt/nccl CUDA_HOME=/usr/local/cuda-12.8 \
-#      NVCC_GENCODE="-gencode=arch=compute_90,code=sm_90"
+# make -j$(nproc) src.build BUILDDIR=$HOME/opt/nccl CUDA_HOME=$CUDA_HOME \
+#      CUDA_LIB=$CUDA_HOME/lib NVCC_GENCODE="-gencode=arch=compute_90,code=sm_90"
+# cd .. && git clone https://github.com/NVIDIA/nccl-tests.git && cd nccl-tests
+# git checkout v2.19.6
+# make MPI=0 CUDA_HOME=$CUDA_HOME CUDA_LIB=$CUDA_HOME/lib CUDARTLIB=cudart_static \
+#      NCCL_HOME=$HOME/opt/nccl NVCC_GENCODE="-gencode=arch=compute_90,code=sm_90"
 # export LD_LIBRARY_PATH=$HOME/opt/nccl/lib:$LD_LIBRARY_PATH   # 是 lib/（bin/ 里是 ncclras）
-# git clone https://github.com/NVIDIA/nccl-tests.git && cd nccl-tests
-# make MPI=0 CUDA_HOME=/usr/local/cuda-12.8 NCCL_HOME=$HOME/opt/nccl
 # ./build/all_reduce_perf -b 8 -e 256M -f 2 -g 2     # 2 块 GPU，8 B 到 256 MB
 # ```
+
+# %% [markdown] lang="en"
+# What you will see (a run on 2026-11-25: no GPU, no driver, 2 CPU cores shared with other
+# jobs, the toolkit from the wheels above, paths written as in the commands; the whole
+# transcript is in `docs/nccl-build.md`):
 #
-# `all_reduce_perf` 对每个数据量打印 `algbw`（字节数 / 时间）和 `busbw`：对全归约（all-reduce）
-# 而言 `busbw` 是 `algbw * 2(n-1)/n`，即每条链路实际承载的流量，可以直接与硬件带宽比较。下面的单元并不编译
-# 任何东西（编译要很多分钟）：它由 `algbw` 算出 `busbw`，并说明这台机器是否具备编译所需的条件。
+# ```text
+# $ ls $CUDA_HOME $CUDA_HOME/lib
+# bin  include  lib  nvvm
+# cmake  libcudadevrt.a  libcudart.so.13  libcudart_static.a  libnvvm.so.4
+# $ $CUDA_HOME/bin/nvcc --version | tail -2
+# Cuda compilation tools, release 13.0, V13.0.88
+# Build cuda_13.0.r13.0/compiler.36424714_0
+# $ make -j$(nproc) src.build BUILDDIR=$HOME/opt/nccl CUDA_HOME=$CUDA_HOME ...    # nproc: 2
+# NVCC_GENCODE is -gencode=arch=compute_90,code=sm_90
+# Generating nccl.h.in                           > $HOME/opt/nccl/include/nccl.h
+# ...
+# Compiling  bootstrap.cc                        > $HOME/opt/nccl/obj/bootstrap.o
+# ...
+# Compiling       $HOME/opt/nccl/obj/device/gensrc/reduce_sum_bf16.cu
+# ...
+# $ grep 'define NCCL_VERSION_CODE' $HOME/opt/nccl/include/nccl.h     # written first
+# #define NCCL_VERSION_CODE 23007
+# $ strings $HOME/opt/nccl/obj/init.o | grep '^NCCL version'          # compiled in
+# NCCL version 2.30.7+cuda13.0
+# ```
+#
+# The build compiles 136 C++ files and 171 CUDA files (169 of them generated by `generate.py`
+# in `src/device/` and `src/device/symmetric/`, each once for the one architecture), then links
+# `lib/libnccl.so.2.30.7`. On few cores this takes long: in the run above (2 shared cores,
+# under `nice`) 62 of those files took 52 minutes, and that run was stopped before the link,
+# so the library's own outputs (`ls -l lib`, `ldd`, `nm -D`) are not shown here. nccl-tests'
+# command compiled its first tests against the headers NCCL had written, each link missing only
+# `-lnccl`.
+#
+# Without `CUDA_HOME` pointing at a toolkit (say `CUDA_HOME=/usr/local/cuda-12.8` on a
+# machine that has none), `make` does not stop at once: the first file that includes the CUDA
+# headers fails with `fatal error: cuda_runtime.h: No such file or directory`.
+#
+# `ncclGetVersion` only stores `NCCL_VERSION_CODE` (23007 for 2.30.7; `src/init.cc`), so a
+# built library answers it without a GPU. The cell below asks the one in `NCCL_HOME`, or in
+# `$HOME/opt/nccl`, if there is one.
+
+# %% [markdown] lang="zh"
+# 你会看到的输出（2026-11-25 的一次运行：没有 GPU，没有驱动，2 个与其他任务共享的 CPU 核，
+# 工具包来自上面的 wheel，路径按上面命令的写法给出；完整记录见 `docs/nccl-build.md`）：
+#
+# ```text
+# $ ls $CUDA_HOME $CUDA_HOME/lib
+# bin  include  lib  nvvm
+# cmake  libcudadevrt.a  libcudart.so.13  libcudart_static.a  libnvvm.so.4
+# $ $CUDA_HOME/bin/nvcc --version | tail -2
+# Cuda compilation tools, release 13.0, V13.0.88
+# Build cuda_13.0.r13.0/compiler.36424714_0
+# $ make -j$(nproc) src.build BUILDDIR=$HOME/opt/nccl CUDA_HOME=$CUDA_HOME ...    # nproc: 2
+# NVCC_GENCODE is -gencode=arch=compute_90,code=sm_90
+# Generating nccl.h.in                           > $HOME/opt/nccl/include/nccl.h
+# ...
+# Compiling  bootstrap.cc                        > $HOME/opt/nccl/obj/bootstrap.o
+# ...
+# Compiling       $HOME/opt/nccl/obj/device/gensrc/reduce_sum_bf16.cu
+# ...
+# $ grep 'define NCCL_VERSION_CODE' $HOME/opt/nccl/include/nccl.h     # written first
+# #define NCCL_VERSION_CODE 23007
+# $ strings $HOME/opt/nccl/obj/init.o | grep '^NCCL version'          # compiled in
+# NCCL version 2.30.7+cuda13.0
+# ```
+#
+# 整个过程要编译 136 个 C++ 文件和 171 个 CUDA 文件（其中 169 个由 `src/device/` 和
+# `src/device/symmetric/` 中的 `generate.py` 生成，每个只为这一种架构编译一次），然后链接出
+# `lib/libnccl.so.2.30.7`。核数少时这一步很慢：上面那次运行（2 个共享的 CPU 核，用 `nice`
+# 降低了优先级）52 分钟只编译完其中 62 个文件，并在链接之前停止，所以这里没有展示库本身的输出
+# （`ls -l lib`、`ldd`、`nm -D`）。nccl-tests 的命令基于 NCCL 已经生成的头文件编译了前几个测试，
+# 每次链接都只缺 `-lnccl`。
+#
+# 如果 `CUDA_HOME` 没有指向工具包（例如机器上并没有 `/usr/local/cuda-12.8`，却设置了
+# `CUDA_HOME=/usr/local/cuda-12.8`），`make` 不会立刻停下：第一个包含 CUDA 头文件的源文件会报
+# `fatal error: cuda_runtime.h: No such file or directory`。
+#
+# `ncclGetVersion` 只是写回 `NCCL_VERSION_CODE`（2.30.7 对应 23007；见 `src/init.cc`），所以
+# 编译好的库不需要 GPU 就能回答它。下面的单元会询问 `NCCL_HOME` 或 `$HOME/opt/nccl` 中的库
+# （如果有的话）。
+
+# %%
+import ctypes
+
+nccl_lib = Path(os.environ.get("NCCL_HOME", Path.home() / "opt" / "nccl")) / "lib" / "libnccl.so"
+if nccl_lib.exists():
+    version = ctypes.c_int()
+    ctypes.CDLL(str(nccl_lib)).ncclGetVersion(ctypes.byref(version))  # no GPU needed
+    print(nccl_lib, "-> ncclGetVersion:", version.value)
+else:
+    print("No", nccl_lib, "here: build it with the commands above (or set NCCL_HOME).")
+
+# %% [markdown] lang="en"
+# On a GPU machine, `all_reduce_perf` prints per size `algbw` (bytes / time) and `busbw`
+# (`algbw * 2(n-1)/n` for all-reduce: the traffic each link really carries, comparable to
+# the hardware bandwidth):
+
+# %% [markdown] lang="zh"
+# 在 GPU 机器上，`all_reduce_perf` 对每个数据量打印 `algbw`（字节数 / 时间）和 `busbw`：对全归约
+# （all-reduce）而言 `busbw` 是 `algbw * 2(n-1)/n`，即每条链路实际承载的流量，可以直接与硬件
+# 带宽比较：
 
 # %%
 def busbw(algbw_gbs, n):
@@ -323,11 +475,109 @@ def busbw(algbw_gbs, n):
 
 
 print("algbw 100 GB/s on 8 GPUs -> busbw", busbw(100, 8), "GB/s")
-if shutil.which("nvcc") and torch.cuda.is_available():
-    print("nvcc and a GPU are here: run the commands above in a terminal (many minutes).")
+
+
+# %% [markdown] lang="en"
+# The driver, the toolkit and the runtime are three different things, and a build shows it.
+# The cell below compiles a small CUDA program for one architecture (sm_90) with the `nvcc`
+# it finds (`CUDA_HOME`, the pip wheels in this environment, then `PATH`) and runs it, GPU or
+# not. `runtime` is the CUDA runtime the toolkit linked into the program (13000 means 13.0);
+# `driver` is what `libcuda` says, 0 when there is none (`cudaDriverGetVersion` in the CUDA
+# Runtime API); without a driver, asking for devices fails with
+# `cudaErrorInsufficientDriver`. The program is `cc.PROBE_CU`; it prints 0 for the driver
+# here and the driver's CUDA version (for example 12080) on a GPU machine.
+
+# %% [markdown] lang="zh"
+# 驱动、工具包和运行时是三样不同的东西，编译一次就能看出来。下面的单元用它找到的 `nvcc`
+# （依次是 `CUDA_HOME`、本环境里的 pip wheel、`PATH`）为一种架构（sm_90）编译一个小 CUDA
+# 程序并运行它，有没有 GPU 都可以。`runtime` 是工具包链接进程序的 CUDA 运行时（13000 表示
+# 13.0）；`driver` 是 `libcuda` 报告的版本，没有驱动时为 0（CUDA Runtime API 的
+# `cudaDriverGetVersion`）；没有驱动时，查询设备会失败，错误是 `cudaErrorInsufficientDriver`。
+# 这个程序就是 `cc.PROBE_CU`；在这里它报告的驱动版本是 0，在 GPU 机器上则是驱动支持的 CUDA
+# 版本（例如 12080）。
+
+# %%
+import tempfile
+
+nvcc = cc.find_nvcc()
+if nvcc is None:
+    print("No nvcc here. On 2026-11-25, with nvcc 13.0 from the pip wheels and no driver:")
+    print("Probe(nvcc='.../nvidia/cu13/bin/nvcc', runtime=13000, driver=0, devices=-1, "
+          "device_error='cudaErrorInsufficientDriver')")
 else:
-    print("Skipped: building NCCL needs nvcc and a GPU (found nvcc:", bool(shutil.which("nvcc")),
-          "| GPU:", torch.cuda.is_available(), ").")
+    with tempfile.TemporaryDirectory() as tmp:
+        print(cc.probe_runtime_driver(nvcc, Path(tmp)))
+
+# %% [markdown] lang="en"
+# #### Making torch use your NCCL
+#
+# A CUDA build of torch from PyPI loads the `libnccl.so.2` of its `nvidia-nccl-cu13` wheel
+# (`site-packages/nvidia/nccl/lib`), and `LD_LIBRARY_PATH` does not change that, for two
+# reasons. `import torch` opens the wheel's copy by its full path (`_preload_cuda_deps`,
+# called from `_load_global_deps` in `torch/__init__.py` once `libcudart` is loaded), and a
+# library loaded under the name `libnccl.so.2` answers every later request for that name.
+# And `torch/lib/libtorch_cuda.so`, which needs `libnccl.so.2`, carries a `DT_RPATH` starting
+# with `$ORIGIN/../../nvidia/cudnn/lib:$ORIGIN/../../nvidia/nvshmem/lib:$ORIGIN/../../nvidia/nccl/lib`
+# (read with `readelf -d` from the torch 2.13.0 wheel), which the dynamic loader searches
+# *before* `LD_LIBRARY_PATH` (`man ld.so`). `LD_PRELOAD` comes before both: the library it
+# names is loaded first, holds the name `libnccl.so.2`, and torch's calls go to it; the
+# wheel's copy is still mapped, unused.
+#
+# `torch.cuda.nccl.version()` cannot tell you which one runs: it returns `NCCL_MAJOR`,
+# `NCCL_MINOR` and `NCCL_PATCH` of the `nccl.h` that torch was compiled with, constants
+# (`version()` in `torch/csrc/cuda/nccl.cpp`). Ask the library instead: `dlopen` by the name
+# `libnccl.so.2` returns the copy already loaded under that name, the one torch is bound to.
+# Two stand-in libraries with the same name and a third that needs it show all of this on
+# this machine (`docs/nccl-build.md`); with torch it needs a CUDA build (no GPU), not run
+# here:
+#
+# ```bash
+# LD_PRELOAD=$HOME/opt/nccl/lib/libnccl.so.2 python -c "
+# import ctypes, torch
+# v = ctypes.c_int(); ctypes.CDLL('libnccl.so.2').ncclGetVersion(ctypes.byref(v))
+# print(v.value, torch.cuda.nccl.version())"
+# # expected: 23007 (your 2.30.7 runs), then the nccl.h version torch was compiled with
+# ```
+#
+# The memory-map cell earlier in this chapter then lists both files; `strings FILE | grep
+# '^NCCL version'` tells each file's version without loading it (`VERSION_STRING` in NCCL's
+# `src/init.cc`, kept whole for that purpose). With GPUs,
+# `NCCL_DEBUG=INFO` prints the version of the NCCL that runs when the first communicator
+# starts.
+
+# %% [markdown] lang="zh"
+# #### 让 torch 使用你编译的 NCCL
+#
+# PyPI 上的 CUDA 版 torch 会加载它的 `nvidia-nccl-cu13` wheel 里的 `libnccl.so.2`
+# （`site-packages/nvidia/nccl/lib`），`LD_LIBRARY_PATH` 改变不了这一点，原因有两个。
+# `import torch` 会按完整路径打开 wheel 里的那一份（`torch/__init__.py` 中的
+# `_preload_cuda_deps`，在 `libcudart` 加载之后由 `_load_global_deps` 调用），而一个以
+# `libnccl.so.2` 这个名字加载的库，会应答之后所有对这个名字的请求。此外，需要
+# `libnccl.so.2` 的 `torch/lib/libtorch_cuda.so` 带有 `DT_RPATH`，开头是
+# `$ORIGIN/../../nvidia/cudnn/lib:$ORIGIN/../../nvidia/nvshmem/lib:$ORIGIN/../../nvidia/nccl/lib`
+# （用 `readelf -d` 从 torch 2.13.0 的 wheel 中读出），动态加载器会*先于* `LD_LIBRARY_PATH`
+# 搜索它（`man ld.so`）。`LD_PRELOAD` 比这两者都早：它指定的库最先加载，占住 `libnccl.so.2`
+# 这个名字，torch 的调用都会进入它；wheel 里的那一份仍然映射在进程里，但不会被用到。
+#
+# `torch.cuda.nccl.version()` 回答不了实际运行的是哪一份：它返回的是 torch 编译时所用
+# `nccl.h` 中的 `NCCL_MAJOR`、`NCCL_MINOR` 和 `NCCL_PATCH`，是常量（见
+# `torch/csrc/cuda/nccl.cpp` 的 `version()`）。要问库本身：按 `libnccl.so.2` 这个名字
+# `dlopen`，得到的就是已经以这个名字加载的那一份，也就是 torch 绑定的那一份。用两个同名的
+# 替身库和一个依赖它的库，可以在本机演示以上全部内容（见 `docs/nccl-build.md`）；换成 torch
+# 则需要 CUDA 版（不需要 GPU），这里没有运行：
+#
+# ```bash
+# LD_PRELOAD=$HOME/opt/nccl/lib/libnccl.so.2 python -c "
+# import ctypes, torch
+# v = ctypes.c_int(); ctypes.CDLL('libnccl.so.2').ncclGetVersion(ctypes.byref(v))
+# print(v.value, torch.cuda.nccl.version())"
+# # expected: 23007 (your 2.30.7 runs), then the nccl.h version torch was compiled with
+# ```
+#
+# 这时本章前面那个读内存映射的单元会列出两个文件；`strings 文件 | grep '^NCCL version'`
+# 不用加载就能看出每个文件的版本（NCCL `src/init.cc` 中的 `VERSION_STRING`，特意保留为完整的
+# 字符串）。有 GPU 时，`NCCL_DEBUG=INFO` 会在第一个
+# 通信器启动时打印实际运行的 NCCL 的版本。
 
 # %% [markdown] lang="en"
 # ## Where PyTorch looks for CUDA when it builds extensions

@@ -12,8 +12,13 @@ Teaching version: PyTorch has no such checker; the rule for nvcc vs torch mirror
 
 from __future__ import annotations
 
+import os
 import re
+import shutil
+import subprocess
+import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 from ddp_lab.i18n import _t, get_language, pair
 
@@ -365,3 +370,63 @@ def compat_widget(driver: str | SmiInfo | None = None, runtime: str | None = Non
     box = w.VBox([w.HBox([pick_driver, pick_cuda]), verdict, out])
     display(box)
     return box
+
+
+# The smallest program that shows the three layers apart: the toolkit (nvcc) compiles it with
+# no GPU and no driver, the runtime (libcudart, linked in statically by nvcc's default
+# ``-cudart static``) answers for itself, and the driver (libcuda.so.1, which libcudart opens
+# at run time) answers 0 when it is absent (cudaDriverGetVersion in the CUDA Runtime API).
+PROBE_CU = r"""#include <cstdio>
+#include <cuda_runtime.h>
+__global__ void add_one(float *x) { x[threadIdx.x] += 1.0f; }
+int main() {
+  int runtime = -1, driver = -1, devices = -1;
+  cudaRuntimeGetVersion(&runtime);
+  cudaDriverGetVersion(&driver);
+  cudaError_t err = cudaGetDeviceCount(&devices);
+  printf("runtime %d\ndriver %d\ndevices %d %s\n", runtime, driver, devices,
+         cudaGetErrorName(err));
+  return 0;
+}
+"""
+
+
+@dataclass
+class Probe:
+    """What ``PROBE_CU`` printed: versions as CUDA encodes them (13000 = 13.0, 0 = no driver)."""
+
+    nvcc: str
+    runtime: int
+    driver: int
+    devices: int
+    device_error: str
+
+
+def find_nvcc() -> Path | None:
+    """A real nvcc: ``$CUDA_HOME/bin``, then NVIDIA's pip wheels (``nvidia/cu13/bin``), then PATH."""
+    candidates = []
+    if os.environ.get("CUDA_HOME"):
+        candidates.append(Path(os.environ["CUDA_HOME"]) / "bin" / "nvcc")
+    for entry in sys.path:  # nvidia-cuda-nvcc (CUDA 13+) installs nvidia/cu13/bin/nvcc
+        candidates += sorted(Path(entry or ".").glob("nvidia/cu[0-9]*/bin/nvcc"), reverse=True)
+    on_path = shutil.which("nvcc")
+    if on_path:
+        candidates.append(Path(on_path))
+    return next((c for c in candidates if c.is_file() and os.access(c, os.X_OK)), None)
+
+
+def probe_runtime_driver(nvcc: Path, workdir: Path, arch: str = "sm_90") -> Probe:
+    """Compile ``PROBE_CU`` for one GPU architecture with ``nvcc`` and run it (no GPU needed).
+
+    ``-L <nvcc>/../lib``: the pip wheels put libcudart_static.a in ``lib/`` while nvcc's own
+    ``nvcc.profile`` looks in ``lib64/`` (a system toolkit has both).
+    """
+    src, exe = workdir / "probe.cu", workdir / "probe"
+    src.write_text(PROBE_CU)
+    home = nvcc.resolve().parent.parent
+    cmd = [str(nvcc), f"-arch={arch}", str(src), "-o", str(exe), "-L", str(home / "lib")]
+    subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=600)
+    out = subprocess.run([str(exe)], check=True, capture_output=True, text=True, timeout=60)
+    f = dict(line.split(" ", 1) for line in out.stdout.splitlines())
+    devices, error = f["devices"].split()
+    return Probe(str(nvcc), int(f["runtime"]), int(f["driver"]), int(devices), error)

@@ -458,8 +458,9 @@ def _nccl_findings(f: Facts) -> list[Finding]:
                 WARNING,
                 f"LD_LIBRARY_PATH has {own[0]}/libnccl but the process loaded {f.loaded_nccl[0]}",
                 *pair(
-                    "Your own NCCL is not the one in use: check with "
-                    "torch.cuda.nccl.version(), or LD_PRELOAD it."
+                    "Your own NCCL is not the one in use: LD_PRELOAD it (torch loads its "
+                    "wheel's copy by full path; torch.cuda.nccl.version() only shows the "
+                    "nccl.h torch was compiled with)."
                 ),
             )
     return out
