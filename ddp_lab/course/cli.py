@@ -19,6 +19,16 @@ def _build(args: argparse.Namespace) -> int:
     return 0
 
 
+def _exercise(args: argparse.Namespace) -> int:
+    from ddp_lab.course import build
+
+    code, message = build.copy_exercise(
+        args.chapter, args.notebook_lang or args.lang or "en", force=args.force
+    )
+    print(message, file=sys.stderr if code else sys.stdout)
+    return code
+
+
 def _check(args: argparse.Namespace) -> int:
     from ddp_lab.course import grader
 
@@ -134,6 +144,12 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("chapters", nargs="*", help="chapter prefixes, e.g. 00 03 (default: all)")
     p.add_argument("--check", action="store_true", help="only report stale generated files")
     p.set_defaults(func=_build)
+
+    p = sub.add_parser("exercise", help="copy an exercise notebook to work/ to work on it")
+    p.add_argument("chapter", help="the chapter number, e.g. 05")
+    p.add_argument("--lang", dest="notebook_lang", choices=["en", "zh"], help="default: en")
+    p.add_argument("--force", action="store_true", help="replace an existing copy")
+    p.set_defaults(func=_exercise)
 
     p = sub.add_parser("check", help="run your exercise notebook and show the points")
     p.add_argument("notebook")
