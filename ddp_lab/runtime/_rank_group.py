@@ -272,8 +272,7 @@ class RankGroup:
     ) -> None:
         stuck = sorted(pending)
         stacks = launcher._dump_stacks(self.zygote, self.workdir, set(stuck))
-        self.output.finish()
-        launcher.print_stacks(stuck, stacks)
+        self.output.finish()  # the stacks go in the exception only: shown once
         failures = errors(replies) + [
             RankFailure(r, t("stack_of", rank=r), stack=stacks.get(r, "")) for r in stuck
         ]
