@@ -91,8 +91,11 @@ def register(ipython: Any) -> None:
         """%%ddp -n N [--backend gloo|nccl|auto] [--timeout S] [--stream]: run on N ranks."""
         args = magic_arguments.parse_argstring(ddp, line)
         # Cached under this cell's number, so that a hang report says "Cell In[N], line L".
+        # IPython cached the whole cell under it just before running it: the highest number
+        # (``execution_count`` is that number or, in newer IPython, one more).
         compiler = getattr(ipython, "compile", None)
-        number = getattr(ipython, "execution_count", 0)
+        numbers = getattr(compiler, "_filename_map", {}).values()
+        number = max((n for n in numbers if isinstance(n, int)), default=0)
         filename = compiler.cache(cell, number) if compiler is not None else "<ddp cell>"
         run_cell(
             cell,
