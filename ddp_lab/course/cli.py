@@ -5,6 +5,21 @@ from __future__ import annotations
 import argparse
 import sys
 
+from ddp_lab.course.i18n import Messages
+
+MESSAGES = Messages(
+    __name__,
+    {
+        "solutions_in_template": {
+            "en": "warning: this template repository has {folders}: both hold the solutions "
+            "(chapters/ between ### BEGIN SOLUTION markers). Remove them before learners get "
+            "it; ddp-lab check works without them.",
+            "zh": "警告：这个模板仓库里有 {folders}：其中含有参考答案（chapters/ 中在 "
+            "### BEGIN SOLUTION 标记之间）。分发给学生之前请删除；没有它们 ddp-lab check 照样可用。",
+        },
+    },
+)
+
 
 def _build(args: argparse.Namespace) -> int:
     from ddp_lab.course import build
@@ -71,6 +86,11 @@ def _classroom(args: argparse.Namespace) -> int:
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(text, encoding="utf-8")
     print(f"wrote {args.out}")
+    # The template repository is where the workflow goes (.github/workflows/ in it).
+    template = Path(args.out).resolve().parent.parent.parent
+    leaks = [d for d in ("solutions", "chapters") if (template / d).is_dir()]
+    if leaks:
+        print(MESSAGES("solutions_in_template", folders=", ".join(leaks)), file=sys.stderr)
     return 0
 
 
