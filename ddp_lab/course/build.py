@@ -345,7 +345,16 @@ def render(nb: nbformat.NotebookNode, src: str, lang: str, kind: str) -> nbforma
             "language": "python",
             "name": KERNEL_NAME,
         },
-        "language_info": {"name": "python"},
+        # What ipykernel reports, but its "version" (the Python's, which differs between
+        # machines): JupyterLab writes that in on open, so a saved copy differs in that line.
+        "language_info": {
+            "codemirror_mode": {"name": "ipython", "version": 3},
+            "file_extension": ".py",
+            "mimetype": "text/x-python",
+            "name": "python",
+            "nbconvert_exporter": "python",
+            "pygments_lexer": "ipython3",
+        },
         "ddp_lab": {
             "generated_from": src,
             "kind": kind,
