@@ -28,6 +28,15 @@
 # `exercises/en/` (solutions in `solutions/en/`). The Chinese edition is in the `zh`
 # folders; the code is the same in both. Run cells from top to bottom with
 # Shift+Enter.
+#
+# **Setup.** `bash setup.sh` installed everything here, with the kernel "Python 3
+# (ddp-lab)" that these notebooks use. The `ddp-lab` command works in JupyterLab's own
+# terminals, and in any other shell after `source .venv/bin/activate`. No GPU? Then
+# `TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu bash setup.sh` takes PyTorch's CPU
+# build instead of the multi-GB CUDA one; for slow downloads (pip mirrors in mainland
+# China, a shallow `git clone`) see the README, "No GPU, or a slow network". Work on a
+# copy of each exercise: `ddp-lab exercise 00` copies this chapter's to `work/en/`, which
+# git ignores, so that `git pull` updates the course without touching your answers.
 
 # %% [markdown] lang="zh"
 # # 00 欢迎与快速上手
@@ -41,6 +50,15 @@
 # **如何使用本课程**。课程正文在 `notebooks/zh/`，练习在 `exercises/zh/`
 # （参考答案在 `solutions/zh/`）。英文版在 `en` 文件夹中，两种语言的代码完全相同。
 # 用 Shift+Enter 从上到下依次运行代码单元。
+#
+# **安装**。`bash setup.sh` 已经装好了这里用到的一切，包括这些 notebook 使用的内核
+# “Python 3 (ddp-lab)”。`ddp-lab` 命令在 JupyterLab 自带的终端里可以直接使用，在其他终端里
+# 先运行 `source .venv/bin/activate`。没有 GPU 时，用
+# `TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu bash setup.sh` 安装 PyTorch 的 CPU 版，
+# 而不是几个 GB 的 CUDA 版；下载慢时（中国大陆的 pip 镜像、浅克隆 `git clone --depth 1`）见 README 的
+# “No GPU, or a slow network / 没有 GPU，或网络较慢”一节。练习请在副本上作答：
+# `ddp-lab exercise 00 --lang zh` 把本章练习复制到 `work/zh/`，git 忽略这个目录，
+# `git pull` 更新课程时不会动到你的答案。
 
 # %%
 import torch
@@ -227,11 +245,13 @@ dl.grade("00.average", average_across_ranks)
 # %% [markdown] lang="en"
 # ## What next
 #
-# Check your work with `ddp-lab check exercises/en/00_quickstart.ipynb` in a terminal.
+# Save the notebook, then check your work with `ddp-lab check work/en/00_quickstart.ipynb`
+# in a terminal (the path of your copy; the check reads the file on disk).
 # Then start with chapter 01, the GPU software stack.
 
 # %% [markdown] lang="zh"
 # ## 接下来
 #
-# 在终端里运行 `ddp-lab check exercises/zh/00_quickstart.ipynb` 检查你的练习。
+# 先保存 notebook，再在终端里运行 `ddp-lab check work/zh/00_quickstart.ipynb` 检查你的练习
+# （这是你的副本的路径；检查读取的是磁盘上的文件）。
 # 然后从第 01 章（GPU 软件栈）开始学习。
