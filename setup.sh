@@ -1,9 +1,16 @@
 #!/usr/bin/env bash
 # Install the course into ./.venv and open it in JupyterLab.
-#   bash setup.sh              install (idempotent) and start JupyterLab on the course
-#   bash setup.sh --no-lab     install only
-# TORCH_SPEC overrides the torch requirement (default: torch==2.13.0; pip picks the build for
-# this machine: a CUDA build on Linux x86_64 from PyPI, a CPU build where the index serves one).
+#   bash setup.sh                  install (idempotent) and start JupyterLab on the course
+#   bash setup.sh --no-lab         install only
+#   bash setup.sh [JUPYTER ARGS]   other arguments go to `jupyter lab` (e.g. --no-browser --port 8899)
+# Where packages come from (README, "Setup"):
+#   TORCH_INDEX_URL  the index torch comes from, e.g. PyTorch's CPU wheels (no multi-GB CUDA
+#                    build on a laptop without a GPU): https://download.pytorch.org/whl/cpu
+#   TORCH_SPEC       the torch requirement (default torch==2.13.0), e.g. a CUDA build that
+#                    matches your driver (chapter 01, `ddp-lab doctor`)
+#   PIP_INDEX_URL    pip's own variable, for everything else: a PyPI mirror, e.g. in mainland
+#                    China https://pypi.tuna.tsinghua.edu.cn/simple
+#   PYTHON           the Python that creates .venv (default python3)
 set -euo pipefail
 cd "$(dirname "$0")"
 PY=${PYTHON:-python3}
@@ -11,21 +18,71 @@ PY=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 VPY=.venv/bin/python
 export PIP_DISABLE_PIP_VERSION_CHECK=1
+if [ -n "${PIP_INDEX_URL:-}" ]; then
+  echo "setup.sh: packages from PIP_INDEX_URL=$PIP_INDEX_URL / 从该镜像安装软件包" >&2
+fi
 # torch first, pinned: an unpinned torch would pull a multi-GB build that may not match.
-"$VPY" -c 'import torch' 2>/dev/null || "$VPY" -m pip install -q "${TORCH_SPEC:-torch==2.13.0}"
+if ! "$VPY" -c 'import torch' 2>/dev/null; then
+  torch_args=()
+  if [ -n "${TORCH_INDEX_URL:-}" ]; then
+    torch_args=(--index-url "$TORCH_INDEX_URL")
+    echo "setup.sh: torch from TORCH_INDEX_URL=$TORCH_INDEX_URL / 从该索引安装 torch" >&2
+  else
+    echo "setup.sh: installing ${TORCH_SPEC:-torch==2.13.0} (on Linux x86_64 from PyPI: the" \
+      "CUDA build, several GB). No GPU? TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu" \
+      "bash setup.sh; slow downloads: README, \"Mirrors\" /" \
+      "没有 GPU：用上面的 TORCH_INDEX_URL 安装 CPU 版；下载慢：见 README 的“镜像”一节" >&2
+  fi
+  "$VPY" -m pip install -q ${torch_args[@]+"${torch_args[@]}"} "${TORCH_SPEC:-torch==2.13.0}"
+fi
 extras=${DDP_LAB_EXTRAS:-course}
 "$VPY" -m pip install -q -e ".[$extras]"
 "$VPY" -m ipykernel install --sys-prefix --name python3 --display-name "Python 3 (ddp-lab)" >/dev/null
+# JupyterLab's terminals: a bash that reads the user's bashrc and then activates .venv, so
+# that `ddp-lab` works there (jupyter_server starts a login shell by default, and a login
+# shell's /etc/profile resets PATH). Any `.venv/bin/jupyter` reads .venv/etc/jupyter.
+venv=$(cd .venv && pwd)
+mkdir -p "$venv/etc/jupyter" "$venv/etc/ddp-lab"
+cat >"$venv/etc/ddp-lab/bashrc" <<EOF
+# Written by setup.sh: the rc file of bash in JupyterLab's terminals.
+[ -f /etc/bash.bashrc ] && . /etc/bash.bashrc
+[ -f ~/.bashrc ] && . ~/.bashrc
+. "$venv/bin/activate"
+EOF
+"$VPY" - "$venv" <<'EOF'
+import json, os, shutil, sys
+venv = sys.argv[1]
+path = f"{venv}/etc/jupyter/jupyter_server_config.json"
+config = json.load(open(path)) if os.path.exists(path) else {}
+shell = [shutil.which("bash") or "/bin/bash", "--rcfile", f"{venv}/etc/ddp-lab/bashrc", "-i"]
+config.setdefault("ServerApp", {}).setdefault("terminado_settings", {})["shell_command"] = shell
+with open(path, "w") as f:
+    json.dump(config, f, indent=2)
+EOF
 # `ddp-lab grade` runs each submission in a bubblewrap sandbox (docs/INSTRUCTORS.md).
 if ! command -v bwrap >/dev/null; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends bubblewrap \
-      >/dev/null 2>&1 || echo "setup.sh: could not install bubblewrap; grading will not be sandboxed" >&2
+    apt_bwrap() { DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends bubblewrap; }
+    { apt_bwrap || { apt-get update -q && apt_bwrap; }; } >/dev/null 2>&1 ||
+      echo "setup.sh: could not install bubblewrap; grading will not be sandboxed" >&2
   else
     echo "setup.sh: instructors: install bubblewrap (e.g. sudo apt-get install bubblewrap) so" \
       "that ddp-lab grade sandboxes submissions / 教师请安装 bubblewrap 以隔离评分" >&2
   fi
 fi
-if [ "${1:-}" != "--no-lab" ]; then
-  exec .venv/bin/jupyter lab --notebook-dir="$PWD" notebooks/
+echo "setup.sh: installed. In a shell: source .venv/bin/activate (then ddp-lab works);" \
+  "JupyterLab's terminals do it for you /" \
+  "安装完成。在终端中先运行 source .venv/bin/activate；JupyterLab 自带的终端已自动激活" >&2
+if [ "${1:-}" = "--no-lab" ]; then
+  exit 0
 fi
+lab_args=()
+if [ "$(id -u)" = 0 ]; then
+  echo "setup.sh: running as root (a container or cloud VM?): JupyterLab refuses to start as" \
+    "root without --allow-root, so it gets it /" \
+    "以 root 运行（容器或云主机？）：JupyterLab 需要 --allow-root 才能启动，已自动加上" >&2
+  lab_args+=(--allow-root)
+fi
+# The venv first on PATH: kernels (`!ddp-lab ...` in a cell) and terminals find its commands.
+export PATH="$venv/bin:$PATH" VIRTUAL_ENV="$venv"
+exec "$venv/bin/jupyter" lab --notebook-dir="$PWD" ${lab_args[@]+"${lab_args[@]}"} "$@" notebooks/

@@ -29,11 +29,14 @@
 # folders; the code is the same in both. Run cells from top to bottom with
 # Shift+Enter.
 #
-# **Installing.** `bash setup.sh` installs everything into `.venv`. It takes torch from
-# `TORCH_INDEX_URL` (set it to PyTorch's CPU wheels on a laptop without a GPU) and every
-# other package from `PIP_INDEX_URL`; readers in mainland China, where PyPI, PyTorch's
-# wheels and GitHub are often slow, find mirrors for both in the README's "CPU and mirror
-# routes" section.
+# **Setup.** `bash setup.sh` installed everything here, with the kernel "Python 3
+# (ddp-lab)" that these notebooks use. The `ddp-lab` command works in JupyterLab's own
+# terminals, and in any other shell after `source .venv/bin/activate`. No GPU? Then
+# `TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu bash setup.sh` takes PyTorch's CPU
+# build instead of the multi-GB CUDA one; for slow downloads (pip mirrors in mainland
+# China, a shallow `git clone`) see the README, "No GPU, or a slow network". Work on a
+# copy of each exercise: `ddp-lab exercise 00` copies this chapter's to `work/en/`, which
+# git ignores, so that `git pull` updates the course without touching your answers.
 #
 # Code and its comments are in English in both editions, and so is what PyTorch prints (logs,
 # errors): that is the text you will search for. The course's own messages, plots and
@@ -52,10 +55,14 @@
 # （参考答案在 `solutions/zh/`）。英文版在 `en` 文件夹中，两种语言的代码完全相同。
 # 用 Shift+Enter 从上到下依次运行代码单元。
 #
-# **安装**。`bash setup.sh` 把所有依赖装进 `.venv`。torch 从 `TORCH_INDEX_URL` 指定的索引
-# 安装（没有 GPU 的笔记本电脑可以指向 PyTorch 的 CPU 版 wheel），其余的包从 `PIP_INDEX_URL`
-# 安装。在中国大陆，PyPI、PyTorch 的 wheel 和 GitHub 的访问往往很慢：两者的国内镜像以及
-# 怎样选择，见 README 的“CPU and mirror routes”一节。
+# **安装**。`bash setup.sh` 已经装好了这里用到的一切，包括这些 notebook 使用的内核
+# “Python 3 (ddp-lab)”。`ddp-lab` 命令在 JupyterLab 自带的终端里可以直接使用，在其他终端里
+# 先运行 `source .venv/bin/activate`。没有 GPU 时，用
+# `TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu bash setup.sh` 安装 PyTorch 的 CPU 版，
+# 而不是几个 GB 的 CUDA 版；下载慢时（中国大陆的 pip 镜像、浅克隆 `git clone --depth 1`）见 README 的
+# “No GPU, or a slow network / 没有 GPU，或网络较慢”一节。练习请在副本上作答：
+# `ddp-lab exercise 00 --lang zh` 把本章练习复制到 `work/zh/`，git 忽略这个目录，
+# `git pull` 更新课程时不会动到你的答案。
 #
 # 代码和注释在两种语言版本中都是英文，PyTorch 打印的日志和报错也是英文：遇到问题时，你要搜索
 # 的正是这些原文。课程自己的提示信息、图和表格则使用你所选版本的语言。
@@ -246,11 +253,13 @@ dl.grade("00.average", average_across_ranks)
 # %% [markdown] lang="en"
 # ## What next
 #
-# Check your work with `ddp-lab check exercises/en/00_quickstart.ipynb` in a terminal.
+# Save the notebook, then check your work with `ddp-lab check work/en/00_quickstart.ipynb`
+# in a terminal (the path of your copy; the check reads the file on disk).
 # Then start with chapter 01, the GPU software stack.
 
 # %% [markdown] lang="zh"
 # ## 接下来
 #
-# 在终端里运行 `ddp-lab check exercises/zh/00_quickstart.ipynb` 检查你的练习。
+# 先保存 notebook，再在终端里运行 `ddp-lab check work/zh/00_quickstart.ipynb` 检查你的练习
+# （这是你的副本的路径；检查读取的是磁盘上的文件）。
 # 然后从第 01 章（GPU 软件栈）开始学习。

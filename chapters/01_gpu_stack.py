@@ -634,8 +634,8 @@ print("with CUDA_HOME=/usr/local/cuda-12.1:",
 # `bash setup.sh` reads two variables: `TORCH_INDEX_URL` (where torch comes from, e.g. the
 # CPU wheels on a laptop without a GPU) and `PIP_INDEX_URL` (every other package, e.g. a
 # PyPI mirror). Readers in mainland China, where the multi-GB CUDA wheels and GitHub clones
-# are often slow, find mirrors and how to choose them in the README's "CPU and mirror
-# routes" section.
+# are often slow, find mirrors and how to choose them in the README's "No GPU, or a slow
+# network" section.
 
 # %% [markdown] lang="zh"
 # ## 安装匹配的 torch
@@ -652,7 +652,7 @@ print("with CUDA_HOME=/usr/local/cuda-12.1:",
 # `bash setup.sh` 读取两个变量：`TORCH_INDEX_URL`（torch 从哪里装，例如没有 GPU 的笔记本
 # 电脑用 CPU 版 wheel）和 `PIP_INDEX_URL`（其余所有包，例如 PyPI 镜像）。在中国大陆，数 GB
 # 的 CUDA 版 wheel 和 GitHub 克隆往往很慢，甚至中断：镜像站的选择和用法见 README 的
-# “CPU and mirror routes”一节。
+# “没有 GPU，或网络较慢”一节。
 
 # %% [markdown] lang="en"
 # ## `ddp-lab doctor`: everything in one report

@@ -26,6 +26,7 @@ from ddp_lab.course.grading import grade
 from ddp_lab.course.notebook import setup, show_source, tr
 from ddp_lab.i18n import get_language, set_language
 from ddp_lab.runtime.launcher import (
+    DistributedDeadlockError,
     DistributedError,
     DistributedTimeoutError,
     RankFailure,
@@ -38,6 +39,7 @@ from ddp_lab.runtime.persistent import pull, push, start, status, stop
 __version__ = "0.1.0"
 
 __all__ = [
+    "DistributedDeadlockError",
     "DistributedError",
     "DistributedTimeoutError",
     "RankFailure",

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from ddp_lab.i18n import _t
+
 
 def _build(args: argparse.Namespace) -> int:
     from ddp_lab.course import build
@@ -17,6 +19,16 @@ def _build(args: argparse.Namespace) -> int:
     for path in build.build(only=args.chapters or None):
         print(f"wrote {path.relative_to(build.ROOT)}")
     return 0
+
+
+def _exercise(args: argparse.Namespace) -> int:
+    from ddp_lab.course import build
+
+    code, message = build.copy_exercise(
+        args.chapter, args.notebook_lang or args.lang or "en", force=args.force
+    )
+    print(message, file=sys.stderr if code else sys.stdout)
+    return code
 
 
 def _check(args: argparse.Namespace) -> int:
@@ -65,6 +77,19 @@ def _classroom(args: argparse.Namespace) -> int:
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(text, encoding="utf-8")
     print(f"wrote {args.out}")
+    # The template repository is where the workflow goes (.github/workflows/ in it).
+    template = Path(args.out).resolve().parent.parent.parent
+    leaks = [d for d in ("solutions", "chapters") if (template / d).is_dir()]
+    if leaks:
+        print(
+            _t(
+                "warning: this template repository has {folders}: both hold the "
+                "solutions (chapters/ between ### BEGIN SOLUTION markers). Remove them "
+                "before learners get it; ddp-lab check works without them.",
+                folders=", ".join(leaks),
+            ),
+            file=sys.stderr,
+        )
     return 0
 
 
@@ -138,6 +163,12 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("chapters", nargs="*", help="chapter prefixes, e.g. 00 03 (default: all)")
     p.add_argument("--check", action="store_true", help="only report stale generated files")
     p.set_defaults(func=_build)
+
+    p = sub.add_parser("exercise", help="copy an exercise notebook to work/ to work on it")
+    p.add_argument("chapter", help="the chapter number, e.g. 05")
+    p.add_argument("--lang", dest="notebook_lang", choices=["en", "zh"], help="default: en")
+    p.add_argument("--force", action="store_true", help="replace an existing copy")
+    p.set_defaults(func=_exercise)
 
     p = sub.add_parser("check", help="run your exercise notebook and show the points")
     p.add_argument("notebook")

@@ -174,8 +174,12 @@ def _setup_process(rank: int, msg: dict, close_fds: tuple[int, ...]) -> None:
     sys.stderr = _open_capture(os.path.join(workdir, f"{rank}.err"), 2)
     sys.stdin = open(os.devnull)  # noqa: SIM115
     faulthandler.enable(file=sys.stderr, all_threads=True)
-    stack = open(os.path.join(workdir, f"{rank}.stack"), "w")  # noqa: SIM115
+    # SIGUSR1 kills a process without a handler: the launcher signals a rank only once its
+    # "<rank>.stack" exists, so the file gets that name after the handler is registered.
+    stack_path = os.path.join(workdir, f"{rank}.stack")
+    stack = open(stack_path + ".new", "w")  # noqa: SIM115
     faulthandler.register(signal.SIGUSR1, file=stack, all_threads=True)
+    os.rename(stack_path + ".new", stack_path)
     _setup_process.stack_file = stack  # type: ignore[attr-defined]  # keep the fd open
 
     os.environ.clear()

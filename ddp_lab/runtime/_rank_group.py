@@ -305,8 +305,7 @@ class RankGroup:
     ) -> None:
         stuck = sorted(pending)
         stacks = launcher._dump_stacks(self.zygote, self.workdir, set(stuck))
-        self.output.finish()
-        launcher.print_stacks(stuck, stacks)
+        self.output.finish()  # the stacks go in the exception only: shown once
         failures = errors(replies) + [
             RankFailure(
                 r, _t("where rank {rank} was stuck (Python stack)", rank=r), stack=stacks.get(r, "")

@@ -8,7 +8,8 @@ How it differs from ``mp.spawn``:
 - each rank's stdout/stderr is captured at the fd level and printed in rank order with
   a ``[rank N]`` prefix, so a cell's output is the same on every run;
 - a failure on one rank stops the others and raises one ``DistributedError``; a timeout
-  prints where each rank is stuck; an interrupt stops every rank.
+  says where each rank is stuck, a deadlock is found before the timeout (``_hang``); an
+  interrupt stops every rank.
 """
 
 from __future__ import annotations
@@ -33,7 +34,8 @@ from typing import Any
 import cloudpickle
 
 from ddp_lab.i18n import _t, _tp
-from ddp_lab.runtime import _pickle
+from ddp_lab.runtime import _hang, _pickle
+from ddp_lab.runtime._hang import RanksInterrupted, format_stack
 from ddp_lab.runtime._zygote import read_msg, write_msg
 
 BACKENDS = ("gloo", "nccl", "mpi", "auto")
@@ -92,16 +94,19 @@ class DistributedError(RuntimeError):
         summary: str,
         failures: list[RankFailure] | None = None,
         outputs: dict[int, tuple[str, str]] | None = None,
+        cells: dict[str, int | None] | None = None,
     ) -> None:
         super().__init__(summary)
         self.summary = summary
         self.failures = failures or []
         self.outputs = outputs or {}
+        self.cells = cells if cells is not None else _hang.cell_numbers()
 
     def __str__(self) -> str:
         parts = [self.summary]
         for f in self.failures:
-            parts.append(f"  - {f.reason}")
+            if not f.stack:  # a stack's header says the same
+                parts.append(f"  - {f.reason}")
         for f in self.failures:
             if f.traceback:
                 parts.append(
@@ -110,10 +115,11 @@ class DistributedError(RuntimeError):
                     + f" ---\n{f.traceback.rstrip()}"
                 )
             if f.stack:
+                stack = format_stack(f.stack, self.cells).rstrip()
                 parts.append(
                     "\n--- "
                     + _t("where rank {rank} was stuck (Python stack)", rank=f.rank)
-                    + f" ---\n{f.stack.rstrip()}"
+                    + f" ---\n{stack}"
                 )
         return "\n".join(parts)
 
@@ -128,6 +134,11 @@ class DistributedError(RuntimeError):
 
 class DistributedTimeoutError(DistributedError, TimeoutError):
     """The launch ran past its timeout; ``failures`` hold each running rank's stack."""
+
+
+class DistributedDeadlockError(DistributedTimeoutError):
+    """Every running rank waited in communication at the same place, using no CPU, for a few
+    seconds (``_hang.DeadlockWatch``): stopped before the timeout, with each rank's stack."""
 
 
 class FunctionJob:
@@ -449,8 +460,10 @@ def spawn(
     Args:
         backend: if given ("gloo", "nccl", "mpi" or "auto"), the default process group is
             initialised before ``fn`` is called; otherwise ``fn`` does it, as in tutorials.
-        timeout: seconds before the ranks' stacks are printed and the ranks stopped;
-            -1 means the global default (``set_timeout``), None means no limit.
+        timeout: seconds before the ranks are stopped and their stacks shown; -1 means the
+            global default (``set_timeout``), and then a deadlock (every rank waiting in
+            communication, see ``_hang``) is reported after a few seconds already; None
+            means no limit.
         stream: print output lines as they come instead of in rank order at the end.
         quiet: print nothing; the output is still attached to a ``DistributedError``.
     """
@@ -470,7 +483,7 @@ def spawn(
     backend = resolve_backend(backend, nprocs)
     args = tuple(args)
     payload = dumps_job(FunctionJob(fn, args, nprocs, backend), fn, args)
-    return run_payload(payload, nprocs, limit, stream, quiet)
+    return run_payload(payload, nprocs, limit, stream, quiet, watch=timeout == -1)
 
 
 class _Output:
@@ -562,12 +575,13 @@ def failure_from_error(rank: int, info: dict) -> RankFailure:
 
 def print_stacks(ranks: list[int], stacks: dict[int, str]) -> None:
     """Print where each stuck rank is, under a header per rank (ranks without a stack skipped)."""
+    cells = _hang.cell_numbers()
     for r in ranks:
         if stacks.get(r):
             sys.stderr.write(
                 "--- "
                 + _t("where rank {rank} was stuck (Python stack)", rank=r)
-                + f" ---\n{stacks[r]}"
+                + f" ---\n{format_stack(stacks[r], cells)}"
             )
 
 
@@ -585,15 +599,25 @@ def _read_result(workdir: str, rank: int) -> tuple[str, Any] | None:
 
 
 def run_payload(
-    payload: bytes, nprocs: int, limit: float, stream: bool = False, quiet: bool = False
+    payload: bytes,
+    nprocs: int,
+    limit: float,
+    stream: bool = False,
+    quiet: bool = False,
+    watch: bool = False,
 ) -> list[Any]:
-    """Launch ``nprocs`` ranks of a pickled job and supervise them to the end."""
+    """Launch ``nprocs`` ranks of a pickled job and supervise them to the end.
+
+    ``watch``: also stop the ranks at a deadlock, before ``limit`` (``_hang.DeadlockWatch``).
+    """
     with _lock:
         zygote = _get_zygote()
         zygote.wait_ready()
         workdir = tempfile.mkdtemp(prefix="ddp_lab_")
         try:
-            return _supervise(zygote, payload, nprocs, limit, stream and not quiet, workdir, quiet)
+            return _supervise(
+                zygote, payload, nprocs, limit, stream and not quiet, workdir, quiet, watch
+            )
         except BaseException:
             if not zygote.alive():
                 shutdown_unlocked()
@@ -634,6 +658,7 @@ def _supervise(
     stream: bool,
     workdir: str,
     quiet: bool,
+    watch: bool = False,
 ) -> list[Any]:
     zygote.send(launch_message(payload, nprocs, workdir))
     output = _Output(workdir, nprocs, quiet)
@@ -644,6 +669,9 @@ def _supervise(
     kill_at: float | None = None
     timed_out = False
     stacks: dict[int, str] = {}
+    reader = _hang.StackReader(workdir, zygote.send)
+    watcher: _hang.DeadlockWatch | None = None
+    deadlock = 0.0  # seconds every rank waited, when a deadlock stopped them
     try:
         while True:
             msg = zygote.recv(0.05 if stream or kill_at else 0.2)
@@ -651,6 +679,8 @@ def _supervise(
             if msg is not None:
                 if msg["op"] == "done":
                     break
+                if msg["op"] == "started" and watch:
+                    watcher = _hang.DeadlockWatch(dict(msg["pids"]), reader)
                 if msg["op"] == "exit":
                     rank, status = msg["rank"], msg["status"]
                     statuses[rank] = status
@@ -662,10 +692,16 @@ def _supervise(
                         kill_at = now + _GRACE_S
             if stream:
                 output.stream_new()
-            if kill_at is None and now - started > limit:
+            live = [r for r in range(nprocs) if r not in statuses]
+            if kill_at is None and watcher is not None and watcher.check(live, now):
+                timed_out, deadlock = True, watcher.seconds
+                stopping, stacks = set(live), watcher.stacks
+                zygote.send({"op": "signal", "sig": signal.SIGTERM})
+                kill_at = time.monotonic() + _GRACE_S
+            elif kill_at is None and now - started > limit:
                 timed_out = True
                 stopping = set(range(nprocs)) - set(statuses)
-                stacks = _dump_stacks(zygote, workdir, stopping)
+                stacks = reader.request(sorted(stopping))
                 zygote.send({"op": "signal", "sig": signal.SIGTERM})
                 kill_at = time.monotonic() + _GRACE_S
             elif kill_at is not None and now > kill_at:
@@ -674,11 +710,10 @@ def _supervise(
     except KeyboardInterrupt:
         _stop_all(zygote)
         output.finish()
-        print(_t("Interrupted: all ranks were stopped."), file=sys.stderr)
-        raise
+        raise RanksInterrupted() from None
     output.finish()
     return _collect(
-        workdir, nprocs, statuses, exit_order, stopping, timed_out, limit, stacks, output
+        workdir, nprocs, statuses, exit_order, stopping, timed_out, limit, stacks, output, deadlock
     )
 
 
@@ -701,27 +736,7 @@ def _stop_all(zygote: _Zygote) -> None:
 
 def _dump_stacks(zygote: _Zygote, workdir: str, ranks: set[int]) -> dict[int, str]:
     """Ask hung ranks for their Python stacks (faulthandler on SIGUSR1) and read them."""
-    zygote.send({"op": "signal", "sig": signal.SIGUSR1, "ranks": sorted(ranks)})
-    stacks: dict[int, str] = {}
-    deadline = time.monotonic() + 2.0
-    while time.monotonic() < deadline and len(stacks) < len(ranks):
-        time.sleep(0.05)
-        for r in ranks:
-            try:
-                with open(os.path.join(workdir, f"{r}.stack")) as f:
-                    text = f.read()
-            except FileNotFoundError:
-                continue
-            if text.rstrip().endswith(")") or "File" in text:
-                stacks[r] = text
-    time.sleep(0.05)  # let the last lines land
-    for r in ranks:
-        try:
-            with open(os.path.join(workdir, f"{r}.stack")) as f:
-                stacks[r] = f.read()
-        except FileNotFoundError:
-            pass
-    return stacks
+    return _hang.StackReader(workdir, zygote.send).request(sorted(ranks))
 
 
 def _collect(
@@ -734,6 +749,7 @@ def _collect(
     limit: float,
     stacks: dict[int, str],
     output: _Output,
+    deadlock: float = 0.0,
 ) -> list[Any]:
     results: list[Any] = [None] * nprocs
     failures: list[RankFailure] = []
@@ -748,6 +764,7 @@ def _collect(
                 failures.append(RankFailure(rank, _describe_status(rank, statuses[rank])))
     outputs = {r: output.text(r) for r in range(nprocs)}
     if timed_out:
+        # The stacks go in the exception only: IPython shows it once, readably.
         ranks = sorted(stopping)
         hung = [
             RankFailure(
@@ -755,20 +772,29 @@ def _collect(
             )
             for r in ranks
         ]
-        if not output.quiet:
-            print_stacks(ranks, stacks)
-        raise DistributedTimeoutError(
+        names = ", ".join(map(str, ranks))
+        error = DistributedDeadlockError if deadlock else DistributedTimeoutError
+        summary = (
             _t(
+                "Deadlock: for {seconds:.0f} s every running rank ({ranks}) has been "
+                "waiting in communication at the same place, using no CPU; they were "
+                "stopped. Usually the ranks wait for each other (e.g. every rank in a "
+                "blocking recv, or in send with no receiver yet) or call different "
+                "collectives. Where each rank waited:",
+                seconds=deadlock,
+                ranks=names,
+            )
+            if deadlock
+            else _t(
                 "Timed out after {timeout:g} s: ranks {ranks} were still running and "
                 "were stopped. A hang usually means the ranks called different "
                 "collectives, or one rank skipped one. Pass timeout=... (or %%ddp "
                 "--timeout S) if the work is just slow.",
                 timeout=limit,
-                ranks=", ".join(map(str, ranks)),
-            ),
-            [f for f in failures if f.rank not in stopping] + hung,
-            outputs,
+                ranks=names,
+            )
         )
+        raise error(summary, [f for f in failures if f.rank not in stopping] + hung, outputs)
     if failures:
         own = [f for f in failures if f.rank not in stopping] or failures
         summary = _t(

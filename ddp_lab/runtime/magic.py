@@ -65,7 +65,7 @@ def run_cell(
         launcher.dumps_named(name, value)  # before any process starts: name what cannot go
     job = CellJob(source, filename, namespace, nprocs, backend)
     payload = launcher.dumps_job(job, run_cell, ())
-    launcher.run_payload(payload, nprocs, limit, stream)
+    launcher.run_payload(payload, nprocs, limit, stream, watch=timeout == -1)
 
 
 def register(ipython: Any) -> None:
@@ -80,7 +80,13 @@ def register(ipython: Any) -> None:
     def ddp(line: str, cell: str) -> None:
         """%%ddp -n N [--backend gloo|nccl|auto] [--timeout S] [--stream]: run on N ranks."""
         args = magic_arguments.parse_argstring(ddp, line)
-        filename = ipython.compile.cache(cell) if hasattr(ipython, "compile") else "<ddp cell>"
+        # Cached under this cell's number, so that a hang report says "Cell In[N], line L".
+        # IPython cached the whole cell under it just before running it: the highest number
+        # (``execution_count`` is that number or, in newer IPython, one more).
+        compiler = getattr(ipython, "compile", None)
+        numbers = getattr(compiler, "_filename_map", {}).values()
+        number = max((n for n in numbers if isinstance(n, int)), default=0)
+        filename = compiler.cache(cell, number) if compiler is not None else "<ddp cell>"
         run_cell(
             cell,
             ipython.user_ns,

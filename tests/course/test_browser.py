@@ -296,6 +296,8 @@ def lab(chromium_ready, tmp_path_factory) -> Iterator[Lab]:
         (root / "notebooks" / lang).mkdir(parents=True)
         for chapter in CHAPTERS.values():
             shutil.copy(ROOT / "notebooks" / lang / chapter.notebook, root / "notebooks" / lang)
+        (root / "exercises" / lang).mkdir(parents=True)
+        shutil.copy(ROOT / "exercises" / lang / EXERCISE, root / "exercises" / lang)
     _write_settings(tmp / "settings")
     env = {
         k: v
@@ -532,6 +534,80 @@ def test_widget_chapter_in_jupyterlab(key, lang, lab, browser, tmp_path):
     finally:
         context.close()
         lab.shutdown_kernels()  # one kernel at a time: 2 cores, torch in each
+
+
+# --------------------------------------------------------------------------------------
+# An exercise notebook, as a newcomer opens it
+# --------------------------------------------------------------------------------------
+
+EXERCISE = "00_quickstart.ipynb"
+
+
+def _run_cell(page, cell) -> None:
+    """Run one cell as a learner does: click into it, Shift+Enter."""
+    cell.locator(".jp-InputArea-editor").click()
+    page.keyboard.press("Shift+Enter")
+    page.wait_for_function(
+        "c => /\\[\\d+\\]/.test(c.querySelector('.jp-InputPrompt').textContent)",
+        arg=cell.element_handle(),
+        timeout=RUN_TIMEOUT_MS,
+        polling=250,
+    )
+
+
+def check_exercise(page, lab: Lab, lang: str) -> None:
+    from ddp_lab.course import build
+
+    page.goto(f"{lab.url}/lab/workspaces/ex-{lang}/tree/exercises/{lang}/{EXERCISE}")
+    page.locator(".jp-Notebook .jp-CodeCell .jp-InputArea-editor").first.wait_for(
+        timeout=UI_TIMEOUT_MS * 2
+    )
+    page.wait_for_function(
+        "() => /\\| Idle/.test(document.querySelector('#jp-main-statusbar').innerText)",
+        timeout=UI_TIMEOUT_MS * 2,
+    )
+    status = page.locator("#jp-main-statusbar").inner_text()
+    assert "Python 3 (ddp-lab)" in status, status  # the kernel setup.sh installs
+    # before any work: no pass line reads as a verdict; the target is labelled as such
+    label = build.MESSAGES("target_label", lang).strip()
+    passed = build.grade_pass_line("00.average", 2, lang)
+    graded = code_cell(page, 'dl.grade("00.average"')
+    shown = graded.locator(".jp-OutputArea-output").inner_text().strip()
+    assert shown == f"{label} {passed}" or shown == label + passed, shown
+    verdict = passed.split()[0]  # "PASS" / "通过"
+    for text in output_texts(page):
+        for line in text.splitlines():
+            assert not line.strip().startswith(verdict), line
+    # run the setup and the stub as they are, then the graded cell: it says "not solved yet"
+    _run_cell(page, code_cell(page, "dl.setup()"))
+    _run_cell(page, code_cell(page, "def average_across_ranks("))
+    _run_cell(page, graded)
+    after = graded.locator(".jp-OutputArea-output").all_inner_texts()
+    text = "\n".join(after)
+    failed = build.i18n.MESSAGES["grade_fail"][lang].split()[0]  # "FAIL" / "未通过"
+    assert f"{failed} 00.average" in text, text[-2000:]
+    assert build.i18n.MESSAGES["grade_not_implemented"][lang][:12] in text, text[-2000:]
+    assert label not in text and passed not in text
+
+
+@pytest.mark.parametrize("lang", ["en", "zh"])
+def test_exercise_as_a_newcomer_opens_it(lang, lab, browser, tmp_path):
+    context = browser.new_context(viewport={"width": 1280, "height": 900}, locale=lang)
+    page = context.new_page()
+    page.set_default_timeout(UI_TIMEOUT_MS)
+    try:
+        check_exercise(page, lab, lang)
+    except BaseException:
+        shot = tmp_path / f"failure_exercise_{lang}.png"
+        try:
+            page.screenshot(path=shot, full_page=True)
+            print(f"screenshot of the failing page: {shot}")
+        except Exception as err:  # noqa: BLE001
+            print(f"no screenshot ({err})")
+        raise
+    finally:
+        context.close()
+        lab.shutdown_kernels()
 
 
 # --------------------------------------------------------------------------------------

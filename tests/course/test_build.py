@@ -68,7 +68,8 @@ def test_unbalanced_markers_are_errors(bad):
 def test_build_writes_every_kind_and_language(project):
     written = build.build(project)
     names = sorted(p.relative_to(project).as_posix() for p in written)
-    assert names == sorted(f"{k}/{lang}/99_demo.ipynb" for k in build.KINDS for lang in build.LANGS)
+    expected = [f"{k}/{lang}/99_demo.ipynb" for k in build.KINDS for lang in build.LANGS]
+    assert names == sorted([*expected, build.SANITIZE_FILE])
     assert build.build(project) == []  # idempotent
     assert build.check_stale(project) == []
 
@@ -114,16 +115,93 @@ def test_cells_routed_by_kind_and_language(project):
     }
 
 
-def test_graded_cell_stores_expected_line(project):
+def test_graded_cell_stores_expected_line_labelled_as_the_target(project):
+    """Exercises store the pass line behind a label (no verdict before any work); solutions
+    store it bare; the shipped sanitizer turns the one into the other."""
+    import re
+
     build.build(project)
-    for lang, word in (("en", "PASS 99.double"), ("zh", "通过 99.double")):
-        nb = nbformat.read(project / f"exercises/{lang}/99_demo.ipynb", as_version=4)
-        graded = [c for c in nb.cells if "grade" in c.metadata.get("tags", [])]
-        assert len(graded) == 1
-        cell = graded[0]
-        assert "nbval-check-output" in cell.metadata["tags"]
-        assert cell.metadata["points"] == 3 and cell.metadata["grade_id"] == "99.double"
-        assert cell.outputs[0]["text"].startswith(word) and "3/3" in cell.outputs[0]["text"]
+    patterns = re.findall(
+        r"^regex: (.*)$\n^replace: (.*)$",  # how nbval reads a sanitize file
+        (project / build.SANITIZE_FILE).read_text(encoding="ascii"),
+        flags=re.MULTILINE,
+    )
+    assert len(patterns) == 2
+    for lang, word, label in (
+        ("en", "PASS 99.double", "when solved, this cell prints: "),
+        ("zh", "通过 99.double", "解出后本单元格应显示："),
+    ):
+        texts = {}
+        for kind in ("exercises", "solutions"):
+            nb = nbformat.read(project / f"{kind}/{lang}/99_demo.ipynb", as_version=4)
+            graded = [c for c in nb.cells if "grade" in c.metadata.get("tags", [])]
+            assert len(graded) == 1
+            cell = graded[0]
+            assert "nbval-check-output" in cell.metadata["tags"]
+            assert cell.metadata["points"] == 3 and cell.metadata["grade_id"] == "99.double"
+            texts[kind] = cell.outputs[0]["text"]
+        assert texts["exercises"].startswith(label + word) and "3/3" in texts["exercises"]
+        assert texts["solutions"].startswith(word)
+        sanitized = texts["exercises"]
+        for regex, replace in patterns:
+            sanitized = re.sub(regex, replace, sanitized)
+        assert sanitized == texts["solutions"]
+
+
+def test_headers_kernel_and_wrong_kernel_cell(project):
+    build.build(project)
+    setup_sh = (build.ROOT / "setup.sh").read_text()
+    for kind in build.KINDS:
+        for lang in build.LANGS:
+            nb = nbformat.read(project / f"{kind}/{lang}/99_demo.ipynb", as_version=4)
+            spec = nb.metadata["kernelspec"]
+            # what setup.sh installs, so that JupyterLab does not rewrite (dirty) the file
+            assert f'--name {spec["name"]} --display-name "{spec["display_name"]}"' in setup_sh
+            header = nb.cells[0].source
+            assert "do not edit" not in header and "请勿直接修改" not in header
+            if kind == "exercises":
+                assert "ddp-lab exercise 99" in header and f"work/{lang}/99_demo.ipynb" in header
+            first_code = next(c for c in nb.cells if c.cell_type == "code")
+            assert "kernel-check" in first_code.metadata["tags"]
+            assert "Python 3 (ddp-lab)" in first_code.source
+            assert len({c.id for c in nb.cells}) == len(nb.cells)
+
+
+def test_wrong_kernel_cell_names_the_kernel_in_both_languages():
+    """Run the cell in a Python that cannot import ddp_lab (-S: no site-packages, so no
+    editable install either), then in this one."""
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, "-I", "-S", "-c", build.kernel_guard_source()],
+        cwd="/",
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 1
+    assert "ModuleNotFoundError" in out.stderr and sys.executable in out.stderr
+    assert 'pick the kernel "Python 3 (ddp-lab)"' in out.stderr
+    assert "请选择内核“Python 3 (ddp-lab)”" in out.stderr
+    ok = subprocess.run([sys.executable, "-c", build.kernel_guard_source()], timeout=60)
+    assert ok.returncode == 0
+
+
+def test_exercise_copy_goes_to_work(project):
+    build.build(project)
+    code, message = build.copy_exercise("99", "zh", project)
+    assert code == 0 and "work/zh/99_demo.ipynb" in message
+    copy = project / "work/zh/99_demo.ipynb"
+    assert copy.read_bytes() == (project / "exercises/zh/99_demo.ipynb").read_bytes()
+    copy.write_text("my answers")
+    assert build.copy_exercise("99", "zh", project)[0] == 1
+    assert copy.read_text() == "my answers"  # never overwritten without --force
+    assert build.copy_exercise("99", "zh", project, force=True)[0] == 0
+    code, message = build.copy_exercise("42", "en", project)
+    assert code == 2 and "99_demo" in message
+    assert build.check_stale(project) == []  # work/ is no generated folder
+    assert "/work/" in (build.ROOT / ".gitignore").read_text().split()
 
 
 def test_stale_missing_and_orphan_files_are_reported(project):

@@ -187,7 +187,51 @@ def test_hang_in_mismatched_collectives_times_out_with_stacks(capfd, no_leaks):
     stacks = {f.rank: f.stack for f in err.failures}
     assert "all_reduce" in stacks[0]
     assert "recv" in stacks[1]
-    assert "all_reduce" in capfd.readouterr().err  # also printed for the learner
+    text = str(err)  # what the learner sees: each rank once, its own line first
+    assert text.count("dist.all_reduce(t)") == 1 and text.count("dist.recv(t, src=0)") == 1
+    assert "distributed_c10d.py" not in text and "_zygote.py" not in text  # folded
+    assert "DDP_LAB_TRACEBACK=1" in text
+    assert not isinstance(err, dl.DistributedDeadlockError)  # an explicit timeout: no watch
+    assert "all_reduce" not in capfd.readouterr().err  # not printed a second time
+
+
+def _ring_blocking_recv_first(rank: int, world_size: int) -> None:
+    dist.init_process_group("gloo")
+    t = torch.zeros(1)
+    dist.recv(t, src=(rank - 1) % world_size)  # every rank waits for its left neighbour
+    dist.send(t, dst=(rank + 1) % world_size)
+
+
+def test_deadlocked_ring_is_reported_long_before_the_timeout(capfd, no_leaks):
+    start = time.monotonic()
+    with pytest.raises(dl.DistributedDeadlockError) as info:
+        dl.spawn(_ring_blocking_recv_first, args=(3,), nprocs=3)  # default timeout: 120 s
+    took = time.monotonic() - start
+    assert took < 30, took  # the issue's bound, loose on purpose (a loaded machine)
+    err = info.value
+    assert isinstance(err, dl.DistributedTimeoutError)  # code that catches timeouts still does
+    assert [f.rank for f in err.failures] == [0, 1, 2]
+    text = str(err)
+    assert text.startswith("Deadlock")
+    assert text.count("dist.recv(t, src=(rank - 1) % world_size)") == 3  # each rank's own line
+    assert text.count(", in _ring_blocking_recv_first") == 3
+    assert "site-packages" not in text and "ddp_lab_" not in text  # no internals, no temp paths
+    assert "dist.recv" not in capfd.readouterr().err
+
+
+def _slow_sender(rank: int) -> int:
+    dist.init_process_group("gloo")
+    t = torch.zeros(1)
+    if rank == 0:
+        time.sleep(8)  # rank 1 waits in recv all this time, rank 0 in no communication
+        dist.send(t + 7, dst=1)
+    else:
+        dist.recv(t, src=0)
+    return int(t.item())
+
+
+def test_a_slow_rank_is_no_deadlock(no_leaks):
+    assert dl.spawn(_slow_sender, nprocs=2) == [0, 7]
 
 
 def test_global_timeout_setting(no_leaks):
@@ -306,8 +350,9 @@ SCRIPT = textwrap.dedent(
 
     try:
         dl.spawn(fn, args=(sys.argv[1],), nprocs=2, timeout=300)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:
         print("KeyboardInterrupt caught", flush=True)
+        print(e._render_traceback_(), flush=True)
         sys.exit(42)
     """
 )
@@ -330,6 +375,8 @@ def test_keyboard_interrupt_stops_every_rank(tmp_path):
     proc.send_signal(signal.SIGINT)
     out, _ = proc.communicate(timeout=30)
     assert proc.returncode == 42 and "KeyboardInterrupt caught" in out
+    # What IPython shows: the clean line only (DDP_LAB_TRACEBACK=1 for the details).
+    assert out.splitlines()[-1] == "['Interrupted: all ranks were stopped.']"
     time.sleep(0.2)
     for pid in pids:
         assert not os.path.exists(f"/proc/{pid}") or "Z" in open(f"/proc/{pid}/stat").read()

@@ -1,0 +1,130 @@
+"""setup.sh, run against stand-ins: a `.venv/bin/python` that records how pip is called (and
+with which PIP_INDEX_URL), a `jupyter` that records how JupyterLab is started, a `bwrap`.
+
+What is checked is what the README promises: TORCH_INDEX_URL reaches torch's `pip install`
+as `--index-url`, PIP_INDEX_URL reaches every pip call, JupyterLab gets `--allow-root` as
+root and the venv first on PATH, and JupyterLab's terminals run a bash that activates the venv.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# Records each call (arguments and PIP_INDEX_URL); `import torch` fails, so torch is installed;
+# the inline script that writes JupyterLab's configuration runs in this Python.
+FAKE_PYTHON = """#!/usr/bin/env bash
+if [ "$1" = "-" ]; then exec {python} "$@"; fi
+echo "python $* | PIP_INDEX_URL=${{PIP_INDEX_URL:-}}" >>"{log}"
+if [ "$1" = "-c" ] && [ "$2" = "import torch" ]; then exit 1; fi
+exit 0
+"""
+FAKE_JUPYTER = """#!/usr/bin/env bash
+echo "jupyter $* | PATH=$PATH" >>"{log}"
+"""
+
+
+@pytest.fixture
+def checkout(tmp_path: Path) -> Path:
+    repo = tmp_path / "repo"
+    (repo / ".venv" / "bin").mkdir(parents=True)
+    shutil.copy(ROOT / "setup.sh", repo / "setup.sh")
+    log = tmp_path / "calls.log"
+    for name, text in (("python", FAKE_PYTHON), ("jupyter", FAKE_JUPYTER)):
+        path = repo / ".venv" / "bin" / name
+        path.write_text(text.format(python=sys.executable, log=log))
+        path.chmod(0o755)
+    venv_bin = repo / ".venv" / "bin"
+    (venv_bin / "activate").write_text(f'export PATH="{venv_bin}:$PATH"\n')
+    ddp_lab = venv_bin / "ddp-lab"
+    ddp_lab.write_text("#!/bin/sh\necho ddp-lab ran\n")
+    ddp_lab.chmod(0o755)
+    tools = tmp_path / "tools"  # bwrap present: setup.sh must not call apt-get here
+    tools.mkdir()
+    (tools / "bwrap").write_text("#!/bin/sh\n")
+    (tools / "bwrap").chmod(0o755)
+    return repo
+
+
+def _run(repo: Path, *args: str, **env: str) -> tuple[subprocess.CompletedProcess, list[str]]:
+    tools = repo.parent / "tools"
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("PIP_", "TORCH_"))}
+    clean.update(PATH=f"{tools}:/usr/bin:/bin", HOME=str(repo.parent), PYTHON=sys.executable)
+    clean.update(env)
+    done = subprocess.run(
+        ["bash", "setup.sh", *args], cwd=repo, env=clean, capture_output=True, text=True, timeout=60
+    )
+    log = repo.parent / "calls.log"
+    return done, log.read_text().splitlines() if log.exists() else []
+
+
+def test_index_variables_reach_pip(checkout):
+    cpu, mirror = "https://download.pytorch.org/whl/cpu", "https://pypi.tuna.tsinghua.edu.cn/simple"
+    done, calls = _run(checkout, "--no-lab", TORCH_INDEX_URL=cpu, PIP_INDEX_URL=mirror)
+    assert done.returncode == 0, done.stderr
+    pip = [c for c in calls if " -m pip install" in c]
+    assert (
+        pip[0]
+        == f"python -m pip install -q --index-url {cpu} torch==2.13.0 | PIP_INDEX_URL={mirror}"
+    )
+    assert pip[1] == f"python -m pip install -q -e .[course] | PIP_INDEX_URL={mirror}"
+    assert any("--display-name Python 3 (ddp-lab)" in c for c in calls)
+    assert not any(c.startswith("jupyter") for c in calls)
+    assert cpu in done.stderr and mirror in done.stderr  # said where packages come from
+
+
+def test_default_torch_from_pip_index_and_hint_for_the_cpu_build(checkout):
+    done, calls = _run(checkout, "--no-lab", TORCH_SPEC="torch==2.13.0+cpu")
+    assert done.returncode == 0, done.stderr
+    assert "python -m pip install -q torch==2.13.0+cpu | PIP_INDEX_URL=" in calls
+    assert "TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu" in done.stderr
+    assert "source .venv/bin/activate" in done.stderr
+
+
+def test_jupyterlab_gets_the_venv_on_path_and_allow_root_as_root(checkout):
+    done, calls = _run(checkout, "--no-browser", "--port", "0")
+    assert done.returncode == 0, done.stderr
+    (lab,) = [c for c in calls if c.startswith("jupyter")]
+    args, _, path = lab.partition(" | PATH=")
+    venv_bin = str(checkout / ".venv" / "bin")
+    assert path.split(":")[0] == venv_bin
+    root = os.getuid() == 0
+    expected = ["jupyter", "lab", f"--notebook-dir={checkout}"]
+    expected += ["--allow-root"] if root else []
+    assert args.split() == [*expected, "--no-browser", "--port", "0", "notebooks/"]
+    assert ("--allow-root" in done.stderr) == root
+
+
+def test_jupyterlab_terminals_run_a_shell_with_the_venv(checkout):
+    done, _ = _run(checkout, "--no-lab")
+    assert done.returncode == 0, done.stderr
+    config = json.loads((checkout / ".venv/etc/jupyter/jupyter_server_config.json").read_text())
+    shell = config["ServerApp"]["terminado_settings"]["shell_command"]
+    assert Path(shell[0]).name == "bash" and "-l" not in shell  # no login shell: no PATH reset
+    # The shell a terminal starts, with a PATH that lacks the venv, as a login shell would set.
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(checkout.parent), "TERM": "dumb"}
+    out = subprocess.run(
+        [*shell, "-c", "command -v ddp-lab && ddp-lab"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        stdin=subprocess.DEVNULL,
+    )
+    assert out.stdout.split() == [str(checkout / ".venv/bin/ddp-lab"), "ddp-lab", "ran"], out
+    # An existing configuration is kept (merged), and a second run changes nothing.
+    config["ServerApp"]["ip"] = "127.0.0.1"
+    path = checkout / ".venv/etc/jupyter/jupyter_server_config.json"
+    path.write_text(json.dumps(config))
+    assert _run(checkout, "--no-lab")[0].returncode == 0
+    again = json.loads(path.read_text())
+    assert again["ServerApp"]["ip"] == "127.0.0.1"
+    assert again["ServerApp"]["terminado_settings"]["shell_command"] == shell
