@@ -149,7 +149,7 @@ MESSAGES = Messages(
         },
         "child_failed.fix": {
             "en": "Read 'Root Cause (first observed failure)' and that rank's traceback above it.",
-            "zh": "看 'Root Cause (first observed failure)' 以及它上方该 rank 的 traceback。",
+            "zh": "看“Root Cause (first observed failure)”以及它上方该 rank 的 traceback。",
         },
         "death_signal.cause": {
             "en": "The torchrun agent was sent a signal from outside (scheduler limit, Ctrl-C, "

@@ -26,9 +26,9 @@ MESSAGES = Messages(
     __name__,
     {
         "stored": {
-            "en": "A Slurm cluster cannot be built here ({reason}) Showing the stored output of "
+            "en": "A Slurm cluster cannot be built here ({reason}). Showing the stored output of "
             "a real run on {date}: {command}",
-            "zh": "这里无法搭建 Slurm 集群（{reason}）下面展示的是 {date} 一次真实运行保存下来的"
+            "zh": "这里无法搭建 Slurm 集群（{reason}）。下面展示的是 {date} 一次真实运行保存下来的"
             "输出：{command}",
         },
     },
