@@ -274,14 +274,14 @@ for line in sum(dl.spawn(buffers_after_wrapping, nprocs=2, backend="gloo"), []):
 
 
 # %% [markdown] lang="en"
-# Now the check. Each rank builds its model from a **different** random seed (as the
-# source notes do with `init_seeds(1 + rank)`), once with a frozen layer and once with
+# Now the check. Each rank builds its model from a **different** random seed (as many
+# training scripts do with an `init_seeds(1 + rank)` helper), once with a frozen layer and once with
 # BatchNorm buffers. We wrap one copy in `NaiveDDP` and one in torch's `DDP`, train both
 # for five steps on each rank's own data, and compare.
 
 # %% [markdown] lang="zh"
-# 现在来验证。每个 rank 用**不同**的随机种子构建模型（源笔记用 `init_seeds(1 + rank)` 也是
-# 这样做的），一次带冻结层，一次带 BatchNorm 缓冲区。一份副本用 `NaiveDDP` 包装，另一份用
+# 现在来验证。每个 rank 用**不同**的随机种子构建模型（很多训练脚本用 `init_seeds(1 + rank)`
+# 这样的辅助函数也是这样做的），一次带冻结层，一次带 BatchNorm 缓冲区。一份副本用 `NaiveDDP` 包装，另一份用
 # torch 的 `DDP` 包装，在每个 rank 自己的数据上各训练 5 步，然后比较。
 
 # %% tags=["lesson"]
@@ -348,8 +348,8 @@ dl.spawn(naive_vs_torch, nprocs=2, backend="gloo")
 # %% [markdown] lang="en"
 # ## 3. DDP = gradient accumulation? Only under conditions
 #
-# Source note 000 says DDP on N ranks "equals" single-process gradient accumulation over
-# N micro-batches "when there is no BN". The cell below tests the claim, comparing the
+# A common claim in notes and blog posts: DDP on N ranks "equals" single-process gradient
+# accumulation over N micro-batches "when there is no BN". The cell below tests the claim, comparing the
 # averaged DDP gradient with accumulation (each micro-batch loss divided by N) on the same
 # data:
 #
@@ -357,24 +357,30 @@ dl.spawn(naive_vs_torch, nprocs=2, backend="gloo")
 # - `reduction="sum"`: accumulated sums give the full-batch sum, but DDP averages over the
 #   ranks, so its gradient is N times smaller;
 # - dropout: each rank draws its own mask from its own generator; one process draws
-#   different masks, so the gradients differ;
+#   different masks, so the gradients differ bit for bit. Both are the same estimator (the
+#   masks have the same distribution): DDP with dropout is not wrong, only not bitwise
+#   equal to accumulation;
 # - BatchNorm: the gradients are equal (each micro-batch is normalised by its own
 #   statistics in both cases) but the running statistics are not: accumulation updates
-#   them N times, DDP keeps rank 0's.
+#   them N times, DDP keeps rank 0's. The cell prints `running_mean` and `running_var`
+#   (`num_batches_tracked`, a counter, is 2 against 1).
 
 # %% [markdown] lang="zh"
 # ## 3. DDP 等于梯度累积吗？有条件
 #
-# 源笔记 000 说，N 个 rank 上的 DDP“在没有 BN 时”与单进程对 N 个微批（micro-batch）做梯度
+# 常见说法：N 个 rank 上的 DDP“在没有 BN 时”与单进程对 N 个微批（micro-batch）做梯度
 # 累积（gradient accumulation）“完全一致”。下面的单元用同一份数据，比较 DDP 平均后的梯度和
 # 梯度累积（每个微批的损失除以 N）的结果：
 #
 # - 普通 MLP，`reduction="mean"`：相等；
 # - `reduction="sum"`：把各微批的和累积起来，得到的是整批的和，而 DDP 会在 rank 之间取平均，
 #   所以 DDP 的梯度只有累积结果的 1/N；
-# - dropout：每个 rank 用自己的随机数生成器抽取掩码，单进程抽到的是另一组掩码，所以梯度不同；
+# - dropout：每个 rank 用自己的随机数生成器抽取掩码，单进程抽到的是另一组掩码，所以梯度不会
+#   逐位相同。但两者是同一个估计量（掩码的分布相同）：带 dropout 的 DDP 并没有错，只是与梯度
+#   累积不逐位相等；
 # - BatchNorm：梯度相等（两种做法都用每个微批自己的统计量做归一化），但运行统计量不同：梯度
-#   累积会更新 N 次，DDP 保留的是 rank 0 的。
+#   累积会更新 N 次，DDP 保留的是 rank 0 的。单元分别打印 `running_mean` 和 `running_var` 的
+#   差（计数器 `num_batches_tracked` 则是 2 对 1）。
 
 # %% tags=["lesson"]
 def ddp_vs_accumulation(rank, world_size=2, per_rank=8):
@@ -403,24 +409,25 @@ def ddp_vs_accumulation(rank, world_size=2, per_rank=8):
         grad = max((a.grad - b.grad).abs().max().item()
                    for a, b in zip(ddp.module.parameters(), single.parameters()))
         ratio = single[-1].weight.grad.norm() / ddp.module[-1].weight.grad.norm()
-        bufs = [(a.float() - b.float()).abs().max().item()
-                for a, b in zip(ddp.module.buffers(), single.buffers())]
+        stats = {n: (a - b).abs().max().item() for (n, a), b in zip(ddp.module.named_buffers(), single.buffers())
+                 if n.endswith(("running_mean", "running_var"))}
         if rank == 0:
             print(f"{name:10s} max |grad DDP - grad accumulation| = {grad:.2e}  (norm ratio {ratio:.2f})  "
-                  f"running statistics differ by: {f'{max(bufs):.3g}' if bufs else '-'}")
+                  + (" ".join(f"{n.split('.')[-1]} differs by {d:.3g}" for n, d in stats.items()) or ""))
 
 
 dl.spawn(ddp_vs_accumulation, nprocs=2, backend="gloo")
 
 # %% [markdown] lang="en"
-# So the claim holds for a deterministic model with a mean loss and the same data split;
-# BatchNorm's running statistics, dropout's random masks and a `sum` loss break it (divide
-# a sum loss by the number of micro-batches and by nothing under DDP, or use `mean`).
+# So the claim holds for a deterministic model with a mean loss and the same data split.
+# BatchNorm's running statistics and a `sum` loss break it (divide a sum loss by the
+# number of micro-batches and by nothing under DDP, or use `mean`); dropout breaks only
+# the bitwise equality.
 
 # %% [markdown] lang="zh"
-# 所以，只有当模型是确定性的、损失取平均、数据的切分方式相同时，这个说法才成立；BatchNorm 的
-# 运行统计量、dropout 的随机掩码和 `sum` 损失都会破坏它。对 `sum` 损失，可以在梯度累积时把它
-# 除以微批数、在 DDP 下不除，或者直接改用 `mean`。
+# 所以，只有当模型是确定性的、损失取平均、数据的切分方式相同时，这个说法才成立。BatchNorm 的
+# 运行统计量和 `sum` 损失会破坏它（对 `sum` 损失，可以在梯度累积时把它除以微批数、在 DDP 下
+# 不除，或者直接改用 `mean`）；dropout 只破坏逐位相等。
 
 # %% [markdown] lang="en"
 # ## 4. Buckets and overlap
@@ -431,12 +438,12 @@ dl.spawn(ddp_vs_accumulation, nprocs=2, backend="gloo")
 # **hook** on each parameter's gradient accumulator does it
 # (`torch/csrc/distributed/c10d/reducer.cpp`): `Reducer::mark_variable_ready_dense`
 # copies each gradient into its slot of the bucket's flat buffer the moment it is ready,
-# **already multiplied by 1/world_size** (`at::mul_out(bucket_view, grad, 1. / div_factor_)`),
-# and when the bucket's last gradient is in, it launches one asynchronous `all_reduce`
-# (a sum) on that buffer. There is no separate "flatten when complete" step. (We read this
-# in `reducer.cpp` on pytorch's main branch; 2.13's docstring of the new
-# `batched_grad_copy=False` flag in `torch/nn/parallel/distributed.py` describes the same
-# "per-parameter gradient-to-bucket copy and division"; the exact 2.13 line is unchecked.)
+# **already multiplied by 1/world_size** (`at::mul_out(bucket_view, grad, wrapped)`, where
+# `wrapped` is the scalar `1. / div_factor_`), and when the bucket's last gradient is in, it
+# launches one asynchronous `all_reduce` (a sum) on that buffer. There is no separate
+# "flatten when complete" step. In torch 2.13 the docstring of the new `batched_grad_copy`
+# flag (`torch/nn/parallel/distributed.py`) calls this default the "per-parameter
+# gradient-to-bucket copy and division".
 #
 # Which parameters share a bucket is less simple than "reverse order, 25 MiB, 1 MiB first"
 # (`_ddp_init_helper` and `_BucketCapacityConfig` in `torch/nn/parallel/distributed.py`,
@@ -451,7 +458,11 @@ dl.spawn(ddp_vs_accumulation, nprocs=2, backend="gloo")
 # - an explicit `bucket_cap_mb` (even `25`) gives every bucket that cap: no 1 MiB bucket;
 # - with `find_unused_parameters=True` the buckets are never rebuilt: the construction plan
 #   stays, walked in **definition** order and reversed, so its 1 MiB bucket holds the
-#   **input** layers and is reduced last.
+#   **input** layers and is reduced last;
+# - torch 2.13 adds two arguments here: `bucket_cap_mb_list` gives each bucket its own cap
+#   in MiB, and `batched_grad_copy=True` defers the per-parameter copy and division until
+#   the bucket is ready, then does them as one `_foreach_copy_` and one `div_` (fewer
+#   kernel launches for many small parameters; the default is `False`).
 #
 # The cell below counts the model's size, then asks torch's DDP on 2 ranks what it did
 # (`_get_ddp_logging_data()`, a prototype debugging interface) and compares with the
@@ -466,11 +477,10 @@ dl.spawn(ddp_vs_accumulation, nprocs=2, backend="gloo")
 # **桶**，一个桶的梯度全部就绪，就立即对它做全归约，同时反向传播继续计算前面的层。这件事由每个
 # 参数的梯度累加器上的**钩子**（hook）完成（`torch/csrc/distributed/c10d/reducer.cpp`）：梯度
 # 一就绪，`Reducer::mark_variable_ready_dense` 就把它复制到桶的扁平缓冲区里属于它的位置，复制时
-# **已经乘以 1/world_size**（`at::mul_out(bucket_view, grad, 1. / div_factor_)`）；桶里最后一个
-# 梯度到齐时，再对这块缓冲区发起一次异步 `all_reduce`（求和）。并不存在“桶凑齐后再展平”这一步。
-# （这段代码我们读的是 pytorch 主分支的 `reducer.cpp`；2.13 版 `torch/nn/parallel/distributed.py`
-# 里新参数 `batched_grad_copy=False` 的文档字符串描述的也是“逐个参数把梯度复制进桶并做除法”；
-# 2.13 中对应的代码行我们没有核对。）
+# **已经乘以 1/world_size**（`at::mul_out(bucket_view, grad, wrapped)`，其中 `wrapped` 是标量
+# `1. / div_factor_`）；桶里最后一个梯度到齐时，再对这块缓冲区发起一次异步 `all_reduce`（求和）。
+# 并不存在“桶凑齐后再展平”这一步。torch 2.13 的 `torch/nn/parallel/distributed.py` 里，新参数
+# `batched_grad_copy` 的文档字符串把这种默认做法称为“逐个参数把梯度复制进桶并做除法”。
 #
 # 哪些参数共用一个桶，并不像“倒序、25 MiB、第一个桶 1 MiB”那么简单（见 torch 2.13 的
 # `torch/nn/parallel/distributed.py` 中的 `_ddp_init_helper` 和 `_BucketCapacityConfig`，以及
@@ -483,7 +493,10 @@ dl.spawn(ddp_vs_accumulation, nprocs=2, backend="gloo")
 #   （`dist._DEFAULT_FIRST_BUCKET_BYTES`），其余的桶为 `bucket_cap_mb` = 25 MiB；
 # - 显式给出 `bucket_cap_mb`（哪怕是 `25`）时，每个桶都用这个上限，不再有 1 MiB 的桶；
 # - 设置 `find_unused_parameters=True` 时，桶永远不会重建：构造时的分法保持不变，即按**定义**
-#   顺序遍历再反转，所以其中 1 MiB 的那个桶装的是**输入**层，最后才被归约。
+#   顺序遍历再反转，所以其中 1 MiB 的那个桶装的是**输入**层，最后才被归约；
+# - torch 2.13 在这里新增了两个参数：`bucket_cap_mb_list` 给每个桶单独设上限（单位 MiB）；
+#   `batched_grad_copy=True` 把逐个参数的复制和除法推迟到桶就绪时，合并成一次 `_foreach_copy_`
+#   和一次 `div_`（参数又多又小时，能少启动很多核函数；默认为 `False`）。
 #
 # 下面的单元先数一数模型的大小，再在 2 个 rank 上读出 torch 的 DDP 实际的分法（通过原型阶段的
 # 调试接口 `_get_ddp_logging_data()`），并与本包的 `assign_buckets` 比较。`assign_buckets` 算的是
@@ -620,7 +633,7 @@ plot_timeline(step);
 # 每个橙色条是一个桶的全归约；大多数橙色条在反向传播（蓝色）还没结束时就开始了，标题给出了被
 # 反向计算掩盖掉的通信时间所占的比例。这台机器只有 2 个 CPU 核，gloo 的线程要和反向计算抢同样
 # 的核，所以省下的时间不多；在 GPU 上用 NCCL 时，通信在单独的流上运行，正是这种重叠让 DDP 能
-# 随 GPU 数量扩展。上面打印的步时之比是实测出来的，不是假设的：`BucketedDDP` 的目标是步时不
+# 随 GPU 数量扩展。上面打印的单步耗时之比是实测出来的，不是假设的：`BucketedDDP` 的目标是单步耗时不
 # 超过 torch DDP 的 1.3 倍。
 
 # %% [markdown] lang="en"
@@ -638,7 +651,7 @@ plot_timeline(step);
 #    `BucketedDDP`, which follows the same rule.
 # 2. **Load a checkpoint on rank 0 only** before wrapping: DDP broadcasts at construction,
 #    so every rank ends up with it (no `torch.manual_seed(42)` needed either, contrary to
-#    source note 001).
+#    a common claim that every rank must seed alike before building the model).
 # 3. **Different seeds per rank** for data augmentation are fine (and wanted): the model
 #    is still identical after wrapping.
 # 4. **`find_unused_parameters`**: a parameter that gets no gradient leaves its bucket
@@ -656,7 +669,8 @@ plot_timeline(step);
 #    反向在外，则不会同步。四个事实之后的单元对 torch 的 DDP 和 `BucketedDDP`（它遵循同一规则）
 #    运行这两种混合情况。
 # 2. **只在 rank 0 加载检查点**（checkpoint），再包装：DDP 在构造时广播，所以每个 rank 都会得到
-#    它（也不需要 `torch.manual_seed(42)`，这与源笔记 001 的说法相反）。
+#    它（也不需要 `torch.manual_seed(42)`；常见说法认为每个 rank 建模型前都必须设相同的种子，
+#    其实不必）。
 # 3. 为数据增强给**每个 rank 设不同的随机种子**没有问题（而且本该如此）：包装之后模型仍然相同。
 # 4. **`find_unused_parameters`**：没有得到梯度的参数会让它所在的桶一直凑不齐；不设这个参数时，
 #    DDP 会在下一次迭代时报错。
@@ -758,9 +772,9 @@ dl.spawn(mixed_no_sync, nprocs=2, backend="gloo");
 # **all-reduces** (sum) two per-channel sums, `sum_dy` and `sum_dy_xmu`, to get the input
 # gradient; the weight and bias gradients are left to DDP's own all-reduce.
 #
-# `nn.SyncBatchNorm.convert_sync_batchnorm(model)` *returns* the converted model. Source
-# note 002 writes `nn.SyncBatchNorm.convert_sync_batchnorm(model).cuda()` and drops the
-# result. For a container such as `nn.Sequential` the children happen to be replaced in
+# `nn.SyncBatchNorm.convert_sync_batchnorm(model)` *returns* the converted model. A line
+# often seen in notes and blog posts, `nn.SyncBatchNorm.convert_sync_batchnorm(model).cuda()`,
+# drops the result. For a container such as `nn.Sequential` the children happen to be replaced in
 # place, so it works by luck; for a model that *is* a BatchNorm layer, nothing changes.
 # Always write `model = nn.SyncBatchNorm.convert_sync_batchnorm(model)`.
 
@@ -775,8 +789,8 @@ dl.spawn(mixed_no_sync, nprocs=2, backend="gloo");
 # 均值和标准差的倒数，并更新运行统计量。**反向**传播对两个按通道求的和 `sum_dy`、`sum_dy_xmu`
 # 做**全归约**（求和），用来算输入的梯度；权重和偏置的梯度则交给 DDP 自己的全归约。
 #
-# `nn.SyncBatchNorm.convert_sync_batchnorm(model)` **返回**转换后的模型。源笔记 002 写的是
-# `nn.SyncBatchNorm.convert_sync_batchnorm(model).cuda()`，丢掉了返回值。对 `nn.Sequential`
+# `nn.SyncBatchNorm.convert_sync_batchnorm(model)` **返回**转换后的模型。网上常见的写法
+# `nn.SyncBatchNorm.convert_sync_batchnorm(model).cuda()` 丢掉了返回值。对 `nn.Sequential`
 # 这样的容器，子模块恰好被原地（in-place）替换，所以碰巧能用；而如果模型本身就是一个
 # BatchNorm 层，什么都不会改变。请始终写 `model = nn.SyncBatchNorm.convert_sync_batchnorm(model)`。
 
@@ -841,9 +855,9 @@ if torch.cuda.device_count() >= 2:
 
     dl.spawn(real_sync_bn, nprocs=2, backend="nccl")
 else:
-    print(dl.tr(en="[no 2 GPUs here] On 2 GPUs this cell wraps a SyncBatchNorm model in DDP with nccl "
+    print(dl.tr(en="Skipped: no 2 GPUs here. On 2 GPUs this cell wraps a SyncBatchNorm model in DDP with nccl "
                    "and prints identical running means on both ranks.",
-                zh="（这里没有 2 块 GPU）在 2 块 GPU 上，本单元会用 nccl 把含 SyncBatchNorm 的模型包装进 "
+                zh="已跳过：这里没有 2 块 GPU。在 2 块 GPU 上，本单元会用 nccl 把含 SyncBatchNorm 的模型包装进 "
                    "DDP，并打印两个 rank 上相同的运行均值。"))
 
 # %% [markdown] lang="en"
@@ -972,29 +986,35 @@ dl.grade("07.naive_ddp", MyDDP)
 # Complete `GradBuckets`. The constructor (given) splits the trainable parameters into
 # buckets with `assign_buckets` and registers `on_grad_ready` as a post-accumulate-grad
 # hook on each. Write:
-# - `on_grad_ready(param)`: count the ready gradients of `param`'s bucket; when the bucket is
-#   complete, flatten its gradients into one tensor divided by the world size, start
-#   `dist.all_reduce(flat, async_op=True)`, and keep the work, the tensor and the bucket;
+# - `on_grad_ready(param)`: count the ready gradients of `param`'s bucket; then launch, in
+#   index order, every complete bucket from `self.next` on (a bucket that fills before the
+#   ones in front of it waits for them, as in `BucketedDDP`): flatten its gradients into
+#   one tensor divided by the world size, start `dist.all_reduce(flat, async_op=True)`, and
+#   keep the work, the tensor and the bucket index;
 # - `wait()` (called after `backward()`): wait for each work, copy the averaged values back
 #   into `param.grad`, and reset the counters for the next step.
 #
 # The graded cell compares the parameters after a few steps with a single-process model on
 # the full batch, and checks that at least two asynchronous `all_reduce` calls happen while
-# backward is still running.
+# backward is still running, in bucket index order. Its hidden model has a layer that is
+# defined last but used first, so bucket 0 is the last to fill.
 
 # %% [markdown] lang="zh" tags=["exercise"]
 # ## 练习 2：分桶的梯度钩子（3 分）
 #
 # 补全 `GradBuckets`。构造函数（已给出）用 `assign_buckets` 把可训练参数分到各个桶里，并在每个
-# 参数上把 `on_grad_ready` 注册为 post-accumulate-grad 钩子。你需要编写：
-# - `on_grad_ready(param)`：统计 `param` 所在桶中已就绪的梯度；桶凑齐后，把桶里的梯度展平成一个
-#   张量并除以 world size，启动 `dist.all_reduce(flat, async_op=True)`，并保存返回的 work 对象、
-#   这个张量和桶编号；
-# - `wait()`（在 `backward()` 之后调用）：逐个等待 work 完成，把平均后的值复制回 `param.grad`，
+# 参数上把 `on_grad_ready` 注册为梯度累加完成后调用的钩子（`register_post_accumulate_grad_hook`）。
+# 你需要编写：
+# - `on_grad_ready(param)`：统计 `param` 所在桶中已就绪的梯度；然后从 `self.next` 开始，按编号
+#   顺序发起所有已凑齐的桶（比前面的桶先凑齐的桶要等前面的桶，与 `BucketedDDP` 一样）：把桶里
+#   的梯度展平成一个张量并除以 world size，启动 `dist.all_reduce(flat, async_op=True)`，并保存
+#   返回的 `Work` 对象、这个张量和桶编号；
+# - `wait()`（在 `backward()` 之后调用）：逐个等待 `Work` 完成，把平均后的值复制回 `param.grad`，
 #   再重置计数，为下一步做准备。
 #
 # 训练几步之后，评分单元会把参数与在全批上训练的单进程模型比较，并检查在反向传播仍在进行时，
-# 至少已经发起了两次异步 `all_reduce`。
+# 至少已经按桶的编号顺序发起了两次异步 `all_reduce`。它的隐藏模型里有一层最后定义、最先使用，
+# 所以桶 0 最后才凑齐。
 
 # %% tags=["exercise"]
 class GradBuckets:
@@ -1003,17 +1023,19 @@ class GradBuckets:
         self.buckets = [[self.params[i] for i in idx] for idx in assign_buckets(self.params, bucket_cap_mb)]
         self.bucket_of = {id(p): b for b, bucket in enumerate(self.buckets) for p in bucket}
         self.ready = [0] * len(self.buckets)  # ready gradients per bucket
+        self.next = 0  # the next bucket to launch: buckets go out in index order
         self.works = []  # (work, flat tensor, bucket index) per launched bucket
         for p in self.params:
             p.register_post_accumulate_grad_hook(self.on_grad_ready)
 
     def on_grad_ready(self, param):
         ### BEGIN SOLUTION
-        b = self.bucket_of[id(param)]
-        self.ready[b] += 1
-        if self.ready[b] == len(self.buckets[b]):
+        self.ready[self.bucket_of[id(param)]] += 1
+        while self.next < len(self.buckets) and self.ready[self.next] == len(self.buckets[self.next]):
+            b = self.next
             flat = torch.cat([p.grad.reshape(-1) for p in self.buckets[b]]) / dist.get_world_size()
             self.works.append((dist.all_reduce(flat, async_op=True), flat, b))
+            self.next += 1
         ### END SOLUTION
 
     def wait(self):
@@ -1026,6 +1048,7 @@ class GradBuckets:
                 offset += p.numel()
         self.works.clear()
         self.ready = [0] * len(self.buckets)
+        self.next = 0
         ### END SOLUTION
 
 
@@ -1069,7 +1092,7 @@ dl.grade("07.bucketed", GradBuckets)
 #   （各副本仍然相同）。
 # - DDP = 构造时广播 + 反向传播后平均梯度；`NaiveDDP` 在 2 个 rank 上逐位复现了 torch 的参数。
 # - 桶、钩子和异步全归约让通信与反向计算重叠；`BucketedDDP` 是一个约 100 行的 Python 归约器，
-#   上面实测比较了它和 torch 的 C++ 归约器的步时。torch 在第一次迭代时只用一个桶，之后按梯度
+#   上面实测比较了它和 torch 的 C++ 归约器的单步耗时。torch 在第一次迭代时只用一个桶，之后按梯度
 #   实际到达的顺序重建各个桶，输出层所在的桶在最前（默认 1 MiB）。
 # - Hogwild 则让多个进程共享同一个模型；DDP 保持各副本相同。
 # - 只有模型是确定性的、损失取平均时，DDP 才等于梯度累积；`no_sync()`、只在 rank 0 加载

@@ -22,8 +22,8 @@
 # a real program does, from the first line to a clean shutdown, on a real data set that
 # ships with scikit-learn (the 8x8 handwritten digits: nothing to download). The program
 # is `ddp_lab/train.py`; you can run it with `torchrun` in a terminal, and this notebook
-# runs the very same code through `dl.spawn`. Along the way we check several claims of the
-# source notes with running code; a few of them are wrong.
+# runs the very same code through `dl.spawn`. Along the way we check, with running code,
+# several claims common in notes and blog posts about DDP; a few of them are wrong.
 
 # %% [markdown] lang="zh"
 # # 08 一次完整的 DDP 训练
@@ -31,7 +31,7 @@
 # 第 07 章我们自己实现了 DDP。本章像真实程序那样使用 torch 的 `DistributedDataParallel`：从第
 # 一行代码一直到干净地退出，数据集是 scikit-learn 自带的 8×8 手写数字（不用下载）。训练程序是
 # `ddp_lab/train.py`：你可以在终端里用 `torchrun` 运行它，本 notebook 则通过 `dl.spawn` 运行完
-# 全相同的代码。一路上我们会用可运行的代码检验源笔记里的一些说法，其中有几条是错的。
+# 全相同的代码。一路上我们会用可运行的代码检验关于 DDP 的一些常见说法，其中有几条是错的。
 
 # %%
 import re
@@ -102,24 +102,24 @@ for node in (0, 1):
           "--master-addr=ADDR --master-port=PORT -m ddp_lab.train --checkpoint-dir ckpt")
 
 # %% [markdown] lang="en"
-# The notes parse the local rank with `parser.add_argument("--local_rank", default=-1)`:
+# A common way to parse the local rank is `parser.add_argument("--local_rank", default=-1)`:
 # without `type=int` the value is a string, and `torch.cuda.set_device("1")` fails.
 # `torchrun` does not pass that argument at all; it sets the `LOCAL_RANK` environment
 # variable (only the deprecated `torch.distributed.launch` passes `--local-rank`). And
-# `torch.distributed.local_rank()`, also in the notes, does not exist:
+# `torch.distributed.local_rank()`, also seen in such scripts, does not exist:
 
 # %% [markdown] lang="zh"
-# 源笔记用 `parser.add_argument("--local_rank", default=-1)` 解析本地 rank（local rank）：没有
+# 一种常见写法用 `parser.add_argument("--local_rank", default=-1)` 解析本地 rank（local rank）：没有
 # `type=int`，得到的值是字符串，于是 `torch.cuda.set_device("1")` 会出错。而 `torchrun` 根本不
 # 传这个参数，它设置的是环境变量 `LOCAL_RANK`（只有已弃用的 `torch.distributed.launch` 才传
-# `--local-rank`）。源笔记里的 `torch.distributed.local_rank()` 也并不存在：
+# `--local-rank`）。这类脚本里还能见到的 `torch.distributed.local_rank()` 也并不存在：
 
 # %%
 import argparse
 
-notes_parser = argparse.ArgumentParser()
-notes_parser.add_argument("--local_rank", default=-1)
-print(repr(notes_parser.parse_args(["--local_rank", "1"]).local_rank), "<- a str")
+common_parser = argparse.ArgumentParser()
+common_parser.add_argument("--local_rank", default=-1)
+print(repr(common_parser.parse_args(["--local_rank", "1"]).local_rank), "<- a str")
 print(repr(train.make_parser().parse_args(["--local_rank", "1"]).local_rank), "<- type=int")
 print("dist.local_rank exists:", hasattr(dist, "local_rank"))
 
@@ -130,7 +130,9 @@ print("dist.local_rank exists:", hasattr(dist, "local_rank"))
 # other's files. `zero_first` lets local rank 0 do the work while the others wait at a
 # **barrier**, then releases them. Each rank calls `dist.barrier()` exactly once: the
 # others *before* the body, rank 0 *after* it. The file is written under a temporary name
-# and renamed, so two nodes that share a disk cannot corrupt it.
+# and renamed, so two nodes that share a disk cannot corrupt it. The barrier is global, so
+# on several nodes every node's local rank 0 does the work, in parallel, and all the other
+# ranks wait for all of them.
 
 # %% [markdown] lang="zh"
 # ## 只准备一次数据：zero-first 模式
@@ -138,7 +140,8 @@ print("dist.local_rank exists:", hasattr(dist, "local_rank"))
 # 如果每个 rank 同时下载或解码数据集，它们会互相覆盖对方的文件。`zero_first` 让本地 rank 0 去
 # 做这件事，其他 rank 在**屏障**（barrier）处等待，等它做完再放行。每个 rank 恰好调用一次
 # `dist.barrier()`：其他 rank 在代码块*之前*调用，rank 0 在代码块*之后*调用。文件先以临时文件
-# 名写入再重命名，所以即使两个节点共享同一块磁盘，也不会把它写坏。
+# 名写入再重命名，所以即使两个节点共享同一块磁盘，也不会把它写坏。屏障是全局的：有多个节点
+# 时，每个节点的本地 rank 0 同时各做一遍，其余所有 rank 等它们全部做完。
 
 # %%
 dl.show_source(data.zero_first)
@@ -160,7 +163,7 @@ print(dl.spawn(prepare_and_report, args=(str(workdir / "data"),), nprocs=2, back
 # %% [markdown] lang="en"
 # ## A new shuffle every epoch: `set_epoch`
 #
-# The notes observe that with `DistributedSampler` "the order does not change between
+# A common observation: with `DistributedSampler` "the order does not change between
 # epochs, nor between runs". That is exactly what happens when `sampler.set_epoch(epoch)`
 # is missing: the sampler shuffles with `seed + epoch`, and its epoch stays 0. The same order
 # on every run is by design (every rank must compute the same permutation); change `seed=`
@@ -169,7 +172,7 @@ print(dl.spawn(prepare_and_report, args=(str(workdir / "data"),), nprocs=2, back
 # %% [markdown] lang="zh"
 # ## 每一轮（epoch）都重新打乱：`set_epoch`
 #
-# 源笔记观察到，使用 `DistributedSampler` 时“各轮之间、各次运行之间的顺序都不变”。缺少
+# 常见的观察：使用 `DistributedSampler` 时“各轮之间、各次运行之间的顺序都不变”。缺少
 # `sampler.set_epoch(epoch)` 时正是这样：采样器用 `seed + epoch` 打乱，而它的 `epoch` 一直是
 # 0。每次运行的顺序都相同则是有意的设计（每个 rank 必须算出同一个排列）；想换一种顺序，就改
 # `seed=`。
@@ -189,8 +192,8 @@ for use_set_epoch in (False, True):
 # ## Per-rank batch, global batch and the learning rate
 #
 # `--batch-size` is per rank: with N ranks one optimizer step sees N times as many samples
-# as with one rank, and an epoch has 1/N as many steps. The notes scale the learning rate
-# linearly (Goyal et al., 2017) and mention the square-root rule; `train.scaled_lr` does
+# as with one rank, and an epoch has 1/N as many steps. The usual advice scales the learning
+# rate linearly (Goyal et al., 2017) and mentions the square-root rule; `train.scaled_lr` does
 # both. With k = new batch / old batch, **linear** multiplies the LR by k, which keeps SGD's
 # gradient noise scale (about LR × dataset size / batch, Smith and Le 2017) unchanged;
 # **sqrt** (Krizhevsky 2014) multiplies it by sqrt(k), which keeps the variance of one update
@@ -202,8 +205,8 @@ for use_set_epoch in (False, True):
 # ## 每个 rank 的批、全局批与学习率
 #
 # `--batch-size` 是每个 rank 的批大小：有 N 个 rank 时，一次优化器更新看到的样本是一个 rank 时
-# 的 N 倍，每轮的步数则是原来的 1/N。源笔记按线性规则缩放学习率（Goyal 等，2017），也提到了平
-# 方根规则；`train.scaled_lr` 两种都实现了。设 k = 新批大小 / 原批大小：**线性**规则把学习率乘
+# 的 N 倍，每轮的步数则是原来的 1/N。常见的建议是按线性规则缩放学习率（Goyal 等，2017），也有
+# 人用平方根规则；`train.scaled_lr` 两种都实现了。设 k = 新批大小 / 原批大小：**线性**规则把学习率乘
 # 以 k，使 SGD 的梯度噪声尺度（gradient noise scale，约为学习率 × 数据集大小 / 批大小，Smith
 # 和 Le，2017）保持不变；**平方根**规则（Krizhevsky，2014）把学习率乘以 sqrt(k)，使单次更新的
 # 方差（学习率的平方 / 批大小）保持不变，于是批越大，噪声越小。下表中调好的只有基准学习率
@@ -244,14 +247,15 @@ print("LR per step:", lrs)
 # %% [markdown] lang="en"
 # ## The loss to log is the mean over ranks
 #
-# One of the notes says "this loss is the sum of every process's loss". It is not: each rank
+# A common claim in notes and blog posts: "this loss is the sum of every process's loss".
+# It is not: each rank
 # computes the loss of its own batch only; DDP averages the *gradients*, never the loss value.
 # To log the loss of the whole step, all-reduce it. Run it:
 
 # %% [markdown] lang="zh"
 # ## 要记录的损失是各 rank 的平均值
 #
-# 有一篇源笔记说“这个损失是各个进程的损失之和”。并非如此：每个 rank 只计算自己那一批的损失
+# 常见说法：“这个损失是各个进程的损失之和”。并非如此：每个 rank 只计算自己那一批的损失
 # ；DDP 平均的是*梯度*，从不平均损失的值。要记录整步的损失，需要对它做全归约
 # （all-reduce）。运行看看：
 
@@ -271,16 +275,16 @@ def local_loss(rank):
 dl.spawn(local_loss, nprocs=2, backend="gloo")
 
 # %% [markdown] lang="en"
-# The notes' helper is `reduce_value(value, average=True)`, called as
+# A helper often copied is `reduce_value(value, average=True)`, called as
 # `reduce_value(loss, world_size)`: `world_size` lands in `average`. It still averages only
 # because any non-zero number is true; write `reduce_value(loss, average=True)`.
 # `train.mean_across_ranks` all-reduces (sum, count), which also stays right when ranks saw
 # different numbers of samples.
 
 # %% [markdown] lang="zh"
-# 源笔记里的辅助函数是 `reduce_value(value, average=True)`，调用时却写成了
-# `reduce_value(loss, world_size)`：`world_size` 被传给了 `average`。它仍然会求平均，只是因为
-# 任何非零的数都为真；应该写成
+# 一个常被照抄的辅助函数是 `reduce_value(value, average=True)`，调用时却写成了
+# `reduce_value(loss, world_size)`：`world_size` 被传给了 `average`。它之所以仍会求平均，只是
+# 因为任何非零数都被当作真值；应该写成
 # `reduce_value(loss, average=True)`。`train.mean_across_ranks` 对（总和，个数）做全归约，即使
 # 各 rank 看到的样本数不同，结果也是对的。
 
@@ -288,14 +292,14 @@ dl.spawn(local_loss, nprocs=2, backend="gloo")
 # ## Evaluation without padding bias
 #
 # To make the shards equal, `DistributedSampler` repeats the first samples: 5 samples on 4
-# ranks become 8 slots. The notes gather every rank's results with `all_gather` and average
-# them, so the repeated samples count twice. Below, only sample 0 is classified correctly:
+# ranks become 8 slots. A common evaluation gathers every rank's results with `all_gather`
+# and averages them, so the repeated samples count twice. Below, only sample 0 is classified correctly:
 
 # %% [markdown] lang="zh"
 # ## 评估时避开填充带来的偏差
 #
 # 为了让各分片一样大，`DistributedSampler` 会重复开头的样本：5 个样本分给 4 个 rank，变成 8 个
-# 位置。源笔记用 `all_gather` 全收集（all-gather）各 rank 的结果再求平均，于是重复的样本被计了
+# 位置。常见的评估写法用 `all_gather` 汇总各 rank 的结果再求平均，于是重复的样本被计了
 # 两次。下面只有样本 0 分类正确：
 
 # %%
@@ -349,11 +353,13 @@ def plot_history(history):
     epochs = range(1, len(history["train_loss"]) + 1)
     ax1.plot(epochs, history["train_loss"], "o-", label=dl.tr(en="train", zh="训练"))
     ax1.plot(epochs, history["test_loss"], "s-", label=dl.tr(en="test", zh="测试"))
-    ax1.set(xlabel=dl.tr(en="epoch", zh="轮"), ylabel=dl.tr(en="loss", zh="损失"))
+    ax1.set(xlabel=dl.tr(en="epoch", zh="轮次（epoch）"), ylabel=dl.tr(en="loss", zh="损失"))
     ax1.legend()
     ax2.plot(epochs, [100 * a for a in history["test_acc"]], "o-")
-    ax2.set(xlabel=dl.tr(en="epoch", zh="轮"), ylabel=dl.tr(en="test accuracy (%)",
-                                                          zh="测试准确率（%）"))
+    ax2.set(xlabel=dl.tr(en="epoch", zh="轮次（epoch）"), ylabel=dl.tr(en="test accuracy (%)",
+                                                                  zh="测试准确率（%）"))
+    for ax in (ax1, ax2):
+        ax.set_xticks(list(epochs))  # whole epochs only
     fig.tight_layout()
     plt.show()
 
@@ -412,7 +418,7 @@ else:
 # %% [markdown] lang="en"
 # ## Saving the whole module no longer loads
 #
-# Some source notes save `torch.save(model.module, path)`: the whole module, pickled. Since
+# A common way to save is `torch.save(model.module, path)`: the whole module, pickled. Since
 # torch 2.6, `torch.load` defaults to `weights_only=True` (the message in
 # `torch/serialization.py` says so), which unpickles tensors, plain containers and numbers
 # only, so that a checkpoint cannot run code when it is loaded. A pickled module needs its
@@ -421,7 +427,7 @@ else:
 # %% [markdown] lang="zh"
 # ## 保存整个模块的文件已经加载不了
 #
-# 有的源笔记用 `torch.save(model.module, path)` 保存整个模块，也就是把它 pickle 下来。从 torch
+# 常见的一种保存方式是 `torch.save(model.module, path)`：保存整个模块，也就是把它 pickle 下来。从 torch
 # 2.6 起，`torch.load` 的默认值变成了 `weights_only=True`（`torch/serialization.py` 里的提示信
 # 息写明了这一点）：它只反序列化张量、普通容器和数字，这样检查点在加载时就无法执行代码。被
 # pickle 的模块需要它的类才能还原，所以加载失败：
@@ -465,7 +471,7 @@ print("same weights:", torch.equal(fresh[0].weight, net[0].weight))
 # returns at once, so the CPU can prepare the next batch while the copy runs, and kernels
 # queued later on the same stream still wait for it. `non_blocking=True` from pageable
 # memory is allowed but gains little. Pinned memory cannot be paged out, so pinning a lot
-# of it starves the rest of the machine. Source note 002's explanation ("pin_memory makes
+# of it starves the rest of the machine. A common explanation ("pin_memory makes
 # the GPU read memory faster, non_blocking makes it asynchronous everywhere") mixes up the
 # two: it is the pinning that makes the asynchronous copy possible.
 #
@@ -482,7 +488,7 @@ print("same weights:", torch.equal(fresh[0].weight, net[0].weight))
 # `x.to("cuda", non_blocking=True)` 只是把复制**排进**当前 CUDA 流就立即返回，CPU 可以一边准备
 # 下一个批，一边让复制进行，而之后排进同一个流的核函数（kernel）仍会等它完成。对可分页内存使用
 # `non_blocking=True` 也可以，但几乎没有收益。页锁定内存不能被换出，锁定得太多，机器上的其他程
-# 序就会缺内存。源笔记 002 的解释（“`pin_memory` 让 GPU 读内存更快，`non_blocking` 让一切都变
+# 序就会缺内存。一种常见的解释（“`pin_memory` 让 GPU 读内存更快，`non_blocking` 让一切都变
 # 成异步”）把两者混为一谈：正是页锁定才使异步复制成为可能。
 #
 # 这台机器没有 GPU：页锁定需要 GPU，`DataLoader` 会发出警告并跳过它。再下一个单元在 GPU 上测量
@@ -556,13 +562,13 @@ else:
 #   重；
 # - 数据增强、**dropout** 这类**随机数据**（打乱顺序是采样器的事，所有 rank 用同一个 `seed`）
 #   必须在各 rank 之间不同，否则各 rank 会对不同的样本抽到相同的掩码、做相同的裁剪：用
-#   `seed + rank` 播种。`DataLoader` 的每个 worker 从加载器的生成器得到
-#   `base_seed + worker_id`（见 `torch/utils/data/_utils/worker.py`），所以按 rank 给主进程播
-#   种，worker 里 torch 的随机数也就跟着不同了；worker 里的 `random` 和 NumPy 则需要
+#   `seed + rank` 设置随机种子。`DataLoader` 的每个 worker 从加载器的生成器得到
+#   `base_seed + worker_id`（见 `torch/utils/data/_utils/worker.py`），所以按 rank 给主进程设
+#   种子，worker 里 torch 的随机数也就跟着不同了；worker 里的 `random` 和 NumPy 则需要
 #   `worker_init_fn`。
 #
 # 下面的单元在 2 个 rank 上展示一个 dropout 层的掩码：一次所有 rank 用相同的种子，一次按 rank
-# 播种。
+# 设不同的种子。
 
 # %%
 def dropout_masks(rank, seed=0):
@@ -589,7 +595,7 @@ for line in dl.spawn(dropout_masks, nprocs=2, backend="gloo")[0]:
 # the choice can differ between runs and ranks. `torch.backends.cudnn.deterministic = True`
 # restricts cuDNN to deterministic algorithms; `torch.use_deterministic_algorithms(True)`
 # goes further and raises an error for any torch operation without a deterministic
-# implementation. Source note 000's `init_seeds` sets `deterministic = (seed == 0)` and
+# implementation. A widely copied `init_seeds` helper sets `deterministic = (seed == 0)` and
 # `benchmark = not deterministic`: with `seed + rank`, rank 0 runs deterministically and
 # every other rank does not. Set both flags from a configuration option, the same on every
 # rank. On a CPU they change nothing (they are cuDNN's), so this cell only prints them.
@@ -599,7 +605,7 @@ for line in dl.spawn(dropout_masks, nprocs=2, backend="gloo")[0]:
 # 算法，保留最快的那个：形状固定时更快，但不同的运行、不同的 rank 选中的算法可能不同
 # 。`torch.backends.cudnn.deterministic = True` 把 cuDNN 限制在确定性算法上
 # ；`torch.use_deterministic_algorithms(True)` 更进一步：任何没有确定性实现的 torch 算子
-# （operator）都会报错。源笔记 000 的 `init_seeds` 设置
+# （operator）都会报错。一个流传很广的 `init_seeds` 辅助函数设置
 # `deterministic = (seed == 0)`、`benchmark = not deterministic`：配合 `seed + rank`，结果只有
 # rank 0 以确定性方式运行，其他 rank 都不是。应该由一个配置项来设置这两个开关，并且所有 rank
 # 取值相同。在 CPU 上它们不起作用（它们属于 cuDNN），所以本单元只打印它们。
@@ -649,7 +655,8 @@ plt.show()
 # %% [markdown] lang="en"
 # ## The buggy training function
 #
-# This `buggy_fit` gathers real mistakes from the source notes. Find them before reading on:
+# This `buggy_fit` gathers real mistakes common in notes and blog posts. Find them before
+# reading on:
 # it creates the optimizer inside the loop (its momentum restarts at every step, and there is
 # no `zero_grad`), never calls `set_epoch`, lets every rank save, saves the DDP wrapper (keys
 # start with `module.`), and returns each rank's own loss as "the" loss.
@@ -657,7 +664,7 @@ plt.show()
 # %% [markdown] lang="zh"
 # ## 有错误的训练函数
 #
-# 下面的 `buggy_fit` 集中了源笔记里真实出现过的错误。往下读之前先自己找一找：它在循环里创建优
+# 下面的 `buggy_fit` 集中了网上教程里常见的真实错误。往下读之前先自己找一找：它在循环里创建优
 # 化器（动量每一步都从头开始，而且没有 `zero_grad`），从不调用 `set_epoch`，让每个 rank 都保存
 # 检查点，保存的是 DDP 包装器（键名以 `module.` 开头），还把每个 rank 自己的损失当成整体的损失
 # 返回。
@@ -779,5 +786,5 @@ dl.grade("08.fit", fit)
 # `set_epoch` 每轮重新打乱），从相同的权重开始，记录在所有 rank 上归约过的数值，并且只让 rank
 # 0 与外界打交道（进度、检查点），在其他 rank 依赖它的地方放一道屏障。同一个文件可以在
 # `torchrun` 下运行于一个或多个节点。缩放学习率要配合预热；保存 `state_dict()`（被 pickle 的整
-# 个模块默认已经加载不了）；往 GPU 异步复制要用页锁定内存；随机数据按 rank 播种，模型用什么种
-# 子都可以。
+# 个模块默认已经加载不了）；往 GPU 异步复制要用页锁定内存；随机数据按 rank 设不同的种子，模型用
+# 什么种子都可以。

@@ -32,7 +32,7 @@
 # 的**启动器**（launcher）：`torchrun`（以及它已弃用的前身 `torch.distributed.launch`）或
 # `torch.multiprocessing.spawn`。本章在 notebook 里把它们逐一作为子进程运行，每次都用空闲端口
 # 并设置超时（timeout），看看它们分别给你的进程提供了什么；然后在这一台机器上运行一个跨两个节
-# 点（node）的任务；最后真实地触发你将会遇到的各种错误，并给出原因和解决办法。
+# 点（node）的任务；最后亲手触发你迟早会遇到的各种错误，并给出原因和解决办法。
 
 # %%
 import argparse
@@ -126,13 +126,13 @@ print(ld.format_table(r.records(), ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_W
 assert [rec["RANK"] for rec in r.records()] == ["0", "1"]
 
 # %% [markdown] lang="en" tags=["lesson"]
-# **Correction of the source notes.** One note calls the rank "the priority of the process".
+# **A common claim in notes and blog posts: the rank is "the priority of the process".**
 # It is only an index: the `nice` column above is the scheduling priority the OS uses, and it
 # is the same for every rank. Rank 0 is special only because your code (and the rendezvous
 # store) treat it so.
 
 # %% [markdown] lang="zh" tags=["lesson"]
-# **纠正源笔记**。有一篇源笔记把 rank 说成“进程的优先级”。它只是一个编号：上表中的 `nice` 列才
+# **常见说法：rank 是“进程的优先级”**。其实它只是一个编号：上表中的 `nice` 列才
 # 是操作系统调度用的优先级，而它在每个 rank 上都一样。rank 0 之所以特殊，只是因为你的代码（以
 # 及会合用的 store）这样对待它。
 
@@ -141,15 +141,15 @@ assert [rec["RANK"] for rec in r.records()] == ["0", "1"]
 #
 # The old launcher still runs, prints a `FutureWarning`, and passes `--local-rank=N`
 # (with a hyphen since PyTorch 2.0) as a command-line argument, in addition to the
-# environment. The source notes parse `--local_rank` (underscore) with `type=str`. The
-# worker below uses the notes' parser and then a fixed one.
+# environment. A parser often copied from notes and blog posts reads `--local_rank`
+# (underscore) with `type=str`. The worker below uses that parser and then a fixed one.
 
 # %% [markdown] lang="zh" tags=["lesson"]
 # ### `torch.distributed.launch`（已弃用）与 `--local-rank`
 #
 # 旧的启动器仍然能运行，会打印一条 `FutureWarning`，并且除了设置环境变量，还会在命令行上传入
-# `--local-rank=N`（从 PyTorch 2.0 起用连字符）。源笔记用 `type=str` 解析 `--local_rank`（下划
-# 线）。下面的 worker 先用源笔记的解析器，再用修正后的解析器。
+# `--local-rank=N`（从 PyTorch 2.0 起用连字符）。网上流传的一种解析器用 `type=str` 解析
+# `--local_rank`（下划线）。下面的 worker 先用这个解析器，再用修正后的解析器。
 
 # %% tags=["lesson"]
 dl.show_source(ld.worker_legacy_args)
@@ -158,7 +158,7 @@ dl.show_source(ld.worker_legacy_args)
 r = runs["legacy"].result()
 r.show(pattern="FutureWarning|unrecognized")
 for rec in r.records():
-    print(f"argv={rec['argv']}  notes' parser: {rec['notes_parser']}  fixed: {rec['fixed_parser']!r}")
+    print(f"argv={rec['argv']}  type=str parser: {rec['notes_parser']}  fixed: {rec['fixed_parser']!r}")
 errors.explain(r, "bad_flag")
 
 # %% [markdown] lang="en" tags=["lesson"]
@@ -174,9 +174,9 @@ errors.explain(r, "bad_flag")
 # `type=int`。
 
 # %% tags=["lesson"]
-notes_parser = argparse.ArgumentParser()
-notes_parser.add_argument("--local_rank", type=str, default=-1)  # as in the notes
-local_rank = notes_parser.parse_args(["--local_rank=0"]).local_rank
+str_parser = argparse.ArgumentParser()
+str_parser.add_argument("--local_rank", type=str, default=-1)  # as often copied
+local_rank = str_parser.parse_args(["--local_rank=0"]).local_rank
 print(repr(local_rank), "== 0 ->", local_rank == 0)
 
 fixed_parser = argparse.ArgumentParser()
@@ -185,10 +185,11 @@ print(repr(fixed_parser.parse_args(["--local_rank=0"]).local_rank),
       repr(fixed_parser.parse_args(["--local-rank=0"]).local_rank))
 
 # %% [markdown] lang="en" tags=["lesson"]
-# Another note calls `torch.distributed.local_rank()`. That function does not exist:
+# Another line seen in the wild calls `torch.distributed.local_rank()`. That function does
+# not exist:
 
 # %% [markdown] lang="zh" tags=["lesson"]
-# 另一篇源笔记调用了 `torch.distributed.local_rank()`。这个函数并不存在：
+# 还有一种常见写法调用 `torch.distributed.local_rank()`。这个函数并不存在：
 
 # %% tags=["lesson"]
 with errors.expect("no_local_rank"):
@@ -253,13 +254,13 @@ r.show(pattern="RuntimeError: simulated|Root Cause|rank +:|exitcode|ChildFailedE
 errors.explain(r, "child_failed")
 
 # %% [markdown] lang="en" tags=["lesson"]
-# One note says "torch 1.8 rarely fails, torch>=1.9 is unstable" and quotes
-# `Received 1 death signal, shutting down workers`. That line is the agent saying it was
+# A common claim in notes and blog posts: "torch 1.8 rarely fails, torch>=1.9 is
+# unstable", quoting `Received 1 death signal, shutting down workers`. That line is the agent saying it was
 # *sent a signal* from outside (1 is SIGHUP: the terminal or ssh session closed). Here we
 # send SIGTERM to the agent while the workers train:
 
 # %% [markdown] lang="zh" tags=["lesson"]
-# 有一篇源笔记说“torch 1.8 基本不出错，torch>=1.9 不稳定”，并引用了
+# 常见说法：“torch 1.8 基本不出错，torch>=1.9 不稳定”，证据是这行日志
 # `Received 1 death signal, shutting down workers`。这行日志是代理在说它*从外部收到了信号*（1
 # 是 SIGHUP：终端或 ssh 会话关闭了）。下面我们在 worker 训练时向代理发送 SIGTERM：
 
@@ -301,7 +302,7 @@ print(ld.format_table(sorted(rows, key=lambda rec: int(rec["RANK"]))))
 # gives each node a base rank equal to the sum of the `LOCAL_WORLD_SIZE` of the nodes before
 # it (`_assign_worker_ranks` in `torch/distributed/elastic/agent/server/api.py`), so with
 # 2 + 3 workers the second node's ranks are 2, 3, 4. Read `RANK`; do not compute it.
-# One note computes the world size as `torch.cuda.device_count()`: that is the GPU count of
+# A common habit computes the world size as `torch.cuda.device_count()`: that is the GPU count of
 # *one* node (2 here, like `LOCAL_WORLD_SIZE`), not 4. Read `WORLD_SIZE` (or
 # `dist.get_world_size()`).
 #
@@ -314,8 +315,8 @@ print(ld.format_table(sorted(rows, key=lambda rec: int(rec["RANK"]))))
 # 这个公式只在每个节点的 worker 数相同时才成立：torchrun 给每个节点的起始 rank 是它前面所有节
 # 点的 `LOCAL_WORLD_SIZE` 之和（见 `torch/distributed/elastic/agent/server/api.py` 的
 # `_assign_worker_ranks`），所以两个节点分别有 2 个和 3 个 worker 时，第二个节点的 rank 是
-# 2、3、4。请读取 `RANK`，不要自己算。有一篇源笔记用 `torch.cuda.device_count()` 作为 world
-# size（进程总数）：那只是*一个*节点上的 GPU 数（这里是 2，和 `LOCAL_WORLD_SIZE` 一样），而不
+# 2、3、4。请读取 `RANK`，不要自己算。有一种常见写法用 `torch.cuda.device_count()` 作为
+# world size（进程总数）：那只是*一个*节点上的 GPU 数（这里是 2，和 `LOCAL_WORLD_SIZE` 一样），而不
 # 是 4。请读取 `WORLD_SIZE`（或 `dist.get_world_size()`）。
 #
 # 使用 **c10d 会合**（`--rdzv_backend=c10d --rdzv_endpoint=HOST:PORT`）时不需要
@@ -332,10 +333,10 @@ assert sorted(int(rec["RANK"]) for rec in rows) == [0, 1, 2, 3]
 # %% [markdown] lang="en" tags=["lesson"]
 # ### Two habits that break on the second node
 #
-# Both come from the source notes and both work on one node, which is why they survive.
-# `torch.cuda.set_device(args.rank)` (note 002) uses the *global* rank as a GPU index: on
+# Both are common in notes and blog posts, and both work on one node, which is why they
+# survive. `torch.cuda.set_device(args.rank)` uses the *global* rank as a GPU index: on
 # node 1 the ranks are 2 and 3, but the node has GPUs 0 and 1, so it fails with `invalid
-# device ordinal`. `if local_rank == 0: save()` (note 001) saves once per *node*: on two
+# device ordinal`. `if local_rank == 0: save()` saves once per *node*: on two
 # nodes two processes write the same checkpoint path, at the same time on a shared disk.
 # The worker `node_habits` acts both out on the two-node job (`LOCAL_WORLD_SIZE` stands for
 # the node's GPU count; it appends to one file in a folder both "nodes" share):
@@ -343,10 +344,10 @@ assert sorted(int(rec["RANK"]) for rec in rows) == [0, 1, 2, 3]
 # %% [markdown] lang="zh" tags=["lesson"]
 # ### 到第二个节点就出错的两个习惯
 #
-# 两者都来自源笔记，而且在单节点上都能工作，所以一直没被发现
-# 。`torch.cuda.set_device(args.rank)`（源笔记 002）把*全局* rank 当作 GPU 编号：在 1 号节点上
+# 两种写法都很常见，而且在单节点上都能工作，所以一直没被发现
+# 。`torch.cuda.set_device(args.rank)` 把*全局* rank 当作 GPU 编号：在 1 号节点上
 # rank 是 2 和 3，而该节点只有 GPU 0 和 1，于是以 `invalid device ordinal` 失败
-# 。`if local_rank == 0: save()`（源笔记 001）每个*节点*保存一次：两个节点上就有两个进程写同一
+# 。`if local_rank == 0: save()` 每个*节点*保存一次：两个节点上就有两个进程写同一
 # 个检查点路径，在共享磁盘上还是同时写。worker `node_habits` 在两节点任务上把两者都演示一遍（
 # 用 `LOCAL_WORLD_SIZE` 代表节点的 GPU 数；它往两个“节点”共享的目录里的同一个文件追加内容）：
 
@@ -370,11 +371,11 @@ print(open(checkpoint).read().strip().splitlines(), "<- one file, two writers")
 # 节点保存，而且要在代码里写明这一点。
 
 # %% [markdown] lang="en" tags=["lesson"]
-# A misspelt flag, like the notes' `--master_adderss` (or `--master_address`), is refused
+# A misspelt flag, like `--master_adderss` (seen in copied scripts) or `--master_address`, is refused
 # before anything starts:
 
 # %% [markdown] lang="zh" tags=["lesson"]
-# 拼错的参数，比如源笔记里的 `--master_adderss`（或 `--master_address`），在任何进程启动之前就
+# 拼错的参数，比如网上脚本里出现过的 `--master_adderss`（或 `--master_address`），在任何进程启动之前就
 # 会被拒绝：
 
 # %% tags=["lesson"]
@@ -462,16 +463,17 @@ else:
 # %% [markdown] lang="en" tags=["lesson"]
 # ### GPUs and `CUDA_VISIBLE_DEVICES`
 #
-# One note runs `CUDA_VISIBLE_DEVICES=0,1,2,3 ... --nproc_per_node=8`: local ranks 4-7 then
-# ask for GPUs that are not visible and fail with `invalid device ordinal`. Another sets
+# A command often copied runs `CUDA_VISIBLE_DEVICES=0,1,2,3 ... --nproc_per_node=8`: local
+# ranks 4-7 then ask for GPUs that are not visible and fail with `invalid device ordinal`.
+# Another habit sets
 # `CUDA_VISIBLE_DEVICES` inside the script after start: it only works if CUDA is not yet
 # initialised in that process; set it on the command line instead.
 
 # %% [markdown] lang="zh" tags=["lesson"]
 # ### GPU 与 `CUDA_VISIBLE_DEVICES`
 #
-# 有一篇源笔记运行 `CUDA_VISIBLE_DEVICES=0,1,2,3 ... --nproc_per_node=8`：本地 rank（local
-# rank）4–7 会请求看不见的 GPU，并以 `invalid device ordinal` 失败。另一篇在脚本启动之后才在脚
+# 一条常被照抄的命令是 `CUDA_VISIBLE_DEVICES=0,1,2,3 ... --nproc_per_node=8`：本地 rank（local
+# rank）4～7 会请求看不见的 GPU，并以 `invalid device ordinal` 失败。另一种习惯是在脚本启动之后才在脚
 # 本里设置 `CUDA_VISIBLE_DEVICES`：只有当该进程还没有初始化 CUDA 时这才有效；应该在命令行上设
 # 置。
 
@@ -484,11 +486,11 @@ if torch.cuda.is_available():
     print(r.stdout)
     errors.explain(r, "invalid_ordinal")
 else:
-    print(dl.tr(en="[No GPU here: what a GPU machine shows] With 4 visible GPUs, local ranks "
-                   "4..7 fail in torch.cuda.set_device with 'CUDA error: invalid device "
+    print(dl.tr(en="Skipped: no GPU here. On a GPU machine with 4 visible GPUs, local ranks "
+                   "4-7 fail in torch.cuda.set_device with 'CUDA error: invalid device "
                    "ordinal'.",
-                zh="[这里没有 GPU：有 GPU 的机器上会显示] 只有 4 块可见 GPU 时，本地 rank 4..7 在 "
-                   "torch.cuda.set_device 处以 'CUDA error: invalid device ordinal' 失败。"))
+                zh="已跳过：这里没有 GPU。在有 GPU 的机器上，只有 4 块可见 GPU 时，本地 rank 4～7 在 "
+                   "torch.cuda.set_device 处以“CUDA error: invalid device ordinal”失败。"))
 
 # %% [markdown] lang="en" tags=["lesson"]
 # ## 4. Init methods and timeouts
@@ -719,7 +721,7 @@ with errors.expect("shape_mismatch"):
 # %% [markdown] lang="zh" tags=["lesson"]
 # ### 地址已被占用；崩溃的 rank
 #
-# 被其他程序占用的端口无法承载 rank 0 的 store。而当某个 rank 抛出异常时，其他 rank 只会看到
+# 如果端口已被其他程序占用，rank 0 就无法在上面启动 store。而当某个 rank 抛出异常时，其他 rank 只会看到
 # “connection closed by peer”：根本原因是最早出现的那个错误。
 
 # %% tags=["lesson"]
@@ -787,7 +789,7 @@ print([line for line in errors.text_of(caught.error).splitlines() if "Parameters
 print(dl.spawn(train_two_steps, args=(True,), nprocs=2, quiet=True, timeout=60))
 
 # %% [markdown] lang="en" tags=["lesson"]
-# ### Three small slips from the source notes, run
+# ### Three common small slips, run
 #
 # - `DDP(model, device_ids=[i], output_devices=i)`: the keyword is `output_device`
 #   (singular). Python refuses the misspelt one before anything is built.
@@ -799,7 +801,7 @@ print(dl.spawn(train_two_steps, args=(True,), nprocs=2, quiet=True, timeout=60))
 #   runs the same code at the same speed.
 
 # %% [markdown] lang="zh" tags=["lesson"]
-# ### 源笔记里的三个小错误，运行一下
+# ### 三个常见的小错误，运行一下
 #
 # - `DDP(model, device_ids=[i], output_devices=i)`：关键字是 `output_device`（单数）。拼错的关键字在
 #   构造任何东西之前就被 Python 拒绝。
@@ -848,8 +850,8 @@ if torch.cuda.is_available() and dist.is_nccl_available():
     print(dl.tr(en="A GPU is here: run NCCL jobs with NCCL_DEBUG=INFO to see NCCL's log.",
                 zh="这里有 GPU：用 NCCL_DEBUG=INFO 运行 NCCL 任务即可看到 NCCL 的日志。"))
 else:
-    print(dl.tr(en="[No GPU here] NCCL_DEBUG=INFO needs the nccl backend, so it is skipped.",
-                zh="[这里没有 GPU] NCCL_DEBUG=INFO 需要 nccl 后端，因此跳过。"))
+    print(dl.tr(en="Skipped: no GPU here. NCCL_DEBUG=INFO needs the nccl backend.",
+                zh="已跳过：这里没有 GPU。NCCL_DEBUG=INFO 需要 nccl 后端。"))
 
 # %% [markdown] lang="en" tags=["lesson"]
 # ### torchrun's own help: error files and logs
@@ -888,26 +890,31 @@ for action in get_args_parser()._actions:
 # On NCCL a hang is found by a *watchdog* thread of `ProcessGroupNCCL`: it checks the running
 # collectives against the timeout (10 minutes by default), and when one is late it aborts
 # the communicator and takes the process down. Before that it can write what each rank was
-# doing: the **flight recorder** keeps the last `TORCH_NCCL_TRACE_BUFFER_SIZE` collective
-# events per process (default 2000 in torch 2.13, `FlightRecorder.hpp`), and with
-# `TORCH_NCCL_DUMP_ON_TIMEOUT=1` the dump goes to files named by
-# `TORCH_NCCL_DEBUG_INFO_TEMP_FILE`, one per rank. Compare them with
+# doing: the **flight recorder** keeps the last `TORCH_FR_BUFFER_SIZE` collective events
+# per process (default 2000; torch 2.13 also reads the older name
+# `TORCH_NCCL_TRACE_BUFFER_SIZE`, `FlightRecorder.hpp`), and with
+# `TORCH_NCCL_DUMP_ON_TIMEOUT=1` the dump goes to one file per rank, named by
+# `TORCH_FR_DUMP_TEMP_FILE` (`TORCH_NCCL_DEBUG_INFO_TEMP_FILE` in older releases). Set
+# both yourself: their defaults have changed between releases. Compare the files with
 # `python -m torch.distributed.flight_recorder.fr_trace` (`torch/distributed/flight_recorder/`):
 # it points at the rank that did not join a collective, like `monitored_barrier` for Gloo.
-# The variables are in `torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp`; this machine has
-# no GPU, so none of this runs here (the defaults of `TORCH_NCCL_DUMP_ON_TIMEOUT` and of the
-# file name are unchecked).
+# The variables are in `torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp`. All of this
+# needs NCCL and a GPU; not run here.
 
 # %% [markdown] lang="zh" tags=["lesson"]
 # ### NCCL 的 watchdog 与 flight recorder
 #
 # 在 NCCL 上，卡住是由 `ProcessGroupNCCL` 的 *watchdog* 线程发现的：它按超时（默认 10 分钟）检
 # 查正在运行的集合通信，一旦某个超时，就中止通信器并结束进程。在此之前，它可以把每个 rank 正在
-# 做什么记下来：**flight recorder** 在每个进程里保留最近 `TORCH_NCCL_TRACE_BUFFER_SIZE` 个集合
-# 通信事件（torch 2.13 默认 2000，见 `FlightRecorder.hpp`）；设置
-# `TORCH_NCCL_DUMP_ON_TIMEOUT=1` 后，转储写入 `TORCH_NCCL_DEBUG_INFO_TEMP_FILE` 指定的文件，每
-# 个 rank 一个。用
-# `python -m torch.distributed.flight_recorder.fr_trace`（`torch/distributed/flight_recorder/`）比较这些文件：它会指出哪个 rank 没有参加某次集合通信，作用类似 Gloo 的 `monitored_barrier`。这些变量定义在 `torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp` 里；本机没有 GPU，所以这里都不运行（`TORCH_NCCL_DUMP_ON_TIMEOUT` 和文件名的默认值没有核对）。
+# 做什么记下来：**flight recorder** 在每个进程里保留最近 `TORCH_FR_BUFFER_SIZE` 个集合通信
+# 事件（默认 2000；torch 2.13 也读取旧名字 `TORCH_NCCL_TRACE_BUFFER_SIZE`，见
+# `FlightRecorder.hpp`）；设置 `TORCH_NCCL_DUMP_ON_TIMEOUT=1` 后，转储写入每个 rank 一个的文件，
+# 文件名由 `TORCH_FR_DUMP_TEMP_FILE` 指定（旧版本中是 `TORCH_NCCL_DEBUG_INFO_TEMP_FILE`）。这两个
+# 变量请自己设置：它们的默认值在不同版本之间变过。用
+# `python -m torch.distributed.flight_recorder.fr_trace`（`torch/distributed/flight_recorder/`）
+# 比较这些文件：它会指出哪个 rank 没有参加某次集合通信，作用类似 Gloo 的 `monitored_barrier`。
+# 这些变量定义在 `torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp` 里。以上都需要 NCCL 和
+# GPU，这里不运行。
 
 # %% [markdown] lang="en" tags=["lesson"]
 # ### The table
@@ -1011,6 +1018,20 @@ c10d = gallery.show("c10d")
 assert c10d.nodes[0].accuracy() == two.nodes[0].accuracy()
 
 # %% [markdown] lang="en" tags=["lesson"]
+# Both hosts exit with code 0, yet host1's log (and some of the Slurm jobs' logs below)
+# ends with C++ frames of a `DistNetworkError` and "The node
+# '...' has failed to shutdown the rendezvous 'job' due to an error of type
+# RendezvousConnectionError". It is harmless when the exit code is 0: the store lived in
+# host0's agent, which finished first and took the store with it, and host1's agent, on
+# its way out, could no longer mark the rendezvous closed.
+
+# %% [markdown] lang="zh" tags=["lesson"]
+# 两台主机的退出码都是 0，但 host1 的日志（以及下面几个 Slurm 作业的日志）末尾有一段 `DistNetworkError` 的 C++ 栈帧，以及“The node '...' has failed to shutdown
+# the rendezvous 'job' due to an error of type RendezvousConnectionError”。只要退出码是 0，这
+# 就无害：store 在 host0 的代理里，host0 先结束，store 也随之消失；host1 的代理退出前想把会合
+# 标记为关闭，却已经连不上 store 了。
+
+# %% [markdown] lang="en" tags=["lesson"]
 # ### Failure gallery, across two hosts
 #
 # **Gloo on the loopback.** The same static job without `GLOO_SOCKET_IFNAME`: gloo asks for
@@ -1045,7 +1066,12 @@ gallery.show("loopback", limit=1)
 # untold; it goes wrong when the first such interface is not the one between the nodes (a
 # management network, a second card), and then `NCCL_SOCKET_IFNAME` names the right one.
 # The doctor's `nccl_interface` line applies that rule to your machine (no GPU here: NCCL
-# itself does not run).
+# itself does not run). That interface carries NCCL's bootstrap and its socket transport
+# only. On an InfiniBand or RoCE cluster the data goes through the verbs devices that
+# `NCCL_IB_HCA` selects (`NCCL_IB_DISABLE=1` falls back to sockets), so
+# `NCCL_SOCKET_IFNAME` does not pick the fabric; `NCCL_DEBUG=INFO
+# NCCL_DEBUG_SUBSYS=INIT,NET` logs which network NCCL uses (`NET/IB` or `NET/Socket`) and
+# on which devices. Needs NCCL and GPUs; not run here.
 #
 # **A c10d endpoint that no agent hosts.** With Debian's `/etc/hosts` and
 # `--rdzv-endpoint=10.77.0.1:PORT`, the c10d backend starts the store only on an agent that
@@ -1064,7 +1090,11 @@ gallery.show("loopback", limit=1)
 # `src/misc/socket.cc` 中的 `ncclFindInterfaces`）。在这两台主机上，不用指定它也会选 `eth0`；
 # 出问题的情形是排在最前面的那块网卡并不在节点之间的网络上（比如管理网络、第二块网卡），这时
 # 用 `NCCL_SOCKET_IFNAME` 指定正确的网卡。doctor 的 `nccl_interface` 一行会把这条规则套用到
-# 你的机器上（这里没有 GPU，NCCL 本身不运行）。
+# 你的机器上（这里没有 GPU，NCCL 本身不运行）。这块网卡只承载 NCCL 的引导连接（bootstrap）
+# 和它的 socket 传输。在 InfiniBand 或 RoCE 集群上，数据走的是 `NCCL_IB_HCA` 选出的 verbs
+# 设备（`NCCL_IB_DISABLE=1` 则退回 socket），所以 `NCCL_SOCKET_IFNAME` 选不了高速网络；
+# `NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET` 会在日志里写出 NCCL 用的是哪种网络（`NET/IB`
+# 或 `NET/Socket`）以及哪些设备。这些需要 NCCL 和 GPU，这里不运行。
 #
 # **没有任何代理托管的 c10d 端点**。使用 Debian 的 `/etc/hosts` 和
 # `--rdzv-endpoint=10.77.0.1:PORT` 时，c10d 后端只在认出“端点就是自己”的代理上启动
@@ -1139,15 +1169,19 @@ gallery.show("late_node", limit=2)
 # (`_add_to_participants` in `torch/distributed/elastic/rendezvous/dynamic_rendezvous.py`
 # completes the round when the participants reach its `max_nodes`), so the node that joins
 # second decides. Here host1 joins second: two participants are not its three, the round
-# never completes, host0 times out (`RendezvousTimeoutError`) and host1 then finds the
-# rendezvous closed (`RendezvousClosedError`):
+# never completes, and host0 times out (`RendezvousTimeoutError`). The store of the c10d
+# rendezvous lived in host0's agent, so host1 then loses it: `DistNetworkError: Failed to
+# recv, got 0 bytes. Connection was likely closed`, then `RendezvousConnectionError: The
+# connection to the C10d store has failed`:
 
 # %% [markdown] lang="zh" tags=["lesson"]
 # **`--nnodes` 不一致**。c10d 会合，host0 用 `--nnodes=2`，host1 用 `--nnodes=3`。每个代理在
 # 加入的那一刻按*它自己*的 `--nnodes` 判断（`torch/distributed/elastic/rendezvous/dynamic_rendezvous.py`
 # 的 `_add_to_participants` 在参与者数达到它的 `max_nodes` 时宣布这一轮完成），所以由第二个加入
 # 的节点说了算。这里 host1 第二个加入：两个参与者不够它要的三个，这一轮永远完成不了，host0 超时
-# （`RendezvousTimeoutError`），随后 host1 发现会合已经关闭（`RendezvousClosedError`）：
+# （`RendezvousTimeoutError`）。c10d 会合的 store 在 host0 的代理里，所以 host1 随后就失去了它：
+# 先是 `DistNetworkError: Failed to recv, got 0 bytes. Connection was likely closed`，然后是
+# `RendezvousConnectionError: The connection to the C10d store has failed`：
 
 # %% tags=["lesson"]
 gallery.show("nnodes", limit=2)
@@ -1180,6 +1214,9 @@ if not gallery.reason:
 # group that a DDP model used, so its threads live on, and one of them may still be releasing
 # the last collective while Python shuts down. The program now ends its workers with
 # `os._exit`; the cell shows the reasoning, and `tests/test_train.py` checks both halves.
+# Before you copy it into a real job: `os._exit` also skips `atexit` handlers and the
+# flushing of logs, so call it only after every writer is closed (log files, TensorBoard,
+# experiment trackers).
 
 # %% [markdown] lang="zh" tags=["lesson"]
 # 还有一种故障出现在*已经*训练完的任务里：某个 worker 打印完最后一行之后以 SIGABRT 终止，报
@@ -1187,7 +1224,9 @@ if not gallery.reason:
 # 大约每运行三十次就会遇到一次。问题出在 PyTorch，而不在任务本身：DDP 用过的 gloo 进程组，
 # `destroy_process_group` 并不会释放，它的线程继续存活；Python 退出时，其中一个线程可能还在
 # 清理最后一次集合通信留下的对象。现在程序用 `os._exit` 结束 worker；下面的单元展示了完整的推理，
-# `tests/test_train.py` 对这两点都做了检查。
+# `tests/test_train.py` 对这两点都做了检查。要把它抄进真实的任务之前请注意：`os._exit` 也会跳过
+# `atexit` 处理函数和日志的刷新，所以只能在所有写入者（日志文件、TensorBoard、实验跟踪工具）都
+# 关闭之后再调用。
 
 # %% tags=["lesson"]
 from ddp_lab import train as ddp_train
@@ -1236,13 +1275,23 @@ print(slurm.script("ddp08", folder="$HOME/logs"))
 # Line by line: `--nodes=2` asks for two nodes; `--ntasks-per-node=1` makes `srun` start
 # **one task per node**, and that task is `torchrun`, which starts the node's workers itself
 # (`--nproc-per-node=2`: two per node, standing in for two GPUs); `--cpus-per-task=2` gives
-# that one task the node's CPUs. `SLURM_JOB_NODELIST` holds the allocation in Slurm's compact
+# that one task the node's CPUs, and `srun` asks for them again
+# (`--cpus-per-task="$SLURM_CPUS_PER_TASK"`): from Slurm 22.05, the version Debian 12 ships,
+# `srun` no longer inherits `--cpus-per-task` from `sbatch` (the `sbatch` man page: "srun
+# will not inherit the --cpus-per-task value requested by salloc or sbatch"; later releases
+# went back). On a cluster that binds tasks to CPUs (`task/affinity` or `task/cgroup`),
+# without it torchrun and all its workers share one CPU. This small cluster binds nothing
+# (`TaskPlugin=task/none`), so it cannot show the difference. `SLURM_JOB_NODELIST` holds the allocation in Slurm's compact
 # form (`host[0-1]`); `scontrol show hostnames` expands it, and the first node hosts the c10d
 # rendezvous. `--nnodes="$SLURM_NNODES"` and `--rdzv-id="$SLURM_JOB_ID"` come from the job,
 # so the script does not change when you ask for 4 nodes. The port is derived from the job
 # id, so two jobs sharing a node do not fight over one. `sbatch` passes your environment on
 # (`--export=ALL` is its default, see `man sbatch`): the `torchrun` and `PYTHONPATH` of this
 # notebook reach the nodes.
+#
+# On a real GPU cluster the script also asks for the GPUs, as many per node as
+# `--nproc-per-node`: `#SBATCH --gpus-per-node=2` (or the older `#SBATCH --gres=gpu:2`).
+# This cluster has no GPUs to give, so its scripts leave that line out.
 #
 # `sinfo` shows the nodes, `squeue` the queue. Right after the four submissions, the first job
 # runs (`ST` = `R`) and the others wait (`PD`, pending): each wants both nodes, so the next
@@ -1251,13 +1300,22 @@ print(slurm.script("ddp08", folder="$HOME/logs"))
 # %% [markdown] lang="zh" tags=["lesson"]
 # 逐行来看：`--nodes=2` 申请两个节点；`--ntasks-per-node=1` 让 `srun` **每个节点只启动一个
 # 任务**，这个任务就是 `torchrun`，由它自己启动本节点的 worker（`--nproc-per-node=2`：每个节点
-# 两个，代表两块 GPU）；`--cpus-per-task=2` 把节点的 CPU 都分给这一个任务。`SLURM_JOB_NODELIST`
+# 两个，代表两块 GPU）；`--cpus-per-task=2` 把节点的 CPU 都分给这一个任务，`srun` 还要再申请
+# 一次（`--cpus-per-task="$SLURM_CPUS_PER_TASK"`）：从 Debian 12 自带的 Slurm 22.05 起，`srun`
+# 不再继承 `sbatch` 的 `--cpus-per-task`（`sbatch` 手册：“srun will not inherit the
+# --cpus-per-task value requested by salloc or sbatch”；之后的版本又改了回去）。在把任务绑定到
+# CPU 的集群上（`task/affinity` 或 `task/cgroup`），不加这一项，torchrun 和它的所有 worker 就
+# 挤在一个 CPU 上。这个小集群不做绑定（`TaskPlugin=task/none`），所以看不出区别。`SLURM_JOB_NODELIST`
 # 以 Slurm 的紧凑写法（`host[0-1]`）给出分配到的节点，`scontrol show hostnames` 把它展开，由第
 # 一个节点托管 c10d 会合。`--nnodes="$SLURM_NNODES"` 和
 # `--rdzv-id="$SLURM_JOB_ID"` 都取自作业本身，所以申请 4 个节点时脚本不用改。端口由作业号算出，
 # 两个作业共用一个节点时不会抢同一个端口。`sbatch` 会把你的环境变量带过去（默认就是
 # `--export=ALL`，见 `man sbatch`）：这个 notebook 里的 `torchrun` 和 `PYTHONPATH` 在各个节点上
 # 同样可用。
+#
+# 在真正的 GPU 集群上，脚本还要申请 GPU，每个节点的数量与 `--nproc-per-node` 相同：
+# `#SBATCH --gpus-per-node=2`（或者旧写法 `#SBATCH --gres=gpu:2`）。这个集群没有 GPU 可分，
+# 所以它的脚本里没有这一行。
 #
 # `sinfo` 显示节点，`squeue` 显示队列。四个作业刚提交时，第一个在运行（`ST` 为 `R`），其余的在
 # 等待（`PD`，pending）：每个作业都要占满两个节点，所以排第二的在等 `Resources`（资源），后面的
@@ -1287,7 +1345,7 @@ assert job.state == "COMPLETED"
 # world size 为 4：两个节点 × 两个 worker，准确率和同样 4 个 rank 在一台主机上跑出来的一致
 # （测试会比较两者）。只有 rank 0 打印；作业的输出文件收集了所有任务的输出。
 #
-# ### 三个错误，真实运行
+# ### 三种常见错误，实际跑一遍
 #
 # **每块 GPU 一个任务，每个任务里再跑 torchrun**。有些启动方式要求每块 GPU 对应一个 Slurm 任务
 # （`--ntasks-per-node=2`），而 `torchrun` 也会为每块 GPU 启动一个进程。两者叠加：2 个节点 ×
@@ -1335,8 +1393,8 @@ assert job.state == "FAILED"
 # %% [markdown] lang="zh" tags=["lesson"]
 # **只用 srun，不用 torchrun**。每块 GPU 一个任务，每个任务直接运行程序
 # （`srun python -m ddp_lab.train`）。没有谁去设置 `RANK`、`WORLD_SIZE` 和 `MASTER_ADDR`：用默认
-# `env://` 调用 `init_process_group()` 的程序会报 “environment variable RANK expected, but not
-# set” 而失败（`torch/distributed/rendezvous.py` 的 `_env_rendezvous_handler`）。第 08 章的程序
+# `env://` 调用 `init_process_group()` 的程序会报“environment variable RANK expected, but not
+# set”错误而失败（`torch/distributed/rendezvous.py` 的 `_env_rendezvous_handler`）。第 08 章的程序
 # 更“友好”，反而掩盖了这个错误：没有 `RANK` 时它按单 rank 任务运行（`ddp_lab/train.py` 的
 # `_ensure_launcher_env`）。于是跑了四个互不相干的训练，每个都在整个数据集上以 world size 1 运行，
 # 作业状态却是 `COMPLETED`：
@@ -1349,7 +1407,10 @@ assert len(job.lines(r"^world size 1,")) == 4
 # The fixes: one task per node with `torchrun` (the right script), or one task per GPU
 # *without* `torchrun`, where the program builds its environment from Slurm's: `RANK` from
 # `SLURM_PROCID`, `WORLD_SIZE` from `SLURM_NTASKS`, `LOCAL_RANK` from `SLURM_LOCALID`,
-# `MASTER_ADDR` from the first host of `SLURM_JOB_NODELIST`. Never both. Whatever you choose,
+# `MASTER_ADDR` from the first host of `SLURM_JOB_NODELIST`, and `MASTER_PORT` derived from
+# the job id as above (`env://` needs it too). Start that step with `srun
+# --kill-on-bad-exit=1`, so that one dead task ends the step instead of leaving the others
+# waiting until the process group's timeout. Never both. Whatever you choose,
 # the first line of rank 0's log (world size, global batch) tells you whether the job is the
 # one you meant.
 #
@@ -1363,7 +1424,9 @@ assert len(job.lines(r"^world size 1,")) == 4
 # 修正方法：要么每个节点一个任务并使用 `torchrun`（上面正确的脚本），要么每块 GPU 一个任务但
 # *不用* `torchrun`，由程序根据 Slurm 的环境变量自己设置：`RANK` 取 `SLURM_PROCID`，`WORLD_SIZE`
 # 取 `SLURM_NTASKS`，`LOCAL_RANK` 取 `SLURM_LOCALID`，`MASTER_ADDR` 取 `SLURM_JOB_NODELIST` 里的
-# 第一台主机。两者不能同时用。无论选哪种，rank 0 日志的第一行（world size、全局批大小）都能告诉你
+# 第一台主机，`MASTER_PORT` 像上面那样由作业号算出（`env://` 也需要它）。这种作业步要用
+# `srun --kill-on-bad-exit=1` 启动：一个任务死掉，整个作业步随之结束，而不是让其他任务一直等到
+# 进程组超时。两者不能同时用。无论选哪种，rank 0 日志的第一行（world size、全局批大小）都能告诉你
 # 这个作业是不是你想要的那个。
 #
 # **作业结束之后**。作业结束后不久 `squeue` 就不再显示它；`sacct` 读取的是 `slurmdbd` 维护的
@@ -1445,7 +1508,7 @@ dl.grade("09.global_accuracy", global_accuracy)
 # the sum against `dist.all_reduce` and the errors on hidden world sizes.
 
 # %% [markdown] lang="zh" tags=["exercise"]
-# ## 练习 2：一起失败的全归约（3 分）
+# ## 练习 2：要错一起错的全归约（3 分）
 #
 # 编写 `safe_all_reduce(tensor)`：与 `dist.all_reduce(tensor)` 一样（求和、原地修改），但先检
 # 查每个 rank 的形状和数据类型是否相同。如果不同，必须在**每个** rank 上抛出 `ValueError`：只

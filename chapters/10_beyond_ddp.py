@@ -12,7 +12,7 @@
 #   ddp_lab:
 #     title:
 #       en: "10 DDP in production and what comes after it"
-#       zh: "10 生产环境中的 DDP 及其后继者"
+#       zh: "10 生产环境中的 DDP，以及 DDP 之后"
 # ---
 
 # %% [markdown] lang="en"
@@ -27,10 +27,10 @@
 # PyTorch: `ZeroRedundancyOptimizer`, `fully_shard` and single-process training.
 
 # %% [markdown] lang="zh"
-# # 10 生产环境中的 DDP 及其后继者
+# # 10 生产环境中的 DDP，以及 DDP 之后
 #
 # 你已经能从零写出 DDP（第 07 章）。本章回答接下来会遇到的问题：为什么我的训练步比预期的
-# 更慢、更占内存（DDP 的各个开关）？怎样少发送一些字节（**通信钩子**，comm hook）？
+# 更慢、更占内存（DDP 的各个开关）？怎样少发送一些字节（**通信钩子**（comm hook））？
 # **混合精度**（mixed precision）怎样配合 DDP？当模型、梯度和**优化器状态**（optimizer
 # state）在一个设备上放不下时怎么办：先把优化器状态分片（**ZeRO-1**），再把梯度分片，最后
 # 把参数也分片（**FSDP**）。ZeRO-1 和 FSDP 都由你亲手实现，在这台 CPU 上用 gloo 运行，并与
@@ -63,9 +63,11 @@ print(torch.__version__, "| CUDA GPUs:", torch.cuda.device_count())
 #
 # - **gradients + buckets**: the bytes of the distinct storages behind every `param.grad`
 #   and every bucket that a pass-through comm hook receives;
-# - **buckets per iteration**, seen by that hook, in iterations 0, 1 and 2;
-# - the **median step time**, the four models interleaved so that the machine's load hits
-#   all alike.
+# - **buckets per iteration**, seen by that hook, in iterations 0, 1 and 2.
+#
+# Both are exact counts. The table has no step-time column: on a shared CPU and a model
+# this small, the time of one setting varies from run to run by more than the settings
+# differ, so a measured "slower" or "faster" would be noise.
 
 # %% [markdown] lang="zh"
 # ## 1. 实测 DDP 的各个开关
@@ -74,10 +76,12 @@ print(torch.__version__, "| CUDA GPUs:", torch.cuda.device_count())
 # （`ShuffledMLP`，12 层 256×256）调用各层的顺序与定义顺序不同，`bucket_cap_mb=1`。对每种
 # 设置，下面的单元统计：
 #
-# - **梯度 + 桶**：所有 `param.grad` 以及一个透传通信钩子收到的每个桶背后不同存储
-#   （storage）的字节数；
-# - **每次迭代的桶数**：由这个钩子在第 0、1、2 次迭代中看到；
-# - **步时中位数**：四个模型交替运行，让机器负载对它们的影响相同。
+# - **梯度 + 桶**：所有 `param.grad` 以及透传通信钩子收到的每个桶所占的存储（storage）
+#   字节数，同一块存储只计一次；
+# - **每次迭代的桶数**：由这个钩子在第 0、1、2 次迭代中看到。
+#
+# 两者都是精确计数。表里没有单步耗时一列：在共享的 CPU 上、这么小的模型，同一种设置每次运行
+# 的耗时差别比各设置之间的差别还大，测出来的“更慢”或“更快”只是噪声。
 
 # %%
 knobs = dl.spawn(measure_knobs, nprocs=2, backend="gloo")[0]
@@ -88,38 +92,124 @@ print(format_knob_table(knobs))
 #
 # - **`gradient_as_bucket_view=True`** halves the memory for gradients: by default each
 #   `param.grad` has its own storage and DDP copies it into a bucket (2x the parameters);
-#   with the flag, each gradient *is* a view into its bucket (1x). Use it, and do not
-#   replace `param.grad` by a new tensor yourself (`zero_grad(set_to_none=False)` keeps
-#   the views; the default `set_to_none=True` makes DDP point them at the bucket again).
+#   with the flag, each gradient *is* a view into its bucket (1x). Use it. What breaks the
+#   views is `detach_()` on a gradient (the DDP docstring's warning). A `param.grad` that
+#   is `None` or replaced by a new tensor is handled: `mark_variable_ready_dense` in
+#   `reducer.cpp` copies it into the bucket and points `param.grad` at the bucket again,
+#   at the cost of that copy (`zero_grad(set_to_none=False)` keeps the views and avoids it).
 # - **The first iteration uses one bucket** for all parameters, then DDP **rebuilds** the
 #   buckets in the order the gradients really arrived (`_BucketCapacityConfig.
 #   compute_bucket_size_limits` returns `[sys.maxsize]` unless `find_unused_parameters=True`
 #   without `static_graph`). So time your steps after the first two iterations.
 # - **`static_graph=True`** records the graph in iteration 0 and rebuilds after iteration 1;
-#   it lets DDP skip per-step bookkeeping, and is what reentrant activation checkpointing
-#   needs.
+#   it lets DDP skip per-step bookkeeping, and it makes DDP accept reentrant backward
+#   passes (the next cell).
 # - **`find_unused_parameters=True`** walks the autograd graph from the outputs after every
-#   forward (compare its step time with the default's: the cost grows with the number of
-#   autograd nodes), and the buckets are never rebuilt: they stay in definition order, not in the order gradients arrive, so less
-#   communication overlaps backward. Turn it on only for a model that really skips
-#   parameters (chapter 07, section 5).
+#   forward (a cost that grows with the number of autograd nodes), and the buckets are
+#   never rebuilt: they keep the construction plan, the **reverse** of the definition
+#   order, not the order gradients arrive in, so less communication overlaps backward.
+#   Turn it on only for a model that really skips parameters (chapter 07, section 5).
 
 # %% [markdown] lang="zh"
 # 表格说明了什么，以及 torch 在哪里做出这些决定（`torch/nn/parallel/distributed.py`）：
 #
 # - **`gradient_as_bucket_view=True`** 让梯度占用的内存减半：默认情况下每个 `param.grad`
 #   有自己的存储，DDP 再把它复制进桶里（参数的 2 倍）；打开这个开关后，每个梯度**就是**
-#   桶的一个视图（1 倍）。建议打开它，并且不要自己把 `param.grad` 换成新张量
-#   （`zero_grad(set_to_none=False)` 会保留视图；默认的 `set_to_none=True` 会让 DDP 重新把
-#   它们指向桶）。
+#   桶的一个视图（1 倍）。建议打开它。会破坏视图的是对梯度调用 `detach_()`（DDP 文档字符串
+#   里的警告）。`param.grad` 为 `None` 或被换成新张量的情况 DDP 能处理：`reducer.cpp` 的
+#   `mark_variable_ready_dense` 会把它复制进桶，再让 `param.grad` 重新指向桶，代价是多一次
+#   复制（`zero_grad(set_to_none=False)` 保留视图，省掉这次复制）。
 # - **第一次迭代只用一个桶**装下所有参数，之后 DDP 按梯度实际到达的顺序**重建**桶
 #   （`_BucketCapacityConfig.compute_bucket_size_limits` 返回 `[sys.maxsize]`，除非设置了
-#   `find_unused_parameters=True` 且没有 `static_graph`）。所以测量步时要从第三次迭代开始。
+#   `find_unused_parameters=True` 且没有 `static_graph`）。所以测量单步耗时要从第三次迭代开始。
 # - **`static_graph=True`** 在第 0 次迭代记录计算图，第 1 次迭代之后重建桶；它让 DDP 省去
-#   每一步的一些簿记工作，也是可重入（reentrant）激活检查点所需要的。
-# - **`find_unused_parameters=True`** 在每次前向之后从输出出发遍历 autograd 图
-#   （把它的步时与默认设置比较：开销随 autograd 节点数增长），而且桶永远不会重建：它们保持定义顺序，而不是梯度到达的顺序，所以与反向计算
-#   重叠的通信更少。只有当模型确实会跳过某些参数时才打开它（第 07 章第 5 节）。
+#   每一步的一些簿记工作，并让 DDP 接受可重入（reentrant）的反向传播（见下一个单元）。
+# - **`find_unused_parameters=True`** 在每次前向之后从输出出发遍历 autograd 图（开销随
+#   autograd 节点数增长），而且桶永远不会重建：它们保持构造时的分法，即定义顺序的**逆序**，
+#   而不是梯度到达的顺序，所以与反向计算重叠的通信更少。只有当模型确实会跳过某些参数时才
+#   打开它（第 07 章第 5 节）。
+
+# %% [markdown] lang="en"
+# **Activation checkpointing under DDP.** `torch.utils.checkpoint.checkpoint(fn, x,
+# use_reentrant=...)` drops `fn`'s activations in forward and recomputes them in backward.
+# The reentrant variant (`use_reentrant=True`, still what torch 2.13 uses when you pass
+# nothing, with a warning; `torch/utils/checkpoint.py`) runs that recomputation as
+# a separate, nested backward pass; the DDP docstring lists what `static_graph=True` adds
+# support for: "Reentrant backwards. Activation checkpointing multiple times. Activation
+# checkpointing when model has unused parameters." The cell checkpoints one block twice
+# per forward (a layer applied twice, as in weight-shared models) and compares each rank's
+# gradients after DDP with the average computed in one process:
+
+# %% [markdown] lang="zh"
+# **DDP 下的激活检查点**。`torch.utils.checkpoint.checkpoint(fn, x, use_reentrant=...)` 在前向
+# 时丢掉 `fn` 的激活值，在反向时重新计算。可重入的做法（`use_reentrant=True`；在 torch 2.13 中不传这个参数时仍默认用它，同时给出警告，
+# 见 `torch/utils/checkpoint.py`）把这次
+# 重算作为一次单独的、嵌套的反向传播来运行；DDP 的文档字符串列出了 `static_graph=True` 额外
+# 支持的情形：“Reentrant backwards. Activation checkpointing multiple times. Activation
+# checkpointing when model has unused parameters.” 下面的单元在每次前向中对同一个块做两次
+# 检查点（同一层用两次，权重共享的模型就是这样），并把各 rank 经 DDP 平均后的梯度与单进程
+# 算出的平均梯度比较：
+
+# %%
+class CheckpointedTwice(nn.Module):
+    def __init__(self, reentrant):
+        super().__init__()
+        self.block, self.head, self.reentrant = nn.Linear(8, 8), nn.Linear(8, 1), reentrant
+
+    def forward(self, x):
+        for _ in range(2):  # the same block, checkpointed twice
+            x = torch.utils.checkpoint.checkpoint(lambda t: torch.tanh(self.block(t)), x,
+                                                  use_reentrant=self.reentrant)
+        return self.head(x)
+
+
+def checkpointing_under_ddp(rank):
+    import warnings
+
+    rows = []
+    for reentrant, kwargs in [(True, {}), (True, {"static_graph": True}), (True, {"find_unused_parameters": True}),
+                              (False, {}), (False, {"find_unused_parameters": True})]:
+        torch.manual_seed(0)
+        net = CheckpointedTwice(reentrant)
+        ref, model = copy.deepcopy(net), DDP(net, **kwargs)
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # find_unused_parameters=True with none unused
+                for step in range(3):
+                    xs = torch.randn(2, 4, 8, generator=torch.Generator().manual_seed(step))
+                    model.zero_grad()
+                    ref.zero_grad()
+                    model(xs[rank].requires_grad_(reentrant)).sum().backward()
+                    (ref(xs[0].clone().requires_grad_()).sum() + ref(xs[1].clone().requires_grad_()).sum()).div(2).backward()
+                    diff = max((a.grad - b.grad).abs().max().item()
+                               for a, b in zip(model.module.parameters(), ref.parameters()))
+            result = f"no error, gradients off by {diff:.1e}"
+        except RuntimeError as err:
+            result = f"RuntimeError: {str(err).split('.')[0]}"
+        rows.append(f"use_reentrant={reentrant!s:5} {str(kwargs):33} {result}")
+    return rows
+
+
+print(*dl.spawn(checkpointing_under_ddp, nprocs=2, backend="gloo", quiet=True)[0], sep="\n")
+
+# %% [markdown] lang="en"
+# Reentrant checkpointing of a block used twice gives **wrong gradients without an error**
+# under plain DDP, an error with `find_unused_parameters=True`, and the right gradients
+# with `static_graph=True`. Non-reentrant checkpointing (`use_reentrant=False`) is right in
+# every case, with no flag: prefer it (torch's own `checkpoint` warns when `use_reentrant`
+# is not passed and recommends `False`). Keep `static_graph=True` for code that must stay
+# reentrant. With FSDP, checkpoint inside each unit: the recomputation runs in the unit's
+# backward, after `fully_shard`'s pre-backward hook has gathered its parameters, and reuses
+# that gather (`_pre_forward` in `torch/distributed/fsdp/_fully_shard/_fsdp_state.py`).
+
+# %% [markdown] lang="zh"
+# 对用了两次的块做可重入检查点：普通 DDP 下**不报错，梯度却是错的**；加
+# `find_unused_parameters=True` 会报错；`static_graph=True` 时梯度正确。非可重入检查点
+# （`use_reentrant=False`）在所有情形下都正确，不需要任何开关：优先用它（torch 自己的
+# `checkpoint` 在没有传 `use_reentrant` 时会给出警告，并推荐 `False`）。只有必须保留可重入
+# 写法的代码，才用 `static_graph=True`。配合 FSDP 时，在每个单元内部做检查点：重算发生在该
+# 单元的反向阶段，此时 `fully_shard` 的反向前钩子已经全收集了它的参数，重算直接复用这次全收集
+# （见 `torch/distributed/fsdp/_fully_shard/_fsdp_state.py` 的 `_pre_forward`）。
 
 # %% [markdown] lang="en"
 # ## 2. Comm hooks: send fewer bytes
@@ -156,11 +246,11 @@ dl.show_source(default_hooks._compress_hook)
 
 # %% [markdown] lang="zh"
 # 转换为 16 位，在求和**之前**除以 world size（这样 fp16 不会溢出），异步全归约，再在
-# `then` 回调里复制回 float32 的桶。PowerSGD 更进一步：它发送两个细长的矩阵 P 和 Q（每个
-# 梯度矩阵的秩 r 近似），并把这一步产生的误差留到下一步补上（误差反馈，error feedback）。
+# `then` 回调里复制回 float32 的桶。PowerSGD 更进一步：它发送两个细长的矩阵 P 和 Q（对每个
+# 梯度矩阵做秩为 r 的低秩近似），并把这一步产生的误差留到下一步补上（误差反馈，error feedback）。
 #
-# 在 digits 数据上运行一次（2 个 rank，带动量的 SGD 训练 60 步）：每步交给集合通信的字节数
-# （`count_collectives` 包装了 `torch.distributed.all_reduce`，这些钩子都调用它）、测试准确率，
+# 在手写数字数据集（digits）上运行一次（2 个 rank，带动量的 SGD 训练 60 步）：每步交给集合
+# 通信的字节数（`count_collectives` 包装了 `torch.distributed.all_reduce`，这些钩子都调用它）、测试准确率，
 # 以及最终参数与普通 DDP 相差多少。
 
 # %%
@@ -174,24 +264,30 @@ print(format_table(hook_rows))
 # These are payload bytes; a ring all-reduce moves about 2(N-1)/N times that per rank
 # (chapter 05).
 #
-# Two things found by running the code, not in the docs: (1) DDP refuses a hook *named*
-# `bf16_compress_hook` unless CUDA with NCCL >= 2.10 is present (`_check_comm_hook` in
-# `distributed.py` checks `hook.__name__`), although gloo all-reduces bfloat16 on CPU;
-# the table calls the very same function through a wrapper (`builtin_bf16_hook`).
-# (2) `PowerSGDState` refuses `start_powerSGD_iter <= 1` with error feedback on; the table
-# uses 2, so the first step is a plain all-reduce.
+# Two things found by running the code; the docs only hint at them. (1) DDP refuses a
+# hook *named* `bf16_compress_hook` unless torch was **built** with CUDA (or ROCm) and NCCL
+# >= 2.10 (`_check_comm_hook` in `distributed.py` checks `hook.__name__` and the build, not
+# whether this run uses a GPU or NCCL), although gloo all-reduces bfloat16 on CPU; the
+# hook's docstring only says it "requires NCCL version later than 2.9.6". The table calls
+# the very same function through a wrapper (`builtin_bf16_hook`). (2) `PowerSGDState`
+# refuses `start_powerSGD_iter <= 1` when error feedback or warm start is on (a warning in
+# its docstring says the minimum is 2, because DDP rebuilds its buckets after iteration
+# 1); the table uses 2, so the first step is a plain all-reduce.
 
 # %% [markdown] lang="zh"
-# fp16 和 bf16 发送的字节数恰好减半，准确率相同；bf16 离普通 DDP 比 fp16 更远（尾数只有 7 位，
-# 而 fp16 有 10 位）。PowerSGD 只发送很小一部分，但在秩 1 时，这么少的步数就会损失准确率；
+# fp16 和 bf16 发送的字节数恰好减半，准确率相同；bf16 的结果比 fp16 偏离普通 DDP 更多（bf16
+# 的尾数只有 7 位，fp16 有 10 位）。PowerSGD 只发送很小一部分，但在秩 1 时，这么少的步数就会损失准确率；
 # 秩 4 更接近普通 DDP。这些是有效载荷（payload）字节；环形全归约中每个 rank 实际传输的约为
 # 它的 2(N-1)/N 倍（第 05 章）。
 #
-# 有两点是运行代码时发现的，文档里没有写：（1）除非有 CUDA 且 NCCL >= 2.10，DDP 会拒绝
-# **名字叫** `bf16_compress_hook` 的钩子（`distributed.py` 中的 `_check_comm_hook` 检查
-# `hook.__name__`），尽管 gloo 在 CPU 上可以对 bfloat16 做全归约；上表通过一个包装函数
-# （`builtin_bf16_hook`）调用的是同一个函数。（2）开启误差反馈时，`PowerSGDState` 不接受
-# `start_powerSGD_iter <= 1`；上表用的是 2，所以第一步是普通的全归约。
+# 有两点是运行代码时发现的，文档只是略有提及。（1）除非 torch 在**构建时**带了 CUDA（或
+# ROCm）且 NCCL >= 2.10，DDP 会拒绝**名字叫** `bf16_compress_hook` 的钩子（`distributed.py`
+# 中的 `_check_comm_hook` 检查的是 `hook.__name__` 和构建信息，而不是这次运行是否用 GPU 或
+# NCCL），尽管 gloo 在 CPU 上可以对 bfloat16 做全归约；钩子的文档字符串只说它“需要高于 2.9.6
+# 的 NCCL”。上表通过一个包装函数（`builtin_bf16_hook`）调用的是同一个函数。（2）开启误差反馈
+# 或热启动（warm start）时，`PowerSGDState` 不接受 `start_powerSGD_iter <= 1`（它的文档字符串
+# 里有一条警告：最小值是 2，因为 DDP 在第 1 次迭代之后会重建桶）；上表用的是 2，所以第一步是
+# 普通的全归约。
 
 # %% [markdown] lang="en"
 # ## 3. Mixed precision with DDP
@@ -290,9 +386,9 @@ if torch.cuda.device_count() >= 2:
 
     dl.spawn(fp16_scaler, nprocs=2, backend="nccl")
 else:
-    print(dl.tr(en="[no 2 GPUs here] On 2 GPUs this cell trains one fp16 step with GradScaler "
+    print(dl.tr(en="Skipped: no 2 GPUs here. On 2 GPUs this cell trains one fp16 step with GradScaler "
                    "under DDP and prints the loss scale and the unscaled gradient norm.",
-                zh="[此处没有 2 块 GPU] 在 2 块 GPU 上，本单元会在 DDP 下用 GradScaler 训练一步 fp16，"
+                zh="已跳过：这里没有 2 块 GPU。在 2 块 GPU 上，本单元会在 DDP 下用 GradScaler 训练一步 fp16，"
                    "并打印损失缩放因子和还原后的梯度范数。"))
 
 # %% [markdown] lang="en"
@@ -304,8 +400,8 @@ else:
 # gradients and K Psi of optimizer state with K = 12 (an fp32 copy of the parameters,
 # momentum and variance: 3 × 4 bytes). Sharding the optimizer state over N ranks (stage 1)
 # divides the K term by N; stage 2 the gradients too; stage 3 the parameters too. The
-# paper's Figure 1 example, Psi = 7.5 B on N = 64, computed from this model (the figure's
-# values as quoted here were not re-read from the paper in this session):
+# paper's Figure 1 example, Psi = 7.5 B on N = 64, computed from this model (the figure
+# shows the same four values: 120, 31.4, 16.6 and 1.9 GB):
 
 # %% [markdown] lang="zh"
 # ## 4. ZeRO-1：把优化器状态分片
@@ -315,7 +411,7 @@ else:
 # 2 Psi 字节，fp16 梯度 2 Psi 字节，优化器状态 K Psi 字节，K = 12（参数的 fp32 副本、动量和
 # 方差：3 × 4 字节）。把优化器状态在 N 个 rank 上分片（第 1 阶段）使 K 这一项除以 N；第 2
 # 阶段把梯度也分片；第 3 阶段把参数也分片。论文图 1 的例子是 Psi = 75 亿、N = 64，下面按这个
-# 模型计算（这里引用的图中数值本次没有重新对照论文原文核对）：
+# 模型计算（图中给出的正是这四个值：120、31.4、16.6 和 1.9 GB）：
 
 # %%
 for stage, gb in paper_example(psi=7.5e9, n=64):
@@ -357,7 +453,8 @@ print("sizes", sizes, "-> owners on 2 ranks", assign_shards(sizes, 2), "on 3 ran
 # 在 2 个 rank 上比较三个优化器，模型相同（含一个冻结层），都是带权重衰减的 AdamW：单进程在
 # 全批上运行的普通 AdamW、`ShardedOptimizer` 和 torch 的 `ZeroRedundancyOptimizer`，后两者
 # 每个 rank 处理半批。单元打印参数的最大差值，以及每个 rank 持有多少个优化器状态元素
-# （`tests/test_zero.py` 还测试了绑定权重、两个参数组、3 个 rank 和汇总后的 `state_dict`）。
+# （`tests/test_zero.py` 还测试了共享（绑定）权重、两个参数组、3 个 rank 和汇总后的
+# `state_dict`）。
 
 # %%
 def zero_vs_torch(rank, steps=4):
@@ -404,8 +501,8 @@ dl.spawn(zero_vs_torch, nprocs=2, backend="gloo")
 
 # %% [markdown] lang="zh"
 # **每个 rank 的内存，逐字节统计**。`measure_memory` 统计每个 rank 在两步 AdamW 之后持有的
-# 张量字节数（float32，所以每个参数 4 + 4 + 8 字节），分别在 DDP（`gradient_as_bucket_view=True`）、
-# ZeRO-1 和本章的 FSDP（第 5 节，包括峰值时已收集的参数）下。在 2、3、4 个 rank 上各运行一次；
+# 张量字节数（float32，所以每个参数 4 + 4 + 8 字节），对 DDP（`gradient_as_bucket_view=True`）、
+# ZeRO-1 和本章的 FSDP（第 5 节，包括峰值时已全收集的参数）分别统计。在 2、3、4 个 rank 上各运行一次；
 # 每种方法显示持有字节最多的那个 rank（也就是最先耗尽内存的那个）。点是实际计数，虚线是
 # 4+4+8 模型。
 
@@ -421,16 +518,25 @@ plot_memory(memory);
 
 # %% [markdown] lang="en"
 # ZeRO-1's optimizer column shrinks with N but not to exactly 1/N: it shards whole
-# parameters, and this model has four large weight matrices, so one rank may own two of
-# them. FSDP shards a flat vector, so its shards are even (up to padding), and the
-# parameters and gradients shrink too; it pays for that with the gathered units
-# (at most one at a time here) and with an all-gather before every use.
+# parameters, and this model (`memory_mlp(512, 4)` in `ddp_lab/memory_model.py`) has three
+# 512×512 weight matrices, a 512×64 input layer and a small output layer, so on 2 ranks
+# one rank owns two of the large ones. FSDP shards a flat vector, so its shards are even (up to padding), and the
+# parameters and gradients shrink too; it pays for that with an all-gather before every
+# use and with the gathered units. The "gathered peak" column counts gathered
+# **parameters** only (one unit at a time here). In backward this `FullyShardedDP` also
+# holds, per unit, its full gradient and a copy divided by N (the reduce-scatter's input,
+# alive until gloo finishes): about two units more for a moment. DDP with bucket views has
+# no such transient, so the table flatters FSDP a little.
 
 # %% [markdown] lang="zh"
-# ZeRO-1 的优化器一列随 N 减小，但不是恰好 1/N：它按整个参数分片，而这个模型有四个很大的
-# 权重矩阵，一个 rank 可能分到其中两个。FSDP 对一个展平的向量分片，所以各分片大小相同（最多
-# 相差填充），参数和梯度也一起变小；代价是已收集的单元（这里同一时刻最多一个）以及每次使用
-# 之前的一次全收集。
+# ZeRO-1 的优化器一列随 N 减小，但不是恰好 1/N：它按整个参数分片，而这个模型
+# （`ddp_lab/memory_model.py` 中的 `memory_mlp(512, 4)`）有三个 512×512 的权重矩阵、一个
+# 512×64 的输入层和一个很小的输出层，所以在 2 个 rank 上，有一个 rank 会分到两个大矩阵。FSDP 对一个展平的向量分片，
+# 所以各分片大小相同（至多相差填充的那几个元素），参数和梯度也一起变小；代价是每次使用之前
+# 的一次全收集，以及已全收集的单元。“gathered peak”一列只统计全收集的**参数**（这里同一时刻
+# 只有一个单元）。在反向阶段，这个 `FullyShardedDP` 对每个单元还会暂时持有完整的梯度和一份
+# 除以 N 之后的副本（归约散发的输入，gloo 完成之前一直存在）：短时间内大约多出两个单元。使用桶视图的 DDP
+# 没有这种临时开销，所以这张表对 FSDP 略显偏袒。
 
 # %% [markdown] lang="en"
 # ## 5. FSDP from scratch (ZeRO-3)
@@ -442,7 +548,9 @@ plot_memory(memory);
 #
 # - before a unit's forward, an **all-gather** rebuilds the full vector and the unit's
 #   parameters become views of it; after the forward its storage is **freed**;
-# - a hook on the unit's output **gathers again** just before backward reaches the unit;
+# - a hook on the unit's output **gathers again** just before backward reaches the unit
+#   (each call of a unit has its own gathered vector, so two forwards before one backward,
+#   `(m(x1).sum() + m(x2).sum()).backward()`, work);
 # - the gather is an `autograd.Function` whose backward (the gradient hook) starts an
 #   asynchronous **reduce-scatter**: the adjoint of an all-gather is a reduce-scatter,
 #   and each rank receives only its shard of the averaged gradient.
@@ -450,15 +558,17 @@ plot_memory(memory);
 # %% [markdown] lang="zh"
 # ## 5. 从零实现 FSDP（ZeRO-3）
 #
-# `ddp_lab.fsdp.FullyShardedDP(module, compute_dtype=None)` 把每个**单元**（这里是每个带
-# 参数的子模块）保存为一个展平的 float32 向量，并填充到 N 的倍数，每个 rank 只保存其中属于
+# `ddp_lab.fsdp.FullyShardedDP(module, compute_dtype=None)` 把每个**单元**（unit，这里是每个
+# 带参数的子模块）保存为一个展平的 float32 向量，并填充到 N 的倍数，每个 rank 只保存其中属于
 # 自己的一段，作为一个 `nn.Parameter`：`model.parameters()` 给出的就是这些分片，所以普通的
 # `torch.optim.AdamW` 就能更新它们，而且它的状态也是分片的。
 #
 # - 在一个单元前向之前，**全收集**（all-gather）重建完整向量，单元的参数成为它的视图；前向
 #   之后释放它的存储；
-# - 单元输出上的一个钩子在反向传播到达该单元之前**再次收集**；
-# - 收集是一个 `autograd.Function`，它的反向（梯度钩子）启动一个异步的**归约散发**
+# - 单元输出上的一个钩子在反向传播到达该单元之前**再次全收集**（单元的每次调用都有自己的
+#   全收集向量，所以在一次反向之前做两次前向，即 `(m(x1).sum() + m(x2).sum()).backward()`，
+#   也没有问题）；
+# - 全收集是一个 `autograd.Function`，它的反向（梯度钩子）启动一个异步的**归约散发**
 #   （reduce-scatter）：全收集的伴随操作就是归约散发，每个 rank 只收到平均梯度中属于自己的分片。
 
 # %%
@@ -528,7 +638,7 @@ for world in (2, 3):
 # 两者在 float32 舍入误差以内相等。下面在 2 个 rank 上用一个更宽的模型画出一步的**时间线**：
 # 绿色是全收集，蓝色是计算，橙色是归约散发（橙色条的终点是 rank **发现**它已完成的时刻：gloo
 # 的归约散发没有完成回调，会报 `Work::getFuture not implemented`，所以包装器用轮询）。反向
-# 阶段的收集按相反的顺序进行，每个单元的归约散发与前面单元的计算同时进行。
+# 阶段的全收集按相反的顺序进行，每个单元的归约散发与前面单元的计算同时进行。
 
 # %%
 def fsdp_timeline(rank):
@@ -552,7 +662,7 @@ plot_fsdp_timeline(step);
 # `MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.bfloat16)`:
 
 # %% [markdown] lang="zh"
-# `compute_dtype=torch.bfloat16` 会在全收集之前转换每个分片（所以收集时每个元素就只传 2 个
+# `compute_dtype=torch.bfloat16` 会在全收集之前转换每个分片（所以全收集时每个元素只传 2 个
 # 字节），用 bf16 计算，并用 bf16 做归约散发，而优化器更新的分片仍然是 float32（主权重，
 # master weights），相当于 FSDP2 的
 # `MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.bfloat16)`：
@@ -575,48 +685,247 @@ print("output:", out_dtype, "| shard gradients:", grad_dtypes)
 # %% [markdown] lang="en"
 # What this teaching version leaves out (its docstring lists it): no prefetching of the
 # next unit's all-gather (torch overlaps it with compute), no nesting of units, no
-# parameters shared across units, all parameters trainable. torch's FSDP2 shards each
-# parameter on dim 0 as a `DTensor`; FSDP1 used one flat vector per unit, as here.
-#
-# ## 6. When to use which
-#
-# From the measurements above (per rank, Psi parameters, N ranks; communication per step
-# as in the ZeRO paper, section 7):
+# parameters shared across units, all parameters trainable, no activation checkpointing
+# inside a unit; a unit called twice before a backward keeps two gathered copies until
+# backward reaches them, and reduce-scatters twice.
 
 # %% [markdown] lang="zh"
 # 这个教学版省略了什么（它的文档字符串里列出了）：不预取下一个单元的全收集（torch 会让它与
-# 计算重叠），单元不能嵌套，参数不能跨单元共享，所有参数必须可训练。torch 的 FSDP2 把每个
-# 参数沿第 0 维分片成 `DTensor`；FSDP1 则像这里一样，每个单元用一个展平的向量。
+# 计算重叠），单元不能嵌套，参数不能跨单元共享，所有参数必须可训练，单元内部不能做激活
+# 检查点；一个单元在一次反向之前被调用两次，就会保留两份全收集的副本直到反向阶段用到它们，
+# 并做两次归约散发。
+
+# %% [markdown] lang="en"
+# ### What torch's FSDP adds
 #
+# **FSDP2 and FSDP1.** torch has two implementations; the `fully_shard` documentation
+# (`torch/distributed/fsdp/_fully_shard/_fully_shard.py`) lists the differences:
+#
+# | | FSDP1: `FullyShardedDataParallel` | FSDP2: `fully_shard` |
+# | --- | --- | --- |
+# | how a unit is sharded | its parameters flattened and concatenated into one `FlatParameter`, cut into N pieces (as `FullyShardedDP` here) | every parameter cut on dim 0, a `DTensor` with placement `Shard(0)` |
+# | frozen and trainable parameters in one unit | restricted | allowed |
+# | sharded state dict | needs all-gathers | each rank saves its own pieces, no communication |
+# | the model | wrapped in a new module | the same modules, changed in place |
+# | communication | one all-gather per unit | still one all-gather per unit (parameters copied into one buffer) |
+#
+# `fully_shard(module)` takes every parameter of `module` that no inner `fully_shard` has
+# taken yet, so apply it bottom-up: the layers first, the root last, as the cells of this
+# chapter do.
+#
+# **`reshard_after_forward`.** `True` (the default for every unit but the root) frees a
+# unit's gathered parameters after its forward and gathers them again in backward, as
+# `FullyShardedDP` does; `False` keeps them until backward (one all-gather less, and
+# ZeRO-2's memory); an `int` reshards onto a smaller group, for example the GPUs of one
+# node, so that the backward all-gather stays inside the node. The cell shows what each
+# `nn.Linear`'s `weight` is after forward and after backward:
+
+# %% [markdown] lang="zh"
+# ### torch 的 FSDP 还做了什么
+#
+# **FSDP2 与 FSDP1**。torch 有两种实现；`fully_shard` 的文档
+# （`torch/distributed/fsdp/_fully_shard/_fully_shard.py`）列出了它们的区别：
+#
+# | | FSDP1：`FullyShardedDataParallel` | FSDP2：`fully_shard` |
+# | --- | --- | --- |
+# | 单元怎样分片 | 把参数展平、拼接成一个 `FlatParameter`，再切成 N 份（与这里的 `FullyShardedDP` 相同） | 每个参数沿第 0 维切开，成为放置方式为 `Shard(0)` 的 `DTensor` |
+# | 同一单元里混合冻结参数和可训练参数 | 受限制 | 可以 |
+# | 分片的 state dict | 需要全收集 | 每个 rank 保存自己的那几片，不需要通信 |
+# | 模型 | 被包进一个新模块 | 还是原来的模块，原地修改 |
+# | 通信 | 每个单元一次全收集 | 仍然是每个单元一次全收集（参数先复制进一块缓冲区） |
+#
+# `fully_shard(module)` 会拿走 `module` 中所有还没有被内层 `fully_shard` 拿走的参数，所以要
+# 自底向上地调用：先各层，最后根模块，本章的单元就是这样做的。
+#
+# **`reshard_after_forward`**。取 `True`（除根模块外每个单元的默认值）时，单元前向之后就释放
+# 全收集的参数，反向时再全收集一次，与 `FullyShardedDP` 一样；取 `False` 时，参数一直保留到
+# 反向（少一次全收集，内存与 ZeRO-2 相同）；取一个整数时，前向之后重新分片到一个更小的组上，
+# 比如一个节点内的 GPU，这样反向的全收集就留在节点内部。下面的单元显示每个 `nn.Linear` 的
+# `weight` 在前向之后和反向之后分别是什么：
+
+# %%
+def small_mlp():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 16), nn.Tanh(), nn.Linear(16, 2))
+
+
+def shard_bottom_up(net, **kwargs):
+    from torch.distributed.fsdp import fully_shard
+
+    for layer in net:
+        if isinstance(layer, nn.Linear):
+            fully_shard(layer, **kwargs)
+    return fully_shard(net, **kwargs)
+
+
+def after_forward(rank):
+    rows = []
+    for flag in (True, False):
+        net = shard_bottom_up(small_mlp(), reshard_after_forward=flag)
+        loss = net(torch.randn(4, 8)).sum()
+        fwd = {type(m.weight).__name__ for m in net if isinstance(m, nn.Linear)}
+        loss.backward()
+        bwd = {type(m.weight).__name__ for m in net if isinstance(m, nn.Linear)}
+        rows.append(f"reshard_after_forward={flag!s:5}: after forward {fwd}, after backward {bwd}")
+    return rows
+
+
+print(*dl.spawn(after_forward, nprocs=2, backend="gloo")[0], sep="\n")
+
+# %% [markdown] lang="en"
+# `DTensor`: sharded; `Parameter`: the gathered, unsharded tensor. **Prefetching.** torch
+# issues the all-gather of the next unit before the current one has finished computing:
+# in forward, the gathers run on their own CUDA stream ahead of the compute;
+# in backward, it prefetches the unit that comes next in the reverse of the forward order.
+# `set_modules_to_forward_prefetch` and `set_modules_to_backward_prefetch` set the order
+# by hand. So at the peak a GPU holds **two** gathered units (the one computing and the
+# one arriving) plus the unsharded gradient of one unit, not the one unit of this
+# teaching version. (Streams need a GPU; not run here.)
+#
+# **Gradient clipping when the gradients are sharded.** `clip_grad_norm_` needs the norm of
+# the whole gradient, the square root of the sum of squares over **every** shard. A rank
+# that computes it from its own shards gets a different, smaller number on every rank, and
+# the ranks clip by different factors. With `fully_shard` each `param.grad` is a `DTensor`,
+# and `torch.nn.utils.clip_grad_norm_` computes the norm on `DTensor`s, which all-reduces
+# the sum of squares. The cell compares it with one process on the full batch, with the
+# same sum done by hand (one `all_reduce`), and with the naive per-rank norm:
+
+# %% [markdown] lang="zh"
+# `DTensor` 表示分片状态；`Parameter` 是全收集之后、未分片的张量。**预取**。torch 会在当前单元
+# 算完之前就发出下一个单元的全收集：前向时，全收集在单独的 CUDA 流上先行；反向时，它按前向
+# 顺序的逆序预取下一个单元。`set_modules_to_forward_prefetch` 和 `set_modules_to_backward_prefetch`
+# 可以手动指定顺序。所以峰值时一块 GPU 上有**两个**全收集的单元（正在计算的和正在到达的），再加
+# 一个单元未分片的梯度，而不是这个教学版的一个单元。（CUDA 流需要 GPU，这里不运行。）
+#
+# **梯度分片时的梯度裁剪**。`clip_grad_norm_` 需要整个梯度的范数，也就是**所有**分片上平方和
+# 的平方根。如果每个 rank 只用自己的分片来算，每个 rank 得到的数都不同、都偏小，各 rank 的
+# 裁剪系数也就不同。使用 `fully_shard` 时每个 `param.grad` 都是 `DTensor`，
+# `torch.nn.utils.clip_grad_norm_` 在 `DTensor` 上计算范数，会对平方和做全归约。下面的单元把它与
+# 单进程在全批上的结果、手动求和（一次 `all_reduce`）的结果，以及每个 rank 自己算的朴素范数
+# 相比较：
+
+# %%
+def sharded_clipping(rank):
+    world = dist.get_world_size()
+    ref = small_mlp()
+    net = shard_bottom_up(small_mlp())
+    gen = torch.Generator().manual_seed(1)
+    x, y = torch.randn(world * 4, 8, generator=gen), torch.randn(world * 4, 2, generator=gen)
+    nn.functional.mse_loss(net(x[rank * 4:(rank + 1) * 4]), y[rank * 4:(rank + 1) * 4]).backward()
+    nn.functional.mse_loss(ref(x), y).backward()
+    one_process = nn.utils.get_total_norm([p.grad for p in ref.parameters()])
+    local = [p.grad.to_local() for p in net.parameters()]  # this rank's shards
+    naive = nn.utils.get_total_norm(local)
+    squares = sum(g.pow(2).sum() for g in local)
+    dist.all_reduce(squares)  # the sum of squares over every shard
+    torch_norm = nn.utils.clip_grad_norm_(net.parameters(), max_norm=0.1).full_tensor()
+    return (f"rank {rank}: one process {one_process:.4f} | clip_grad_norm_ {torch_norm:.4f} | "
+            f"by hand {squares.sqrt():.4f} | naive, this rank's shards only {naive:.4f}")
+
+
+print(*dl.spawn(sharded_clipping, nprocs=2, backend="gloo"), sep="\n")
+
+# %% [markdown] lang="en"
+# The same holds for this chapter's `FullyShardedDP` and for ZeRO-2: all-reduce the sum of
+# squares of the local shards, then scale every shard by the same factor. (FSDP1 has its
+# own method, `FullyShardedDataParallel.clip_grad_norm_`.)
+#
+# **HSDP: shard inside a node, replicate across nodes.** All-gathers over the slow network
+# between nodes cost more than over NVLink inside one. `fully_shard(module, mesh=mesh)`
+# with a 2-D `DeviceMesh` of shape (nodes, GPUs per node) shards each parameter over the
+# second dimension and keeps a replica per node over the first: the placements are
+# `(Replicate(), Shard(0))`, the reduce-scatter runs inside a node and an all-reduce
+# across. Four gloo ranks stand for 2 nodes × 2 GPUs:
+
+# %% [markdown] lang="zh"
+# 本章的 `FullyShardedDP` 和 ZeRO-2 也是一样：对本地各分片的平方和做全归约，然后每个分片都按
+# 同一个系数缩放。（FSDP1 有自己的方法 `FullyShardedDataParallel.clip_grad_norm_`。）
+#
+# **HSDP：节点内分片，节点间复制**。在节点之间较慢的网络上做全收集，比在节点内的 NVLink 上
+# 代价大得多。`fully_shard(module, mesh=mesh)` 配合一个形状为（节点数，每节点 GPU 数）的二维
+# `DeviceMesh`，在第二维上把每个参数分片，在第一维上每个节点保留一个副本：放置方式是
+# `(Replicate(), Shard(0))`，归约散发在节点内进行，节点之间则做全归约。下面用 4 个 gloo rank
+# 代表 2 个节点 × 2 块 GPU：
+
+# %%
+def hsdp(rank):
+    from torch.distributed.device_mesh import init_device_mesh
+
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("replicate", "shard"))
+    ref, net = small_mlp(), shard_bottom_up(small_mlp(), mesh=mesh)
+    opts = [torch.optim.SGD(m.parameters(), lr=0.1) for m in (net, ref)]
+    gen = torch.Generator().manual_seed(1)
+    for _ in range(3):
+        x, y = torch.randn(16, 8, generator=gen), torch.randn(16, 2, generator=gen)
+        for m, opt in zip((net, ref), opts):
+            opt.zero_grad()
+            xs, ys = (x, y) if m is ref else (x[rank * 4:(rank + 1) * 4], y[rank * 4:(rank + 1) * 4])
+            nn.functional.mse_loss(m(xs), ys).backward()
+            opt.step()
+    w = net[0].weight
+    diff = max((p.full_tensor() - q).abs().max().item() for p, q in zip(net.parameters(), ref.parameters()))
+    return (f"rank {rank}: mesh position {mesh.get_coordinate()}, {w.placements}, "
+            f"holds {tuple(w.to_local().shape)} of {tuple(w.shape)}; vs one process {diff:.1e}")
+
+
+print(*dl.spawn(hsdp, nprocs=4, backend="gloo"), sep="\n")
+
+# %% [markdown] lang="en"
+# Ranks 0 and 1 form one "node" and hold the two halves of each weight; ranks 2 and 3 hold
+# the same two halves again. Training still equals one process on the full batch.
+
+# %% [markdown] lang="zh"
+# rank 0 和 1 组成一个“节点”，各持有每个权重的一半；rank 2 和 3 又持有同样的两半。训练结果
+# 仍与单进程在全批上训练相同。
+
+# %% [markdown] lang="en"
+# ## 6. When to use which
+#
+# From the measurements above (per rank, Psi parameters, N ranks; communication per step
+# in bytes handed to collectives, as in the ZeRO paper, section 7, where an all-reduce
+# counts 2 Psi):
+
+# %% [markdown] lang="zh"
 # ## 6. 什么时候用哪一个
 #
-# 根据上面的测量（每个 rank，Psi 个参数，N 个 rank；每步的通信量按 ZeRO 论文第 7 节）：
+# 根据上面的测量（每个 rank，Psi 个参数，N 个 rank；每步的通信量按交给集合通信的字节数计，
+# 与 ZeRO 论文第 7 节一样，一次全归约计为 2 Psi）：
 
 # %% [markdown] lang="en"
 # | method | memory per rank (fp32 AdamW) | communication per step | use it when | PyTorch |
 # | --- | --- | --- | --- | --- |
-# | DDP | 16 Psi | all-reduce of gradients (2 Psi moved) | the model and its optimizer fit on one device | [`DistributedDataParallel`](https://pytorch.org/docs/stable/notes/ddp.html) |
-# | + comm hook | 16 Psi | 1/2 (fp16/bf16) or much less (PowerSGD) | the network is the bottleneck | [DDP Communication Hooks](https://pytorch.org/docs/stable/ddp_comm_hooks.html) |
-# | ZeRO-1 | 8 Psi + 8 Psi / N | as DDP, plus a broadcast of the parameters | optimizer state is what does not fit | [`ZeroRedundancyOptimizer`](https://pytorch.org/docs/stable/distributed.optim.html) |
-# | ZeRO-2 | 4 Psi + 12 Psi / N | reduce-scatter + all-gather (2 Psi) | gradients do not fit either | FSDP2 with `reshard_after_forward=False` |
-# | FSDP (ZeRO-3) | 16 Psi / N + one unit gathered | all-gather twice + reduce-scatter (3 Psi) | the parameters do not fit | [`fully_shard`](https://pytorch.org/docs/stable/distributed.fsdp.fully_shard.html) |
+# | DDP | 16 Psi with `gradient_as_bucket_view=True` (20 Psi without: gradients and buckets) | all-reduce of gradients (2 Psi) | the model and its optimizer fit on one device | [`DistributedDataParallel`](https://pytorch.org/docs/stable/notes/ddp.html) |
+# | + comm hook | as DDP; PowerSGD's error feedback adds 4 Psi (an fp32 copy of every bucket) | 1/2 (fp16/bf16) or much less (PowerSGD) | the network is the bottleneck | [DDP Communication Hooks](https://pytorch.org/docs/stable/ddp_comm_hooks.html) |
+# | ZeRO-1 (paper, DeepSpeed) | 8 Psi + 8 Psi / N | reduce-scatter of gradients + all-gather of parameters (2 Psi, as DDP) | optimizer state is what does not fit | DeepSpeed `zero_optimization.stage=1` |
+# | torch `ZeroRedundancyOptimizer` + DDP | 8 Psi + 8 Psi / N, uneven (whole parameters per rank) | DDP's all-reduce + a broadcast of the parameters (3 Psi) | the same, in plain PyTorch | [`ZeroRedundancyOptimizer`](https://pytorch.org/docs/stable/distributed.optim.html) |
+# | ZeRO-2 | 4 Psi + 12 Psi / N at the peak (FSDP2 reshards the parameters after backward) | reduce-scatter + all-gather (2 Psi) | gradients do not fit either | `fully_shard(..., reshard_after_forward=False)`; FSDP1's `SHARD_GRAD_OP` |
+# | FSDP (ZeRO-3) | 16 Psi / N + gathered units (one here; two in torch, which prefetches) + a unit's gradient | all-gather twice + reduce-scatter (3 Psi) | the parameters do not fit | [`fully_shard`](https://pytorch.org/docs/stable/distributed.fsdp.fully_shard.html) |
 # | tensor / pipeline parallel | splits the layers themselves | activations between devices, every layer / stage | one layer or the activations do not fit, or N is very large | [Tensor Parallelism](https://pytorch.org/docs/stable/distributed.tensor.parallel.html), [Pipelining](https://pytorch.org/docs/stable/distributed.pipelining.html) |
 #
-# The links and the ZeRO-2 row (an FSDP2 setting, not a separate class) were not opened in
-# this session; the rest is measured above or read in the torch source named in each section.
+# The paper's ZeRO-1 replaces DDP's all-reduce by its two halves, a reduce-scatter of the
+# gradients and, after each rank steps its shard, an all-gather of the parameters: the
+# same 2 Psi as DDP. torch's `ZeroRedundancyOptimizer` sits on top of DDP, which has
+# already all-reduced the whole gradient, and then broadcasts every parameter from its
+# owner (`ShardedOptimizer.step` above does the same): 3 Psi, 1.5 times DDP. DeepSpeed
+# also splits one flat buffer evenly over the ranks, where torch assigns whole parameters,
+# which is the imbalance the memory table showed.
 
 # %% [markdown] lang="zh"
 # | 方法 | 每个 rank 的内存（fp32 AdamW） | 每步的通信 | 适用场景 | PyTorch |
 # | --- | --- | --- | --- | --- |
-# | DDP | 16 Psi | 梯度全归约（传输 2 Psi） | 模型和优化器能放进一个设备 | [`DistributedDataParallel`](https://pytorch.org/docs/stable/notes/ddp.html) |
-# | + 通信钩子 | 16 Psi | 1/2（fp16/bf16）或少得多（PowerSGD） | 网络是瓶颈 | [DDP Communication Hooks](https://pytorch.org/docs/stable/ddp_comm_hooks.html) |
-# | ZeRO-1 | 8 Psi + 8 Psi / N | 同 DDP，外加参数广播 | 放不下的是优化器状态 | [`ZeroRedundancyOptimizer`](https://pytorch.org/docs/stable/distributed.optim.html) |
-# | ZeRO-2 | 4 Psi + 12 Psi / N | 归约散发 + 全收集（2 Psi） | 梯度也放不下 | FSDP2 设置 `reshard_after_forward=False` |
-# | FSDP（ZeRO-3） | 16 Psi / N + 一个已收集的单元 | 两次全收集 + 一次归约散发（3 Psi） | 参数也放不下 | [`fully_shard`](https://pytorch.org/docs/stable/distributed.fsdp.fully_shard.html) |
+# | DDP | `gradient_as_bucket_view=True` 时 16 Psi（不开时 20 Psi：梯度加桶） | 梯度全归约（2 Psi） | 模型和优化器能放进一个设备 | [`DistributedDataParallel`](https://pytorch.org/docs/stable/notes/ddp.html) |
+# | + 通信钩子 | 同 DDP；PowerSGD 的误差反馈再加 4 Psi（每个桶一份 fp32 副本） | 1/2（fp16/bf16）或少得多（PowerSGD） | 网络是瓶颈 | [DDP Communication Hooks](https://pytorch.org/docs/stable/ddp_comm_hooks.html) |
+# | ZeRO-1（论文、DeepSpeed） | 8 Psi + 8 Psi / N | 梯度归约散发 + 参数全收集（2 Psi，与 DDP 相同） | 放不下的是优化器状态 | DeepSpeed `zero_optimization.stage=1` |
+# | torch `ZeroRedundancyOptimizer` + DDP | 8 Psi + 8 Psi / N，不均匀（每个 rank 分到整个参数） | DDP 的全归约 + 参数广播（3 Psi） | 同上，只用 PyTorch | [`ZeroRedundancyOptimizer`](https://pytorch.org/docs/stable/distributed.optim.html) |
+# | ZeRO-2 | 峰值 4 Psi + 12 Psi / N（FSDP2 在反向之后把参数重新分片） | 归约散发 + 全收集（2 Psi） | 梯度也放不下 | `fully_shard(..., reshard_after_forward=False)`；FSDP1 的 `SHARD_GRAD_OP` |
+# | FSDP（ZeRO-3） | 16 Psi / N + 已全收集的单元（这里一个；torch 会预取，是两个）+ 一个单元的梯度 | 两次全收集 + 一次归约散发（3 Psi） | 参数也放不下 | [`fully_shard`](https://pytorch.org/docs/stable/distributed.fsdp.fully_shard.html) |
 # | 张量并行 / 流水线并行 | 把层本身切开 | 设备之间传递激活，每层 / 每段一次 | 单个层或激活都放不下，或 N 非常大 | [Tensor Parallelism](https://pytorch.org/docs/stable/distributed.tensor.parallel.html)、[Pipelining](https://pytorch.org/docs/stable/distributed.pipelining.html) |
 #
-# 这些链接和 ZeRO-2 一行（它是 FSDP2 的一个设置，不是单独的类）本次没有打开核对；其余内容
-# 要么在上面实测过，要么读过各节提到的 torch 源文件。
+# 论文中的 ZeRO-1 把 DDP 的全归约拆成两半：先对梯度做归约散发，各 rank 更新完自己的分片后，
+# 再对参数做全收集，总量与 DDP 一样是 2 Psi。torch 的 `ZeroRedundancyOptimizer` 则叠在 DDP
+# 之上：DDP 已经对完整的梯度做了全归约，它再从所属 rank 广播每个参数（上面的
+# `ShardedOptimizer.step` 也是这样）：3 Psi，是 DDP 的 1.5 倍。此外，DeepSpeed 把一块展平的
+# 缓冲区平均分给各 rank，而 torch 按整个参数分配，这就是内存表里看到的不均衡。
 
 # %% [markdown] lang="en" tags=["exercise"]
 # ## Exercise 1: ZeRO-1, shard assignment and step (4 points)
@@ -632,7 +941,9 @@ print("output:", out_dtype, "| shard gradients:", grad_dtypes)
 # The graded cell passes its own AdamW (with weight decay) that records each rank's
 # parameters, trains hidden models with tied and frozen weights on 2 and 3 ranks, and
 # compares with plain AdamW on the full batch. It fails a ZeRO that steps every parameter
-# on every rank, one that forgets to share the updated parameters, and unbalanced shards.
+# on every rank, one that forgets to share the updated parameters, and one whose ranks'
+# loads (elements owned) differ from those of the rule above; how you break ties between
+# equal sizes or equal loads does not matter.
 
 # %% [markdown] lang="zh" tags=["exercise"]
 # ## 练习 1：ZeRO-1 的分片分配与优化器步骤（4 分）
@@ -645,8 +956,9 @@ print("output:", out_dtype, "| shard gradients:", grad_dtypes)
 # - `step()`：执行本地优化器的步骤，然后从所属 rank 广播每个参数，每个 rank 的顺序相同。
 #
 # 评分单元会传入它自己的 AdamW（带权重衰减），记录每个 rank 拿到了哪些参数；在 2 个和 3 个
-# rank 上训练带绑定权重和冻结权重的隐藏模型，并与在全批上运行的普通 AdamW 比较。在每个 rank
-# 上更新所有参数、忘记共享更新后的参数、分片不均衡的实现都会失败。
+# rank 上训练带共享（绑定）权重和冻结权重的隐藏模型，并与在全批上运行的普通 AdamW 比较。在每个
+# rank 上更新所有参数、忘记共享更新后的参数，或者各 rank 的负载（拥有的元素数）与上述规则给出的
+# 不同，都会失败；大小相同或负载相同时怎样选择则无所谓。
 
 # %% tags=["exercise"]
 class MySharded:
@@ -705,7 +1017,7 @@ dl.grade("10.sharded_optimizer", MySharded)
 #
 # 按 torch 的 `bf16_compress_hook` 的做法，为 `register_comm_hook` 编写
 # `my_bf16_hook(process_group, bucket)`：取出 `bucket.buffer()`，转换为 `torch.bfloat16` 并
-# 除以 world size，启动 `dist.all_reduce(..., async_op=True)`，返回它的 future，并用 `.then`
+# 除以 world size，启动 `dist.all_reduce(..., async_op=True)`，返回它的 `Future`，并用 `.then`
 # 接上一个函数：把结果复制回缓冲区并返回缓冲区。（这里 `process_group` 是 None：使用默认进程组。）
 #
 # 评分单元把梯度与使用 torch 钩子时的梯度逐位比较，并检查通信中只出现 bfloat16，每个梯度
@@ -737,8 +1049,9 @@ dl.grade("10.bf16_hook", my_bf16_hook)
 # size). Return this rank's shard of the **average** over the ranks, a tensor of
 # `len(flat_grad) // world_size` elements, with one reduce-scatter
 # (`dist.reduce_scatter_single(output, input)`). The graded cell trains with your function
-# against single-process training, and fails an all-reduce: each rank keeps only its
-# shard, so receiving the whole gradient wastes bandwidth.
+# against single-process training, and fails an all-reduce or an all-gather followed by a
+# local sum: each rank keeps only its shard, so receiving the whole gradient (or every
+# rank's) wastes bandwidth.
 
 # %% [markdown] lang="zh" tags=["exercise"]
 # ## 练习 3：FSDP 的梯度归约（2 分）
@@ -747,7 +1060,8 @@ dl.grade("10.bf16_hook", my_bf16_hook)
 # 单元在本 rank 上完整的展平梯度（长度是 world size 的倍数）。请返回各 rank **平均值**中属于
 # 本 rank 的分片，即一个含 `len(flat_grad) // world_size` 个元素的张量，只用一次归约散发
 # （`dist.reduce_scatter_single(output, input)`）。评分单元用你的函数训练并与单进程训练比较；
-# 使用全归约会失败：每个 rank 只保留自己的分片，接收完整的梯度是在浪费带宽。
+# 使用全归约，或者先全收集再在本地求和，都会失败：每个 rank 只保留自己的分片，接收完整的梯度
+# （或所有 rank 的梯度）是在浪费带宽。
 
 # %% tags=["exercise"]
 def reduce_grad(flat_grad):
@@ -771,7 +1085,7 @@ dl.grade("10.fsdp_reduce", reduce_grad)
 # - Comm hooks replace each bucket's all-reduce: fp16/bf16 halve the bytes, PowerSGD sends
 #   far fewer at some cost in accuracy; you wrote the bf16 hook.
 # - Autocast keeps float32 gradients, so DDP all-reduces in float32 unless a hook
-#   compresses; fp16 needs a GradScaler and `unscale_` before clipping.
+#   compresses; fp16 needs a `GradScaler` and `unscale_` before clipping.
 # - ZeRO-1 shards the optimizer state (`ShardedOptimizer`, equal to AdamW and to torch's
 #   `ZeroRedundancyOptimizer`); FSDP shards parameters and gradients too (`FullyShardedDP`,
 #   equal to one process and to `fully_shard`), at the cost of an all-gather before every use.
@@ -784,7 +1098,7 @@ dl.grade("10.fsdp_reduce", reduce_grad)
 # - 通信钩子替换每个桶的全归约：fp16/bf16 让字节数减半，PowerSGD 发送得少得多，但会损失一些
 #   准确率；你亲手写了 bf16 钩子。
 # - autocast 下梯度仍是 float32，所以除非用钩子压缩，DDP 以 float32 做全归约；fp16 需要
-#   GradScaler，并且要在裁剪之前 `unscale_`。
+#   `GradScaler`，并且要在裁剪之前 `unscale_`。
 # - ZeRO-1 把优化器状态分片（`ShardedOptimizer`，与 AdamW 和 torch 的
 #   `ZeroRedundancyOptimizer` 结果相同）；FSDP 把参数和梯度也分片（`FullyShardedDP`，与单进程
 #   和 `fully_shard` 结果相同），代价是每次使用参数之前都要做一次全收集。

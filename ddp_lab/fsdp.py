@@ -10,7 +10,9 @@ shards and an ordinary optimizer steps them (the optimizer state is sharded too)
   (cast to ``compute_dtype`` first, so the all-gather already moves fewer bytes); the
   unit's parameters become views of it. After its forward the storage is **freed**.
 - Autograd saved those views for backward; a hook on the unit's output **gathers again**
-  into the same storage just before backward reaches the unit.
+  into the same storage just before backward reaches the unit. Each call of a unit has its
+  own gathered vector, so two forwards before one backward (``m(x1).sum() + m(x2).sum()``)
+  work: each call is regathered, and reduce-scattered, on its own.
 - The gather is an ``autograd.Function``; its backward, the unit's gradient hook, starts
   an asynchronous **reduce-scatter** of the full gradient (divided by the world size
   first): each rank receives the averaged gradient of its own shard only. It frees the
@@ -20,8 +22,11 @@ shards and an ordinary optimizer steps them (the optimizer state is sharded too)
 How the teaching version differs from torch's ``fully_shard``
 (``torch/distributed/fsdp/_fully_shard/``) and ``FullyShardedDataParallel``
 (``torch/distributed/fsdp/fully_sharded_data_parallel.py``):
-- units are the direct children (or the modules you pass), each called once per forward;
-  no nesting, no parameters shared across units, every parameter trainable;
+- units are the direct children (or the modules you pass); no nesting, no parameters
+  shared across units, every parameter trainable; activation checkpointing inside a unit
+  is not supported;
+- a unit called k times before a backward keeps k gathered copies until backward reaches
+  them, and reduce-scatters k times;
 - no prefetching: each gather runs when it is needed (torch prefetches the next unit's
   all-gather); the reduce-scatters are asynchronous, as in torch;
 - shards are 1-D slices of one flat vector per unit (FSDP1's ``FlatParameter``; FSDP2
@@ -69,14 +74,19 @@ class _Unit:
         self.params = params
         self.numels = [p.numel() for p in params]
         self.shapes = [p.shape for p in params]
-        self.full: torch.Tensor | None = None  # gathered (compute dtype); storage freed when idle
-        self.work: Any = None
-        self.rs_noted = False
-        self.rs_start = 0.0
+        self.full: torch.Tensor | None = None  # the latest call's gathered vector
+        self.pending: list[_Reduction] = []  # one per call reduced in this backward
         self.forward_start = self.backward_start = -1.0
         self.size = self.shard_size = 0
         self.shard: nn.Parameter
-        self.grad_out: torch.Tensor | None = None
+
+
+class _Reduction:
+    """One reduce-scatter of a unit's gradient: its work, its output, when it started."""
+
+    def __init__(self, work: Any, out: torch.Tensor, start: float) -> None:
+        self.work, self.out, self.start = work, out, start
+        self.noted = False
 
 
 class _Done:
@@ -95,11 +105,13 @@ class _Gather(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, shard: torch.Tensor, owner: FullyShardedDP, unit: _Unit) -> torch.Tensor:
         ctx.owner, ctx.unit = owner, unit
-        return owner._gather_new(unit)
+        full = owner._gather_new(unit)
+        ctx.full = full.detach()  # an alias of the storage, to free it in backward
+        return full
 
     @staticmethod
     def backward(ctx: Any, grad_full: torch.Tensor) -> tuple[None, None, None]:
-        ctx.owner._reduce_scatter_grad(ctx.unit, grad_full)
+        ctx.owner._reduce_scatter_grad(ctx.unit, ctx.full, grad_full)
         return None, None, None  # shard.grad is written when backward ends
 
 
@@ -245,14 +257,12 @@ class FullyShardedDP(nn.Module):
         self._gather_into(unit, full)
         return full
 
-    def _free(self, unit: _Unit) -> None:
-        full = unit.full
+    def _free(self, full: torch.Tensor | None) -> None:
         if full is not None and full.untyped_storage().size() > 0:
             self.gathered_bytes -= full.numel() * full.element_size()
             full.untyped_storage().resize_(0)
 
-    def _regather(self, unit: _Unit) -> None:
-        full = unit.full
+    def _regather(self, unit: _Unit, full: torch.Tensor | None) -> None:
         if full is not None and full.untyped_storage().size() == 0:
             full.untyped_storage().resize_(full.numel() * full.element_size())
             # .data: write without bumping the version autograd checks on saved tensors
@@ -289,7 +299,8 @@ class FullyShardedDP(nn.Module):
         return hook
 
     def _after_forward(self, unit: _Unit, out: Any) -> None:
-        self._free(unit)
+        full = unit.full  # this call's vector: a later call of the unit gets its own
+        self._free(full)
         if not torch.is_grad_enabled():
             return
         outputs = out if isinstance(out, (tuple, list)) else [out]
@@ -298,7 +309,7 @@ class FullyShardedDP(nn.Module):
         def pre_backward(grad: torch.Tensor) -> torch.Tensor:
             if not fired[0]:  # once, whichever output's gradient comes first
                 fired[0] = True
-                self._regather(unit)
+                self._regather(unit, full)
                 unit.backward_start = self._now()
             return grad
 
@@ -309,47 +320,49 @@ class FullyShardedDP(nn.Module):
     # ----- backward ---------------------------------------------------------------------
 
     @torch.no_grad()
-    def _reduce_scatter_grad(self, unit: _Unit, grad_full: torch.Tensor) -> None:
+    def _reduce_scatter_grad(
+        self, unit: _Unit, full: torch.Tensor, grad_full: torch.Tensor
+    ) -> None:
         if unit.backward_start >= 0:
             self._event("compute", unit, unit.backward_start)
-        self._free(unit)
+        self._free(full)
         if not self._queued:
             Variable._execution_engine.queue_callback(self._finish_backward)
             self._queued = True
         if self.reduce_grad is not None:  # the learner's version, synchronous
-            unit.grad_out = self.reduce_grad(grad_full.contiguous())
-            unit.work = _Done()
+            out = self.reduce_grad(grad_full.contiguous())
+            unit.pending.append(_Reduction(_Done(), out, self._now()))
             return
         grad = grad_full / self.world_size  # divide first, as DDP does
-        unit.grad_out = torch.empty(unit.shard_size, dtype=grad.dtype)
+        out = torch.empty(unit.shard_size, dtype=grad.dtype)
         self._poll()
-        unit.rs_start = self._now()
-        unit.work = _reduce_scatter(unit.grad_out, grad.contiguous(), self.process_group)
+        start = self._now()
+        work = _reduce_scatter(out, grad.contiguous(), self.process_group)
+        unit.pending.append(_Reduction(work, out, start))
 
     def _poll(self) -> None:
         """Note the reduce-scatters seen finished (gloo's Work has no future to call back)."""
         for unit in self.units:
-            if unit.work is not None and not unit.rs_noted and unit.work.is_completed():
-                unit.rs_noted = True
-                self._event("reduce-scatter", unit, unit.rs_start)
+            for r in unit.pending:
+                if not r.noted and r.work.is_completed():
+                    r.noted = True
+                    self._event("reduce-scatter", unit, r.start)
 
     @torch.no_grad()
     def _finish_backward(self) -> None:
         self._queued = False
         self._poll()
         for unit in self.units:
-            if unit.work is None:
-                continue
-            unit.work.wait()
-            if not unit.rs_noted:
-                self._event("reduce-scatter", unit, unit.rs_start)
-            unit.rs_noted = False
-            grad = unit.grad_out.to(unit.shard.dtype)
-            if unit.shard.grad is None:
-                unit.shard.grad = grad
-            else:
-                unit.shard.grad += grad
-            unit.work, unit.grad_out = None, None
+            for r in unit.pending:
+                r.work.wait()
+                if not r.noted:
+                    self._event("reduce-scatter", unit, r.start)
+                grad = r.out.to(unit.shard.dtype)
+                if unit.shard.grad is None:
+                    unit.shard.grad = grad
+                else:
+                    unit.shard.grad += grad
+            unit.pending = []
         if self.record_timeline:
             self.timeline.append(FSDPTimeline(sorted(self._events, key=lambda e: e[2])))
             self._events = []

@@ -72,7 +72,7 @@ class Jobs:
         if self.reason:
             stored = json.loads(RECORD.read_text())
             print(_t(
-"A Slurm cluster cannot be built here ({reason}) Showing the stored "
+"A Slurm cluster cannot be built here ({reason}). Showing the stored "
 "output of a real run on {date}: {command}"
 , reason=self.reason, date=stored["date"], command=stored["command"]))  # fmt: skip
             jobs = {k: slurm.Job(**v) for k, v in stored["run"].pop("jobs").items()}

@@ -51,7 +51,7 @@ def test_compare_hooks_bytes_and_accuracy() -> None:
 
 
 def test_knobs_table_shows_bucket_view_and_rebuild() -> None:
-    rows = spawn(measure_knobs, args=(256, 12, 1.0, 2), nprocs=2, backend="gloo", quiet=True)[0]
+    rows = spawn(measure_knobs, args=(256, 12, 1.0), nprocs=2, backend="gloo", quiet=True)[0]
     by = {r["config"]: r for r in rows}
     assert by["default"]["grad_bytes"] == 2 * by["default"]["param_bytes"]
     assert by["gradient_as_bucket_view=True"]["grad_bytes"] == by["default"]["param_bytes"]

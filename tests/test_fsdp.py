@@ -188,3 +188,34 @@ def test_rejects_frozen_parameters() -> None:
         return ""
 
     assert all("frozen" in m for m in spawn(frozen, nprocs=2, backend="gloo", quiet=True))
+
+
+def _two_forwards(rank: int, world: int) -> float:
+    """loss = m(x1) + m(x2), one backward: each call regathered and reduced on its own."""
+    torch.manual_seed(0)
+    net = mlp([3, 7, 2]).double()
+    ref = copy.deepcopy(net)
+    model = FullyShardedDP(net)
+    opt, opt_ref = (
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        torch.optim.SGD(ref.parameters(), lr=0.1),
+    )
+    gen = torch.Generator().manual_seed(1)
+    for _ in range(2):
+        x1, x2 = (torch.randn(world * 2, 3, generator=gen, dtype=torch.float64) for _ in range(2))
+        mine = slice(rank * 2, rank * 2 + 2)
+        opt.zero_grad()
+        (model(x1[mine]).pow(2).mean() + model(x2[mine]).sin().mean()).backward()
+        opt.step()
+        opt_ref.zero_grad()
+        (ref(x1).pow(2).mean() + ref(x2).sin().mean()).backward()
+        opt_ref.step()
+    full = model.full_state_dict()
+    return max((full[k] - v).abs().max().item() for k, v in ref.state_dict().items())
+
+
+def test_two_forwards_before_one_backward() -> None:
+    # Before each call kept its own gathered vector, the second forward replaced the first's
+    # and backward failed with "setStorage: ... out of bounds for storage of size 0".
+    diffs = spawn(_two_forwards, args=(2,), nprocs=2, backend="gloo", quiet=True)
+    assert max(diffs) < 1e-12

@@ -69,7 +69,8 @@ _HEAD = """#!/bin/bash
 _ENDPOINT = """head=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
 port=$((20000 + SLURM_JOB_ID % 20000))
 """
-_TORCHRUN = """srun torchrun --nnodes={nnodes} --nproc-per-node=2 \\
+# srun --cpus-per-task again: from Slurm 22.05 (Debian 12's) srun does not inherit sbatch's.
+_TORCHRUN = """srun --cpus-per-task="$SLURM_CPUS_PER_TASK" torchrun --nnodes={nnodes} --nproc-per-node=2 \\
   --rdzv-backend=c10d --rdzv-endpoint="$head:$port" --rdzv-id="$SLURM_JOB_ID" \\
   {program}
 """

@@ -158,6 +158,10 @@ def test_stored_run_shows_every_scenario(monkeypatch: pytest.MonkeyPatch) -> Non
     for name in th.EXPECT:
         assert g[name].key_lines(), name
     assert g["static"].nodes[0].accuracy() == g["one_host"].nodes[0].accuracy()
+    # what the chapter says of each node: host0 times out, host1 loses the store
+    host0, host1 = (n.lines(th.EXPECT["nnodes"]) for n in g["nnodes"].nodes)
+    assert any("RendezvousTimeoutError" in line for line in host0)
+    assert any("RendezvousConnectionError" in line for line in host1)
 
 
 @needs_hosts

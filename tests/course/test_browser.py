@@ -42,6 +42,7 @@ from pathlib import Path
 import pytest
 from conftest import descendants
 
+from ddp_lab.i18n import _t
 from ddp_lab.runtime.launcher import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -569,7 +570,7 @@ def check_exercise(page, lab: Lab, lang: str) -> None:
     status = page.locator("#jp-main-statusbar").inner_text()
     assert "Python 3 (ddp-lab)" in status, status  # the kernel setup.sh installs
     # before any work: no pass line reads as a verdict; the target is labelled as such
-    label = build.MESSAGES("target_label", lang).strip()
+    label = _t("when solved, this cell prints: ", lang).strip()
     passed = build.grade_pass_line("00.average", 2, lang)
     graded = code_cell(page, 'dl.grade("00.average"')
     shown = graded.locator(".jp-OutputArea-output").inner_text().strip()

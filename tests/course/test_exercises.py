@@ -18,6 +18,7 @@ import pytest
 from nbclient import NotebookClient
 
 from ddp_lab.course import build
+from ddp_lab.i18n import _t
 
 ROOT = Path(__file__).resolve().parents[2]
 EXERCISES = sorted((ROOT / "exercises").glob("*/*.ipynb"))
@@ -32,7 +33,7 @@ def _pass_line(nb: nbformat.NotebookNode, cell: nbformat.NotebookNode) -> str:
 def test_unsolved_notebook_shows_no_verdict(path):
     nb = nbformat.read(path, as_version=4)
     lang = nb.metadata["ddp_lab"]["lang"]
-    label = build.MESSAGES("target_label", lang)
+    label = _t("when solved, this cell prints: ", lang)
     verdicts = [build.grade_pass_line("", 0, lang).split()[0], "points", "得分"]
     for i, cell in enumerate(nb.cells):
         for out in cell.get("outputs", []):

@@ -11,7 +11,8 @@ catches one that forgets buffers; the step size catches one that sums instead of
 07.bucketed: the learner's ``GradBuckets(module, bucket_cap_mb)`` registers gradient hooks,
 and ``wait()`` completes the averaging after backward. ``probe_bucketed`` returns the
 parameters after a few steps and the ``dist.all_reduce`` calls seen during the last backward
-(at least two, all asynchronous); the parameters are compared here with a single-process
+(at least two, all asynchronous, in bucket index order: the model's ``pre`` layer, defined
+last and used first, makes bucket 0 the last to fill); the parameters are compared here with a single-process
 model trained on the full batch (tests/test_bucketed_ddp.py compares the package's
 BucketedDDP with torch's DDP).
 """
@@ -26,6 +27,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from ddp_lab.bucketed_ddp import assign_buckets
 from ddp_lab.course.grading import checker, fail
 from ddp_lab.i18n import N_, _t, lookup
 
@@ -44,7 +46,8 @@ TOL = 1e-9  # float64 models: only summation order may differ from the oracles
 
 
 class ShiftedMLP(nn.Module):
-    """An MLP with a frozen first layer and an input shift kept as a buffer."""
+    """An MLP with a frozen layer, an input shift kept as a buffer, and a ``pre`` layer
+    defined last but used first (its gradients arrive last, in bucket 0 of ``assign_buckets``)."""
 
     def __init__(self, d_in: int, hidden: int, depth: int) -> None:
         super().__init__()
@@ -54,9 +57,10 @@ class ShiftedMLP(nn.Module):
         for _ in range(depth):
             layers += [nn.Tanh(), nn.Linear(hidden, hidden)]
         self.body = nn.Sequential(*layers, nn.Tanh(), nn.Linear(hidden, 2))
+        self.pre = nn.Linear(d_in, d_in)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.body(self.frozen(x - self.shift))
+        return self.body(self.frozen(self.pre(x - self.shift)))
 
 
 def bn_model(d_in: int, hidden: int, depth: int) -> nn.Module:
@@ -221,10 +225,13 @@ def probe_bucketed(rank: int, objects: tuple, spec: dict, cap_mb: float) -> dict
     (grad_buckets,) = objects
     model = _build(spec, spec["seed"])
     calls: list[bool] = []
+    sizes: list[int] = []
     real_all_reduce = dist.all_reduce
 
     def watched(*args: Any, **kwargs: Any) -> Any:
         calls.append(bool(kwargs.get("async_op", args[3] if len(args) > 3 else False)))
+        tensor = args[0] if args else kwargs.get("tensor")
+        sizes.append(tensor.numel() if isinstance(tensor, torch.Tensor) else -1)
         return real_all_reduce(*args, **kwargs)
 
     hooks = grad_buckets(model, cap_mb)
@@ -235,14 +242,15 @@ def probe_bucketed(rank: int, objects: tuple, spec: dict, cap_mb: float) -> dict
     try:
         for x, y in _batches(spec, dist.get_world_size()):
             calls.clear()
+            sizes.clear()
             opt.zero_grad()
             nn.functional.mse_loss(model(x[mine]), y[mine]).backward()
-            during_backward = list(calls)
+            during_backward, sizes_during = list(calls), list(sizes)
             hooks.wait()
             opt.step()
     finally:
         dist.all_reduce = real_all_reduce
-    return {"async_calls": during_backward, "states": _states(model)}
+    return {"async_calls": during_backward, "sizes": sizes_during, "states": _states(model)}
 
 
 @checker("07.bucketed", points=3)
@@ -254,8 +262,9 @@ def check_bucketed(rng: random.Random, learner: Any) -> Iterator[object]:
         spec["depth"] = rng.randint(2, 3)
         with torch.random.fork_rng(devices=[]):
             model = _build(spec, 0)
-        sizes = [p.numel() * p.element_size() for p in model.parameters() if p.requires_grad]
-        cap_mb = max(sizes) / 2**20  # several buckets whatever the sizes
+        trainable = [p for p in model.parameters() if p.requires_grad]
+        cap_mb = max(p.numel() * p.element_size() for p in trainable) / 2**20  # several buckets
+        in_order = [sum(trainable[i].numel() for i in b) for b in assign_buckets(trainable, cap_mb)]
         label = f"world_size={world_size}, bucket_cap_mb={cap_mb:.2g}"
         want = _train_single(spec, world_size)
         got = _ranks(
@@ -301,6 +310,30 @@ def check_bucketed(rng: random.Random, learner: Any) -> Iterator[object]:
                         "expected every all_reduce in a hook launched with async_op=True (not "
                         "blocking backward); rank {rank} made a blocking call",
                         rank=rank,
+                    ),
+                    label,
+                )
+            sizes = out.get("sizes")
+            if not isinstance(sizes, list) or not all(type(n) is int for n in sizes):
+                raise fail(
+                    _t(
+                        "rank {rank} sent back a result of the wrong form ({field}: {kind})",
+                        rank=rank,
+                        field="sizes",
+                        kind=_kind(sizes),
+                    ),
+                    label,
+                )
+            if sizes != in_order:
+                raise fail(
+                    _t(
+                        "rank {rank} launched buckets of {got} elements; in index order they are "
+                        "{want}: launch buckets strictly in index order (a bucket that fills "
+                        "early waits for the ones before it), so that every rank issues the same "
+                        "collectives in the same order",
+                        rank=rank,
+                        got=sizes,
+                        want=in_order,
                     ),
                     label,
                 )

@@ -3,13 +3,15 @@
 Each learner's object runs in the learner's ranks through a probe that returns data; the
 oracles run here (in this process, or on ranks of the grader's own) and the comparisons too.
 
-10.sharded_optimizer: the learner's ``MyShardedOptimizer(params, optimizer_class,
+10.sharded_optimizer: the learner's ``MySharded(params, optimizer_class,
 **defaults)`` trains hidden models (tied weights, a frozen layer, odd shapes) on 2 or 3
 ranks, each rank on its part of the batch, with gradients averaged as DDP does
 (``probe_sharded``). The probe passes its own ``optimizer_class`` (AdamW with weight decay
 that records which parameters each instance was given) and returns each rank's shard and
 parameters: every trainable parameter must belong to exactly one rank (a ZeRO that steps
-all parameters on every rank fails), no rank may own much more than its share, and after
+all parameters on every rank fails), the ranks' loads must be those of the exercise's rule
+(largest parameter first, each to the least loaded rank: the multiset of loads does not
+depend on how ties are broken, so any order among equal sizes or loads passes), and after
 the steps every rank's parameters must equal those of plain AdamW on the full batch,
 computed here (one that forgets to share the updated parameters fails).
 
@@ -21,9 +23,10 @@ element.
 
 10.fsdp_reduce: the learner's ``reduce_grad(flat_grad)`` replaces the reduce-scatter of
 ``ddp_lab.fsdp.FullyShardedDP`` (``probe_fsdp``, which returns the trained state and, per
-call, the gradient's size, the result's shape and whether ``dist.all_reduce`` was called);
-training must equal single-process training on the full batch, computed here, and an
-all-reduce (every rank receiving the whole gradient) fails.
+call, the gradient's size, the result's shape and the first collective other than a
+reduce-scatter that it called); training must equal single-process training on the full
+batch, computed here, and an all-reduce or an all-gather (every rank receiving the whole
+gradient, or every rank's) fails.
 """
 
 from __future__ import annotations
@@ -217,20 +220,23 @@ def _sharded_verdict(results: Any, spec: dict, world: int, label: str) -> str:
                 shape=shape,
                 ranks=ranks,
             )
-    sizes = {i: params[i].numel() for i in trainable}
-    ideal, largest = sum(sizes.values()) / world, max(sizes.values())
-    for rank in range(world):
-        load = sum(n for i, n in sizes.items() if owners[i] == [rank])
-        if load > ideal + largest:
-            return _t(
-                "rank {rank} owns {load} elements, more than the ideal {ideal:.0f} plus "
-                "the largest parameter ({largest}): assign the largest parameters first, "
-                "each to the least loaded rank",
-                rank=rank,
-                load=load,
-                ideal=ideal,
-                largest=largest,
-            )
+    # The rule over every parameter (frozen ones too, as ZeroRedundancyOptimizer does) or
+    # over the trainable ones only: either is accepted.
+    for members in (range(len(params)), trainable):
+        sizes = {i: params[i].numel() for i in members}
+        rule = [0] * world  # largest first, to the least loaded rank
+        for n in sorted(sizes.values(), reverse=True):
+            rule[rule.index(min(rule))] += n
+        loads = [sum(sizes[i] for i in set(r["owned"]) if i in sizes) for r in results]
+        if sorted(loads) == sorted(rule):
+            break
+    else:
+        return _t(
+            "the ranks own {got} elements; the rule gives {want}: assign the largest "
+            "parameters first, each to the least loaded rank",
+            got=loads,
+            want=sorted(rule, reverse=True),
+        )
     for rank, r in enumerate(results):
         diff = max((p - q).abs().max().item() for p, q in zip(r["params"], want, strict=True))
         if not diff <= 1e-10:  # nan fails too
@@ -375,6 +381,9 @@ def check_bf16_hook(rng: random.Random, learner: Any) -> Iterator[object]:
 
 # ----- 10.fsdp_reduce ---------------------------------------------------------------------
 
+# Collectives that hand every rank the whole gradient (or every rank's): not a reduce-scatter.
+WHOLE = ("all_reduce", "all_gather", "all_gather_single", "all_gather_into_tensor")
+
 
 def _fsdp_net(spec: dict) -> nn.Module:
     torch.manual_seed(spec["seed"])
@@ -398,7 +407,8 @@ def probe_fsdp(rank: int, objects: tuple, spec: dict) -> dict[str, Any]:
     """In the learner's ranks: FullyShardedDP trains with their ``reduce_grad``.
 
     Returns, per call of ``reduce_grad``, the gradient's size, the result's shape (None if
-    not a tensor) and whether it called ``dist.all_reduce``; the full state after three
+    not a tensor) and the first all-reduce or all-gather it called ('' if none); the full
+    state after three
     steps, or the error that stopped training (a wrong result makes FullyShardedDP raise).
     """
     from ddp_lab.comm_hooks import count_collectives
@@ -409,10 +419,10 @@ def probe_fsdp(rank: int, objects: tuple, spec: dict) -> dict[str, Any]:
     calls: list[list] = []
 
     def recorded(flat: torch.Tensor) -> torch.Tensor:
-        with count_collectives(("all_reduce",)) as log:
+        with count_collectives(WHOLE) as log:
             out = reduce_grad(flat)
         shape = list(out.shape) if isinstance(out, torch.Tensor) else None
-        calls.append([flat.numel(), shape, bool(log.calls)])
+        calls.append([flat.numel(), shape, log.calls[0][0] if log.calls else ""])
         return out
 
     model = FullyShardedDP(_fsdp_net(spec), reduce_grad=recorded)
@@ -455,19 +465,22 @@ def _fsdp_verdict(got: Any, spec: dict, world: int, label: str) -> None:
             and len(c) == 3
             and type(c[0]) is int
             and (c[1] is None or isinstance(c[1], list) and all(type(s) is int for s in c[1]))
-            and type(c[2]) is bool
+            and type(c[2]) is str
+            and c[2] in ("", *WHOLE)
             for c in calls
         ):
             raise _bad(rank, "calls", calls, label)
-        if any(called for _, _, called in calls):
-            raise fail(
-                _t(
-                    "reduce_grad called dist.all_reduce: every rank received the whole "
-                    "gradient although it keeps only its shard; use "
-                    "dist.reduce_scatter_single (reduce-scatter)"
-                ),
-                label,
-            )
+        for _, _, called in calls:
+            if called:
+                raise fail(
+                    _t(
+                        "reduce_grad called dist.{name}: every rank received the whole gradient "
+                        "(or every rank's) although it keeps only its shard; use "
+                        "dist.reduce_scatter_single (reduce-scatter)",
+                        name=called,
+                    ),
+                    label,
+                )
         for n, shape, _ in calls:
             if shape != [n // world]:
                 got_shape = tuple(shape) if shape is not None else None

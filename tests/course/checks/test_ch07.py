@@ -110,6 +110,7 @@ class GradBuckets:
         average: bool = True,
         async_op: bool = True,
         copy_back: bool = True,
+        in_index_order: bool = True,
     ) -> None:
         self.params = [p for p in module.parameters() if p.requires_grad]
         self.buckets = [
@@ -117,19 +118,31 @@ class GradBuckets:
         ]
         self.bucket_of = {id(p): b for b, bucket in enumerate(self.buckets) for p in bucket}
         self.ready = [0] * len(self.buckets)
+        self.next = 0  # the next bucket to launch, in index order
         self.works: list = []
         self.average, self.async_op, self.copy_back = average, async_op, copy_back
+        self.in_index_order = in_index_order
         for p in self.params:
             p.register_post_accumulate_grad_hook(self.on_grad_ready)
 
     def on_grad_ready(self, param: torch.Tensor) -> None:
         b = self.bucket_of[id(param)]
         self.ready[b] += 1
-        if self.ready[b] == len(self.buckets[b]):
-            flat = torch.cat([p.grad.reshape(-1) for p in self.buckets[b]])
-            if self.average:
-                flat /= dist.get_world_size()
-            self.works.append((dist.all_reduce(flat, async_op=self.async_op), flat, b))
+        if not self.in_index_order:  # as soon as it fills
+            if self.ready[b] == len(self.buckets[b]):
+                self.launch(b)
+            return
+        while self.next < len(self.buckets) and self.ready[self.next] == len(
+            self.buckets[self.next]
+        ):
+            self.launch(self.next)
+            self.next += 1
+
+    def launch(self, b: int) -> None:
+        flat = torch.cat([p.grad.reshape(-1) for p in self.buckets[b]])
+        if self.average:
+            flat /= dist.get_world_size()
+        self.works.append((dist.all_reduce(flat, async_op=self.async_op), flat, b))
 
     def wait(self) -> None:
         for work, flat, b in self.works:
@@ -142,6 +155,7 @@ class GradBuckets:
                 offset += p.numel()
         self.works.clear()
         self.ready = [0] * len(self.buckets)
+        self.next = 0
 
 
 class SumsBuckets(GradBuckets):
@@ -157,6 +171,13 @@ class BlockingBuckets(GradBuckets):
 class NoCopyBackBuckets(GradBuckets):
     def __init__(self, module: nn.Module, cap: float) -> None:
         super().__init__(module, cap, copy_back=False)
+
+
+class CompletionOrderBuckets(GradBuckets):
+    """Right numbers, but each bucket launched as it fills: not the lesson's index order."""
+
+    def __init__(self, module: nn.Module, cap: float) -> None:
+        super().__init__(module, cap, in_index_order=False)
 
 
 class OneBucketAtTheEnd:
@@ -185,6 +206,7 @@ def test_bucketed_checker_passes_a_correct_solution() -> None:
         (BlockingBuckets, "async_op=True"),
         (NoCopyBackBuckets, "max difference"),
         (OneBucketAtTheEnd, "at least 2 all_reduce"),
+        (CompletionOrderBuckets, "index order"),  # passed before the checker looked
     ],
 )
 def test_bucketed_checker_rejects_wrong_solutions(wrong: type, words: str) -> None:

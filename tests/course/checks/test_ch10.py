@@ -29,6 +29,8 @@ class MySharded:
         self.rank, world = dist.get_rank(), dist.get_world_size()
         if mode == "round robin by index, no balance":
             self.owner = [0 if i < len(self.params) - 1 else 1 for i in range(len(self.params))]
+        elif mode == "round robin in definition order":
+            self.owner = [i % world for i in range(len(self.params))]
         else:
             loads, self.owner = [0] * world, [0] * len(self.params)
             for i in sorted(range(len(self.params)), key=lambda i: -self.params[i].numel()):
@@ -69,6 +71,8 @@ def test_sharded_checker_passes_correct_solutions():
         ("steps everything", "only"),
         ("forgets to share", "broadcast"),
         ("round robin by index, no balance", "least loaded"),
+        # within ideal + largest, so the old bound passed it; the stated rule does not
+        ("round robin in definition order", "largest parameters first"),
     ],
 )
 def test_sharded_checker_rejects_wrong_solutions(mode, words):
@@ -120,6 +124,13 @@ def summing_grad(flat):
     return out
 
 
+def gather_and_sum_grad(flat):
+    world = dist.get_world_size()
+    parts = [torch.empty_like(flat) for _ in range(world)]
+    dist.all_gather(parts, flat)
+    return (sum(parts) / world).chunk(world)[dist.get_rank()].clone()
+
+
 def whole_grad(flat):
     flat = flat.clone()
     dist.all_reduce(flat)
@@ -132,7 +143,12 @@ def test_fsdp_checker_passes_reduce_scatter():
 
 @pytest.mark.parametrize(
     ("wrong", "words"),
-    [(all_reduce_grad, "all_reduce"), (summing_grad, "average"), (whole_grad, "all_reduce")],
+    [
+        (all_reduce_grad, "all_reduce"),
+        (summing_grad, "average"),
+        (whole_grad, "all_reduce"),
+        (gather_and_sum_grad, "dist.all_gather:"),  # the right numbers, N times the bytes
+    ],
 )
 def test_fsdp_checker_rejects_wrong_solutions(wrong, words):
     assert words in verdict("10.fsdp_reduce", wrong)
