@@ -12,7 +12,7 @@
 #   ddp_lab:
 #     title:
 #       en: "11 Runs that fail: checkpoints, restarts, hangs"
-#       zh: “11 会失败的训练：检查点、重启与挂起”
+#       zh: "11 会失败的训练：检查点、重启与挂起"
 # ---
 
 # %% [markdown] lang="en"
@@ -32,7 +32,7 @@
 # 长时间的训练不会一直健康：某个 worker 在第 30 个小时挂掉，某个节点被拿走，调度器结束了作业。
 # 本章让第 08 章的训练程序经得起这些。我们在训练中途杀掉一个 worker，`torchrun` 从**检查点**
 # （checkpoint）重启整个作业，最终参数与从未中断的运行逐位相同。接着讨论：怎样写出“要么完整、
-# 要么不存在“的检查点（即使写的进程中途死掉），用 `torch.distributed.checkpoint` 写**分片检查点**
+# 要么不存在”的检查点（即使写的进程中途死掉），用 `torch.distributed.checkpoint` 写**分片检查点**
 # （sharded checkpoint，2 个 rank 保存、3 个 rank 加载），怎样把挂起的对端变成一个错误，以及
 # 一个检查点要花多少时间。
 
@@ -54,7 +54,7 @@ ENV = {**os.environ, "OMP_NUM_THREADS": "1", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE
 TORCHRUN = str(Path(sys.executable).with_name("torchrun"))
 print(torch.__version__)
 
-# %% [markdown] lang="en"
+# %% [markdown] lang="en" tags=["lesson"]
 # ## 1. What a checkpoint must hold to resume exactly
 #
 # After a restart, the next step must see exactly what it would have seen: the same
@@ -69,7 +69,7 @@ print(torch.__version__)
 # the rank. `ResumableDistributedSampler` drops them and deals out the rest as
 # `DistributedSampler` does (at position 0 it yields the very same indices).
 
-# %% [markdown] lang="zh"
+# %% [markdown] lang="zh" tags=["lesson"]
 # ## 1. 检查点要包含什么才能精确恢复
 #
 # 重启之后，下一步看到的一切必须和不中断时完全一样：同样的权重，同样的**优化器状态**（SGD 的
@@ -82,10 +82,10 @@ print(torch.__version__)
 # `ResumableDistributedSampler` 跳过这些位置，其余的像 `DistributedSampler` 一样分发（位置为 0
 # 时，它给出的索引与 `DistributedSampler` 完全相同）。
 
-# %%
+# %% tags=["lesson"]
 dl.show_source(resume.save_step)
 
-# %% [markdown] lang="en"
+# %% [markdown] lang="en" tags=["lesson"]
 # Two runs of the same program under `torchrun --max-restarts=1`: one straight through; in
 # the other the last rank kills itself with SIGKILL after step 4 (`--fail-at-step 4`, once:
 # a marker file in the checkpoint folder says it already happened). The other rank's next
@@ -99,7 +99,7 @@ dl.show_source(resume.save_step)
 # and fail to connect ("Connection refused", pytorch/pytorch#135712). With the variable set,
 # each round gets a store of its own.
 
-# %% [markdown] lang="zh"
+# %% [markdown] lang="zh" tags=["lesson"]
 # 在 `torchrun --max-restarts=1` 下把同一个程序运行两次：一次一口气跑完；另一次，最后一个 rank
 # 在第 4 步之后用 SIGKILL 杀死自己（`--fail-at-step 4`，只发生一次：检查点目录中的一个标记
 # 文件记录它已经发生过）。另一个 rank 的下一次 all-reduce 立即失败（对端的套接字已关闭），
@@ -111,7 +111,7 @@ dl.show_source(resume.save_step)
 # worker 的 gloo 组可能从中读到上一次尝试留下的地址，于是连接失败（“Connection refused”，
 # pytorch/pytorch#135712）。设置这个变量后，每一轮都有自己的 store。
 
-# %%
+# %% tags=["lesson"]
 def train_run(*extra):
     cmd = [TORCHRUN, "--standalone", "--nproc-per-node=2", "--max-restarts=1",
            "-m", "ddp_lab.train", "--epochs", "1", "--batch-size", "128", "--threads", "1",
@@ -126,7 +126,7 @@ print("straight:", straight.stdout.strip().splitlines()[-1])
 print("killed:  ", "\n          ".join(killed.stdout.strip().splitlines()))
 print([line for line in killed.stderr.splitlines() if "exitcode" in line][:1])
 
-# %% [markdown] lang="en"
+# %% [markdown] lang="en" tags=["lesson"]
 # ## 2. Complete or absent: atomic writes
 #
 # A worker can die while it writes. A half-written file under the checkpoint's name is worse
@@ -139,7 +139,7 @@ print([line for line in killed.stderr.splitlines() if "exitcode" in line][:1])
 # (`torch/distributed/checkpoint/filesystem.py`: `.metadata.tmp`, then a rename), which the
 # coordinator writes after every rank's data: no `.metadata`, no checkpoint.
 
-# %% [markdown] lang="zh"
+# %% [markdown] lang="zh" tags=["lesson"]
 # ## 2. 要么完整，要么没有：原子写入
 #
 # worker 可能在写文件时死掉。以检查点名字存在的半个文件比没有文件更糟：重启时加载它就会崩溃，
@@ -151,10 +151,10 @@ print([line for line in killed.stderr.splitlines() if "exitcode" in line][:1])
 # （`torch/distributed/checkpoint/filesystem.py`：先写 `.metadata.tmp`，再重命名），而且由协调者
 # 在所有 rank 的数据都写完之后才写：没有 `.metadata`，就没有检查点。
 
-# %%
+# %% tags=["lesson"]
 dl.show_source(resume.save_atomic)
 
-# %%
+# %% tags=["lesson"]
 KILLED_WRITER = """
 import os, signal, sys, torch
 from ddp_lab import resume
@@ -171,7 +171,7 @@ out = subprocess.run([sys.executable, "-c", KILLED_WRITER, str(folder)], env=ENV
 print("exit code", out.returncode, sorted(p.name for p in folder.iterdir()))
 print("latest:", resume.latest_checkpoint(folder).name, resume.load(resume.latest_checkpoint(folder)))
 
-# %% [markdown] lang="en"
+# %% [markdown] lang="en" tags=["lesson"]
 # ## 3. Sharded checkpoints: `torch.distributed.checkpoint`
 #
 # Under FSDP no rank holds the whole model. Gathering it on rank 0 to `torch.save` it
@@ -190,7 +190,7 @@ print("latest:", resume.latest_checkpoint(folder).name, resume.load(resume.lates
 # write. Below: `fully_shard` on 2 gloo CPU ranks, three Adam steps, `dcp.save`; then 3 fresh
 # ranks load it; the full states are compared.
 
-# %% [markdown] lang="zh"
+# %% [markdown] lang="zh" tags=["lesson"]
 # ## 3. 分片检查点：`torch.distributed.checkpoint`
 #
 # 在 FSDP 下，没有哪个 rank 持有整个模型。先把模型收集到 rank 0 再 `torch.save`（**完整状态
@@ -207,10 +207,10 @@ print("latest:", resume.latest_checkpoint(folder).name, resume.load(resume.lates
 # 下面：在 2 个 gloo CPU rank 上用 `fully_shard`，走三步 Adam，`dcp.save`；再由 3 个新的 rank
 # 加载；比较两边的完整状态。
 
-# %%
+# %% tags=["lesson"]
 dl.show_source(recovery.dcp_load)
 
-# %%
+# %% tags=["lesson"]
 ckpt = str(WORK / "dcp")
 saved = dl.spawn(recovery.dcp_save, args=(ckpt,), nprocs=2, backend="gloo", quiet=True)
 loaded = dl.spawn(recovery.dcp_load, args=(ckpt,), nprocs=3, backend="gloo", quiet=True)
@@ -222,7 +222,7 @@ print("model equal:", all(torch.equal(a["model"][k], b["model"][k]) for k in a["
 print("Adam state equal:", all(torch.equal(torch.as_tensor(v), torch.as_tensor(b["optim"][k][n]))
                                for k in a["optim"] for n, v in a["optim"][k].items()))
 
-# %% [markdown] lang="en"
+# %% [markdown] lang="en" tags=["lesson"]
 # Why `torch.save` of each rank's shard is not a checkpoint: the file holds a plain tensor,
 # rows 0-14 or 15-29 of a (30, 12) weight, and nothing says which. On 3 ranks each rank
 # expects 10 rows, and a third rank has no file at all.
@@ -240,7 +240,7 @@ print("Adam state equal:", all(torch.equal(torch.as_tensor(v), torch.as_tensor(b
 # the owned entries on each rank, is already something DCP can save: each key is written by
 # the one rank that has it.
 
-# %% [markdown] lang="zh"
+# %% [markdown] lang="zh" tags=["lesson"]
 # 为什么每个 rank 对自己的分片调用 `torch.save` 不算检查点：文件里是一个普通张量，是 (30, 12)
 # 权重的第 0-14 行或第 15-29 行，但没有任何信息说明是哪几行。换成 3 个 rank 时，每个 rank 需要
 # 10 行，而第三个 rank 根本没有文件。
@@ -255,7 +255,7 @@ print("Adam state equal:", all(torch.equal(torch.as_tensor(v), torch.as_tensor(b
 # rank 上，所以按全局参数编号作键、每个 rank 只含自己拥有的条目的 `state_dict`，DCP 已经可以
 # 直接保存：每个键由持有它的那个 rank 写出。
 
-# %%
+# %% tags=["lesson"]
 shards = WORK / "shards"
 shards.mkdir()
 for line in dl.spawn(recovery.shard_torch_save, args=(str(shards), True), nprocs=2, backend="gloo", quiet=True):
@@ -263,7 +263,7 @@ for line in dl.spawn(recovery.shard_torch_save, args=(str(shards), True), nprocs
 for line in dl.spawn(recovery.shard_torch_save, args=(str(shards), False), nprocs=3, backend="gloo", quiet=True):
     print(line)
 
-# %% [markdown] lang="en"
+# %% [markdown] lang="en" tags=["lesson"]
 # ## 4. When a collective hangs instead of failing
 #
 # A peer that *dies* closes its sockets, and the others' next collective fails at once
@@ -286,7 +286,7 @@ for line in dl.spawn(recovery.shard_torch_save, args=(str(shards), False), nproc
 # declared in `torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp`. Chapter 09 showed how to
 # read a hang's stacks; this part needs GPUs and is not run here.
 
-# %% [markdown] lang="zh"
+# %% [markdown] lang="zh" tags=["lesson"]
 # ## 4. 当集合通信挂起而不是失败
 #
 # *死掉*的对端会关闭它的套接字，其他 rank 的下一次集合通信会立即失败（第 1 节）。活着但*卡住*
@@ -306,11 +306,11 @@ for line in dl.spawn(recovery.shard_torch_save, args=(str(shards), False), nproc
 # 这些变量和模式声明在 `torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp` 中。第 09 章讲过怎样
 # 阅读挂起时的调用栈；这一部分需要 GPU，这里不运行。
 
-# %%
+# %% tags=["lesson"]
 for line in dl.spawn(recovery.collective_timeout, args=(3.0,), nprocs=2, backend="gloo", quiet=True):
     print(line)
 
-# %% [markdown] lang="en"
+# %% [markdown] lang="en" tags=["lesson"]
 # ## 5. What a checkpoint costs
 #
 # One run, 2 ranks, rounds that alternate: 20 training steps of chapter 08's model, one
@@ -321,7 +321,7 @@ for line in dl.spawn(recovery.collective_timeout, args=(3.0,), nprocs=2, backend
 # smallest K that keeps this under 10 % on this machine. On a big model the ratio is what
 # matters, and it is why large runs use sharded, asynchronous saves.
 
-# %% [markdown] lang="zh"
+# %% [markdown] lang="zh" tags=["lesson"]
 # ## 5. 一个检查点的代价
 #
 # 一次运行，2 个 rank，交替进行若干轮：第 08 章模型的 20 个训练步，一次 `torch.save` 检查点
@@ -331,7 +331,7 @@ for line in dl.spawn(recovery.collective_timeout, args=(3.0,), nprocs=2, backend
 # 找出在这台机器上让这个比例低于 10% 的最小 K。对大模型来说关键就是这个比例，这也是大规模训练
 # 使用分片、异步保存的原因。
 
-# %%
+# %% tags=["lesson"]
 cost = dl.spawn(recovery.checkpoint_cost, args=(str(WORK / "cost"),), nprocs=2, backend="gloo", quiet=True)[0]
 print(f"one step {1000 * cost['step']:.1f} ms")
 for kind in ("torch.save", "dcp.save"):
@@ -344,7 +344,7 @@ for kind in ("torch.save", "dcp.save"):
 #
 # `recovery.resumable_loop` (shown below) trains an MLP with dropout on 2 or 3 ranks; every
 # step draws noise from torch, its scale from numpy and a sign flip from Python's `random`,
-# and an LR schedule halves the LR every few steps. Write
+# and an LR schedule lowers the LR at every step. Write
 # `save_state(folder, model, optimizer, scheduler, sampler, step)`, called on every rank
 # after the step where the run is stopped, and
 # `load_state(folder, model, optimizer, scheduler, sampler)`, called on every rank of a
@@ -362,7 +362,7 @@ for kind in ("torch.save", "dcp.save"):
 #
 # `recovery.resumable_loop`（源码见下）在 2 个或 3 个 rank 上训练一个带 dropout 的 MLP；每一步
 # 从 torch 抽取噪声，从 numpy 抽取噪声的幅度，从 Python 的 `random` 决定是否翻转符号，学习率
-# 调度每隔几步把学习率减半。请编写 `save_state(folder, model, optimizer, scheduler, sampler,
+# 调度每一步都降低学习率。请编写 `save_state(folder, model, optimizer, scheduler, sampler,
 # step)`：在运行停下的那一步之后，每个 rank 都会调用它；以及 `load_state(folder, model,
 # optimizer, scheduler, sampler)`：新启动的各个 rank 在继续训练之前调用它，它返回步数。每个
 # rank 都有自己的随机数状态：每个 rank 的都要保存。

@@ -241,7 +241,7 @@ def resumable_loop(
     and noise from torch, the noise's scale from numpy, a sign flip from Python's random),
     each rank seeded differently, as real programs do. Returns one record per step (the
     batch's sample indices, the draws, the LR, the parameters' digest before and after)
-    and the final parameters.
+    and the final parameters. The LR recorded is the one the schedule set for the next step.
     """
     import random as pyrandom
 
@@ -255,7 +255,8 @@ def resumable_loop(
     x, y, model = loop_case_data(case)
     dataset = TensorDataset(torch.arange(len(y)), x, y)
     optimizer = torch.optim.SGD(model.parameters(), lr=case["lr"], momentum=0.9)
-    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=case["lr_every"], gamma=0.5)
+    decay = case["lr_every"]  # the LR falls as 1 / (1 + step / decay): every step differs
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0 / (1.0 + s / decay))
     sampler = ResumableDistributedSampler(dataset, shuffle=case["shuffle"], seed=case["seed"])
     torch.manual_seed(case["seed"] + 1 + rank)  # each rank its own random streams
     np.random.seed(case["seed"] + 1 + rank)
@@ -280,11 +281,11 @@ def resumable_loop(
             flip = pyrandom.random() < 0.5
             noise = torch.randn_like(xb)
             xb = (-xb if flip else xb) + 0.1 * scale * noise
-            lr = optimizer.param_groups[0]["lr"]
             optimizer.zero_grad()
             F.cross_entropy(ddp(xb), yb).backward()
             optimizer.step()
             scheduler.step()
+            lr = optimizer.param_groups[0]["lr"]  # the schedule's next LR
             sampler.advance(1, case["batch_size"])
             step += 1
             records.append(

@@ -131,7 +131,9 @@ def probe_resume(rank: int, objects: tuple, case: dict[str, Any], folder: str) -
         return step if type(step) is int else 0
 
     try:
-        out = resumable_loop({**case, "resume": True}, load_state=load, folder=str(where))
+        out = resumable_loop(
+            {**case, "resume": True, "stop_at": None}, load_state=load, folder=str(where)
+        )
     finally:
         dist.barrier()
         if rank == 0:
