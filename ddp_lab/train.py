@@ -11,9 +11,11 @@ environment, DistributedSampler + ``set_epoch``, DDP, per-rank vs global batch a
 scaling, the loss averaged over ranks for logging, evaluation gathered from all ranks
 without the sampler's padding, a progress bar on rank 0 only, checkpoints written by
 rank 0 (then a barrier) and read with ``map_location``, resume, and a clean shutdown.
+Chapter 11 adds ``--checkpoint-every K`` (atomic step checkpoints that resume bit for bit,
+``ddp_lab/resume.py``), ``--fail-at-step S`` and the SHA-256 of the final parameters.
 
-How it differs from a production script: no mixed precision, no gradient clipping, no
-LR schedule, no DataLoader workers (the whole data set is a 1 MB tensor).
+How it differs from a production script: no mixed precision, no gradient clipping, only a
+linear LR warmup, no DataLoader workers (the whole data set is a 1 MB tensor).
 """
 
 from __future__ import annotations
@@ -114,6 +116,32 @@ def make_parser() -> argparse.ArgumentParser:
         default=0,
         help="CPU threads per rank (default: leave torch's / the launcher's choice)",
     )
+    p.add_argument(
+        "--warmup-steps",
+        type=int,
+        default=0,
+        help="LR warmup: grow the LR linearly over this many steps (default 0: none)",
+    )
+    p.add_argument(
+        "--augment",
+        action="store_true",
+        help="shift each training image by a random pixel (draws from each rank's RNG)",
+    )
+    p.add_argument(
+        "--checkpoint-every",
+        type=int,
+        default=0,
+        metavar="K",
+        help="every K steps write a resumable checkpoint (ddp_lab.resume) to "
+        "--checkpoint-dir; on start, resume from the latest complete one",
+    )
+    p.add_argument(
+        "--fail-at-step",
+        type=int,
+        default=0,
+        metavar="S",
+        help="the last rank kills itself (SIGKILL) after step S, once (for demonstrations)",
+    )
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     # torch.distributed.launch (deprecated) passes --local-rank=N; torchrun sets LOCAL_RANK.
     p.add_argument("--local-rank", "--local_rank", type=int, default=None, help=argparse.SUPPRESS)
@@ -132,14 +160,17 @@ def check_args(args: argparse.Namespace) -> argparse.Namespace:
                     value=value,
                 )
             )
-    if args.threads < 0:
-        raise ValueError(
-            _t(
-                "{name} must be a positive number, got {value}.",
-                name="--threads",
-                value=args.threads,
+    for name in ("threads", "warmup_steps", "checkpoint_every", "fail_at_step"):
+        if getattr(args, name) < 0:
+            raise ValueError(
+                _t(
+                    "{name} must be a positive number, got {value}.",
+                    name="--" + name.replace("_", "-"),
+                    value=getattr(args, name),
+                )
             )
-        )
+    if (args.checkpoint_every or args.fail_at_step) and not args.checkpoint_dir:
+        raise ValueError(_t("--checkpoint-every and --fail-at-step need --checkpoint-dir."))
     if (
         args.checkpoint_dir
         and Path(args.checkpoint_dir).exists()
@@ -314,8 +345,26 @@ def pick_backend(choice: str) -> str:
     return "nccl" if gpus >= local_world and gpus > 0 and dist.is_nccl_available() else "gloo"
 
 
+def augment(x: torch.Tensor) -> torch.Tensor:
+    """Shift each image by -1, 0 or 1 pixel in each direction (draws from torch's RNG)."""
+    shifts = torch.randint(-1, 2, (len(x), 2))
+    return torch.stack(
+        [
+            torch.roll(img, (int(dy), int(dx)), dims=(-2, -1))
+            for img, (dy, dx) in zip(x, shifts, strict=True)
+        ]
+    )
+
+
+def warmup(steps: int):
+    """The LR factor of a linear warmup over ``steps`` steps (LambdaLR's lambda)."""
+    return lambda step: min(1.0, (step + 1) / steps) if steps else 1.0
+
+
 def train(args: argparse.Namespace) -> dict[str, Any]:
     """The training run on this rank (the process group is already initialised)."""
+    from ddp_lab import resume  # chapter 11: step checkpoints that resume bit for bit
+
     rank, world = dist.get_rank(), dist.get_world_size()
     device = torch.device("cpu")
     if dist.get_backend() == "nccl":
@@ -332,8 +381,11 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     global_batch = args.batch_size * world
     lr = scaled_lr(args.lr, global_batch, args.base_batch, args.lr_scaling)
     optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=args.momentum)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup(args.warmup_steps))
     history: dict[str, Any] = {"train_loss": [], "test_loss": [], "test_acc": [], "epoch_time": []}
-    start_epoch = 0
+    sampler = resume.ResumableDistributedSampler(train_set, shuffle=True, seed=args.seed)
+    start_epoch, step, total, count, rng = 0, 0, 0.0, 0, None
+    latest = resume.latest_checkpoint(args.checkpoint_dir) if args.checkpoint_every else None
     if args.resume:
         state = load_checkpoint(args.resume, device)
         model.load_state_dict(state["model"])  # before DDP: its broadcast sees these weights
@@ -341,11 +393,52 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         for group in optimizer.param_groups:
             group["lr"] = lr  # the world size (hence the global batch) may have changed
         start_epoch, history = state["epoch"], state["history"]
+    elif latest is not None:  # a step checkpoint: continue exactly where it stopped
+        state = resume.load(latest, device)
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        scheduler.load_state_dict(state["scheduler"])
+        sampler.load_state_dict(state["sampler"])
+        step, history = state["step"], state["history"]
+        start_epoch = sampler.epoch
+        if len(state["ranks"]) == world:
+            rng = state["ranks"][rank]["rng"]
+            total, count = state["ranks"][rank]["total"], state["ranks"][rank]["count"]
+        else:  # same data position, other random streams: exact no more
+            sampler.start = state["sampler"]["start"]
+            if rank == 0:
+                print(
+                    _t(
+                        "the checkpoint was written by {old} ranks, this run has {new}: the data "
+                        "position carries over, but not each rank's random state, so this run "
+                        "will not match an uninterrupted one bit for bit",
+                        old=len(state["ranks"]),
+                        new=world,
+                    ),
+                    flush=True,
+                )
+        if rank == 0 and not args.quiet:
+            print(
+                _t(
+                    "resumed from {path}: step {step}, epoch {epoch}, {start} samples of "
+                    "this epoch already used",
+                    path=latest,
+                    step=step,
+                    epoch=start_epoch + 1,
+                    start=sampler.start,
+                ),
+                flush=True,
+            )
     ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
 
-    sampler = DistributedSampler(train_set, shuffle=True, seed=args.seed)
+    # A generator of its own: a DataLoader iterator draws a seed from it at every epoch,
+    # which would otherwise come from (and move) the global torch RNG the training uses.
     loader = DataLoader(
-        train_set, batch_size=args.batch_size, sampler=sampler, pin_memory=device.type == "cuda"
+        train_set,
+        batch_size=args.batch_size,
+        sampler=sampler,
+        pin_memory=device.type == "cuda",
+        generator=torch.Generator(),
     )
     if rank == 0 and not args.quiet:
         print(
@@ -353,24 +446,52 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
             f"lr {lr:g} ({args.lr_scaling} scaling), backend {dist.get_backend()}",
             flush=True,
         )
+    if rng is not None:
+        resume.set_rng_state(rng)  # last: nothing above may draw after this
     run_start = time.perf_counter()
     for epoch in range(start_epoch, args.epochs):
-        sampler.set_epoch(epoch)  # a new shuffle every epoch, the same on every rank
+        if epoch != start_epoch or latest is None or args.resume:
+            sampler.set_epoch(epoch)  # a new shuffle every epoch, the same on every rank
+            total, count = 0.0, 0
         bar = Progress(
             len(loader), f"epoch {epoch + 1}/{args.epochs}", enabled=rank == 0 and not args.quiet
         )
         dist.barrier()  # time the epoch from a common start
         t0 = time.perf_counter()
-        total, count = 0.0, 0
-        for x, y in loader:
+        done_before = sampler.start  # this epoch's samples used before this run
+        for i, (x, y) in enumerate(loader):
+            if args.augment:
+                x = augment(x)
             x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
             optimizer.zero_grad(set_to_none=True)
             loss = F.cross_entropy(ddp(x), y)
             loss.backward()  # DDP averages the gradients over ranks here
             optimizer.step()
+            scheduler.step()
+            step += 1
             total += loss.item() * len(y)
             count += len(y)
             bar.update()
+            if args.fail_at_step == step and rank == world - 1:
+                resume.fail_once(args.checkpoint_dir, step)
+            if args.checkpoint_every and step % args.checkpoint_every == 0:
+                used = done_before + (i + 1) * args.batch_size * world
+                sampler.start = min(len(train_set), used)
+                resume.save_step(
+                    args.checkpoint_dir,
+                    step,
+                    {
+                        "model": model.state_dict(),
+                        "optimizer": optimizer.state_dict(),
+                        "scheduler": scheduler.state_dict(),
+                        "sampler": sampler.state_dict(),
+                        "step": step,
+                        "world_size": world,
+                        "history": history,
+                        "local": {"total": total, "count": count},
+                    },
+                )
+        sampler.start = 0
         elapsed = torch.tensor([time.perf_counter() - t0], device=comm_device())
         dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)  # an epoch lasts as long as its slowest rank
         history["train_loss"].append(mean_across_ranks(total, count))
@@ -391,19 +512,24 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
                 history,
                 args,
             )
-    if rank == 0 and not args.quiet and history["test_acc"]:
-        print(
-            f"done: test accuracy {100 * history['test_acc'][-1]:.2f}% after "
-            f"{len(history['test_acc'])} epochs, {time.perf_counter() - run_start:.1f}s "
-            "in this run",
-            flush=True,
-        )
+    digest = resume.params_sha256(model)
+    if rank == 0:
+        if not args.quiet and history["test_acc"]:
+            print(
+                f"done: test accuracy {100 * history['test_acc'][-1]:.2f}% after "
+                f"{len(history['test_acc'])} epochs, {time.perf_counter() - run_start:.1f}s "
+                "in this run",
+                flush=True,
+            )
+        print(f"final parameters sha256 {digest}", flush=True)
     history.update(
         world_size=world,
         global_batch=global_batch,
         lr=lr,
         rank=rank,
         final_weights_sum=sum(p.double().sum().item() for p in model.parameters()),
+        sha256=digest,
+        steps=step,
     )
     return history
 

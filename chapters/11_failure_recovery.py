@@ -1,0 +1,439 @@
+# ---
+# jupyter:
+#   jupytext:
+#     notebook_metadata_filter: ddp_lab
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+#   ddp_lab:
+#     title:
+#       en: "11 Runs that fail: checkpoints, restarts, hangs"
+#       zh: "11 会失败的训练：检查点、重启与挂起"
+# ---
+
+# %% [markdown] lang="en"
+# # 11 Runs that fail: checkpoints, restarts, hangs
+#
+# A long run does not stay healthy: a worker dies at hour 30, a node is taken away, the
+# scheduler ends the job. This chapter makes chapter 08's program survive that. A worker is
+# killed mid-run and `torchrun` restarts the job from a **checkpoint**, and the run ends with
+# the same parameters, bit for bit, as one that was never interrupted. Then: how to write a
+# checkpoint that is complete or absent even if the writer dies, **sharded checkpoints** with
+# `torch.distributed.checkpoint` (saved on 2 ranks, loaded on 3), how a peer that hangs
+# becomes an error, and what a checkpoint costs.
+
+# %% [markdown] lang="zh"
+# # 11 会失败的训练：检查点、重启与挂起
+#
+# 长时间的训练不会一直健康：某个 worker 在第 30 个小时挂掉，某个节点被拿走，调度器结束了作业。
+# 本章让第 08 章的训练程序经得起这些。我们在训练中途杀掉一个 worker，`torchrun` 从**检查点**
+# （checkpoint）重启整个作业，最终参数与从未中断的运行逐位相同。接着讨论：怎样写出“要么完整、
+# 要么不存在”的检查点（即使写的进程中途死掉），用 `torch.distributed.checkpoint` 写**分片检查点**
+# （sharded checkpoint，2 个 rank 保存、3 个 rank 加载），怎样把挂起的对端变成一个错误，以及
+# 一个检查点要花多少时间。
+
+# %%
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+import ddp_lab as dl
+from ddp_lab import recovery, resume
+
+dl.setup()
+WORK = Path(tempfile.mkdtemp(prefix="ch11-"))
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+TORCHRUN = str(Path(sys.executable).with_name("torchrun"))
+print(torch.__version__)
+
+# %% [markdown] lang="en" tags=["lesson"]
+# ## 1. What a checkpoint must hold to resume exactly
+#
+# After a restart, the next step must see exactly what it would have seen: the same
+# weights, the same **optimizer state** (SGD's momentum, Adam's moments), the same learning
+# rate (the **LR schedule**'s step count), the same batch (the sampler's epoch *and* how far
+# into the epoch the run got) and the same random draws (dropout, augmentation: every rank's
+# torch, numpy and Python generators, each rank its own). Miss one and the run still trains,
+# but it is another run. `ddp_lab.resume` keeps all of it; `python -m ddp_lab.train
+# --checkpoint-every K` writes it every K steps and resumes from the newest complete one.
+# The sampler's position is the subtle part: rank r reads positions r, r+W, r+2W, ... of the
+# epoch's order, so after p steps of B samples the first p·B·W positions are used, whatever
+# the rank. `ResumableDistributedSampler` drops them and deals out the rest as
+# `DistributedSampler` does (at position 0 it yields the very same indices).
+
+# %% [markdown] lang="zh" tags=["lesson"]
+# ## 1. 检查点要包含什么才能精确恢复
+#
+# 重启之后，下一步看到的一切必须和不中断时完全一样：同样的权重，同样的**优化器状态**（SGD 的
+# 动量、Adam 的一阶和二阶矩），同样的学习率（**学习率调度**的步数），同样的批（采样器的轮次，
+# *以及*本轮已经走到哪里），同样的随机数（dropout、数据增强：每个 rank 各自的 torch、numpy 和
+# Python 随机数生成器）。漏掉任何一项，训练照样能跑，但已经是另一次训练了。`ddp_lab.resume`
+# 保存了所有这些；`python -m ddp_lab.train --checkpoint-every K` 每 K 步写一次检查点，启动时从
+# 最新的完整检查点恢复。采样器的位置最微妙：rank r 读取本轮顺序中的第 r、r+W、r+2W……个位置，
+# 所以走了 p 步、每步 B 个样本之后，前 p·B·W 个位置已经用掉，与 rank 无关。
+# `ResumableDistributedSampler` 跳过这些位置，其余的像 `DistributedSampler` 一样分发（位置为 0
+# 时，它给出的索引与 `DistributedSampler` 完全相同）。
+
+# %% tags=["lesson"]
+dl.show_source(resume.save_step)
+
+# %% [markdown] lang="en" tags=["lesson"]
+# Two runs of the same program under `torchrun --max-restarts=1`: one straight through; in
+# the other the last rank kills itself with SIGKILL after step 4 (`--fail-at-step 4`, once:
+# a marker file in the checkpoint folder says it already happened). The other rank's next
+# all-reduce fails at once (its peer's socket is closed), torchrun stops the group, starts
+# both workers again, and they resume from step 2's checkpoint. Compare the last lines.
+#
+# Why `TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`: by default torchrun's c10d rendezvous hands
+# its own TCPStore to the workers and keeps the same store server across restarts
+# (`torch/distributed/elastic/rendezvous/dynamic_rendezvous.py`, `next_rendezvous`); the
+# gloo group of the restarted workers can then read the previous attempt's addresses from it
+# and fail to connect ("Connection refused", pytorch/pytorch#135712). With the variable set,
+# each round gets a store of its own.
+
+# %% [markdown] lang="zh" tags=["lesson"]
+# 在 `torchrun --max-restarts=1` 下把同一个程序运行两次：一次一口气跑完；另一次，最后一个 rank
+# 在第 4 步之后用 SIGKILL 杀死自己（`--fail-at-step 4`，只发生一次：检查点目录中的一个标记
+# 文件记录它已经发生过）。另一个 rank 的下一次 all-reduce 立即失败（对端的套接字已关闭），
+# torchrun 停下整个组，重新启动两个 worker，它们从第 2 步的检查点恢复。比较最后一行。
+#
+# 为什么要设置 `TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`：默认情况下，torchrun 的 c10d rendezvous
+# 把自己的 TCPStore 交给 worker 使用，并且在多次重启之间一直用同一个 store 服务器
+# （`torch/distributed/elastic/rendezvous/dynamic_rendezvous.py` 中的 `next_rendezvous`）；重启后的
+# worker 的 gloo 组可能从中读到上一次尝试留下的地址，于是连接失败（“Connection refused”，
+# pytorch/pytorch#135712）。设置这个变量后，每一轮都有自己的 store。
+
+# %% tags=["lesson"]
+def train_run(*extra):
+    cmd = [TORCHRUN, "--standalone", "--nproc-per-node=2", "--max-restarts=1",
+           "-m", "ddp_lab.train", "--epochs", "1", "--batch-size", "128", "--threads", "1",
+           "--augment", "--warmup-steps", "3", "--data-dir", str(WORK / "data"), *extra]
+    return subprocess.run(cmd, capture_output=True, text=True, env=ENV, timeout=300)
+
+
+straight = train_run("--quiet")
+killed = train_run("--checkpoint-dir", str(WORK / "ckpt"), "--checkpoint-every", "2",
+                   "--fail-at-step", "4")
+print("straight:", straight.stdout.strip().splitlines()[-1])
+print("killed:  ", "\n          ".join(killed.stdout.strip().splitlines()))
+print([line for line in killed.stderr.splitlines() if "exitcode" in line][:1])
+
+# %% [markdown] lang="en" tags=["lesson"]
+# ## 2. Complete or absent: atomic writes
+#
+# A worker can die while it writes. A half-written file under the checkpoint's name is worse
+# than none: the restart loads it and crashes, every time. `save_atomic` writes to a
+# temporary file in the same folder, `fsync`s it, renames it over the final name with
+# `os.replace` (atomic on POSIX within one file system) and `fsync`s the folder so that the
+# rename survives a power cut. Below, a writer is killed inside `torch.save`: the folder
+# keeps the previous checkpoint and a `.tmp` file that `latest_checkpoint` never picks.
+# `torch.distributed.checkpoint` does the same for its `.metadata` file
+# (`torch/distributed/checkpoint/filesystem.py`: `.metadata.tmp`, then a rename), which the
+# coordinator writes after every rank's data: no `.metadata`, no checkpoint.
+
+# %% [markdown] lang="zh" tags=["lesson"]
+# ## 2. 要么完整，要么没有：原子写入
+#
+# worker 可能在写文件时死掉。以检查点名字存在的半个文件比没有文件更糟：重启时加载它就会崩溃，
+# 每次都是。`save_atomic` 先写到同一目录下的临时文件，对它调用 `fsync`，再用 `os.replace`
+# 把它重命名为最终的名字（在同一个文件系统内，POSIX 保证这是原子操作），最后对目录调用
+# `fsync`，让重命名本身在断电后也不会丢失。下面的写入进程在 `torch.save` 中途被杀死：目录里
+# 保留着上一个检查点，以及一个 `latest_checkpoint` 永远不会选中的 `.tmp` 文件。
+# `torch.distributed.checkpoint` 对它的 `.metadata` 文件也是这样做的
+# （`torch/distributed/checkpoint/filesystem.py`：先写 `.metadata.tmp`，再重命名），而且由协调者
+# 在所有 rank 的数据都写完之后才写：没有 `.metadata`，就没有检查点。
+
+# %% tags=["lesson"]
+dl.show_source(resume.save_atomic)
+
+# %% tags=["lesson"]
+KILLED_WRITER = """
+import os, signal, sys, torch
+from ddp_lab import resume
+resume.save_atomic({"step": 1}, resume.step_path(sys.argv[1], 1))
+def dying_save(obj, f, *args, **kwargs):
+    f.write(b"PK half a file")
+    f.flush()
+    os.kill(os.getpid(), signal.SIGKILL)
+torch.save = dying_save
+resume.save_atomic({"step": 2}, resume.step_path(sys.argv[1], 2))
+"""
+folder = WORK / "atomic"
+out = subprocess.run([sys.executable, "-c", KILLED_WRITER, str(folder)], env=ENV)
+print("exit code", out.returncode, sorted(p.name for p in folder.iterdir()))
+print("latest:", resume.latest_checkpoint(folder).name, resume.load(resume.latest_checkpoint(folder)))
+
+# %% [markdown] lang="en" tags=["lesson"]
+# ## 3. Sharded checkpoints: `torch.distributed.checkpoint`
+#
+# Under FSDP no rank holds the whole model. Gathering it on rank 0 to `torch.save` it
+# (a **full state dict**) needs the whole model in one process's memory and makes the other
+# ranks wait; at scale that is the slow part. A **sharded state dict** keeps each rank's own
+# rows: `get_state_dict(model, optimizer)` returns `DTensor`s, each knowing its global shape
+# and which piece this rank holds, and `dcp.save` has every rank write its pieces in
+# parallel, plus a `.metadata` file that records where each piece of each tensor went.
+# `dcp.load` fills the state dict you hand it *in place*: each rank reads the pieces that
+# overlap the rows it holds now, whatever the world size at save time (**resharding**).
+# `torch/distributed/checkpoint/state_dict.py` documents the options: `full_state_dict=True`
+# gathers full tensors, `cpu_offload=True` moves them to CPU and keeps them on rank 0 only
+# (so that the full model never sits in GPU memory), `broadcast_from_rank0=True` loads a full
+# state on rank 0 and scatters it. `dcp.async_save` (`state_dict_saver.py`) copies the state
+# to CPU memory and writes it in a background thread, so that training goes on during the
+# write. Below: `fully_shard` on 2 gloo CPU ranks, three Adam steps, `dcp.save`; then 3 fresh
+# ranks load it; the full states are compared.
+
+# %% [markdown] lang="zh" tags=["lesson"]
+# ## 3. 分片检查点：`torch.distributed.checkpoint`
+#
+# 在 FSDP 下，没有哪个 rank 持有整个模型。先把模型收集到 rank 0 再 `torch.save`（**完整状态
+# 字典**，full state dict），需要一个进程的内存放下整个模型，其他 rank 还得等着；规模大了，这
+# 就是最慢的一环。**分片状态字典**（sharded state dict）只保留每个 rank 自己的那几行：
+# `get_state_dict(model, optimizer)` 返回 `DTensor`，每个都知道自己的全局形状和本 rank 持有的
+# 是哪一块；`dcp.save` 让每个 rank 并行写出自己的块，另外写一个 `.metadata` 文件，记录每个张量
+# 的每一块写到了哪里。`dcp.load` *原地*填充你交给它的状态字典：每个 rank 读取与它现在持有的
+# 行有重叠的块，不管保存时的 world size 是多少（**重新分片**，resharding）。
+# `torch/distributed/checkpoint/state_dict.py` 说明了各个选项：`full_state_dict=True` 收集完整
+# 张量；`cpu_offload=True` 把它们移到 CPU，并且只留在 rank 0 上（完整模型永远不会占用 GPU
+# 显存）；`broadcast_from_rank0=True` 在 rank 0 上加载完整状态再分发出去。`dcp.async_save`
+# （`state_dict_saver.py`）先把状态复制到 CPU 内存，再在后台线程中写出，写入期间训练照常进行。
+# 下面：在 2 个 gloo CPU rank 上用 `fully_shard`，走三步 Adam，`dcp.save`；再由 3 个新的 rank
+# 加载；比较两边的完整状态。
+
+# %% tags=["lesson"]
+dl.show_source(recovery.dcp_load)
+
+# %% tags=["lesson"]
+ckpt = str(WORK / "dcp")
+saved = dl.spawn(recovery.dcp_save, args=(ckpt,), nprocs=2, backend="gloo", quiet=True)
+loaded = dl.spawn(recovery.dcp_load, args=(ckpt,), nprocs=3, backend="gloo", quiet=True)
+print("files:", sorted(p.name for p in Path(ckpt).iterdir()))
+print("rank 0 held", saved[0]["local_shapes"]["0.weight"], "of 0.weight on 2 ranks,",
+      loaded[0]["local_shapes"]["0.weight"], "on 3")
+a, b = saved[0]["full"], loaded[0]["full"]
+print("model equal:", all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"]))
+print("Adam state equal:", all(torch.equal(torch.as_tensor(v), torch.as_tensor(b["optim"][k][n]))
+                               for k in a["optim"] for n, v in a["optim"][k].items()))
+
+# %% [markdown] lang="en" tags=["lesson"]
+# Why `torch.save` of each rank's shard is not a checkpoint: the file holds a plain tensor,
+# rows 0-14 or 15-29 of a (30, 12) weight, and nothing says which. On 3 ranks each rank
+# expects 10 rows, and a third rank has no file at all.
+#
+# The course's `FullyShardedDP` (chapter 10) cannot hand its shards to DCP as they are: each
+# rank holds a 1-D slice of one padded flat vector per unit, and a slice boundary can fall
+# inside a parameter. DCP needs each saved tensor described as pieces with offsets and sizes
+# in the tensor's own shape (`ChunkStorageMetadata` in `torch/distributed/checkpoint/
+# metadata.py`). It would take a `state_dict` that, for each parameter, cuts the rank's flat
+# slice at the parameter's bounds and returns that piece as a 1-D tensor of the flattened
+# parameter with its offset (a `DTensor` cannot express uneven offsets; the older
+# `ShardedTensor` with `ShardMetadata` can), and a `load_state_dict` that copies the pieces
+# back into the flat shard. `ShardedOptimizer` (ZeRO-1) is easier: each parameter's state
+# lives whole on one rank, so a `state_dict` keyed by global parameter index, holding only
+# the owned entries on each rank, is already something DCP can save: each key is written by
+# the one rank that has it.
+
+# %% [markdown] lang="zh" tags=["lesson"]
+# 为什么每个 rank 对自己的分片调用 `torch.save` 不算检查点：文件里是一个普通张量，是 (30, 12)
+# 权重的第 0-14 行或第 15-29 行，但没有任何信息说明是哪几行。换成 3 个 rank 时，每个 rank 需要
+# 10 行，而第三个 rank 根本没有文件。
+#
+# 课程自己的 `FullyShardedDP`（第 10 章）不能把分片原样交给 DCP：每个 rank 持有的是每个单元的
+# 一个填充后扁平向量的一维切片，切片边界可能落在某个参数的中间。DCP 要求每个被保存的张量以
+# “块”来描述，每块有在该张量自身形状中的偏移和大小（`torch/distributed/checkpoint/metadata.py`
+# 中的 `ChunkStorageMetadata`）。要做到这一点，需要一个 `state_dict`：对每个参数，在参数边界处
+# 切开本 rank 的扁平切片，把这一段作为展平后参数的一维张量连同偏移一起返回（`DTensor` 无法表达
+# 不均匀的偏移，较旧的 `ShardedTensor` 配合 `ShardMetadata` 可以），再加一个把这些块拷回扁平
+# 分片的 `load_state_dict`。`ShardedOptimizer`（ZeRO-1）简单得多：每个参数的状态完整地放在一个
+# rank 上，所以按全局参数编号作键、每个 rank 只含自己拥有的条目的 `state_dict`，DCP 已经可以
+# 直接保存：每个键由持有它的那个 rank 写出。
+
+# %% tags=["lesson"]
+shards = WORK / "shards"
+shards.mkdir()
+for line in dl.spawn(recovery.shard_torch_save, args=(str(shards), True), nprocs=2, backend="gloo", quiet=True):
+    print(line)
+for line in dl.spawn(recovery.shard_torch_save, args=(str(shards), False), nprocs=3, backend="gloo", quiet=True):
+    print(line)
+
+# %% [markdown] lang="en" tags=["lesson"]
+# ## 4. When a collective hangs instead of failing
+#
+# A peer that *dies* closes its sockets, and the others' next collective fails at once
+# (section 1). A peer that is alive but *stuck* (a deadlock, a slow file system, a rank that
+# took another branch) sends nothing and closes nothing: the others wait. Every process
+# group has a timeout (`init_process_group(timeout=...)`, `new_group(timeout=...)`; gloo's
+# default is 30 minutes, `default_pg_timeout` in `torch/distributed/constants.py`); when it
+# runs out, gloo raises, the worker exits with an error and torchrun can restart the group.
+# Below, rank 1 sleeps while rank 0 all-reduces on a group with a 3 s timeout.
+#
+# With NCCL, collectives run on the GPU and the Python call returns before they finish, so
+# the exception cannot come from the call. ProcessGroupNCCL's **watchdog** thread checks the
+# running collectives (the default timeout is 10 minutes); one that runs out makes it act as
+# `TORCH_NCCL_ASYNC_ERROR_HANDLING` says (`ErrorHandlingMode`: 0 nothing, 1 tear the process
+# down, 2 only abort the communicators, 3, the default the header names, tear the process
+# down without cleaning up), so that torchrun sees a dead worker and restarts the group.
+# `TORCH_NCCL_TRACE_BUFFER_SIZE` > 0 turns on the **flight recorder**, a ring buffer of each
+# rank's last collectives, and `TORCH_NCCL_DUMP_ON_TIMEOUT=1` writes it out on a timeout, so
+# that you can see which rank was in which collective. The variables and the modes are
+# declared in `torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp`. Chapter 09 showed how to
+# read a hang's stacks; this part needs GPUs and is not run here.
+
+# %% [markdown] lang="zh" tags=["lesson"]
+# ## 4. 当集合通信挂起而不是失败
+#
+# *死掉*的对端会关闭它的套接字，其他 rank 的下一次集合通信会立即失败（第 1 节）。活着但*卡住*
+# 的对端（死锁、很慢的文件系统、走了另一个分支的 rank）什么也不发送，也什么都不关闭：其他
+# rank 就一直等下去。每个进程组都有超时（`init_process_group(timeout=...)`、
+# `new_group(timeout=...)`；gloo 的默认值是 30 分钟，见 `torch/distributed/constants.py` 中的
+# `default_pg_timeout`）；超时一到，gloo 抛出异常，worker 带着错误退出，torchrun 就可以重启整个组。
+# 下面，rank 1 在睡眠，rank 0 在一个超时为 3 秒的组上做 all-reduce。
+#
+# 使用 NCCL 时，集合通信在 GPU 上执行，Python 调用在它们完成之前就返回了，所以异常不可能来自
+# 调用本身。ProcessGroupNCCL 的**看门狗**（watchdog）线程检查正在执行的集合通信；某次通信超时后，
+# 它按 `TORCH_NCCL_ASYNC_ERROR_HANDLING` 的设置处理（默认超时为 10 分钟；`ErrorHandlingMode`：
+# 0 不处理，1 拆除进程，2 只中止通信器，3 即头文件注释中的默认值，拆除进程但不清理通信器），
+# 这样 torchrun 会看到一个死掉的 worker 并重启整个组。`TORCH_NCCL_TRACE_BUFFER_SIZE` 大于 0 时
+# 打开**飞行记录器**（flight recorder），即每个 rank 最近若干次集合通信的环形缓冲区；
+# `TORCH_NCCL_DUMP_ON_TIMEOUT=1` 在超时时把它写出来，于是能看到哪个 rank 停在哪次集合通信上。
+# 这些变量和模式声明在 `torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp` 中。第 09 章讲过怎样
+# 阅读挂起时的调用栈；这一部分需要 GPU，这里不运行。
+
+# %% tags=["lesson"]
+for line in dl.spawn(recovery.collective_timeout, args=(3.0,), nprocs=2, backend="gloo", quiet=True):
+    print(line)
+
+# %% [markdown] lang="en" tags=["lesson"]
+# ## 5. What a checkpoint costs
+#
+# One run, 2 ranks, rounds that alternate: 20 training steps of chapter 08's model, one
+# `torch.save` checkpoint (`resume.save_step`: gather the RNG states, rank 0 writes the full
+# state atomically, barrier) and one `dcp.save` (every rank writes its part; for DDP the
+# state is replicated and DCP's planner has each item written once). With a checkpoint every
+# K steps, a run gets slower by checkpoint time / (K × step time); `smallest_every` finds the
+# smallest K that keeps this under 10 % on this machine. On a big model the ratio is what
+# matters, and it is why large runs use sharded, asynchronous saves.
+
+# %% [markdown] lang="zh" tags=["lesson"]
+# ## 5. 一个检查点的代价
+#
+# 一次运行，2 个 rank，交替进行若干轮：第 08 章模型的 20 个训练步，一次 `torch.save` 检查点
+# （`resume.save_step`：收集随机数状态，rank 0 原子地写出完整状态，然后 barrier），以及一次
+# `dcp.save`（每个 rank 写出自己那部分；DDP 的状态在各 rank 上是相同的副本，DCP 的规划器让每一项
+# 只写一次）。如果每 K 步写一次检查点，运行时间会增加“检查点时间 / (K × 单步时间)”；`smallest_every`
+# 找出在这台机器上让这个比例低于 10% 的最小 K。对大模型来说关键就是这个比例，这也是大规模训练
+# 使用分片、异步保存的原因。
+
+# %% tags=["lesson"]
+cost = dl.spawn(recovery.checkpoint_cost, args=(str(WORK / "cost"),), nprocs=2, backend="gloo", quiet=True)[0]
+print(f"one step {1000 * cost['step']:.1f} ms")
+for kind in ("torch.save", "dcp.save"):
+    k = recovery.smallest_every(cost, kind=kind)
+    print(f"{kind}: {1000 * cost[kind]:.1f} ms, {cost[kind + ' bytes'] / 1e3:.0f} kB; "
+          f"every {k} steps costs {100 * recovery.overhead(cost, k, kind):.1f} %")
+
+# %% [markdown] lang="en" tags=["exercise"]
+# ## Exercise: make a training loop resumable, bit for bit (5 points)
+#
+# `recovery.resumable_loop` (shown below) trains an MLP with dropout on 2 or 3 ranks; every
+# step draws noise from torch, its scale from numpy and a sign flip from Python's `random`,
+# and an LR schedule lowers the LR at every step. Write
+# `save_state(folder, model, optimizer, scheduler, sampler, step)`, called on every rank
+# after the step where the run is stopped, and
+# `load_state(folder, model, optimizer, scheduler, sampler)`, called on every rank of a
+# fresh launch before training goes on; it returns the step. Every rank has its own random
+# state: save each rank's.
+#
+# The graded cell stops the loop at a hidden step, resumes it in new processes, and compares
+# with a run that was never stopped (hidden cases: shuffling on or off, the step, world size
+# 2 or 3): the final parameters must be equal bit for bit; if not, the feedback names the
+# first thing that differed (the random state, the sampler's position, the optimizer, the
+# LR schedule).
+
+# %% [markdown] lang="zh" tags=["exercise"]
+# ## 练习：让训练循环可以逐位精确地恢复（5 分）
+#
+# `recovery.resumable_loop`（源码见下）在 2 个或 3 个 rank 上训练一个带 dropout 的 MLP；每一步
+# 从 torch 抽取噪声，从 numpy 抽取噪声的幅度，从 Python 的 `random` 决定是否翻转符号，学习率
+# 调度每一步都降低学习率。请编写 `save_state(folder, model, optimizer, scheduler, sampler,
+# step)`：在运行停下的那一步之后，每个 rank 都会调用它；以及 `load_state(folder, model,
+# optimizer, scheduler, sampler)`：新启动的各个 rank 在继续训练之前调用它，它返回步数。每个
+# rank 都有自己的随机数状态：每个 rank 的都要保存。
+#
+# 评分单元在一个隐藏的步数处停下循环，在新的进程中恢复，再与从未停下的运行比较（隐藏用例：
+# 是否打乱、停下的步数、world size 为 2 或 3）：最终参数必须逐位相同；否则反馈会指出最先出现
+# 差异的部分（随机数状态、采样器位置、优化器、学习率调度）。
+
+# %% tags=["exercise"]
+dl.show_source(recovery.resumable_loop)
+
+# %% tags=["exercise"]
+import random
+
+import numpy as np
+import torch.distributed as dist
+
+
+def save_state(folder, model, optimizer, scheduler, sampler, step):
+    ### BEGIN SOLUTION
+    state = {
+        "model": model.state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "scheduler": scheduler.state_dict(),
+        "sampler": sampler.state_dict(),
+        "step": step,
+        "rng": {
+            "torch": torch.get_rng_state(),
+            "numpy": np.random.get_state(),
+            "python": random.getstate(),
+        },
+    }
+    resume.save_atomic(state, Path(folder) / f"rank{dist.get_rank()}.pt")
+    ### END SOLUTION
+
+
+def load_state(folder, model, optimizer, scheduler, sampler):
+    ### BEGIN SOLUTION
+    state = torch.load(Path(folder) / f"rank{dist.get_rank()}.pt", weights_only=False)
+    model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    scheduler.load_state_dict(state["scheduler"])
+    sampler.load_state_dict(state["sampler"])
+    torch.set_rng_state(state["rng"]["torch"])
+    np.random.set_state(state["rng"]["numpy"])
+    random.setstate(state["rng"]["python"])
+    return state["step"]
+    ### END SOLUTION
+
+
+# %% tags=["grade"] grade_id="11.resume" points=5
+dl.grade("11.resume", save_state, load_state)
+
+# %% [markdown] lang="en"
+# ## What to remember
+#
+# - A checkpoint that resumes exactly holds the model, the optimizer, the LR schedule, the
+#   step, the sampler's epoch and position, and every rank's random state.
+# - Write it to a temporary name, `fsync`, rename: complete or absent.
+# - Sharded checkpoints (`dcp.save`/`dcp.load`) are written by every rank and load on
+#   another world size; a rank's `torch.save` of its shard is not a checkpoint.
+# - A dead peer fails the next collective; a stuck one only fails at the group's timeout
+#   (NCCL: the watchdog and the flight recorder). Then torchrun restarts from the checkpoint.
+
+# %% [markdown] lang="zh"
+# ## 要点
+#
+# - 能精确恢复的检查点包含：模型、优化器、学习率调度、步数、采样器的轮次和位置，以及每个
+#   rank 的随机数状态。
+# - 先写到临时名字，`fsync`，再重命名：要么完整，要么没有。
+# - 分片检查点（`dcp.save`/`dcp.load`）由每个 rank 写出，可以在另一个 world size 上加载；
+#   一个 rank 对自己的分片调用 `torch.save` 不算检查点。
+# - 死掉的对端让下一次集合通信失败；卡住的对端要等到进程组超时才会失败（NCCL：看门狗和飞行
+#   记录器）。然后 torchrun 从检查点重启。

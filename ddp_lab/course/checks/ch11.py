@@ -1,0 +1,319 @@
+"""Checker of chapter 11's exercise: make a training loop resumable, bit for bit.
+
+The learner writes ``save_state(folder, model, optimizer, scheduler, sampler, step)`` and
+``load_state(folder, model, optimizer, scheduler, sampler) -> step`` for
+``ddp_lab.recovery.resumable_loop``. On 2 or 3 gloo ranks the probe runs the loop up to a
+hidden step and saves (``probe_stop``); a second launch, in fresh processes, loads and
+finishes it (``probe_resume``). Both send back one record per step (sample indices, the
+torch / numpy / Python draws, the LR, the parameters' digest before and after). The
+checker runs the same loop without interruption in ranks of its own, and compares: the
+final parameters bit for bit, or the first resumed step whose record differs, which says
+what the checkpoint missed.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import shutil
+import tempfile
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from ddp_lab.course.grading import checker, fail
+from ddp_lab.i18n import N_, _t, lookup
+from ddp_lab.recovery import loop_case_data, resumable_loop
+
+MESSAGES = {
+    "step": N_(
+        "rank {rank}: load_state returned step {got}, the run had stopped after "
+        "step {expected}: return the step counter that save_state received"
+    ),
+    "model": N_(
+        "rank {rank}, step {step}: the parameters before the first resumed step "
+        "differ from the uninterrupted run's: save and load model.state_dict()"
+    ),
+    "sampler": N_(
+        "rank {rank}, step {step}: the batch holds other samples than in the "
+        "uninterrupted run: save the sampler's epoch and position "
+        "(sampler.state_dict()) and restore them"
+    ),
+    "rng": N_(
+        "rank {rank}, step {step}: {which}'s random draw differs from the "
+        "uninterrupted run: save each rank's random state ({call}) and restore it"
+    ),
+    "schedule": N_(
+        "rank {rank}, step {step}: the learning rate is {got}, the uninterrupted "
+        "run used {expected}: save and load scheduler.state_dict()"
+    ),
+    "optimizer": N_(
+        "rank {rank}, step {step}: the same batch, draws and LR gave other "
+        "parameters than in the uninterrupted run: save and load "
+        "optimizer.state_dict() (SGD's momentum)"
+    ),
+    "steps": N_("rank {rank}: the resumed run took {got} steps, the uninterrupted one {expected}"),
+    "params": N_(
+        "rank {rank}: the final parameters differ from the uninterrupted run's "
+        "(max difference {diff:.2e}); resuming must give them bit for bit"
+    ),
+    "before_stop": N_(
+        "rank {rank}: the run differed from the uninterrupted one before it was "
+        "stopped (step {step}): save_state must not change the training"
+    ),
+    "malformed": N_("rank {rank} sent back a result of the wrong form ({field}: {kind})"),
+}
+
+RNG_CALLS = {
+    "torch": "torch.get_rng_state()",
+    "numpy": "np.random.get_state()",
+    "python": "random.getstate()",
+}
+FIELDS = {
+    "step": int,
+    "indices": list,
+    "torch": float,
+    "numpy": float,
+    "python": bool,
+    "lr": float,
+    "before": str,
+    "after": str,
+}
+
+
+def probe_stop(rank: int, objects: tuple, case: dict[str, Any], folder: str) -> dict[str, Any]:
+    """In the learner's ranks: run the loop up to ``case["stop_at"]`` and call save_state."""
+    save_state, _ = objects
+    where = Path(tempfile.gettempdir()) / folder
+    where.mkdir(parents=True, exist_ok=True)
+    out = resumable_loop(case, save_state=save_state, folder=str(where))
+    dist.barrier()  # every rank's save is complete before the processes end
+    return out
+
+
+def probe_resume(rank: int, objects: tuple, case: dict[str, Any], folder: str) -> dict[str, Any]:
+    """In fresh ranks: load_state from the folder and finish the run."""
+    _, load_state = objects
+    where = Path(tempfile.gettempdir()) / folder
+    loaded: list[Any] = []
+
+    def load(*args: Any) -> int:
+        step = load_state(*args)
+        loaded.append(step if type(step) is int else -1)
+        return step if type(step) is int else 0
+
+    try:
+        out = resumable_loop(
+            {**case, "resume": True, "stop_at": None}, load_state=load, folder=str(where)
+        )
+    finally:
+        dist.barrier()
+        if rank == 0:
+            shutil.rmtree(where, ignore_errors=True)
+    out["loaded_step"] = loaded[0] if loaded else -1
+    return out
+
+
+def _oracle(rank: int, case: dict[str, Any]) -> dict[str, Any]:
+    """In the grader's ranks: the same loop, never stopped."""
+    return resumable_loop({**case, "stop_at": None})
+
+
+def _kind(value: Any) -> str:
+    if isinstance(value, torch.Tensor):
+        return f"Tensor{tuple(value.shape)}"
+    return type(value).__name__
+
+
+def _validate(results: Any, world: int, case: dict[str, Any], label: str) -> list[dict]:
+    """The probe's results, checked to be of the form ``resumable_loop`` returns."""
+
+    def bad(rank: object, field: str, value: Any) -> Exception:
+        return fail(
+            _t(
+                "rank {rank} sent back a result of the wrong form ({field}: {kind})",
+                rank=rank,
+                field=field,
+                kind=_kind(value),
+            ),
+            label,
+        )
+
+    if not isinstance(results, list) or len(results) != world:
+        raise bad("-", "ranks", results)
+    with torch.random.fork_rng(devices=[]):
+        shapes = [p.shape for p in loop_case_data(case)[2].parameters()]
+    for rank, r in enumerate(results):
+        if not isinstance(r, dict) or not isinstance(r.get("records"), list):
+            raise bad(rank, "result", r)
+        for rec in r["records"]:
+            if not isinstance(rec, dict) or set(rec) != set(FIELDS):
+                raise bad(rank, "record", rec)
+            for name, kind in FIELDS.items():
+                if type(rec[name]) is not kind:
+                    raise bad(rank, name, rec[name])
+        params = r.get("params")
+        if (
+            not isinstance(params, list)
+            or not all(type(p) is torch.Tensor for p in params)
+            or [p.shape for p in params] != shapes
+        ):
+            raise bad(rank, "params", params)
+    return results
+
+
+def first_difference(got: dict[str, Any], want: dict[str, Any]) -> str | None:
+    """Which part of a checkpoint a resumed step's record points at, or None if equal."""
+    if got == want:
+        return None
+    if got["step"] != want["step"]:
+        return "step"
+    if got["before"] != want["before"]:
+        return "model"
+    if got["indices"] != want["indices"]:
+        return "sampler"
+    for name in RNG_CALLS:
+        if got[name] != want[name]:
+            return name
+    if got["lr"] != want["lr"]:
+        return "schedule"
+    return "optimizer"
+
+
+def verify(
+    stopped: list[dict], resumed: list[dict], reference: list[dict], case: dict[str, Any]
+) -> None:
+    """Raise CaseFailed at the first resumed step that differs from the uninterrupted run."""
+    label = f"world_size={len(reference)}, shuffle={case['shuffle']}, stop_at={case['stop_at']}"
+    stop = case["stop_at"]
+    for rank, (a, b, ref) in enumerate(zip(stopped, resumed, reference, strict=True)):
+        want = ref["records"]
+        if a["records"] != want[:stop]:
+            first = next(
+                (i for i, (g, w) in enumerate(zip(a["records"], want, strict=False)) if g != w), 0
+            )
+            raise fail(
+                _t(
+                    "rank {rank}: the run differed from the uninterrupted one before it was "
+                    "stopped (step {step}): save_state must not change the training",
+                    rank=rank,
+                    step=first + 1,
+                ),
+                label,
+            )
+        if b.get("loaded_step") != stop:
+            raise fail(
+                _t(
+                    "rank {rank}: load_state returned step {got}, the run had stopped after "
+                    "step {expected}: return the step counter that save_state received",
+                    rank=rank,
+                    got=b.get("loaded_step"),
+                    expected=stop,
+                ),
+                label,
+            )
+        for got, exp in zip(b["records"], want[stop:], strict=False):
+            what = first_difference(got, exp)
+            if what is None:
+                continue
+            step = exp["step"]
+            if what in RNG_CALLS:
+                raise fail(
+                    _t(
+                        "rank {rank}, step {step}: {which}'s random draw differs from the "
+                        "uninterrupted run: save each rank's random state ({call}) and restore it",
+                        rank=rank,
+                        step=step,
+                        which=what,
+                        call=RNG_CALLS[what],
+                    ),
+                    label,
+                )
+            if what == "schedule":
+                raise fail(
+                    _t(
+                        "rank {rank}, step {step}: the learning rate is {got}, the uninterrupted "
+                        "run used {expected}: save and load scheduler.state_dict()",
+                        rank=rank,
+                        step=step,
+                        got=got["lr"],
+                        expected=exp["lr"],
+                    ),
+                    label,
+                )
+            raise fail(
+                lookup(MESSAGES, what, rank=rank, step=step, got=got["step"], expected=stop), label
+            )
+        if len(b["records"]) != len(want) - stop:
+            raise fail(
+                _t(
+                    "rank {rank}: the resumed run took {got} steps, the uninterrupted one "
+                    "{expected}",
+                    rank=rank,
+                    got=stop + len(b["records"]),
+                    expected=len(want),
+                ),
+                label,
+            )
+        for p, q in zip(b["params"], ref["params"], strict=True):
+            if not torch.equal(p, q):
+                diff = max(
+                    (x.double() - y.double()).abs().max().item()
+                    for x, y in zip(b["params"], ref["params"], strict=True)
+                )
+                raise fail(
+                    _t(
+                        "rank {rank}: the final parameters differ from the uninterrupted run's "
+                        "(max difference {diff:.2e}); resuming must give them bit for bit",
+                        rank=rank,
+                        diff=diff,
+                    ),
+                    label,
+                )
+
+
+@checker("11.resume", points=5)
+def check_resume(rng: random.Random, learner: Any) -> Iterator[object]:
+    from ddp_lab.runtime.launcher import spawn
+
+    cases = [(2, True), (rng.choice([2, 3]), rng.choice([True, False]))]
+    yield len(cases)
+    for world, shuffle in cases:
+        n, batch = rng.randint(30, 44), rng.choice([3, 4])
+        per_epoch = math.ceil(math.ceil(n / world) / batch)  # batches per epoch on a rank
+        case = {
+            "seed": rng.randrange(10**6),
+            "n": n,
+            "batch_size": batch,
+            "epochs": 2,
+            "lr": 0.1,
+            "lr_every": rng.randint(2, 4),
+            "shuffle": shuffle,
+            "stop_at": rng.randint(2, per_epoch - 1) + rng.choice([0, per_epoch]),
+        }
+        label = f"world_size={world}, shuffle={shuffle}, stop_at={case['stop_at']}"
+        folder = f"ddp_lab_ch11_{uuid.uuid4().hex}"  # in the learner's /tmp
+        stopped = learner.spawn(probe_stop, case, folder, nprocs=world, timeout=120)
+        stopped = _validate(stopped, world, case, label)
+        resumed = learner.spawn(probe_resume, case, folder, nprocs=world, timeout=120)
+        resumed = _validate(resumed, world, case, label)
+        for rank, r in enumerate(resumed):
+            if type(r.get("loaded_step")) is not int:
+                raise fail(
+                    _t(
+                        "rank {rank} sent back a result of the wrong form ({field}: {kind})",
+                        rank=rank,
+                        field="loaded_step",
+                        kind="?",
+                    ),
+                    label,
+                )
+        reference = spawn(
+            _oracle, args=(case,), nprocs=world, backend="gloo", quiet=True, timeout=120
+        )
+        verify(stopped, resumed, reference, case)
+        yield label

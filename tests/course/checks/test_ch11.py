@@ -1,0 +1,102 @@
+"""The chapter 11 checker passes a resume that restores everything and names what a wrong
+one forgot: the random state, the sampler's position, the optimizer's momentum, the LR
+schedule, the step counter. Oracle: the same loop run without interruption."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+
+from ddp_lab.course.checks import ch11
+from ddp_lab.course.grading import load_checkers, run_checker
+from ddp_lab.course.learner import LocalLearner
+
+
+def make_resume(forget: str = ""):
+    """save_state / load_state that keep everything, except what ``forget`` names."""
+
+    def save_state(folder, model, optimizer, scheduler, sampler, step):
+        state = {
+            "model": model.state_dict(),
+            "optimizer": optimizer.state_dict(),
+            "scheduler": scheduler.state_dict(),
+            "sampler": sampler.state_dict(),
+            "step": step,
+            "rng": {
+                "torch": torch.get_rng_state(),
+                "numpy": np.random.get_state(),
+                "python": random.getstate(),
+            },
+        }
+        torch.save(state, Path(folder) / f"rank{dist.get_rank()}.pt")
+
+    def load_state(folder, model, optimizer, scheduler, sampler):
+        state = torch.load(Path(folder) / f"rank{dist.get_rank()}.pt", weights_only=False)
+        model.load_state_dict(state["model"])
+        if forget != "optimizer":
+            optimizer.load_state_dict(state["optimizer"])
+        if forget != "scheduler":
+            scheduler.load_state_dict(state["scheduler"])
+        if forget != "sampler":
+            sampler.load_state_dict(state["sampler"])
+        if forget not in ("rng", "torch_rng"):
+            torch.set_rng_state(state["rng"]["torch"])
+        if forget != "rng":
+            np.random.set_state(state["rng"]["numpy"])
+            random.setstate(state["rng"]["python"])
+        return state["step"] if forget != "step" else 0
+
+    return save_state, load_state
+
+
+def stub_save(folder, model, optimizer, scheduler, sampler, step):
+    raise NotImplementedError("your code here")
+
+
+def stub_load(folder, model, optimizer, scheduler, sampler):
+    raise NotImplementedError("your code here")
+
+
+def grade(save, load) -> tuple[bool, str]:
+    return run_checker(load_checkers()["11.resume"], LocalLearner((save, load)), "en")
+
+
+def test_a_complete_resume_passes():
+    passed, line = grade(*make_resume())
+    assert passed, line
+
+
+def test_the_stub_fails():
+    passed, line = grade(stub_save, stub_load)
+    assert not passed and "NotImplementedError" in line, line
+
+
+@pytest.mark.parametrize(
+    "forget, words",
+    [
+        ("rng", "torch's random draw differs"),
+        ("torch_rng", "torch.get_rng_state()"),
+        ("sampler", "sampler's epoch and position"),
+        ("optimizer", "optimizer.state_dict()"),
+        ("scheduler", "scheduler.state_dict()"),
+        ("step", "load_state returned step 0"),
+    ],
+)
+def test_a_resume_that_forgets_one_part_fails_and_says_which(forget, words):
+    passed, line = grade(*make_resume(forget))
+    assert not passed and words in line, line
+
+
+def test_first_difference_orders_the_causes():
+    rec = {"step": 3, "indices": [1, 2], "torch": 0.5, "numpy": 0.1, "python": True,
+           "lr": 0.1, "before": "a", "after": "b"}  # fmt: skip
+    assert ch11.first_difference(rec, dict(rec)) is None
+    assert ch11.first_difference({**rec, "indices": [2, 1], "torch": 0.4}, rec) == "sampler"
+    assert ch11.first_difference({**rec, "numpy": 0.2, "after": "c"}, rec) == "numpy"
+    assert ch11.first_difference({**rec, "after": "c"}, rec) == "optimizer"
+    assert ch11.first_difference({**rec, "before": "z", "indices": []}, rec) == "model"
