@@ -298,8 +298,11 @@ def test_neighbours_cannot_starve_or_fill_the_machine(tmp_path: Path) -> None:
     free = shutil.disk_usage(tmp_path).free
     out = tmp_path / "out"
     assert grade(RELEASE, subs, out, "--cell-timeout", "90", "--jobs", "2") == 0
-    assert gradebook(out) == {
-        ("a-bomb", "00.average"): (0, 2, "failed"),
+    book = gradebook(out)
+    # The bomb gets nothing: its wrong answer fails, or (on a loaded machine, its 500
+    # processes waiting for a CPU) its own error.
+    assert book.pop(("a-bomb", "00.average")) in {(0, 2, "failed"), (0, 2, "error")}
+    assert book == {
         ("b-broken", "00.average"): (0, 2, "invalid"),
         ("c-honest", "00.average"): (2, 2, "passed"),
         ("d-filler", "00.average"): (0, 2, "failed"),
