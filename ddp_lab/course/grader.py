@@ -59,6 +59,7 @@ MESSAGES = Messages(
         "tampered-moved": {"en": "graded cell moved", "zh": "评分单元被移动"},
         "timeout": {"en": "timed out", "zh": "超时"},
         "kernel-died": {"en": "kernel died", "zh": "内核崩溃"},
+        "flagged": {"en": "flagged for review", "zh": "已标记待审核"},
         "invalid": {"en": "invalid notebook", "zh": "notebook 文件无效"},
         "error": {"en": "not run", "zh": "未能运行"},
         "why_changed": {
@@ -366,8 +367,8 @@ def score(
             results[grade_id] = Result(grade_id, 0, ex.points, "timeout", why)
         elif status == "kernel-died":
             results[grade_id] = Result(grade_id, 0, ex.points, status, MESSAGES("why_died", lang))
-        elif status == "failed":
-            results[grade_id] = Result(grade_id, 0, ex.points, "failed", detail)
+        elif status in ("failed", "flagged"):  # flagged: course.scan, 0 until reviewed
+            results[grade_id] = Result(grade_id, 0, ex.points, status, detail)
         else:
             why = MESSAGES("why_error", lang, error=detail or "-")
             results[grade_id] = Result(grade_id, 0, ex.points, "error", why)

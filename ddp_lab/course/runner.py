@@ -8,7 +8,8 @@ code; it decides nothing. It:
    (so ``%%ddp`` and ``%%ranks`` work as in JupyterLab), each with a time limit;
 2. at each graded cell it does not run the cell: it evaluates the arguments of the released
    ``dl.grade(...)`` call (the objects *as they are at that point of the notebook*, as the
-   in-notebook check would see them);
+   in-notebook check would see them) and hands them out pickled (``blob-<cell>.pkl`` next to
+   the job; ``course.rankhost`` loads them in sandboxes of their own, the grader never does);
 3. says ``graded`` and answers the grader's requests (JSON lines) until it says
    ``continue``: run a probe of a checker module on the kept objects, in this process
    (``call``) or on N gloo ranks (``spawn``); the reply is data (``course.wire``) or the
@@ -78,7 +79,20 @@ def _keep(cell: dict, shell: Any) -> tuple:
     return tuple(values)
 
 
-def run(job: dict, proto_in: Any, proto_out: Any) -> None:
+def _hand_out(objects: tuple, path: Path) -> str | None:
+    """Pickle the graded cell's objects to ``path`` for the per-rank sandboxes; the error's
+    text if they cannot be pickled (the grader reads the file's bytes, never loads them)."""
+    from ddp_lab.runtime import _pickle
+
+    try:
+        path.write_bytes(_pickle.dumps(objects))
+    except Exception as exc:  # noqa: BLE001  # e.g. an object that holds a lock
+        path.unlink(missing_ok=True)
+        return f"{type(exc).__name__}: {exc}"[:500]
+    return None
+
+
+def run(job: dict, proto_in: Any, proto_out: Any, folder: Path | None = None) -> None:
     """Run the cells in order; at each graded cell, answer the grader until it says go on."""
     from IPython.core.interactiveshell import InteractiveShell
 
@@ -94,7 +108,12 @@ def run(job: dict, proto_in: Any, proto_out: Any) -> None:
         if cell.get("grade_id"):
             try:
                 kept: Any = _keep(cell, shell)
-                send({"graded": cell["grade_id"]})
+                msg: dict[str, Any] = {"graded": cell["grade_id"], "blob": index}
+                if folder is not None:
+                    unpicklable = _hand_out(kept, folder / f"blob-{index}.pkl")
+                    if unpicklable:
+                        msg["blob_error"] = unpicklable
+                send(msg)
             except Exception as exc:  # noqa: BLE001  # e.g. the learner's function is undefined
                 kept = None
                 send({"graded": cell["grade_id"], "error": f"{type(exc).__name__}: {exc}"[:500]})
@@ -157,7 +176,7 @@ def serve(grade_id: str, objects: tuple | None, proto_in: Any, proto_out: Any) -
 def main(argv: list[str]) -> int:
     job = json.loads(Path(argv[1]).read_text(encoding="utf-8"))
     proto_in, proto_out = _protocol()
-    run(job, proto_in, proto_out)
+    run(job, proto_in, proto_out, Path(argv[1]).resolve().parent)
     return 0
 
 

@@ -315,22 +315,24 @@ def test_ring_result_that_is_not_data_fails_cleanly():
 
 def test_faked_records_do_not_pass():
     # A learner's process can fake what the probe records, not the oracle's values.
-    def fake(probe, cases, nprocs, timeout):
-        record = [
-            {
-                "returned_input": True,
-                "tensor": torch.zeros(tuple(shape), dtype=getattr(torch, dtype)),
-                "forbidden": [],
-                "sent": 0,
-                "batches": [],
-                "loose": [],
-            }
-            for shape, dtype, _ in cases
+    def fake(probe, inputs, timeout):
+        return [
+            [
+                {
+                    "returned_input": True,
+                    "tensor": torch.zeros_like(given),
+                    "forbidden": [],
+                    "sent": 0,
+                    "batches": [],
+                    "loose": [],
+                }
+                for given in mine
+            ]
+            for mine in inputs
         ]
-        return [record] * nprocs
 
     learner = LocalLearner((ring_all_reduce,))
-    learner.spawn = fake
+    learner.ranks = fake
     passed, line = run_checker(load_checkers()["05.ring"], learner, "en")
     assert not passed and "expected" in line, line
 
