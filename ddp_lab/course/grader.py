@@ -600,4 +600,24 @@ def grade_main(args: argparse.Namespace) -> int:
             for r in results:
                 writer.writerow([name, r.grade_id, r.points, r.max_points, r.status])
     print(MESSAGES("wrote", lang, path=out / "gradebook.csv"))
+    _similarity(release, subs, names, out, lang)
     return 0
+
+
+def _similarity(
+    release: nbformat.NotebookNode, subs: list[Path], names: list[str], out: Path, lang: str
+) -> None:
+    """``out/similarity.md`` (course.similarity): for the instructor; never a grade's cause."""
+    from ddp_lab.course import similarity
+
+    notebooks = {}
+    for path, name in zip(subs, names, strict=True):
+        try:
+            if path.is_file() and not path.is_symlink() and path.stat().st_size <= 16 * 2**20:
+                notebooks[name] = nbformat.read(path, as_version=4)
+        except Exception:  # noqa: BLE001, S112  # unreadable: graded (and reported) elsewhere
+            continue
+    try:
+        similarity.write_report(release, notebooks, out, lang)
+    except Exception as exc:  # noqa: BLE001  # the report is extra: never fail the class on it
+        print(f"similarity report: {type(exc).__name__}: {exc}", file=sys.stderr)

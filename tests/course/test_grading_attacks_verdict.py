@@ -13,6 +13,7 @@ from __future__ import annotations
 import copy
 import os
 import sys
+import tempfile
 from pathlib import Path
 
 import cloudpickle
@@ -106,6 +107,7 @@ def test_attacks_on_the_protocol_get_nothing_and_honest_work_its_points(tmp_path
     assert book.pop(("peek", "00.average")) == (0, 2, "flagged")
     assert book.pop(("flood", "00.average"))[0] == 0
     assert book == {}
+    assert "Similarity report" in (out / "similarity.md").read_text(encoding="utf-8")
     peek = (out / "feedback" / "peek.md").read_text(encoding="utf-8")
     assert "_getframe" in peek and "the mean over ranks is" in peek, peek
     assert leftover_processes() == []
@@ -141,6 +143,8 @@ def test_the_reference_ring_is_not_importable_while_grading(tmp_path: Path) -> N
     assert book[("honest", "05.ring")] == (5, 5, "passed")
     assert book[("unsolved", "05.ring")] == (0, 5, "failed")
     assert book[("import_reference", "05.ring")] == (0, 5, "flagged")
+    report = (out / "similarity.md").read_text(encoding="utf-8")
+    assert "(ddp_lab)" not in report  # the honest ring is not the package's
     feedback = (out / "feedback" / "import_reference.md").read_text(encoding="utf-8")
     assert "ddp_lab.ring" in feedback and "not available while grading" in feedback, feedback
     assert leftover_processes() == []
@@ -172,10 +176,22 @@ def test_each_rank_receives_only_its_own_input() -> None:
     from ddp_lab.course.checks.ch00 import probe_average
 
     values = [torch.full((3,), float(r)) for r in range(3)]
-    got = _remote((average,)).ranks(probe_average, values, timeout=60)
-    assert [g.tolist() for g in got] == [[1.0, 1.0, 1.0]] * 3
-    alone = _remote((lonely,)).ranks(probe_average, values, timeout=60)
-    assert [a.tolist() for a in alone] == [v.tolist() for v in values]
+    learner = _remote((average,))
+    try:
+        got = learner.ranks(probe_average, values, timeout=60)
+        assert [g.tolist() for g in got] == [[1.0, 1.0, 1.0]] * 3
+        # The same sandboxes serve the next case, on fewer ranks.
+        two = learner.ranks(probe_average, values[:2], timeout=60)
+        assert [g.tolist() for g in two] == [[0.5, 0.5, 0.5]] * 2
+    finally:
+        learner.close()
+    learner = _remote((lonely,))
+    try:
+        alone = learner.ranks(probe_average, values, timeout=60)
+        assert [a.tolist() for a in alone] == [v.tolist() for v in values]
+    finally:
+        learner.close()
+    assert not list(Path(tempfile.gettempdir()).glob("ddp-lab-ranks-*"))
 
 
 @pytest.mark.skipif(not sandbox.available(), reason="no bubblewrap/user namespaces here")
@@ -187,8 +203,10 @@ def test_a_rank_cannot_import_the_answers() -> None:
 
         return ring_all_reduce(value)
 
+    learner = _remote((borrowed,))
     with pytest.raises(LearnerError, match="not available while grading"):
-        _remote((borrowed,)).ranks(probe_average, [torch.ones(2)] * 2, timeout=60)
+        learner.ranks(probe_average, [torch.ones(2)] * 2, timeout=60)
+    learner.close()
 
 
 def test_protocol_reads_are_bounded() -> None:
