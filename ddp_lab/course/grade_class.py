@@ -230,4 +230,25 @@ def grade_main(args: argparse.Namespace) -> int:
         signal.signal(signal.SIGTERM, previous)
     for path in report.write_gradebook(out, graded):
         print(_t("wrote {path}", lang, path=report.shown(path, report.MAX_TEXT)))
+    _similarity(release, subs, out, lang)
     return 0
+
+
+def _similarity(
+    release: nbformat.NotebookNode, subs: list[intake.Submission], out: Path, lang: str
+) -> None:
+    """``out/similarity.md`` (course.similarity): for the instructor; never a grade's cause."""
+    from ddp_lab.course import similarity
+
+    notebooks = {}
+    for sub in subs:
+        if sub.problem:
+            continue  # unreadable: graded (and reported) as its error
+        with contextlib.suppress(Exception):  # the same limited reading as for grading
+            notebooks[report.clean(sub.identity, report.MAX_NAME)] = intake.load(sub.root, sub.rel)
+    try:
+        path = similarity.write_report(release, notebooks, out, lang)
+    except Exception as exc:  # noqa: BLE001  # the report is extra: never fail the class on it
+        print(report.shown(f"similarity report: {type(exc).__name__}: {exc}"), file=sys.stderr)
+    else:
+        print(_t("wrote {path}", lang, path=report.shown(path, report.MAX_TEXT)))

@@ -8,14 +8,20 @@ lists. Oracles and comparisons stay with the checker.
 - ``LocalLearner``: in the learner's own kernel (``dl.grade`` in a notebook, self-study). The
   probe runs right there; results still cross the wire codec, so a checker sees exactly what
   it would see from a sandbox.
-- ``RemoteLearner``: in the grader (``ddp-lab grade``/``check``). The probe runs in the
-  sandboxed runner process that executed the submission (``course.runner``); requests and
-  replies are JSON lines over a pipe; the grader's process never runs learner code and never
-  unpickles anything from it.
+- ``RemoteLearner``: in the grader (``ddp-lab grade``/``check``). A per-rank probe
+  (``ranks``: rank r receives only ``inputs[r]``) runs in fresh sandboxes, one per rank
+  (``course.rankhost``), on the learner's objects as the runner handed them out; other probes
+  (``call``, ``spawn``: every rank sees all the data) run in the sandboxed runner process that
+  executed the submission (``course.runner``); requests and replies are JSON lines over a pipe;
+  the grader's process never runs learner code and never unpickles anything from it.
+
+A checker converted to ``ranks`` is the trustworthy kind: nothing in the learner's processes
+holds another rank's input, the seed or the checker's frames.
 
 ``refuse`` turns off oracle functions an exercise must not call, inside the learner's process,
 for the duration of the learner's call (aliases included: the function object itself is
-changed, not a module attribute).
+changed, not a module attribute). It lives in the learner's process, so it is a hint for
+feedback, not a proof: code that wants to can undo it.
 """
 
 from __future__ import annotations
@@ -127,6 +133,27 @@ class LocalLearner:
             raise error_of(exc) from None
         return _as_data(out)
 
+    def ranks(self, probe: Callable, inputs: list, timeout: float = 60) -> list:
+        """``probe(rank, objects, inputs[rank])`` on ``len(inputs)`` gloo ranks."""
+        from ddp_lab.runtime.launcher import spawn
+
+        try:
+            out = spawn(
+                _own_input,
+                args=(probe, self.objects, inputs),
+                nprocs=len(inputs),
+                backend="gloo",
+                quiet=True,
+                timeout=timeout,
+            )
+        except Exception as exc:  # noqa: BLE001
+            raise error_of(exc) from None
+        return _as_data(out)
+
+
+def _own_input(rank: int, probe: Callable, objects: tuple, inputs: list) -> Any:
+    return probe(rank, objects, inputs[rank])
+
 
 def _as_data(value: Any) -> Any:
     try:
@@ -136,13 +163,29 @@ def _as_data(value: Any) -> Any:
 
 
 class RemoteLearner:
-    """Probes run in the sandboxed runner that executed the submission (``course.runner``)."""
+    """In the grader: probes that need the learner's process run in the sandboxed runner that
+    executed the submission (``course.runner``, ``call`` and ``spawn``); per-rank probes
+    (``ranks``) run in fresh sandboxes of their own, one per rank (``course.rankhost``), on the
+    blob of the learner's objects that the runner handed out at the graded cell.
+
+    ``blob``: the objects, pickled by the runner (never loaded here), or the error's text if the
+    runner could not pickle them.
+    """
 
     def __init__(
-        self, grade_id: str, send: IO[str], receive: IO[str], on_timeout: Callable
+        self,
+        grade_id: str,
+        send: IO[bytes],
+        receive: wire.LineReader,
+        on_timeout: Callable,
+        blob: bytes | str | None = None,
+        lang: str = "en",
+        job: int = 0,
     ) -> None:
         self.grade_id, self._send, self._receive = grade_id, send, receive
         self._on_timeout = on_timeout
+        self.blob, self.lang, self.job = blob, lang, job
+        self._pool: Any = None
 
     def _ask(self, op: str, probe: Callable, data: tuple, nprocs: int, timeout: float) -> Any:
         request = {
@@ -154,7 +197,7 @@ class RemoteLearner:
             "data": wire.dumps(list(data)),
         }
         try:
-            self._send.write(json.dumps(request) + "\n")
+            self._send.write(json.dumps(request).encode() + b"\n")
             self._send.flush()
         except (BrokenPipeError, OSError):
             raise RunnerGone("the learner's process is gone") from None
@@ -173,16 +216,17 @@ class RemoteLearner:
         except wire.WireError as exc:
             raise LearnerError("WireError", str(exc)) from None
 
-    def _read_line(self, timeout: float) -> str:
-        import select
-
-        ready, _, _ = select.select([self._receive], [], [], timeout)
-        if not ready:
+    def _read_line(self, timeout: float) -> bytes:
+        try:
+            line = self._receive.readline(timeout)
+        except EOFError:
+            raise RunnerGone("the learner's process is gone") from None
+        except wire.LineTooLong:
+            self._on_timeout()
+            raise RunnerGone("flood") from None
+        if line is None:
             self._on_timeout()
             raise RunnerGone("timeout")
-        line = self._receive.readline()
-        if not line:
-            raise RunnerGone("the learner's process is gone")
         return line
 
     def call(self, probe: Callable, *data: Any, timeout: float = 60) -> Any:
@@ -190,6 +234,22 @@ class RemoteLearner:
 
     def spawn(self, probe: Callable, *data: Any, nprocs: int, timeout: float = 60) -> list:
         return self._ask("spawn", probe, data, nprocs, timeout)
+
+    def ranks(self, probe: Callable, inputs: list, timeout: float = 60) -> list:
+        """``probe(rank, objects, inputs[rank])`` on ``len(inputs)`` fresh sandboxed ranks."""
+        from ddp_lab.course.rankhost import RankPool
+
+        if not isinstance(self.blob, bytes):
+            raise LearnerError("PicklingError", str(self.blob or "no objects")[:500])
+        if self._pool is None:
+            self._pool = RankPool(self.blob, self.lang, self.job)
+        return self._pool.run(probe_name(probe), inputs, timeout)
+
+    def close(self) -> None:
+        """Kill the ranks' sandboxes of this exercise."""
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = None
 
 
 _ACTIVE: list[tuple[list[str], str]] = []  # (refused names, what to use instead)

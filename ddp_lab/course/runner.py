@@ -8,7 +8,8 @@ code; it decides nothing. It:
    (so ``%%ddp`` and ``%%ranks`` work as in JupyterLab), each with a time limit;
 2. at each graded cell it does not run the cell: it evaluates the arguments of the released
    ``dl.grade(...)`` call (the objects *as they are at that point of the notebook*, as the
-   in-notebook check would see them);
+   in-notebook check would see them) and hands them out pickled (base64 in the ``graded`` line;
+   ``course.rankhost`` loads them in sandboxes of their own, the grader never does);
 3. says ``graded`` and answers the grader's requests (JSON lines) until it says
    ``continue``: run a probe of a checker module on the kept objects, in this process
    (``call``) or on N gloo ranks (``spawn``); the reply is data (``course.wire``) or the
@@ -27,6 +28,8 @@ import sys
 import traceback
 from pathlib import Path
 from typing import Any
+
+from ddp_lab.course.wire import BLOB_LIMIT
 
 
 class CellTimeout(BaseException):
@@ -78,6 +81,24 @@ def _keep(cell: dict, shell: Any) -> tuple:
     return tuple(values)
 
 
+def _hand_out(objects: tuple) -> tuple[str | None, str | None]:
+    """The graded cell's objects pickled for the per-rank sandboxes, base64 for the protocol
+    line, or the reason they cannot be: ``(blob, error)``. The grader decodes the bytes and
+    never loads them. They travel on the protocol pipe because this process's folder is a
+    private tmpfs (course.sandbox) that the grader cannot see."""
+    import base64
+
+    from ddp_lab.runtime import _pickle
+
+    try:
+        data = _pickle.dumps(objects)
+    except Exception as exc:  # noqa: BLE001  # e.g. an object that holds a lock
+        return None, f"{type(exc).__name__}: {exc}"[:500]
+    if len(data) > BLOB_LIMIT:
+        return None, f"the graded objects take {len(data)} bytes pickled, more than {BLOB_LIMIT}"
+    return base64.b64encode(data).decode("ascii"), None
+
+
 def run(job: dict, proto_in: Any, proto_out: Any) -> None:
     """Run the cells in order; at each graded cell, answer the grader until it says go on."""
     from IPython.core.interactiveshell import InteractiveShell
@@ -94,7 +115,10 @@ def run(job: dict, proto_in: Any, proto_out: Any) -> None:
         if cell.get("grade_id"):
             try:
                 kept: Any = _keep(cell, shell)
-                send({"graded": cell["grade_id"]})
+                msg: dict[str, Any] = {"graded": cell["grade_id"]}
+                blob, unpicklable = _hand_out(kept)
+                msg.update({"blob": blob} if unpicklable is None else {"blob_error": unpicklable})
+                send(msg)
             except Exception as exc:  # noqa: BLE001  # e.g. the learner's function is undefined
                 kept = None
                 send({"graded": cell["grade_id"], "error": f"{type(exc).__name__}: {exc}"[:500]})

@@ -30,9 +30,12 @@ from typing import Any
 
 import nbformat
 
-from ddp_lab.course import sandbox
+from ddp_lab.course import sandbox, scan, wire
 from ddp_lab.course.learner import RemoteLearner, RunnerGone
 from ddp_lab.i18n import _t
+
+PROTOCOL_LIMIT = wire.MAX_BYTES + 4096  # one line from the runner; past it, the runner is killed
+BLOB_LIMIT = wire.BLOB_LIMIT  # the pickled objects of one graded cell
 
 
 def build_job(
@@ -91,16 +94,22 @@ def run(request: dict[str, Any]) -> dict[str, Any]:
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
-            text=True,
             start_new_session=True,
         )
+        assert proc.stdout is not None
+        reader = wire.LineReader(proc.stdout.fileno(), PROTOCOL_LIMIT)
+        flags = scan.flags_by_exercise(release, sub, found)
         # A cell that ignores the runner's own alarm is caught here: no message for longer
         # than all the cells could take.
         patience = cell_timeout * (len(job["cells"]) + 1) + 60
         while True:
-            msg = _next_message(proc, min(deadline, time.monotonic() + patience))
+            msg = _next_message(reader, proc, min(deadline, time.monotonic() + patience))
             if msg is None:  # no message in time: the runner is stuck
                 ended = "timeout" if time.monotonic() >= deadline else "timeout-cell"
+                break
+            if msg.get("flood"):  # a line past the limit: the runner is killed, not read
+                _kill(proc)
+                ended = "kernel-died"
                 break
             if msg.get("eof"):  # its output ended: the learner's process died (or exited)
                 ended = "kernel-died"
@@ -112,15 +121,28 @@ def run(request: dict[str, Any]) -> dict[str, Any]:
                 break
             grade_id = str(msg.get("graded", ""))
             if grade_id in found and grade_id not in results:
-                results[grade_id] = _judge(
-                    registry, grade_id, msg.get("error"), proc, lang, deadline
+                handle = RemoteLearner(
+                    grade_id,
+                    proc.stdin,
+                    reader,
+                    functools.partial(_kill, proc),
+                    _blob(msg),
+                    lang,
+                    int(request.get("job", 0)),
                 )
+                try:
+                    results[grade_id] = _judge(
+                        registry, grade_id, msg.get("error"), handle, lang, deadline
+                    )
+                finally:
+                    handle.close()
+                results[grade_id] = scan.apply(results[grade_id], flags.get(grade_id), lang)
                 if results[grade_id]["status"] in ("timeout", "kernel-died"):
                     ended = results[grade_id]["status"]
                     break
             try:
                 assert proc.stdin is not None
-                proc.stdin.write(json.dumps({"op": "continue"}) + "\n")
+                proc.stdin.write(json.dumps({"op": "continue"}).encode() + b"\n")
                 proc.stdin.flush()
             except OSError:
                 break
@@ -133,16 +155,36 @@ def run(request: dict[str, Any]) -> dict[str, Any]:
         shutil.rmtree(work, ignore_errors=True)
 
 
+def _blob(msg: dict) -> bytes | str:
+    """The pickled objects the runner handed out for a graded cell, as bytes (decoded from
+    base64, never loaded here), or why there are none. The line was read with a bound
+    (``PROTOCOL_LIMIT``); the decoded size is checked again."""
+    import base64
+    import binascii
+
+    if msg.get("blob_error"):
+        return str(msg["blob_error"])[:500]
+    blob = msg.get("blob")
+    if type(blob) is not str or not blob:
+        return "no objects were handed out"
+    try:
+        data = base64.b64decode(blob.encode("ascii"), validate=True)
+    except (UnicodeEncodeError, binascii.Error) as exc:
+        return f"the graded objects are not valid base64: {exc}"[:500]
+    return data if len(data) <= BLOB_LIMIT else "the graded objects are too large"
+
+
 def _judge(
     registry: dict,
     grade_id: str,
     error: str | None,
-    proc: subprocess.Popen,
+    learner: RemoteLearner,
     lang: str,
     deadline: float,
 ) -> dict[str, Any]:
     """One exercise's verdict, computed here; the learner's code is reached by probes only."""
     from ddp_lab.course.grading import run_checker
+    from ddp_lab.course.rankhost import SandboxFailed
 
     chk = registry.get(grade_id)
     if chk is None:
@@ -167,39 +209,41 @@ def _judge(
         return {"status": "failed", "detail": line}
     if time.monotonic() >= deadline:
         return {"status": "timeout"}
-    assert proc.stdin is not None and proc.stdout is not None
-    learner = RemoteLearner(grade_id, proc.stdin, proc.stdout, functools.partial(_kill, proc))
     try:
         passed, line = run_checker(chk, learner, lang)
+    except SandboxFailed as exc:  # the machine's fault: an error, not the learner's failure
+        return {"status": "error", "detail": str(exc)}
     except RunnerGone as exc:
         timed_out = "timeout" in str(exc) or time.monotonic() >= deadline
         return {"status": "timeout" if timed_out else "kernel-died"}
     return {"status": "passed" if passed else "failed", "detail": line}
 
 
-def _next_message(proc: subprocess.Popen, until: float) -> dict | None:
+def _next_message(reader: wire.LineReader, proc: subprocess.Popen, until: float) -> dict | None:
     """The runner's next protocol message; ``{"eof": True}`` if its output ended (it died;
-    bwrap may not have exited yet, so ``poll()`` cannot tell); None if ``until`` passed."""
-    import select
-
-    assert proc.stdout is not None
+    bwrap may not have exited yet, so ``poll()`` cannot tell); ``{"flood": True}`` for a line
+    past ``PROTOCOL_LIMIT`` bytes; None if ``until`` passed. Reads are bounded: our own
+    buffer, never ``readline()`` on a line that does not end."""
     while True:
         left = until - time.monotonic()
         if left <= 0:
             return None
-        readable, _, _ = select.select([proc.stdout], [], [], min(left, 1.0))
-        if readable:
-            line = proc.stdout.readline()
-            if not line:
-                return {"eof": True}
-            try:
-                msg = json.loads(line)
-            except ValueError:
-                continue  # not the protocol's: ignore
-            if isinstance(msg, dict) and not msg.get("eof"):
-                return msg
-        elif proc.poll() is not None:
+        try:
+            line = reader.readline(min(left, 1.0))
+        except EOFError:
             return {"eof": True}
+        except wire.LineTooLong:
+            return {"flood": True}
+        if line is None:
+            if proc.poll() is not None:
+                return {"eof": True}
+            continue
+        try:
+            msg = json.loads(line)
+        except ValueError:
+            continue  # not the protocol's: ignore
+        if isinstance(msg, dict) and not msg.get("eof") and not msg.get("flood"):
+            return msg
 
 
 def _kill(proc: subprocess.Popen) -> None:

@@ -15,11 +15,13 @@ from __future__ import annotations
 import base64
 import json
 import math
+import os
 from typing import Any
 
 import torch
 
 MAX_BYTES = 64 * 2**20  # one encoded message
+BLOB_LIMIT = 48 * 2**20  # pickled graded objects: base64 makes them MAX_BYTES, one line
 MAX_DEPTH = 32
 DTYPES = {
     str(d).removeprefix("torch."): d
@@ -134,3 +136,64 @@ def loads(text: str | bytes) -> Any:
     except (ValueError, RecursionError) as exc:
         raise WireError(f"not JSON: {exc}") from None
     return _dec(raw, 0)
+
+
+class LineTooLong(WireError):
+    """A protocol line past its byte limit (the sender is killed by the caller)."""
+
+
+class LineReader:
+    """Protocol lines from a pipe, read into a buffer of our own, each at most ``limit`` bytes.
+
+    ``file.readline()`` would keep reading a line that never ends (a flood without a newline
+    grows the reader's memory without bound); this reads at most 64 KiB at a time and raises
+    ``LineTooLong`` as soon as the line in progress passes ``limit``.
+    """
+
+    def __init__(self, fd: int, limit: int = MAX_BYTES + 4096) -> None:
+        self.fd, self.limit = fd, limit
+        self.buf = bytearray()
+        self.eof = False
+
+    def fileno(self) -> int:
+        return self.fd
+
+    def take(self) -> bytes | None:
+        """A whole line already in the buffer (without its newline), or None."""
+        end = self.buf.find(b"\n")
+        if end < 0:
+            if len(self.buf) > self.limit:
+                raise LineTooLong(f"a protocol line longer than {self.limit} bytes")
+            return None
+        if end > self.limit:
+            raise LineTooLong(f"a protocol line longer than {self.limit} bytes")
+        line = bytes(self.buf[:end])
+        del self.buf[: end + 1]
+        return line
+
+    def fill(self) -> None:
+        """One read from the pipe (call it when ``select`` says it is readable)."""
+        chunk = os.read(self.fd, 1 << 16)
+        if chunk:
+            self.buf += chunk
+        else:
+            self.eof = True
+
+    def readline(self, timeout: float) -> bytes | None:
+        """The next line; None if ``timeout`` seconds passed; EOFError when the pipe ended."""
+        import select
+        import time
+
+        until = time.monotonic() + timeout
+        while True:
+            line = self.take()
+            if line is not None:
+                return line
+            if self.eof:
+                raise EOFError("the pipe ended")
+            left = until - time.monotonic()
+            if left <= 0:
+                return None
+            ready, _, _ = select.select([self.fd], [], [], min(left, 1.0))
+            if ready:
+                self.fill()

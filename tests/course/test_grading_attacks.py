@@ -81,10 +81,12 @@ def test_cheats_get_zero_and_honest_work_full_points(tmp_path: Path) -> None:
     book = gradebook(out)
     assert book.pop(("honest", "00.average")) == (2, 2, "passed")
     assert book.pop(("print_and_exit", "00.average")) == (0, 2, "kernel-died")
+    # It imports the grading machinery: course.scan flags it for the instructor, with 0 points.
+    assert book.pop(("patch_checker", "00.average")) == (0, 2, "flagged")
     assert book == {
         (name, "00.average"): (0, 2, "failed")
         for name in [*CHEATS, "always_equal"]
-        if name != "print_and_exit"
+        if name not in ("print_and_exit", "patch_checker")
     }
     wrong = (out / "feedback" / "patch_grade.md").read_text(encoding="utf-8")
     assert "the mean over ranks is" in wrong  # the real checker's feedback, not the cheat's

@@ -2,8 +2,10 @@
 
 How a checker is built (the model for every chapter):
 - a *probe* (``probe_average``) is the only code that touches the learner's objects: it runs
-  where the learner's code runs (their kernel, or the grading sandbox), calls their function
-  on inputs it is given and returns what came out, as data;
+  where the learner's code runs (their kernel, or one grading sandbox per rank), calls their
+  function on the one rank's input it is given (``learner.ranks``: rank r receives only
+  ``values[r]``, so a right mean proves the ranks communicated) and returns what came out,
+  as data;
 - the checker (``check_average``) draws the hidden cases, computes the oracle with real
   PyTorch in ranks of its own (``dist.all_reduce``), asks the learner handle to run the probe,
   and compares. It never sees the learner's objects.
@@ -22,10 +24,11 @@ from ddp_lab.course.grading import checker, fail
 from ddp_lab.i18n import _t
 
 
-def probe_average(rank: int, objects: tuple, values: list[torch.Tensor]) -> Any:
-    """In the learner's process, on each rank: their function on this rank's tensor."""
+def probe_average(rank: int, objects: tuple, mine: torch.Tensor) -> Any:
+    """In the learner's rank (a sandbox of its own when graded): their function on this rank's
+    tensor, the only input this rank receives."""
     (average_across_ranks,) = objects
-    out = average_across_ranks(values[rank].clone())
+    out = average_across_ranks(mine.clone())
     return out.detach() if isinstance(out, torch.Tensor) else {"kind": type(out).__name__}
 
 
@@ -53,7 +56,7 @@ def check_average(rng: random.Random, learner: Any) -> Iterator[object]:
         gen = torch.Generator().manual_seed(rng.randrange(10**6))
         values = [torch.randn(shape, generator=gen).to(dtype) for _ in range(world_size)]
         expected = spawn(_oracle, args=(values,), nprocs=world_size, backend="gloo", quiet=True)
-        got = learner.spawn(probe_average, values, nprocs=world_size, timeout=60)
+        got = learner.ranks(probe_average, values, timeout=60)
         for rank, (out, want) in enumerate(zip(got, expected, strict=True)):
             if not isinstance(out, torch.Tensor):
                 raise fail(

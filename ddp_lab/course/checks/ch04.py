@@ -104,14 +104,24 @@ def judge_forbidden(called: Any, banned: list[str], allowed: str, case: str) -> 
 
 
 def spawn_case(
-    learner: Any, probe: Callable, data: tuple, nprocs: int, case: str, timeout: float
+    learner: Any,
+    probe: Callable,
+    data: tuple,
+    nprocs: int,
+    case: str,
+    timeout: float,
+    per_rank: list | None = None,
 ) -> list:
     """Run ``probe`` on ``nprocs`` of the learner's ranks; a hang or a crash fails ``case``.
 
-    NotImplementedError (the unsolved stub) goes up for ``run_checker`` to recognise.
+    With ``per_rank`` rank r receives only ``per_rank[r]`` (``learner.ranks``) and ``data``
+    is unused. NotImplementedError (the unsolved stub) goes up for ``run_checker``.
     """
     try:
-        got = learner.spawn(probe, *data, nprocs=nprocs, timeout=timeout)
+        if per_rank is not None:
+            got = learner.ranks(probe, per_rank, timeout=timeout)
+        else:
+            got = learner.spawn(probe, *data, nprocs=nprocs, timeout=timeout)
     except LearnerError as exc:
         if exc.not_implemented:
             raise

@@ -17,9 +17,12 @@ partner in the batch its peer is running now. A ring that puts a receive alone i
 before its send (or a send alone before its receive) leaves every rank waiting: the replay
 gets stuck and the case fails, with the batch that blocks.
 
-Where each part runs: the probe (``probe_ring``) runs the learner's ring in their process
-under those guards and returns, per rank, the tensor it left, what it sent, its batches and
-its loose p2p calls, as data. The oracle (``dist.all_reduce``) runs in the checker's own
+Where each part runs: the probe (``probe_ring``) runs the learner's ring in their rank (when
+graded: a sandbox per rank, ``course.rankhost``, that receives only its own tensors, never the
+seed that makes the others) under those guards and returns, per rank, the tensor it left, what
+it sent, its batches and its loose p2p calls, as data. The sums prove that the ranks
+communicated; what the guards recorded is the rank's own account, kept as a hint for the
+feedback (a rank could undo the guards on purpose). The oracle (``dist.all_reduce``) runs in the checker's own
 ranks; the comparison, the send limit and the NCCL replay run in the checker.
 """
 
@@ -187,16 +190,19 @@ def send_limit(numel: int, world_size: int) -> int:
 _ALLOWED = "dist.batch_isend_irecv"
 
 
-def probe_ring(rank: int, objects: tuple, cases: list) -> list[dict]:
-    """In the learner's process, on each rank: their ring on each case, under the guards.
+def probe_ring(rank: int, objects: tuple, inputs: list[torch.Tensor]) -> list[dict]:
+    """In the learner's rank (a sandbox of its own when graded): their ring on each of this
+    rank's tensors (the only inputs it receives), under the guards.
 
     Per case: whether it returned its input, the input after it, the forbidden collectives
     it tried, the elements it sent, its batches of p2p ops and its p2p calls outside a batch.
+    The guards run in the learner's process: what they record is the rank's own account (a
+    hint for the feedback); the sums are the proof that the ranks communicated.
     """
     (ring_all_reduce,) = objects
     out = []
-    for shape, dtype, seed in cases:
-        mine = make_input(rank, tuple(shape), DTYPES[dtype], seed)
+    for given in inputs:
+        mine = given.clone()
         sent = [0]
         batches: list[list[tuple[str, int]]] = []
         loose: list[str] = []
@@ -359,7 +365,13 @@ def check_ring(rng: random.Random, learner: Any) -> Iterator[object]:
         case = f"world_size={n}"
         cases = cases_for(rng, n)
         expected = oracle(_oracle_ring, (cases,), n)
-        got = ch04.spawn_case(learner, probe_ring, (cases,), n, case, ch04.CASE_TIMEOUT_S)
+        inputs = [
+            [make_input(r, tuple(shape), DTYPES[dtype], seed) for shape, dtype, seed in cases]
+            for r in range(n)
+        ]
+        got = ch04.spawn_case(
+            learner, probe_ring, (), n, case, ch04.CASE_TIMEOUT_S, per_rank=inputs
+        )
         records = [ch04.records_of(g, r, len(cases), case) for r, g in enumerate(got)]
         for i in range(len(cases)):
             judge_ring_case(

@@ -315,22 +315,24 @@ def test_ring_result_that_is_not_data_fails_cleanly():
 
 def test_faked_records_do_not_pass():
     # A learner's process can fake what the probe records, not the oracle's values.
-    def fake(probe, cases, nprocs, timeout):
-        record = [
-            {
-                "returned_input": True,
-                "tensor": torch.zeros(tuple(shape), dtype=getattr(torch, dtype)),
-                "forbidden": [],
-                "sent": 0,
-                "batches": [],
-                "loose": [],
-            }
-            for shape, dtype, _ in cases
+    def fake(probe, inputs, timeout):
+        return [
+            [
+                {
+                    "returned_input": True,
+                    "tensor": torch.zeros_like(given),
+                    "forbidden": [],
+                    "sent": 0,
+                    "batches": [],
+                    "loose": [],
+                }
+                for given in mine
+            ]
+            for mine in inputs
         ]
-        return [record] * nprocs
 
     learner = LocalLearner((ring_all_reduce,))
-    learner.spawn = fake
+    learner.ranks = fake
     passed, line = run_checker(load_checkers()["05.ring"], learner, "en")
     assert not passed and "expected" in line, line
 
@@ -395,7 +397,8 @@ def _feedback(lang: str, fn) -> str:
     from ddp_lab.course.checks import ch04, ch05
 
     n, cases = 3, [((3 * 50 + 1,), "float32", 1)]
-    records = LocalLearner((fn,)).spawn(ch05.probe_ring, cases, nprocs=n)
+    inputs = [[ch04.make_input(r, (3 * 50 + 1,), torch.float32, 1)] for r in range(n)]
+    records = LocalLearner((fn,)).ranks(ch05.probe_ring, inputs)
     expected = ch04.oracle(ch05._oracle_ring, (cases,), n)
     saved = i18n.get_language()
     i18n.set_language(lang)

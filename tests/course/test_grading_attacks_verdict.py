@@ -1,0 +1,257 @@
+"""Attacks on the verdict's protocol and on what a rank receives (issue 26, classes 1, 2, 6).
+
+A learner who reads the package tries to get points from the process that ran their code:
+forging the runner's replies, patching the probes in the runner, reading the other ranks'
+inputs from the probe's frames, importing the package's reference implementation, flooding the
+protocol pipe. Each must get 0 (or be ``flagged`` for the instructor), while honest work gets
+exactly its points and unsolved work 0. The per-rank mechanism (``course.rankhost``) is also
+tested directly: rank r receives only its own input.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+import cloudpickle
+import nbformat
+import pytest
+import torch
+from test_grader import (
+    RELEASE,
+    SOLUTION,
+    grade,
+    gradebook,
+    leftover_processes,
+    read,
+    solved,
+    with_cell_after_setup,
+    write,
+)
+
+from ddp_lab.course import sandbox, scan, wire
+from ddp_lab.course.grader import exercises_of
+from ddp_lab.course.learner import LearnerError, RemoteLearner
+from ddp_lab.runtime import _pickle
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# A cell that writes the runner's "everything passed" replies on every pipe it holds.
+FORGE = """\
+import json, os
+for name in os.listdir('/proc/self/fd'):
+    try:
+        if 'pipe' in os.readlink(f'/proc/self/fd/{name}'):
+            os.write(int(name), (json.dumps({"ok": "null"}) + "\\n").encode())
+    except OSError:
+        pass
+"""
+# The probe machinery of the runner and of the checker, replaced in the learner's process.
+PATCH_PROBES = """\
+import ddp_lab.course.checks.ch00 as ch00
+import ddp_lab.course.learner as learner
+import ddp_lab.course.runner as runner
+ch00.probe_average = lambda rank, objects, *data: torch.zeros(())
+learner.LocalLearner.spawn = lambda self, probe, *data, nprocs, timeout=60: []
+runner.serve = lambda *a, **k: None
+"""
+# An "average" that sends nothing: it reads the other ranks' tensors from the probe's frame.
+PEEK = """\
+import sys
+def average_across_ranks(value):
+    frame = sys._getframe(1)
+    while frame is not None:
+        for name in ("values", "inputs", "data"):
+            seen = frame.f_locals.get(name)
+            if isinstance(seen, list) and seen and isinstance(seen[0], torch.Tensor):
+                return sum(seen) / len(seen)
+        frame = frame.f_back
+    return value
+"""
+# A line that never ends, on every pipe: 80 MiB without a newline.
+FLOOD = """\
+import os
+chunk = b"x" * (1 << 20)
+for name in os.listdir('/proc/self/fd'):
+    try:
+        if 'pipe' in os.readlink(f'/proc/self/fd/{name}'):
+            for _ in range(80):
+                os.write(int(name), chunk)
+    except OSError:
+        pass
+"""
+UNSOLVED = "def average_across_ranks(value):\n    raise NotImplementedError\n"
+
+
+def test_attacks_on_the_protocol_get_nothing_and_honest_work_its_points(tmp_path: Path) -> None:
+    release = read(RELEASE)
+    subs = tmp_path / "subs"
+    write(solved(release), subs / "honest.ipynb")
+    write(solved(release, UNSOLVED), subs / "unsolved.ipynb")
+    write(with_cell_after_setup(solved(release, UNSOLVED), FORGE), subs / "forge.ipynb")
+    write(with_cell_after_setup(solved(release, UNSOLVED), PATCH_PROBES), subs / "patch.ipynb")
+    write(solved(release, PEEK), subs / "peek.ipynb")
+    flood = solved(release, SOLUTION + "\n" + FLOOD)  # floods right before the graded cell
+    write(flood, subs / "flood.ipynb")
+    out = tmp_path / "out"
+    assert grade(RELEASE, subs, out, "--cell-timeout", "60", "--jobs", "2") == 0
+    book = gradebook(out)
+    assert book.pop(("honest", "00.average")) == (2, 2, "passed")
+    assert book.pop(("unsolved", "00.average")) == (0, 2, "failed")
+    assert book.pop(("patch", "00.average")) in [(0, 2, "failed"), (0, 2, "flagged")]
+    # Reading /proc/self/fd and frames is flagged for the instructor, and earns nothing.
+    assert book.pop(("forge", "00.average")) in [(0, 2, "flagged"), (0, 2, "kernel-died")]
+    assert book.pop(("peek", "00.average")) == (0, 2, "flagged")
+    assert book.pop(("flood", "00.average"))[0] == 0
+    assert book == {}
+    assert "Similarity report" in (out / "similarity.md").read_text(encoding="utf-8")
+    peek = (out / "feedback" / "peek.md").read_text(encoding="utf-8")
+    assert "_getframe" in peek and "the mean over ranks is" in peek, peek
+    assert leftover_processes() == []
+
+
+SOLUTION_05 = ROOT / "solutions" / "en" / "05_ring_allreduce.ipynb"
+RELEASE_05 = ROOT / "exercises" / "en" / "05_ring_allreduce.ipynb"
+
+
+def _ring_cell(nb: nbformat.NotebookNode) -> int:
+    return next(i for i, c in enumerate(nb.cells) if "def ring_all_reduce" in c.source)
+
+
+@pytest.mark.skipif(not sandbox.available(), reason="no bubblewrap/user namespaces here")
+def test_the_reference_ring_is_not_importable_while_grading(tmp_path: Path) -> None:
+    release = read(RELEASE_05)
+    subs = tmp_path / "subs"
+    honest = copy.deepcopy(release)
+    honest.cells[_ring_cell(honest)].source = (
+        read(SOLUTION_05).cells[_ring_cell(read(SOLUTION_05))].source
+    )
+    write(honest, subs / "honest.ipynb")
+    write(release, subs / "unsolved.ipynb")
+    cheat = copy.deepcopy(release)
+    cheat.cells[_ring_cell(cheat)].source = (
+        "from ddp_lab.ring import ring_all_reduce as _theirs\n"
+        "def ring_all_reduce(tensor):\n    return _theirs(tensor)\n"
+    )
+    write(cheat, subs / "import_reference.ipynb")
+    out = tmp_path / "out"
+    assert grade(RELEASE_05, subs, out, "--cell-timeout", "120", "--jobs", "2") == 0
+    book = gradebook(out)
+    assert book[("honest", "05.ring")] == (5, 5, "passed")
+    assert book[("unsolved", "05.ring")] == (0, 5, "failed")
+    assert book[("import_reference", "05.ring")] == (0, 5, "flagged")
+    report = (out / "similarity.md").read_text(encoding="utf-8")
+    assert "(ddp_lab)" not in report  # the honest ring is not the package's
+    feedback = (out / "feedback" / "import_reference.md").read_text(encoding="utf-8")
+    assert "ddp_lab.ring" in feedback and "not available while grading" in feedback, feedback
+    assert leftover_processes() == []
+
+
+# --- the per-rank mechanism, directly ---------------------------------------------------------
+
+
+def _remote(objects: tuple) -> RemoteLearner:
+    # As a notebook's functions are: by value (a rank cannot import this test module).
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    blob = _pickle.dumps(objects)
+    return RemoteLearner("00.average", None, None, lambda: None, blob, "en")  # type: ignore[arg-type]
+
+
+def average(value: torch.Tensor) -> torch.Tensor:
+    import torch.distributed as dist
+
+    out = value.clone()
+    dist.all_reduce(out)
+    return out / dist.get_world_size()
+
+
+def lonely(value: torch.Tensor) -> torch.Tensor:
+    return value  # sends nothing: right only if every rank had the same input
+
+
+def test_each_rank_receives_only_its_own_input() -> None:
+    from ddp_lab.course.checks.ch00 import probe_average
+
+    values = [torch.full((3,), float(r)) for r in range(3)]
+    learner = _remote((average,))
+    try:
+        got = learner.ranks(probe_average, values, timeout=60)
+        assert [g.tolist() for g in got] == [[1.0, 1.0, 1.0]] * 3
+        # The same sandboxes serve the next case, on fewer ranks.
+        two = learner.ranks(probe_average, values[:2], timeout=60)
+        assert [g.tolist() for g in two] == [[0.5, 0.5, 0.5]] * 2
+    finally:
+        learner.close()
+    learner = _remote((lonely,))
+    try:
+        alone = learner.ranks(probe_average, values, timeout=60)
+        assert [a.tolist() for a in alone] == [v.tolist() for v in values]
+    finally:
+        learner.close()
+    assert not list(Path(tempfile.gettempdir()).glob("ddp-lab-ranks-*"))
+
+
+@pytest.mark.skipif(not sandbox.available(), reason="no bubblewrap/user namespaces here")
+def test_a_rank_cannot_import_the_answers() -> None:
+    from ddp_lab.course.checks.ch00 import probe_average
+
+    def borrowed(value: torch.Tensor) -> torch.Tensor:
+        from ddp_lab.ring import ring_all_reduce
+
+        return ring_all_reduce(value)
+
+    learner = _remote((borrowed,))
+    with pytest.raises(LearnerError, match="not available while grading"):
+        learner.ranks(probe_average, [torch.ones(2)] * 2, timeout=60)
+    learner.close()
+
+
+def test_protocol_reads_are_bounded() -> None:
+    read_fd, write_fd = os.pipe()
+    reader = wire.LineReader(read_fd, limit=1000)
+    try:
+        os.write(write_fd, b'{"a": 1}\n' + b"x" * 5000)
+        assert reader.readline(5) == b'{"a": 1}'
+        with pytest.raises(wire.LineTooLong):
+            reader.readline(5)  # past the limit without a newline: refused, not read on
+        assert len(reader.buf) <= 1000 + (1 << 16)
+    finally:
+        os.close(read_fd)
+        os.close(write_fd)
+
+
+# --- the static scan --------------------------------------------------------------------------
+
+
+def test_scan_finds_what_honest_solutions_never_use() -> None:
+    assert scan.findings("from ddp_lab.ring import ring_all_reduce") == [
+        "`import ddp_lab.ring`",
+        "`ddp_lab.ring.ring_all_reduce`",
+    ]
+    assert "`.ring_all_reduce`" in scan.findings("x = dl.ring.ring_all_reduce(t)")
+    assert "`._getframe`" in scan.findings("import sys\nf = sys._getframe(1).f_locals")
+    assert scan.findings("print(open('/proc/self/fd/3').read())")
+    assert scan.findings("import gc\nobjs = gc.get_objects()")
+    assert scan.findings("import importlib\nimportlib.import_module('ddp_lab.zero')")
+    assert scan.findings("%%ddp -n 2\nx = torch.ones(2)") == []
+    assert scan.findings("def f(t):\n    return t.view(-1).tensor_split(2)") == []
+
+
+@pytest.mark.parametrize(
+    "chapter", sorted(p.name for p in (ROOT / "solutions" / "en").glob("*.ipynb"))
+)
+def test_scan_flags_no_released_notebook_and_no_solution(chapter: str) -> None:
+    for lang in ("en", "zh"):
+        release = read(ROOT / "exercises" / lang / chapter)
+        solution = read(ROOT / "solutions" / lang / chapter)
+        found = {
+            ex.grade_id: i
+            for i, c in enumerate(solution.cells)
+            for ex in exercises_of(release)
+            if c.metadata.get("grade_id") == ex.grade_id
+        }
+        assert scan.flags_by_exercise(release, release, found) == {}
+        assert scan.flags_by_exercise(release, solution, found) == {}, chapter
