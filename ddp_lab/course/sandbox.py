@@ -107,13 +107,22 @@ def warn_unsandboxed(lang: str = "en") -> None:
     if _warned or available():
         return
     _warned = True
-    text = _t(
-        "WARNING: submissions are NOT sandboxed on this machine (needs Linux "
-        "with bubblewrap and user namespaces: apt-get install bubblewrap). Their "
-        "code runs with your rights: it can read and write your files and reach "
-        "your network.",
-        lang,
-    )
+    if os.environ.get("DDP_LAB_SANDBOX") == "0" and bwrap_path() is not None:
+        # Turned off on purpose where it works: do not ask for what is installed.
+        text = _t(
+            "WARNING: submissions are NOT sandboxed: DDP_LAB_SANDBOX=0 turned the "
+            "sandbox off. Their code runs with your rights: it can read and write your "
+            "files and reach your network. Unset DDP_LAB_SANDBOX to sandbox them.",
+            lang,
+        )
+    else:
+        text = _t(
+            "WARNING: submissions are NOT sandboxed on this machine (needs Linux "
+            "with bubblewrap and user namespaces: apt-get install bubblewrap). Their "
+            "code runs with your rights: it can read and write your files and reach "
+            "your network.",
+            lang,
+        )
     print("\n" + "!" * 78 + "\n" + text + "\n" + "!" * 78 + "\n", file=sys.stderr, flush=True)
 
 

@@ -164,3 +164,13 @@ def test_nothing_outlives_a_killed_sandbox(tmp_path: Path) -> None:
             break
         time.sleep(0.2)
     assert not left.strip(), f"left running: {left}"
+
+
+def test_turned_off_on_purpose_does_not_ask_to_install_bubblewrap(monkeypatch, capsys) -> None:
+    if sandbox.bwrap_path() is None:
+        pytest.skip("bubblewrap is not usable here: the install advice is then right")
+    monkeypatch.setenv("DDP_LAB_SANDBOX", "0")
+    monkeypatch.setattr(sandbox, "_warned", False)
+    sandbox.warn_unsandboxed("en")
+    err = capsys.readouterr().err
+    assert "DDP_LAB_SANDBOX=0" in err and "apt-get install" not in err
