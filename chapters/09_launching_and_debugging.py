@@ -1026,10 +1026,11 @@ assert c10d.nodes[0].accuracy() == two.nodes[0].accuracy()
 # its way out, could no longer mark the rendezvous closed.
 
 # %% [markdown] lang="zh" tags=["lesson"]
-# 两台主机的退出码都是 0，但 host1 的日志（以及下面几个 Slurm 作业的日志）末尾有一段 `DistNetworkError` 的 C++ 栈帧，以及“The node '...' has failed to shutdown
-# the rendezvous 'job' due to an error of type RendezvousConnectionError”。只要退出码是 0，这
-# 就无害：store 在 host0 的代理里，host0 先结束，store 也随之消失；host1 的代理退出前想把会合
-# 标记为关闭，却已经连不上 store 了。
+# 两台主机的退出码都是 0，但 host1 的日志（以及下面某些 Slurm 作业的日志）末尾有一段
+# `DistNetworkError` 的 C++ 栈帧，以及“The node '...' has failed to shutdown the rendezvous
+# 'job' due to an error of type RendezvousConnectionError”。只要退出码是 0，这段报错就无
+# 害：store 在 host0 的代理里，host0 先结束，store 也随之消失；host1 的代理在退出前想把会合标记
+# 为关闭，却已经连不上 store 了。
 
 # %% [markdown] lang="en" tags=["lesson"]
 # ### Failure gallery, across two hosts
@@ -1083,18 +1084,18 @@ gallery.show("loopback", limit=1)
 
 # %% [markdown] lang="zh" tags=["lesson"]
 # 关键线索是 `Connection refused, remote=[127.0.1.1]`。解决办法：要么在每台主机上设置
-# `GLOO_SOCKET_IFNAME=eth0`（上面的静态会合运行），要么让 `/etc/hosts` 把每个名字映射到它在节
-# 点之间那张网络上的地址（上面的 c10d 运行）。`ddp-lab doctor` 会在每台主机上打印这个选择
-# （见上面的 `gloo_interface` 一行）。NCCL 的选法不同：它不解析主机名，而是按网卡名挑选，
-# 先找 `ib*`，再找 `docker*`、`lo*`、`virbr*` 以外的网卡，实在没有才用回环接口（NCCL
-# `src/misc/socket.cc` 中的 `ncclFindInterfaces`）。在这两台主机上，不用指定它也会选 `eth0`；
-# 出问题的情形是排在最前面的那块网卡并不在节点之间的网络上（比如管理网络、第二块网卡），这时
-# 用 `NCCL_SOCKET_IFNAME` 指定正确的网卡。doctor 的 `nccl_interface` 一行会把这条规则套用到
-# 你的机器上（这里没有 GPU，NCCL 本身不运行）。这块网卡只承载 NCCL 的引导连接（bootstrap）
-# 和它的 socket 传输。在 InfiniBand 或 RoCE 集群上，数据走的是 `NCCL_IB_HCA` 选出的 verbs
-# 设备（`NCCL_IB_DISABLE=1` 则退回 socket），所以 `NCCL_SOCKET_IFNAME` 选不了高速网络；
-# `NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET` 会在日志里写出 NCCL 用的是哪种网络（`NET/IB`
-# 或 `NET/Socket`）以及哪些设备。这些需要 NCCL 和 GPU，这里不运行。
+# `GLOO_SOCKET_IFNAME=eth0`（上面的静态会合运行），要么让 `/etc/hosts` 把每个名字映射到它在节点
+# 之间那张网络上的地址（上面的 c10d 运行）。`ddp-lab doctor` 会在每台主机上打印这个选择（见上面
+# 的 `gloo_interface` 一行）。NCCL 的选法不同：它不解析主机名，而是按网卡名挑选，先找 `ib*`，再
+# 找 `docker*`、`lo*`、`virbr*` 以外的网卡，实在没有才用回环接口（NCCL `src/misc/socket.cc` 中
+# 的 `ncclFindInterfaces`）。在这两台主机上，不用指定它也会选 `eth0`；出问题的情形是排在最前面
+# 的那块网卡并不在节点之间的网络上（比如管理网络、第二块网卡），这时用 `NCCL_SOCKET_IFNAME` 指
+# 定正确的网卡。doctor 的 `nccl_interface` 一行会把这条规则套用到你的机器上（这里没有 GPU，NCCL
+# 本身不运行）。这块网卡只承载 NCCL 的引导连接（bootstrap）和 socket 传输。在 InfiniBand 或
+# RoCE 集群上，数据走的是 `NCCL_IB_HCA` 选出的 verbs 设备（设置 `NCCL_IB_DISABLE=1` 则退回
+# socket），所以 `NCCL_SOCKET_IFNAME` 决定不了数据走哪张高速网
+# 络；`NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET` 会在日志里写出 NCCL 用的是哪种网络（`NET/IB`
+# 或 `NET/Socket`），以及用了哪些设备。这些需要 NCCL 和 GPU，这里不运行。
 #
 # **没有任何代理托管的 c10d 端点**。使用 Debian 的 `/etc/hosts` 和
 # `--rdzv-endpoint=10.77.0.1:PORT` 时，c10d 后端只在认出“端点就是自己”的代理上启动
@@ -1272,22 +1273,22 @@ jobs = slurm_jobs.Jobs()
 print(slurm.script("ddp08", folder="$HOME/logs"))
 
 # %% [markdown] lang="en" tags=["lesson"]
-# Line by line: `--nodes=2` asks for two nodes; `--ntasks-per-node=1` makes `srun` start
-# **one task per node**, and that task is `torchrun`, which starts the node's workers itself
+# Line by line: `--nodes=2` asks for two nodes; `--ntasks-per-node=1` makes `srun` start **one
+# task per node**, and that task is `torchrun`, which starts the node's workers itself
 # (`--nproc-per-node=2`: two per node, standing in for two GPUs); `--cpus-per-task=2` gives
 # that one task the node's CPUs, and `srun` asks for them again
 # (`--cpus-per-task="$SLURM_CPUS_PER_TASK"`): from Slurm 22.05, the version Debian 12 ships,
-# `srun` no longer inherits `--cpus-per-task` from `sbatch` (the `sbatch` man page: "srun
-# will not inherit the --cpus-per-task value requested by salloc or sbatch"; later releases
-# went back). On a cluster that binds tasks to CPUs (`task/affinity` or `task/cgroup`),
-# without it torchrun and all its workers share one CPU. This small cluster binds nothing
-# (`TaskPlugin=task/none`), so it cannot show the difference. `SLURM_JOB_NODELIST` holds the allocation in Slurm's compact
-# form (`host[0-1]`); `scontrol show hostnames` expands it, and the first node hosts the c10d
-# rendezvous. `--nnodes="$SLURM_NNODES"` and `--rdzv-id="$SLURM_JOB_ID"` come from the job,
-# so the script does not change when you ask for 4 nodes. The port is derived from the job
-# id, so two jobs sharing a node do not fight over one. `sbatch` passes your environment on
-# (`--export=ALL` is its default, see `man sbatch`): the `torchrun` and `PYTHONPATH` of this
-# notebook reach the nodes.
+# `srun` no longer inherits `--cpus-per-task` from `sbatch` (the `sbatch` man page: "srun will
+# not inherit the --cpus-per-task value requested by salloc or sbatch"; later releases went
+# back). On a cluster that binds tasks to CPUs (`task/affinity` or `task/cgroup`), without it
+# torchrun and all its workers share one CPU. This small cluster binds nothing
+# (`TaskPlugin=task/none`), so it cannot show the difference. `SLURM_JOB_NODELIST` holds the
+# allocation in Slurm's compact form (`host[0-1]`); `scontrol show hostnames` expands it, and
+# the first node hosts the c10d rendezvous. `--nnodes="$SLURM_NNODES"` and
+# `--rdzv-id="$SLURM_JOB_ID"` come from the job, so the script does not change when you ask
+# for 4 nodes. The port is derived from the job id, so two jobs sharing a node do not fight
+# over one. `sbatch` passes your environment on (`--export=ALL` is its default, see `man
+# sbatch`): the `torchrun` and `PYTHONPATH` of this notebook reach the nodes.
 #
 # On a real GPU cluster the script also asks for the GPUs, as many per node as
 # `--nproc-per-node`: `#SBATCH --gpus-per-node=2` (or the older `#SBATCH --gres=gpu:2`).
@@ -1298,20 +1299,20 @@ print(slurm.script("ddp08", folder="$HOME/logs"))
 # waits for `Resources` and the ones behind it for `Priority`:
 
 # %% [markdown] lang="zh" tags=["lesson"]
-# 逐行来看：`--nodes=2` 申请两个节点；`--ntasks-per-node=1` 让 `srun` **每个节点只启动一个
-# 任务**，这个任务就是 `torchrun`，由它自己启动本节点的 worker（`--nproc-per-node=2`：每个节点
-# 两个，代表两块 GPU）；`--cpus-per-task=2` 把节点的 CPU 都分给这一个任务，`srun` 还要再申请
-# 一次（`--cpus-per-task="$SLURM_CPUS_PER_TASK"`）：从 Debian 12 自带的 Slurm 22.05 起，`srun`
-# 不再继承 `sbatch` 的 `--cpus-per-task`（`sbatch` 手册：“srun will not inherit the
-# --cpus-per-task value requested by salloc or sbatch”；之后的版本又改了回去）。在把任务绑定到
-# CPU 的集群上（`task/affinity` 或 `task/cgroup`），不加这一项，torchrun 和它的所有 worker 就
-# 挤在一个 CPU 上。这个小集群不做绑定（`TaskPlugin=task/none`），所以看不出区别。`SLURM_JOB_NODELIST`
-# 以 Slurm 的紧凑写法（`host[0-1]`）给出分配到的节点，`scontrol show hostnames` 把它展开，由第
-# 一个节点托管 c10d 会合。`--nnodes="$SLURM_NNODES"` 和
-# `--rdzv-id="$SLURM_JOB_ID"` 都取自作业本身，所以申请 4 个节点时脚本不用改。端口由作业号算出，
-# 两个作业共用一个节点时不会抢同一个端口。`sbatch` 会把你的环境变量带过去（默认就是
-# `--export=ALL`，见 `man sbatch`）：这个 notebook 里的 `torchrun` 和 `PYTHONPATH` 在各个节点上
-# 同样可用。
+# 逐行来看：`--nodes=2` 申请两个节点；`--ntasks-per-node=1` 让 `srun`
+# **每个节点只启动一个任务**，这个任务就是 `torchrun`，由它自己启动本节点的
+# worker（`--nproc-per-node=2`：每个节点两个，代表两块 GPU）；`--cpus-per-task=2` 把节点的 CPU
+# 都分给这一个任务，`srun` 那一行还要再申请一次（`--cpus-per-task="$SLURM_CPUS_PER_TASK"`）：从
+# Slurm 22.05（Debian 12 自带的版本）起，`srun` 不再继承 `sbatch` 的
+# `--cpus-per-task`（`sbatch` 手册：“srun will not inherit the --cpus-per-task value requested
+# by salloc or sbatch”；之后的版本又改了回去）。在把任务绑定到 CPU 的集群上（`task/affinity` 或
+# `task/cgroup`），少了这一项，torchrun 和它的所有 worker 就会挤在一个 CPU 上。这个小集群不做绑
+# 定（`TaskPlugin=task/none`），所以看不出区别。`SLURM_JOB_NODELIST` 以 Slurm 的紧凑写法
+# （`host[0-1]`）给出分配到的节点，`scontrol show hostnames` 把它展开，由第一个节点托管 c10d 会
+# 合。`--nnodes="$SLURM_NNODES"` 和 `--rdzv-id="$SLURM_JOB_ID"` 都取自作业本身，所以申请 4 个节
+# 点时脚本不用改。端口由作业号算出，两个作业共用一个节点时不会抢同一个端口。`sbatch` 会把你的环
+# 境变量带过去（默认就是 `--export=ALL`，见 `man sbatch`）：这个 notebook 里的 `torchrun` 和
+# `PYTHONPATH` 在各个节点上同样可用。
 #
 # 在真正的 GPU 集群上，脚本还要申请 GPU，每个节点的数量与 `--nproc-per-node` 相同：
 # `#SBATCH --gpus-per-node=2`（或者旧写法 `#SBATCH --gres=gpu:2`）。这个集群没有 GPU 可分，
@@ -1405,14 +1406,13 @@ assert len(job.lines(r"^world size 1,")) == 4
 
 # %% [markdown] lang="en" tags=["lesson"]
 # The fixes: one task per node with `torchrun` (the right script), or one task per GPU
-# *without* `torchrun`, where the program builds its environment from Slurm's: `RANK` from
-# `SLURM_PROCID`, `WORLD_SIZE` from `SLURM_NTASKS`, `LOCAL_RANK` from `SLURM_LOCALID`,
-# `MASTER_ADDR` from the first host of `SLURM_JOB_NODELIST`, and `MASTER_PORT` derived from
-# the job id as above (`env://` needs it too). Start that step with `srun
-# --kill-on-bad-exit=1`, so that one dead task ends the step instead of leaving the others
-# waiting until the process group's timeout. Never both. Whatever you choose,
-# the first line of rank 0's log (world size, global batch) tells you whether the job is the
-# one you meant.
+# *without* `torchrun`; never both. In the second case the program builds its environment from
+# Slurm's: `RANK` from `SLURM_PROCID`, `WORLD_SIZE` from `SLURM_NTASKS`, `LOCAL_RANK` from
+# `SLURM_LOCALID`, `MASTER_ADDR` from the first host of `SLURM_JOB_NODELIST`, and
+# `MASTER_PORT` derived from the job id as above (`env://` needs it too); start that step with
+# `srun --kill-on-bad-exit=1`, so that one dead task ends the step instead of leaving the
+# others waiting until the process group's timeout. Whatever you choose, the first line of
+# rank 0's log (world size, global batch) tells you whether the job is the one you meant.
 #
 # **After the job.** `squeue` forgets a job soon after it ends; `sacct` reads the accounting
 # database that `slurmdbd` keeps. This small cluster runs no database (plain `sacct` says
@@ -1421,13 +1421,13 @@ assert len(job.lines(r"^world size 1,")) == 4
 # and end time of each job. The cluster is gone afterwards, with its daemons and namespaces:
 
 # %% [markdown] lang="zh" tags=["lesson"]
-# 修正方法：要么每个节点一个任务并使用 `torchrun`（上面正确的脚本），要么每块 GPU 一个任务但
-# *不用* `torchrun`，由程序根据 Slurm 的环境变量自己设置：`RANK` 取 `SLURM_PROCID`，`WORLD_SIZE`
-# 取 `SLURM_NTASKS`，`LOCAL_RANK` 取 `SLURM_LOCALID`，`MASTER_ADDR` 取 `SLURM_JOB_NODELIST` 里的
-# 第一台主机，`MASTER_PORT` 像上面那样由作业号算出（`env://` 也需要它）。这种作业步要用
-# `srun --kill-on-bad-exit=1` 启动：一个任务死掉，整个作业步随之结束，而不是让其他任务一直等到
-# 进程组超时。两者不能同时用。无论选哪种，rank 0 日志的第一行（world size、全局批大小）都能告诉你
-# 这个作业是不是你想要的那个。
+# 修正方法：要么每个节点一个任务并使用 `torchrun`（上面正确的脚本），要么每块 GPU 一个任务
+# 但*不用* `torchrun`，两者不能同时用。第二种做法由程序根据 Slurm 的环境变量自己设置：`RANK` 取
+# `SLURM_PROCID`，`WORLD_SIZE` 取 `SLURM_NTASKS`，`LOCAL_RANK` 取
+# `SLURM_LOCALID`，`MASTER_ADDR` 取 `SLURM_JOB_NODELIST` 里的第一台主机，`MASTER_PORT` 像上面那
+# 样由作业号算出（`env://` 也需要它）；这种作业步要用 `srun --kill-on-bad-exit=1` 启动，这样一
+# 个任务死掉，整个作业步就随之结束，不会让其他任务一直等到进程组超时。无论选哪种，rank 0 日志的
+# 第一行（world size、全局批大小）都能告诉你这个作业是不是你想要的那个。
 #
 # **作业结束之后**。作业结束后不久 `squeue` 就不再显示它；`sacct` 读取的是 `slurmdbd` 维护的
 # 记账数据库。这个小集群没有运行数据库（直接运行 `sacct` 会提示记账存储已禁用），所以改为记录

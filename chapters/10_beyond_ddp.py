@@ -141,14 +141,14 @@ print(format_knob_table(knobs))
 # gradients after DDP with the average computed in one process:
 
 # %% [markdown] lang="zh"
-# **DDP 下的激活检查点**。`torch.utils.checkpoint.checkpoint(fn, x, use_reentrant=...)` 在前向
-# 时丢掉 `fn` 的激活值，在反向时重新计算。可重入的做法（`use_reentrant=True`；在 torch 2.13 中不传这个参数时仍默认用它，同时给出警告，
-# 见 `torch/utils/checkpoint.py`）把这次
-# 重算作为一次单独的、嵌套的反向传播来运行；DDP 的文档字符串列出了 `static_graph=True` 额外
-# 支持的情形：“Reentrant backwards. Activation checkpointing multiple times. Activation
-# checkpointing when model has unused parameters.” 下面的单元在每次前向中对同一个块做两次
-# 检查点（同一层用两次，权重共享的模型就是这样），并把各 rank 经 DDP 平均后的梯度与单进程
-# 算出的平均梯度比较：
+# **DDP 下的激活检查点**。`torch.utils.checkpoint.checkpoint(fn, x, use_reentrant=...)` 实现的
+# 是激活检查点（activation checkpointing）：前向时丢掉 `fn` 的激活值，反向时再重新计算。可重入
+# 版本（`use_reentrant=True`；不传这个参数时，torch 2.13 仍默认用它，同时给出警告，见
+# `torch/utils/checkpoint.py`）把这次重算作为一次单独的、嵌套的反向传播来运行；DDP 的文档字符串
+# 列出了 `static_graph=True` 额外支持的情形：“Reentrant backwards. Activation checkpointing
+# multiple times. Activation checkpointing when model has unused parameters.” 下面的单元在每次
+# 前向中对同一个块做两次检查点（同一层用两次，权重共享的模型就是这样），并把各 rank 经 DDP 平均
+# 后的梯度与单进程算出的平均梯度相比较：
 
 # %%
 class CheckpointedTwice(nn.Module):
@@ -730,17 +730,17 @@ print("output:", out_dtype, "| shard gradients:", grad_dtypes)
 # | --- | --- | --- |
 # | 单元怎样分片 | 把参数展平、拼接成一个 `FlatParameter`，再切成 N 份（与这里的 `FullyShardedDP` 相同） | 每个参数沿第 0 维切开，成为放置方式为 `Shard(0)` 的 `DTensor` |
 # | 同一单元里混合冻结参数和可训练参数 | 受限制 | 可以 |
-# | 分片的 state dict | 需要全收集 | 每个 rank 保存自己的那几片，不需要通信 |
+# | 分片状态字典 | 需要全收集 | 每个 rank 保存自己的那几片，不需要通信 |
 # | 模型 | 被包进一个新模块 | 还是原来的模块，原地修改 |
 # | 通信 | 每个单元一次全收集 | 仍然是每个单元一次全收集（参数先复制进一块缓冲区） |
 #
-# `fully_shard(module)` 会拿走 `module` 中所有还没有被内层 `fully_shard` 拿走的参数，所以要
-# 自底向上地调用：先各层，最后根模块，本章的单元就是这样做的。
+# `fully_shard(module)` 会拿走 `module` 中所有还没有被内层 `fully_shard` 拿走的参数，所以要自底
+# 向上地调用：先包各层，最后包根模块，本章的代码也是这样写的。
 #
-# **`reshard_after_forward`**。取 `True`（除根模块外每个单元的默认值）时，单元前向之后就释放
-# 全收集的参数，反向时再全收集一次，与 `FullyShardedDP` 一样；取 `False` 时，参数一直保留到
-# 反向（少一次全收集，内存与 ZeRO-2 相同）；取一个整数时，前向之后重新分片到一个更小的组上，
-# 比如一个节点内的 GPU，这样反向的全收集就留在节点内部。下面的单元显示每个 `nn.Linear` 的
+# **`reshard_after_forward`**。取 `True`（除根模块外每个单元的默认值）时，单元前向之后就释放全
+# 收集来的参数，反向时再全收集一次，与 `FullyShardedDP` 一样；取 `False` 时，参数一直保留到反向
+# （少一次全收集，内存与 ZeRO-2 相同）；取一个整数时，前向之后重新分片到一个更小的组上，比如一
+# 个节点内的 GPU，这样反向时的全收集就留在节点内部。下面的代码单元显示每个 `nn.Linear` 的
 # `weight` 在前向之后和反向之后分别是什么：
 
 # %%
@@ -791,18 +791,19 @@ print(*dl.spawn(after_forward, nprocs=2, backend="gloo")[0], sep="\n")
 # same sum done by hand (one `all_reduce`), and with the naive per-rank norm:
 
 # %% [markdown] lang="zh"
-# `DTensor` 表示分片状态；`Parameter` 是全收集之后、未分片的张量。**预取**。torch 会在当前单元
-# 算完之前就发出下一个单元的全收集：前向时，全收集在单独的 CUDA 流上先行；反向时，它按前向
-# 顺序的逆序预取下一个单元。`set_modules_to_forward_prefetch` 和 `set_modules_to_backward_prefetch`
-# 可以手动指定顺序。所以峰值时一块 GPU 上有**两个**全收集的单元（正在计算的和正在到达的），再加
-# 一个单元未分片的梯度，而不是这个教学版的一个单元。（CUDA 流需要 GPU，这里不运行。）
+# `DTensor` 说明参数处于分片状态；`Parameter` 是全收集之后、未分片的张
+# 量。**预取**（prefetching）。torch 会在当前单元算完之前就发出下一个单元的全收集：前向时，全收
+# 集在单独的 CUDA 流上提前进行；反向时，它按前向顺序的逆序预取下一个单
+# 元。`set_modules_to_forward_prefetch` 和 `set_modules_to_backward_prefetch` 可以手动指定顺
+# 序。所以峰值时一块 GPU 上有**两个**全收集好的单元（正在计算的那个，和正在传过来的那个），再加
+# 一个单元未分片的梯度，而这个教学版只有一个单元。（CUDA 流需要 GPU，这里不运行。）
 #
-# **梯度分片时的梯度裁剪**。`clip_grad_norm_` 需要整个梯度的范数，也就是**所有**分片上平方和
-# 的平方根。如果每个 rank 只用自己的分片来算，每个 rank 得到的数都不同、都偏小，各 rank 的
-# 裁剪系数也就不同。使用 `fully_shard` 时每个 `param.grad` 都是 `DTensor`，
-# `torch.nn.utils.clip_grad_norm_` 在 `DTensor` 上计算范数，会对平方和做全归约。下面的单元把它与
-# 单进程在全批上的结果、手动求和（一次 `all_reduce`）的结果，以及每个 rank 自己算的朴素范数
-# 相比较：
+# **梯度分片时的梯度裁剪**。`clip_grad_norm_` 做梯度裁剪（gradient clipping）时需要整个梯度的范
+# 数，也就是**所有**分片上平方和的平方根。如果每个 rank 只用自己的分片来算，每个 rank 得到的数
+# 都不一样，而且都偏小，各 rank 的裁剪系数也就各不相同。使用 `fully_shard` 时每个 `param.grad`
+# 都是 `DTensor`，`torch.nn.utils.clip_grad_norm_` 在 `DTensor` 上计算范数，会对平方和做全归
+# 约。下面的代码单元把它与三个结果比较：单进程在整个批上算出的范数，手动求和（一次
+# `all_reduce`）得到的范数，以及每个 rank 只用自己的分片算出的朴素范数：
 
 # %%
 def sharded_clipping(rank):
@@ -827,25 +828,25 @@ print(*dl.spawn(sharded_clipping, nprocs=2, backend="gloo"), sep="\n")
 
 # %% [markdown] lang="en"
 # The same holds for this chapter's `FullyShardedDP` and for ZeRO-2: all-reduce the sum of
-# squares of the local shards, then scale every shard by the same factor. (FSDP1 has its
-# own method, `FullyShardedDataParallel.clip_grad_norm_`.)
+# squares of the local shards, then scale every shard by the same factor. (FSDP1 has its own
+# method, `FullyShardedDataParallel.clip_grad_norm_`.)
 #
-# **HSDP: shard inside a node, replicate across nodes.** All-gathers over the slow network
-# between nodes cost more than over NVLink inside one. `fully_shard(module, mesh=mesh)`
-# with a 2-D `DeviceMesh` of shape (nodes, GPUs per node) shards each parameter over the
-# second dimension and keeps a replica per node over the first: the placements are
-# `(Replicate(), Shard(0))`, the reduce-scatter runs inside a node and an all-reduce
-# across. Four gloo ranks stand for 2 nodes × 2 GPUs:
+# **HSDP (hybrid sharding): shard inside a node, replicate across nodes.** All-gathers over
+# the slow network between nodes cost more than over NVLink inside one. `fully_shard(module,
+# mesh=mesh)` with a 2-D `DeviceMesh` of shape (nodes, GPUs per node) shards each parameter
+# over the second dimension and keeps a replica per node over the first: the placements are
+# `(Replicate(), Shard(0))`, the reduce-scatter runs inside a node and an all-reduce across.
+# Four gloo ranks stand for 2 nodes × 2 GPUs:
 
 # %% [markdown] lang="zh"
-# 本章的 `FullyShardedDP` 和 ZeRO-2 也是一样：对本地各分片的平方和做全归约，然后每个分片都按
-# 同一个系数缩放。（FSDP1 有自己的方法 `FullyShardedDataParallel.clip_grad_norm_`。）
+# 本章的 `FullyShardedDP` 和 ZeRO-2 也是如此：先对各 rank 本地分片的平方和做全归约，再让每个分
+# 片都按同一个系数缩放。（FSDP1 有自己的方法 `FullyShardedDataParallel.clip_grad_norm_`。）
 #
-# **HSDP：节点内分片，节点间复制**。在节点之间较慢的网络上做全收集，比在节点内的 NVLink 上
-# 代价大得多。`fully_shard(module, mesh=mesh)` 配合一个形状为（节点数，每节点 GPU 数）的二维
-# `DeviceMesh`，在第二维上把每个参数分片，在第一维上每个节点保留一个副本：放置方式是
-# `(Replicate(), Shard(0))`，归约散发在节点内进行，节点之间则做全归约。下面用 4 个 gloo rank
-# 代表 2 个节点 × 2 块 GPU：
+# **HSDP（hybrid sharding，混合分片）：节点内分片，节点间复制**。在节点之间较慢的网络上做全收
+# 集，比在节点内的 NVLink 上代价更高。`fully_shard(module, mesh=mesh)` 配合一个形状为（节点数，
+# 每节点 GPU 数）的二维 `DeviceMesh`，在第二维上把每个参数分片，在第一维上每个节点保留一个副
+# 本：放置方式是 `(Replicate(), Shard(0))`，归约散发在节点内进行，节点之间则做全归约。下面用 4
+# 个 gloo rank 代表 2 个节点 × 2 块 GPU：
 
 # %%
 def hsdp(rank):
@@ -875,8 +876,8 @@ print(*dl.spawn(hsdp, nprocs=4, backend="gloo"), sep="\n")
 # the same two halves again. Training still equals one process on the full batch.
 
 # %% [markdown] lang="zh"
-# rank 0 和 1 组成一个“节点”，各持有每个权重的一半；rank 2 和 3 又持有同样的两半。训练结果
-# 仍与单进程在全批上训练相同。
+# rank 0 和 1 组成一个“节点”，分别持有每个权重的一半；rank 2 和 3 又持有同样的两半。训练结果仍
+# 与单进程在整个批上训练的结果一致。
 
 # %% [markdown] lang="en"
 # ## 6. When to use which

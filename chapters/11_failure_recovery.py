@@ -12,7 +12,7 @@
 #   ddp_lab:
 #     title:
 #       en: "11 Runs that fail: checkpoints, restarts, hangs"
-#       zh: "11 会失败的训练：检查点、重启与挂起"
+#       zh: "11 训练出故障时：检查点、重启与卡住"
 # ---
 
 # %% [markdown] lang="en"
@@ -27,14 +27,14 @@
 # becomes an error, and what a checkpoint costs.
 
 # %% [markdown] lang="zh"
-# # 11 会失败的训练：检查点、重启与挂起
+# # 11 训练出故障时：检查点、重启与卡住
 #
-# 长时间的训练不会一直健康：某个 worker 在第 30 个小时挂掉，某个节点被拿走，调度器结束了作业。
-# 本章让第 08 章的训练程序经得起这些。我们在训练中途杀掉一个 worker，`torchrun` 从**检查点**
-# （checkpoint）重启整个作业，最终参数与从未中断的运行逐位相同。接着讨论：怎样写出“要么完整、
-# 要么不存在”的检查点（即使写的进程中途死掉），用 `torch.distributed.checkpoint` 写**分片检查点**
-# （sharded checkpoint，2 个 rank 保存、3 个 rank 加载），怎样把挂起的对端变成一个错误，以及
-# 一个检查点要花多少时间。
+# 长时间的训练总会出状况：某个 worker 在第 30 个小时挂掉，某个节点被收回，调度器终止了作业。本
+# 章让第 08 章的训练程序扛得住这些情况。我们在训练中途杀掉一个 worker，`torchrun`
+# 从**检查点**（checkpoint）重启整个作业，最终参数与从未中断的运行逐位相同。接下来讨论：怎样写
+# 出“要么完整、要么不存在”的检查点，哪怕写文件的进程中途死掉；怎样用
+# `torch.distributed.checkpoint` 写**分片检查点**（sharded checkpoint），由 2 个 rank（进程编
+# 号）保存、3 个 rank 加载；怎样让卡住的对端变成一个明确的错误；以及一个检查点要花多少时间。
 
 # %%
 import os
@@ -57,40 +57,42 @@ print(torch.__version__)
 # %% [markdown] lang="en" tags=["lesson"]
 # ## 1. What a checkpoint must hold to resume exactly
 #
-# After a restart, the next step must see exactly what it would have seen: the same
-# weights, the same **optimizer state** (SGD's momentum, Adam's moments), the same learning
-# rate (the **LR schedule**'s step count), the same batch (the sampler's epoch *and* how far
-# into the epoch the run got) and the same random draws (dropout, augmentation: every rank's
-# torch, numpy and Python generators, each rank its own). Miss one and the run still trains,
-# but it is another run. `ddp_lab.resume` keeps all of it; `python -m ddp_lab.train
+# After a restart, the next step must see exactly what it would have seen: the same weights,
+# the same **optimizer state** (SGD's momentum, Adam's moments), the same learning rate (the
+# **LR schedule**'s step count), the same batch (the sampler's epoch *and* how far into the
+# epoch the run got) and the same random draws (dropout, augmentation: every rank's torch,
+# numpy and Python generators, each rank its own). Miss one and the run still trains, but it
+# is another run. `ddp_lab.resume` keeps all of it; `python -m ddp_lab.train
 # --checkpoint-every K` writes it every K steps and resumes from the newest complete one.
-# The sampler's position is the subtle part: rank r reads positions r, r+W, r+2W, ... of the
-# epoch's order, so after p steps of B samples the first p·B·W positions are used, whatever
-# the rank. `ResumableDistributedSampler` drops them and deals out the rest as
-# `DistributedSampler` does (at position 0 it yields the very same indices).
+# The sampler's position is the subtle part: with W ranks, rank r reads positions r, r+W,
+# r+2W, ... of the epoch's order, so after p steps of B samples per rank the first p·B·W
+# positions are used, whatever the rank. `ResumableDistributedSampler` drops them and deals
+# out the rest as `DistributedSampler` does (at position 0 it yields the very same indices).
 
 # %% [markdown] lang="zh" tags=["lesson"]
 # ## 1. 检查点要包含什么才能精确恢复
 #
-# 重启之后，下一步看到的一切必须和不中断时完全一样：同样的权重，同样的**优化器状态**（SGD 的
-# 动量、Adam 的一阶和二阶矩），同样的学习率（**学习率调度**的步数），同样的批（采样器的轮次，
-# *以及*本轮已经走到哪里），同样的随机数（dropout、数据增强：每个 rank 各自的 torch、numpy 和
-# Python 随机数生成器）。漏掉任何一项，训练照样能跑，但已经是另一次训练了。`ddp_lab.resume`
-# 保存了所有这些；`python -m ddp_lab.train --checkpoint-every K` 每 K 步写一次检查点，启动时从
-# 最新的完整检查点恢复。采样器的位置最微妙：rank r 读取本轮顺序中的第 r、r+W、r+2W……个位置，
-# 所以走了 p 步、每步 B 个样本之后，前 p·B·W 个位置已经用掉，与 rank 无关。
-# `ResumableDistributedSampler` 跳过这些位置，其余的像 `DistributedSampler` 一样分发（位置为 0
-# 时，它给出的索引与 `DistributedSampler` 完全相同）。
+# 重启之后，下一步看到的一切必须和没有中断时完全一样：同样的权重；同样
+# 的**优化器状态**（optimizer state），即 SGD 的动量、Adam 的一阶和二阶矩；同样的学习率，也就
+# 是**学习率调度**（LR schedule）已走的步数；同样的批，即采样器所在的轮（epoch），*以及*这一轮
+# 已经读到了哪里；同样的随机数（dropout、数据增强），即每个 rank 各自的 torch、numpy 和 Python
+# 随机数生成器。漏掉任何一项，训练照样能跑，但已经是另一次训练了。`ddp_lab.resume` 保存了所有这
+# 些；`python -m ddp_lab.train --checkpoint-every K` 每 K 步写一次检查点，启动时从最新的完整检
+# 查点恢复。最微妙的是采样器的位置：world size（进程总数）为 W 时，rank r 读取本轮顺序中的第
+# r、r+W、r+2W……个位置，所以每个 rank 每步取 B 个样本、走了 p 步之后，前 p·B·W 个位置已经用掉，
+# 与 rank 无关。`ResumableDistributedSampler` 跳过这些位置，把其余的像 `DistributedSampler` 一
+# 样分给各 rank（位置为 0 时，它给出的索引与 `DistributedSampler` 完全相同）。
 
 # %% tags=["lesson"]
 dl.show_source(resume.save_step)
 
 # %% [markdown] lang="en" tags=["lesson"]
 # Two runs of the same program under `torchrun --max-restarts=1`: one straight through; in
-# the other the last rank kills itself with SIGKILL after step 4 (`--fail-at-step 4`, once:
-# a marker file in the checkpoint folder says it already happened). The other rank's next
-# all-reduce fails at once (its peer's socket is closed), torchrun stops the group, starts
-# both workers again, and they resume from step 2's checkpoint. Compare the last lines.
+# the other the last rank kills itself with SIGKILL right after step 4, before that step's
+# checkpoint is written (`--fail-at-step 4`, once: a marker file in the checkpoint folder
+# says it already happened). The other rank's next all-reduce fails at once (its peer's
+# socket is closed), torchrun stops the group, starts both workers again, and they resume
+# from step 2's checkpoint. Compare the last lines.
 #
 # Why `TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`: by default torchrun's c10d rendezvous hands
 # its own TCPStore to the workers and keeps the same store server across restarts
@@ -101,15 +103,17 @@ dl.show_source(resume.save_step)
 
 # %% [markdown] lang="zh" tags=["lesson"]
 # 在 `torchrun --max-restarts=1` 下把同一个程序运行两次：一次一口气跑完；另一次，最后一个 rank
-# 在第 4 步之后用 SIGKILL 杀死自己（`--fail-at-step 4`，只发生一次：检查点目录中的一个标记
-# 文件记录它已经发生过）。另一个 rank 的下一次 all-reduce 立即失败（对端的套接字已关闭），
-# torchrun 停下整个组，重新启动两个 worker，它们从第 2 步的检查点恢复。比较最后一行。
+# 在第 4 步刚结束、这一步的检查点还没写出时用 SIGKILL 杀死自己（`--fail-at-step 4`，只杀一次：
+# 检查点目录中的一个标记文件记下它已经发生过）。另一个 rank 的下一次全归约（all-reduce）立即失
+# 败，因为对端的套接字已经关闭；torchrun 停掉整个组，重新启动两个 worker，它们从第 2 步的检查点
+# 恢复。比较两次运行输出的最后几行。
 #
-# 为什么要设置 `TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`：默认情况下，torchrun 的 c10d rendezvous
-# 把自己的 TCPStore 交给 worker 使用，并且在多次重启之间一直用同一个 store 服务器
-# （`torch/distributed/elastic/rendezvous/dynamic_rendezvous.py` 中的 `next_rendezvous`）；重启后的
-# worker 的 gloo 组可能从中读到上一次尝试留下的地址，于是连接失败（“Connection refused”，
-# pytorch/pytorch#135712）。设置这个变量后，每一轮都有自己的 store。
+# 为什么要设置 `TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`：默认情况下，torchrun 的 c10d 会合
+# （rendezvous）把自己的 `TCPStore`（一个键值 store）交给 worker 使用，并且在多次重启之间一直沿
+# 用同一个 store 服务器（`torch/distributed/elastic/rendezvous/dynamic_rendezvous.py` 中的
+# `next_rendezvous`）；重启后的 worker 建立 gloo 进程组时，可能从中读到上一次尝试留下的地址，于
+# 是连接失败（“Connection refused”，pytorch/pytorch#135712）。设置这个变量后，每一轮会合都有自
+# 己的 store。
 
 # %% tags=["lesson"]
 def train_run(*extra):
@@ -142,14 +146,14 @@ print([line for line in killed.stderr.splitlines() if "exitcode" in line][:1])
 # %% [markdown] lang="zh" tags=["lesson"]
 # ## 2. 要么完整，要么没有：原子写入
 #
-# worker 可能在写文件时死掉。以检查点名字存在的半个文件比没有文件更糟：重启时加载它就会崩溃，
-# 每次都是。`save_atomic` 先写到同一目录下的临时文件，对它调用 `fsync`，再用 `os.replace`
-# 把它重命名为最终的名字（在同一个文件系统内，POSIX 保证这是原子操作），最后对目录调用
-# `fsync`，让重命名本身在断电后也不会丢失。下面的写入进程在 `torch.save` 中途被杀死：目录里
-# 保留着上一个检查点，以及一个 `latest_checkpoint` 永远不会选中的 `.tmp` 文件。
-# `torch.distributed.checkpoint` 对它的 `.metadata` 文件也是这样做的
-# （`torch/distributed/checkpoint/filesystem.py`：先写 `.metadata.tmp`，再重命名），而且由协调者
-# 在所有 rank 的数据都写完之后才写：没有 `.metadata`，就没有检查点。
+# worker 可能在写文件时死掉。顶着检查点名字的半截文件比没有文件更糟：每次重启都会加载它，每次都
+# 崩溃。`save_atomic` 先写到同一目录下的临时文件，对它调用 `fsync`，再用 `os.replace` 把它重命
+# 名为最终的名字（在同一个文件系统内，POSIX 保证这是原子操作），最后对目录调用 `fsync`，让这次
+# 重命名在断电后也不会丢失。下面的写入进程在 `torch.save` 中途被杀死：目录里留下上一个检查点，
+# 以及一个 `latest_checkpoint` 永远不会选中的 `.tmp` 文件。`torch.distributed.checkpoint` 对它
+# 的 `.metadata` 文件也是这样做的（`torch/distributed/checkpoint/filesystem.py`：先写
+# `.metadata.tmp`，再重命名），而且这个文件由协调者在所有 rank 的数据都写完之后才写：没有
+# `.metadata`，就没有检查点。
 
 # %% tags=["lesson"]
 dl.show_source(resume.save_atomic)
@@ -174,38 +178,40 @@ print("latest:", resume.latest_checkpoint(folder).name, resume.load(resume.lates
 # %% [markdown] lang="en" tags=["lesson"]
 # ## 3. Sharded checkpoints: `torch.distributed.checkpoint`
 #
-# Under FSDP no rank holds the whole model. Gathering it on rank 0 to `torch.save` it
-# (a **full state dict**) needs the whole model in one process's memory and makes the other
+# Under FSDP no rank holds the whole model. Gathering it on rank 0 to `torch.save` it (a
+# **full state dict**) needs the whole model in one process's memory and makes the other
 # ranks wait; at scale that is the slow part. A **sharded state dict** keeps each rank's own
 # rows: `get_state_dict(model, optimizer)` returns `DTensor`s, each knowing its global shape
-# and which piece this rank holds, and `dcp.save` has every rank write its pieces in
-# parallel, plus a `.metadata` file that records where each piece of each tensor went.
-# `dcp.load` fills the state dict you hand it *in place*: each rank reads the pieces that
-# overlap the rows it holds now, whatever the world size at save time (**resharding**).
-# `torch/distributed/checkpoint/state_dict.py` documents the options: `full_state_dict=True`
-# gathers full tensors, `cpu_offload=True` moves them to CPU and keeps them on rank 0 only
-# (so that the full model never sits in GPU memory), `broadcast_from_rank0=True` loads a full
-# state on rank 0 and scatters it. `dcp.async_save` (`state_dict_saver.py`) copies the state
-# to CPU memory and writes it in a background thread, so that training goes on during the
-# write. Below: `fully_shard` on 2 gloo CPU ranks, three Adam steps, `dcp.save`; then 3 fresh
-# ranks load it; the full states are compared.
+# and which piece this rank holds, and `dcp.save` (`torch.distributed.checkpoint`, DCP for
+# short) has every rank write its pieces in parallel, plus a `.metadata` file that records
+# where each piece of each tensor went. `dcp.load` fills the state dict you hand it *in
+# place*: each rank reads the pieces that overlap the rows it holds now, whatever the world
+# size at save time (**resharding**). `torch/distributed/checkpoint/state_dict.py` documents
+# the options: `full_state_dict=True` gathers full tensors, `cpu_offload=True` moves them to
+# CPU and keeps them on rank 0 only (so that the full model never sits in GPU memory),
+# `broadcast_from_rank0=True` loads a full state on rank 0 and scatters it. `dcp.async_save`
+# (`state_dict_saver.py`) copies the state to CPU memory and writes it in a background
+# thread, so that training goes on during the write. Below: `fully_shard` on 2 gloo CPU
+# ranks, three Adam steps, `dcp.save`; then 3 fresh ranks load it; the full states are
+# compared.
 
 # %% [markdown] lang="zh" tags=["lesson"]
 # ## 3. 分片检查点：`torch.distributed.checkpoint`
 #
-# 在 FSDP 下，没有哪个 rank 持有整个模型。先把模型收集到 rank 0 再 `torch.save`（**完整状态
-# 字典**，full state dict），需要一个进程的内存放下整个模型，其他 rank 还得等着；规模大了，这
-# 就是最慢的一环。**分片状态字典**（sharded state dict）只保留每个 rank 自己的那几行：
-# `get_state_dict(model, optimizer)` 返回 `DTensor`，每个都知道自己的全局形状和本 rank 持有的
-# 是哪一块；`dcp.save` 让每个 rank 并行写出自己的块，另外写一个 `.metadata` 文件，记录每个张量
-# 的每一块写到了哪里。`dcp.load` *原地*填充你交给它的状态字典：每个 rank 读取与它现在持有的
-# 行有重叠的块，不管保存时的 world size 是多少（**重新分片**，resharding）。
-# `torch/distributed/checkpoint/state_dict.py` 说明了各个选项：`full_state_dict=True` 收集完整
-# 张量；`cpu_offload=True` 把它们移到 CPU，并且只留在 rank 0 上（完整模型永远不会占用 GPU
-# 显存）；`broadcast_from_rank0=True` 在 rank 0 上加载完整状态再分发出去。`dcp.async_save`
-# （`state_dict_saver.py`）先把状态复制到 CPU 内存，再在后台线程中写出，写入期间训练照常进行。
-# 下面：在 2 个 gloo CPU rank 上用 `fully_shard`，走三步 Adam，`dcp.save`；再由 3 个新的 rank
-# 加载；比较两边的完整状态。
+# 在完全分片数据并行（FSDP）下，没有哪个 rank 持有整个模型。把模型收集到 rank 0 再
+# `torch.save`，得到的是**完整状态字典**（full state dict）：一个进程的内存要放得下整个模型，其
+# 他 rank 还得等着；规模一大，这就是最慢的一环。**分片状态字典**（sharded state dict）只保留每
+# 个 rank 自己的那几行：`get_state_dict(model, optimizer)` 返回 `DTensor`，每个 `DTensor` 都知
+# 道自己的全局形状，以及本 rank 持有的是哪一块；`dcp.save`（`torch.distributed.checkpoint`，简
+# 称 DCP）让每个 rank 并行写出自己的块，另外写一个 `.metadata` 文件，记录每个张量的每一块写到了
+# 哪里。`dcp.load` *原地*填充你交给它的状态字典：每个 rank 读取与它现在持有的行有重叠的块，不管
+# 保存时的 world size 是多少，这就
+# 是**重新分片**（resharding）。`torch/distributed/checkpoint/state_dict.py` 说明了各个选
+# 项：`full_state_dict=True` 收集完整张量；`cpu_offload=True` 把它们移到 CPU，并且只留在 rank 0
+# 上，这样完整模型永远不会进入 GPU 显存；`broadcast_from_rank0=True` 在 rank 0 上加载完整状态，
+# 再分发给各 rank。`dcp.async_save`（`state_dict_saver.py`）先把状态复制到 CPU 内存，再在后台线
+# 程中写出，写入期间训练照常进行。下面在 2 个 CPU rank 上（gloo 后端）用 `fully_shard` 分片，做
+# 三步 Adam，再 `dcp.save`；然后由 3 个新的 rank 加载，比较两边的完整状态。
 
 # %% tags=["lesson"]
 dl.show_source(recovery.dcp_load)
@@ -241,19 +247,20 @@ print("Adam state equal:", all(torch.equal(torch.as_tensor(v), torch.as_tensor(b
 # the one rank that has it.
 
 # %% [markdown] lang="zh" tags=["lesson"]
-# 为什么每个 rank 对自己的分片调用 `torch.save` 不算检查点：文件里是一个普通张量，是 (30, 12)
-# 权重的第 0-14 行或第 15-29 行，但没有任何信息说明是哪几行。换成 3 个 rank 时，每个 rank 需要
+# 为什么每个 rank 对自己的分片调用 `torch.save` 不算检查点：文件里只是一个普通张量，是 (30, 12)
+# 权重的第 0-14 行或第 15-29 行，却没有任何信息说明是哪几行。换成 3 个 rank 时，每个 rank 需要
 # 10 行，而第三个 rank 根本没有文件。
 #
-# 课程自己的 `FullyShardedDP`（第 10 章）不能把分片原样交给 DCP：每个 rank 持有的是每个单元的
-# 一个填充后扁平向量的一维切片，切片边界可能落在某个参数的中间。DCP 要求每个被保存的张量以
-# “块”来描述，每块有在该张量自身形状中的偏移和大小（`torch/distributed/checkpoint/metadata.py`
-# 中的 `ChunkStorageMetadata`）。要做到这一点，需要一个 `state_dict`：对每个参数，在参数边界处
-# 切开本 rank 的扁平切片，把这一段作为展平后参数的一维张量连同偏移一起返回（`DTensor` 无法表达
-# 不均匀的偏移，较旧的 `ShardedTensor` 配合 `ShardMetadata` 可以），再加一个把这些块拷回扁平
-# 分片的 `load_state_dict`。`ShardedOptimizer`（ZeRO-1）简单得多：每个参数的状态完整地放在一个
-# rank 上，所以按全局参数编号作键、每个 rank 只含自己拥有的条目的 `state_dict`，DCP 已经可以
-# 直接保存：每个键由持有它的那个 rank 写出。
+# 课程自己的 `FullyShardedDP`（第 10 章）不能把分片原样交给 DCP：它把每个单元（unit）的参数展
+# 平、填充成一个向量，每个 rank 持有其中的一段一维切片，而切片边界可能落在某个参数的中间。DCP
+# 要求把每个要保存的张量描述成若干块，每块给出它在该张量自身形状中的偏移和大小
+# （`torch/distributed/checkpoint/metadata.py` 中的 `ChunkStorageMetadata`）。要做到这一点，需
+# 要一个 `state_dict`：对每个参数，在参数边界处切开本 rank 的扁平切片，把切下的这一段作为展平后
+# 参数的一维张量返回，并附上它的偏移。`DTensor` 表达不了这种不均匀的偏移，较旧的
+# `ShardedTensor` 配合 `ShardMetadata` 可以。还需要一个 `load_state_dict`，把这些块拷回扁平分
+# 片。`ShardedOptimizer`（ZeRO-1）简单得多：每个参数的状态完整地放在一个 rank 上，所以以全局参
+# 数索引为键、每个 rank 只含自己拥有的条目的 `state_dict`，DCP 已经可以直接保存：每个键由持有它
+# 的那个 rank 写出。
 
 # %% tags=["lesson"]
 shards = WORK / "shards"
@@ -278,33 +285,35 @@ for line in dl.spawn(recovery.shard_torch_save, args=(str(shards), False), nproc
 # the exception cannot come from the call. ProcessGroupNCCL's **watchdog** thread checks the
 # running collectives (the default timeout is 10 minutes); one that runs out makes it act as
 # `TORCH_NCCL_ASYNC_ERROR_HANDLING` says (`ErrorHandlingMode`: 0 nothing, 1 tear the process
-# down, 2 only abort the communicators, 3, the default the header names, tear the process
-# down without cleaning up), so that torchrun sees a dead worker and restarts the group.
-# `TORCH_NCCL_TRACE_BUFFER_SIZE` > 0 turns on the **flight recorder**, a ring buffer of each
-# rank's last collectives, and `TORCH_NCCL_DUMP_ON_TIMEOUT=1` writes it out on a timeout, so
-# that you can see which rank was in which collective. The variables and the modes are
-# declared in `torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp`. Chapter 09 showed how to
-# read a hang's stacks; this part needs GPUs and is not run here.
+# down, 2 only abort the communicators, 3, the default according to the header's comment,
+# tear the process down without cleaning up), so that torchrun sees a dead worker and
+# restarts the group. `TORCH_NCCL_TRACE_BUFFER_SIZE` > 0 turns on the **flight recorder**, a
+# ring buffer of each rank's last collectives, and `TORCH_NCCL_DUMP_ON_TIMEOUT=1` writes it
+# out on a timeout, so that you can see which rank was in which collective. The variables
+# and the modes are declared in `torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp`. Chapter
+# 09 showed how to read a hang's stacks; this part needs GPUs and is not run here.
 
 # %% [markdown] lang="zh" tags=["lesson"]
-# ## 4. 当集合通信挂起而不是失败
+# ## 4. 集合通信不报错，而是卡住
 #
-# *死掉*的对端会关闭它的套接字，其他 rank 的下一次集合通信会立即失败（第 1 节）。活着但*卡住*
-# 的对端（死锁、很慢的文件系统、走了另一个分支的 rank）什么也不发送，也什么都不关闭：其他
-# rank 就一直等下去。每个进程组都有超时（`init_process_group(timeout=...)`、
-# `new_group(timeout=...)`；gloo 的默认值是 30 分钟，见 `torch/distributed/constants.py` 中的
-# `default_pg_timeout`）；超时一到，gloo 抛出异常，worker 带着错误退出，torchrun 就可以重启整个组。
-# 下面，rank 1 在睡眠，rank 0 在一个超时为 3 秒的组上做 all-reduce。
+# *死掉*的对端会关闭它的套接字，其他 rank 的下一次集合通信会立即失败（第 1 节）。活着但*卡住*的
+# 对端（死锁、很慢的文件系统、走进了另一个分支的 rank）什么也不发，什么也不关：其他 rank 只能一
+# 直等下去。每个进程组都有超时
+# （`init_process_group(timeout=...)`、`new_group(timeout=...)`；gloo 的默认值是 30 分钟，见
+# `torch/distributed/constants.py` 中的 `default_pg_timeout`）；超时一到，gloo 抛出异常，worker
+# 带着错误退出，torchrun 就可以重启整个组。下面，rank 1 睡着不动，rank 0 在一个超时为 3 秒的进
+# 程组上做全归约。
 #
-# 使用 NCCL 时，集合通信在 GPU 上执行，Python 调用在它们完成之前就返回了，所以异常不可能来自
-# 调用本身。ProcessGroupNCCL 的**看门狗**（watchdog）线程检查正在执行的集合通信；某次通信超时后，
-# 它按 `TORCH_NCCL_ASYNC_ERROR_HANDLING` 的设置处理（默认超时为 10 分钟；`ErrorHandlingMode`：
-# 0 不处理，1 拆除进程，2 只中止通信器，3 即头文件注释中的默认值，拆除进程但不清理通信器），
-# 这样 torchrun 会看到一个死掉的 worker 并重启整个组。`TORCH_NCCL_TRACE_BUFFER_SIZE` 大于 0 时
-# 打开**飞行记录器**（flight recorder），即每个 rank 最近若干次集合通信的环形缓冲区；
-# `TORCH_NCCL_DUMP_ON_TIMEOUT=1` 在超时时把它写出来，于是能看到哪个 rank 停在哪次集合通信上。
-# 这些变量和模式声明在 `torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp` 中。第 09 章讲过怎样
-# 阅读挂起时的调用栈；这一部分需要 GPU，这里不运行。
+# 使用 NCCL 时，集合通信在 GPU 上执行，Python 调用在它们完成之前就返回了，所以异常不可能从调用
+# 本身抛出。ProcessGroupNCCL 的**看门狗**（watchdog）线程检查正在执行的集合通信（默认超时为 10
+# 分钟）；某次通信超时后，它按 `TORCH_NCCL_ASYNC_ERROR_HANDLING` 的设置处
+# 理。`ErrorHandlingMode` 的取值：0 不处理；1 结束进程；2 只中止通信器；3 结束进程但不做清理，
+# 头文件的注释说这是默认值。这样 torchrun 会看到一个死掉的 worker，并重启整个
+# 组。`TORCH_NCCL_TRACE_BUFFER_SIZE` 大于 0 时打开**飞行记录器**（flight recorder），即每个
+# rank 最近若干次集合通信的环形缓冲区；`TORCH_NCCL_DUMP_ON_TIMEOUT=1` 让它在超时时把记录写出
+# 来，这样就能看到哪个 rank 停在哪次集合通信上。这些变量和取值都声明在
+# `torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp` 中。第 09 章讲过怎样阅读卡住时的调用栈；这
+# 一部分需要 GPU，这里不运行。
 
 # %% tags=["lesson"]
 for line in dl.spawn(recovery.collective_timeout, args=(3.0,), nprocs=2, backend="gloo", quiet=True):
@@ -324,12 +333,13 @@ for line in dl.spawn(recovery.collective_timeout, args=(3.0,), nprocs=2, backend
 # %% [markdown] lang="zh" tags=["lesson"]
 # ## 5. 一个检查点的代价
 #
-# 一次运行，2 个 rank，交替进行若干轮：第 08 章模型的 20 个训练步，一次 `torch.save` 检查点
-# （`resume.save_step`：收集随机数状态，rank 0 原子地写出完整状态，然后 barrier），以及一次
-# `dcp.save`（每个 rank 写出自己那部分；DDP 的状态在各 rank 上是相同的副本，DCP 的规划器让每一项
-# 只写一次）。如果每 K 步写一次检查点，运行时间会增加“检查点时间 / (K × 单步时间)”；`smallest_every`
-# 找出在这台机器上让这个比例低于 10% 的最小 K。对大模型来说关键就是这个比例，这也是大规模训练
-# 使用分片、异步保存的原因。
+# 一次运行、2 个 rank，若干轮交替进行，每轮做三件事：第 08 章模型的 20 个训练步；一次
+# `torch.save` 检查点；一次 `dcp.save`。`torch.save` 检查点就是 `resume.save_step`：收集随机数
+# 状态，由 rank 0 原子地写出完整状态，最后过一道屏障（barrier）。`dcp.save` 则让每个 rank 写出
+# 自己那部分；DDP 的状态在各 rank 上是相同的副本，DCP 的规划器让每一项只写一次。如果每 K 步写一
+# 次检查点，运行时间会多出“检查点时间 / (K × 单步时间)”这个比例；`smallest_every` 找出在这台机
+# 器上让这个比例低于 10% 的最小 K。对大模型来说，要紧的正是这个比例，这也是大规模训练采用分片、
+# 异步保存的原因。
 
 # %% tags=["lesson"]
 cost = dl.spawn(recovery.checkpoint_cost, args=(str(WORK / "cost"),), nprocs=2, backend="gloo", quiet=True)[0]
@@ -361,15 +371,16 @@ for kind in ("torch.save", "dcp.save"):
 # ## 练习：让训练循环可以逐位精确地恢复（5 分）
 #
 # `recovery.resumable_loop`（源码见下）在 2 个或 3 个 rank 上训练一个带 dropout 的 MLP；每一步
-# 从 torch 抽取噪声，从 numpy 抽取噪声的幅度，从 Python 的 `random` 决定是否翻转符号，学习率
-# 调度每一步都降低学习率。请编写 `save_state(folder, model, optimizer, scheduler, sampler,
-# step)`：在运行停下的那一步之后，每个 rank 都会调用它；以及 `load_state(folder, model,
-# optimizer, scheduler, sampler)`：新启动的各个 rank 在继续训练之前调用它，它返回步数。每个
-# rank 都有自己的随机数状态：每个 rank 的都要保存。
+# 用 torch 抽取噪声，用 numpy 抽取噪声的幅度，用 Python 的 `random` 决定是否翻转符号；学习率调
+# 度每一步都把学习率调低一些。请编写
+# `save_state(folder, model, optimizer, scheduler, sampler, step)`：运行停下的那一步结束之后，
+# 每个 rank 都会调用它；以及 `load_state(folder, model, optimizer, scheduler, sampler)`：新启动
+# 的各个 rank 在继续训练之前调用它，它返回步数。每个 rank 都有自己的随机数状态：每个 rank 的都
+# 要保存。
 #
-# 评分单元在一个隐藏的步数处停下循环，在新的进程中恢复，再与从未停下的运行比较（隐藏用例：
-# 是否打乱、停下的步数、world size 为 2 或 3）：最终参数必须逐位相同；否则反馈会指出最先出现
-# 差异的部分（随机数状态、采样器位置、优化器、学习率调度）。
+# 评分单元在一个隐藏的步数处停下循环，在新的进程中恢复，再与从未停下的运行比较（隐藏用例：是否
+# 打乱、停下的步数、world size 为 2 或 3）：最终参数必须逐位相同；否则反馈会指出最先出现差异的
+# 部分（随机数状态、采样器位置、优化器、学习率调度）。
 
 # %% tags=["exercise"]
 dl.show_source(recovery.resumable_loop)
