@@ -698,8 +698,9 @@ print("output:", out_dtype, "| shard gradients:", grad_dtypes)
 # %% [markdown] lang="en"
 # ### What torch's FSDP adds
 #
-# **FSDP2 and FSDP1.** torch has two implementations; the `fully_shard` documentation
-# (`torch/distributed/fsdp/_fully_shard/_fully_shard.py`) lists the differences:
+# **FSDP2 and FSDP1.** torch has two implementations, `FullyShardedDataParallel`
+# (`torch/distributed/fsdp/fully_sharded_data_parallel.py`) and `fully_shard`
+# (`torch/distributed/fsdp/_fully_shard/_fully_shard.py`). The main differences:
 #
 # | | FSDP1: `FullyShardedDataParallel` | FSDP2: `fully_shard` |
 # | --- | --- | --- |
@@ -723,8 +724,9 @@ print("output:", out_dtype, "| shard gradients:", grad_dtypes)
 # %% [markdown] lang="zh"
 # ### torch 的 FSDP 还做了什么
 #
-# **FSDP2 与 FSDP1**。torch 有两种实现；`fully_shard` 的文档
-# （`torch/distributed/fsdp/_fully_shard/_fully_shard.py`）列出了它们的区别：
+# **FSDP2 与 FSDP1**。torch 有两种实现：`FullyShardedDataParallel`
+# （`torch/distributed/fsdp/fully_sharded_data_parallel.py`）和 `fully_shard`
+# （`torch/distributed/fsdp/_fully_shard/_fully_shard.py`）。主要区别如下：
 #
 # | | FSDP1：`FullyShardedDataParallel` | FSDP2：`fully_shard` |
 # | --- | --- | --- |

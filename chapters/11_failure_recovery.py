@@ -90,7 +90,7 @@ dl.show_source(resume.save_step)
 # Two runs of the same program under `torchrun --max-restarts=1`: one straight through; in
 # the other the last rank kills itself with SIGKILL right after step 4, before that step's
 # checkpoint is written (`--fail-at-step 4`, once: a marker file in the checkpoint folder
-# says it already happened). The other rank's next all-reduce fails at once (its peer's
+# says it already happened). The other rank's next collective fails at once (its peer's
 # socket is closed), torchrun stops the group, starts both workers again, and they resume
 # from step 2's checkpoint. Compare the last lines.
 #
@@ -104,8 +104,8 @@ dl.show_source(resume.save_step)
 # %% [markdown] lang="zh" tags=["lesson"]
 # 在 `torchrun --max-restarts=1` 下把同一个程序运行两次：一次一口气跑完；另一次，最后一个 rank
 # 在第 4 步刚结束、这一步的检查点还没写出时用 SIGKILL 杀死自己（`--fail-at-step 4`，只杀一次：
-# 检查点目录中的一个标记文件记下它已经发生过）。另一个 rank 的下一次全归约（all-reduce）立即失
-# 败，因为对端的套接字已经关闭；torchrun 停掉整个组，重新启动两个 worker，它们从第 2 步的检查点
+# 检查点目录中的一个标记文件记下它已经发生过）。另一个 rank 的下一次集合通信立即失败，
+# 因为对端的套接字已经关闭；torchrun 停掉整个组，重新启动两个 worker，它们从第 2 步的检查点
 # 恢复。比较两次运行输出的最后几行。
 #
 # 为什么要设置 `TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`：默认情况下，torchrun 的 c10d 会合
@@ -187,8 +187,8 @@ print("latest:", resume.latest_checkpoint(folder).name, resume.load(resume.lates
 # where each piece of each tensor went. `dcp.load` fills the state dict you hand it *in
 # place*: each rank reads the pieces that overlap the rows it holds now, whatever the world
 # size at save time (**resharding**). `torch/distributed/checkpoint/state_dict.py` documents
-# the options: `full_state_dict=True` gathers full tensors, `cpu_offload=True` moves them to
-# CPU and keeps them on rank 0 only (so that the full model never sits in GPU memory),
+# the options: `full_state_dict=True` gathers full tensors, with it `cpu_offload=True` moves
+# them to CPU and keeps them on rank 0 only (so that the full model never sits in GPU memory),
 # `broadcast_from_rank0=True` loads a full state on rank 0 and scatters it. `dcp.async_save`
 # (`state_dict_saver.py`) copies the state to CPU memory and writes it in a background
 # thread, so that training goes on during the write. Below: `fully_shard` on 2 gloo CPU
@@ -207,8 +207,8 @@ print("latest:", resume.latest_checkpoint(folder).name, resume.load(resume.lates
 # 哪里。`dcp.load` *原地*填充你交给它的状态字典：每个 rank 读取与它现在持有的行有重叠的块，不管
 # 保存时的 world size 是多少，这就
 # 是**重新分片**（resharding）。`torch/distributed/checkpoint/state_dict.py` 说明了各个选
-# 项：`full_state_dict=True` 收集完整张量；`cpu_offload=True` 把它们移到 CPU，并且只留在 rank 0
-# 上，这样完整模型永远不会进入 GPU 显存；`broadcast_from_rank0=True` 在 rank 0 上加载完整状态，
+# 项：`full_state_dict=True` 收集完整张量；与它同用时，`cpu_offload=True` 把它们移到 CPU，并且
+# 只留在 rank 0 上，这样完整模型永远不会进入 GPU 显存；`broadcast_from_rank0=True` 在 rank 0 上加载完整状态，
 # 再分发给各 rank。`dcp.async_save`（`state_dict_saver.py`）先把状态复制到 CPU 内存，再在后台线
 # 程中写出，写入期间训练照常进行。下面在 2 个 CPU rank 上（gloo 后端）用 `fully_shard` 分片，做
 # 三步 Adam，再 `dcp.save`；然后由 3 个新的 rank 加载，比较两边的完整状态。
@@ -287,10 +287,11 @@ for line in dl.spawn(recovery.shard_torch_save, args=(str(shards), False), nproc
 # `TORCH_NCCL_ASYNC_ERROR_HANDLING` says (`ErrorHandlingMode`: 0 nothing, 1 tear the process
 # down, 2 only abort the communicators, 3, the default according to the header's comment,
 # tear the process down without cleaning up), so that torchrun sees a dead worker and
-# restarts the group. `TORCH_NCCL_TRACE_BUFFER_SIZE` > 0 turns on the **flight recorder**, a
-# ring buffer of each rank's last collectives, and `TORCH_NCCL_DUMP_ON_TIMEOUT=1` writes it
-# out on a timeout, so that you can see which rank was in which collective. The variables
-# and the modes are declared in `torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp`. Chapter
+# restarts the group. The **flight recorder**, a ring buffer of each rank's last collectives,
+# is on by default: `TORCH_FR_BUFFER_SIZE` (formerly `TORCH_NCCL_TRACE_BUFFER_SIZE`) sets its
+# length, 2000 unless set, 0 turns it off (`FlightRecorder.hpp`); `TORCH_NCCL_DUMP_ON_TIMEOUT=1`
+# writes it out on a timeout, so that you can see which rank was in which collective. The
+# NCCL variables and the modes are declared in `torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp`. Chapter
 # 09 showed how to read a hang's stacks; this part needs GPUs and is not run here.
 
 # %% [markdown] lang="zh" tags=["lesson"]
@@ -309,9 +310,10 @@ for line in dl.spawn(recovery.shard_torch_save, args=(str(shards), False), nproc
 # 分钟）；某次通信超时后，它按 `TORCH_NCCL_ASYNC_ERROR_HANDLING` 的设置处
 # 理。`ErrorHandlingMode` 的取值：0 不处理；1 结束进程；2 只中止通信器；3 结束进程但不做清理，
 # 头文件的注释说这是默认值。这样 torchrun 会看到一个死掉的 worker，并重启整个
-# 组。`TORCH_NCCL_TRACE_BUFFER_SIZE` 大于 0 时打开**飞行记录器**（flight recorder），即每个
-# rank 最近若干次集合通信的环形缓冲区；`TORCH_NCCL_DUMP_ON_TIMEOUT=1` 让它在超时时把记录写出
-# 来，这样就能看到哪个 rank 停在哪次集合通信上。这些变量和取值都声明在
+# 组。**飞行记录器**（flight recorder）即每个 rank 最近若干次集合通信的环形缓冲区，默认就是
+# 打开的：`TORCH_FR_BUFFER_SIZE`（旧名 `TORCH_NCCL_TRACE_BUFFER_SIZE`）设定它的长度，不设置时为
+# 2000，设为 0 则关闭（见 `FlightRecorder.hpp`）；`TORCH_NCCL_DUMP_ON_TIMEOUT=1` 让它在超时时把
+# 记录写出来，这样就能看到哪个 rank 停在哪次集合通信上。NCCL 的这些变量和取值声明在
 # `torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp` 中。第 09 章讲过怎样阅读卡住时的调用栈；这
 # 一部分需要 GPU，这里不运行。
 
