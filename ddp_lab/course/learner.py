@@ -169,7 +169,8 @@ class RemoteLearner:
     blob of the learner's objects that the runner handed out at the graded cell.
 
     ``blob``: the objects, pickled by the runner (never loaded here), or the error's text if the
-    runner could not pickle them.
+    runner could not pickle them. ``rank_pool``: ``course.rankhost.RankPool``, passed in by the
+    verdict process (rankhost uses this module's errors, so this module does not import it).
     """
 
     def __init__(
@@ -181,10 +182,12 @@ class RemoteLearner:
         blob: bytes | str | None = None,
         lang: str = "en",
         job: int = 0,
+        rank_pool: Callable[[bytes, str, int], Any] | None = None,
     ) -> None:
         self.grade_id, self._send, self._receive = grade_id, send, receive
         self._on_timeout = on_timeout
         self.blob, self.lang, self.job = blob, lang, job
+        self._rank_pool = rank_pool
         self._pool: Any = None
 
     def _ask(self, op: str, probe: Callable, data: tuple, nprocs: int, timeout: float) -> Any:
@@ -237,12 +240,12 @@ class RemoteLearner:
 
     def ranks(self, probe: Callable, inputs: list, timeout: float = 60) -> list:
         """``probe(rank, objects, inputs[rank])`` on ``len(inputs)`` fresh sandboxed ranks."""
-        from ddp_lab.course.rankhost import RankPool
-
         if not isinstance(self.blob, bytes):
             raise LearnerError("PicklingError", str(self.blob or "no objects")[:500])
+        if self._rank_pool is None:
+            raise RuntimeError("per-rank probes need rank_pool (course.rankhost.RankPool)")
         if self._pool is None:
-            self._pool = RankPool(self.blob, self.lang, self.job)
+            self._pool = self._rank_pool(self.blob, self.lang, self.job)
         return self._pool.run(probe_name(probe), inputs, timeout)
 
     def close(self) -> None:

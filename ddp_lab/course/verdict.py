@@ -32,6 +32,7 @@ import nbformat
 
 from ddp_lab.course import sandbox, scan, wire
 from ddp_lab.course.learner import RemoteLearner, RunnerGone
+from ddp_lab.course.rankhost import RankPool
 from ddp_lab.i18n import _t
 
 PROTOCOL_LIMIT = wire.MAX_BYTES + 4096  # one line from the runner; past it, the runner is killed
@@ -129,6 +130,7 @@ def run(request: dict[str, Any]) -> dict[str, Any]:
                     _blob(msg),
                     lang,
                     int(request.get("job", 0)),
+                    RankPool,
                 )
                 try:
                     results[grade_id] = _judge(

@@ -35,6 +35,7 @@ from test_grader import (
 from ddp_lab.course import sandbox, scan, wire
 from ddp_lab.course.grader import exercises_of
 from ddp_lab.course.learner import LearnerError, RemoteLearner
+from ddp_lab.course.rankhost import RankPool
 from ddp_lab.runtime import _pickle
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -157,7 +158,7 @@ def _remote(objects: tuple) -> RemoteLearner:
     # As a notebook's functions are: by value (a rank cannot import this test module).
     cloudpickle.register_pickle_by_value(sys.modules[__name__])
     blob = _pickle.dumps(objects)
-    return RemoteLearner("00.average", None, None, lambda: None, blob, "en")  # type: ignore[arg-type]
+    return RemoteLearner("00.average", None, None, lambda: None, blob, "en", 0, RankPool)  # type: ignore[arg-type]
 
 
 def average(value: torch.Tensor) -> torch.Tensor:
