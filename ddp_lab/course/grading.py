@@ -207,3 +207,17 @@ def _first_line(exc: BaseException) -> str:
 def fail(why: str, case: str) -> CaseFailed:
     """A CaseFailed for a case described by ``case`` (a few words, no hidden data)."""
     return CaseFailed(why, case)
+
+
+def wrong_form(rank: object, field: str, kind: str, case: str) -> CaseFailed:
+    """``fail`` for a probe result that is not of the form the probe returns: ``kind`` says
+    what came back (each checker describes it its own way), never its content."""
+    return fail(
+        _t(
+            "rank {rank} sent back a result of the wrong form ({field}: {kind})",
+            rank=rank,
+            field=field,
+            kind=kind,
+        ),
+        case,
+    )

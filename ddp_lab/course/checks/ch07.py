@@ -28,7 +28,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ddp_lab.bucketed_ddp import assign_buckets
-from ddp_lab.course.grading import checker, fail
+from ddp_lab.course.grading import checker, fail, wrong_form
 from ddp_lab.i18n import N_, _t, lookup
 
 MESSAGES = {
@@ -123,29 +123,13 @@ def _kind(value: Any) -> str:
 def _states_of(out: Any, want: torch.Tensor, rank: int, field: str, label: str) -> torch.Tensor:
     """``out`` when it is a tensor like ``want`` (parameters and buffers, flattened)."""
     if not isinstance(out, torch.Tensor) or out.shape != want.shape or out.dtype != want.dtype:
-        raise fail(
-            _t(
-                "rank {rank} sent back a result of the wrong form ({field}: {kind})",
-                rank=rank,
-                field=field,
-                kind=_kind(out),
-            ),
-            label,
-        )
+        raise wrong_form(rank, field, _kind(out), label)
     return out
 
 
 def _ranks(got: Any, world_size: int, label: str) -> list:
     if not isinstance(got, list) or len(got) != world_size:
-        raise fail(
-            _t(
-                "rank {rank} sent back a result of the wrong form ({field}: {kind})",
-                rank="-",
-                field="ranks",
-                kind=_kind(got),
-            ),
-            label,
-        )
+        raise wrong_form("-", "ranks", _kind(got), label)
     return got
 
 
@@ -274,26 +258,10 @@ def check_bucketed(rng: random.Random, learner: Any) -> Iterator[object]:
         )
         for rank, out in enumerate(got):
             if not isinstance(out, dict):
-                raise fail(
-                    _t(
-                        "rank {rank} sent back a result of the wrong form ({field}: {kind})",
-                        rank=rank,
-                        field="result",
-                        kind=_kind(out),
-                    ),
-                    label,
-                )
+                raise wrong_form(rank, "result", _kind(out), label)
             calls = out.get("async_calls")
             if not isinstance(calls, list) or not all(type(c) is bool for c in calls):
-                raise fail(
-                    _t(
-                        "rank {rank} sent back a result of the wrong form ({field}: {kind})",
-                        rank=rank,
-                        field="async_calls",
-                        kind=_kind(calls),
-                    ),
-                    label,
-                )
+                raise wrong_form(rank, "async_calls", _kind(calls), label)
             if len(calls) < 2:
                 raise fail(
                     _t(
@@ -315,15 +283,7 @@ def check_bucketed(rng: random.Random, learner: Any) -> Iterator[object]:
                 )
             sizes = out.get("sizes")
             if not isinstance(sizes, list) or not all(type(n) is int for n in sizes):
-                raise fail(
-                    _t(
-                        "rank {rank} sent back a result of the wrong form ({field}: {kind})",
-                        rank=rank,
-                        field="sizes",
-                        kind=_kind(sizes),
-                    ),
-                    label,
-                )
+                raise wrong_form(rank, "sizes", _kind(sizes), label)
             if sizes != in_order:
                 raise fail(
                     _t(

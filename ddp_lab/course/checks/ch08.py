@@ -28,7 +28,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
-from ddp_lab.course.grading import checker, fail
+from ddp_lab.course.grading import checker, fail, wrong_form
 from ddp_lab.i18n import _t
 
 
@@ -202,15 +202,7 @@ def _validate(results: Any, world: int, case: dict[str, Any], label: str) -> lis
     """The probe's results, checked to be of the form it returns (anything else fails)."""
 
     def bad(rank: object, field: str, value: Any) -> Exception:
-        return fail(
-            _t(
-                "rank {rank} sent back a result of the wrong form ({field}: {kind})",
-                rank=rank,
-                field=field,
-                kind=_kind(value),
-            ),
-            label,
-        )
+        return wrong_form(rank, field, _kind(value), label)
 
     if not isinstance(results, list) or len(results) != world:
         raise bad("-", "ranks", results)

@@ -39,7 +39,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ddp_lab.course.grading import checker, fail
+from ddp_lab.course.grading import checker, fail, wrong_form
 from ddp_lab.i18n import _t
 
 
@@ -51,15 +51,7 @@ def _kind(value: Any) -> str:
 
 
 def _bad(rank: object, field: str, value: Any, label: str) -> Exception:
-    return fail(
-        _t(
-            "rank {rank} sent back a result of the wrong form ({field}: {kind})",
-            rank=rank,
-            field=field,
-            kind=_kind(value),
-        ),
-        label,
-    )
+    return wrong_form(rank, field, _kind(value), label)
 
 
 def _ranks(got: Any, world: int, fields: tuple[str, ...], label: str) -> list[dict]:

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ddp_lab.course.grading import checker, fail
+from ddp_lab.course.grading import checker, fail, wrong_form
 from ddp_lab.i18n import N_, _t, lookup
 from ddp_lab.recovery import loop_case_data, resumable_loop
 
@@ -133,15 +133,7 @@ def _validate(results: Any, world: int, case: dict[str, Any], label: str) -> lis
     """The probe's results, checked to be of the form ``resumable_loop`` returns."""
 
     def bad(rank: object, field: str, value: Any) -> Exception:
-        return fail(
-            _t(
-                "rank {rank} sent back a result of the wrong form ({field}: {kind})",
-                rank=rank,
-                field=field,
-                kind=_kind(value),
-            ),
-            label,
-        )
+        return wrong_form(rank, field, _kind(value), label)
 
     if not isinstance(results, list) or len(results) != world:
         raise bad("-", "ranks", results)
@@ -303,15 +295,7 @@ def check_resume(rng: random.Random, learner: Any) -> Iterator[object]:
         resumed = _validate(resumed, world, case, label)
         for rank, r in enumerate(resumed):
             if type(r.get("loaded_step")) is not int:
-                raise fail(
-                    _t(
-                        "rank {rank} sent back a result of the wrong form ({field}: {kind})",
-                        rank=rank,
-                        field="loaded_step",
-                        kind="?",
-                    ),
-                    label,
-                )
+                raise wrong_form(rank, "loaded_step", "?", label)
         reference = spawn(
             _oracle, args=(case,), nprocs=world, backend="gloo", quiet=True, timeout=120
         )
