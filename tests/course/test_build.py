@@ -129,7 +129,7 @@ def test_graded_cell_stores_expected_line_labelled_as_the_target(project):
     assert len(patterns) == 2
     for lang, word, label in (
         ("en", "PASS 99.double", "when solved, this cell prints: "),
-        ("zh", "通过 99.double", "解出后本单元格应显示："),
+        ("zh", "通过 99.double", "解出后本单元应显示："),
     ):
         texts = {}
         for kind in ("exercises", "solutions"):

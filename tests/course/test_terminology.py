@@ -36,6 +36,7 @@ REJECTED = {
     r"散播": "散发",
     r"汇合": "会合",
     r"(?<!全)收集（all-gather）": "全收集（all-gather）",
+    r"单元格": "单元 (one word for a notebook cell)",
     r"(?<![A-Za-z_])kernels?(?![A-Za-z_])": "核函数 for GPU code; 内核 for the OS or Jupyter",
 }
 
