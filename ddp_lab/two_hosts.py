@@ -25,7 +25,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from ddp_lab.cluster import hosts
+from ddp_lab.cluster import hosts, store_record
 from ddp_lab.i18n import _t
 
 RECORD = Path(__file__).with_name("two_hosts_run.json")
@@ -278,7 +278,7 @@ def record(path: Path = RECORD, names: tuple[str, ...] = tuple(EXPECT)) -> dict:
         for node in scenario.nodes:  # keep the lines worth reading, not whole logs
             node.stdout = "\n".join(node.lines(EXPECT[name] + r"|Error|error|accuracy")[:40])
         data["scenarios"][name] = [asdict(n) for n in scenario.nodes]
-    path.write_text(json.dumps(data, indent=1, ensure_ascii=False) + "\n")
+    store_record(path, data)
     return data
 
 

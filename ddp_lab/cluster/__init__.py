@@ -8,3 +8,17 @@ The chapter's demos that use them (``ddp_lab.two_hosts``, ``ddp_lab.slurm_jobs``
 top of the package; ``ddp_lab.hosts`` and ``ddp_lab.slurm`` are old paths of these modules
 (``ddp_lab/_moved.py``).
 """
+
+import json
+from pathlib import Path
+
+# The checkout a record was made in: its absolute path says where the recorder happened to work,
+# not what a learner's run shows, so stored runs name files relative to the checkout
+# (".venv/lib/python3.11/site-packages/torch/...").
+_CHECKOUT = str(Path(__file__).resolve().parents[2]) + "/"
+
+
+def store_record(path: Path, data: dict) -> None:
+    """Write a stored real run as JSON, with paths inside this checkout made relative to it."""
+    text = json.dumps(data, indent=1, ensure_ascii=False).replace(_CHECKOUT, "")
+    path.write_text(text + "\n")
