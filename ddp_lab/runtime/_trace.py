@@ -78,12 +78,41 @@ class Profiled:
             activities.append(ProfilerActivity.CUDA)
         self.prof = profile(activities=activities, record_shapes=True)
         self.prof.start()
+        start_together()
         return self
 
     def __exit__(self, *exc: object) -> bool:
         self.prof.stop()
         self.prof.export_chrome_trace(rank_file(self.folder, self.rank))
         return False
+
+
+START_KEY = "ddp_lab_trace_started"
+
+
+def start_together(timeout: float = 60.0) -> None:
+    """Wait until every rank's profiler runs, so that no rank's trace starts with a wait.
+
+    Why: a rank's first profiler start can take a second or more (``torch.profiler``
+    imports ``torch._dynamo`` the first time), and the ranks that started first would
+    spend it in their first collective, waiting: a wait the program itself never had.
+    The counter lives in the default group's store (a launch's own, fresh one), which is no
+    collective: nothing appears in the trace and the program's collectives are untouched.
+    Without a process group (the function starts it itself) nothing is waited for.
+    """
+    import time
+
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    store = dist.distributed_c10d._get_default_store()
+    world = dist.get_world_size()
+    deadline = time.monotonic() + timeout
+    count = store.add(START_KEY, 1)
+    while count < world and time.monotonic() < deadline:
+        time.sleep(0.001)
+        count = store.add(START_KEY, 0)
 
 
 def _bytes(args: dict) -> int:

@@ -34,11 +34,14 @@ def traced_work(rank):
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     path = tmp_path_factory.mktemp("trace") / "run.json"
-    before = set(glob.glob(os.path.join(tempfile.gettempdir(), "ddp_lab_trace_*")))
-    results = dl.spawn(traced_work, nprocs=2, backend="gloo", trace=str(path))
-    after = set(glob.glob(os.path.join(tempfile.gettempdir(), "ddp_lab_trace_*")))
+    private = tmp_path_factory.mktemp("tmp")  # the launch's temporary folders go here
+    saved, tempfile.tempdir = tempfile.tempdir, str(private)
+    try:
+        results = dl.spawn(traced_work, nprocs=2, backend="gloo", trace=str(path))
+    finally:
+        tempfile.tempdir = saved
     with open(path) as f:
-        return results, json.load(f), after - before
+        return results, json.load(f), set(glob.glob(os.path.join(private, "ddp_lab_trace_*")))
 
 
 def comm_events(data, rank, name):
