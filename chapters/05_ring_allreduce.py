@@ -282,9 +282,10 @@ for numel, dtype in [(1, torch.float32), (3, torch.int64), (10, torch.float16), 
 # Gloo call is an event with its kind, its bytes and its peer. Each rank of a 3-rank ring
 # must show 2(N-1) = 4 sends, all to its right neighbour, and 4 receives, all from its left
 # one, each of one chunk (a third of the tensor). `dl.timeline` draws the ranks as rows:
-# grey is computation (the additions of the reduce-scatter), coloured bars are Gloo's
-# sends and receives, and gaps are time spent in Python or waiting. The table below it is
-# per rank; its columns are explained in chapter 07, where overlap matters. The same file
+# grey is computation (creating the tensor, the additions of the reduce-scatter), coloured
+# bars are Gloo's sends and receives, and gaps are time spent in Python or waiting. The
+# table below it is per rank; its columns are explained in chapter 07, where overlap
+# matters. The same file
 # opens in [Perfetto](https://ui.perfetto.dev) or `chrome://tracing`, thread by thread.
 
 # %% [markdown] lang="zh" tags=["lesson"]
@@ -295,8 +296,8 @@ for numel, dtype in [(1, torch.float32), (3, torch.int64), (10, torch.float16), 
 # rank 的追踪记录合并成一个文件，放在同一个时钟上（`ddp_lab/runtime/_trace.py`）：每次 Gloo
 # 调用都是一个事件，带有它的类型、字节数和对端。3 个 rank 的环上，每个 rank 都应当有
 # 2(N-1) = 4 次发送，全部发给右边的邻居，还有 4 次接收，全部来自左边的邻居，每次一个块（张量的
-# 三分之一）。`dl.timeline` 把各 rank 画成一行一行：灰色是计算（归约散发中的加法），彩色条是
-# Gloo 的发送和接收，空白是花在 Python 里或等待上的时间。图下的表按 rank 列出时间的去向，各列
+# 三分之一）。`dl.timeline` 把各 rank 画成一行一行：灰色是计算（创建张量、归约散发中的加法），
+# 彩色条是 Gloo 的发送和接收，空白是花在 Python 里或等待上的时间。图下的表按 rank 列出时间的去向，各列
 # 的含义留到第 07 章讲重叠时再解释。同一个文件也可以在 [Perfetto](https://ui.perfetto.dev) 或
 # `chrome://tracing` 中打开，按线程查看。
 

@@ -231,7 +231,9 @@ def merge(files: dict[int, str], target: str, extra: dict | None = None) -> dict
     }
     tmp = target + ".tmp"
     with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(merged, f)
+        f.write(
+            json.dumps(merged)
+        )  # json.dump(obj, f) streams through the slow pure-Python encoder
     os.replace(tmp, target)
     return merged
 
