@@ -130,3 +130,20 @@ def test_summary_splits_communication_into_hidden_and_exposed(compute, comms):
     assert row.exposed_us == len(cells(comms) - cells(compute))
     assert row.comm_us - row.exposed_us == hidden
     assert 0.0 <= row.overlap_pct <= 100.0
+
+
+@pytest.mark.filterwarnings("ignore:Glyph .* missing from font")  # no CJK font here
+def test_labels_and_table_speak_the_learners_language():
+    from ddp_lab import i18n
+
+    runs = ta.load(trace({0: [op("aten::mm", 0, 10), comm("all_reduce", 5, 10)]}))
+    before = i18n.get_language()
+    i18n.set_language("zh")
+    try:
+        ax = ta.draw(runs)
+        table = ta.format_summary(ta.summarize(runs))
+    finally:
+        i18n.set_language(before)
+    labels = [t.get_text() for t in ax.get_yticklabels()] + [ax.get_xlabel()]
+    assert labels == ["rank 0 计算", "rank 0 通信", "距本次运行第一个事件的时间（ms）"]
+    assert table.split()[:3] == ["rank", "计算", "ms"]
