@@ -273,6 +273,56 @@ for numel, dtype in [(1, torch.float32), (3, torch.int64), (10, torch.float16), 
     if rank == 0:
         print(f"numel={numel:2d} {str(dtype):14s} same as dist.all_reduce: {same}")
 
+# %% [markdown] lang="en" tags=["lesson"]
+# ## The ring on a timeline
+#
+# The decoded run above says *what* each step moved; a profiler says *when*. With
+# `trace="ring.json"`, `dl.spawn` runs the function under `torch.profiler` in every rank and
+# merges the ranks' traces into one file on one clock (`ddp_lab/runtime/_trace.py`): every
+# Gloo call is an event with its kind, its bytes and its peer. Each rank of a 3-rank ring
+# must show 2(N-1) = 4 sends, all to its right neighbour, and 4 receives, all from its left
+# one, each of one chunk (a third of the tensor). `dl.timeline` draws the ranks as rows:
+# grey is computation (creating the tensor, the additions of the reduce-scatter), coloured
+# bars are Gloo's sends and receives, and gaps are time spent in Python or waiting. The
+# table below it is per rank; its columns are explained in chapter 07, where overlap
+# matters. The same file
+# opens in [Perfetto](https://ui.perfetto.dev) or `chrome://tracing`, thread by thread.
+
+# %% [markdown] lang="zh" tags=["lesson"]
+# ## 时间线上的环
+#
+# 上面解码出的运行记录说明了每一步传了*什么*；性能分析器（profiler）则告诉我们*何时*传的。
+# 传入 `trace="ring.json"` 后，`dl.spawn` 在每个 rank 里用 `torch.profiler` 运行函数，再把各
+# rank 的追踪记录合并成一个文件，放在同一个时钟上（`ddp_lab/runtime/_trace.py`）：每次 Gloo
+# 调用都是一个事件，带有它的类型、字节数和对端。3 个 rank 的环上，每个 rank 都应当有
+# 2(N-1) = 4 次发送，全部发给右边的邻居，还有 4 次接收，全部来自左边的邻居，每次一个块（张量的
+# 三分之一）。`dl.timeline` 把各 rank 画成一行一行：灰色是计算（创建张量、归约散发中的加法），
+# 彩色条是 Gloo 的发送和接收，空白是花在 Python 里或等待上的时间。图下的表按 rank 列出时间的去向，各列
+# 的含义留到第 07 章讲重叠时再解释。同一个文件也可以在 [Perfetto](https://ui.perfetto.dev) 或
+# `chrome://tracing` 中打开，按线程查看。
+
+# %% tags=["lesson"]
+import os
+import tempfile
+
+from ddp_lab import trace_analysis
+
+trace_dir = tempfile.mkdtemp(prefix="ddp_lab_ch05_")
+ring_trace = os.path.join(trace_dir, "ring.json")
+
+
+def ring_once(rank):
+    ring.ring_all_reduce(torch.ones(3 * 4096))  # 48 KiB: one chunk is 16 KiB
+
+
+dl.spawn(ring_once, nprocs=3, backend="gloo", trace=ring_trace)
+for rank, run in trace_analysis.load(ring_trace).items():
+    for kind in ("send", "recv"):
+        calls = [c for c in run.calls if c.kind == kind]
+        print(f"rank {rank}: {len(calls)} x {kind:4s} peers {sorted({c.peer for c in calls})}"
+              f" bytes {sorted({c.bytes for c in calls})}")
+dl.timeline(ring_trace);
+
 # %% [markdown] lang="en"
 # ## How not to do it: passing the whole buffer
 #

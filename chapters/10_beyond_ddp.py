@@ -655,6 +655,42 @@ step, peak = dl.spawn(fsdp_timeline, nprocs=2, backend="gloo")[0]
 print(f"peak of gathered parameters: {peak / 2**20:.2f} MiB (one 512x512 unit: {(512 * 512 + 512) * 4 / 2**20:.2f} MiB)")
 plot_fsdp_timeline(step);
 
+# %% [markdown] lang="en" tags=["lesson"]
+# The same step seen by the profiler instead of the wrapper's own record: the run traced
+# (`trace=`, as in chapters 05 and 07) and drawn with `dl.timeline`. It counts the calls by
+# the name Gloo's own work records, and there is a surprise: no reduce-scatter. On Gloo,
+# `reduce_scatter_tensor` all-reduces the whole input into a buffer and then copies this
+# rank's chunk out of it when the work is waited for (`ProcessGroupGloo::
+# reduce_scatter_tensor_coalesced` in `torch/csrc/distributed/c10d/ProcessGroupGloo.cpp`,
+# a `LambdaWork`, which only implements `wait`: hence no future). An all-reduce needs at
+# least twice the bytes of a reduce-scatter (2(N-1)/N of the tensor per rank against
+# (N-1)/N, chapter 04), so FSDP's gradients cost Gloo about twice what NCCL's real
+# reduce-scatter sends. The broadcasts are the wrapper's start (rank 0's weights to every rank).
+
+# %% [markdown] lang="zh" tags=["lesson"]
+# 下面换一个角度看同一步：不用包装器自己的记录，而用性能分析器。把这次运行加上追踪（`trace=`，
+# 与第 05、07 章相同），再用 `dl.timeline` 画出来。按 Gloo 自己记录的操作名统计调用次数，会看到
+# 一个意外：没有归约散发。在 Gloo 上，`reduce_scatter_tensor` 先把整个输入全归约到一个缓冲区，
+# 等到等待这个 work 时再从中复制出本 rank 的那一块（见
+# `torch/csrc/distributed/c10d/ProcessGroupGloo.cpp` 中的
+# `ProcessGroupGloo::reduce_scatter_tensor_coalesced`，它返回一个只实现了 `wait` 的
+# `LambdaWork`，所以没有 future）。全归约至少要传输归约散发两倍的字节数（每个 rank 传张量的
+# 2(N-1)/N，而归约散发只需 (N-1)/N，见第 04 章），因此在 Gloo 上，FSDP 的梯度归约大约要传输
+# NCCL 真正的归约散发的两倍。其中的广播来自包装器的初始化（把 rank 0 的权重发给每个 rank）。
+
+# %% tags=["lesson"]
+import os  # noqa: E402
+import tempfile  # noqa: E402
+from collections import Counter  # noqa: E402
+
+from ddp_lab import trace_analysis  # noqa: E402
+
+fsdp_trace = os.path.join(tempfile.mkdtemp(prefix="ddp_lab_ch10_"), "fsdp.json")
+dl.spawn(fsdp_timeline, nprocs=2, backend="gloo", trace=fsdp_trace)
+runs = trace_analysis.load(fsdp_trace)
+print("rank 0, Gloo's calls by kind:", dict(Counter(c.kind for c in runs[0].calls)))
+dl.timeline(fsdp_trace);
+
 # %% [markdown] lang="en"
 # `compute_dtype=torch.bfloat16` casts each shard before the all-gather (so the gather
 # already moves 2 bytes per element), computes in bf16 and reduce-scatters in bf16, while

@@ -10,8 +10,8 @@ Three parts:
 
 ``import ddp_lab as dl`` gives the launcher (``dl.spawn``), the ``%%ddp`` cell magic,
 persistent ranks (``dl.start``, ``%%ranks``, ``dl.pull``, ``dl.push``, ``dl.status``,
-``dl.stop``; the magics are registered automatically inside IPython), and the language
-switch for messages.
+``dl.stop``; the magics are registered automatically inside IPython), traces of all ranks
+(``dl.spawn(..., trace=...)``, ``dl.timeline``), and the language switch for messages.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ from ddp_lab.runtime.launcher import (
     spawn,
 )
 from ddp_lab.runtime.persistent import pull, push, start, status, stop
+from ddp_lab.trace_analysis import timeline
 
 __version__ = "0.1.0"
 
@@ -57,6 +58,7 @@ __all__ = [
     "start",
     "status",
     "stop",
+    "timeline",
     "tr",
 ]
 

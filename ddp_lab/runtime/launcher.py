@@ -34,7 +34,7 @@ from typing import Any
 import cloudpickle
 
 from ddp_lab.i18n import _t, _tp
-from ddp_lab.runtime import _hang, _pickle
+from ddp_lab.runtime import _hang, _pickle, _trace
 from ddp_lab.runtime._hang import RanksInterrupted, format_stack
 from ddp_lab.runtime._zygote import read_msg, write_msg
 
@@ -142,17 +142,31 @@ class DistributedDeadlockError(DistributedTimeoutError):
 
 
 class FunctionJob:
-    """Calls ``fn(rank, *args)``, after initialising the process group if asked to."""
+    """Calls ``fn(rank, *args)``, after initialising the process group if asked to.
 
-    def __init__(self, fn: Callable, args: tuple, nprocs: int, backend: str | None) -> None:
+    ``trace_dir``: run ``fn`` under ``torch.profiler`` and export the rank's trace there.
+    """
+
+    def __init__(
+        self,
+        fn: Callable,
+        args: tuple,
+        nprocs: int,
+        backend: str | None,
+        trace_dir: str | None = None,
+    ) -> None:
         self.fn, self.args, self.nprocs, self.backend = fn, args, nprocs, backend
+        self.trace_dir = trace_dir
 
     def __call__(self, rank: int) -> Any:
         if self.backend:
             from ddp_lab.runtime._rank import init_group
 
             init_group(rank, self.nprocs, self.backend)
-        return self.fn(rank, *self.args)
+        if self.trace_dir is None:
+            return self.fn(rank, *self.args)
+        with _trace.Profiled(rank, self.trace_dir):
+            return self.fn(rank, *self.args)
 
 
 class _Zygote:
@@ -450,6 +464,7 @@ def spawn(
     timeout: float | None = -1,
     stream: bool = False,
     quiet: bool = False,
+    trace: str | os.PathLike | None = None,
 ) -> list[Any]:
     """Run ``fn(rank, *args)`` in ``nprocs`` processes and return their results in rank order.
 
@@ -466,6 +481,9 @@ def spawn(
             means no limit.
         stream: print output lines as they come instead of in rank order at the end.
         quiet: print nothing; the output is still attached to a ``DistributedError``.
+        trace: a file name ("run.json"): every rank runs ``fn`` under ``torch.profiler``
+            and the launcher writes one Chrome trace of all ranks there (also when a rank
+            fails: what the ranks that finished recorded); ``dl.timeline`` draws it.
     """
     if not callable(fn):
         raise TypeError(
@@ -482,8 +500,46 @@ def spawn(
     limit = DEFAULT_TIMEOUT if timeout == -1 else _check_timeout(timeout)
     backend = resolve_backend(backend, nprocs)
     args = tuple(args)
-    payload = dumps_job(FunctionJob(fn, args, nprocs, backend), fn, args)
-    return run_payload(payload, nprocs, limit, stream, quiet, watch=timeout == -1)
+    if trace is None:
+        payload = dumps_job(FunctionJob(fn, args, nprocs, backend), fn, args)
+        return run_payload(payload, nprocs, limit, stream, quiet, watch=timeout == -1)
+    target = _trace.check_target(trace)
+    folder = tempfile.mkdtemp(prefix="ddp_lab_trace_")
+    try:
+        payload = dumps_job(FunctionJob(fn, args, nprocs, backend, folder), fn, args)
+        return traced(
+            folder,
+            nprocs,
+            target,
+            run_payload,
+            payload,
+            nprocs,
+            limit,
+            stream,
+            quiet,
+            watch=timeout == -1,
+        )
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def traced(folder: str, nprocs: int, target: str, run: Callable, *args: Any, **kw: Any) -> Any:
+    """``run(*args, **kw)``, then merge the ranks' traces from ``folder`` into ``target``.
+
+    The trace is merged after a failure too (the exception goes on); a launch whose ranks
+    wrote no trace at all leaves ``target`` as it was.
+    """
+    try:
+        result = run(*args, **kw)
+    except BaseException:
+        try:
+            _trace.collect(folder, nprocs, target)
+        except Exception:  # noqa: BLE001, S110  # the launch's own error matters more
+            pass
+        raise
+    if not _trace.collect(folder, nprocs, target):
+        raise RuntimeError(_t("No rank wrote a trace; {path} was not written.", path=target))
+    return result
 
 
 class _Output:

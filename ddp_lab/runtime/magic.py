@@ -14,10 +14,12 @@ value with cloudpickle. Output, errors, timeouts and cleanup are those of
 from __future__ import annotations
 
 import ast
+import shutil
+import tempfile
 from typing import Any
 
 from ddp_lab.i18n import _t
-from ddp_lab.runtime import launcher
+from ddp_lab.runtime import _trace, launcher
 from ddp_lab.runtime._cell import SKIP as _SKIP
 from ddp_lab.runtime._cell import used_names
 
@@ -26,10 +28,16 @@ class CellJob:
     """Runs a cell body in a fresh namespace on one rank."""
 
     def __init__(
-        self, source: str, filename: str, namespace: dict[str, Any], nprocs: int, backend: str
+        self,
+        source: str,
+        filename: str,
+        namespace: dict[str, Any],
+        nprocs: int,
+        backend: str,
+        trace_dir: str | None = None,
     ) -> None:
         self.source, self.filename, self.namespace = source, filename, namespace
-        self.nprocs, self.backend = nprocs, backend
+        self.nprocs, self.backend, self.trace_dir = nprocs, backend, trace_dir
 
     def __call__(self, rank: int) -> Any:
         import torch
@@ -41,7 +49,12 @@ class CellJob:
         ns = {"__name__": "__main__", "torch": torch, "dist": dist}
         ns.update(self.namespace)
         ns.update(rank=rank, world_size=self.nprocs, device=device)
-        exec(compile(self.source, self.filename, "exec"), ns)  # noqa: S102
+        code = compile(self.source, self.filename, "exec")
+        if self.trace_dir is None:
+            exec(code, ns)  # noqa: S102
+        else:
+            with _trace.Profiled(rank, self.trace_dir):
+                exec(code, ns)  # noqa: S102
         return None
 
 
@@ -53,8 +66,12 @@ def run_cell(
     timeout: float | None = -1,
     stream: bool = False,
     filename: str = "<ddp cell>",
+    trace: str | None = None,
 ) -> None:
-    """What ``%%ddp`` does, callable without IPython (used by the tests)."""
+    """What ``%%ddp`` does, callable without IPython (used by the tests).
+
+    ``trace``: write one Chrome trace of all ranks to this file (see ``spawn``).
+    """
     nprocs = launcher.check_nprocs(nprocs)
     limit = launcher.DEFAULT_TIMEOUT if timeout == -1 else launcher._check_timeout(timeout)
     backend = launcher.resolve_backend(backend, nprocs)
@@ -63,9 +80,29 @@ def run_cell(
     namespace = {k: user_ns[k] for k in wanted if k in user_ns}
     for name, value in namespace.items():
         launcher.dumps_named(name, value)  # before any process starts: name what cannot go
-    job = CellJob(source, filename, namespace, nprocs, backend)
-    payload = launcher.dumps_job(job, run_cell, ())
-    launcher.run_payload(payload, nprocs, limit, stream, watch=timeout == -1)
+    if trace is None:
+        job = CellJob(source, filename, namespace, nprocs, backend)
+        payload = launcher.dumps_job(job, run_cell, ())
+        launcher.run_payload(payload, nprocs, limit, stream, watch=timeout == -1)
+        return
+    target = _trace.check_target(trace)
+    folder = tempfile.mkdtemp(prefix="ddp_lab_trace_")
+    try:
+        job = CellJob(source, filename, namespace, nprocs, backend, folder)
+        payload = launcher.dumps_job(job, run_cell, ())
+        launcher.traced(
+            folder,
+            nprocs,
+            target,
+            launcher.run_payload,
+            payload,
+            nprocs,
+            limit,
+            stream,
+            watch=timeout == -1,
+        )
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def register(ipython: Any) -> None:
@@ -77,8 +114,9 @@ def register(ipython: Any) -> None:
     @magic_arguments.argument("--backend", default="auto", help="gloo, nccl, mpi or auto")
     @magic_arguments.argument("--timeout", type=float, default=-1, help="seconds")
     @magic_arguments.argument("--stream", action="store_true", help="print lines as they come")
+    @magic_arguments.argument("--trace", default=None, help="write a Chrome trace (run.json)")
     def ddp(line: str, cell: str) -> None:
-        """%%ddp -n N [--backend gloo|nccl|auto] [--timeout S] [--stream]: run on N ranks."""
+        """%%ddp -n N [--backend gloo|nccl|auto] [--timeout S] [--stream] [--trace F]: N ranks."""
         args = magic_arguments.parse_argstring(ddp, line)
         # Cached under this cell's number, so that a hang report says "Cell In[N], line L".
         # IPython cached the whole cell under it just before running it: the highest number
@@ -95,6 +133,7 @@ def register(ipython: Any) -> None:
             None if args.timeout == 0 else args.timeout,
             args.stream,
             filename,
+            args.trace,
         )
 
     ipython.register_magic_function(ddp, magic_kind="cell", magic_name="ddp")

@@ -1,0 +1,113 @@
+"""Traced launches: one merged Chrome trace of a real 2-rank gloo run (spawn and %%ddp)."""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import tempfile
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import ddp_lab as dl
+from ddp_lab import trace_analysis as ta
+from ddp_lab.runtime import magic
+
+
+def traced_work(rank):
+    from torch.profiler import record_function
+
+    with record_function("my work"):
+        x = torch.ones(1000) @ torch.ones(1000, 10)
+    t = torch.ones(256)
+    dist.all_reduce(t)
+    if rank == 0:
+        dist.send(torch.ones(10, dtype=torch.float64), dst=1)
+    else:
+        dist.recv(torch.empty(10, dtype=torch.float64), src=0)
+    dist.barrier()
+    return float(x.sum())
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    path = tmp_path_factory.mktemp("trace") / "run.json"
+    private = tmp_path_factory.mktemp("tmp")  # the launch's temporary folders go here
+    saved, tempfile.tempdir = tempfile.tempdir, str(private)
+    try:
+        results = dl.spawn(traced_work, nprocs=2, backend="gloo", trace=str(path))
+    finally:
+        tempfile.tempdir = saved
+    with open(path) as f:
+        return results, json.load(f), set(glob.glob(os.path.join(private, "ddp_lab_trace_*")))
+
+
+def comm_events(data, rank, name):
+    return [
+        e
+        for e in data["traceEvents"]
+        if e.get("ph") == "X" and e["pid"] == rank and e["name"] == name
+    ]
+
+
+def test_one_trace_with_a_process_per_rank(run):
+    results, data, left = run
+    assert results == [10000.0, 10000.0]
+    assert left == set()  # the ranks' own traces were removed after the merge
+    names = {
+        e["pid"]: e["args"]["name"] for e in data["traceEvents"] if e.get("name") == "process_name"
+    }
+    assert names == {0: "rank 0", 1: "rank 1"}
+    assert data["ddp_lab"]["world_size"] == 2
+    assert {e["pid"] for e in data["traceEvents"]} == {0, 1}
+
+
+def test_communication_calls_carry_kind_bytes_seq_and_peer(run):
+    _, data, _ = run
+    for rank in (0, 1):
+        [ar] = comm_events(data, rank, "gloo:all_reduce")
+        assert (ar["args"]["kind"], ar["args"]["bytes"], ar["args"]["seq"]) == (
+            "all_reduce",
+            1024,
+            1,
+        )
+        assert comm_events(data, rank, "gloo:barrier")
+    [send] = comm_events(data, 0, "gloo:send")
+    [recv] = comm_events(data, 1, "gloo:recv")
+    assert (send["args"]["peer"], send["args"]["bytes"]) == (1, 80)
+    assert (recv["args"]["peer"], recv["args"]["bytes"]) == (0, 80)
+    # One clock: the receive cannot end before the send began, and the all-reduce ends
+    # on both ranks after it began on both (each waits for the other's data).
+    assert recv["ts"] + recv["dur"] >= send["ts"]
+    [a0], [a1] = comm_events(data, 0, "gloo:all_reduce"), comm_events(data, 1, "gloo:all_reduce")
+    assert min(a0["ts"] + a0["dur"], a1["ts"] + a1["dur"]) >= max(a0["ts"], a1["ts"])
+
+
+def test_the_summary_reads_the_merged_trace(run):
+    _, data, _ = run
+    runs = ta.load(data)
+    assert [name for name, _, _ in runs[0].ranges] == ["my work"]
+    rows = ta.summarize(runs)
+    assert [r.calls for r in rows] == [3, 3]  # all_reduce, send or recv, barrier
+    assert all(r.compute_us > 0 and r.comm_us > 0 for r in rows)
+    assert all(0 <= r.exposed_us <= r.comm_us for r in rows)
+    mine = ta.summarize(runs, within="my work")
+    assert [r.calls for r in mine] == [0, 0]
+
+
+def test_ddp_cell_writes_a_trace_and_a_failure_still_writes_one(tmp_path, no_leaks):
+    path = tmp_path / "cell.json"
+    source = "t = torch.ones(4)\ndist.all_reduce(t)\nif rank == 1:\n    raise ValueError('late')\n"
+    with pytest.raises(dl.DistributedError, match="late"):
+        magic.run_cell(source, {}, nprocs=2, backend="gloo", trace=str(path))
+    runs = ta.load(path)
+    assert [len(runs[r].calls) for r in (0, 1)] == [1, 1]
+
+
+def test_bad_trace_names_are_refused_before_anything_starts(tmp_path):
+    with pytest.raises(ValueError, match="does not exist"):
+        dl.spawn(traced_work, nprocs=2, trace=str(tmp_path / "no" / "run.json"))
+    with pytest.raises(ValueError, match="folder"):
+        dl.spawn(traced_work, nprocs=2, trace=str(tmp_path))

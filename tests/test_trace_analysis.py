@@ -1,0 +1,149 @@
+"""trace_analysis: interval arithmetic and the per-rank summary, on hand-built traces."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from ddp_lab import trace_analysis as ta
+
+MAIN, GLOO = 100, 101
+
+
+def trace(events_by_rank: dict[int, list[dict]]) -> dict:
+    """A merged trace as runtime/_trace.py writes it: pid = rank, main thread MAIN."""
+    events = []
+    for rank, evs in events_by_rank.items():
+        for e in evs:
+            events.append({"ph": "X", "pid": rank, **e})
+    ranks = {str(r): {"main_tid": MAIN, "comm_tids": [GLOO]} for r in events_by_rank}
+    return {"traceEvents": events, "ddp_lab": {"world_size": len(ranks), "ranks": ranks}}
+
+
+def op(name: str, ts: float, dur: float, tid: int = MAIN, cat: str = "cpu_op", **args) -> dict:
+    return {"name": name, "ts": ts, "dur": dur, "tid": tid, "cat": cat, "args": args}
+
+
+def comm(kind: str, ts: float, dur: float, tid: int = GLOO, **args) -> dict:
+    return op(f"gloo:{kind}", ts, dur, tid, "user_annotation", kind=kind, **args)
+
+
+def test_half_overlapped_all_reduce():
+    # Rank 0 computes 0-10 on its main thread; gloo's thread all-reduces 5-15.
+    runs = ta.load(
+        trace({0: [op("aten::mm", 0, 10), comm("all_reduce", 5, 10, bytes=4096, seq=1)]})
+    )
+    [row] = ta.summarize(runs)
+    assert (row.compute_us, row.comm_us, row.exposed_us) == (10, 10, 5)
+    assert row.overlap_pct == 50.0
+    assert (row.calls, row.bytes) == (1, 4096)
+
+
+def test_c10d_calls_and_blocking_p2p_on_the_main_thread_are_not_compute():
+    events = [
+        op("aten::add", 0, 4),
+        op("aten::add", 2, 1),  # nested in the first: counted once
+        op("c10d::send", 4, 1),
+        op("aten::copy_", 4.2, 0.3),  # inside the c10d call
+        comm("send", 4.5, 3.5, tid=MAIN, peer=1, bytes=8),  # blocking, on the main thread
+        op("aten::mul", 10, 2),
+        op("step", 0, 12, cat="user_annotation"),  # a label, not compute
+    ]
+    runs = ta.load(trace({0: events}))
+    assert runs[0].compute == [(0, 4), (10, 12)]
+    assert runs[0].ranges == [("step", 0, 12)]
+    [row] = ta.summarize(runs)
+    assert (row.compute_us, row.comm_us, row.exposed_us, row.overlap_pct) == (6, 3.5, 3.5, 0.0)
+    assert runs[0].calls[0].peer == 1
+
+
+def test_within_limits_the_summary_to_named_ranges():
+    events = [
+        op("naive", 0, 20, cat="user_annotation"),
+        op("aten::mm", 0, 10),
+        comm("all_reduce", 10, 10),  # after the compute: exposed
+        op("bucketed", 20, 20, cat="user_annotation"),
+        op("aten::mm", 20, 10),
+        comm("all_reduce", 25, 10),  # half hidden behind compute
+    ]
+    runs = ta.load(trace({0: events, 1: events}))
+    naive = ta.summarize(runs, within="naive")
+    bucketed = ta.summarize(runs, within="bucketed")
+    assert [r.overlap_pct for r in naive] == [0.0, 0.0]
+    assert [r.overlap_pct for r in bucketed] == [50.0, 50.0]
+    assert [r.calls for r in naive + bucketed] == [1, 1, 1, 1]
+    assert ta.summarize(runs)[0].comm_us == 20
+
+
+def test_no_communication_means_zero_overlap():
+    [row] = ta.summarize(ta.load(trace({0: [op("aten::mm", 0, 3)]})))
+    assert (row.comm_us, row.overlap_pct) == (0, 0.0)
+
+
+def test_a_file_that_is_no_launcher_trace_gets_a_clear_error(tmp_path):
+    path = tmp_path / "other.json"
+    path.write_text('{"traceEvents": []}')
+    with pytest.raises(ValueError, match="ddp_lab"):
+        ta.load(path)
+
+
+def test_summary_table_and_drawing():
+    runs = ta.load(trace({r: [op("aten::mm", 0, 10), comm("all_reduce", 5, 10)] for r in range(2)}))
+    text = ta.format_summary(ta.summarize(runs))
+    assert text.splitlines()[1].split() == ["0", "0.01", "0.01", "0.01", "50.0", "1", "0"]
+    ax = ta.draw(runs, start_ms=0, end_ms=0.02)
+    assert ax.get_xlim() == (0, 0.02)
+    assert len(ax.get_yticks()) == 4
+
+
+# --- properties of the interval arithmetic, against a brute-force count on a grid ------
+
+spans = st.lists(
+    st.tuples(st.integers(0, 40), st.integers(0, 10)).map(lambda t: (t[0], t[0] + t[1])),
+    max_size=8,
+)
+
+
+def cells(intervals) -> set[int]:
+    """Unit cells [k, k+1) covered: a brute-force model of a union of integer intervals."""
+    return {k for s, e in intervals for k in range(s, e)}
+
+
+@given(spans, spans)
+def test_interval_arithmetic_matches_a_brute_force_count(a, b):
+    assert ta.total(a) == len(cells(a))
+    assert cells(ta.union(a)) == cells(a)
+    assert cells(ta.intersect(a, b)) == cells(a) & cells(b)
+    assert cells(ta.subtract(a, b)) == cells(a) - cells(b)
+    merged = ta.union(a)
+    assert all(x[1] < y[0] for x, y in zip(merged, merged[1:], strict=False))
+
+
+@given(spans, spans)
+def test_summary_splits_communication_into_hidden_and_exposed(compute, comms):
+    events = [op("aten::mm", s, e - s) for s, e in compute]
+    events += [comm("all_reduce", s, e - s) for s, e in comms]
+    [row] = ta.summarize(ta.load(trace({0: events})))
+    hidden = len(cells(compute) & cells(comms))
+    assert row.comm_us == len(cells(comms))
+    assert row.exposed_us == len(cells(comms) - cells(compute))
+    assert row.comm_us - row.exposed_us == hidden
+    assert 0.0 <= row.overlap_pct <= 100.0
+
+
+@pytest.mark.filterwarnings("ignore:Glyph .* missing from font")  # no CJK font here
+def test_labels_and_table_speak_the_learners_language():
+    from ddp_lab import i18n
+
+    runs = ta.load(trace({0: [op("aten::mm", 0, 10), comm("all_reduce", 5, 10)]}))
+    before = i18n.get_language()
+    i18n.set_language("zh")
+    try:
+        ax = ta.draw(runs)
+        table = ta.format_summary(ta.summarize(runs))
+    finally:
+        i18n.set_language(before)
+    labels = [t.get_text() for t in ax.get_yticklabels()] + [ax.get_xlabel()]
+    assert labels == ["rank 0 计算", "rank 0 通信", "距本次运行第一个事件的时间（ms）"]
+    assert table.split()[:3] == ["rank", "计算", "ms"]
