@@ -46,8 +46,8 @@ ALGORITHMS = ("ring", "gloo", "gather_broadcast")
 MODELS = {"ring": costs.ring, "gloo": costs.ring, "gather_broadcast": costs.parameter_server}
 CALIBRATION_SIZES = (4, 16 << 10, 64 << 10, 256 << 10)
 # The stored sweep: every rate, sizes up to about a quarter second of one message.
-RECORD_RATES = (10, 100, 1000)
-RECORD_SIZES = tuple(4**k for k in range(5, 13))  # 1 KiB .. 16 MiB
+RECORD_RATES = (10, 100)
+RECORD_SIZES = (4, 64, 256, *(4**k for k in range(5, 13)))  # 4 B, 64 B, 256 B, 1 KiB .. 16 MiB
 
 
 def sizes_for(
@@ -255,7 +255,12 @@ def crossover(run: dict, algorithm: str) -> float:
 
 
 def measured_crossover(run: dict, algorithm: str) -> float | None:
-    """The first measured size whose time is at least twice the smallest size's, or None."""
+    """The first measured size whose time is at least twice the smallest size's, or None.
+
+    With a smallest size of a few bytes (the stored run: 4 B), its time is the latency alone,
+    and twice it is where the bandwidth term has caught up: the measured counterpart of
+    :func:`crossover`.
+    """
     rows = sorted((r for r in run["rows"] if r["algorithm"] == algorithm), key=lambda r: r["size"])
     if not rows:
         return None
