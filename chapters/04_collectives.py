@@ -750,7 +750,8 @@ plt.show()
 #    other half), so halving-doubling has no column of its own. The ratio is measured / model.
 #
 # Building hosts needs root; where that is not allowed, the cell prints why and shows the
-# matching part of a stored real run instead (a few seconds either way).
+# matching part of a stored real run instead. For real it takes some ten seconds, most of it
+# two fresh Python processes importing torch.
 
 # %% [markdown] lang="zh" tags=["lesson"]
 # ## 实验：有带宽的链路上的模型
@@ -771,14 +772,14 @@ plt.show()
 #    收集 + 广播用参数服务器的公式。N = 2 时，环形和递归减半/加倍发送的消息完全相同（每个方向先发
 #    一半缓冲区，再发另一半），所以递归减半/加倍没有单独的一列。比值是实测 / 模型。
 #
-# 创建主机需要 root 权限；不允许时，单元会说明原因，并改为展示一次真实运行保存下来的对应部分
-# （两种情况都只要几秒）。
+# 创建主机需要 root 权限；不允许时，单元会说明原因，并改为展示一次真实运行保存下来的对应部分。
+# 真正运行大约要十秒，大部分花在两个新的 Python 进程导入 torch 上。
 
 # %% tags=["lesson"]
 from ddp_lab import shaped_links
 from ddp_lab.cluster import hosts
 
-dl.show_source(hosts._tc_args)
+dl.show_source(hosts.tc_commands)
 
 # %% tags=["lesson"]
 run = shaped_links.lab(100, sizes=[1 << 10, 16 << 10, 256 << 10])

@@ -249,7 +249,7 @@ def check_shaping(rate_mbit: object, delay_ms: object) -> None:
 "from 0 to 10000 (or None for none); got {value!r}.", value=delay_ms))  # fmt: skip
 
 
-def _tc_args(rate_mbit: float | None, delay_ms: float | None) -> list[list[str]]:
+def tc_commands(rate_mbit: float | None, delay_ms: float | None) -> list[list[str]]:
     """The ``tc`` commands (after ``tc -n NETNS``, with DEV for the device) that shape one link.
 
     tbf (tc-tbf(8) of iproute2): a token bucket filled at ``rate``, at most ``burst`` bytes.
@@ -296,7 +296,7 @@ def _tc(netns: str, dev: str, args: list[str]) -> subprocess.CompletedProcess:
 
 def shape(netns: str, dev: str, rate_mbit: float | None, delay_ms: float | None) -> None:
     """Shape what ``dev`` (in ``netns``) sends: tbf at ``rate_mbit``, netem ``delay_ms``."""
-    for args in _tc_args(rate_mbit, delay_ms):
+    for args in tc_commands(rate_mbit, delay_ms):
         done = _tc(netns, dev, args)
         if done.returncode != 0:
             raise RuntimeError(_t("`{command}` failed: {error}",
@@ -319,7 +319,7 @@ def shaping_unavailable_reason(rate_mbit: float | None, delay_ms: float | None) 
     if made.returncode != 0:
         return made.stderr.strip()
     try:
-        cmds = _tc_args(rate_mbit, delay_ms)
+        cmds = tc_commands(rate_mbit, delay_ms)
         for args in cmds:
             done = _tc(probe, "lo", args)
             if done.returncode == 0:

@@ -70,14 +70,14 @@ def test_cli_refuses_a_bad_rate(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_tc_commands_tbf_for_rate_netem_under_it_for_delay() -> None:
-    rate_only = hosts._tc_args(5000, None)
+    rate_only = hosts.tc_commands(5000, None)
     assert len(rate_only) == 1 and rate_only[0][4:8] == ["root", "handle", "1:", "tbf"]
     burst = int(rate_only[0][rate_only[0].index("burst") + 1])
     assert burst == 125_000  # 0.2 ms at 5000 Mbit/s
-    assert int(hosts._tc_args(1, None)[0][rate_only[0].index("burst") + 1]) == 2 * 1514
-    both = hosts._tc_args(100, 5)
+    assert int(hosts.tc_commands(1, None)[0][rate_only[0].index("burst") + 1]) == 2 * 1514
+    both = hosts.tc_commands(100, 5)
     assert both[1][4:7] == ["parent", "1:1", "handle"] and "netem" in both[1]
-    assert hosts._tc_args(None, 5)[0][4:6] == ["root", "handle"]
+    assert hosts.tc_commands(None, 5)[0][4:6] == ["root", "handle"]
 
 
 @needs_hosts
