@@ -726,6 +726,163 @@ costs.plot_curves(axes[0], 64, 4 * 2**10, 10e-6, 10e9)
 costs.plot_curves(axes[1], 64, 256 * 2**20, 10e-6, 10e9)
 plt.show()
 
+# %% [markdown] lang="en" tags=["lesson"]
+# ## Lab: the model on links with a bandwidth
+#
+# The formulas above are on paper. Here they meet a network. `hosts.cluster(2, rate_mbit=100)`
+# builds two hosts (Linux network namespaces; chapter 09 shows how) whose links carry at most
+# 100 Mbit/s each way: `tc` puts a token bucket (the `tbf` qdisc) on each host's interface,
+# for what it sends, and on its port of the switch, for what it receives. The next cell shows
+# the `tc` commands and why their parameters are what they are. One gloo rank runs on each
+# host, and `shaped_links.measure`:
+#
+# 1. **calibrates**: a ping-pong of `dist.send`/`dist.recv` at four sizes, 4 bytes to
+#    256 KiB; half a round trip is one message's time. `shaped_links.fit` takes α from the
+#    4-byte messages and β as the least-squares slope over the larger ones (γ, the time to add
+#    one byte, comes from a local `add_`);
+# 2. **times the same all-reduce three ways**, alternating so that all three see the same load:
+#    the ring written by hand in chapter 05 (`ddp_lab.ring`), gloo's own `dist.all_reduce`, and
+#    the naive gather to rank 0 + broadcast back. Each time is the median over iterations of
+#    the slower rank's time;
+# 3. puts each time next to the model with the fitted α, β, γ: the ring's formula for the
+#    hand ring and for gloo, the parameter server's for gather + broadcast. With N = 2 the ring
+#    and recursive halving-doubling send the same messages (half the buffer each way, then the
+#    other half), so halving-doubling has no column of its own. The ratio is measured / model.
+#
+# Building hosts needs root; where that is not allowed, the cell prints why and shows the
+# matching part of a stored real run instead. For real it takes some ten seconds, most of it
+# two fresh Python processes importing torch.
+
+# %% [markdown] lang="zh" tags=["lesson"]
+# ## 实验：有带宽的链路上的模型
+#
+# 上面的公式还停留在纸面上，这里让它们面对真实的网络。`hosts.cluster(2, rate_mbit=100)`
+# 创建两台主机（Linux 网络命名空间，做法见第 09 章），它们的链路每个方向最多传 100 Mbit/s：
+# `tc` 在每台主机的网卡上（管它发出的数据）和交换机上它的端口上（管它收到的数据）各放一个令牌桶
+# （token bucket），即 `tbf` 排队规则（qdisc）。下一个单元给出这些 `tc` 命令，并说明参数为什么这样取。每台主机上运行一个
+# gloo rank，`shaped_links.measure` 依次：
+#
+# 1. **校准**：用 `dist.send`/`dist.recv` 在 4 字节到 256 KiB 的四种大小上来回传消息（乒乓），
+#    往返时间的一半就是一条消息的时间。`shaped_links.fit` 从 4 字节的消息得到 α，再对更大的消息
+#    用最小二乘求出斜率 β（γ，即加一个字节的时间，由本地的 `add_` 测得）；
+# 2. **用三种方法给同一个全归约计时**，轮流进行，让三者承受同样的负载：第 05 章亲手写的环形
+#    算法（`ddp_lab.ring`）、gloo 自己的 `dist.all_reduce`，以及朴素的“收集到 rank 0 + 广播回去”。
+#    每个时间都取较慢那个 rank 的时间在多次迭代上的中位数；
+# 3. 把每个时间和用拟合出的 α、β、γ 算出的模型值放在一起：手写环形和 gloo 用环形的公式，
+#    收集 + 广播用参数服务器的公式。N = 2 时，环形和递归减半/加倍发送的消息完全相同（每个方向先发
+#    一半缓冲区，再发另一半），所以递归减半/加倍没有单独的一列。比值是实测 / 模型。
+#
+# 创建主机需要 root 权限；不允许时，单元会说明原因，并改为展示一次真实运行保存下来的对应部分。
+# 真正运行大约要十秒，大部分花在两个新的 Python 进程导入 torch 上。
+
+# %% tags=["lesson"]
+from ddp_lab import shaped_links
+from ddp_lab.cluster import hosts
+
+dl.show_source(hosts.tc_commands)
+
+# %% tags=["lesson"]
+run = shaped_links.lab(100, sizes=[1 << 10, 16 << 10, 256 << 10])
+print(shaped_links.table(run))
+
+# %% [markdown] lang="en" tags=["lesson"]
+# The stored run below is the full sweep, at 10 and 100 Mbit/s and sizes from 4 bytes up,
+# made by `python -m ddp_lab.shaped_links record` on the machine named in its first line. Read
+# the ratio columns: where is the model close, where not? Candidates for the gaps, each one
+# checkable: machine load (α is the fastest of 31 small round trips, the times are medians, and
+# these runs share a small machine: run it yourself); the hand ring's Python work per step,
+# which gloo does in C++; the token bucket's burst (`burst` above: 3028 bytes at 10 and at
+# 100 Mbit/s), which lets a smaller message through at once, faster than the
+# model says; and TCP, which after an idle moment starts a message with a small congestion
+# window again (`tcp_slow_start_after_idle`, on by default; `Documentation/networking/ip-sysctl.rst`
+# in the Linux sources), so a message of a few round trips' worth of data pays more than one α.
+
+# %% [markdown] lang="zh" tags=["lesson"]
+# 下面保存的运行是完整的扫描：10 和 100 Mbit/s，消息大小从 4 字节起，由
+# `python -m ddp_lab.shaped_links record` 在第一行写明的机器上生成。看比值那几列：模型在哪里
+# 准，在哪里不准？差距可能的来源（每一条都可以验证）：机器负载（α 取 31 次小消息往返中最快的
+# 一次，而各个时间取的是中位数；这些运行在一台不大的共享机器上完成，你可以自己再跑一次）；手写
+# 环形每一步都有 Python 的开销，而 gloo 在 C++ 里完成这些工作；令牌桶的突发量（上面的 `burst`：
+# 10 和 100 Mbit/s 时都是 3028 字节），比它小的消息一下子就能通过，比模型
+# 预测的快；还有 TCP：连接空闲一会儿之后，下一条消息又从很小的拥塞窗口（congestion window）开始发送
+# （`tcp_slow_start_after_idle`，默认开启；见 Linux 源码中的 `Documentation/networking/ip-sysctl.rst`），
+# 所以一条需要几个往返才能发完的消息，付出的不止一个 α。
+
+# %% tags=["lesson"]
+record = shaped_links.stored()
+print(record["date"], "|", record["command"], "|", record["machine"], "| torch", record["torch"])
+for stored_run in record["runs"]:
+    print()
+    print(shaped_links.table(stored_run))
+
+# %% [markdown] lang="en" tags=["lesson"]
+# ### Where latency stops mattering
+#
+# For the ring on 2 ranks the model is 2α + Sβ (+ Sγ/2): a latency term that does not
+# depend on the size, and a bandwidth term that grows with it. They are equal at the
+# **crossover** S* = 2α/β = 2α·B. Well below S* the time hardly changes with the size (latency
+# dominates: sending less data buys nothing, sending fewer messages does); well above it the
+# time grows in proportion to the size (bandwidth dominates). At S* itself the time is twice the
+# smallest messages' time.
+#
+# Find it yourself first: in each table above, at which size has the time doubled from the
+# smallest size's? Then compare with the cell below, which prints the model's S* and the first
+# measured size that takes at least twice as long as 4 bytes, and draws the measurements and
+# the model for both bandwidths (dotted lines: the model's S*). B grows tenfold from the first
+# run to the second: where does S* go? The faster the link, the larger the messages whose time is
+# mostly latency; that is one reason DDP sends gradients in buckets of several MiB rather than
+# one by one (chapter 07).
+
+# %% [markdown] lang="zh" tags=["lesson"]
+# ### 延迟从哪里开始不再重要
+#
+# 2 个 rank 上环形算法的模型是 2α + Sβ（+ Sγ/2）：一项是与大小无关的延迟项，一项是随大小增长的
+# 带宽项。两者相等的地方就是**交叉点**（crossover）S* = 2α/β = 2α·B。远小于 S* 时，时间几乎不随大小变化
+# （延迟占主导：少发数据没有用，少发几条消息才有用）；远大于 S* 时，时间与大小成正比（带宽占主导）。
+# 恰好在 S* 处，时间是最小消息时间的两倍。
+#
+# 先自己找一找：在上面每张表里，消息多大时时间变成了最小消息的两倍？然后对照下面的单元：它打印
+# 模型给出的 S*，以及第一个耗时达到 4 字节消息两倍的实测大小，并为两种带宽分别画出实测值和模型（虚线
+# 是模型的 S*）。从第一次运行到第二次，B 增大十倍：S* 移到了哪里？链路越快，耗时主要花在延迟上的
+# 消息就越大；这也是 DDP 把梯度装进几 MiB 的桶里一起发送、而不是逐个发送的原因之一（第 07 章）。
+
+# %% tags=["lesson"]
+for stored_run in record["runs"]:
+    for name in shaped_links.ALGORITHMS:
+        found = shaped_links.measured_crossover(stored_run, name)
+        print(f"{stored_run['rate_mbit']:>6g} Mbit/s {name:17s} model S* = "
+              f"{shaped_links.crossover(stored_run, name) / 1024:8.1f} KiB | measured: "
+              f"{'-' if found is None else f'{found / 1024:g} KiB'}")
+fig, axes = plt.subplots(1, 2, figsize=(13, 4))
+shaped_links.plot(record["runs"], "ring", ax=axes[0])
+shaped_links.plot(record["runs"], "gather_broadcast", ax=axes[1])
+plt.show()
+
+# %% [markdown] lang="en" tags=["lesson"]
+# The kernel of the machine that made the stored run has no `netem`, the qdisc that adds a
+# delay, so α there is only the software's own latency. Where your kernel has it (Debian's and Ubuntu's usually do),
+# `hosts.cluster(2, rate_mbit=100, delay_ms=5)` adds 5 ms to everything each host sends, and
+# `shaped_links.measure(100, delay_ms=5)` measures with it: watch S* move. Where it does not,
+# the call stops with an error that names netem before anything is built:
+
+# %% [markdown] lang="zh" tags=["lesson"]
+# 生成上面那次保存运行的机器，内核里没有 `netem`（用来增加延迟的排队规则），所以那里的 α 只是
+# 软件自身的延迟。
+# 如果你的内核有它（Debian 和 Ubuntu 的内核通常都有），`hosts.cluster(2, rate_mbit=100, delay_ms=5)`
+# 会给每台主机发出的所有数据加上 5 毫秒，`shaped_links.measure(100, delay_ms=5)` 就在这样的
+# 链路上测量：看看 S* 怎样移动。如果内核没有 netem，这个调用在创建任何东西之前就会停下，报错中
+# 会指明缺的是 netem：
+
+# %% tags=["lesson"]
+import subprocess
+
+try:
+    with hosts.cluster(2, rate_mbit=100, delay_ms=5) as c:
+        print(subprocess.run(["tc", "-n", c[0].netns, "qdisc", "show", "dev", "eth0"],
+                             capture_output=True, text=True).stdout)
+except hosts.HostsUnavailable as err:  # not root, or no netem in this kernel
+    print(type(err).__name__, err)
+
 # %% [markdown] lang="en" tags=["exercise"]
 # ## Exercise 1: all-reduce from reduce + broadcast (3 points)
 #

@@ -18,6 +18,13 @@ By default each host's ``/etc/hosts`` maps its own name to ``127.0.1.1``, as Deb
 installer writes it: that is what makes gloo pick the loopback on real machines (chapter 09).
 ``etc_hosts="cluster"`` lists every host with its real address instead.
 
+Links with a bandwidth: ``cluster(2, rate_mbit=100)`` (``ddp-lab hosts up 2 --rate-mbit 100``)
+shapes each host's link with ``tc``, both ways: a ``tbf`` qdisc on the host's ``eth0`` (what
+it sends) and one on its port of the switch (what it receives). ``delay_ms`` adds a ``netem``
+delay to what each host sends (so one way between two hosts takes ``delay_ms`` more, a round
+trip twice that); kernels without netem get a clear error before anything is built. Chapter
+04 measures all-reduce over such links (``ddp_lab.shaped_links``).
+
 Needs root (iproute2's ``ip netns`` mounts under /run/netns). Teaching version of what a
 real cluster gives you for free; on real machines you do not build the network yourself.
 """
@@ -26,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import secrets
 import shutil
@@ -49,6 +57,10 @@ ETC_NETNS = Path("/etc/netns")  # `ip netns exec NS` bind-mounts /etc/netns/NS/*
 
 class HostsUnavailable(RuntimeError):
     """Namespaces cannot be created here (not root, no iproute2, a locked-down container)."""
+
+
+class ShapingUnavailable(HostsUnavailable):
+    """This kernel (or this ``tc``) cannot shape the links as asked: no netem for a delay."""
 
 
 def unavailable_reason() -> str | None:
@@ -115,6 +127,8 @@ class Cluster:
     tag: str = field(default_factory=lambda: secrets.token_hex(3))
     etc_hosts: str = "debian"  # "debian": own name -> 127.0.1.1; "cluster": real addresses
     hosts: list[Host] = field(default_factory=list)
+    rate_mbit: float | None = None  # each host's link, each way (tbf); None: unshaped
+    delay_ms: float | None = None  # added to every packet a host sends (netem); None: none
 
     @property
     def switch(self) -> str:
@@ -130,9 +144,13 @@ class Cluster:
         """Create the switch, then each host with its veth pair, address and /etc/hosts."""
         if not (isinstance(self.n, int) and 1 <= self.n <= 200):
             raise ValueError(_t("A cluster has 1 to 200 hosts, got {n!r}.", n=self.n))
+        check_shaping(self.rate_mbit, self.delay_ms)
         reason = unavailable_reason()
         if reason:
             raise HostsUnavailable(reason)
+        reason = shaping_unavailable_reason(self.rate_mbit, self.delay_ms)
+        if reason:
+            raise ShapingUnavailable(reason)
         self._write_state()  # first: a crash from here on leaves something `down` can find
         _ip("netns", "add", self.switch)
         _ip("-n", self.switch, "link", "add", "br0", "type", "bridge")
@@ -148,6 +166,9 @@ class Cluster:
             _ip("-n", host.netns, "addr", "add", f"{host.addr}/24", "dev", IFNAME)
             _ip("-n", host.netns, "link", "set", IFNAME, "up")
             _ip("-n", host.netns, "link", "set", "lo", "up")
+            if self.rate_mbit or self.delay_ms:
+                shape(host.netns, IFNAME, self.rate_mbit, self.delay_ms)  # what it sends
+                shape(self.switch, f"p{i}", self.rate_mbit, None)  # what it receives
         for host in self.hosts:  # once all exist: "cluster" lists every host on each
             self._write_etc_hosts(host)
         self._write_state()
@@ -173,6 +194,8 @@ class Cluster:
         STATE_DIR.mkdir(parents=True, exist_ok=True)
         state = {"tag": self.tag, "owner": os.getpid(), "owner_start": _start_time(os.getpid()),
                  "hosts": [h.__dict__ for h in self.hosts]}  # fmt: skip
+        if self.rate_mbit or self.delay_ms:
+            state["rate_mbit"], state["delay_ms"] = self.rate_mbit, self.delay_ms
         (STATE_DIR / f"{self.tag}.json").write_text(json.dumps(state))
 
     def start(self, i: int, argv: Sequence[str], env: dict[str, str] | None = None,
@@ -208,6 +231,111 @@ class Cluster:
         """Kill what runs in the hosts, delete the namespaces (links and ports go with them)."""
         remove(self.tag)
         self.hosts.clear()
+
+
+def check_shaping(rate_mbit: object, delay_ms: object) -> None:
+    """A clear error for a rate or delay that makes no sense, before anything is built."""
+
+    def number(x: object) -> bool:
+        return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+    if rate_mbit is not None and not (number(rate_mbit) and 0.01 <= rate_mbit <= 100_000):  # type: ignore[operator]
+        raise ValueError(_t(
+"rate_mbit is each link's bandwidth in Mbit/s, a number from 0.01 to 100000 "
+"(or None for no limit); got {value!r}.", value=rate_mbit))  # fmt: skip
+    if delay_ms is not None and not (number(delay_ms) and 0 <= delay_ms <= 10_000):  # type: ignore[operator]
+        raise ValueError(_t(
+"delay_ms is the delay each host adds to what it sends, in milliseconds, a number "
+"from 0 to 10000 (or None for none); got {value!r}.", value=delay_ms))  # fmt: skip
+
+
+def tc_commands(rate_mbit: float | None, delay_ms: float | None) -> list[list[str]]:
+    """The ``tc`` commands (after ``tc -n NETNS``, with DEV for the device) that shape one link.
+
+    tbf (tc-tbf(8) of iproute2): a token bucket filled at ``rate``, at most ``burst`` bytes.
+    The parameters and why:
+
+    - ``burst``: what may pass at full speed after an idle moment: 0.2 ms worth of the rate,
+      but at least two full frames (2 x 1514 B; tbf needs one frame at least). A big burst
+      lets small messages through unshaped and bends chapter 04's latency-bandwidth
+      measurements: with 1 ms worth, 64 KiB messages crossed a 1000 Mbit/s link at twice
+      the rate. Much smaller, and the timer that refills the bucket has to wake too often
+      to keep up with high rates. It also sets the largest packet tbf passes whole: veth hands the qdisc
+      TCP segments of up to 64 KiB (GSO), and tbf cuts a larger one into frames
+      (``tbf_segment`` in the kernel's net/sched/sch_tbf.c) instead of letting it through at
+      once. htb, tried first, lets such a 64 KiB packet pass and charges the bucket after:
+      a ping-pong of 32 KiB messages then ran at 2.6 times the rate.
+    - ``limit``: the bytes that may wait in the queue: 100 ms worth of the rate, at least
+      1 MiB, so that the frames of several cut-up 64 KiB packets fit (TCP's own small-queue
+      limit keeps the queue short anyway; a drop here would show up as retransmission
+      timeouts in the measurements). tc-tbf(8) takes ``limit`` or ``latency``: one of them.
+    - a delay: tbf is classful with one class (``1:1``), and netem goes under it: packets
+      wait out the delay in netem, then pass the bucket. netem's own ``limit`` (packets,
+      default 1000) grows with rate x delay, the bytes in flight.
+    - a delay without a rate: netem alone as the root.
+    """
+    cmds: list[list[str]] = []
+    if rate_mbit:
+        bps = rate_mbit * 1e6 / 8
+        burst = max(2 * 1514, int(bps * 2e-4))
+        limit = max(1 << 20, int(bps * 0.1))
+        cmds.append(["qdisc", "add", "dev", "DEV", "root", "handle", "1:", "tbf",
+                     "rate", f"{rate_mbit}mbit", "burst", str(burst), "limit", str(limit)])  # fmt: skip
+    if delay_ms:
+        frames = int((rate_mbit or 10_000) * 1e6 / 8 * delay_ms * 1e-3 / 1514)
+        where = ["parent", "1:1", "handle", "10:"] if rate_mbit else ["root", "handle", "10:"]
+        cmds.append(["qdisc", "add", "dev", "DEV", *where, "netem", "delay", f"{delay_ms}ms",
+                     "limit", str(max(1000, 2 * frames))])  # fmt: skip
+    return cmds
+
+
+def _tc(netns: str, dev: str, args: list[str]) -> subprocess.CompletedProcess:
+    argv = ["tc", "-n", netns, *(dev if a == "DEV" else a for a in args)]
+    return subprocess.run(argv, capture_output=True, text=True)
+
+
+def shape(netns: str, dev: str, rate_mbit: float | None, delay_ms: float | None) -> None:
+    """Shape what ``dev`` (in ``netns``) sends: tbf at ``rate_mbit``, netem ``delay_ms``."""
+    for args in tc_commands(rate_mbit, delay_ms):
+        done = _tc(netns, dev, args)
+        if done.returncode != 0:
+            raise RuntimeError(_t("`{command}` failed: {error}",
+                                  command="tc -n " + netns + " " + " ".join(args).replace("DEV", dev),
+                                  error=done.stderr.strip()))  # fmt: skip
+
+
+def shaping_unavailable_reason(rate_mbit: float | None, delay_ms: float | None) -> str | None:
+    """Why links cannot be shaped as asked here, in the current language; None if they can.
+
+    Tried for real on the loopback of a throw-away namespace (removed at once), so that a
+    kernel without tbf or netem is found before any host is built.
+    """
+    if not (rate_mbit or delay_ms):
+        return None
+    if shutil.which("tc") is None:
+        return _t("Shaping links needs the `tc` command (Debian: apt-get install iproute2).")
+    probe = f"{PREFIX}-probe{secrets.token_hex(3)}-x"
+    made = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True)
+    if made.returncode != 0:
+        return made.stderr.strip()
+    try:
+        cmds = tc_commands(rate_mbit, delay_ms)
+        for args in cmds:
+            done = _tc(probe, "lo", args)
+            if done.returncode == 0:
+                continue
+            if "netem" in args:
+                return _t(
+"A delay needs the kernel's netem qdisc (module sch_netem), which this kernel does not "
+"have ({error}). Leave delay_ms out to shape the bandwidth only (tbf is enough for that), "
+"or use a kernel with netem (Debian and Ubuntu kernels usually have it: modprobe sch_netem)."
+, error=done.stderr.strip() or "tc failed")  # fmt: skip
+            return _t(
+"This kernel cannot shape a link with the tbf qdisc ({error}): it needs module sch_tbf."
+, error=done.stderr.strip() or "tc failed")  # fmt: skip
+    finally:
+        subprocess.run(["ip", "netns", "del", probe], capture_output=True)
+    return None
 
 
 def _start_time(pid: int) -> str:
@@ -279,14 +407,23 @@ def down(all_clusters: bool = False) -> list[str]:
 
 
 @contextlib.contextmanager
-def cluster(n: int = 2, etc_hosts: str = "debian") -> Iterator[Cluster]:
+def cluster(
+    n: int = 2,
+    etc_hosts: str = "debian",
+    rate_mbit: float | None = None,
+    delay_ms: float | None = None,
+) -> Iterator[Cluster]:
     """``with cluster(2) as hosts:`` N hosts that are always removed on the way out.
+
+    ``rate_mbit``: each host's link carries at most this many Mbit/s each way (tbf);
+    ``delay_ms``: every packet a host sends waits this long (netem, where the kernel has it).
 
     SIGTERM is turned into an exception while the block runs (main thread only), so that a
     killed notebook cell or test still tears the hosts down; SIGKILL cannot be caught: the
     next ``down()`` removes what it leaves.
     """
-    with up_until_exit(Cluster(n, etc_hosts=etc_hosts)) as c:
+    c = Cluster(n, etc_hosts=etc_hosts, rate_mbit=rate_mbit, delay_ms=delay_ms)
+    with up_until_exit(c) as c:
         yield c
 
 

@@ -110,13 +110,24 @@ def _hosts(args: argparse.Namespace) -> int:
         for tag, state in hosts.clusters().items():
             owner = "running" if state["alive"] else "orphan (removed by `ddp-lab hosts down`)"
             names = ", ".join(f"{h['hostname']}={h['addr']}" for h in state.get("hosts", []))
-            print(f"{tag}: {owner}; {names} (namespaces {', '.join(hosts.namespaces(tag))})")
+            link = ""
+            if state.get("rate_mbit") or state.get("delay_ms"):
+                link = f"; links: {state.get('rate_mbit')} Mbit/s, delay {state.get('delay_ms')} ms"
+            print(f"{tag}: {owner}; {names}{link} (namespaces {', '.join(hosts.namespaces(tag))})")
         return 0
-    reason = hosts.unavailable_reason()
+    try:
+        hosts.check_shaping(args.rate_mbit, args.delay_ms)
+    except ValueError as err:
+        print(err, file=sys.stderr)
+        return 2
+    reason = hosts.unavailable_reason() or hosts.shaping_unavailable_reason(
+        args.rate_mbit, args.delay_ms
+    )
     if reason:
         print(reason, file=sys.stderr)
         return 2
-    c = hosts.Cluster(args.n, etc_hosts=args.etc_hosts)
+    c = hosts.Cluster(args.n, etc_hosts=args.etc_hosts, rate_mbit=args.rate_mbit,
+                      delay_ms=args.delay_ms)  # fmt: skip
     try:
         c.up()
     except BaseException:
@@ -224,6 +235,10 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("action", choices=["up", "down", "status"])
     p.add_argument("n", nargs="?", type=int, default=2, help="hosts to build (up)")
     p.add_argument("--etc-hosts", choices=["debian", "cluster"], default="debian")
+    p.add_argument("--rate-mbit", type=float, default=None,
+                   help="up: each host's link carries at most this many Mbit/s each way (tbf)")  # fmt: skip
+    p.add_argument("--delay-ms", type=float, default=None,
+                   help="up: delay added to what each host sends (netem, if the kernel has it)")  # fmt: skip
     p.add_argument("--all", action="store_true", help="down: also clusters still in use")
     p.set_defaults(func=_hosts)
 
