@@ -242,6 +242,7 @@ def make_parser() -> argparse.ArgumentParser:
         default="run",
         help="a lesson not in the cache: run it (default), fail, or show it without outputs",
     )
+    p.add_argument("--jobs", type=int, default=2, help="lessons run at a time (default: 2)")
     p.set_defaults(func=_site)
 
     p = sub.add_parser("doctor", help="check the GPU driver, CUDA, PyTorch and NCCL setup")

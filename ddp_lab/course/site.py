@@ -73,17 +73,12 @@ def _execute(page: Page, root: Path) -> nbformat.NotebookNode:
     from nbclient import NotebookClient
 
     nb = nbformat.reads(page.text, as_version=4)
-    env_backend = os.environ.pop("MPLBACKEND", None)  # a learner's kernel draws inline
-    try:
-        NotebookClient(
-            nb,
-            timeout=CELL_TIMEOUT,
-            kernel_name=build.KERNEL_NAME,
-            resources={"metadata": {"path": str(root / page.kind / page.lang)}},
-        ).execute()
-    finally:
-        if env_backend is not None:
-            os.environ["MPLBACKEND"] = env_backend
+    NotebookClient(
+        nb,
+        timeout=CELL_TIMEOUT,
+        kernel_name=build.KERNEL_NAME,
+        resources={"metadata": {"path": str(root / page.kind / page.lang)}},
+    ).execute()
     return nb
 
 
@@ -272,69 +267,97 @@ def build_site(
     root: Path = build.ROOT,
     repo_url: str = "",
     missing: str = "run",
+    jobs: int = 2,
     log=print,
 ) -> dict[str, float]:
-    """Build the site into ``out``; return timings (seconds) and counts."""
+    """Build the site into ``out``; return timings (seconds) and counts.
+
+    Lessons missing from the cache run ``jobs`` at a time (each in its own kernel); the two
+    languages' Sphinx builds run side by side.
+    """
     t0 = time.monotonic()
     all_pages = pages(root)
     stats = {"executed": 0, "cached": 0, "blank": 0}
-    executed_s = 0.0
+    runs: dict[int, nbformat.NotebookNode | None] = {}
+    todo = []
+    for i, p in enumerate(all_pages):
+        if p.kind != "notebooks":
+            continue
+        runs[i] = nbcache.load(cache, p.text)
+        where = f"notebooks/{p.lang}/{p.stem}.ipynb"
+        if runs[i] is not None:
+            stats["cached"] += 1
+        elif missing == "fail":
+            raise SystemExit(f"no cached run of {where} in {cache} (`--missing run` runs it)")
+        elif missing == "blank":
+            log(f"{where}: not in the cache, shown without outputs")
+            stats["blank"] += 1
+        else:
+            todo.append(i)
+    t = time.monotonic()
+    if todo:
+        from concurrent.futures import ThreadPoolExecutor
+
+        def run(i: int) -> None:
+            p = all_pages[i]
+            log(f"running notebooks/{p.lang}/{p.stem}.ipynb ...")
+            runs[i] = _execute(p, root)
+            nbcache.store(cache, p.text, runs[i])
+
+        backend = os.environ.pop("MPLBACKEND", None)  # a learner's kernel draws inline
+        try:
+            with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+                list(pool.map(run, todo))  # the first error stops the build
+        finally:
+            if backend is not None:
+                os.environ["MPLBACKEND"] = backend
+        stats["executed"] = len(todo)
+    stats["execute_s"] = round(time.monotonic() - t, 1)
+
+    procs = {}
     for lang in build.LANGS:
         src = work / "src" / lang
-        mine = [p for p in all_pages if p.lang == lang]
-        lessons = [p for p in mine if p.kind == "notebooks"]
-        exercises = [p for p in mine if p.kind == "exercises"]
+        mine = [(i, p) for i, p in enumerate(all_pages) if p.lang == lang]
         wanted = {"conf.py", "index.md"}
-        for p in mine:
-            ran = None
-            if p.kind == "notebooks":
-                ran = nbcache.load(cache, p.text)
-                if ran is None and missing == "fail":
-                    raise SystemExit(
-                        f"no cached run of notebooks/{lang}/{p.stem}.ipynb in {cache} "
-                        "(`--missing run` runs it)"
-                    )
-                if ran is None and missing == "blank":
-                    log(f"notebooks/{lang}/{p.stem}.ipynb: not in the cache, shown without outputs")
-                    stats["blank"] += 1
-                elif ran is None:
-                    log(f"running notebooks/{lang}/{p.stem}.ipynb ...")
-                    t = time.monotonic()
-                    ran = _execute(p, root)
-                    executed_s += time.monotonic() - t
-                    nbcache.store(cache, p.text, ran)
-                    stats["executed"] += 1
-                else:
-                    stats["cached"] += 1
+        for i, p in mine:
             rel = f"{p.docname}.ipynb"
             wanted.add(rel)
-            _write(src / rel, nbformat.writes(page_notebook(p, ran, repo_url)))
+            _write(src / rel, nbformat.writes(page_notebook(p, runs.get(i), repo_url)))
+        lessons = [p for _, p in mine if p.kind == "notebooks"]
+        exercises = [p for _, p in mine if p.kind == "exercises"]
         _write(src / "conf.py", conf_py(lang, repo_url))
         _write(src / "index.md", index_markdown(lang, lessons, exercises))
         for f in src.rglob("*"):  # a chapter that is gone leaves no page behind
             if f.is_file() and f.relative_to(src).as_posix() not in wanted:
                 f.unlink()
-        t = time.monotonic()
         # Sphinx writes into WORK (MyST-NB keeps its image files next to the output folder,
         # one folder for both languages), then the result is copied to OUT/<lang>.
-        html = work / "html" / lang
-        proc = subprocess.run(
+        procs[lang] = subprocess.Popen(
             [sys.executable, "-m", "sphinx", "-b", "html", "-q"]
-            + ["-d", str(work / "doctrees" / lang), str(src), str(html)],
-            capture_output=True,
+            + ["-d", str(work / "doctrees" / lang), str(src), str(work / "html" / lang)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
             text=True,
         )
+    t = time.monotonic()
+    failed = []
+    for lang, proc in procs.items():
+        stdout, stderr = proc.communicate()
         if proc.returncode:
-            raise SystemExit(f"sphinx failed for {lang}:\n{proc.stdout}\n{proc.stderr}")
-        if proc.stderr.strip():
-            log(proc.stderr.strip())
+            failed.append(f"sphinx failed for {lang}:\n{stdout}\n{stderr}")
+        elif stderr.strip():
+            log(stderr.strip())
+    if failed:
+        raise SystemExit("\n".join(failed))
+    stats["sphinx_s"] = round(time.monotonic() - t, 1)
+    for lang in build.LANGS:
         shutil.rmtree(out / lang, ignore_errors=True)
-        shutil.copytree(html, out / lang, ignore=shutil.ignore_patterns(".buildinfo*", ".doctrees"))
-        stats[f"sphinx_{lang}_s"] = round(time.monotonic() - t, 1)
+        shutil.copytree(
+            work / "html" / lang, out / lang, ignore=shutil.ignore_patterns(".buildinfo*")
+        )
     out.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(THEME / "root.html", out / "index.html")
     (out / ".nojekyll").write_text("")  # GitHub Pages: serve _static/ as it is
-    stats["execute_s"] = round(executed_s, 1)
     stats["total_s"] = round(time.monotonic() - t0, 1)
     return stats
 
@@ -362,6 +385,7 @@ def site_main(args) -> int:
         work=Path(args.work).resolve(),
         repo_url=default_repo_url() if args.repo_url is None else args.repo_url,
         missing=args.missing,
+        jobs=args.jobs,
     )
     print(
         f"wrote {out}/index.html ({stats['cached']} lessons from the cache, "

@@ -230,6 +230,8 @@ def test_site_in_a_browser(page, site_url):
     assert not stray, stray[:5]
     assert pg.locator(".admonition.tip").count() == 1  # "Run this chapter"
     _shot(pg, f"site_{CHAPTER[:2]}_zh.png")
+    pg.locator(".cell_output img").first.scroll_into_view_if_needed()
+    _shot(pg, f"site_{CHAPTER[:2]}_zh_figure.png")
 
     # the twin link in the header goes to the same lesson in English, and back
     pg.locator(".bd-header-article .ddp-lab-twin").click()
