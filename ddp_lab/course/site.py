@@ -330,11 +330,11 @@ def build_site(
         for f in src.rglob("*"):  # a chapter that is gone leaves no page behind
             if f.is_file() and f.relative_to(src).as_posix() not in wanted:
                 f.unlink()
-        # Sphinx writes into WORK (MyST-NB keeps its image files next to the output folder,
-        # one folder for both languages), then the result is copied to OUT/<lang>.
+        # Sphinx writes into WORK/html/<lang>/site (MyST-NB writes its own files next to the
+        # output folder: one such folder per language), then the result is copied to OUT/<lang>.
         procs[lang] = subprocess.Popen(
             [sys.executable, "-m", "sphinx", "-b", "html", "-q"]
-            + ["-d", str(work / "doctrees" / lang), str(src), str(work / "html" / lang)],
+            + ["-d", str(work / "doctrees" / lang), str(src), str(work / "html" / lang / "site")],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
@@ -353,7 +353,7 @@ def build_site(
     for lang in build.LANGS:
         shutil.rmtree(out / lang, ignore_errors=True)
         shutil.copytree(
-            work / "html" / lang, out / lang, ignore=shutil.ignore_patterns(".buildinfo*")
+            work / "html" / lang / "site", out / lang, ignore=shutil.ignore_patterns(".buildinfo*")
         )
     out.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(THEME / "root.html", out / "index.html")
