@@ -377,7 +377,27 @@ def default_repo_url(root: Path = build.ROOT) -> str:
     return url if url.startswith("https://") and "@" not in url else ""
 
 
+def missing_tools() -> list[str]:
+    """The modules of the ``site`` extra that are not installed."""
+    import importlib.util
+
+    wanted = ("sphinx", "myst_nb", "sphinx_book_theme", "sphinx_copybutton", "jieba")
+    return [m for m in wanted if importlib.util.find_spec(m) is None]
+
+
 def site_main(args) -> int:
+    missing_mods = missing_tools()
+    if missing_mods:
+        print(
+            _t(
+                "ddp-lab site needs the site tools, which are not installed ({modules}): "
+                "DDP_LAB_EXTRAS=course,site bash setup.sh --no-lab "
+                "(or .venv/bin/pip install -e '.[site]')",
+                modules=", ".join(missing_mods),
+            ),
+            file=sys.stderr,
+        )
+        return 2
     out = Path(args.out).resolve()
     stats = build_site(
         out,

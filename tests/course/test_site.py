@@ -134,6 +134,16 @@ def test_widget_output_becomes_one_note(all_pages):
     )
 
 
+def test_without_the_site_tools_a_clear_error(monkeypatch, tmp_path, capsys):
+    from ddp_lab.course import cli
+
+    monkeypatch.setattr(site, "missing_tools", lambda: ["sphinx", "myst_nb"])
+    rc = cli.main(["site", "--out", str(tmp_path / "out"), "--cache", str(tmp_path / "c")])
+    assert rc == 2
+    assert "sphinx, myst_nb" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists() and not (tmp_path / "c").exists()
+
+
 # --------------------------------------------------------------------------------------
 # The built site in Chromium
 # --------------------------------------------------------------------------------------
