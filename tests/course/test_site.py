@@ -252,6 +252,19 @@ def test_site_in_a_browser(page, site_url):
     pg.locator(".cell_output img").first.scroll_into_view_if_needed()
     _shot(pg, f"site_{CHAPTER[:2]}_zh_figure.png")
 
+    # a widget is a note to run the notebook
+    assert "JupyterLab" in " ".join(pg.locator(".cell_output").all_inner_texts())
+
+    # no stray space between Chinese characters on any zh lesson or exercise page
+    for html in sorted((Path(SITE) / "zh").glob("[0-9]*.html")) + sorted(
+        (Path(SITE) / "zh" / "exercises").glob("*.html")
+    ):
+        pg.goto(f"{site_url}/{html.relative_to(Path(SITE)).as_posix()}")
+        prose = pg.locator(".bd-article p, .bd-article li").all_inner_texts()
+        stray = [m.group(0) for t in prose for m in CJK_SPACE.finditer(t)]
+        assert not stray, (html.name, stray[:5])
+    pg.goto(f"{site_url}/zh/{CHAPTER}.html")
+
     # the twin link in the header goes to the same lesson in English, and back
     pg.locator(".bd-header-article .ddp-lab-twin").click()
     pg.wait_for_url(f"**/en/{CHAPTER}.html")
