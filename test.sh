@@ -3,7 +3,7 @@
 #   bash test.sh [extra pytest arguments]
 set -euo pipefail
 cd "$(dirname "$0")"
-DDP_LAB_EXTRAS=test bash setup.sh --no-lab
+DDP_LAB_EXTRAS=test,site bash setup.sh --no-lab
 # System packages the tests use, installed when missing and possible (root with apt-get;
 # `apt-get update` only when the package lists do not have them):
 # - chromium: tests/course/test_browser.py drives JupyterLab in Debian's Chromium (Playwright
@@ -38,5 +38,15 @@ export MPLBACKEND=agg
 # Unit tests, the launcher's nbval notebook, every lesson and every solution notebook
 # (both languages); exercises/ are checked by tests/course/test_exercises.py (graded cells must fail);
 # tests/course/test_browser.py runs the widget chapters in JupyterLab in headless Chromium.
-exec .venv/bin/python -m pytest -p no:cacheprovider --nbval-lax \
-  --nbval-cell-timeout=300 tests notebooks solutions "$@"
+# The nbcache plugin keeps each notebook that ran clean, with its outputs, in build/nb-cache
+# (keyed by a hash of the notebook), for the website below.
+.venv/bin/python -m pytest -p no:cacheprovider --nbval-lax --nbval-cell-timeout=300 \
+  -p ddp_lab.course.nbcache --nb-cache build/nb-cache tests notebooks solutions "$@"
+# The course website from those outputs (no lesson runs a second time: --missing fail), then
+# Chromium on it (tests/course/test_site.py). Only after a whole run: extra pytest arguments
+# may have left lessons out of the cache.
+if [ "$#" -eq 0 ]; then
+  .venv/bin/ddp-lab site --out build/site --missing fail
+  DDP_LAB_SITE=build/site .venv/bin/python -m pytest -p no:cacheprovider \
+    tests/course/test_site.py::test_site_in_a_browser
+fi

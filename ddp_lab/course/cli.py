@@ -93,6 +93,12 @@ def _classroom(args: argparse.Namespace) -> int:
     return 0
 
 
+def _site(args: argparse.Namespace) -> int:
+    from ddp_lab.course import site
+
+    return site.site_main(args)
+
+
 def _doctor(args: argparse.Namespace) -> int:
     from ddp_lab import doctor
 
@@ -226,6 +232,29 @@ def make_parser() -> argparse.ArgumentParser:
         help="extra pip index for torch (default: PyTorch's CPU wheels; '' for PyPI only)",
     )
     p.set_defaults(func=_classroom)
+
+    p = sub.add_parser("site", help="build the course website (lessons with their outputs)")
+    p.add_argument("--out", default="build/site", help="where the site goes (default: build/site)")
+    p.add_argument(
+        "--cache",
+        default="build/nb-cache",
+        help="executed lessons, by a hash of the notebook (test.sh's pytest fills it)",
+    )
+    p.add_argument("--work", default="build/site-work", help="Sphinx sources and environment")
+    p.add_argument(
+        "--repo-url",
+        default=None,
+        help="the repository the pages tell readers to clone (default: $GITHUB_REPOSITORY's "
+        "on GitHub, else this checkout's origin when it is an https URL)",
+    )
+    p.add_argument(
+        "--missing",
+        choices=["run", "fail", "blank"],
+        default="run",
+        help="a lesson not in the cache: run it (default), fail, or show it without outputs",
+    )
+    p.add_argument("--jobs", type=int, default=2, help="lessons run at a time (default: 2)")
+    p.set_defaults(func=_site)
 
     p = sub.add_parser("doctor", help="check the GPU driver, CUDA, PyTorch and NCCL setup")
     p.add_argument("--json", action="store_true", help="machine-readable output")

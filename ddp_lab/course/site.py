@@ -1,0 +1,414 @@
+"""``ddp-lab site``: the course as a static website (Sphinx + MyST-NB + sphinx-book-theme).
+
+From the chapter sources (through course/build.py, in memory) it writes a Sphinx project per
+language under ``WORK/src/<lang>/`` and builds it into ``OUT/<lang>/``:
+
+- ``index``: the chapters in order, then the exercises;
+- one page per lesson, with its outputs: the executed notebook is taken from the cache
+  (course/nbcache.py: the test run's outputs, keyed by a hash of the notebook), and only a
+  lesson that is not there is run (nbclient) and then stored;
+- ``exercises/<chapter>``: the exercise notebook as a learner receives it, not run (its
+  solutions are stubs; solutions/ is never read);
+- every page has a link to its twin in the other language (the same path under the other
+  language's folder) in the header and the sidebar, and a "Run this chapter" box.
+
+Widgets cannot move on a static page: a widget's output is replaced by a note that says to
+run the chapter. ``OUT/index.html`` lets the reader pick a language. Sphinx rebuilds only the
+pages whose source changed (its environment is kept in ``WORK``), and the sources are written
+only when they change, so a rebuild after editing one chapter re-runs and re-renders that one.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import jupytext
+import nbformat
+
+from ddp_lab.course import build, nbcache
+from ddp_lab.i18n import _t
+
+THEME = Path(__file__).resolve().parent / "site_theme"
+WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
+CELL_TIMEOUT = 300
+
+
+@dataclass
+class Page:
+    """One notebook page of the site."""
+
+    lang: str
+    stem: str  # e.g. 05_ring_allreduce
+    kind: str  # "notebooks" (a lesson) or "exercises"
+    title: str
+    nb: nbformat.NotebookNode  # as generated (no outputs)
+    text: str  # the generated file's text: the cache key
+
+    @property
+    def docname(self) -> str:
+        return self.stem if self.kind == "notebooks" else f"exercises/{self.stem}"
+
+
+def pages(root: Path = build.ROOT) -> list[Page]:
+    """Every page of the site, generated from ``chapters/`` (lessons and exercises only)."""
+    out = []
+    for src in build.sources(root):
+        title = jupytext.read(src).metadata.get("ddp_lab", {}).get("title", {})
+        for path, nb in build.targets(src, root).items():
+            kind, lang = path.parent.parent.name, path.parent.name
+            if kind == "solutions":
+                continue
+            out.append(Page(lang, src.stem, kind, title.get(lang, src.stem), nb, build.dumps(nb)))
+    return out
+
+
+def _execute(page: Page, root: Path) -> nbformat.NotebookNode:
+    """Run a lesson as the tests do: in its folder, with the course's kernel."""
+    from nbclient import NotebookClient
+
+    nb = nbformat.reads(page.text, as_version=4)
+    NotebookClient(
+        nb,
+        timeout=CELL_TIMEOUT,
+        kernel_name=build.KERNEL_NAME,
+        resources={"metadata": {"path": str(root / page.kind / page.lang)}},
+    ).execute()
+    return nb
+
+
+def run_this_chapter(page: Page, repo_url: str) -> str:
+    """The markdown of the "Run this chapter" box."""
+    path = f"{page.kind}/{page.lang}/{page.stem}.ipynb"
+    clone = f"git clone --depth 1 {repo_url or 'REPOSITORY_URL'}"
+    folder = repo_url.rstrip("/").rsplit("/", 1)[-1].removesuffix(".git") if repo_url else "ddp-lab"
+    if page.kind == "exercises":
+        steps = f"{clone}\ncd {folder}\nbash setup.sh --no-lab\n.venv/bin/ddp-lab exercise {page.stem[:2]}"
+        body = _t(
+            "This page shows the exercises. Work on them in JupyterLab on your own copy: "
+            "the commands below install the course and copy this notebook to "
+            "`work/{lang}/{stem}.ipynb`; `ddp-lab check` then grades it. Needs Linux and "
+            "Python 3.10 or newer; no GPU.",
+            page.lang,
+            lang=page.lang,
+            stem=page.stem,
+        )
+    else:
+        steps = f"{clone}\ncd {folder}\nbash setup.sh   # installs into .venv, opens JupyterLab"
+        body = _t(
+            "The outputs on this page come from a run of the lesson. To run it yourself, "
+            "move its controls and change its code, open `{path}` in JupyterLab: the "
+            "commands below install the course and start JupyterLab. Needs Linux and "
+            "Python 3.10 or newer; no GPU.",
+            page.lang,
+            path=path,
+        )
+    title = _t("Run this chapter", page.lang)
+    return f"```{{admonition}} {title}\n:class: tip\n\n{body}\n\n    {steps.replace(chr(10), chr(10) + '    ')}\n```"
+
+
+def _static(cell_outputs: list, lang: str) -> list:
+    """Outputs fit for a static page: a widget becomes a note."""
+    out = []
+    noted = False
+    for o in cell_outputs:
+        data = o.get("data", {})
+        if WIDGET_MIME in data and noted:
+            continue  # one note per cell
+        if WIDGET_MIME in data:
+            noted = True
+            note = _t(
+                "*(An interactive control is shown here when the notebook runs in "
+                "JupyterLab: see \u201cRun this chapter\u201d at the top of the page.)*",
+                lang,
+            )
+            o = nbformat.v4.new_output("display_data", data={"text/markdown": note})
+        out.append(o)
+    return out
+
+
+def page_notebook(page: Page, executed: nbformat.NotebookNode | None, repo_url: str):
+    """The notebook Sphinx renders for ``page``."""
+    nb = nbformat.reads(page.text, as_version=4)
+    if executed is not None:
+        runs = [c for c in executed.cells if c.cell_type == "code"]
+        code = [c for c in nb.cells if c.cell_type == "code"]
+        if len(runs) != len(code):
+            raise ValueError(f"cached run of {page.docname} ({page.lang}) does not match it")
+        for cell, run in zip(code, runs, strict=True):
+            cell.outputs = _static(run.get("outputs", []), page.lang)
+            cell.execution_count = run.get("execution_count")
+    cells = []
+    box_done = False
+    for cell in nb.cells:
+        tags = cell.metadata.get("tags", [])
+        if "generated" in tags and cell.cell_type == "markdown":
+            continue  # "Generated from ...": for authors; the box below says how to run it
+        if "kernel-check" in tags:
+            cell.metadata["tags"] = [*tags, "remove-cell"]
+        cells.append(cell)
+        if not box_done and cell.cell_type == "markdown" and cell.source.lstrip().startswith("# "):
+            cells.append(nbformat.v4.new_markdown_cell(run_this_chapter(page, repo_url)))
+            box_done = True
+    if not box_done:
+        cells.insert(0, nbformat.v4.new_markdown_cell(run_this_chapter(page, repo_url)))
+    nb.cells = cells
+    for i, cell in enumerate(nb.cells):  # stable ids: an unchanged page is an unchanged file
+        cell.id = f"site-{i:03d}"
+    return nb
+
+
+def index_markdown(lang: str, lessons: list[Page], exercises: list[Page]) -> str:
+    title = _t("PyTorch data-parallel training from the inside", lang)
+    intro = _t(
+        "A course in {n} chapters: each is a lesson, shown here with its outputs, and "
+        "exercises that are graded when you run them. Every page links to its twin in the "
+        "other language. To run the course, see \u201cRun this chapter\u201d on any page.",
+        lang,
+        n=len(lessons),
+    )
+    lessons_caption, exercises_caption = _t("Lessons", lang), _t("Exercises", lang)
+    lines = [f"# {title}", "", intro, ""]
+    lines += ["```{toctree}", ":maxdepth: 1", f":caption: {lessons_caption}", ""]
+    lines += [p.docname for p in lessons] + ["```", ""]
+    lines += ["```{toctree}", ":maxdepth: 1", f":caption: {exercises_caption}", ""]
+    lines += [f"{p.title} <{p.docname}>" for p in exercises] + ["```", ""]
+    return "\n".join(lines)
+
+
+def conf_py(lang: str, repo_url: str) -> str:
+    """The Sphinx configuration of one language's site."""
+    other = "zh" if lang == "en" else "en"
+    options = {
+        "article_header_end": ["lang-switch.html", "article-header-buttons.html"],
+        "use_download_button": True,
+        "use_fullscreen_button": False,
+        "show_toc_level": 2,
+        "home_page_in_toc": True,
+    }
+    if repo_url:
+        options.update(repository_url=repo_url, use_repository_button=True)
+    settings = {
+        "project": "ddp-lab",
+        "html_title": _t("PyTorch data-parallel training from the inside", lang),
+        "language": lang,
+        "extensions": ["myst_nb", "sphinx_copybutton", "sphinx-mathjax-offline"],
+        "myst_enable_extensions": ["dollarmath", "amsmath", "colon_fence"],
+        "nb_execution_mode": "off",  # outputs come from the cache (ddp-lab site)
+        "nb_merge_streams": True,
+        "html_theme": "sphinx_book_theme",
+        "html_theme_options": options,
+        "html_sidebars": {
+            "**": [
+                "navbar-logo.html",
+                "lang-switch.html",
+                "search-button-field.html",
+                "sbt-sidebar-nav.html",
+            ]
+        },
+        "templates_path": [str(THEME / "templates")],
+        "html_static_path": [str(THEME / "static")],
+        "html_css_files": ["ddp-lab-site.css"],
+        "html_copy_source": True,  # the header's download button offers the page's notebook
+        "html_show_sourcelink": False,
+        "html_last_updated_fmt": None,
+        "exclude_patterns": ["**.ipynb_checkpoints"],
+        "suppress_warnings": ["mystnb.unknown_mime_type", "misc.highlighting_failure"],
+        "copybutton_exclude": ".linenos, .gp, .go",
+    }
+    body = "".join(f"{k} = {v!r}\n" for k, v in settings.items())
+    return (
+        "# Generated by `ddp-lab site` (ddp_lab/course/site.py); edits here are overwritten.\n"
+        + body
+        + f"""
+
+def _twin(app, pagename, templatename, context, doctree):
+    # the same page in the other language's site, next to this one
+    up = "../" * (pagename.count("/") + 1)
+    context["ddp_twin_url"] = f"{{up}}{other}/{{pagename}}.html"
+    context["ddp_twin_lang"] = {other!r}
+
+
+def setup(app):
+    app.connect("html-page-context", _twin)
+    # Sphinx 9.0's Chinese search data ends with `window.Stemmer = ChineseStemmer`, a name it
+    # never defines (its stemmer is the English one, for Latin words): the search page then
+    # stops with a ReferenceError. Name the stemmer it ships.
+    from sphinx.search.zh import SearchChinese
+
+    if SearchChinese.js_stemmer_rawcode == "english-stemmer.js":
+
+        class _SearchChinese(SearchChinese):
+            language_name = "English"
+
+        app.add_search_language(_SearchChinese)
+"""
+    )
+
+
+def _write(path: Path, text: str) -> bool:
+    """Write ``text`` unless ``path`` holds it already (Sphinx rebuilds by mtime)."""
+    if path.is_file() and path.read_text(encoding="utf-8") == text:
+        return False
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text, encoding="utf-8")
+    return True
+
+
+def build_site(
+    out: Path,
+    cache: Path,
+    work: Path,
+    root: Path = build.ROOT,
+    repo_url: str = "",
+    missing: str = "run",
+    jobs: int = 2,
+    log=print,
+) -> dict[str, float]:
+    """Build the site into ``out``; return timings (seconds) and counts.
+
+    Lessons missing from the cache run ``jobs`` at a time (each in its own kernel); the two
+    languages' Sphinx builds run side by side.
+    """
+    t0 = time.monotonic()
+    all_pages = pages(root)
+    stats = {"executed": 0, "cached": 0, "blank": 0}
+    runs: dict[int, nbformat.NotebookNode | None] = {}
+    todo = []
+    for i, p in enumerate(all_pages):
+        if p.kind != "notebooks":
+            continue
+        runs[i] = nbcache.load(cache, p.text)
+        where = f"notebooks/{p.lang}/{p.stem}.ipynb"
+        if runs[i] is not None:
+            stats["cached"] += 1
+        elif missing == "fail":
+            raise SystemExit(f"no cached run of {where} in {cache} (`--missing run` runs it)")
+        elif missing == "blank":
+            log(f"{where}: not in the cache, shown without outputs")
+            stats["blank"] += 1
+        else:
+            todo.append(i)
+    t = time.monotonic()
+    if todo:
+        from concurrent.futures import ThreadPoolExecutor
+
+        def run(i: int) -> None:
+            p = all_pages[i]
+            log(f"running notebooks/{p.lang}/{p.stem}.ipynb ...")
+            runs[i] = _execute(p, root)
+            nbcache.store(cache, p.text, runs[i])
+
+        backend = os.environ.pop("MPLBACKEND", None)  # a learner's kernel draws inline
+        try:
+            with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+                list(pool.map(run, todo))  # the first error stops the build
+        finally:
+            if backend is not None:
+                os.environ["MPLBACKEND"] = backend
+        stats["executed"] = len(todo)
+    stats["execute_s"] = round(time.monotonic() - t, 1)
+
+    procs = {}
+    for lang in build.LANGS:
+        src = work / "src" / lang
+        mine = [(i, p) for i, p in enumerate(all_pages) if p.lang == lang]
+        wanted = {"conf.py", "index.md"}
+        for i, p in mine:
+            rel = f"{p.docname}.ipynb"
+            wanted.add(rel)
+            _write(src / rel, nbformat.writes(page_notebook(p, runs.get(i), repo_url)))
+        lessons = [p for _, p in mine if p.kind == "notebooks"]
+        exercises = [p for _, p in mine if p.kind == "exercises"]
+        _write(src / "conf.py", conf_py(lang, repo_url))
+        _write(src / "index.md", index_markdown(lang, lessons, exercises))
+        for f in src.rglob("*"):  # a chapter that is gone leaves no page behind
+            if f.is_file() and f.relative_to(src).as_posix() not in wanted:
+                f.unlink()
+        # Sphinx writes into WORK/html/<lang>/site (MyST-NB writes its own files next to the
+        # output folder: one such folder per language), then the result is copied to OUT/<lang>.
+        procs[lang] = subprocess.Popen(
+            [sys.executable, "-m", "sphinx", "-b", "html", "-q"]
+            + ["-d", str(work / "doctrees" / lang), str(src), str(work / "html" / lang / "site")],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+    t = time.monotonic()
+    failed = []
+    for lang, proc in procs.items():
+        stdout, stderr = proc.communicate()
+        if proc.returncode:
+            failed.append(f"sphinx failed for {lang}:\n{stdout}\n{stderr}")
+        elif stderr.strip():
+            log(stderr.strip())
+    if failed:
+        raise SystemExit("\n".join(failed))
+    stats["sphinx_s"] = round(time.monotonic() - t, 1)
+    for lang in build.LANGS:
+        shutil.rmtree(out / lang, ignore_errors=True)
+        shutil.copytree(
+            work / "html" / lang / "site", out / lang, ignore=shutil.ignore_patterns(".buildinfo*")
+        )
+    out.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(THEME / "root.html", out / "index.html")
+    (out / ".nojekyll").write_text("")  # GitHub Pages: serve _static/ as it is
+    stats["total_s"] = round(time.monotonic() - t0, 1)
+    return stats
+
+
+def default_repo_url(root: Path = build.ROOT) -> str:
+    """The repository readers are told to clone: GitHub Actions' repository, else this
+    checkout's ``origin`` when it is a public https URL, else none (a placeholder is shown)."""
+    if os.environ.get("GITHUB_REPOSITORY"):
+        server = os.environ.get("GITHUB_SERVER_URL", "https://github.com")
+        return f"{server}/{os.environ['GITHUB_REPOSITORY']}"
+    proc = subprocess.run(
+        ["git", "-C", str(root), "config", "--get", "remote.origin.url"],
+        capture_output=True,
+        text=True,
+    )
+    url = proc.stdout.strip()
+    return url if url.startswith("https://") and "@" not in url else ""
+
+
+def missing_tools() -> list[str]:
+    """The modules of the ``site`` extra that are not installed."""
+    import importlib.util
+
+    wanted = ("sphinx", "myst_nb", "sphinx_book_theme", "sphinx_copybutton", "jieba")
+    return [m for m in wanted if importlib.util.find_spec(m) is None]
+
+
+def site_main(args) -> int:
+    missing_mods = missing_tools()
+    if missing_mods:
+        print(
+            _t(
+                "ddp-lab site needs the site tools, which are not installed ({modules}): "
+                "DDP_LAB_EXTRAS=course,site bash setup.sh --no-lab "
+                "(or .venv/bin/pip install -e '.[site]')",
+                modules=", ".join(missing_mods),
+            ),
+            file=sys.stderr,
+        )
+        return 2
+    out = Path(args.out).resolve()
+    stats = build_site(
+        out,
+        cache=Path(args.cache).resolve(),
+        work=Path(args.work).resolve(),
+        repo_url=default_repo_url() if args.repo_url is None else args.repo_url,
+        missing=args.missing,
+        jobs=args.jobs,
+    )
+    print(
+        f"wrote {out}/index.html ({stats['cached']} lessons from the cache, "
+        f"{stats['executed']} run in {stats['execute_s']} s; {stats['total_s']} s in all)"
+    )
+    return 0
