@@ -168,6 +168,38 @@ def test_hang_times_out_with_stacks_and_restarts(group, capfd):
     assert _lines(capfd) == ["[rank 0] 2.0", "[rank 1] 2.0"]
 
 
+def test_deadlocked_ring_is_reported_early_and_restarts(capfd):
+    dl.start(3, backend="gloo")  # the default timeout (120 s): the deadlock watch is on
+    try:
+        group = persistent.current()
+        old = dict(group.pids)
+        run("x = torch.zeros(1)\n")
+        # the classic ring mistake: every rank receives before anyone sends
+        cell = (
+            "dist.recv(x, src=(rank - 1) % world_size)\ndist.send(x, dst=(rank + 1) % world_size)\n"
+        )
+        start = time.monotonic()
+        with pytest.raises(dl.DistributedDeadlockError) as info:
+            run(cell)
+        took = time.monotonic() - start
+        assert took < 30, took  # the issue's bound, loose on purpose (a loaded machine)
+        err = info.value
+        assert isinstance(err, dl.DistributedTimeoutError)  # code that catches timeouts still does
+        assert [f.rank for f in err.failures] == [0, 1, 2]
+        text = str(err)
+        assert text.startswith("Deadlock") and "STATE IS LOST" in text
+        assert text.count('cell 2>", line 1, in <module>') == 3  # each rank's own line
+        assert "distributed_c10d.py" not in text and "ddp_lab_" not in text
+        assert "dist.recv" not in capfd.readouterr().err  # shown once, in the exception
+        assert not set(group.pids.values()) & set(old.values())  # restarted, as it says
+        snap = _snapshot()
+        run("t = torch.ones(1)\ndist.all_reduce(t)\nprint(t.item())\n")
+        assert _lines(capfd) == ["[rank 0] 3.0", "[rank 1] 3.0", "[rank 2] 3.0"]
+    finally:
+        dl.stop()
+    _assert_gone(snap)
+
+
 def test_failure_while_others_wait_in_a_collective(group):
     start = time.monotonic()
     with pytest.raises(dl.DistributedTimeoutError) as info:
