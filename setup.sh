@@ -40,7 +40,8 @@ extras=${DDP_LAB_EXTRAS:-course}
 "$VPY" -m ipykernel install --sys-prefix --name python3 --display-name "Python 3 (ddp-lab)" >/dev/null
 # JupyterLab's terminals: a bash that reads the user's bashrc and then activates .venv, so
 # that `ddp-lab` works there (jupyter_server starts a login shell by default, and a login
-# shell's /etc/profile resets PATH). Any `.venv/bin/jupyter` reads .venv/etc/jupyter.
+# shell's /etc/profile resets PATH); and a contents manager that keeps the notebooks
+# unmodified on open. Any `.venv/bin/jupyter` reads .venv/etc/jupyter.
 venv=$(cd .venv && pwd)
 mkdir -p "$venv/etc/jupyter" "$venv/etc/ddp-lab"
 cat >"$venv/etc/ddp-lab/bashrc" <<EOF
@@ -55,7 +56,10 @@ venv = sys.argv[1]
 path = f"{venv}/etc/jupyter/jupyter_server_config.json"
 config = json.load(open(path)) if os.path.exists(path) else {}
 shell = [shutil.which("bash") or "/bin/bash", "--rcfile", f"{venv}/etc/ddp-lab/bashrc", "-i"]
-config.setdefault("ServerApp", {}).setdefault("terminado_settings", {})["shell_command"] = shell
+server = config.setdefault("ServerApp", {})
+server.setdefault("terminado_settings", {})["shell_command"] = shell
+# Notebooks open unmodified (ddp_lab/course/lab_contents.py).
+server["contents_manager_class"] = "ddp_lab.course.lab_contents.CourseContentsManager"
 with open(path, "w") as f:
     json.dump(config, f, indent=2)
 EOF

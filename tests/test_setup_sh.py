@@ -109,6 +109,9 @@ def test_jupyterlab_terminals_run_a_shell_with_the_venv(checkout):
     config = json.loads((checkout / ".venv/etc/jupyter/jupyter_server_config.json").read_text())
     shell = config["ServerApp"]["terminado_settings"]["shell_command"]
     assert Path(shell[0]).name == "bash" and "-l" not in shell  # no login shell: no PATH reset
+    # notebooks open unmodified in JupyterLab (tests/course/test_browser.py shows it)
+    manager = config["ServerApp"]["contents_manager_class"]
+    assert manager == "ddp_lab.course.lab_contents.CourseContentsManager"
     # The shell a terminal starts, with a PATH that lacks the venv, as a login shell would set.
     env = {"PATH": "/usr/bin:/bin", "HOME": str(checkout.parent), "TERM": "dumb"}
     out = subprocess.run(
