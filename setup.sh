@@ -89,4 +89,7 @@ if [ "$(id -u)" = 0 ]; then
 fi
 # The venv first on PATH: kernels (`!ddp-lab ...` in a cell) and terminals find its commands.
 export PATH="$venv/bin:$PATH" VIRTUAL_ENV="$venv"
-exec "$venv/bin/jupyter" lab --notebook-dir="$PWD" ${lab_args[@]+"${lab_args[@]}"} "$@" notebooks/
+# The whole course is served (exercises/, work/ too); the file browser opens in notebooks/.
+# (A folder given as an argument would become the server's root and hide the rest.)
+exec "$venv/bin/jupyter" lab --notebook-dir="$PWD" --LabApp.default_url=/lab/tree/notebooks \
+  ${lab_args[@]+"${lab_args[@]}"} "$@"

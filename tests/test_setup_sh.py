@@ -97,9 +97,15 @@ def test_jupyterlab_gets_the_venv_on_path_and_allow_root_as_root(checkout):
     venv_bin = str(checkout / ".venv" / "bin")
     assert path.split(":")[0] == venv_bin
     root = os.getuid() == 0
-    expected = ["jupyter", "lab", f"--notebook-dir={checkout}"]
+    # the server's root is the course (exercises/ and work/ reachable), opened in notebooks/
+    expected = [
+        "jupyter",
+        "lab",
+        f"--notebook-dir={checkout}",
+        "--LabApp.default_url=/lab/tree/notebooks",
+    ]
     expected += ["--allow-root"] if root else []
-    assert args.split() == [*expected, "--no-browser", "--port", "0", "notebooks/"]
+    assert args.split() == [*expected, "--no-browser", "--port", "0"]
     assert ("--allow-root" in done.stderr) == root
 
 
