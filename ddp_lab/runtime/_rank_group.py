@@ -21,7 +21,6 @@ import select
 import shutil
 import signal
 import socket
-import sys
 import tempfile
 import time
 from typing import Any
@@ -402,41 +401,35 @@ class RankGroup:
             pass  # a second interrupt, or a rank died: restart without waiting
         self.output.finish()
         ranks = ", ".join(map(str, interrupted))
+        # The outcome is the exception's one clean line (no traceback through the runtime,
+        # as for dl.spawn); DDP_LAB_TRACEBACK=1 shows the details.
         if not pending:
-            print(
+            raise _hang.RanksInterrupted(
                 _t(
                     "Interrupted: the cell was stopped on ranks {ranks}. The group is still "
                     "running and keeps its variables.",
                     ranks=ranks,
-                ),
-                file=sys.stderr,
+                )
+            ) from None
+        stuck = sorted(pending)
+        launcher.print_stacks(stuck, launcher._dump_stacks(self.zygote, self.workdir, set(stuck)))
+        self._restart()
+        stuck_text = ", ".join(map(str, stuck))
+        raise _hang.RanksInterrupted(
+            _t(
+                "Interrupted, but ranks {ranks} did not stop within {grace:g} s (a rank "
+                "waiting inside a collective cannot be interrupted).",
+                ranks=stuck_text,
+                grace=_INTERRUPT_GRACE_S,
             )
-        else:
-            stuck = sorted(pending)
-            launcher.print_stacks(
-                stuck, launcher._dump_stacks(self.zygote, self.workdir, set(stuck))
+            + "\n"
+            + _t(
+                "The group was restarted and ITS STATE IS LOST: {nprocs} new rank "
+                "processes hold none of the variables made so far. Run the cells that "
+                "create them again.",
+                nprocs=self.nprocs,
             )
-            self._restart()
-            stuck_text = ", ".join(map(str, stuck))
-            print(
-                _t(
-                    "Interrupted, but ranks {ranks} did not stop within {grace:g} s (a rank "
-                    "waiting inside a collective cannot be interrupted).",
-                    ranks=stuck_text,
-                    grace=_INTERRUPT_GRACE_S,
-                ),
-                file=sys.stderr,
-            )
-            print(
-                _t(
-                    "The group was restarted and ITS STATE IS LOST: {nprocs} new rank "
-                    "processes hold none of the variables made so far. Run the cells that "
-                    "create them again.",
-                    nprocs=self.nprocs,
-                ),
-                file=sys.stderr,
-            )
-        raise KeyboardInterrupt
+        ) from None
 
     def new_lines(self) -> dict:
         """Notebook cell sources not yet sent to the ranks (for their tracebacks)."""
