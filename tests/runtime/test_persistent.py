@@ -246,7 +246,7 @@ def test_interrupt_inside_a_collective_restarts(group, capfd):
         run("dist.barrier()\n", ranks=[0])  # rank 1 never comes: not interruptible
     err = capfd.readouterr().err
     assert "did not stop" in str(info.value) and "restarted" in str(info.value)
-    assert "where rank 0 was stuck" in err and "<ranks cell 1>\", line 1" in err
+    assert "where rank 0 was stuck" in err and '<ranks cell 1>", line 1' in err
     assert not set(group.pids.values()) & set(old.values())
     run("dist.barrier()\n")
 
