@@ -40,8 +40,8 @@ extras=${DDP_LAB_EXTRAS:-course}
 # ipykernel stages the spec in a temporary folder and leaves that folder's parent behind
 # (an empty /tmp/tmp*_kernels per run): give it a folder of ours to remove.
 kernel_tmp=$(mktemp -d)
-TMPDIR="$kernel_tmp" "$VPY" -m ipykernel install --sys-prefix --name python3 \
-  --display-name "Python 3 (ddp-lab)" >/dev/null
+TMPDIR="$kernel_tmp" \
+  "$VPY" -m ipykernel install --sys-prefix --name python3 --display-name "Python 3 (ddp-lab)" >/dev/null
 rm -rf "$kernel_tmp"
 # JupyterLab's terminals: a bash that reads the user's bashrc and then activates .venv, so
 # that `ddp-lab` works there (jupyter_server starts a login shell by default, and a login
