@@ -37,10 +37,16 @@ if ! "$VPY" -c 'import torch' 2>/dev/null; then
 fi
 extras=${DDP_LAB_EXTRAS:-course}
 "$VPY" -m pip install -q -e ".[$extras]"
-"$VPY" -m ipykernel install --sys-prefix --name python3 --display-name "Python 3 (ddp-lab)" >/dev/null
+# ipykernel stages the spec in a temporary folder and leaves that folder's parent behind
+# (an empty /tmp/tmp*_kernels per run): give it a folder of ours to remove.
+kernel_tmp=$(mktemp -d)
+TMPDIR="$kernel_tmp" \
+  "$VPY" -m ipykernel install --sys-prefix --name python3 --display-name "Python 3 (ddp-lab)" >/dev/null
+rm -rf "$kernel_tmp"
 # JupyterLab's terminals: a bash that reads the user's bashrc and then activates .venv, so
 # that `ddp-lab` works there (jupyter_server starts a login shell by default, and a login
-# shell's /etc/profile resets PATH). Any `.venv/bin/jupyter` reads .venv/etc/jupyter.
+# shell's /etc/profile resets PATH); and a contents manager that keeps the notebooks
+# unmodified on open. Any `.venv/bin/jupyter` reads .venv/etc/jupyter.
 venv=$(cd .venv && pwd)
 mkdir -p "$venv/etc/jupyter" "$venv/etc/ddp-lab"
 cat >"$venv/etc/ddp-lab/bashrc" <<EOF
@@ -55,7 +61,10 @@ venv = sys.argv[1]
 path = f"{venv}/etc/jupyter/jupyter_server_config.json"
 config = json.load(open(path)) if os.path.exists(path) else {}
 shell = [shutil.which("bash") or "/bin/bash", "--rcfile", f"{venv}/etc/ddp-lab/bashrc", "-i"]
-config.setdefault("ServerApp", {}).setdefault("terminado_settings", {})["shell_command"] = shell
+server = config.setdefault("ServerApp", {})
+server.setdefault("terminado_settings", {})["shell_command"] = shell
+# Notebooks open unmodified (ddp_lab/course/lab_contents.py).
+server["contents_manager_class"] = "ddp_lab.course.lab_contents.CourseContentsManager"
 with open(path, "w") as f:
     json.dump(config, f, indent=2)
 EOF
@@ -85,4 +94,7 @@ if [ "$(id -u)" = 0 ]; then
 fi
 # The venv first on PATH: kernels (`!ddp-lab ...` in a cell) and terminals find its commands.
 export PATH="$venv/bin:$PATH" VIRTUAL_ENV="$venv"
-exec "$venv/bin/jupyter" lab --notebook-dir="$PWD" ${lab_args[@]+"${lab_args[@]}"} "$@" notebooks/
+# The whole course is served (exercises/, work/ too); the file browser opens in notebooks/.
+# (A folder given as an argument would become the server's root and hide the rest.)
+exec "$venv/bin/jupyter" lab --notebook-dir="$PWD" --LabApp.default_url=/lab/tree/notebooks \
+  ${lab_args[@]+"${lab_args[@]}"} "$@"

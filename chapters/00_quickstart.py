@@ -129,13 +129,16 @@ print(f"rank {rank}/{world_size} on {device}: {x.tolist()}")
 
 # %% [markdown] lang="en"
 # When a rank fails, the launcher stops the other ranks and raises one error that names
-# the failing rank and shows its traceback. A hang (for example two ranks waiting in
-# different collectives) ends at the timeout with the stack of every stuck rank.
+# the failing rank and shows its traceback (printed below). A deadlock (every rank waiting
+# in communication, none computing) is reported after a few seconds with the line each
+# rank waits at; any other hang ends at the timeout (120 s by default) with the stack of
+# every stuck rank.
 
 # %% [markdown] lang="zh"
 # 当某个 rank 出错时，启动器会停止其他 rank，并抛出一个异常，指明是哪个 rank 出错，
-# 附上它的 traceback。如果程序卡住（例如两个 rank 在等待不同的集合通信），到达超时时间后
-# 会打印每个卡住的 rank 的调用栈。
+# 附上它的 traceback（下面会打印出来）。如果发生死锁（每个 rank 都在等待通信，没有一个在
+# 计算），几秒后就会报告每个 rank 卡在哪一行；其他卡住的情况要到超时（默认 120 秒）才结束，
+# 并打印每个卡住的 rank 的调用栈。
 
 # %%
 def fails_on_rank_1(rank):
@@ -148,6 +151,7 @@ try:
     dl.spawn(fails_on_rank_1, nprocs=2)
 except dl.DistributedError as err:
     print("failed ranks:", err.ranks)
+    print(err)
 
 # %% [markdown] lang="en"
 # ## Ranks that stay: `dl.start` and `%%ranks`

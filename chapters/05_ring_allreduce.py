@@ -50,6 +50,7 @@ import ddp_lab as dl
 from ddp_lab import bench_allreduce, costs, ring
 
 dl.setup()
+print(torch.__version__)
 
 # %% [markdown] lang="en"
 # ## Chunks

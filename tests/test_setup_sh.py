@@ -89,17 +89,28 @@ def test_default_torch_from_pip_index_and_hint_for_the_cpu_build(checkout):
     assert "source .venv/bin/activate" in done.stderr
 
 
-def test_jupyterlab_gets_the_venv_on_path_and_allow_root_as_root(checkout):
+@pytest.mark.parametrize("root", [True, False])
+def test_jupyterlab_gets_the_venv_on_path_and_allow_root_as_root(checkout, root):
+    # setup.sh asks `id -u`; a stand-in answers as root or as a user (the whole setup.sh run
+    # by a real user installs for minutes: too slow for the suite)
+    stub = checkout.parent / "tools" / "id"
+    stub.write_text(f"#!/bin/sh\necho {0 if root else 1000}\n")
+    stub.chmod(0o755)
     done, calls = _run(checkout, "--no-browser", "--port", "0")
     assert done.returncode == 0, done.stderr
     (lab,) = [c for c in calls if c.startswith("jupyter")]
     args, _, path = lab.partition(" | PATH=")
     venv_bin = str(checkout / ".venv" / "bin")
     assert path.split(":")[0] == venv_bin
-    root = os.getuid() == 0
-    expected = ["jupyter", "lab", f"--notebook-dir={checkout}"]
+    # the server's root is the course (exercises/ and work/ reachable), opened in notebooks/
+    expected = [
+        "jupyter",
+        "lab",
+        f"--notebook-dir={checkout}",
+        "--LabApp.default_url=/lab/tree/notebooks",
+    ]
     expected += ["--allow-root"] if root else []
-    assert args.split() == [*expected, "--no-browser", "--port", "0", "notebooks/"]
+    assert args.split() == [*expected, "--no-browser", "--port", "0"]
     assert ("--allow-root" in done.stderr) == root
 
 
@@ -109,6 +120,9 @@ def test_jupyterlab_terminals_run_a_shell_with_the_venv(checkout):
     config = json.loads((checkout / ".venv/etc/jupyter/jupyter_server_config.json").read_text())
     shell = config["ServerApp"]["terminado_settings"]["shell_command"]
     assert Path(shell[0]).name == "bash" and "-l" not in shell  # no login shell: no PATH reset
+    # notebooks open unmodified in JupyterLab (tests/course/test_browser.py shows it)
+    manager = config["ServerApp"]["contents_manager_class"]
+    assert manager == "ddp_lab.course.lab_contents.CourseContentsManager"
     # The shell a terminal starts, with a PATH that lacks the venv, as a login shell would set.
     env = {"PATH": "/usr/bin:/bin", "HOME": str(checkout.parent), "TERM": "dumb"}
     out = subprocess.run(

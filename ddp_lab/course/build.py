@@ -318,7 +318,8 @@ def render(nb: nbformat.NotebookNode, src: str, lang: str, kind: str) -> nbforma
             "name": KERNEL_NAME,
         },
         # What ipykernel reports, but its "version" (the Python's, which differs between
-        # machines): JupyterLab writes that in on open, so a saved copy differs in that line.
+        # machines): the server setup.sh configures fills it in as it serves the notebook
+        # (course/lab_contents.py), so JupyterLab opens it unmodified.
         "language_info": {
             "codemirror_mode": {"name": "ipython", "version": 3},
             "file_extension": ".py",

@@ -7,8 +7,11 @@ connects back over a Unix socket in the launch's private directory. Output captu
 dumps, errors and messages are the launcher's.
 
 Faults: an exception on some ranks is reported with each rank's traceback and the group
-stays. A timeout, a rank that dies, or ranks that ignore an interrupt (one waiting inside a
-collective cannot be interrupted) restart the group: every variable on the ranks is lost.
+stays. A timeout, a deadlock, a rank that dies, or ranks that ignore an interrupt (one
+waiting inside a collective cannot be interrupted) restart the group: every variable on the
+ranks is lost. A deadlock (every rank of the cell waiting in communication at the same place,
+using no CPU) is found after a few seconds, as for ``dl.spawn`` (``_hang.DeadlockWatch``),
+unless a timeout was given.
 """
 
 from __future__ import annotations
@@ -18,16 +21,20 @@ import select
 import shutil
 import signal
 import socket
-import sys
 import tempfile
 import time
 from typing import Any
 
 from ddp_lab.i18n import _t
-from ddp_lab.runtime import _pickle, launcher
+from ddp_lab.runtime import _hang, _pickle, launcher
 from ddp_lab.runtime._rank_loop import LoopJob
 from ddp_lab.runtime._zygote import read_msg, write_msg
-from ddp_lab.runtime.launcher import DistributedError, DistributedTimeoutError, RankFailure
+from ddp_lab.runtime.launcher import (
+    DistributedDeadlockError,
+    DistributedError,
+    DistributedTimeoutError,
+    RankFailure,
+)
 
 _START_TIMEOUT_S = 120.0
 _AFTER_FAILURE_S = 5.0  # once a rank failed, how long the others may still run
@@ -57,8 +64,9 @@ class _Lost(Exception):
 class RankGroup:
     """The notebook's handle on one group of persistent ranks."""
 
-    def __init__(self, nprocs: int, backend: str, timeout: float) -> None:
-        self.nprocs, self.backend, self.timeout = nprocs, backend, timeout
+    def __init__(self, nprocs: int, backend: str, timeout: float, watch: bool = True) -> None:
+        """``watch``: report a deadlock early when a request uses the group's timeout."""
+        self.nprocs, self.backend, self.timeout, self.watch = nprocs, backend, timeout, watch
         self.zygote: launcher._Zygote | None = None
         self.started = time.monotonic()
         self.cells = 0
@@ -83,6 +91,7 @@ class RankGroup:
         self.done = False
         self.workdir = tempfile.mkdtemp(prefix=f"{PREFIX}{os.getpid()}_")
         self.output = launcher._Output(self.workdir, self.nprocs)
+        self.stacks = _hang.StackReader(self.workdir, self.zygote.send)
         path = os.path.join(self.workdir, "ctl")
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
@@ -254,6 +263,9 @@ class RankGroup:
         """Send ``msg`` to ``ranks`` and return their replies; handle every fault on the way."""
         limit = self.timeout if timeout == -1 else launcher._check_timeout(timeout)
         pending, replies = set(ranks), {}
+        watcher = None
+        if self.watch and timeout == -1:  # as dl.spawn: an explicit timeout means no watch
+            watcher = _hang.DeadlockWatch({r: self.pids[r] for r in ranks}, self.stacks)
         try:
             lost = self._poll_zygote()
             if lost:
@@ -272,7 +284,13 @@ class RankGroup:
                 now = time.monotonic()
                 if now >= deadline:
                     self._hang(pending, replies, limit, failed_at)
-                self._wait(pending, replies, min(deadline - now, 0.05 if stream else 1.0))
+                if failed_at is None and watcher is not None:
+                    if watcher.check(sorted(pending), now):
+                        self._deadlock(pending, replies, watcher)
+                    step = 0.05 if stream else 0.25  # the watch samples /proc every 0.25 s
+                else:
+                    step = 0.05 if stream else 1.0
+                self._wait(pending, replies, min(deadline - now, step))
                 if stream:
                     self.output.stream_new()
                 if failed_at is None and any(m["status"] == "error" for m in replies.values()):
@@ -340,6 +358,38 @@ class RankGroup:
         )
         raise DistributedTimeoutError(summary, failures)
 
+    def _deadlock(self, pending: set[int], replies: dict, watcher: _hang.DeadlockWatch) -> None:
+        """Every rank of the request deadlocked: their stacks, a restart, one clear error."""
+        stuck = sorted(pending)
+        self.output.finish()  # the stacks go in the exception only: shown once
+        failures = errors(replies) + [
+            RankFailure(
+                r,
+                _t("where rank {rank} was stuck (Python stack)", rank=r),
+                stack=watcher.stacks.get(r, ""),
+            )
+            for r in stuck
+        ]
+        # The same words as dl.spawn's deadlock (launcher._collect), then what happened to
+        # the group.
+        summary = _t(
+            "Deadlock: for {seconds:.0f} s every running rank ({ranks}) has been "
+            "waiting in communication at the same place, using no CPU; they were "
+            "stopped. Usually the ranks wait for each other (e.g. every rank in a "
+            "blocking recv, or in send with no receiver yet) or call different "
+            "collectives. Where each rank waited:",
+            seconds=watcher.seconds,
+            ranks=", ".join(map(str, stuck)),
+        )
+        self._restart()
+        summary += "\n" + _t(
+            "The group was restarted and ITS STATE IS LOST: {nprocs} new rank "
+            "processes hold none of the variables made so far. Run the cells that "
+            "create them again.",
+            nprocs=self.nprocs,
+        )
+        raise DistributedDeadlockError(summary, failures)
+
     def _interrupt(self, pending: set[int], replies: dict) -> None:
         interrupted = sorted(pending)
         self.zygote.send({"op": "signal", "sig": signal.SIGINT, "ranks": interrupted})
@@ -351,41 +401,35 @@ class RankGroup:
             pass  # a second interrupt, or a rank died: restart without waiting
         self.output.finish()
         ranks = ", ".join(map(str, interrupted))
+        # The outcome is the exception's one clean line (no traceback through the runtime,
+        # as for dl.spawn); DDP_LAB_TRACEBACK=1 shows the details.
         if not pending:
-            print(
+            raise _hang.RanksInterrupted(
                 _t(
                     "Interrupted: the cell was stopped on ranks {ranks}. The group is still "
                     "running and keeps its variables.",
                     ranks=ranks,
-                ),
-                file=sys.stderr,
+                )
+            ) from None
+        stuck = sorted(pending)
+        launcher.print_stacks(stuck, launcher._dump_stacks(self.zygote, self.workdir, set(stuck)))
+        self._restart()
+        stuck_text = ", ".join(map(str, stuck))
+        raise _hang.RanksInterrupted(
+            _t(
+                "Interrupted, but ranks {ranks} did not stop within {grace:g} s (a rank "
+                "waiting inside a collective cannot be interrupted).",
+                ranks=stuck_text,
+                grace=_INTERRUPT_GRACE_S,
             )
-        else:
-            stuck = sorted(pending)
-            launcher.print_stacks(
-                stuck, launcher._dump_stacks(self.zygote, self.workdir, set(stuck))
+            + "\n"
+            + _t(
+                "The group was restarted and ITS STATE IS LOST: {nprocs} new rank "
+                "processes hold none of the variables made so far. Run the cells that "
+                "create them again.",
+                nprocs=self.nprocs,
             )
-            self._restart()
-            stuck_text = ", ".join(map(str, stuck))
-            print(
-                _t(
-                    "Interrupted, but ranks {ranks} did not stop within {grace:g} s (a rank "
-                    "waiting inside a collective cannot be interrupted).",
-                    ranks=stuck_text,
-                    grace=_INTERRUPT_GRACE_S,
-                ),
-                file=sys.stderr,
-            )
-            print(
-                _t(
-                    "The group was restarted and ITS STATE IS LOST: {nprocs} new rank "
-                    "processes hold none of the variables made so far. Run the cells that "
-                    "create them again.",
-                    nprocs=self.nprocs,
-                ),
-                file=sys.stderr,
-            )
-        raise KeyboardInterrupt
+        ) from None
 
     def new_lines(self) -> dict:
         """Notebook cell sources not yet sent to the ranks (for their tracebacks)."""

@@ -74,7 +74,9 @@ def start(nprocs: int = 2, backend: str = "auto", timeout: float | None = -1) ->
         backend: "gloo", "nccl", "mpi" or "auto" (nccl when every rank can have a GPU).
         timeout: the default seconds a ``%%ranks`` cell may run before the ranks' stacks
             are shown and the group is restarted; -1 means the launcher's default
-            (``dl.set_timeout``), None means no limit.
+            (``dl.set_timeout``), and then a deadlock (every rank of the cell waiting in
+            communication, see ``_hang``) is reported after a few seconds already; None
+            means no limit.
     """
     global _group
     nprocs = launcher.check_nprocs(nprocs)
@@ -90,7 +92,7 @@ def start(nprocs: int = 2, backend: str = "auto", timeout: float | None = -1) ->
             )
         )
     _clean_stale()
-    _group = RankGroup(nprocs, backend, limit)
+    _group = RankGroup(nprocs, backend, limit, watch=timeout == -1)
     print(
         _t(
             "Started {nprocs} persistent ranks ({backend} backend). Run cells on "

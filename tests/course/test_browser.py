@@ -569,6 +569,11 @@ def check_exercise(page, lab: Lab, lang: str) -> None:
     )
     status = page.locator("#jp-main-statusbar").inner_text()
     assert "Python 3 (ddp-lab)" in status, status  # the kernel setup.sh installs
+    # Opened and connected, the notebook is unmodified: no dot on its tab, nothing to save
+    # (the kernel's language_info, which JupyterLab writes in on open, is the stored one).
+    page.wait_for_timeout(1500)
+    tab = page.locator(".lm-DockPanel-tabBar .lm-TabBar-tab", has_text=EXERCISE)
+    assert "jp-mod-dirty" not in (tab.get_attribute("class") or ""), tab.get_attribute("class")
     # before any work: no pass line reads as a verdict; the target is labelled as such
     label = _t("when solved, this cell prints: ", lang).strip()
     passed = build.grade_pass_line("00.average", 2, lang)
