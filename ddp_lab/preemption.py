@@ -133,11 +133,11 @@ def run(timeout: float = 400.0) -> Record:
                     note(f"scontrol update JobId={job.id} StartTime=now")
                     break
                 time.sleep(0.5)
-            while time.monotonic() < deadline:  # until the second run has ended
+            out = c.folder / f"{job.name}-{job.id}.out"
+            while time.monotonic() < deadline:  # until the second run has started and ended
                 shown = c.run(["scontrol", "show", "job", str(job.id)]).stdout
-                if "Restarts=1" in shown and re.search(
-                    r"JobState=(COMPLETED|FAILED|CANCEL)", shown
-                ):
+                second = out.exists() and "SLURM_RESTART_COUNT=1" in out.read_text()
+                if second and re.search(r"JobState=(COMPLETED|FAILED|CANCEL|TIMEOUT)", shown):
                     break
                 time.sleep(0.5)
             c.wait(job, timeout=10.0)

@@ -12,7 +12,9 @@ scaling, the loss averaged over ranks for logging, evaluation gathered from all 
 without the sampler's padding, a progress bar on rank 0 only, checkpoints written by
 rank 0 (then a barrier) and read with ``map_location``, resume, and a clean shutdown.
 Chapter 11 adds ``--checkpoint-every K`` (atomic step checkpoints that resume bit for bit,
-``ddp_lab/resume.py``), ``--fail-at-step S`` and the SHA-256 of the final parameters.
+``ddp_lab/resume.py``), ``--fail-at-step S`` and the SHA-256 of the final parameters; for
+its elastic and Slurm demos ``--timeout`` (the process group's), ``--step-sleep`` and
+``--preempt-signal`` (checkpoint and stop on a scheduler's warning).
 
 How it differs from a production script: no mixed precision, no gradient clipping, only a
 linear LR warmup, no DataLoader workers (the whole data set is a 1 MB tensor).
