@@ -24,7 +24,8 @@
 # the same parameters, bit for bit, as one that was never interrupted. Then: how to write a
 # checkpoint that is complete or absent even if the writer dies, **sharded checkpoints** with
 # `torch.distributed.checkpoint` (saved on 2 ranks, loaded on 3), how a peer that hangs
-# becomes an error, and what a checkpoint costs.
+# becomes an error, a host that leaves an **elastic** job and comes back, a Slurm job that is
+# warned, checkpoints, requeues itself and resumes, and what a checkpoint costs.
 
 # %% [markdown] lang="zh"
 # # 11 训练出故障时：检查点、重启与卡住
@@ -34,7 +35,9 @@
 # 从**检查点**（checkpoint）重启整个作业，最终参数与从未中断的运行逐位相同。接下来讨论：怎样写
 # 出“要么完整、要么不存在”的检查点，哪怕写文件的进程中途死掉；怎样用
 # `torch.distributed.checkpoint` 写**分片检查点**（sharded checkpoint），由 2 个 rank（进程编
-# 号）保存、3 个 rank 加载；怎样让卡住的对端变成一个明确的错误；以及一个检查点要花多少时间。
+# 号）保存、3 个 rank 加载；怎样让卡住的对端变成一个明确的错误；一台主机离开**弹性**
+# （elastic）作业、随后又回来时会发生什么；Slurm 作业怎样收到预警、写检查点、把自己重新排队并
+# 恢复运行；以及一个检查点要花多少时间。
 
 # %%
 import os
@@ -322,7 +325,222 @@ for line in dl.spawn(recovery.collective_timeout, args=(3.0,), nprocs=2, backend
     print(line)
 
 # %% [markdown] lang="en" tags=["lesson"]
-# ## 5. What a checkpoint costs
+# ## 5. A host leaves, a host comes back: elastic membership
+#
+# So far a failure restarted the same workers on the same machines. With `--nnodes=1:2`
+# torchrun accepts between one and two nodes: each node's **agent** (the `torchrun` process)
+# joins a **rendezvous round**, and the round completes at once when two nodes have joined, or
+# `last_call_timeout` after the first (`_add_to_participants` in
+# `torch/distributed/elastic/rendezvous/dynamic_rendezvous.py`; 30 s by default, 3 s here).
+# Each agent sends a heartbeat every `keep_alive_interval` (5 s by default, 2 s here); a node
+# whose heartbeat is `keep_alive_max_attempt` (3) intervals old is dead and leaves the round
+# (`_sanitize`, same file). The c10d rendezvous keeps its state in a TCPStore served by the agent
+# on the endpoint's host (`_create_tcp_store` in `c10d_rendezvous_backend.py`): lose that host and
+# the job is gone, so here host1 is the one taken away.
+#
+# What an agent does is in `_invoke_run` (`torch/distributed/elastic/agent/server/api.py`). It
+# watches its workers; when one fails and restarts are left, it spends one of
+# `--max-restarts`, stops **all** its workers (the healthy ones too), joins the next round and
+# starts new workers with the new `RANK` and `WORLD_SIZE`. When its workers are healthy but a
+# node waits to join (`num_nodes_waiting()`), it restarts them the same way *without* spending a
+# restart: "membership changes do not count as retries". So every change of membership restarts
+# every worker, and a run survives it only by resuming from a checkpoint (section 1).
+#
+# Below, two hosts (chapter 09's network namespaces) run chapter 08's program with step
+# checkpoints in a folder both see (a shared file system on a real cluster), `--max-restarts=3`.
+# Mid-run host1 is taken away twice, in two runs: first everything on it is killed (the machine
+# dies), then only its network link goes down (`ip link set eth0 down`) while its processes live
+# on. Each time host1 then comes back. The runs start now and take about three minutes
+# together; where hosts cannot be built, the stored timelines of a real run are shown instead.
+
+# %% [markdown] lang="zh" tags=["lesson"]
+# ## 5. 节点离开，节点回来：弹性成员
+#
+# 到目前为止，出故障后重启的是同一批机器上的同一批 worker。用 `--nnodes=1:2` 时，torchrun 接受 1
+# 到 2 个节点：每个节点的**代理**（agent）加入一轮**会合**（rendezvous round），代理
+# 就是 `torchrun` 进程本身；两个节点都加入时这一轮立即完成，否则在第一个节点加入
+# `last_call_timeout` 之后完成（`torch/distributed/elastic/rendezvous/dynamic_rendezvous.py`
+# 中的 `_add_to_participants`；默认 30 秒，这里设为 3 秒）。每个代理每隔 `keep_alive_interval`
+# 发送一次心跳（默认 5 秒，这里 2 秒）；心跳超过 `keep_alive_max_attempt`（3）个间隔没有更新
+# 的节点被认为已经死亡，会被移出这一轮（同一文件中的 `_sanitize`）。c10d 会合把状态放在一个
+# TCPStore 里，由 endpoint 所在主机上的代理提供服务（`c10d_rendezvous_backend.py` 中的
+# `_create_tcp_store`）：失去这台主机，整个作业就没了，所以这里拿走的是 host1。
+#
+# 代理的行为写在 `torch/distributed/elastic/agent/server/api.py` 的 `_invoke_run` 中。它监视
+# 自己的 worker：某个 worker 失败且还有重启次数时，它用掉一次 `--max-restarts`，停掉自己**所
+# 有**的 worker（健康的也停），加入下一轮会合，再用新的 `RANK` 和 `WORLD_SIZE` 启动新的
+# worker。如果 worker 都健康，但有节点在等待加入（`num_nodes_waiting()`），它也这样重启，但
+# *不*消耗重启次数：源码注释写的是“membership changes do not count as retries”（成员变化不算
+# 重试）。所以成员的每一次变化都会重启所有 worker，训练只能靠从检查点恢复（第 1 节）才能延续下
+# 去。
+#
+# 下面两台主机（第 09 章用网络命名空间搭出的主机）运行第 08 章的训练程序，步检查点写在两台主机
+# 都能看到的目录里（真实集群上就是共享文件系统），`--max-restarts=3`。我们分两次运行，在训练中
+# 途拿走 host1：第一次杀掉它上面的所有进程（相当于机器宕机）；第二次只断开它的网络链路
+# （`ip link set eth0 down`），进程都还活着。两次之后 host1 都会回来。两次运行现在就在后台开
+# 始，一共大约三分钟；无法搭建主机的地方，显示一次真实运行保存下来的时间线。
+
+# %% tags=["lesson"]
+from ddp_lab import elastic
+
+runs = elastic.Runs()
+print(" ".join(["torchrun", *elastic.torchrun(0, "CKPT")[3:]]).replace(":0 ", ":PORT "))
+
+# %% [markdown] lang="en" tags=["lesson"]
+# The first run's timeline: seconds since the start, the host, and the lines that matter
+# (the program's own, and the agents' log lines, with `LOGLEVEL=INFO`). Read it for: host0's
+# worker failing at once (the connection "reset" or "closed by peer": host1's sockets went
+# with its processes), host0's agent spending a restart ("3/3 attempts left"), the next round
+# completing with host1 gone (`group_world_size=1`), the program resuming with world size 1,
+# the fresh torchrun on host1 waiting to join, host0's agent restarting its healthy worker
+# for it ("Detected 1 new nodes") with `restart_count` still 1, and world size 2 again.
+
+# %% [markdown] lang="zh" tags=["lesson"]
+# 第一次运行的时间线：从开始算起的秒数、主机，以及值得看的那些行（程序自己的输出，以及设置
+# `LOGLEVEL=INFO` 后代理的日志）。要看的是：host0 的 worker 立即失败（连接被对端重置或关闭，“reset/closed
+# by peer”：host1 的进程一死，它的套接字也就没了）；host0 的代理用掉一次重启（“3/3 attempts
+# left”）；下一轮会合在没有 host1 的情况下完成（`group_world_size=1`）；程序以 world size 1
+# 恢复；host1 上新启动的 torchrun 等待加入；host0 的代理为它重启了自己健康的 worker
+# （“Detected 1 new nodes”），`restart_count` 仍然是 1；world size 又回到 2。
+
+# %% tags=["lesson"]
+agent = runs["agent"]
+agent.show()
+
+# %% [markdown] lang="en" tags=["lesson"]
+# What the change does to the training: the program keeps 32 samples per rank, so the
+# **global batch** follows the world size, and with linear scaling (chapter 08) so does the
+# LR; an epoch takes twice as many steps on one rank. The checkpoint's data position carries
+# over (the sampler counts used samples, not steps), but the per-rank random state of 2 ranks
+# cannot be dealt out to 1, and the program says so: an elastic run is a correct run, but no
+# longer bit for bit the run that nothing interrupted. A program could keep the global batch
+# fixed instead (more samples per rank, or gradient accumulation), and with it the LR. The
+# rendezvous after the failure waited for the dead node's heartbeat to expire (3 × 2 s) and
+# for `last_call_timeout` (3 s); the restarts each cost the program's start-up as well.
+
+# %% [markdown] lang="zh" tags=["lesson"]
+# 成员变化对训练意味着什么：程序保持每个 rank 32 个样本，所以**全局批大小**（global batch）随
+# world size 变化；按线性缩放规则（第 08 章），学习率也随之变化；只剩一个 rank 时，一轮要走两倍
+# 的步数。检查点中的数据位置可以沿用（采样器记的是用掉了多少样本，而不是多少步），但 2 个 rank
+# 各自的随机数状态没法分给 1 个 rank，程序也明确说了这一点：弹性运行是正确的运行，但不再与从未
+# 中断的运行逐位相同。程序也可以改为固定全局批大小（每个 rank 多取样本，或者用梯度累积），学习
+# 率也就不变。故障之后的那轮会合要等死去节点的心跳过期（3 × 2 秒），再等 `last_call_timeout`（3 秒）；
+# 每次重启还要加上程序本身的启动时间。
+
+# %% tags=["lesson"]
+for t, world, batch, lr in agent.worlds():
+    print(f"{t:5.1f} s: world size {world}, global batch {batch}, lr {lr:g}")
+print("host0's restart_count at each round:", [n for _, h, n in agent.restart_counts() if h == "host0"])
+print("exit codes:", agent.returncodes)
+
+# %% [markdown] lang="en" tags=["lesson"]
+# The second run: host1's link goes down and nothing is closed. Its packets are simply lost,
+# so host0's worker waits inside a collective until the process group's timeout, 8 s here
+# (`python -m ddp_lab.train --timeout 8`, passed to `init_process_group`; section 4), and only
+# then fails ("Timed out waiting 8000ms"). With torch's default of 30 minutes the job would
+# sit that long. From there it goes as before. When the link is back, host1's agent reaches
+# the store on host0 again: its own worker timed out too, so it spends one of its restarts
+# and joins the next round, and host0's agent restarts its workers for it. How soon depends
+# on TCP: while the link is down, the kernel retransmits the agent's pending request at
+# growing intervals, so the next attempt may come many seconds after the link is back. If
+# host1 has not rejoined within 40 s, we kill what is left on it and start a fresh torchrun,
+# as an operator (or the scheduler) would; the timeline says which happened. Once its worker
+# ends, each agent waits for the others at an exit barrier ("Waiting 300 seconds for other
+# agents to finish": `_exit_barrier`, same file).
+
+# %% [markdown] lang="zh" tags=["lesson"]
+# 第二次运行：host1 的链路断开，但什么都没有关闭。它的数据包只是丢了，所以 host0 的 worker 在
+# 集合通信里一直等到进程组超时才失败（“Timed out waiting 8000ms”），这里超时是 8 秒
+# （`python -m ddp_lab.train --timeout 8`，传给 `init_process_group`；见第 4 节）。如果用
+# torch 默认的 30 分钟，作业就会卡这么久。之后的过程和第一次一样。链路恢复后，host1 的代理又
+# 能连上 host0 上的 store：它自己的 worker 也已经超时失败，于是它用掉一次重启，加入下一轮会
+# 合，host0 的代理再为它重启自己的 worker。多久能回来取决于 TCP：链路断开期间，内核按越来越长
+# 的间隔重传代理尚未送达的请求，所以下一次重传可能在链路恢复好几秒之后才发生。如果 40 秒内
+# host1 还没有重新加入，我们就像运维人员（或调度器）那样，杀掉它上面剩下的进程，重新启动一个
+# torchrun；时间线会说明实际发生的是哪一种。worker 结束后，每个代理都在退出屏障处等待其他代理
+# （`Waiting 300 seconds for other agents to finish`：同一文件中的 `_exit_barrier`）。
+
+# %% tags=["lesson"]
+link = runs["link"]
+link.show()
+print([w[1] for w in link.worlds()], link.returncodes)
+
+# %% [markdown] lang="en" tags=["lesson"]
+# ## 6. Preemption under Slurm: a warning, a checkpoint, a requeue
+#
+# On a shared cluster a job ends when its time limit comes, or earlier when the scheduler
+# preempts it for a job of higher priority. At the time limit Slurm sends SIGTERM to the job's
+# processes and SIGKILL `KillWait` seconds later (30 by default, `man slurm.conf`); whatever
+# was not saved by then is lost. A job can ask for a warning instead: `#SBATCH
+# --signal=USR1@60` sends SIGUSR1 to every job step about 60 s before the time limit ("up to 60
+# seconds earlier" than asked, says `man sbatch`; `B:USR1@60` would signal only the batch
+# shell). `#SBATCH --requeue` lets the job go back to the queue; requeued, the batch script
+# starts again from its first line, with the same job id and `SLURM_RESTART_COUNT` set, and
+# `--open-mode=append` keeps the output of both runs in one file.
+#
+# The job below puts it together. torchrun handles SIGTERM, SIGINT, SIGHUP and SIGQUIT by
+# default; `--signals-to-handle` adds SIGUSR1, so that the agent passes it on to its workers
+# instead of dying of it (`_invoke_run`'s caller `run` in `torch/distributed/elastic/agent/
+# server/api.py`: on a `SignalException` it shuts the workers down with that signal).
+# `python -m ddp_lab.train --preempt-signal USR1` notes the signal, and after every step all
+# ranks all-reduce that note (`resume.StopOnSignal`), so that they stop after the same step:
+# a rank that stopped alone would leave the others in a collective. Then a checkpoint, a file
+# `preempted`, and the script requeues its own job with `scontrol requeue`. A second, identical
+# job runs straight through for comparison. Rather than wait for the time limit, the demo sends
+# the same warning with `scancel --signal=USR1 JOBID` once the job has written a checkpoint.
+# Slurm holds a requeued job for `cred_expire` seconds before it may start again (120 by
+# default, `AuthInfo` in `man slurm.conf`); the demo shortens the wait with
+# `scontrol update JobId=… StartTime=now`. It starts now and takes about two minutes.
+
+# %% [markdown] lang="zh" tags=["lesson"]
+# ## 6. Slurm 下的抢占：预警、检查点、重新排队
+#
+# 在共享集群上，作业会在时间限制到达时结束；如果调度器要给优先级更高的作业让路，还会提前抢占
+# （preempt）它。到达时间限制时，Slurm 先向作业的进程发送 SIGTERM，`KillWait` 秒之后再发送
+# SIGKILL（默认 30 秒，见 `man slurm.conf`）；到那时还没保存的东西就丢了。作业可以要求提前得到
+# 预警：`#SBATCH --signal=USR1@60` 在时间限制前大约 60 秒向每个作业步（job step）发送
+# SIGUSR1（`man sbatch` 说实际可能比要求的“最多早 60 秒”；写成 `B:USR1@60` 则只发给批处理脚本
+# 所在的 shell）。`#SBATCH --requeue` 允许作业回到队列中；重新排队（requeue）后，批处理脚本从第
+# 一行重新开始执行，作业号不变，并设置 `SLURM_RESTART_COUNT`；`--open-mode=append` 让两次运
+# 行的输出写进同一个文件。
+#
+# 下面的作业把这些组合在一起。torchrun 默认处理 SIGTERM、SIGINT、SIGHUP 和 SIGQUIT；
+# `--signals-to-handle` 加上 SIGUSR1，代理就会把这个信号转发给它的 worker，而不是被它杀死
+# （`torch/distributed/elastic/agent/server/api.py` 中调用 `_invoke_run` 的 `run`：捕获到
+# `SignalException` 时，用这个信号关闭 worker）。`python -m ddp_lab.train --preempt-signal
+# USR1` 记下收到的信号，每一步之后所有 rank 对这个标记做一次全归约（`resume.StopOnSignal`），
+# 这样它们会在同一步之后停下：单独停下的 rank 会让其他 rank 卡在集合通信里。随后写检查点和一个
+# `preempted` 文件，脚本再用 `scontrol requeue` 把自己的作业重新排队。另一个完全相同的作业一口
+# 气跑完，用来对比。演示不去等时间限制，而是在作业写出检查点之后，用
+# `scancel --signal=USR1 JOBID` 发出同样的预警。重新排队的作业要等 `cred_expire` 秒才能再次
+# 启动（默认 120 秒，见 `man slurm.conf` 中的 `AuthInfo`）；演示用
+# `scontrol update JobId=… StartTime=now` 省掉这段等待。它现在开始运行，大约需要两分钟。
+
+# %% tags=["lesson"]
+from ddp_lab import preemption
+
+preempt = preemption.Runs()
+print(preemption.script("preempted", "FOLDER", "CHECKPOINTS"))
+
+# %% [markdown] lang="en" tags=["lesson"]
+# What this module did and when, then the two jobs' output: the preempted job's two runs
+# (`SLURM_RESTART_COUNT` 0 and 1), the step after which it stopped, the resume from that
+# checkpoint, and the two final digests.
+
+# %% [markdown] lang="zh" tags=["lesson"]
+# 先看这个模块在什么时候做了什么，再看两个作业的输出：被抢占作业的两次运行
+# （`SLURM_RESTART_COUNT` 为 0 和 1）、它在哪一步之后停下、从那个检查点恢复，以及两个最终摘要。
+
+# %% tags=["lesson"]
+job = preempt.run
+print("\n".join(job.events))
+job.show("straight")
+job.show("preempted")
+straight_sha, preempted_sha = job.digests()
+print("same parameters, bit for bit:", straight_sha is not None and straight_sha == preempted_sha)
+
+# %% [markdown] lang="en" tags=["lesson"]
+# ## 7. What a checkpoint costs
 #
 # One run, 2 ranks, rounds that alternate: 20 training steps of chapter 08's model, one
 # `torch.save` checkpoint (`resume.save_step`: gather the RNG states, rank 0 writes the full
@@ -333,7 +551,7 @@ for line in dl.spawn(recovery.collective_timeout, args=(3.0,), nprocs=2, backend
 # matters, and it is why large runs use sharded, asynchronous saves.
 
 # %% [markdown] lang="zh" tags=["lesson"]
-# ## 5. 一个检查点的代价
+# ## 7. 一个检查点的代价
 #
 # 一次运行、2 个 rank，若干轮交替进行，每轮做三件事：第 08 章模型的 20 个训练步；一次
 # `torch.save` 检查点；一次 `dcp.save`。`torch.save` 检查点就是 `resume.save_step`：收集随机数
@@ -439,6 +657,11 @@ dl.grade("11.resume", save_state, load_state)
 #   another world size; a rank's `torch.save` of its shard is not a checkpoint.
 # - A dead peer fails the next collective; a stuck one only fails at the group's timeout
 #   (NCCL: the watchdog and the flight recorder). Then torchrun restarts from the checkpoint.
+# - `--nnodes=1:2`: a node that leaves or joins restarts every worker with the new world size
+#   (a failure spends one of `--max-restarts`, a join does not); the global batch and the LR
+#   change with it unless the program keeps them.
+# - Under Slurm: `--signal=USR1@60` and `--requeue`, torchrun `--signals-to-handle` with
+#   SIGUSR1, all ranks stop after the same step, checkpoint, `scontrol requeue`.
 
 # %% [markdown] lang="zh"
 # ## 要点
@@ -450,3 +673,7 @@ dl.grade("11.resume", save_state, load_state)
 #   一个 rank 对自己的分片调用 `torch.save` 不算检查点。
 # - 死掉的对端让下一次集合通信失败；卡住的对端要等到进程组超时才会失败（NCCL：看门狗和飞行
 #   记录器）。然后 torchrun 从检查点重启。
+# - `--nnodes=1:2`：节点离开或加入都会以新的 world size 重启所有 worker（失败会用掉一次
+#   `--max-restarts`，加入不会）；除非程序自己保持不变，全局批大小和学习率都会随之改变。
+# - 在 Slurm 下：`--signal=USR1@60` 和 `--requeue`，torchrun 的 `--signals-to-handle` 加上
+#   SIGUSR1，所有 rank 在同一步之后停下，写检查点，再 `scontrol requeue`。

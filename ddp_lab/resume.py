@@ -202,6 +202,31 @@ def params_sha256(model: torch.nn.Module) -> str:
     return h.hexdigest()
 
 
+class StopOnSignal:
+    """Note that ``name`` (``USR1``, ``TERM``...) arrived; stop every rank after the same step.
+
+    A scheduler's warning (Slurm's ``--signal=USR1@60``, SIGTERM before a kill) reaches the
+    ranks at different moments, or only some of them; a rank that stopped at once would leave
+    the others waiting in a collective. So the handler only sets a flag, and after every step
+    :meth:`agreed` all-reduces it (MAX): every rank learns in the same step that one got it.
+    """
+
+    def __init__(self, name: str, device: torch.device | str = "cpu") -> None:
+        self.signum = signal.Signals["SIG" + name.upper().removeprefix("SIG")]
+        self.device = device
+        self.got = False
+        signal.signal(self.signum, self._note)
+
+    def _note(self, signum: int, frame: object) -> None:
+        self.got = True
+
+    def agreed(self) -> bool:
+        """Did any rank get the signal? The same answer on every rank (a collective)."""
+        flag = torch.tensor([float(self.got)], device=self.device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return bool(flag.item())
+
+
 def fail_once(folder: str | Path, step: int) -> None:
     """Die by SIGKILL, unless a marker in ``folder`` says this already happened at ``step``.
 

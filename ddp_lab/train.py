@@ -12,7 +12,9 @@ scaling, the loss averaged over ranks for logging, evaluation gathered from all 
 without the sampler's padding, a progress bar on rank 0 only, checkpoints written by
 rank 0 (then a barrier) and read with ``map_location``, resume, and a clean shutdown.
 Chapter 11 adds ``--checkpoint-every K`` (atomic step checkpoints that resume bit for bit,
-``ddp_lab/resume.py``), ``--fail-at-step S`` and the SHA-256 of the final parameters.
+``ddp_lab/resume.py``), ``--fail-at-step S`` and the SHA-256 of the final parameters; for
+its elastic and Slurm demos ``--timeout`` (the process group's), ``--step-sleep`` and
+``--preempt-signal`` (checkpoint and stop on a scheduler's warning).
 
 How it differs from a production script: no mixed precision, no gradient clipping, only a
 linear LR warmup, no DataLoader workers (the whole data set is a 1 MB tensor).
@@ -21,6 +23,7 @@ linear LR warmup, no DataLoader workers (the whole data set is a 1 MB tensor).
 from __future__ import annotations
 
 import argparse
+import datetime
 import math
 import os
 import sys
@@ -142,6 +145,28 @@ def make_parser() -> argparse.ArgumentParser:
         metavar="S",
         help="the last rank kills itself (SIGKILL) after step S, once (for demonstrations)",
     )
+    p.add_argument(
+        "--preempt-signal",
+        choices=("USR1", "USR2", "TERM"),
+        default=None,
+        help="on this signal (a scheduler's warning), every rank finishes its step, a "
+        "checkpoint is written to --checkpoint-dir with a file 'preempted', and the run exits",
+    )
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=0,
+        metavar="SECONDS",
+        help="process group timeout: a collective that waits longer fails (default: "
+        "torch's, 30 minutes for gloo)",
+    )
+    p.add_argument(
+        "--step-sleep",
+        type=float,
+        default=0,
+        metavar="SECONDS",
+        help="sleep after every step, as if the model were bigger (for demonstrations)",
+    )
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     # torch.distributed.launch (deprecated) passes --local-rank=N; torchrun sets LOCAL_RANK.
     p.add_argument("--local-rank", "--local_rank", type=int, default=None, help=argparse.SUPPRESS)
@@ -160,8 +185,9 @@ def check_args(args: argparse.Namespace) -> argparse.Namespace:
                     value=value,
                 )
             )
-    for name in ("threads", "warmup_steps", "checkpoint_every", "fail_at_step"):
-        if getattr(args, name) < 0:
+    for name in ("threads", "warmup_steps", "checkpoint_every", "fail_at_step", "timeout",
+                 "step_sleep"):  # fmt: skip
+        if not (getattr(args, name) >= 0 and math.isfinite(getattr(args, name))):
             raise ValueError(
                 _t(
                     "{name} must be a positive number, got {value}.",
@@ -171,6 +197,8 @@ def check_args(args: argparse.Namespace) -> argparse.Namespace:
             )
     if (args.checkpoint_every or args.fail_at_step) and not args.checkpoint_dir:
         raise ValueError(_t("--checkpoint-every and --fail-at-step need --checkpoint-dir."))
+    if args.preempt_signal and not (args.checkpoint_dir and args.checkpoint_every):
+        raise ValueError(_t("--preempt-signal needs --checkpoint-dir and --checkpoint-every."))
     if (
         args.checkpoint_dir
         and Path(args.checkpoint_dir).exists()
@@ -448,6 +476,9 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         )
     if rng is not None:
         resume.set_rng_state(rng)  # last: nothing above may draw after this
+    stop = resume.StopOnSignal(args.preempt_signal, comm_device()) if args.preempt_signal else None
+    if args.preempt_signal and rank == 0:
+        (Path(args.checkpoint_dir) / "preempted").unlink(missing_ok=True)
     run_start = time.perf_counter()
     for epoch in range(start_epoch, args.epochs):
         if epoch != start_epoch or latest is None or args.resume:
@@ -472,9 +503,13 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
             total += loss.item() * len(y)
             count += len(y)
             bar.update()
+            if args.step_sleep:
+                time.sleep(args.step_sleep)
             if args.fail_at_step == step and rank == world - 1:
                 resume.fail_once(args.checkpoint_dir, step)
-            if args.checkpoint_every and step % args.checkpoint_every == 0:
+            due = bool(args.checkpoint_every) and step % args.checkpoint_every == 0
+            preempted = stop is not None and stop.agreed()
+            if due or preempted:
                 used = done_before + (i + 1) * args.batch_size * world
                 sampler.start = min(len(train_set), used)
                 resume.save_step(
@@ -491,6 +526,16 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
                         "local": {"total": total, "count": count},
                     },
                 )
+            if preempted:
+                if rank == 0:
+                    (Path(args.checkpoint_dir) / "preempted").write_text(f"{step}\n")
+                    print(
+                        f"SIG{args.preempt_signal} arrived: stopped after step {step}, "
+                        "checkpoint written",
+                        flush=True,
+                    )
+                history.update(preempted=step, world_size=world, rank=rank, steps=step)
+                return history
         sampler.start = 0
         elapsed = torch.tensor([time.perf_counter() - t0], device=comm_device())
         dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)  # an epoch lasts as long as its slowest rank
@@ -555,7 +600,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     _ensure_launcher_env()
     owns_group = not dist.is_initialized()
     if owns_group:  # RANK, WORLD_SIZE, MASTER_ADDR/PORT come from the launcher
-        dist.init_process_group(pick_backend(args.backend))
+        timeout = {"timeout": datetime.timedelta(seconds=args.timeout)} if args.timeout else {}
+        dist.init_process_group(pick_backend(args.backend), **timeout)
     try:
         return train(args)
     finally:

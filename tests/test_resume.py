@@ -140,6 +140,9 @@ def test_a_writer_killed_mid_write_leaves_the_previous_checkpoint(tmp_path):
         (["--checkpoint-every", "3"], "--checkpoint-dir"),
         (["--fail-at-step", "3"], "--checkpoint-dir"),
         (["--checkpoint-every", "-1", "--checkpoint-dir", "x"], "--checkpoint-every"),
+        (["--timeout", "-1"], "--timeout"),
+        (["--step-sleep", "nan"], "--step-sleep"),
+        (["--preempt-signal", "USR1", "--checkpoint-dir", "x"], "--checkpoint-every"),
     ],
 )
 def test_bad_resume_arguments(argv, words, capsys):

@@ -1,5 +1,5 @@
 """Every chapter's checkers speak Chinese to a zh learner: a wrong answer to each graded
-exercise of chapters 00-10, graded in zh, gets feedback without English prose.
+exercise of chapters 00-11, graded in zh, gets feedback without English prose.
 
 Values and identifiers stay as they are (``dist.all_reduce``, ``world_size=3``, numbers),
 and so do the English words the glossary keeps (rank, world size); what may not appear is a
@@ -26,9 +26,11 @@ from test_ch07 import SumsBuckets, SumsDDP
 from test_ch08 import make_fit
 from test_ch09 import accuracy_mean_of_ranks, safe_raise_alone
 from test_ch10 import _variant, all_reduce_grad, sums_hook
+from test_ch11 import make_resume
 
 from ddp_lab.course.checks import ch09
-from ddp_lab.course.grading import load_checkers
+from ddp_lab.course.grading import load_checkers, run_checker
+from ddp_lab.course.learner import LocalLearner
 
 
 def own_value(tensor: torch.Tensor) -> torch.Tensor:  # 00: forgets to all-reduce
@@ -62,7 +64,17 @@ WRONG: list[tuple[str, Any]] = [
     ("10.sharded_optimizer", _variant("forgets to share")),
     ("10.bf16_hook", sums_hook),
     ("10.fsdp_reduce", all_reduce_grad),
+    ("11.resume", make_resume("rng")),
+    ("11.resume", make_resume("optimizer")),
 ]
+
+
+def graded(grade_id: str, wrong: Any, lang: str) -> tuple[bool, str]:
+    """``verdict``, also for an exercise that takes several objects (a tuple of them)."""
+    if isinstance(wrong, tuple):  # 11.resume: (save_state, load_state)
+        return run_checker(load_checkers()[grade_id], LocalLearner(wrong), lang)
+    return verdict(grade_id, wrong, lang)
+
 
 # English kept in Chinese prose: the glossary's "rank" and "world size", and program names
 KEPT = {"rank", "world", "size", "torch", "torchrun", "gloo", "nccl"}
@@ -100,8 +112,8 @@ def test_the_detector(text: str, found: list[str]) -> None:
     assert english_prose(text) == found
 
 
-def test_every_exercise_of_chapters_00_to_10_is_covered() -> None:
-    graded = {g for g in load_checkers() if g[:2].isdigit() and int(g[:2]) <= 10}
+def test_every_exercise_of_chapters_00_to_11_is_covered() -> None:
+    graded = {g for g in load_checkers() if g[:2].isdigit() and int(g[:2]) <= 11}
     assert graded == {g for g, _ in WRONG}
 
 
@@ -113,11 +125,11 @@ def test_zh_feedback_has_no_english_prose(
     grade_id: str, wrong: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(ch09, "HANG_TIMEOUT_S", 5.0)  # a correct case takes < 1 s
-    passed, zh = verdict(grade_id, wrong, "zh")
+    passed, zh = graded(grade_id, wrong, "zh")
     assert not passed, zh
     assert re.search(r"[\u4e00-\u9fff]", zh), zh
     assert english_prose(zh) == [], zh
-    passed, en = verdict(grade_id, wrong, "en")
+    passed, en = graded(grade_id, wrong, "en")
     assert not passed, en
     assert english_prose(en) != [], f"the detector misses the English of {en!r}"
 
@@ -126,4 +138,4 @@ if __name__ == "__main__":  # print every verdict line, both languages
     ch09.HANG_TIMEOUT_S = 5.0
     for grade_id, wrong in WRONG:
         for lang in ("zh", "en"):
-            print(verdict(grade_id, wrong, lang)[1])
+            print(graded(grade_id, wrong, lang)[1])
