@@ -42,7 +42,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from ddp_lab.cluster import hosts
+from ddp_lab.cluster import hosts, store_record
 from ddp_lab.i18n import _t
 
 RECORD = Path(__file__).with_name("elastic_run.json")
@@ -260,7 +260,7 @@ def record(path: Path = RECORD) -> dict:
                      if ln.host == "lab" or re.search(KEEP, ln.text)]  # fmt: skip
         rec.command = [short(a) for a in rec.command]
         data["runs"][name] = asdict(rec)
-    path.write_text(json.dumps(data, indent=1, ensure_ascii=False) + "\n")
+    store_record(path, data)
     return data
 
 

@@ -29,7 +29,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from ddp_lab.cluster import hosts, slurm
+from ddp_lab.cluster import hosts, slurm, store_record
 from ddp_lab.i18n import _t
 
 RECORD = Path(__file__).with_name("preemption_run.json")
@@ -187,7 +187,7 @@ def record(path: Path = RECORD) -> dict:
         job["output"] = "\n".join(shorten(line) for line in job["output"].splitlines())
     data = {"date": datetime.date.today().isoformat(), "torch": torch.__version__,
             "command": "python -m ddp_lab.preemption record", "run": asdict(rec)}  # fmt: skip
-    path.write_text(json.dumps(data, indent=1, ensure_ascii=False) + "\n")
+    store_record(path, data)
     return data
 
 
