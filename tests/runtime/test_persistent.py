@@ -182,7 +182,7 @@ def test_deadlocked_ring_is_reported_early_and_restarts(capfd):
         with pytest.raises(dl.DistributedDeadlockError) as info:
             run(cell)
         took = time.monotonic() - start
-        assert took < 30, took  # the bound, loose on purpose (a loaded machine)
+        assert took < 60, took  # half the 120 s it would wait otherwise (loose: a loaded machine)
         err = info.value
         assert isinstance(err, dl.DistributedTimeoutError)  # code that catches timeouts still does
         assert [f.rank for f in err.failures] == [0, 1, 2]
