@@ -1,10 +1,13 @@
 """Checkers of chapter 04: all-reduce as reduce + broadcast, all-gather from send/recv.
 
 Each hidden case runs the learner's function on several ranks through a probe
-(``probe_all_reduce``, ``probe_all_gather``): in the learner's process, the collective they
-must rebuild is switched off while their code runs (by name in ``torch.distributed`` and, for
-aliases, on the function object itself), and the probe returns, as data, the tensors their
-code left behind and the forbidden calls it tried. The oracle (``dist.all_reduce``,
+(``probe_all_reduce``, ``probe_all_gather``). Rank r receives only rank r's tensors
+(``learner.ranks``; when graded, a sandbox per rank, ``course.rankhost``), made by the checker:
+never the seed that makes the others, so a right sum or a full gathered list proves that the
+ranks communicated. In the rank, the collective they must rebuild is switched off while their
+code runs (by name in ``torch.distributed`` and, for aliases, on the function object itself),
+and the probe returns, as data, the tensors their code left behind and the forbidden calls it
+tried (the rank's own account: a hint for the feedback). The oracle (``dist.all_reduce``,
 ``dist.all_gather``) runs in ranks of the checker's own; the checker compares.
 """
 
@@ -202,12 +205,13 @@ _ALL_GATHER_ALLOWED = "dist.send / dist.recv (or isend / irecv)"
 # --- probes: in the learner's process, on each rank; data only, no oracle ---------------
 
 
-def probe_all_reduce(rank: int, objects: tuple, cases: list) -> list[dict]:
-    """Per case: whether their function returned its input, the input after it, what it tried."""
+def probe_all_reduce(rank: int, objects: tuple, inputs: list[torch.Tensor]) -> list[dict]:
+    """Per case (this rank's tensors, the only inputs it receives): whether their function
+    returned its input, the input after it, what it tried."""
     (reduce_broadcast_all_reduce,) = objects
     out = []
-    for shape, dtype, seed in cases:
-        mine = make_input(rank, tuple(shape), DTYPES[dtype], seed)
+    for given in inputs:
+        mine = given.clone()
         got, called = guarded(reduce_broadcast_all_reduce, (mine,), _ALL_REDUCE_BANNED)
         out.append({"returned_input": got is mine, "tensor": mine.detach(), "forbidden": called})
         if called:
@@ -215,15 +219,15 @@ def probe_all_reduce(rank: int, objects: tuple, cases: list) -> list[dict]:
     return out
 
 
-def probe_all_gather(rank: int, objects: tuple, cases: list) -> list[dict]:
-    """Per case: whether tensor_list kept its tensors, those tensors after the call, what it
-    tried."""
+def probe_all_gather(rank: int, objects: tuple, inputs: list[torch.Tensor]) -> list[dict]:
+    """Per case (this rank's tensors, the only inputs it receives): whether tensor_list kept
+    its tensors, those tensors after the call, what it tried."""
     (send_recv_all_gather,) = objects
     n = dist.get_world_size()
     out = []
-    for shape, dtype, seed in cases:
-        mine = make_input(rank, tuple(shape), DTYPES[dtype], seed)
-        given = [torch.full(tuple(shape), -99, dtype=DTYPES[dtype]) for _ in range(n)]
+    for mine_given in inputs:
+        mine = mine_given.clone()
+        given = [torch.full(tuple(mine.shape), -99, dtype=mine.dtype) for _ in range(n)]
         tensor_list = list(given)
         _, called = guarded(send_recv_all_gather, (tensor_list, mine), _ALL_GATHER_BANNED)
         kept = len(tensor_list) == n and all(
@@ -278,6 +282,14 @@ def _world_sizes(rng: random.Random) -> list[int]:
     return [2, 3, 4, rng.choice([3, 4])]
 
 
+def rank_inputs(cases: list, n: int) -> list[list[torch.Tensor]]:
+    """Rank r's tensors of each case, made here: a rank receives only its own, never a seed."""
+    return [
+        [make_input(r, tuple(shape), DTYPES[dtype], seed) for shape, dtype, seed in cases]
+        for r in range(n)
+    ]
+
+
 def records_of(got: Any, rank: int, ncases: int, case: str) -> list[dict]:
     """One rank's per-case records, checked for shape (a probe stops at a forbidden call)."""
     if (
@@ -305,7 +317,9 @@ def check_all_reduce(rng: random.Random, learner: Any) -> Iterator[object]:
         cases = _cases(rng, ["float32", "float64", "int64", "int32"])
         case = f"world_size={n}"
         expected = oracle(_oracle_all_reduce, (cases,), n)
-        got = spawn_case(learner, probe_all_reduce, (cases,), n, case, CASE_TIMEOUT_S)
+        got = spawn_case(
+            learner, probe_all_reduce, (), n, case, CASE_TIMEOUT_S, per_rank=rank_inputs(cases, n)
+        )
         records = [records_of(g, r, len(cases), case) for r, g in enumerate(got)]
         for i in range(len(cases)):
             for rank in range(n):
@@ -344,7 +358,9 @@ def check_all_gather(rng: random.Random, learner: Any) -> Iterator[object]:
         cases = _cases(rng, ["float32", "float64", "int64", "int32"])
         case = f"world_size={n}"
         expected = oracle(_oracle_all_gather, (cases,), n)
-        got = spawn_case(learner, probe_all_gather, (cases,), n, case, CASE_TIMEOUT_S)
+        got = spawn_case(
+            learner, probe_all_gather, (), n, case, CASE_TIMEOUT_S, per_rank=rank_inputs(cases, n)
+        )
         records = [records_of(g, r, len(cases), case) for r, g in enumerate(got)]
         for i in range(len(cases)):
             for rank in range(n):

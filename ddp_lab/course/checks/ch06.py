@@ -1,9 +1,11 @@
 """Checkers of chapter 06: the sampler's indices, and an evaluation without padding bias.
 
 The probes call the learner's function in their process (``probe_indices`` once per case for
-every rank; ``probe_accuracy`` on gloo ranks) with the package's and torch's ready-made
-answers refused for the duration of the call (``course.learner.refuse``), and return what
-came out as data. The oracles (torch's ``DistributedSampler``; the exact accuracy) run and
+every rank; ``probe_accuracy`` on gloo ranks, rank r with only its own padded shard, so that
+the exact accuracy proves that the ranks communicated: ``learner.ranks``, a sandbox per rank
+when graded, where ``ddp_lab.evaluation`` is hidden) with the package's and torch's
+ready-made answers refused for the duration of the call (``course.learner.refuse``), and
+return what came out as data. The oracles (torch's ``DistributedSampler``; the exact accuracy) run and
 the comparisons happen in the checker.
 """
 
@@ -81,7 +83,10 @@ def _refused_for_indices() -> dict[str, Any]:
 
 
 def _refused_for_accuracy() -> dict[str, Any]:
-    from ddp_lab import evaluation
+    try:
+        from ddp_lab import evaluation
+    except ImportError:  # a grading rank: the module is hidden there (course.rankhost)
+        return {}
 
     return {
         "ddp_lab.evaluation.gather_in_index_order": evaluation.gather_in_index_order,
@@ -317,12 +322,13 @@ def accuracy_cases(rng: random.Random) -> list[tuple[int, list[tuple[int, list[f
 
 def probe_accuracy(rank: int, objects: tuple, datasets: list[tuple[int, list]]) -> Any:
     """On each of the learner's ranks: their accuracy for each dataset, from this rank's
-    padded shard (``datasets``: per dataset, its length and every rank's shard)."""
+    padded shard (``datasets``: per dataset, its length and this rank's shard, the only one
+    it receives)."""
     (gathered_accuracy,) = objects
     out: list[Any] = []
-    for n, shards in datasets:
+    for n, shard in datasets:
         with refuse(_refused_for_accuracy(), allowed="dist.all_gather / dist.all_reduce"):
-            got = gathered_accuracy(torch.tensor(shards[rank]), n)
+            got = gathered_accuracy(torch.tensor(shard), n)
         if isinstance(got, (int, float, torch.Tensor)):
             got = float(got)
         out.append(got if type(got) is float else {"kind": type(got).__name__})
@@ -345,7 +351,8 @@ def check_accuracy(rng: random.Random, learner: Any) -> Iterator[object]:
             )
             for n, correct in datasets
         ]
-        results = learner.spawn(probe_accuracy, shards, nprocs=replicas, timeout=60)
+        inputs = [[(n, per_rank[r]) for n, per_rank in shards] for r in range(replicas)]
+        results = learner.ranks(probe_accuracy, inputs, timeout=60)
         for k, (n, correct) in enumerate(datasets):
             label = f"world_size={replicas}, dataset_len={n}"
             truth = sum(correct) / n

@@ -1,5 +1,10 @@
 """Checkers of chapter 07: a naive DDP wrapper, and bucketed gradient hooks.
 
+Rank r receives only its own input (``learner.ranks``; when graded, a sandbox per rank,
+``course.rankhost``): the architecture, its starting parameters and buffers, and its own shard
+of each batch, never a seed and never another rank's data or model, so a result equal to the
+full-batch oracle proves that the ranks communicated.
+
 07.naive_ddp: the learner's ``MyDDP(module)`` (forward, ``sync_gradients()``) trains on
 each rank's shard of hidden batches, in the learner's ranks (``probe_naive_ddp``, which
 returns every rank's parameters and buffers). The oracles run here: a single-process model
@@ -27,7 +32,6 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ddp_lab.bucketed_ddp import assign_buckets
 from ddp_lab.course.grading import checker, fail, wrong_form
 from ddp_lab.i18n import N_, _t, lookup
 
@@ -85,6 +89,43 @@ def _build(spec: dict, seed: int) -> nn.Module:
 
 def _states(model: nn.Module) -> torch.Tensor:
     return torch.cat([t.detach().reshape(-1) for t in [*model.parameters(), *model.buffers()]])
+
+
+_ARCH = ("kind", "d_in", "hidden", "depth", "lr")
+
+
+def _rank_input(spec: dict, model: nn.Module, rank: int, world_size: int) -> dict[str, Any]:
+    """What rank r receives: the architecture, its starting model's parameters and buffers,
+    and its own shard of each batch (never a seed, never another rank's data or model)."""
+    mine = slice(rank * spec["per_rank"], (rank + 1) * spec["per_rank"])
+    return {
+        **{k: spec[k] for k in _ARCH},
+        "init": _states(model),
+        "batches": [[x[mine], y[mine]] for x, y in _batches(spec, world_size)],
+    }
+
+
+def _rank_inputs(spec: dict, world_size: int, own_models: bool) -> list[dict[str, Any]]:
+    """Every rank's input; ``own_models``: rank r starts from the model of seed ``seed + r``
+    (otherwise all from ``seed``)."""
+    out = []
+    for rank in range(world_size):
+        with torch.random.fork_rng(devices=[]):
+            model = _build(spec, spec["seed"] + (rank if own_models else 0))
+        out.append(_rank_input(spec, model, rank, world_size))
+    return out
+
+
+def _model_of(mine: dict) -> nn.Module:
+    """In the rank: the model of ``mine``'s architecture, set to its starting state."""
+    make = ShiftedMLP if mine["kind"] == "shifted" else bn_model
+    model = make(mine["d_in"], mine["hidden"], mine["depth"]).double()
+    at, init = 0, mine["init"]
+    with torch.no_grad():
+        for t in [*model.parameters(), *model.buffers()]:
+            t.copy_(init[at : at + t.numel()].reshape(t.shape))
+            at += t.numel()
+    return model
 
 
 def _batches(spec: dict, world_size: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -164,16 +205,16 @@ def _spawn(fn: Callable, args: tuple, world_size: int) -> list[Any]:
     return spawn(fn, args=args, nprocs=world_size, backend="gloo", quiet=True, timeout=120)
 
 
-def probe_naive_ddp(rank: int, objects: tuple, spec: dict) -> torch.Tensor:
-    """In the learner's ranks: their wrapper trains this rank's model on its shard."""
+def probe_naive_ddp(rank: int, objects: tuple, mine: dict) -> torch.Tensor:
+    """In the learner's rank: their wrapper trains this rank's model (every rank starts from a
+    different one) on its shard, the only data it receives (``_rank_input``)."""
     (my_ddp,) = objects
-    model = _build(spec, spec["seed"] + rank)  # every rank starts from a different model
+    model = _model_of(mine)
     ours = my_ddp(model)
-    opt = torch.optim.SGD(model.parameters(), lr=spec["lr"])
-    mine = slice(rank * spec["per_rank"], (rank + 1) * spec["per_rank"])
-    for x, y in _batches(spec, dist.get_world_size()):
+    opt = torch.optim.SGD(model.parameters(), lr=mine["lr"])
+    for x, y in mine["batches"]:
         opt.zero_grad()
-        nn.functional.mse_loss(ours(x[mine]), y[mine]).backward()
+        nn.functional.mse_loss(ours(x), y).backward()
         ours.sync_gradients()
         opt.step()
     return _states(model)
@@ -190,9 +231,8 @@ def check_naive_ddp(rng: random.Random, learner: Any) -> Iterator[object]:
             expected = _spawn(_oracle_bn, (spec,), world_size)
         else:
             expected = [_train_single(spec, world_size)] * world_size
-        got = _ranks(
-            learner.spawn(probe_naive_ddp, spec, nprocs=world_size, timeout=120), world_size, label
-        )
+        inputs = _rank_inputs(spec, world_size, own_models=True)
+        got = _ranks(learner.ranks(probe_naive_ddp, inputs, timeout=120), world_size, label)
         for rank, (out, want) in enumerate(zip(got, expected, strict=True)):
             diff = (_states_of(out, want, rank, "states", label) - want).abs().max().item()
             if not diff <= TOL:  # nan fails too
@@ -200,14 +240,17 @@ def check_naive_ddp(rng: random.Random, learner: Any) -> Iterator[object]:
         yield label
 
 
-def probe_bucketed(rank: int, objects: tuple, spec: dict, cap_mb: float) -> dict[str, Any]:
-    """In the learner's ranks: their hooks average the gradients while a few steps train.
+def probe_bucketed(rank: int, objects: tuple, mine: dict) -> dict[str, Any]:
+    """In the learner's rank: their hooks average the gradients while a few steps train on
+    this rank's shard, the only data it receives (``_rank_input``, with ``cap_mb``).
 
     Returns the parameters and buffers at the end, and whether each ``dist.all_reduce``
-    call of the last backward pass was asynchronous.
+    call of the last backward pass was asynchronous (the rank's own account: a hint; the
+    parameters are the proof).
     """
     (grad_buckets,) = objects
-    model = _build(spec, spec["seed"])
+    model = _model_of(mine)
+    cap_mb = mine["cap_mb"]
     calls: list[bool] = []
     sizes: list[int] = []
     real_all_reduce = dist.all_reduce
@@ -219,16 +262,15 @@ def probe_bucketed(rank: int, objects: tuple, spec: dict, cap_mb: float) -> dict
         return real_all_reduce(*args, **kwargs)
 
     hooks = grad_buckets(model, cap_mb)
-    opt = torch.optim.SGD(model.parameters(), lr=spec["lr"])
-    mine = slice(rank * spec["per_rank"], (rank + 1) * spec["per_rank"])
+    opt = torch.optim.SGD(model.parameters(), lr=mine["lr"])
     during_backward: list[bool] = []
     dist.all_reduce = watched
     try:
-        for x, y in _batches(spec, dist.get_world_size()):
+        for x, y in mine["batches"]:
             calls.clear()
             sizes.clear()
             opt.zero_grad()
-            nn.functional.mse_loss(model(x[mine]), y[mine]).backward()
+            nn.functional.mse_loss(model(x), y).backward()
             during_backward, sizes_during = list(calls), list(sizes)
             hooks.wait()
             opt.step()
@@ -239,6 +281,8 @@ def probe_bucketed(rank: int, objects: tuple, spec: dict, cap_mb: float) -> dict
 
 @checker("07.bucketed", points=3)
 def check_bucketed(rng: random.Random, learner: Any) -> Iterator[object]:
+    from ddp_lab.bucketed_ddp import assign_buckets  # the grader's; hidden in the ranks
+
     world_sizes = [2, 2, rng.choice([3, 4])]
     yield len(world_sizes)
     for world_size in world_sizes:
@@ -251,11 +295,10 @@ def check_bucketed(rng: random.Random, learner: Any) -> Iterator[object]:
         in_order = [sum(trainable[i].numel() for i in b) for b in assign_buckets(trainable, cap_mb)]
         label = f"world_size={world_size}, bucket_cap_mb={cap_mb:.2g}"
         want = _train_single(spec, world_size)
-        got = _ranks(
-            learner.spawn(probe_bucketed, spec, cap_mb, nprocs=world_size, timeout=120),
-            world_size,
-            label,
-        )
+        inputs = [
+            {**mine, "cap_mb": cap_mb} for mine in _rank_inputs(spec, world_size, own_models=False)
+        ]
+        got = _ranks(learner.ranks(probe_bucketed, inputs, timeout=120), world_size, label)
         for rank, out in enumerate(got):
             if not isinstance(out, dict):
                 raise wrong_form(rank, "result", _kind(out), label)

@@ -1,8 +1,11 @@
 """Checkers of chapter 09: fix a hanging evaluation; an all-reduce that fails together.
 
 Both run the learner's function on hidden world sizes on the learner's ranks with a
-timeout, so a hang is reported as a failed case instead of blocking the notebook. The probes
-(``probe_accuracy``, ``probe_safe``) run in the learner's process: each rank calls their
+timeout, so a hang is reported as a failed case instead of blocking the notebook. Rank r
+receives only its own counts or its own tensor (``learner.ranks``; when graded, a sandbox per
+rank, ``course.rankhost``): a right global accuracy, or a ValueError on every rank when one
+rank's tensor differs, proves that the ranks communicated. The probes
+(``probe_accuracy``, ``probe_safe``) run in the learner's rank: each rank calls their
 function, then waits in a barrier on a group of its own (created before their code runs), as
 a training loop would wait in its next collective, so a rank left stuck in their code is a
 real hang; they return what came out (a number, a tensor, the name of what was raised) as
@@ -39,10 +42,12 @@ MESSAGES = {
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
 
-def _run(learner: Any, probe: Any, data: tuple, world_size: int, case: str) -> list:
-    """Run a probe on the learner's ranks; a hang or a crash becomes a CaseFailed."""
+def _run(learner: Any, probe: Any, inputs: list, case: str) -> list:
+    """Run a probe on the learner's ranks, rank r with only ``inputs[r]``; a hang or a crash
+    becomes a CaseFailed."""
+    world_size = len(inputs)
     try:
-        got = learner.spawn(probe, *data, nprocs=world_size, timeout=HANG_TIMEOUT_S)
+        got = learner.ranks(probe, inputs, timeout=HANG_TIMEOUT_S)
     except LearnerError as exc:
         if exc.not_implemented:
             raise
@@ -80,10 +85,11 @@ def _as_number(value: object) -> Any:
 
 
 def probe_accuracy(rank: int, objects: tuple, counts: list) -> Any:
-    """In the learner's process, on each rank: their global_accuracy on this rank's counts."""
+    """In the learner's rank: their global_accuracy on this rank's counts (correct, total),
+    the only ones it receives."""
     (global_accuracy,) = objects
     group = dist.new_group(backend="gloo")  # collective: every rank, before their code
-    correct, total = counts[rank]
+    correct, total = counts
     got = global_accuracy(correct, total)
     # Ranks that are done wait here, as a training loop would wait in its next
     # collective: a rank stuck in the learner's code is then a real hang.
@@ -125,7 +131,7 @@ def check_global_accuracy(rng: random.Random, learner: Any) -> Iterator[object]:
         case = f"world_size={world_size}"
         both = torch.tensor(counts, dtype=torch.float64).sum(dim=0)  # the oracle
         expected = (both[0] / both[1]).item()
-        results = _run(learner, probe_accuracy, (counts,), world_size, case)
+        results = _run(learner, probe_accuracy, [list(c) for c in counts], case)
         for rank, got in enumerate(results):
             value = _number(got)
             if value is None or not abs(value - expected) <= 1e-9 + 1e-6 * abs(expected):
@@ -149,12 +155,13 @@ def _input(rank: int, shapes: list, dtypes: list[str], seed: int) -> torch.Tenso
     return torch.randn(tuple(shapes[rank]), generator=gen).to(DTYPES[dtypes[rank]])
 
 
-def probe_safe(rank: int, objects: tuple, shapes: list, dtypes: list[str], seed: int) -> dict:
-    """In the learner's process, on each rank: their safe_all_reduce on this rank's tensor;
-    the tensor after it, or the name of the exception it raised."""
+def probe_safe(rank: int, objects: tuple, mine: torch.Tensor) -> dict:
+    """In the learner's rank: their safe_all_reduce on this rank's tensor (the only one it
+    receives: its shape and dtype say nothing of the others'); the tensor after it, or the
+    name of the exception it raised."""
     (safe_all_reduce,) = objects
     group = dist.new_group(backend="gloo")
-    tensor = _input(rank, shapes, dtypes, seed)
+    tensor = mine.clone()
     try:
         safe_all_reduce(tensor)
         outcome = {"what": "returned", "error": "", "tensor": tensor.detach()}
@@ -197,7 +204,8 @@ def check_safe_all_reduce(rng: random.Random, learner: Any) -> Iterator[object]:
         expected = None
         if kind == "same":
             expected = spawn(_oracle_safe, args=data, nprocs=world_size, backend="gloo", quiet=True)
-        results = _run(learner, probe_safe, data, world_size, case)
+        inputs = [_input(r, *data) for r in range(world_size)]
+        results = _run(learner, probe_safe, inputs, case)
         for rank, outcome in enumerate(results):
             what = outcome.get("what") if isinstance(outcome, dict) else None
             error = outcome.get("error") if isinstance(outcome, dict) else None

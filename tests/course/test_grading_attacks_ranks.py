@@ -1,0 +1,285 @@
+"""The per-rank form (issue 26, class 1): rank r receives only rank r's input.
+
+For each exercise graded in that form, through the verdict's own path (``RemoteLearner`` with
+``course.rankhost.RankPool``: one sandbox per rank, the package's answers hidden):
+- the honest solution (the released solution's code, defined here so that it travels by value
+  as a notebook's does) gets full points;
+- an attack that reads every rank's input from the caller's frames and never communicates gets
+  0. The same attack passes (at least its first hidden case) where a frame holds every rank's
+  input, as every probe's did before the per-rank form: ``LocalLearner`` (self-study) still
+  does, which shows that the attack is a real one.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import cloudpickle
+import pytest
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from ddp_lab.bucketed_ddp import assign_buckets
+from ddp_lab.course.grading import load_checkers, run_checker
+from ddp_lab.course.learner import LocalLearner, RemoteLearner
+from ddp_lab.course.rankhost import RankPool
+from ddp_lab.runtime import _pickle
+
+# --- honest solutions (as in solutions/en/) ---------------------------------------------------
+
+
+def reduce_broadcast_all_reduce(tensor: torch.Tensor) -> torch.Tensor:
+    dist.reduce(tensor, dst=0)
+    dist.broadcast(tensor, src=0)
+    return tensor
+
+
+def send_recv_all_gather(tensor_list: list[torch.Tensor], tensor: torch.Tensor) -> None:
+    rank, n = dist.get_rank(), dist.get_world_size()
+    sends = [dist.isend(tensor, dst=peer) for peer in range(n) if peer != rank]
+    for peer in range(n):
+        if peer == rank:
+            tensor_list[peer].copy_(tensor)
+        else:
+            dist.recv(tensor_list[peer], src=peer)
+    for request in sends:
+        request.wait()
+
+
+def gathered_accuracy(correct: torch.Tensor, dataset_len: int) -> float:
+    parts = [torch.empty_like(correct) for _ in range(dist.get_world_size())]
+    dist.all_gather(parts, correct)
+    return torch.stack(parts, dim=1).flatten()[:dataset_len].mean().item()
+
+
+class MyDDP(nn.Module):
+    def __init__(self, module: nn.Module) -> None:
+        super().__init__()
+        self.module = module
+        with torch.no_grad():
+            for t in [*module.parameters(), *module.buffers()]:
+                dist.broadcast(t, src=0)
+
+    def forward(self, *args: Any) -> Any:
+        for b in self.module.buffers():
+            dist.broadcast(b, src=0)
+        return self.module(*args)
+
+    def sync_gradients(self) -> None:
+        for p in self.module.parameters():
+            if p.grad is not None:
+                dist.all_reduce(p.grad)
+                p.grad /= dist.get_world_size()
+
+
+class GradBuckets:
+    def __init__(self, module: nn.Module, bucket_cap_mb: float) -> None:
+        self.params = [p for p in module.parameters() if p.requires_grad]
+        plan = assign_buckets(self.params, bucket_cap_mb)  # given code: the package's
+        self.buckets = [[self.params[i] for i in idx] for idx in plan]
+        self.bucket_of = {id(p): b for b, bucket in enumerate(self.buckets) for p in bucket}
+        self.ready = [0] * len(self.buckets)
+        self.next = 0
+        self.works: list = []
+        for p in self.params:
+            p.register_post_accumulate_grad_hook(self.on_grad_ready)
+
+    def flat(self, b: int) -> torch.Tensor:
+        return torch.cat([p.grad.reshape(-1) for p in self.buckets[b]]) / dist.get_world_size()
+
+    def on_grad_ready(self, param: torch.Tensor) -> None:
+        self.ready[self.bucket_of[id(param)]] += 1
+        while self.next < len(self.buckets) and self.ready[self.next] == len(
+            self.buckets[self.next]
+        ):
+            b = self.next
+            flat = self.flat(b)
+            self.works.append((dist.all_reduce(flat, async_op=True), flat, b))
+            self.next += 1
+
+    def wait(self) -> None:
+        for work, flat, b in self.works:
+            work.wait()
+            offset = 0
+            for p in self.buckets[b]:
+                p.grad.copy_(flat[offset : offset + p.numel()].view_as(p))
+                offset += p.numel()
+        self.works.clear()
+        self.ready = [0] * len(self.buckets)
+        self.next = 0
+
+
+def global_accuracy(correct: int, total: int) -> float:
+    counts = torch.tensor([correct, total], dtype=torch.float64)
+    dist.all_reduce(counts)
+    return (counts[0] / counts[1]).item()
+
+
+def safe_all_reduce(tensor: torch.Tensor) -> None:
+    meta = (tuple(tensor.shape), str(tensor.dtype))
+    metas: list = [None] * dist.get_world_size()
+    dist.all_gather_object(metas, meta)
+    if len(set(metas)) > 1:
+        raise ValueError(f"shapes or dtypes differ across ranks: {metas}")
+    dist.all_reduce(tensor)
+
+
+# --- attacks: every rank's input read from a frame, nothing sent ------------------------------
+
+
+def everyone() -> list | None:
+    """Every rank's input, if a caller's frame holds it (the local handle's ``_own_input``)."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code.co_name == "_own_input":
+            return frame.f_locals["inputs"]
+        frame = frame.f_back
+    return None
+
+
+def _case_of(mine: list, t: torch.Tensor) -> int:
+    return next(
+        i for i, g in enumerate(mine) if g.shape == t.shape and g.dtype == t.dtype and g.equal(t)
+    )
+
+
+def peek_all_reduce(tensor: torch.Tensor) -> torch.Tensor:
+    seen = everyone()
+    if seen is not None:
+        i = _case_of(seen[dist.get_rank()], tensor)
+        tensor.copy_(sum(r[i] for r in seen))
+    return tensor
+
+
+def peek_all_gather(tensor_list: list[torch.Tensor], tensor: torch.Tensor) -> None:
+    seen = everyone()
+    if seen is not None:
+        i = _case_of(seen[dist.get_rank()], tensor)
+        for out, r in zip(tensor_list, seen, strict=True):
+            out.copy_(r[i])
+
+
+def peek_accuracy(correct: torch.Tensor, dataset_len: int) -> float:
+    seen = everyone()
+    if seen is None:
+        return correct.mean().item()
+    mine = seen[dist.get_rank()]
+    k = next(i for i, (n, s) in enumerate(mine) if n == dataset_len and s == correct.tolist())
+    shards = torch.tensor([r[k][1] for r in seen])
+    return shards.t().flatten()[:dataset_len].mean().item()
+
+
+def peek_global_accuracy(correct: int, total: int) -> float:
+    seen = everyone() or [[correct, total]]
+    return sum(c for c, _ in seen) / sum(t for _, t in seen)
+
+
+def peek_safe_all_reduce(tensor: torch.Tensor) -> None:
+    seen = everyone()
+    if seen is None:
+        return
+    if len({(t.shape, t.dtype) for t in seen}) > 1:
+        raise ValueError("shapes or dtypes differ")
+    tensor.copy_(sum(seen))
+
+
+def _full_batch_grads(module: nn.Module, seen: list, step: int) -> None:
+    """Every parameter's gradient on the global batch of ``step``, from the ranks' shards."""
+    x = torch.cat([r["batches"][step][0] for r in seen])
+    y = torch.cat([r["batches"][step][1] for r in seen])
+    params = [p for p in module.parameters() if p.requires_grad]
+    grads = torch.autograd.grad(nn.functional.mse_loss(module(x), y), params)
+    for p, g in zip(params, grads, strict=True):
+        p.grad.copy_(g)
+
+
+class PeekDDP(nn.Module):
+    """Rank 0's start and the global batch, both read from the frame: no message at all."""
+
+    def __init__(self, module: nn.Module) -> None:
+        super().__init__()
+        self.module, self.seen, self.step = module, everyone(), 0
+        if self.seen is not None:
+            init, at = self.seen[0]["init"], 0
+            with torch.no_grad():
+                for t in [*module.parameters(), *module.buffers()]:
+                    t.copy_(init[at : at + t.numel()].reshape(t.shape))
+                    at += t.numel()
+
+    def forward(self, *args: Any) -> Any:
+        return self.module(*args)
+
+    def sync_gradients(self) -> None:
+        if self.seen is not None:
+            _full_batch_grads(self.module, self.seen, self.step)
+        self.step += 1
+
+
+class PeekBuckets(GradBuckets):
+    """Launches empty buckets of the right sizes (what the rank reports looks right), and sets
+    the global batch's gradients read from the frame."""
+
+    def __init__(self, module: nn.Module, bucket_cap_mb: float) -> None:
+        super().__init__(module, bucket_cap_mb)
+        self.module, self.seen, self.step = module, everyone(), 0
+
+    def flat(self, b: int) -> torch.Tensor:
+        return torch.zeros(sum(p.numel() for p in self.buckets[b]), dtype=torch.float64)
+
+    def wait(self) -> None:
+        for work, _, _ in self.works:
+            work.wait()
+        self.works.clear()
+        self.ready, self.next = [0] * len(self.buckets), 0
+        if self.seen is not None:
+            _full_batch_grads(self.module, self.seen, self.step)
+        self.step += 1
+
+
+CASES = [
+    ("04.all_reduce", reduce_broadcast_all_reduce, peek_all_reduce),
+    ("04.all_gather", send_recv_all_gather, peek_all_gather),
+    ("06.accuracy", gathered_accuracy, peek_accuracy),
+    ("07.naive_ddp", MyDDP, PeekDDP),
+    ("07.bucketed", GradBuckets, PeekBuckets),
+    ("09.global_accuracy", global_accuracy, peek_global_accuracy),
+    ("09.safe_all_reduce", safe_all_reduce, peek_safe_all_reduce),
+]
+
+
+class Remote(RemoteLearner):
+    """The verdict's handle; ``call`` (06's static look at the code's names, which the runner
+    answers when grading) runs here, as there is no runner in this test."""
+
+    def __init__(self, grade_id: str, obj: Any) -> None:
+        cloudpickle.register_pickle_by_value(sys.modules[__name__])  # as a notebook's code
+        blob = _pickle.dumps((obj,))
+        super().__init__(grade_id, None, None, lambda: None, blob, "en", 0, RankPool)  # type: ignore[arg-type]
+        self.local = LocalLearner((obj,))
+
+    def call(self, probe: Any, *data: Any, timeout: float = 60) -> Any:
+        return self.local.call(probe, *data, timeout=timeout)
+
+
+def remote_verdict(grade_id: str, obj: Any) -> tuple[bool, str]:
+    """The verdict process's way: the objects as a blob, ranks in sandboxes of their own."""
+    learner = Remote(grade_id, obj)
+    try:
+        return run_checker(load_checkers()[grade_id], learner, "en")
+    finally:
+        learner.close()
+
+
+@pytest.mark.parametrize(("grade_id", "honest", "attack"), CASES, ids=[c[0] for c in CASES])
+def test_per_rank_form_passes_honest_work_and_not_a_rank_that_reads_the_others(
+    grade_id: str, honest: Any, attack: Any
+) -> None:
+    passed, line = remote_verdict(grade_id, honest)
+    assert passed, line
+    passed, line = remote_verdict(grade_id, attack)
+    assert not passed and "hidden case 1 of" in line and " 0/" in line, line
+    # Where a frame holds every rank's input, the same attack gets past the first case.
+    _, line = run_checker(load_checkers()[grade_id], LocalLearner((attack,)), "en")
+    assert "hidden case 1 of" not in line, line
