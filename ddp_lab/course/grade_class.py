@@ -139,6 +139,9 @@ def grade_main(args: argparse.Namespace) -> int:
         memory_gb=getattr(args, "memory_gb", None) or isolation.CgroupLimits.memory_gb,
         pids=getattr(args, "pids", None) or isolation.CgroupLimits.pids,
     )
+    # Only a class has neighbours to keep apart: `ddp-lab check` (one learner's own notebook)
+    # does not say it.
+    isolation.warn_no_cgroups(lang)
     notes: list[str] = []
     if not sandbox.available():
         notes.append(_t("Graded WITHOUT a sandbox (DDP_LAB_SANDBOX=0 on the autograder).", lang))
