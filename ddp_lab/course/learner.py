@@ -133,8 +133,11 @@ class LocalLearner:
             raise error_of(exc) from None
         return _as_data(out)
 
-    def ranks(self, probe: Callable, inputs: list, timeout: float = 60) -> list:
-        """``probe(rank, objects, inputs[rank])`` on ``len(inputs)`` gloo ranks."""
+    def ranks(
+        self, probe: Callable, inputs: list, timeout: float = 60, fresh: bool = False
+    ) -> list:
+        """``probe(rank, objects, inputs[rank])`` on ``len(inputs)`` gloo ranks (new processes
+        at every call, so ``fresh`` changes nothing here)."""
         from ddp_lab.runtime.launcher import spawn
 
         try:
@@ -238,8 +241,14 @@ class RemoteLearner:
     def spawn(self, probe: Callable, *data: Any, nprocs: int, timeout: float = 60) -> list:
         return self._ask("spawn", probe, data, nprocs, timeout)
 
-    def ranks(self, probe: Callable, inputs: list, timeout: float = 60) -> list:
-        """``probe(rank, objects, inputs[rank])`` on ``len(inputs)`` fresh sandboxed ranks."""
+    def ranks(
+        self, probe: Callable, inputs: list, timeout: float = 60, fresh: bool = False
+    ) -> list:
+        """``probe(rank, objects, inputs[rank])`` on ``len(inputs)`` sandboxed ranks. The ranks
+        of one exercise serve its cases one after the other; ``fresh``: in new sandboxes and
+        processes (nothing of an earlier call survives in them, e.g. a resume after a stop)."""
+        if fresh:
+            self.close()
         if not isinstance(self.blob, bytes):
             raise LearnerError("PicklingError", str(self.blob or "no objects")[:500])
         if self._rank_pool is None:

@@ -12,10 +12,13 @@ For each exercise graded in that form, through the verdict's own path (``RemoteL
 
 from __future__ import annotations
 
+import random
 import sys
+from pathlib import Path
 from typing import Any
 
 import cloudpickle
+import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
@@ -25,6 +28,7 @@ from ddp_lab.bucketed_ddp import assign_buckets
 from ddp_lab.course.grading import load_checkers, run_checker
 from ddp_lab.course.learner import LocalLearner, RemoteLearner
 from ddp_lab.course.rankhost import RankPool
+from ddp_lab.resume import save_atomic
 from ddp_lab.runtime import _pickle
 
 # --- honest solutions (as in solutions/en/) ---------------------------------------------------
@@ -124,6 +128,34 @@ def safe_all_reduce(tensor: torch.Tensor) -> None:
     if len(set(metas)) > 1:
         raise ValueError(f"shapes or dtypes differ across ranks: {metas}")
     dist.all_reduce(tensor)
+
+
+def save_state(folder, model, optimizer, scheduler, sampler, step):  # noqa: ANN001, ANN201
+    state = {
+        "model": model.state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "scheduler": scheduler.state_dict(),
+        "sampler": sampler.state_dict(),
+        "step": step,
+        "rng": {
+            "torch": torch.get_rng_state(),
+            "numpy": np.random.get_state(),
+            "python": random.getstate(),
+        },
+    }
+    save_atomic(state, Path(folder) / f"rank{dist.get_rank()}.pt")
+
+
+def load_state(folder, model, optimizer, scheduler, sampler):  # noqa: ANN001, ANN201
+    state = torch.load(Path(folder) / f"rank{dist.get_rank()}.pt", weights_only=False)
+    model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    scheduler.load_state_dict(state["scheduler"])
+    sampler.load_state_dict(state["sampler"])
+    torch.set_rng_state(state["rng"]["torch"])
+    np.random.set_state(state["rng"]["numpy"])
+    random.setstate(state["rng"]["python"])
+    return state["step"]
 
 
 # --- attacks: every rank's input read from a frame, nothing sent ------------------------------
@@ -253,19 +285,19 @@ class Remote(RemoteLearner):
     """The verdict's handle; ``call`` (06's static look at the code's names, which the runner
     answers when grading) runs here, as there is no runner in this test."""
 
-    def __init__(self, grade_id: str, obj: Any) -> None:
+    def __init__(self, grade_id: str, *objects: Any) -> None:
         cloudpickle.register_pickle_by_value(sys.modules[__name__])  # as a notebook's code
-        blob = _pickle.dumps((obj,))
+        blob = _pickle.dumps(objects)
         super().__init__(grade_id, None, None, lambda: None, blob, "en", 0, RankPool)  # type: ignore[arg-type]
-        self.local = LocalLearner((obj,))
+        self.local = LocalLearner(objects)
 
     def call(self, probe: Any, *data: Any, timeout: float = 60) -> Any:
         return self.local.call(probe, *data, timeout=timeout)
 
 
-def remote_verdict(grade_id: str, obj: Any) -> tuple[bool, str]:
+def remote_verdict(grade_id: str, *objects: Any) -> tuple[bool, str]:
     """The verdict process's way: the objects as a blob, ranks in sandboxes of their own."""
-    learner = Remote(grade_id, obj)
+    learner = Remote(grade_id, *objects)
     try:
         return run_checker(load_checkers()[grade_id], learner, "en")
     finally:
@@ -283,3 +315,39 @@ def test_per_rank_form_passes_honest_work_and_not_a_rank_that_reads_the_others(
     # Where a frame holds every rank's input, the same attack gets past the first case.
     _, line = run_checker(load_checkers()[grade_id], LocalLearner((attack,)), "en")
     assert "hidden case 1 of" not in line, line
+
+
+def stash_save(folder, model, optimizer, scheduler, sampler, step):  # noqa: ANN001, ANN201
+    """Keeps the state in the process (``builtins`` outlives every unpickling), writes no file."""
+    import builtins
+    import copy
+
+    builtins._ddp_lab_stash = copy.deepcopy(  # type: ignore[attr-defined]
+        (model.state_dict(), optimizer.state_dict(), scheduler.state_dict(),
+         sampler.state_dict(), step, torch.get_rng_state(), np.random.get_state(),
+         random.getstate())
+    )  # fmt: skip
+
+
+def stash_load(folder, model, optimizer, scheduler, sampler):  # noqa: ANN001, ANN201
+    import builtins
+
+    m, o, s, smp, step, t, n, p = builtins._ddp_lab_stash  # type: ignore[attr-defined]
+    model.load_state_dict(m)
+    optimizer.load_state_dict(o)
+    scheduler.load_state_dict(s)
+    sampler.load_state_dict(smp)
+    torch.set_rng_state(t)
+    np.random.set_state(n)
+    random.setstate(p)
+    return step
+
+
+def test_resume_in_the_per_rank_form_passes_the_solution_in_fresh_ranks() -> None:
+    """11.resume: each rank gets its own inputs at the stop and at the resume; the checkpoint
+    crosses between the launches as data; a resume that keeps the state in the process instead
+    of the folder fails, as the second launch's ranks are new processes."""
+    passed, line = remote_verdict("11.resume", save_state, load_state)
+    assert passed, line
+    passed, line = remote_verdict("11.resume", stash_save, stash_load)
+    assert not passed and "hidden case 1 of" in line and "_ddp_lab_stash" in line, line

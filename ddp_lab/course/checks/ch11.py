@@ -2,18 +2,22 @@
 
 The learner writes ``save_state(folder, model, optimizer, scheduler, sampler, step)`` and
 ``load_state(folder, model, optimizer, scheduler, sampler) -> step`` for
-``ddp_lab.recovery.resumable_loop``. On 2 or 3 gloo ranks the probe runs the loop up to a
-hidden step and saves (``probe_stop``); a second launch, in fresh processes, loads and
-finishes it (``probe_resume``). Both send back one record per step (sample indices, the
-torch / numpy / Python draws, the LR, the parameters' digest before and after). The
-checker runs the same loop without interruption in ranks of its own, and compares: the
-final parameters bit for bit, or the first resumed step whose record differs, which says
-what the checkpoint missed.
+``ddp_lab.recovery.resumable_loop``. Graded in the per-rank form (``learner.ranks``): on 2 or
+3 gloo ranks, rank r receives only its own input. A first launch runs the loop up to a
+hidden step and saves (``probe_stop``) into a folder of the rank's own, and sends back one
+record per step (sample indices, the torch / numpy / Python draws, the LR, the parameters'
+digest before and after) and the files the ranks wrote there. A second launch, in fresh
+processes (``fresh=True``: new sandboxes in the grader), gets those files back as the
+checkpoint folder (what a shared file system would show every rank), loads and finishes
+the run (``probe_resume``). The checker runs the same loop without interruption in ranks of
+its own, and compares: the final parameters bit for bit, or the first resumed step whose
+record differs, which says what the checkpoint missed.
 """
 
 from __future__ import annotations
 
 import math
+import os
 import random
 import shutil
 import tempfile
@@ -85,20 +89,58 @@ FIELDS = {
 }
 
 
-def probe_stop(rank: int, objects: tuple, case: dict[str, Any], folder: str) -> dict[str, Any]:
-    """In the learner's ranks: run the loop up to ``case["stop_at"]`` and call save_state."""
+CHECKPOINT_LIMIT = 16 * 2**20  # bytes of checkpoint files handed from one launch to the next
+
+
+def _read_files(where: Path) -> dict[str, torch.Tensor]:
+    """Every file under ``where`` (relative name -> its bytes as a uint8 tensor)."""
+    files: dict[str, torch.Tensor] = {}
+    for path in sorted(where.rglob("*")):
+        if path.is_file() and not path.is_symlink():
+            raw = bytearray(path.read_bytes())
+            data = (
+                torch.frombuffer(raw, dtype=torch.uint8)
+                if raw
+                else torch.empty(0, dtype=torch.uint8)
+            )
+            files[path.relative_to(where).as_posix()] = data.clone()
+    return files
+
+
+def _write_files(where: Path, files: dict[str, torch.Tensor]) -> None:
+    """The checkpoint folder as the first launch left it (each file written atomically, so that
+    ranks sharing one folder, as in self-study, do not see each other's half-written copy)."""
+    for name, data in files.items():
+        path = where / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        part = path.with_name(f"{path.name}.{os.getpid()}.part")
+        part.write_bytes(data.numpy().tobytes())
+        os.replace(part, path)
+
+
+def probe_stop(rank: int, objects: tuple, data: dict[str, Any]) -> dict[str, Any]:
+    """In the learner's ranks: run the loop up to ``case["stop_at"]``, call save_state, and send
+    back the records and the files written into the checkpoint folder."""
     save_state, _ = objects
-    where = Path(tempfile.gettempdir()) / folder
+    where = Path(tempfile.gettempdir()) / data["folder"]
     where.mkdir(parents=True, exist_ok=True)
-    out = resumable_loop(case, save_state=save_state, folder=str(where))
-    dist.barrier()  # every rank's save is complete before the processes end
+    try:
+        out = resumable_loop(data["case"], save_state=save_state, folder=str(where))
+        dist.barrier()  # every rank's save is complete before the files are read
+        out["files"] = _read_files(where)
+        dist.barrier()
+    finally:
+        if rank == 0:  # the folder is private to this launch (shared by ranks in self-study)
+            shutil.rmtree(where, ignore_errors=True)
     return out
 
 
-def probe_resume(rank: int, objects: tuple, case: dict[str, Any], folder: str) -> dict[str, Any]:
-    """In fresh ranks: load_state from the folder and finish the run."""
+def probe_resume(rank: int, objects: tuple, data: dict[str, Any]) -> dict[str, Any]:
+    """In fresh ranks: the checkpoint folder rebuilt from the first launch's files, load_state
+    from it, and finish the run."""
     _, load_state = objects
-    where = Path(tempfile.gettempdir()) / folder
+    where = Path(tempfile.gettempdir()) / data["folder"]
+    where.mkdir(parents=True, exist_ok=True)
     loaded: list[Any] = []
 
     def load(*args: Any) -> int:
@@ -107,8 +149,10 @@ def probe_resume(rank: int, objects: tuple, case: dict[str, Any], folder: str) -
         return step if type(step) is int else 0
 
     try:
+        _write_files(where, data["files"])
+        dist.barrier()  # the folder is complete on every rank before any loads
         out = resumable_loop(
-            {**case, "resume": True, "stop_at": None}, load_state=load, folder=str(where)
+            {**data["case"], "resume": True, "stop_at": None}, load_state=load, folder=str(where)
         )
     finally:
         dist.barrier()
@@ -116,6 +160,34 @@ def probe_resume(rank: int, objects: tuple, case: dict[str, Any], folder: str) -
             shutil.rmtree(where, ignore_errors=True)
     out["loaded_step"] = loaded[0] if loaded else -1
     return out
+
+
+def checkpoint_files(stopped: list[dict], label: str) -> dict[str, torch.Tensor]:
+    """The checkpoint folder the ranks of the first launch left, as data: the union of the files
+    each rank saw (where two ranks saw one name, the lowest rank's copy), checked for form."""
+    files: dict[str, torch.Tensor] = {}
+    total = 0
+    for rank, r in enumerate(stopped):
+        got = r.get("files")
+        if not isinstance(got, dict):
+            raise wrong_form(rank, "files", _kind(got), label)
+        for name, data in got.items():
+            parts = Path(name).parts if isinstance(name, str) else ()
+            if (
+                not parts
+                or Path(name).is_absolute()
+                or any(p in ("..", ".") for p in parts)
+                or type(data) is not torch.Tensor
+                or data.dtype != torch.uint8
+                or data.dim() != 1
+            ):
+                raise wrong_form(rank, "files", _kind(data), label)
+            if name not in files:
+                files[name] = data
+                total += data.numel()
+    if total > CHECKPOINT_LIMIT:
+        raise wrong_form("-", "files", f"{total} bytes", label)
+    return files
 
 
 def _oracle(rank: int, case: dict[str, Any]) -> dict[str, Any]:
@@ -288,10 +360,13 @@ def check_resume(rng: random.Random, learner: Any) -> Iterator[object]:
             "stop_at": rng.randint(2, per_epoch - 1) + rng.choice([0, per_epoch]),
         }
         label = f"world_size={world}, shuffle={shuffle}, stop_at={case['stop_at']}"
-        folder = f"ddp_lab_ch11_{uuid.uuid4().hex}"  # in the learner's /tmp
-        stopped = learner.spawn(probe_stop, case, folder, nprocs=world, timeout=120)
+        folder = f"ddp_lab_ch11_{uuid.uuid4().hex}"  # in each rank's /tmp
+        own = [{"case": case, "folder": folder} for _ in range(world)]
+        stopped = learner.ranks(probe_stop, own, timeout=120, fresh=True)
         stopped = _validate(stopped, world, case, label)
-        resumed = learner.spawn(probe_resume, case, folder, nprocs=world, timeout=120)
+        files = checkpoint_files(stopped, label)
+        own = [{"case": case, "folder": folder, "files": files} for _ in range(world)]
+        resumed = learner.ranks(probe_resume, own, timeout=120, fresh=True)
         resumed = _validate(resumed, world, case, label)
         for rank, r in enumerate(resumed):
             if type(r.get("loaded_step")) is not int:
