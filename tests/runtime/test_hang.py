@@ -84,6 +84,8 @@ def test_deadlock_in_a_notebook_cell_is_reported_fast_with_each_ranks_cell_line(
     assert text.count("Cell In[2], line 2, in ring") == 3  # each rank, named by its cell
     assert text.count("dist.recv(t, src=(rank - 1) % world_size)") == 3
     assert text.count("Cell In[4], line 1, in <module>") == 3  # the %%ddp cell's own line
+    for rank in range(3):  # each rank's torch.distributed call (ddp_lab.runtime._calls)
+        assert f"rank {rank}: waits in recv #1 (4 B) from rank {(rank - 1) % 3}" in text
     assert "site-packages" not in text and "ipykernel_" not in text and "ddp_lab_" not in text
     streams = "".join(o.get("text", "") for o in nb.cells[3].outputs if o.output_type == "stream")
     assert "dist.recv" not in streams  # the stacks are shown once
