@@ -8,13 +8,17 @@ memory: the function's name, that number, the bytes of its tensors, the peer ran
 whether the rank is inside the call or returned from it. That is one ``struct.pack_into``
 when a call starts and one byte when it returns; no profiler, so it works in untraced runs.
 
-When a launch times out or deadlocks, the launcher reads each rank's slot (``read``) and
-says, per rank, the call it waits in, or the last one it completed (``describe``).
+When a launch (``dl.spawn``, ``%%ddp``) or a ``%%ranks`` cell of the persistent ranks
+times out or deadlocks, the parent reads each rank's slot (``read``) before stopping the
+ranks, and says per rank the call it waits in, or the last one it completed
+(``describe``). A persistent rank's numbers count from the group's start.
 
 Only calls made through the ``torch.distributed`` module are counted (the learner's
 ``dist.…`` calls); what PyTorch calls internally (DDP's buckets, the object collectives'
-own all_gather) is not. ``isend``/``irecv`` and ``async_op=True`` return at once: the
-waiting happens later, in ``work.wait()``, which the ledger does not see.
+own all_gather) is not. ``isend``/``irecv`` stay unwrapped: ``P2POp`` and
+``batch_isend_irecv`` check an op by identity (``op not in [isend, irecv]`` in
+``distributed_c10d._check_op``), and they return at once anyway, like ``async_op=True``
+calls: the waiting happens later, in ``work.wait()``, which the ledger does not see.
 """
 
 from __future__ import annotations
@@ -50,10 +54,8 @@ _FUNCTIONS: dict[str, tuple[int, str, int | None, tuple[str, ...]]] = {
     "barrier": (-1, "", None, ()),
     "send": (0, "tensor", 1, ("dst", "group_dst")),
     "recv": (0, "tensor", 1, ("src", "group_src")),
-    "isend": (0, "tensor", 1, ("dst", "group_dst")),
-    "irecv": (0, "tensor", 1, ("src", "group_src")),
 }
-_P2P_FROM = {"recv", "irecv", "broadcast", "scatter"}  # the peer sends to this rank
+_P2P_FROM = {"recv", "broadcast", "scatter"}  # the peer sends to this rank
 
 
 def path(workdir: str, rank: int) -> str:

@@ -236,6 +236,20 @@ def test_timeout_names_each_ranks_call_and_the_last_one_completed(monkeypatch, n
     assert made and not any(os.path.exists(d) for d in made)  # the ledgers are gone
 
 
+def _batched_swap(rank: int) -> float:
+    dist.init_process_group("gloo")
+    mine, theirs = torch.tensor([float(rank)]), torch.zeros(1)
+    ops = [dist.P2POp(dist.isend, mine, 1 - rank), dist.P2POp(dist.irecv, theirs, 1 - rank)]
+    for work in dist.batch_isend_irecv(ops):
+        work.wait()
+    return theirs.item()
+
+
+def test_the_call_ledger_leaves_p2pop_working(no_leaks):
+    # P2POp checks its op by identity (distributed_c10d._check_op): isend stays unwrapped
+    assert dl.spawn(_batched_swap, nprocs=2) == [1.0, 0.0]
+
+
 def _ring_blocking_recv_first(rank: int, world_size: int) -> None:
     dist.init_process_group("gloo")
     t = torch.zeros(1)
