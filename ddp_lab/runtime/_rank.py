@@ -23,7 +23,7 @@ from typing import Any
 
 import cloudpickle
 
-from ddp_lab.runtime import _pickle
+from ddp_lab.runtime import _calls, _pickle
 
 
 def _open_capture(path: str, fd: int) -> io.TextIOWrapper:
@@ -207,6 +207,7 @@ def _setup_process(rank: int, msg: dict, close_fds: tuple[int, ...]) -> None:
         sys.modules["numpy"].random.seed()
     import torch
 
+    _calls.install(workdir, rank)
     keep_process_groups()
     if "OMP_NUM_THREADS" not in os.environ:
         # Like torchrun: do not let N ranks each use every core.

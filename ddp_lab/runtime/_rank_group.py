@@ -26,7 +26,7 @@ import time
 from typing import Any
 
 from ddp_lab.i18n import _t
-from ddp_lab.runtime import _hang, _pickle, launcher
+from ddp_lab.runtime import _calls, _hang, _pickle, launcher
 from ddp_lab.runtime._rank_loop import LoopJob
 from ddp_lab.runtime._zygote import read_msg, write_msg
 from ddp_lab.runtime.launcher import (
@@ -323,10 +323,14 @@ class RankGroup:
     ) -> None:
         stuck = sorted(pending)
         stacks = launcher._dump_stacks(self.zygote, self.workdir, set(stuck))
+        calls = _calls.report(self.workdir, stuck)
         self.output.finish()  # the stacks go in the exception only: shown once
         failures = errors(replies) + [
             RankFailure(
-                r, _t("where rank {rank} was stuck (Python stack)", rank=r), stack=stacks.get(r, "")
+                r,
+                _t("where rank {rank} was stuck (Python stack)", rank=r),
+                stack=stacks.get(r, ""),
+                call=calls[r],
             )
             for r in stuck
         ]
@@ -361,12 +365,14 @@ class RankGroup:
     def _deadlock(self, pending: set[int], replies: dict, watcher: _hang.DeadlockWatch) -> None:
         """Every rank of the request deadlocked: their stacks, a restart, one clear error."""
         stuck = sorted(pending)
+        calls = _calls.report(self.workdir, stuck)
         self.output.finish()  # the stacks go in the exception only: shown once
         failures = errors(replies) + [
             RankFailure(
                 r,
                 _t("where rank {rank} was stuck (Python stack)", rank=r),
                 stack=watcher.stacks.get(r, ""),
+                call=calls[r],
             )
             for r in stuck
         ]

@@ -34,7 +34,7 @@ from typing import Any
 import cloudpickle
 
 from ddp_lab.i18n import _t, _tp
-from ddp_lab.runtime import _hang, _pickle, _trace
+from ddp_lab.runtime import _calls, _hang, _pickle, _trace
 from ddp_lab.runtime._hang import RanksInterrupted, format_stack
 from ddp_lab.runtime._zygote import read_msg, write_msg
 
@@ -84,6 +84,7 @@ class RankFailure:
     traceback: str = ""
     exception: BaseException | None = None
     stack: str = ""
+    call: str = ""  # a hung rank's torch.distributed call (``_calls.describe``)
 
 
 class DistributedError(RuntimeError):
@@ -105,7 +106,9 @@ class DistributedError(RuntimeError):
     def __str__(self) -> str:
         parts = [self.summary]
         for f in self.failures:
-            if not f.stack:  # a stack's header says the same
+            if f.call:
+                parts.append(f"  - {f.call}")
+            elif not f.stack:  # a stack's header says the same
                 parts.append(f"  - {f.reason}")
         for f in self.failures:
             if f.traceback:
@@ -725,6 +728,7 @@ def _supervise(
     kill_at: float | None = None
     timed_out = False
     stacks: dict[int, str] = {}
+    calls: dict[int, str] = {}  # each hung rank's torch.distributed call, read before the stop
     reader = _hang.StackReader(workdir, zygote.send)
     watcher: _hang.DeadlockWatch | None = None
     deadlock = 0.0  # seconds every rank waited, when a deadlock stopped them
@@ -752,12 +756,14 @@ def _supervise(
             if kill_at is None and watcher is not None and watcher.check(live, now):
                 timed_out, deadlock = True, watcher.seconds
                 stopping, stacks = set(live), watcher.stacks
+                calls = _calls.report(workdir, sorted(stopping))
                 zygote.send({"op": "signal", "sig": signal.SIGTERM})
                 kill_at = time.monotonic() + _GRACE_S
             elif kill_at is None and now - started > limit:
                 timed_out = True
                 stopping = set(range(nprocs)) - set(statuses)
                 stacks = reader.request(sorted(stopping))
+                calls = _calls.report(workdir, sorted(stopping))
                 zygote.send({"op": "signal", "sig": signal.SIGTERM})
                 kill_at = time.monotonic() + _GRACE_S
             elif kill_at is not None and now > kill_at:
@@ -769,7 +775,17 @@ def _supervise(
         raise RanksInterrupted() from None
     output.finish()
     return _collect(
-        workdir, nprocs, statuses, exit_order, stopping, timed_out, limit, stacks, output, deadlock
+        workdir,
+        nprocs,
+        statuses,
+        exit_order,
+        stopping,
+        timed_out,
+        limit,
+        stacks,
+        output,
+        deadlock,
+        calls,
     )
 
 
@@ -806,6 +822,7 @@ def _collect(
     stacks: dict[int, str],
     output: _Output,
     deadlock: float = 0.0,
+    calls: dict[int, str] | None = None,
 ) -> list[Any]:
     results: list[Any] = [None] * nprocs
     failures: list[RankFailure] = []
@@ -824,7 +841,10 @@ def _collect(
         ranks = sorted(stopping)
         hung = [
             RankFailure(
-                r, _t("where rank {rank} was stuck (Python stack)", rank=r), stack=stacks.get(r, "")
+                r,
+                _t("where rank {rank} was stuck (Python stack)", rank=r),
+                stack=stacks.get(r, ""),
+                call=(calls or {}).get(r, ""),
             )
             for r in ranks
         ]

@@ -84,6 +84,54 @@ def test_deadlock_in_a_notebook_cell_is_reported_fast_with_each_ranks_cell_line(
     assert text.count("Cell In[2], line 2, in ring") == 3  # each rank, named by its cell
     assert text.count("dist.recv(t, src=(rank - 1) % world_size)") == 3
     assert text.count("Cell In[4], line 1, in <module>") == 3  # the %%ddp cell's own line
+    for rank in range(3):  # each rank's torch.distributed call (ddp_lab.runtime._calls)
+        assert f"rank {rank}: waits in recv #1 (4 B) from rank {(rank - 1) % 3}" in text
     assert "site-packages" not in text and "ipykernel_" not in text and "ddp_lab_" not in text
     streams = "".join(o.get("text", "") for o in nb.cells[3].outputs if o.output_type == "stream")
     assert "dist.recv" not in streams  # the stacks are shown once
+
+
+def test_call_lines_of_the_ledger_in_both_languages(tmp_path):
+    import mmap
+
+    from ddp_lab.i18n import set_language
+    from ddp_lab.runtime import _calls
+
+    calls = []
+    with open(_calls.path(str(tmp_path), 1), "wb") as f:
+        f.write(b"\0" * _calls._SLOT.size)
+    with open(_calls.path(str(tmp_path), 1), "r+b") as f:
+        slot = mmap.mmap(f.fileno(), _calls._SLOT.size)
+    counts = {"all_reduce": 6}
+    wrapped = _calls._wrap(
+        lambda t, op=None: calls.append(t),
+        "all_reduce",
+        _calls._FUNCTIONS["all_reduce"],
+        slot,
+        counts,
+    )
+    assert _calls.read(str(tmp_path), 1) is None  # no call yet
+    import torch
+
+    wrapped(torch.zeros(1024, 1024))
+    assert len(calls) == 1 and counts["all_reduce"] == 7
+    record = _calls.read(str(tmp_path), 1)
+    assert record == (_calls._RETURNED, "all_reduce", 7, 4 * 2**20, _calls._NO_PEER)
+    assert _calls.describe(1, record) == (
+        "rank 1: in no torch.distributed call; the last one it completed: all_reduce #7 (4.0 MiB)"
+    )
+    assert _calls.describe(0, (_calls._INSIDE, "send", 6, 16384, 1)) == (
+        "rank 0: waits in send #6 (16.0 KiB) to rank 1"
+    )
+    assert _calls.describe(2, (_calls._INSIDE, "recv", 1, 4, -1)) == (
+        "rank 2: waits in recv #1 (4 B) from any rank"
+    )
+    set_language("zh")
+    try:
+        assert _calls.describe(0, (_calls._INSIDE, "recv", 3, 4, 2)) == (
+            "rank 0：正在等待 recv #3 (4 B) 来自 rank 2"
+        )
+        assert "还没有" in _calls.describe(0, None)
+    finally:
+        set_language("en")
+    slot.close()

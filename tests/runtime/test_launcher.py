@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 import threading
 import time
@@ -193,6 +194,60 @@ def test_hang_in_mismatched_collectives_times_out_with_stacks(capfd, no_leaks):
     assert "DDP_LAB_TRACEBACK=1" in text
     assert not isinstance(err, dl.DistributedDeadlockError)  # an explicit timeout: no watch
     assert "all_reduce" not in capfd.readouterr().err  # not printed a second time
+    # each rank's torch.distributed call, from its ledger (ddp_lab.runtime._calls)
+    assert "  - rank 0: waits in all_reduce #1 (4 B)\n" in text
+    assert "  - rank 1: waits in recv #1 (4 B) from rank 0\n" in text
+
+
+def _skips_an_all_reduce(rank: int) -> None:
+    dist.init_process_group("gloo")
+    t = torch.zeros(1024)
+    dist.all_reduce(t)
+    if rank == 0:
+        dist.send(t, dst=1)
+        dist.all_reduce(t)  # rank 1 never calls this second all_reduce
+    else:
+        dist.recv(t, src=0)
+        time.sleep(60)  # in no torch.distributed call
+
+
+def test_timeout_names_each_ranks_call_and_the_last_one_completed(monkeypatch, no_leaks):
+    made: list[str] = []  # the launch's private folder, where the ranks' ledgers are
+    original = tempfile.mkdtemp
+
+    def mkdtemp(**kw):
+        made.append(original(**kw))
+        return made[-1]
+
+    monkeypatch.setattr(launcher.tempfile, "mkdtemp", mkdtemp)
+    with pytest.raises(dl.DistributedTimeoutError) as info:
+        dl.spawn(_skips_an_all_reduce, nprocs=2, timeout=3)
+    text = str(info.value)
+    assert "  - rank 0: waits in all_reduce #2 (4.0 KiB)\n" in text
+    assert (
+        "  - rank 1: in no torch.distributed call; the last one it completed: "
+        "recv #1 (4.0 KiB) from rank 0\n"
+    ) in text
+    assert [f.call for f in info.value.failures] == [
+        "rank 0: waits in all_reduce #2 (4.0 KiB)",
+        "rank 1: in no torch.distributed call; the last one it completed: "
+        "recv #1 (4.0 KiB) from rank 0",
+    ]
+    assert made and not any(os.path.exists(d) for d in made)  # the ledgers are gone
+
+
+def _batched_swap(rank: int) -> float:
+    dist.init_process_group("gloo")
+    mine, theirs = torch.tensor([float(rank)]), torch.zeros(1)
+    ops = [dist.P2POp(dist.isend, mine, 1 - rank), dist.P2POp(dist.irecv, theirs, 1 - rank)]
+    for work in dist.batch_isend_irecv(ops):
+        work.wait()
+    return theirs.item()
+
+
+def test_the_call_ledger_leaves_p2pop_working(no_leaks):
+    # P2POp checks its op by identity (distributed_c10d._check_op): isend stays unwrapped
+    assert dl.spawn(_batched_swap, nprocs=2) == [1.0, 0.0]
 
 
 def _ring_blocking_recv_first(rank: int, world_size: int) -> None:
@@ -217,6 +272,9 @@ def test_deadlocked_ring_is_reported_long_before_the_timeout(capfd, no_leaks):
     assert text.count(", in _ring_blocking_recv_first") == 3
     assert "site-packages" not in text and "ddp_lab_" not in text  # no internals, no temp paths
     assert "dist.recv" not in capfd.readouterr().err
+    for rank in range(3):  # each rank's call, with its number and peer, before the stacks
+        line = f"  - rank {rank}: waits in recv #1 (4 B) from rank {(rank - 1) % 3}\n"
+        assert line in text and text.index(line) < text.index("--- where rank 0")
 
 
 def _slow_sender(rank: int) -> int:

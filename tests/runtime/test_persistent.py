@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -159,6 +160,8 @@ def test_hang_times_out_with_stacks_and_restarts(group, capfd):
     text = str(info.value)  # each rank's own line (a cell of this test: no source to show)
     assert 'cell 2>", line 2, in <module>' in text and 'cell 2>", line 4, in <module>' in text
     assert "distributed_c10d.py" not in text  # folded
+    assert re.search(r"  - rank 0: waits in all_reduce #\d+ \(4 B\)\n", text)  # its call
+    assert re.search(r"  - rank 1: waits in recv #\d+ \(4 B\) from rank 0\n", text)
     assert "all_reduce" not in capfd.readouterr().err  # shown once, in the exception
     assert not set(group.pids.values()) & set(old.values())
     assert not any(alive(p) for p in old.values())
@@ -189,6 +192,8 @@ def test_deadlocked_ring_is_reported_early_and_restarts(capfd):
         text = str(err)
         assert text.startswith("Deadlock") and "STATE IS LOST" in text
         assert text.count('cell 2>", line 1, in <module>') == 3  # each rank's own line
+        for r in range(3):  # and each rank's torch.distributed call, numbered from start-up
+            assert f"  - rank {r}: waits in recv #1 (4 B) from rank {(r - 1) % 3}\n" in text
         assert "distributed_c10d.py" not in text and "ddp_lab_" not in text
         assert "dist.recv" not in capfd.readouterr().err  # shown once, in the exception
         assert not set(group.pids.values()) & set(old.values())  # restarted, as it says
