@@ -499,7 +499,8 @@ print([w[1] for w in link.worlds()], link.returncodes)
 # （preempt）它。到达时间限制时，Slurm 先向作业的进程发送 SIGTERM，`KillWait` 秒之后再发送
 # SIGKILL（默认 30 秒，见 `man slurm.conf`）；到那时还没保存的东西就丢了。作业可以要求提前得到
 # 预警：`#SBATCH --signal=USR1@60` 在时间限制前大约 60 秒向每个作业步（job step）发送
-# SIGUSR1（`man sbatch` 说实际可能比要求的“最多早 60 秒”；写成 `B:USR1@60` 则只发给批处理脚本
+# SIGUSR1（`man sbatch` 说，受 Slurm 处理事件的时间粒度所限，信号可能比指定的时刻最多早 60 秒
+# 发出；写成 `B:USR1@60` 则只发给批处理脚本
 # 所在的 shell）。`#SBATCH --requeue` 允许作业回到队列中；重新排队（requeue）后，批处理脚本从第
 # 一行重新开始执行，作业号不变，并设置 `SLURM_RESTART_COUNT`；`--open-mode=append` 让两次运
 # 行的输出写进同一个文件。
