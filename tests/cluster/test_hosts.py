@@ -101,8 +101,11 @@ def test_teardown_after_an_error_kills_what_still_runs() -> None:
 
 def _owner_script(hold: str) -> str:
     return textwrap.dedent(f"""
-        import sys, time
+        import signal, sys, time
         from ddp_lab.cluster import hosts
+        # A shell's background job ignores SIGINT and Python keeps an inherited SIG_IGN:
+        # be the owner a terminal's Ctrl-C reaches, whatever started the test run.
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         with hosts.cluster(2) as c:
             c.start(0, ["sleep", "300"])
             print(c.tag, flush=True)
