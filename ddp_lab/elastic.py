@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime
-import json
 import re
 import shutil
 import subprocess
@@ -42,7 +41,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from ddp_lab.cluster import hosts, store_record
+from ddp_lab.cluster import hosts, load_record, store_record
 from ddp_lab.i18n import _t
 
 RECORD = Path(__file__).with_name("elastic_run.json")
@@ -224,11 +223,7 @@ class Runs:
         self.reason = hosts.unavailable_reason()
         self.runs: dict[str, Future | Record] = {}
         if self.reason:
-            stored = json.loads(RECORD.read_text())
-            print(_t(
-"Hosts cannot be built here ({reason}). Showing the stored output of a "
-"real run on {date}: {command}"
-, reason=self.reason, date=stored["date"], command=stored["command"]))  # fmt: skip
+            stored = load_record(RECORD, self.reason)
             for name in names:
                 self.runs[name] = from_dict(stored["runs"][name])
             return

@@ -19,7 +19,6 @@ where a cluster cannot be built, :class:`Runs` shows the stored record of a real
 from __future__ import annotations
 
 import datetime
-import json
 import re
 import shutil
 import sys
@@ -29,8 +28,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from ddp_lab.cluster import hosts, slurm, store_record
-from ddp_lab.i18n import _t
+from ddp_lab.cluster import hosts, load_record, slurm, store_record
 
 RECORD = Path(__file__).with_name("preemption_run.json")
 TRAIN = "--epochs 3 --threads 1 --step-sleep 0.1 --checkpoint-every 5 --preempt-signal USR1"
@@ -156,11 +154,7 @@ class Runs:
     def __init__(self) -> None:
         self.reason = slurm.unavailable_reason()
         if self.reason:
-            stored = json.loads(RECORD.read_text())
-            print(_t(
-"A Slurm cluster cannot be built here ({reason}). Showing the stored "
-"output of a real run on {date}: {command}"
-, reason=self.reason, date=stored["date"], command=stored["command"]))  # fmt: skip
+            stored = load_record(RECORD, self.reason, slurm=True)
             self._run: Future | Record = Record(**stored["run"])
             return
         pool = ThreadPoolExecutor(max_workers=1)

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from ddp_lab import costs
-from ddp_lab.cluster import hosts
+from ddp_lab.cluster import hosts, load_record
 from ddp_lab.i18n import _t
 
 RECORD = Path(__file__).with_name("shaped_links_run.json")
@@ -331,11 +331,7 @@ def lab(rate_mbit: float = 100, sizes: Sequence[int] = (1 << 10, 16 << 10, 256 <
     reason = hosts.unavailable_reason() or hosts.shaping_unavailable_reason(rate_mbit, None)
     if not reason:
         return measure(rate_mbit, sizes, iters=iters)
-    record = stored()
-    print(_t(
-"Hosts cannot be built here ({reason}). Showing the stored output of a "
-"real run on {date}: {command}"
-, reason=reason, date=record["date"], command=record["command"]))  # fmt: skip
+    record = load_record(RECORD, reason)
     runs = {run["rate_mbit"]: run for run in record["runs"]}
     return runs.get(rate_mbit) or runs[min(runs, key=lambda r: abs(r - rate_mbit))]
 

@@ -11,15 +11,13 @@ nodes), keeps what ``squeue`` showed right after the submission, waits for each 
 from __future__ import annotations
 
 import datetime
-import json
 import sys
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from ddp_lab.cluster import hosts, slurm, store_record
-from ddp_lab.i18n import _t
+from ddp_lab.cluster import hosts, load_record, slurm, store_record
 
 RECORD = Path(__file__).with_name("slurm_run.json")
 # The lines of a job's output each scenario is about: the chapter prints them, tests check them.
@@ -70,11 +68,7 @@ class Jobs:
     def __init__(self) -> None:
         self.reason = slurm.unavailable_reason()
         if self.reason:
-            stored = json.loads(RECORD.read_text())
-            print(_t(
-"A Slurm cluster cannot be built here ({reason}). Showing the stored "
-"output of a real run on {date}: {command}"
-, reason=self.reason, date=stored["date"], command=stored["command"]))  # fmt: skip
+            stored = load_record(RECORD, self.reason, slurm=True)
             jobs = {k: slurm.Job(**v) for k, v in stored["run"].pop("jobs").items()}
             self._run: Future | Run = Run(**stored["run"], jobs=jobs)
             return

@@ -25,8 +25,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from ddp_lab.cluster import hosts, store_record
-from ddp_lab.i18n import _t
+from ddp_lab.cluster import hosts, load_record, store_record
 
 RECORD = Path(__file__).with_name("two_hosts_run.json")
 TRAIN_ARGS = ("--epochs", "2", "--threads", "1")
@@ -230,11 +229,7 @@ class Gallery:
         self.reason = hosts.unavailable_reason()
         self.runs: dict[str, Future | Scenario] = {}
         if self.reason:
-            stored = json.loads(RECORD.read_text())
-            print(_t(
-"Hosts cannot be built here ({reason}). Showing the stored output of a "
-"real run on {date}: {command}"
-, reason=self.reason, date=stored["date"], command=stored["command"]))  # fmt: skip
+            stored = load_record(RECORD, self.reason)
             for name, nodes in stored["scenarios"].items():
                 self.runs[name] = Scenario(name, [NodeRun(**n) for n in nodes])
             return

@@ -22,3 +22,22 @@ def store_record(path: Path, data: dict) -> None:
     """Write a stored real run as JSON, with paths inside this checkout made relative to it."""
     text = json.dumps(data, indent=1, ensure_ascii=False).replace(_CHECKOUT, "")
     path.write_text(text + "\n")
+
+
+def load_record(path: Path, reason: str, slurm: bool = False) -> dict:
+    """A stored real run, after saying why it is shown instead of a live one (``reason``)."""
+    from ddp_lab.i18n import _t
+
+    stored = json.loads(path.read_text())
+    fields = {"reason": reason, "date": stored["date"], "command": stored["command"]}
+    if slurm:
+        print(_t(
+"A Slurm cluster cannot be built here ({reason}). Showing the stored "
+"output of a real run on {date}: {command}"
+, **fields))  # fmt: skip
+    else:
+        print(_t(
+"Hosts cannot be built here ({reason}). Showing the stored output of a "
+"real run on {date}: {command}"
+, **fields))  # fmt: skip
+    return stored
