@@ -23,7 +23,7 @@ import signal
 import socket
 import tempfile
 import time
-from typing import Any
+from typing import Any, NoReturn
 
 from ddp_lab.i18n import _t
 from ddp_lab.runtime import _calls, _hang, _pickle, launcher
@@ -353,14 +353,7 @@ class RankGroup:
                 ranks=ranks,
                 timeout=limit,
             )
-        self._restart()
-        summary += "\n" + _t(
-            "The group was restarted and ITS STATE IS LOST: {nprocs} new rank "
-            "processes hold none of the variables made so far. Run the cells that "
-            "create them again.",
-            nprocs=self.nprocs,
-        )
-        raise DistributedTimeoutError(summary, failures)
+        self._restart_and_raise(DistributedTimeoutError, summary, failures)
 
     def _deadlock(self, pending: set[int], replies: dict, watcher: _hang.DeadlockWatch) -> None:
         """Every rank of the request deadlocked: their stacks, a restart, one clear error."""
@@ -387,6 +380,12 @@ class RankGroup:
             seconds=watcher.seconds,
             ranks=", ".join(map(str, stuck)),
         )
+        self._restart_and_raise(DistributedDeadlockError, summary, failures)
+
+    def _restart_and_raise(
+        self, error: type[DistributedTimeoutError], summary: str, failures: list
+    ) -> NoReturn:
+        """Restart the group, then raise ``error`` saying that its state is lost."""
         self._restart()
         summary += "\n" + _t(
             "The group was restarted and ITS STATE IS LOST: {nprocs} new rank "
@@ -394,7 +393,7 @@ class RankGroup:
             "create them again.",
             nprocs=self.nprocs,
         )
-        raise DistributedDeadlockError(summary, failures)
+        raise error(summary, failures)
 
     def _interrupt(self, pending: set[int], replies: dict) -> None:
         interrupted = sorted(pending)
