@@ -234,6 +234,65 @@ def summarize(runs: dict[int, RankTrace], within: str | None = None) -> list[Ran
     return out
 
 
+@dataclass
+class CollectiveTime:
+    """One collective, matched across ranks: its time in the trace (microseconds).
+
+    ``label``: the name of the innermost ``record_function`` range it started in on the lowest
+    rank (None when outside any), e.g. the API call that ran it: gloo names the backend's work, so a
+    ``reduce_scatter_single`` shows up as a ``gloo:all_reduce``.
+    """
+
+    kind: str
+    seq: int
+    bytes: int
+    label: str | None
+    first_start: float
+    last_start: float
+    last_end: float
+
+    @property
+    def us(self) -> float:
+        """From the last rank's start to the last rank's end: the call without late arrivals."""
+        return self.last_end - self.last_start
+
+    @property
+    def waited_us(self) -> float:
+        """How long the first rank to start waited for the last one."""
+        return self.last_start - self.first_start
+
+
+def collective_times(runs: dict[int, RankTrace]) -> list[CollectiveTime]:
+    """Every collective of the run, matched across ranks by (kind, seq), in order of start.
+
+    The k-th ``all_reduce`` of one rank is the k-th of every other (ranks call collectives
+    in the same order). Calls that not every rank recorded (point-to-point, a missing rank)
+    are left out.
+    """
+    matched: dict[tuple[str, int], list[tuple[int, Call]]] = {}
+    for rank, run in runs.items():
+        for call in run.calls:
+            matched.setdefault((call.kind, call.seq), []).append((rank, call))
+    out = []
+    for (kind, seq), calls in matched.items():
+        if len(calls) != len(runs) or kind in ("send", "recv", "recvAnySource"):
+            continue
+        low_rank, low = min(calls, key=lambda rc: rc[0])
+        around = [(s, name) for name, s, e in runs[low_rank].ranges if s <= low.start < e]
+        out.append(
+            CollectiveTime(
+                kind,
+                seq,
+                low.bytes,
+                max(around)[1] if around else None,  # the innermost range
+                first_start=min(c.start for _, c in calls),
+                last_start=max(c.start for _, c in calls),
+                last_end=max(c.end for _, c in calls),
+            )
+        )
+    return sorted(out, key=lambda c: c.first_start)
+
+
 def format_summary(rows: Sequence[RankSummary]) -> str:
     """The summary as a text table, headed in the learner's language."""
     heads = [
