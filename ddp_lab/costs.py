@@ -96,6 +96,7 @@ def ring_all_gather(n: int, size: float, alpha: float, beta: float, gamma: float
     return 2 * (n - 1) * alpha + (n - 1) * size * beta
 
 
+GLOO_OPS = ("all_reduce", "broadcast", "all_gather", "reduce_scatter")
 GLOO_MAX_SEGMENT = 1 << 20  # gloo/allreduce.h: AllreduceOptions kMaxSegmentSize
 
 

@@ -293,6 +293,73 @@ def collective_times(runs: dict[int, RankTrace]) -> list[CollectiveTime]:
     return sorted(out, key=lambda c: c.first_start)
 
 
+def versus_model(
+    times: Sequence[CollectiveTime],
+    n: int,
+    alpha: float,
+    beta: float,
+    gamma: float = 0.0,
+    seen: Sequence[Sequence[tuple[str, int, float]]] | None = None,
+) -> list[dict]:
+    """Each (collective, size): the median trace time next to ``costs.gloo_cpu``'s (us).
+
+    ``times``: ``collective_times`` of a run of ``collectives.timed_collectives`` on ``n``
+    ranks (calls labelled by their op); ``seen``: that run's return value (every rank's own
+    Python-side times), to put the time Python saw next to the trace's: per call the
+    slowest rank's, then the median.
+    """
+    import statistics
+
+    from ddp_lab import costs
+
+    traced: dict[tuple[str, int], list[float]] = {}
+    for c in times:
+        if c.label in costs.GLOO_OPS:
+            traced.setdefault((c.label, c.bytes), []).append(c.us)
+    python: dict[tuple[str, int], list[float]] = {}
+    for calls in zip(*(seen or []), strict=True):
+        python.setdefault(calls[0][:2], []).append(1e6 * max(s for _, _, s in calls))
+    rows = []
+    for (op, size), us in traced.items():
+        measured = statistics.median(us)
+        model = 1e6 * costs.gloo_cpu(op, n, size, alpha, beta, gamma)
+        py = python.get((op, size))
+        rows.append({"op": op, "bytes": size, "ranks": n, "trace_us": measured,
+                     "python_us": statistics.median(py) if py else None,
+                     "model_us": model, "ratio": measured / model})  # fmt: skip
+    return rows
+
+
+def format_versus_model(rows: Sequence[dict]) -> str:
+    """``versus_model``'s rows as a text table (milliseconds), headed in the learner's language."""
+    heads = [_t("collective"), _t("size"), "N", _t("trace ms"), _t("Python ms"),
+             _t("model ms"), _t("trace/model")]  # fmt: skip
+    cells = [
+        [
+            r["op"],
+            _size(r["bytes"]),
+            str(r["ranks"]),
+            f"{r['trace_us'] / 1e3:.3f}",
+            "-" if r["python_us"] is None else f"{r['python_us'] / 1e3:.3f}",
+            f"{r['model_us'] / 1e3:.3f}",
+            f"{r['ratio']:.2f}",
+        ]  # fmt: skip
+        for r in rows
+    ]
+    widths = [max(_width(h), *(_width(c[i]) for c in cells)) for i, h in enumerate(heads)]
+    lines = ["  ".join(_pad(h, w) for h, w in zip(heads, widths, strict=True))]
+    lines += ["  ".join(_pad(c, w) for c, w in zip(row, widths, strict=True)) for row in cells]
+    return "\n".join(lines)
+
+
+def _size(n: float) -> str:
+    for unit in ("B", "KiB"):
+        if n < 1024:
+            return f"{n:g} {unit}"
+        n /= 1024
+    return f"{n:g} MiB"
+
+
 def format_summary(rows: Sequence[RankSummary]) -> str:
     """The summary as a text table, headed in the learner's language."""
     heads = [

@@ -209,3 +209,21 @@ def test_a_real_run_gives_every_collective_its_bytes_and_time(traced_collectives
     for call, *ranks in zip(labelled, *seen, strict=True):
         assert {(op, size) for op, size, _ in ranks} == {(call.label, 64 << 10)}
         assert 0 < call.us <= max(s for _, _, s in ranks) * 1e6
+
+
+def test_versus_model_puts_the_trace_next_to_gloos_model(traced_collectives):
+    from ddp_lab import costs
+
+    times, seen = traced_collectives
+    rows = ta.versus_model(times, 2, 50e-6, 1e-9, 1e-10, seen)
+    assert [(r["op"], r["bytes"], r["ranks"]) for r in rows] == [
+        (op, 64 << 10, 2) for op in ("all_reduce", "broadcast", "all_gather", "reduce_scatter")
+    ]
+    for r in rows:
+        assert r["model_us"] == pytest.approx(
+            1e6 * costs.gloo_cpu(r["op"], 2, 64 << 10, 50e-6, 1e-9, 1e-10)
+        )
+        assert r["ratio"] == pytest.approx(r["trace_us"] / r["model_us"])
+        assert 0 < r["trace_us"] <= r["python_us"]  # call by call, so for the medians too
+    table = ta.format_versus_model(rows).splitlines()
+    assert table[1].split()[:4] == ["all_reduce", "64", "KiB", "2"]
