@@ -158,6 +158,8 @@ def test_collective_times_match_ranks_by_kind_and_number():
         op("outer", 30, 40, cat="user_annotation"),
         op("broadcast", 31, 20, cat="user_annotation"),  # the innermost range labels it
         comm("all_reduce", 1, 10, bytes=4096, seq=1),
+        op("aten::copy_", 2, 3, tid=GLOO),  # the backend copying, inside the all-reduce
+        op("aten::copy_", 3, 1, tid=GLOO),  # nested: counted once
         comm("broadcast", 32, 5, bytes=64, seq=1),
         comm("send", 60, 1, tid=MAIN, peer=1, seq=1),  # point-to-point: not a collective
         comm("all_gather", 80, 1, seq=1),  # rank 1 never ran it: left out
@@ -173,8 +175,8 @@ def test_collective_times_match_ranks_by_kind_and_number():
         ("broadcast", "broadcast", 64),
     ]
     reduce, bcast = times
-    assert (reduce.us, reduce.waited_us) == (14 - 5, 4)
-    assert (bcast.us, bcast.waited_us) == (37 - 33, 1)
+    assert (reduce.us, reduce.waited_us, reduce.ops_us) == (14 - 5, 4, 3)
+    assert (bcast.us, bcast.waited_us, bcast.ops_us) == (37 - 33, 1, 0)
 
 
 @pytest.fixture(scope="module")
@@ -225,5 +227,9 @@ def test_versus_model_puts_the_trace_next_to_gloos_model(traced_collectives):
         )
         assert r["ratio"] == pytest.approx(r["trace_us"] / r["model_us"])
         assert 0 < r["trace_us"] <= r["python_us"]  # call by call, so for the medians too
+        assert 0 <= r["ops_us"] <= r["trace_us"]
+    # gloo's all-gather copies the gathered pieces out of its own flat buffer (copy_)
+    assert rows[2]["ops_us"] > 0
     table = ta.format_versus_model(rows).splitlines()
     assert table[1].split()[:4] == ["all_reduce", "64", "KiB", "2"]
+    assert len(table[1].split()) == 9  # 8 columns, the size in two words
