@@ -861,6 +861,11 @@ dl.timeline(os.path.join(trace_dir, "collectives_4.json"));
 #   for a busy core; the ratio there is the least stable from run to run.
 # - **Python.** *Python ms* minus *trace ms* is what the call costs around Gloo's work: handing
 #   the work to Gloo's thread, waking the caller when it is done, and the copies above.
+#
+# Two questions for your table. Is `broadcast` at 2 MiB above or below the model? It sends one
+# whole-buffer message, while β comes from a ping-pong of `dist.send`/`dist.recv` called from
+# Python. And how much of `all_gather`'s gap to the model do its copies explain? If not all, the
+# trace of the 4-rank run is where to look next.
 
 # %% [markdown] lang="zh" tags=["lesson"]
 # 模型在这里哪些地方不符，原因是什么；每一条都能从表格或追踪记录里读出来：
@@ -880,6 +885,10 @@ dl.timeline(os.path.join(trace_dir, "collectives_4.json"));
 #   却要发 2(N-1)p 条消息，每一条都可能要等一个忙碌的 CPU 核；这里的比值在不同运行之间最不稳定。
 # - **Python**。*Python ms* 减去 *追踪 ms*，就是 Gloo 的工作之外这次调用的开销：把工作交给 Gloo
 #   的线程、完成后唤醒调用方，以及上面提到的拷贝。
+#
+# 看着你的表格回答两个问题。2 MiB 的 `broadcast` 比模型快还是慢？它只发一条整块缓冲区的消息，
+# 而 β 来自从 Python 调用 `dist.send`/`dist.recv` 的乒乓测试。`all_gather` 与模型的差距，有多少
+# 能用它的拷贝来解释？如果不能完全解释，下一步就去看 4 个 rank 那次运行的追踪记录。
 
 # %% [markdown] lang="en" tags=["lesson"]
 # ## Lab: the model on links with a bandwidth
