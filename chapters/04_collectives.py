@@ -727,6 +727,170 @@ costs.plot_curves(axes[1], 64, 256 * 2**20, 10e-6, 10e9)
 plt.show()
 
 # %% [markdown] lang="en" tags=["lesson"]
+# ## Your machine: each collective's time from a trace, next to the model
+#
+# The model needs α and β, and a measurement to hold it against. Both can come from your
+# own machine, no root needed: ranks on one machine talk to each other over loopback.
+#
+# 1. **Calibrate.** `shaped_links.calibrate` is the lab's ping-pong (further below) between
+#    two local ranks: `dist.send`/`dist.recv` at 4 bytes, 64 KiB and 1 MiB, half a round trip
+#    per message; `shaped_links.fit` takes α from the 4-byte messages and β as the slope over
+#    the larger ones; γ comes from a local `add_`.
+# 2. **Trace** `collectives.timed_collectives` (source below) on 2 and then 4 ranks:
+#    `all_reduce`, `broadcast`, `all_gather_single` and `reduce_scatter_single` at 4 KiB,
+#    256 KiB and 2 MiB per rank, three times each, every call after a barrier and inside a
+#    `record_function` range named after it. `dl.spawn(..., trace=...)` writes one trace of
+#    all ranks.
+# 3. **Read** every call out of the trace: `trace_analysis.collective_times` matches the k-th
+#    `all_reduce` of each rank with the k-th of the others and times it from the moment the
+#    last rank started it to the moment the last rank finished it (a rank that waited for a
+#    late one does not count its wait). `trace_analysis.versus_model` puts the median next to
+#    the model of the algorithm Gloo really runs, `costs.gloo_cpu`.
+#
+# Which algorithm that is, read in the sources (gloo's files from the `pytorch/gloo`
+# repository; `ProcessGroupGlooDetail.hpp` comes with torch under
+# `torch/include/torch/csrc/distributed/c10d/`):
+#
+# | call | what Gloo runs on CPU tensors | model (`costs`) |
+# | --- | --- | --- |
+# | `all_reduce` | `AsyncAllreduceWork` (`ProcessGroupGlooDetail.hpp`) calls `gloo::allreduce` without choosing an algorithm, and `gloo/allreduce.cc` then runs `ring`: reduce-scatter + all-gather around the ring, every chunk cut into segments of at most 1 MiB, at least two per chunk, so that one travels while the other is reduced | `segmented_ring` with p = `gloo_segments(N, S)` segments per chunk: 2(N-1)p·α + 2(N-1)/N·Sβ + (N-1)/N·Sγ/p |
+# | `broadcast` | `gloo::broadcast` (`gloo/broadcast.cc`): a binomial tree | `tree_broadcast`: ⌈log₂N⌉(α + Sβ) |
+# | `all_gather_single` | `gloo::allgather` (`gloo/allgather.cc`): a ring; each rank's piece travels in two halves, two messages in flight | `ring_all_gather`: 2(N-1)α + (N-1)Sβ (S = one rank's input) |
+# | `reduce_scatter_single` | `reduce_scatter_tensor_coalesced` (`torch/csrc/distributed/c10d/ProcessGroupGloo.cpp`): clones the whole input, all-reduces the clone, copies its own chunk out; the trace calls it `gloo:all_reduce` | the all-reduce's model for the whole input: twice the bytes of a ring reduce-scatter, (N-1)/N·S |
+#
+# The table's columns: **trace ms**, the time above (Gloo's work on its own thread);
+# **of it operators ms**, the time Gloo's thread spent in PyTorch operators inside the call on
+# the lowest rank (copies between its buffers and your tensors, no communication);
+# **Python ms**, `perf_counter` around the call on the slowest rank (the call's dispatch and
+# wait included); **model ms** and **trace/model**. The cell runs three launches, two of
+# them traced: some seconds, more on a busy machine.
+
+# %% [markdown] lang="zh" tags=["lesson"]
+# ## 你的机器：从追踪记录读出每个集合通信的时间，与模型对照
+#
+# 模型需要 α 和 β，还需要一组实测数据来检验它。这两样都可以在你自己的机器上得到，不需要
+# root 权限：同一台机器上的 rank 之间通过回环接口（loopback）通信。
+#
+# 1. **校准**。`shaped_links.calibrate` 就是后面实验里的乒乓测试，这里在两个本地 rank 之间进行：
+#    用 `dist.send`/`dist.recv` 分别传 4 字节、64 KiB 和 1 MiB 的消息，往返时间的一半算作一条消息的
+#    时间；`shaped_links.fit` 从 4 字节的消息得到 α，再用更大消息的斜率得到 β；γ 由本地的 `add_` 测得。
+# 2. **追踪**。在 2 个、再在 4 个 rank 上运行 `collectives.timed_collectives`（源码见下）：
+#    `all_reduce`、`broadcast`、`all_gather_single` 和 `reduce_scatter_single`，每个 rank 的输入分别为
+#    4 KiB、256 KiB 和 2 MiB，各做三次；每次调用前都有一个屏障，调用本身放在以它命名的
+#    `record_function` 区间里。`dl.spawn(..., trace=...)` 把所有 rank 写进同一份追踪记录。
+# 3. **读取**。`trace_analysis.collective_times` 从追踪记录中取出每一次调用：把每个 rank 的第 k 次
+#    `all_reduce` 与其他 rank 的第 k 次对应起来，从最后一个 rank 开始这次调用算起，到最后一个 rank
+#    完成为止（先到的 rank 等待迟到者的时间不算在内）。`trace_analysis.versus_model` 把中位数和
+#    Gloo 实际所用算法的模型 `costs.gloo_cpu` 放在一起。
+#
+# Gloo 实际用的是哪种算法，要到源码里看（gloo 的文件在 `pytorch/gloo` 仓库中；
+# `ProcessGroupGlooDetail.hpp` 随 torch 一起安装，位于 `torch/include/torch/csrc/distributed/c10d/`）：
+#
+# | 调用 | Gloo 对 CPU 张量实际执行的操作 | 模型（`costs`） |
+# | --- | --- | --- |
+# | `all_reduce` | `AsyncAllreduceWork`（`ProcessGroupGlooDetail.hpp`）调用 `gloo::allreduce` 时没有指定算法，于是 `gloo/allreduce.cc` 执行 `ring`：沿环做归约散发 + 全收集，每块再切成不超过 1 MiB 的段，每块至少两段，一段在传输时另一段在归约 | `segmented_ring`，每块 p = `gloo_segments(N, S)` 段：2(N-1)p·α + 2(N-1)/N·Sβ + (N-1)/N·Sγ/p |
+# | `broadcast` | `gloo::broadcast`（`gloo/broadcast.cc`）：二项树 | `tree_broadcast`：⌈log₂N⌉(α + Sβ) |
+# | `all_gather_single` | `gloo::allgather`（`gloo/allgather.cc`）：环形；每个 rank 的那一块分成两半传输，同时有两条消息在途 | `ring_all_gather`：2(N-1)α + (N-1)Sβ（S 为一个 rank 的输入） |
+# | `reduce_scatter_single` | `reduce_scatter_tensor_coalesced`（`torch/csrc/distributed/c10d/ProcessGroupGloo.cpp`）：复制整个输入，对副本做全归约，再把属于自己的那一块拷贝出来；追踪记录里它叫 `gloo:all_reduce` | 整个输入做全归约的模型：字节数是环形归约散发（(N-1)/N·S）的两倍 |
+#
+# 表中各列：**追踪 ms** 是上面定义的时间（Gloo 在它自己的线程上完成的工作）；**其中算子 ms** 是
+# 编号最小的 rank 上，Gloo 的线程在这次调用内执行 PyTorch 算子的时间（在它自己的缓冲区和你的
+# 张量之间拷贝数据，不是通信）；**Python ms** 是最慢的 rank 上用 `perf_counter` 包住整个调用测得的
+# 时间（包含调用的分发和等待）；然后是**模型 ms** 和**追踪/模型**。这个单元会启动三次，
+# 其中两次带追踪：要跑上若干秒，机器忙时更久。
+
+# %% tags=["lesson"]
+import os
+import tempfile
+
+from ddp_lab import shaped_links, trace_analysis
+
+dl.show_source(collectives.timed_collectives)
+
+# %% tags=["lesson"]
+calibrated = dl.spawn(shaped_links.calibrate, args=((4, 64 << 10, 1 << 20),), nprocs=2,
+                      backend="gloo")[0]
+alpha, beta = shaped_links.fit(calibrated["calibration"])
+gamma = calibrated["gamma"]
+print(f"α = {alpha * 1e6:.0f} µs, 1/β = {1e-9 / beta:.2f} GB/s, 1/γ = {1e-9 / gamma:.1f} GB/s")
+
+trace_dir = tempfile.mkdtemp(prefix="ddp_lab_ch04_")
+rows = []
+for n in (2, 4):
+    path = os.path.join(trace_dir, f"collectives_{n}.json")
+    seen = dl.spawn(collectives.timed_collectives, args=((4 << 10, 256 << 10, 2 << 20), 3),
+                    nprocs=n, backend="gloo", trace=path)
+    times = trace_analysis.collective_times(trace_analysis.load(path))
+    rows += trace_analysis.versus_model(times, n, alpha, beta, gamma, seen)
+print(trace_analysis.format_versus_model(rows))
+print(dl.tr(en=f"{os.cpu_count()} CPU cores, load average {os.getloadavg()[0]:.1f}",
+            zh=f"{os.cpu_count()} 个 CPU 核，平均负载 {os.getloadavg()[0]:.1f}"))
+
+# %% [markdown] lang="en" tags=["lesson"]
+# The 4-rank run on one timeline: each call's coloured bar on every rank, the barriers (grey
+# bars in the communication row) between them. Zoom in with `start_ms`/`end_ms`, or open the
+# file in Perfetto (ui.perfetto.dev) to see, on each rank's main thread, what a
+# `reduce_scatter` range holds.
+
+# %% [markdown] lang="zh" tags=["lesson"]
+# 4 个 rank 的那次运行画在同一条时间线上：每次调用在每个 rank 上都是一段彩色条，调用之间是
+# 屏障（通信那一行里的灰色条）。用 `start_ms`/`end_ms` 放大，或者在 Perfetto（ui.perfetto.dev）
+# 中打开这个文件，看看每个 rank 主线程上的 `reduce_scatter` 区间里有什么。
+
+# %% tags=["lesson"]
+dl.timeline(os.path.join(trace_dir, "collectives_4.json"));
+
+# %% [markdown] lang="en" tags=["lesson"]
+# Where the model does not fit here, and why; each point can be read off the table or the trace:
+#
+# - **Loopback is no link.** This torch's Gloo has one transport, TCP (`gloo/transport/tcp`),
+#   so every byte goes from one process through the kernel to the other: the CPU copies it,
+#   and β from the ping-pong is the speed of those copies, not of a wire. The model gives each
+#   rank its own link and lets it send and receive at once; here all ranks share the machine's
+#   cores, and with 4 ranks on fewer than 4 cores they take turns: compare the N = 4 rows with
+#   the N = 2 rows, and run it again with the machine busy or idle.
+# - **Copies the model does not count.** The *of it operators* column is time Gloo's thread
+#   spent copying, not communicating: `all_gather_single` gathers into a buffer of Gloo's and
+#   then copies every piece into your tensor (`AsyncAllgatherWork` in `ProcessGroupGloo.cpp`; in the
+#   trace, the `aten::select` and `aten::copy_` under `gloo:all_gather`).
+#   `reduce_scatter_single` clones its input and later copies its chunk out on the calling thread,
+#   outside Gloo's work: that time is in *Python ms* and not in *trace ms* (in Perfetto: the
+#   `aten::clone` inside `c10d::_reduce_scatter_base_` on the main thread).
+# - **Small messages.** At 4 KiB the time is nearly all latency, and α is a best case (the
+#   fastest 4-byte round trip) while a collective sends 2(N-1)p messages, each of which can wait
+#   for a busy core; the ratio there is the least stable from run to run.
+# - **Python.** *Python ms* minus *trace ms* is what the call costs around Gloo's work: handing
+#   the work to Gloo's thread, waking the caller when it is done, and the copies above.
+#
+# Two questions for your table. Is `broadcast` at 2 MiB above or below the model? It sends one
+# whole-buffer message, while β comes from a ping-pong of `dist.send`/`dist.recv` called from
+# Python. And how much of `all_gather`'s gap to the model do its copies explain? If not all, the
+# trace of the 4-rank run is where to look next.
+
+# %% [markdown] lang="zh" tags=["lesson"]
+# 模型在这里哪些地方不符，原因是什么；每一条都能从表格或追踪记录里读出来：
+#
+# - **回环接口不是链路**。这个 torch 里的 Gloo 只有一种传输方式：TCP（`gloo/transport/tcp`），
+#   所以每个字节都要从一个进程经过内核到达另一个进程，由 CPU 拷贝；乒乓测得的 β 是这些拷贝的
+#   速度，而不是某条线路的速度。模型假设每个 rank 有自己的链路，并且能同时收发；这里所有 rank
+#   共用机器的 CPU 核，4 个 rank 跑在不到 4 个核上时只能轮流执行：把 N = 4 的行和 N = 2 的行
+#   对比一下，再分别在机器繁忙和空闲时各跑一次。
+# - **模型没有计入的拷贝**。*其中算子* 那一列是 Gloo 的线程在拷贝而不是在通信的时间：
+#   `all_gather_single` 先收集到 Gloo 自己的缓冲区，再把每一块拷贝到你的张量里
+#   （`ProcessGroupGloo.cpp` 中的 `AsyncAllgatherWork`；追踪记录里 `gloo:all_gather` 下面的
+#   `aten::select` 和 `aten::copy_`）。`reduce_scatter_single` 复制输入、事后
+#   拷出自己那一块，都是在调用方的线程上、Gloo 的工作之外完成的：这部分时间算在 *Python ms* 里，
+#   不在 *追踪 ms* 里（在 Perfetto 中：主线程上 `c10d::_reduce_scatter_base_` 里面的 `aten::clone`）。
+# - **小消息**。4 KiB 时几乎全是延迟，而 α 是最好情况（4 字节往返中最快的一次），一次集合通信
+#   却要发 2(N-1)p 条消息，每一条都可能要等一个忙碌的 CPU 核；这里的比值在不同运行之间最不稳定。
+# - **Python**。*Python ms* 减去 *追踪 ms*，就是 Gloo 的工作之外这次调用的开销：把工作交给 Gloo
+#   的线程、完成后唤醒调用方，以及上面提到的拷贝。
+#
+# 看着你的表格回答两个问题。2 MiB 的 `broadcast` 比模型快还是慢？它只发一条整块缓冲区的消息，
+# 而 β 来自从 Python 调用 `dist.send`/`dist.recv` 的乒乓测试。`all_gather` 与模型的差距，有多少
+# 能用它的拷贝来解释？如果不能完全解释，下一步就去看 4 个 rank 那次运行的追踪记录。
+
+# %% [markdown] lang="en" tags=["lesson"]
 # ## Lab: the model on links with a bandwidth
 #
 # The formulas above are on paper. Here they meet a network. `hosts.cluster(2, rate_mbit=100)`

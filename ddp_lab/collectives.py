@@ -13,6 +13,8 @@ table for the learner's machine is measured, not copied.
 
 from __future__ import annotations
 
+import time
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -188,6 +190,46 @@ def run_op(rank: int, op: str, device: str = "cpu") -> list[float | None]:
         return [t.item() for t in out]
     dist.barrier()
     return mine.tolist()
+
+
+TIMED_OPS = ("all_reduce", "broadcast", "all_gather", "reduce_scatter")
+
+
+def timed_collectives(
+    rank: int, sizes: Sequence[int], reps: int = 5, ops: Sequence[str] = TIMED_OPS
+) -> list[tuple[str, int, float]]:
+    """Run each of ``ops`` ``reps`` times at each size (bytes of one rank's input, float32).
+
+    Every call sits in a ``record_function`` range named after the op (what
+    ``trace_analysis.collective_times`` reports as its label) after a barrier, so the ranks
+    start it together. The single-tensor forms are used (``all_gather_single``,
+    ``reduce_scatter_single``: what FSDP calls). Returns (op, bytes, seconds) per call as
+    Python saw it: ``perf_counter`` around the call, dispatch and wait included.
+    """
+    from torch.profiler import record_function
+
+    n = dist.get_world_size()
+    calls = {
+        "all_reduce": lambda x, out: dist.all_reduce(x),
+        "broadcast": lambda x, out: dist.broadcast(x, src=ROOT),
+        "all_gather": lambda x, out: dist.all_gather_single(out, x),
+        "reduce_scatter": lambda x, out: dist.reduce_scatter_single(out, x),
+    }
+    seen = []
+    for size in sizes:
+        x = torch.ones(size // 4)
+        outs = {
+            "all_gather": torch.empty(n * x.numel()),
+            "reduce_scatter": torch.empty(x.numel() // n),
+        }
+        for _ in range(reps):
+            for op in ops:
+                dist.barrier()
+                t0 = time.perf_counter()
+                with record_function(op):
+                    calls[op](x, outs.get(op))
+                seen.append((op, size, time.perf_counter() - t0))
+    return seen
 
 
 def _probe_rank(rank: int, device: str) -> dict[str, str]:

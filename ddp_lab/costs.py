@@ -83,6 +83,56 @@ def segmented_ring(
     return 2 * (n - 1) * segments * alpha + 2 * frac * size * beta + frac * size * gamma / segments
 
 
+def tree_broadcast(n: int, size: float, alpha: float, beta: float, gamma: float = 0.0) -> float:
+    """Broadcast down a binomial tree: ceil(log2 N) rounds, each moving the whole buffer."""
+    return _log2(n) * (alpha + size * beta)
+
+
+def ring_all_gather(n: int, size: float, alpha: float, beta: float, gamma: float = 0.0) -> float:
+    """All-gather around a ring in half-pieces: 2(N-1) messages of size/2, ``size`` = one input.
+
+    Every rank passes on N-1 inputs, each as two halves (two messages in flight).
+    """
+    return 2 * (n - 1) * alpha + (n - 1) * size * beta
+
+
+GLOO_OPS = ("all_reduce", "broadcast", "all_gather", "reduce_scatter")
+GLOO_MAX_SEGMENT = 1 << 20  # gloo/allreduce.h: AllreduceOptions kMaxSegmentSize
+
+
+def gloo_segments(n: int, size: float) -> int:
+    """Segments per chunk of gloo's ring all-reduce (``ring`` in gloo/allreduce.cc).
+
+    The buffer is cut into at least 2N segments of at most 1 MiB, rounded up to a multiple
+    of N: N chunks of ``segments`` each, so that one segment travels while another is reduced.
+    """
+    wanted = max(math.ceil(size / GLOO_MAX_SEGMENT), 2 * n)
+    return math.ceil(wanted / n)
+
+
+def gloo_cpu(op: str, n: int, size: float, alpha: float, beta: float, gamma: float = 0.0) -> float:
+    """The model of what ProcessGroupGloo runs on CPU tensors for ``op`` (seconds).
+
+    ``size``: the bytes of one rank's input tensor. Checked against the sources:
+
+    - ``all_reduce``: ``gloo::allreduce`` with no algorithm set, which runs ``ring``
+      (gloo/allreduce.cc): a segmented ring, ``segmented_ring`` with ``gloo_segments``;
+    - ``broadcast``: ``gloo::broadcast`` (gloo/broadcast.cc): a binomial tree;
+    - ``all_gather``: ``gloo::allgather`` (gloo/allgather.cc): a ring in half-pieces;
+    - ``reduce_scatter``: ProcessGroupGloo's ``reduce_scatter_tensor_coalesced``
+      (torch/csrc/distributed/c10d/ProcessGroupGloo.cpp) clones the whole input, all-reduces
+      it and keeps its own chunk: a full ring all-reduce of ``size`` bytes, twice the bytes a
+      real reduce-scatter sends.
+    """
+    if op in ("all_reduce", "reduce_scatter"):
+        return segmented_ring(n, size, alpha, beta, gamma, gloo_segments(n, size))
+    if op == "broadcast":
+        return tree_broadcast(n, size, alpha, beta)
+    if op == "all_gather":
+        return ring_all_gather(n, size, alpha, beta)
+    raise ValueError(f"no gloo model for {op!r}")
+
+
 ALGORITHMS: dict[str, Callable[..., float]] = {
     "parameter server": parameter_server,
     "binomial tree": binomial_tree,

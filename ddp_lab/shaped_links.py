@@ -97,21 +97,21 @@ def fit(points: Sequence[Sequence[float]]) -> tuple[float, float]:
     return alpha, beta
 
 
-def _rank_main(spec: dict) -> dict | None:
-    """One rank: calibrate, then time every algorithm at every size; rank 0 returns it all."""
+def calibrate(
+    rank: int, sizes: Sequence[int] = CALIBRATION_SIZES, iters: int = 3, warmup: int = 1
+) -> dict:
+    """Ping-pong between ranks 0 and 1 at each size, and time a local add: what ``fit`` needs.
+
+    Runs on every rank of a 2-rank gloo group (in the lab: one rank per host; under
+    ``dl.spawn(calibrate, nprocs=2, backend="gloo")``: loopback). Returns ``calibration``,
+    (bytes, one-way seconds) points for ``fit``, and ``gamma``, seconds to add one byte.
+    """
     import torch
     import torch.distributed as dist
 
-    from ddp_lab.ring import ring_all_reduce
-
-    rank = spec["rank"]
-    dist.init_process_group("gloo", init_method=f"tcp://{spec['addr']}:{spec['port']}",
-                            rank=rank, world_size=2,
-                            timeout=datetime.timedelta(seconds=spec["timeout"]))  # fmt: skip
-    iters, warmup = spec["iters"], spec["warmup"]
     peer = 1 - rank
     calibration = []
-    for size in spec["calibration_sizes"]:
+    for size in sizes:
         buf = torch.zeros(max(1, size // 4))
         times = []
         # more than the timings: the fit rests on these medians (alpha on the 4-byte one)
@@ -138,6 +138,23 @@ def _rank_main(spec: dict) -> dict | None:
         a.add_(b)
         adds.append(time.perf_counter() - t0)
     gamma = statistics.median(adds) / (a.numel() * 4)
+    return {"calibration": calibration, "gamma": gamma}
+
+
+def _rank_main(spec: dict) -> dict | None:
+    """One rank: calibrate, then time every algorithm at every size; rank 0 returns it all."""
+    import torch
+    import torch.distributed as dist
+
+    from ddp_lab.ring import ring_all_reduce
+
+    rank = spec["rank"]
+    dist.init_process_group("gloo", init_method=f"tcp://{spec['addr']}:{spec['port']}",
+                            rank=rank, world_size=2,
+                            timeout=datetime.timedelta(seconds=spec["timeout"]))  # fmt: skip
+    iters, warmup = spec["iters"], spec["warmup"]
+    calibrated = calibrate(rank, spec["calibration_sizes"], iters, warmup)
+    calibration, gamma = calibrated["calibration"], calibrated["gamma"]
     fns = {"ring": ring_all_reduce, "gloo": dist.all_reduce, "gather_broadcast": _gather_broadcast}
     rows = []
     for size in spec["sizes"]:

@@ -131,6 +131,8 @@ class RankTrace:
     calls: list[Call] = field(default_factory=list)
     compute: list[Interval] = field(default_factory=list)
     ranges: list[tuple[str, float, float]] = field(default_factory=list)
+    # operators (copies, allocations) the backend's own threads ran, e.g. inside a collective
+    backend_ops: list[Interval] = field(default_factory=list)
 
 
 @dataclass
@@ -198,6 +200,8 @@ def load(source: str | os.PathLike | dict) -> dict[int, RankTrace]:
             busy[rank].append((start, end))
         elif on_main and e.get("cat") == "user_annotation":
             runs[rank].ranges.append((name, start, end))
+        elif not on_main and e.get("cat") == "cpu_op":
+            runs[rank].backend_ops.append((start, end))
     for rank, run in runs.items():
         run.calls.sort(key=lambda c: c.start)
         run.compute = subtract(busy[rank], blocked[rank])
@@ -232,6 +236,141 @@ def summarize(runs: dict[int, RankTrace], within: str | None = None) -> list[Ran
             )
         )
     return out
+
+
+@dataclass
+class CollectiveTime:
+    """One collective, matched across ranks: its time in the trace (microseconds).
+
+    ``label``: the name of the innermost ``record_function`` range it started in on the
+    lowest rank (None when outside any), e.g. the API call that ran it: gloo names the
+    backend's work, so a ``reduce_scatter_single`` shows up as a ``gloo:all_reduce``.
+    ``ops_us``: the time the backend's thread spent in operators (``aten::copy_`` ...)
+    during the call on the lowest rank: copies between its own buffers and the tensors,
+    not communication.
+    """
+
+    kind: str
+    seq: int
+    bytes: int
+    label: str | None
+    first_start: float
+    last_start: float
+    last_end: float
+    ops_us: float = 0.0
+
+    @property
+    def us(self) -> float:
+        """From the last rank's start to the last rank's end: the call without late arrivals."""
+        return self.last_end - self.last_start
+
+    @property
+    def waited_us(self) -> float:
+        """How long the first rank to start waited for the last one."""
+        return self.last_start - self.first_start
+
+
+def collective_times(runs: dict[int, RankTrace]) -> list[CollectiveTime]:
+    """Every collective of the run, matched across ranks by (kind, seq), in order of start.
+
+    The k-th ``all_reduce`` of one rank is the k-th of every other (ranks call collectives
+    in the same order). Calls that not every rank recorded (point-to-point, a missing rank)
+    are left out.
+    """
+    matched: dict[tuple[str, int], list[tuple[int, Call]]] = {}
+    for rank, run in runs.items():
+        for call in run.calls:
+            matched.setdefault((call.kind, call.seq), []).append((rank, call))
+    out = []
+    for (kind, seq), calls in matched.items():
+        if len(calls) != len(runs) or kind in ("send", "recv", "recvAnySource"):
+            continue
+        low_rank, low = min(calls, key=lambda rc: rc[0])
+        around = [(s, name) for name, s, e in runs[low_rank].ranges if s <= low.start < e]
+        out.append(
+            CollectiveTime(
+                kind,
+                seq,
+                low.bytes,
+                max(around)[1] if around else None,  # the innermost range
+                first_start=min(c.start for _, c in calls),
+                last_start=max(c.start for _, c in calls),
+                last_end=max(c.end for _, c in calls),
+                ops_us=total(intersect(runs[low_rank].backend_ops, [(low.start, low.end)])),
+            )
+        )
+    return sorted(out, key=lambda c: c.first_start)
+
+
+def versus_model(
+    times: Sequence[CollectiveTime],
+    n: int,
+    alpha: float,
+    beta: float,
+    gamma: float = 0.0,
+    seen: Sequence[Sequence[tuple[str, int, float]]] | None = None,
+) -> list[dict]:
+    """Each (collective, size): the median trace time next to ``costs.gloo_cpu``'s (us).
+
+    ``times``: ``collective_times`` of a run of ``collectives.timed_collectives`` on ``n``
+    ranks (calls labelled by their op); ``seen``: that run's return value (every rank's own
+    Python-side times), to put the time Python saw next to the trace's: per call the
+    slowest rank's, then the median. ``ops_us``: the median of ``CollectiveTime.ops_us``.
+    """
+    import statistics
+
+    from ddp_lab import costs
+
+    traced: dict[tuple[str, int], list[float]] = {}
+    ops: dict[tuple[str, int], list[float]] = {}
+    for c in times:
+        if c.label in costs.GLOO_OPS:
+            traced.setdefault((c.label, c.bytes), []).append(c.us)
+            ops.setdefault((c.label, c.bytes), []).append(c.ops_us)
+    python: dict[tuple[str, int], list[float]] = {}
+    for calls in zip(*(seen or []), strict=True):
+        python.setdefault(calls[0][:2], []).append(1e6 * max(s for _, _, s in calls))
+    rows = []
+    for (op, size), us in traced.items():
+        measured = statistics.median(us)
+        model = 1e6 * costs.gloo_cpu(op, n, size, alpha, beta, gamma)
+        py = python.get((op, size))
+        rows.append({"op": op, "bytes": size, "ranks": n, "trace_us": measured,
+                     "python_us": statistics.median(py) if py else None,
+                     "ops_us": statistics.median(ops[op, size]),
+                     "model_us": model, "ratio": measured / model})  # fmt: skip
+    return rows
+
+
+def format_versus_model(rows: Sequence[dict]) -> str:
+    """``versus_model``'s rows as a text table (milliseconds), headed in the learner's language."""
+    heads = [_t("collective"), _t("size"), "N", _t("trace ms"), _t("of it operators ms"),
+             _t("Python ms"), _t("model ms"), _t("trace/model")]  # fmt: skip
+    cells = [
+        [
+            r["op"],
+            _size(r["bytes"]),
+            str(r["ranks"]),
+            f"{r['trace_us'] / 1e3:.3f}",
+            f"{r['ops_us'] / 1e3:.3f}",
+            "-" if r["python_us"] is None else f"{r['python_us'] / 1e3:.3f}",
+            f"{r['model_us'] / 1e3:.3f}",
+            f"{r['ratio']:.2f}",
+        ]
+        for r in rows
+    ]
+    widths = [max(_width(h), *(_width(c[i]) for c in cells)) for i, h in enumerate(heads)]
+    lines = ["  ".join(_pad(h, w) for h, w in zip(heads, widths, strict=True))]
+    lines += ["  ".join(_pad(c, w) for c, w in zip(row, widths, strict=True)) for row in cells]
+    return "\n".join(lines)
+
+
+def _size(n: float) -> str:
+    for unit in ("B", "KiB"):
+        if n < 1024:
+            return f"{n:g} {unit}"
+        n /= 1024
+    return f"{n:g} MiB"
 
 
 def format_summary(rows: Sequence[RankSummary]) -> str:

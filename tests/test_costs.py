@@ -134,3 +134,23 @@ def test_legend_speaks_the_notebook_language():
             assert [line.get_label() for line in ax.get_lines()] == names
     finally:
         i18n.set_language(before)
+
+
+def test_gloo_models_follow_gloos_algorithms():
+    mib = 1 << 20
+    # gloo/allreduce.cc ring: max(ceil(S / 1 MiB), 2N) segments, rounded up to a multiple of N
+    assert [costs.gloo_segments(2, s) for s in (4, 4 * mib, 8 * mib)] == [2, 2, 4]
+    assert costs.gloo_segments(4, 9 * mib) == 3  # 9 -> 12 segments, 3 per chunk
+    # all-reduce: 2(N-1) p messages; reduce_scatter is the same all-reduce of the whole input
+    assert costs.gloo_cpu("all_reduce", 4, 0, 1.0, 0) == 2 * 3 * 2
+    assert costs.gloo_cpu("reduce_scatter", 4, mib, 1e-6, 1e-9) == costs.gloo_cpu(
+        "all_reduce", 4, mib, 1e-6, 1e-9
+    )
+    # broadcast: a binomial tree, ceil(log2 N) whole-buffer rounds
+    assert [costs.gloo_cpu("broadcast", n, 0, 1.0, 0) for n in (2, 4, 5)] == [1, 2, 3]
+    assert costs.gloo_cpu("broadcast", 4, mib, 0, 1e-9) == pytest.approx(2 * mib * 1e-9)
+    # all-gather: 2(N-1) half-inputs, so every rank passes on N-1 whole inputs
+    assert costs.gloo_cpu("all_gather", 4, mib, 1.0, 0) == 6
+    assert costs.gloo_cpu("all_gather", 4, mib, 0, 1e-9) == pytest.approx(3 * mib * 1e-9)
+    with pytest.raises(ValueError, match="gather"):
+        costs.gloo_cpu("gather", 4, mib, 0, 1e-9)

@@ -147,3 +147,89 @@ def test_labels_and_table_speak_the_learners_language():
     labels = [t.get_text() for t in ax.get_yticklabels()] + [ax.get_xlabel()]
     assert labels == ["rank 0 计算", "rank 0 通信", "距本次运行第一个事件的时间（ms）"]
     assert table.split()[:3] == ["rank", "计算", "ms"]
+
+
+# --- collectives matched across ranks --------------------------------------------------
+
+
+def test_collective_times_match_ranks_by_kind_and_number():
+    rank0 = [
+        op("all_reduce", 0, 20, cat="user_annotation"),
+        op("outer", 30, 40, cat="user_annotation"),
+        op("broadcast", 31, 20, cat="user_annotation"),  # the innermost range labels it
+        comm("all_reduce", 1, 10, bytes=4096, seq=1),
+        op("aten::copy_", 2, 3, tid=GLOO),  # the backend copying, inside the all-reduce
+        op("aten::copy_", 3, 1, tid=GLOO),  # nested: counted once
+        comm("broadcast", 32, 5, bytes=64, seq=1),
+        comm("send", 60, 1, tid=MAIN, peer=1, seq=1),  # point-to-point: not a collective
+        comm("all_gather", 80, 1, seq=1),  # rank 1 never ran it: left out
+    ]
+    rank1 = [
+        comm("all_reduce", 5, 9, bytes=4096, seq=1),  # arrives 4 us late, ends at 14
+        comm("broadcast", 33, 2, bytes=64, seq=1),
+        comm("recv", 60, 1, tid=MAIN, peer=0, seq=1),
+    ]
+    times = ta.collective_times(ta.load(trace({0: rank0, 1: rank1})))
+    assert [(c.kind, c.label, c.bytes) for c in times] == [
+        ("all_reduce", "all_reduce", 4096),
+        ("broadcast", "broadcast", 64),
+    ]
+    reduce, bcast = times
+    assert (reduce.us, reduce.waited_us, reduce.ops_us) == (14 - 5, 4, 3)
+    assert (bcast.us, bcast.waited_us, bcast.ops_us) == (37 - 33, 1, 0)
+
+
+@pytest.fixture(scope="module")
+def traced_collectives(tmp_path_factory):
+    import ddp_lab as dl
+    from ddp_lab import collectives
+
+    path = tmp_path_factory.mktemp("trace") / "run.json"
+    seen = dl.spawn(
+        collectives.timed_collectives,
+        args=((64 << 10,), 2),
+        nprocs=2,
+        backend="gloo",
+        trace=str(path),
+        quiet=True,
+    )
+    return ta.collective_times(ta.load(path)), seen
+
+
+def test_a_real_run_gives_every_collective_its_bytes_and_time(traced_collectives):
+    times, seen = traced_collectives
+    labelled = [c for c in times if c.label in ("all_reduce", "broadcast", "all_gather",
+                                                "reduce_scatter")]  # fmt: skip
+    assert [c.label for c in labelled] == ["all_reduce", "broadcast", "all_gather",
+                                           "reduce_scatter"] * 2  # fmt: skip
+    # ProcessGroupGloo runs reduce_scatter_single as an all-reduce of a copy of the whole input
+    kinds = {c.label: c.kind for c in labelled}
+    assert kinds == {"all_reduce": "all_reduce", "broadcast": "broadcast",
+                     "all_gather": "all_gather", "reduce_scatter": "all_reduce"}  # fmt: skip
+    assert {c.bytes for c in labelled} == {64 << 10}  # one rank's input
+    # The backend's work happens inside the Python call on every rank: never longer than it.
+    for call, *ranks in zip(labelled, *seen, strict=True):
+        assert {(op, size) for op, size, _ in ranks} == {(call.label, 64 << 10)}
+        assert 0 < call.us <= max(s for _, _, s in ranks) * 1e6
+
+
+def test_versus_model_puts_the_trace_next_to_gloos_model(traced_collectives):
+    from ddp_lab import costs
+
+    times, seen = traced_collectives
+    rows = ta.versus_model(times, 2, 50e-6, 1e-9, 1e-10, seen)
+    assert [(r["op"], r["bytes"], r["ranks"]) for r in rows] == [
+        (op, 64 << 10, 2) for op in ("all_reduce", "broadcast", "all_gather", "reduce_scatter")
+    ]
+    for r in rows:
+        assert r["model_us"] == pytest.approx(
+            1e6 * costs.gloo_cpu(r["op"], 2, 64 << 10, 50e-6, 1e-9, 1e-10)
+        )
+        assert r["ratio"] == pytest.approx(r["trace_us"] / r["model_us"])
+        assert 0 < r["trace_us"] <= r["python_us"]  # call by call, so for the medians too
+        assert 0 <= r["ops_us"] <= r["trace_us"]
+    # gloo's all-gather copies the gathered pieces out of its own flat buffer (copy_)
+    assert rows[2]["ops_us"] > 0
+    table = ta.format_versus_model(rows).splitlines()
+    assert table[1].split()[:4] == ["all_reduce", "64", "KiB", "2"]
+    assert len(table[1].split()) == 9  # 8 columns, the size in two words

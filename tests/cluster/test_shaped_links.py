@@ -226,3 +226,15 @@ def test_live_lab_measures_the_model_and_leaves_nothing(monkeypatch: pytest.Monk
     assert {r["algorithm"] for r in run["rows"]} == set(sl.ALGORITHMS)
     assert 0.5 <= 8 / run["beta"] / 1e6 / 100 <= 1.1  # the calibration sees the shaped rate
     assert len(built) == 1 and not left_behind(built[0].tag)
+
+
+def test_calibrate_runs_on_loopback_and_feeds_fit():
+    """Chapter 04's traced section calibrates on the learner's machine: no hosts, no root."""
+    import ddp_lab as dl
+
+    out = dl.spawn(sl.calibrate, args=((4, 64 << 10), 1, 0), nprocs=2, backend="gloo", quiet=True)
+    points = out[0]["calibration"]
+    assert [m for m, _ in points] == [4, 64 << 10]
+    assert all(t > 0 for _, t in points) and out[0]["gamma"] > 0
+    alpha, beta = sl.fit(points)
+    assert alpha == points[0][1] and beta > 0
