@@ -11,18 +11,12 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import signal
-import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
-from conftest import descendants
-
-from ddp_lab.runtime.launcher import free_port
+from _servers import Jupyter, jupyter
 
 CONFIG = Path(sys.prefix) / "etc" / "jupyter" / "jupyter_server_config.json"
 
@@ -35,15 +29,13 @@ def _shell_configured() -> bool:
     return "shell_command" in config.get("ServerApp", {}).get("terminado_settings", {})
 
 
-async def _terminal_output(url: str, command: str, marker: str, timeout: float) -> str:
+async def _terminal_output(server: Jupyter, command: str, marker: str, timeout: float) -> str:
     """Open a terminal as JupyterLab does, type ``command``, read until ``marker``."""
     from tornado.httpclient import HTTPRequest
     from tornado.websocket import websocket_connect
 
-    req = urllib.request.Request(f"{url}/api/terminals", data=b"{}", method="POST")
-    with urllib.request.urlopen(req, timeout=30) as resp:
-        name = json.loads(resp.read())["name"]
-    ws_url = url.replace("http://", "ws://") + f"/terminals/websocket/{name}"
+    name = server.api("POST", "/api/terminals", data=b"{}")["name"]
+    ws_url = server.url.replace("http://", "ws://") + f"/terminals/websocket/{name}"
     ws = await websocket_connect(HTTPRequest(ws_url))
     text = ""
     try:
@@ -59,71 +51,23 @@ async def _terminal_output(url: str, command: str, marker: str, timeout: float) 
                 text += data[0]
     finally:
         ws.close()
-        req = urllib.request.Request(f"{url}/api/terminals/{name}", method="DELETE")
-        urllib.request.urlopen(req, timeout=30).close()
+        server.api("DELETE", f"/api/terminals/{name}")
     return text
 
 
 def test_ddp_lab_runs_in_a_jupyterlab_terminal(tmp_path):
     if not _shell_configured():
         pytest.skip(f"setup.sh has not configured JupyterLab's terminals here ({CONFIG})")
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("JPY_", "VIRTUAL_ENV"))}
-    env.update(
-        PATH="/usr/bin:/bin",  # no venv: the terminal's shell must add it
-        HOME=str(tmp_path),
-        JUPYTER_CONFIG_DIR=str(tmp_path / "config"),
-        JUPYTER_RUNTIME_DIR=str(tmp_path / "runtime"),
-        JUPYTER_DATA_DIR=str(tmp_path / "data"),
-    )
-    log = open(tmp_path / "server.log", "w")  # noqa: SIM115 (closed below)
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "jupyter_server",
-            "--no-browser",
-            "--ServerApp.ip=127.0.0.1",
-            f"--ServerApp.port={free_port()}",
-            "--IdentityProvider.token=",
-            "--PasswordIdentityProvider.hashed_password=",
-            "--ServerApp.disable_check_xsrf=True",
-            f"--ServerApp.root_dir={tmp_path}",
-            *(["--allow-root"] if os.geteuid() == 0 else []),
-        ],  # fmt: skip
-        cwd=tmp_path,
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    try:
-        info, url = tmp_path / "runtime" / f"jpserver-{proc.pid}.json", None
-        deadline = time.monotonic() + 120
-        while url is None:
-            assert proc.poll() is None and time.monotonic() < deadline, (
-                "the server did not start:\n" + (tmp_path / "server.log").read_text()[-3000:]
-            )
-            try:
-                url = json.loads(info.read_text())["url"].rstrip("/")
-            except (OSError, ValueError, KeyError):
-                time.sleep(0.1)
+    with jupyter(
+        tmp_path,
+        tmp_path,
+        drop_env=("VIRTUAL_ENV",),
+        # no venv: the terminal's shell must add it
+        env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)},
+    ) as server:
         # "DONE-42" is only printed, never typed: the echo of the line cannot end the wait
         command = 'command -v ddp-lab; ddp-lab --help; echo "rc=$? DONE-$((40 + 2))"'
-        text = asyncio.run(_terminal_output(url, command, "DONE-42", 90))
-    finally:
-        below = descendants(proc.pid)
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-        log.close()
-        for pid in below:  # the terminal's shell, if the server left it
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        text = asyncio.run(_terminal_output(server, command, "DONE-42", 90))
     assert str(Path(sys.prefix) / "bin" / "ddp-lab") in text, text[-3000:]
     assert "usage: ddp-lab" in text and "rc=0 DONE-42" in text, text[-3000:]
     assert "command not found" not in text

@@ -258,7 +258,8 @@ def _header(src: str, lang: str, kind: str) -> str:
         "*Generated from `{src}` by `ddp-lab build`. Work on your own copy: "
         "`ddp-lab exercise {chapter}` copies this notebook to `{copy}` (git "
         "ignores `work/`, so `git pull` updates the course without touching your "
-        "answers).*",
+        "answers). Save it (Ctrl+S) before `ddp-lab check {copy}` in a terminal: the "
+        "check grades the file as saved, not unsaved edits.*",
         lang,
         src=src,
         chapter=name[:2],
@@ -383,9 +384,9 @@ def copy_exercise(
     dst.parent.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(src, dst)
     return 0, _t(
-        "Copied {src} to {dst}: open that copy and work there (`ddp-lab check "
-        "{dst}` checks it). git ignores work/, so `git pull` updates the course "
-        "cleanly.",
+        "Copied {src} to {dst}: open that copy and work there (save it, then "
+        "`ddp-lab check {dst}` checks it). git ignores work/, so `git pull` updates "
+        "the course cleanly.",
         lang,
         **shown,
     )

@@ -30,6 +30,7 @@ import argparse
 import ast
 import contextlib
 import copy
+import datetime
 import json
 import os
 import signal
@@ -518,6 +519,35 @@ def reference_for(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
     return ref
 
 
+def saved_note(path: Path, saved: float, lang: str, now: float | None = None) -> str:
+    """When the graded file was saved, and that JupyterLab's unsaved edits are not graded.
+
+    ``ddp-lab check`` reads the file on disk; a learner who ran it in a terminal next to
+    the open notebook would otherwise be graded on an older version without knowing it.
+    ``saved``: the file's mtime; ``now``: the current time (default: ``time.time()``).
+    """
+    now = time.time() if now is None else now
+    age = max(0, int(now - saved))  # a file from a clock ahead of ours: "0 s ago"
+    if age < 60:
+        ago = _t("{n} s ago", lang, n=age)
+    elif age < 3600:
+        ago = _t("{n} min ago", lang, n=age // 60)
+    elif age < 86400:
+        ago = _t("{n} h ago", lang, n=age // 3600)
+    else:
+        ago = _t("{n} d ago", lang, n=age // 86400)
+    at = datetime.datetime.fromtimestamp(saved)
+    today = at.date() == datetime.datetime.fromtimestamp(now).date()
+    return _t(
+        "Grading {path} as saved {ago} ({time}); unsaved edits in JupyterLab are not "
+        "seen: save with Ctrl+S first.",
+        lang,
+        path=report.shown(path, report.MAX_TEXT),
+        ago=ago,
+        time=at.strftime("%H:%M" if today else "%Y-%m-%d %H:%M"),
+    )
+
+
 def check_main(args: argparse.Namespace) -> int:
     """``ddp-lab check NOTEBOOK``: run it, print each exercise's status; 0 only if all passed."""
     path = Path(args.notebook)
@@ -529,6 +559,7 @@ def check_main(args: argparse.Namespace) -> int:
         return 2
     try:  # the learner's own file: a link to it is fine, but not a FIFO or a huge file
         real = path.resolve()
+        saved = real.stat().st_mtime
         nb = intake.load(real.parent, (real.name,))
     except intake.BadFile as exc:
         print(report.shown(exc, report.MAX_TEXT), file=sys.stderr)
@@ -566,6 +597,7 @@ def check_main(args: argparse.Namespace) -> int:
             return 2
         release = copy.deepcopy(release)
         release.cells = [c for c in release.cells if c.metadata.get("grade_id", only) == only]
+    print(saved_note(path, saved, language_of(nb)), flush=True)
     slots = isolation.Slots()
     job = slots.acquire()
     try:

@@ -30,33 +30,17 @@ import json
 import os
 import re
 import shutil
-import signal
-import subprocess
-import sys
-import time
-import urllib.request
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from conftest import descendants
+from _servers import Jupyter, chromium, jupyter, require_chromium
 
 from ddp_lab.i18n import _t
-from ddp_lab.runtime.launcher import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
-CHROMIUM = os.environ.get("DDP_LAB_CHROMIUM", "/usr/bin/chromium")
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
 RUN_TIMEOUT_MS = 240_000  # running a notebook up to its widgets (a few seconds to ~1 min)
 UI_TIMEOUT_MS = 30_000  # anything else the page has to do
 CJK = re.compile(r"[\u3000-\u303f\u4e00-\u9fff\uff00-\uffef]")
@@ -238,50 +222,9 @@ def _write_settings(settings: Path) -> None:
         path.write_text(json.dumps(values))
 
 
-def _fontconfig(tmp: Path) -> Path:
-    """A fontconfig file adding the CJK fonts the setup installs (mplfonts) to the system
-    ones, so Chromium draws the Chinese widget labels too (a learner's browser has its own
-    fonts; a bare Debian machine has none for Chinese)."""
-    import mplfonts
-
-    conf = tmp / "fonts.conf"
-    conf.write_text(
-        '<?xml version="1.0"?>\n<!DOCTYPE fontconfig SYSTEM "fonts.dtd">\n<fontconfig>\n'
-        '  <include ignore_missing="yes">/etc/fonts/fonts.conf</include>\n'
-        f"  <dir>{Path(mplfonts.__file__).parent / 'fonts'}</dir>\n"
-        f"  <cachedir>{tmp / 'fontcache'}</cachedir>\n</fontconfig>\n"
-    )
-    return conf
-
-
-@dataclass
-class Lab:
-    url: str
-    root: Path
-    proc: subprocess.Popen
-
-    def api(self, method: str, path: str) -> object:
-        req = urllib.request.Request(self.url + path, method=method)
-        with urllib.request.urlopen(req, timeout=30) as resp:
-            body = resp.read()
-        return json.loads(body) if body else None
-
-    def shutdown_kernels(self) -> None:
-        for session in self.api("GET", "/api/sessions"):
-            self.api("DELETE", f"/api/sessions/{session['id']}")
-
-
 @pytest.fixture(scope="module")
 def chromium_ready() -> None:
-    if not os.access(CHROMIUM, os.X_OK):
-        pytest.skip(
-            f"no Chromium at {CHROMIUM}: install Debian's package (apt-get install chromium; "
-            "test.sh does it when run as root) or set DDP_LAB_CHROMIUM"
-        )
-    try:
-        import playwright.sync_api  # noqa: F401
-    except ImportError as err:
-        pytest.skip(f"Playwright is not installed ({err}): DDP_LAB_EXTRAS=test bash setup.sh")
+    require_chromium()
     try:
         import jupyterlab  # noqa: F401
     except ImportError as err:
@@ -289,7 +232,7 @@ def chromium_ready() -> None:
 
 
 @pytest.fixture(scope="module")
-def lab(chromium_ready, tmp_path_factory) -> Iterator[Lab]:
+def lab(chromium_ready, tmp_path_factory) -> Iterator[Jupyter]:
     """JupyterLab on a free localhost port, serving copies of the lesson notebooks."""
     tmp = tmp_path_factory.mktemp("lab")
     root = tmp / "root"
@@ -300,105 +243,54 @@ def lab(chromium_ready, tmp_path_factory) -> Iterator[Lab]:
         (root / "exercises" / lang).mkdir(parents=True)
         shutil.copy(ROOT / "exercises" / lang / EXERCISE, root / "exercises" / lang)
     _write_settings(tmp / "settings")
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        # a learner's kernel draws inline figures and takes its language from the path
-        if k not in ("MPLBACKEND", "DDP_LAB_LANG") and not k.startswith("JPY_")
-    }
-    env.update(
-        JUPYTER_CONFIG_DIR=str(tmp / "config"),
-        JUPYTER_RUNTIME_DIR=str(tmp / "runtime"),
-        JUPYTER_DATA_DIR=str(tmp / "data"),
-        JUPYTER_PREFER_ENV_PATH="1",
-        JUPYTERLAB_SETTINGS_DIR=str(tmp / "settings"),
-        JUPYTERLAB_WORKSPACES_DIR=str(tmp / "workspaces"),
-        IPYTHONDIR=str(tmp / "ipython"),
-        PYTHONUNBUFFERED="1",
-    )
-    log = open(tmp / "jupyter.log", "w")  # noqa: SIM115 (closed below)
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "jupyterlab",
-            "--no-browser",
-            "--ServerApp.ip=127.0.0.1",
-            f"--ServerApp.port={free_port()}",
-            "--IdentityProvider.token=",
-            "--PasswordIdentityProvider.hashed_password=",
-            "--ServerApp.disable_check_xsrf=True",
-            f"--ServerApp.root_dir={root}",
+    with jupyter(
+        tmp,
+        root,
+        app="jupyterlab",
+        args=[
             "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
             "--LanguageServerManager.autodetect=False",
             "--ServerApp.terminals_enabled=False",
             "--LabApp.extension_manager=readonly",
-            *(["--allow-root"] if os.geteuid() == 0 else []),
-        ],  # fmt: skip
-        cwd=tmp,
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    url = None
-    deadline = time.monotonic() + 120
-    try:
-        while url is None:
-            # the server writes jpserver-<pid>.json once it listens (with the real port)
-            info = tmp / "runtime" / f"jpserver-{proc.pid}.json"
-            if info.exists():
-                try:
-                    url = json.loads(info.read_text())["url"].rstrip("/")
-                except (ValueError, KeyError):
-                    pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(
-                    "JupyterLab did not start:\n" + (tmp / "jupyter.log").read_text()[-3000:]
-                )
-            time.sleep(0.1)
-        lab = Lab(url, root, proc)
-        lab.api("GET", "/api/status")
-        yield lab
-    finally:
-        below = descendants(proc.pid)
-        try:
-            if url is not None:
-                lab.shutdown_kernels()
-        except OSError:
-            pass
-        proc.send_signal(signal.SIGINT)  # jupyter asks twice; SIGTERM stops it at once
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-        log.close()
-        # kernels run in their own sessions; nothing the server started may outlive it
-        for pid in below | descendants(proc.pid):
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        ],
+        # a learner's kernel draws inline figures and takes its language from the path
+        drop_env=("MPLBACKEND", "DDP_LAB_LANG"),
+        env={
+            "JUPYTER_PREFER_ENV_PATH": "1",
+            "JUPYTERLAB_SETTINGS_DIR": str(tmp / "settings"),
+            "JUPYTERLAB_WORKSPACES_DIR": str(tmp / "workspaces"),
+            "IPYTHONDIR": str(tmp / "ipython"),
+            "PYTHONUNBUFFERED": "1",
+        },
+    ) as server:
+        yield server
 
 
 @pytest.fixture(scope="module")
 def browser(lab, tmp_path_factory):
-    from playwright.sync_api import sync_playwright
+    with chromium(tmp_path_factory.mktemp("fonts")) as browser:
+        yield browser
 
-    fonts = _fontconfig(tmp_path_factory.mktemp("fonts"))
-    with sync_playwright() as p:
+
+@contextmanager
+def lab_page(browser, lab: Jupyter, lang: str, shot: Path) -> Iterator[object]:
+    """A page of its own in ``browser``; a screenshot at ``shot`` when the test fails;
+    JupyterLab's kernels shut down after it (one at a time: 2 cores, torch in each)."""
+    context = browser.new_context(viewport={"width": 1280, "height": 900}, locale=lang)
+    page = context.new_page()
+    page.set_default_timeout(UI_TIMEOUT_MS)
+    try:
+        yield page
+    except BaseException:
         try:
-            chromium = p.chromium.launch(
-                executable_path=CHROMIUM,
-                args=CHROMIUM_ARGS,
-                env={**os.environ, "FONTCONFIG_FILE": str(fonts)},
-            )
-        except Exception as err:  # noqa: BLE001 (a broken browser install is a skip)
-            pytest.skip(f"Chromium at {CHROMIUM} does not start under Playwright: {err}")
-        yield chromium
-        chromium.close()
+            page.screenshot(path=shot, full_page=True)
+            print(f"screenshot of the failing page: {shot}")
+        except Exception as err:  # noqa: BLE001
+            print(f"no screenshot ({err})")
+        raise
+    finally:
+        context.close()
+        lab.shutdown_kernels()
 
 
 # --------------------------------------------------------------------------------------
@@ -437,7 +329,7 @@ def output_texts(page) -> list[str]:
     return page.locator(".jp-Notebook .jp-OutputArea-output").all_inner_texts()
 
 
-def check_chapter(page, lab: Lab, key: str, lang: str, shots: Path | None) -> None:
+def check_chapter(page, lab: Jupyter, key: str, lang: str, shots: Path | None) -> None:
     chapter = CHAPTERS[key]
     # a workspace of its own: JupyterLab reopens nothing from an earlier page
     page.goto(f"{lab.url}/lab/workspaces/{key}-{lang}/tree/notebooks/{lang}/{chapter.notebook}")
@@ -519,22 +411,8 @@ def _save_small(locator, path: Path) -> None:
 @pytest.mark.parametrize("key", sorted(CHAPTERS))
 def test_widget_chapter_in_jupyterlab(key, lang, lab, browser, tmp_path):
     shots = os.environ.get("DDP_LAB_SCREENSHOTS")
-    context = browser.new_context(viewport={"width": 1280, "height": 900}, locale=lang)
-    page = context.new_page()
-    page.set_default_timeout(UI_TIMEOUT_MS)
-    try:
+    with lab_page(browser, lab, lang, tmp_path / f"failure_{key}_{lang}.png") as page:
         check_chapter(page, lab, key, lang, Path(shots) if shots else None)
-    except BaseException:
-        shot = tmp_path / f"failure_{key}_{lang}.png"
-        try:
-            page.screenshot(path=shot, full_page=True)
-            print(f"screenshot of the failing page: {shot}")
-        except Exception as err:  # noqa: BLE001
-            print(f"no screenshot ({err})")
-        raise
-    finally:
-        context.close()
-        lab.shutdown_kernels()  # one kernel at a time: 2 cores, torch in each
 
 
 # --------------------------------------------------------------------------------------
@@ -556,7 +434,7 @@ def _run_cell(page, cell) -> None:
     )
 
 
-def check_exercise(page, lab: Lab, lang: str) -> None:
+def check_exercise(page, lab: Jupyter, lang: str) -> None:
     from ddp_lab.course import build
 
     page.goto(f"{lab.url}/lab/workspaces/ex-{lang}/tree/exercises/{lang}/{EXERCISE}")
@@ -609,22 +487,8 @@ def check_exercise(page, lab: Lab, lang: str) -> None:
 
 @pytest.mark.parametrize("lang", ["en", "zh"])
 def test_exercise_as_a_newcomer_opens_it(lang, lab, browser, tmp_path):
-    context = browser.new_context(viewport={"width": 1280, "height": 900}, locale=lang)
-    page = context.new_page()
-    page.set_default_timeout(UI_TIMEOUT_MS)
-    try:
+    with lab_page(browser, lab, lang, tmp_path / f"failure_exercise_{lang}.png") as page:
         check_exercise(page, lab, lang)
-    except BaseException:
-        shot = tmp_path / f"failure_exercise_{lang}.png"
-        try:
-            page.screenshot(path=shot, full_page=True)
-            print(f"screenshot of the failing page: {shot}")
-        except Exception as err:  # noqa: BLE001
-            print(f"no screenshot ({err})")
-        raise
-    finally:
-        context.close()
-        lab.shutdown_kernels()
 
 
 # --------------------------------------------------------------------------------------

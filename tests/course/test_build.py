@@ -161,6 +161,8 @@ def test_headers_kernel_and_wrong_kernel_cell(project):
             assert "do not edit" not in header and "请勿直接修改" not in header
             if kind == "exercises":
                 assert "ddp-lab exercise 99" in header and f"work/{lang}/99_demo.ipynb" in header
+                # a check in a terminal grades the saved file: the header says to save first
+                assert f"ddp-lab check work/{lang}/99_demo.ipynb" in header and "Ctrl+S" in header
             first_code = next(c for c in nb.cells if c.cell_type == "code")
             assert "kernel-check" in first_code.metadata["tags"]
             assert "Python 3 (ddp-lab)" in first_code.source
@@ -192,6 +194,7 @@ def test_exercise_copy_goes_to_work(project):
     build.build(project)
     code, message = build.copy_exercise("99", "zh", project)
     assert code == 0 and "work/zh/99_demo.ipynb" in message
+    assert "先保存，再用 `ddp-lab check work/zh/99_demo.ipynb`" in message  # the saved file
     copy = project / "work/zh/99_demo.ipynb"
     assert copy.read_bytes() == (project / "exercises/zh/99_demo.ipynb").read_bytes()
     copy.write_text("my answers")

@@ -371,10 +371,31 @@ def test_grade_chapter00_submissions_in_one_call(tmp_path: Path) -> None:
     assert leftover_processes() == []
 
 
-def test_check_solution_passes(capsys) -> None:
-    assert cli.main(["check", str(ROOT / "solutions" / "en" / "00_quickstart.ipynb")]) == 0
+def test_saved_note_says_when_the_file_was_saved_in_both_languages() -> None:
+    now = time.mktime((2026, 11, 25, 12, 7, 30, 0, 0, -1))  # local time, as the note shows
+    note = grader.saved_note(Path("work/en/05_ring.ipynb"), now - 205, "en", now=now)
+    assert note == (
+        "Grading work/en/05_ring.ipynb as saved 3 min ago (12:04); unsaved edits in "
+        "JupyterLab are not seen: save with Ctrl+S first."
+    )
+    note = grader.saved_note(Path("work/zh/05_ring.ipynb"), now - 205, "zh", now=now)
+    assert "work/zh/05_ring.ipynb" in note and "3 分钟前（12:04）" in note and "Ctrl+S" in note
+    assert "12 s ago (12:07)" in grader.saved_note(Path("a"), now - 12, "en", now=now)
+    assert "0 s ago" in grader.saved_note(Path("a"), now + 5, "en", now=now)  # clock skew
+    assert "2 h ago (10:07)" in grader.saved_note(Path("a"), now - 7200, "en", now=now)
+    days = grader.saved_note(Path("a"), now - 3 * 86400, "en", now=now)
+    assert "3 d ago (2026-11-22 12:07)" in days
+
+
+def test_check_solution_passes_and_says_which_save_it_graded(tmp_path: Path, capsys) -> None:
+    mine = tmp_path / "mine.ipynb"  # the learner's copy, last saved 3 minutes ago
+    mine.write_bytes((ROOT / "solutions" / "en" / "00_quickstart.ipynb").read_bytes())
+    os.utime(mine, (time.time() - 200, time.time() - 200))
+    assert cli.main(["check", str(mine)]) == 0
     out = capsys.readouterr().out
     assert "00.average: passed, 2/2" in out and "total 2/2 points" in out
+    note = out.splitlines()[0]  # said first: the learner can stop, save and check again
+    assert note.startswith(f"Grading {mine} as saved 3 min ago (") and "Ctrl+S" in note, out
 
 
 def test_check_unsolved_exercise_fails_in_its_language(capsys) -> None:
@@ -382,6 +403,7 @@ def test_check_unsolved_exercise_fails_in_its_language(capsys) -> None:
     out = capsys.readouterr().out
     assert "00.average: 未通过, 0/2" in out and "总分 0/2" in out
     assert "NotImplementedError" in out
+    assert "保存的版本" in out.splitlines()[0] and "Ctrl+S" in out.splitlines()[0], out
 
 
 def test_check_compares_with_the_release_rebuilt_from_the_chapter(tmp_path: Path, capsys) -> None:

@@ -2,8 +2,8 @@
 
 For each exercise graded in that form, through the verdict's own path (``RemoteLearner`` with
 ``course.rankhost.RankPool``: one sandbox per rank, the package's answers hidden):
-- the honest solution (the released solution's code, defined here so that it travels by value
-  as a notebook's does) gets full points;
+- the honest solution (the released solution notebook's code, read by
+  ``_solutions.graded_solution``; it travels by value as a notebook's does) gets full points;
 - an attack that reads every rank's input from the caller's frames and never communicates gets
   0. The same attack passes (at least its first hidden case) where a frame holds every rank's
   input, as every probe's did before the per-rank form: ``LocalLearner`` (self-study) still
@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import random
 import sys
-from pathlib import Path
 from typing import Any
 
 import cloudpickle
@@ -22,141 +21,14 @@ import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
+from _solutions import graded_solution
 from torch import nn
 
 from ddp_lab.bucketed_ddp import assign_buckets
 from ddp_lab.course.grading import load_checkers, run_checker
 from ddp_lab.course.learner import LocalLearner, RemoteLearner
 from ddp_lab.course.rankhost import RankPool
-from ddp_lab.resume import save_atomic
 from ddp_lab.runtime import _pickle
-
-# --- honest solutions (as in solutions/en/) ---------------------------------------------------
-
-
-def reduce_broadcast_all_reduce(tensor: torch.Tensor) -> torch.Tensor:
-    dist.reduce(tensor, dst=0)
-    dist.broadcast(tensor, src=0)
-    return tensor
-
-
-def send_recv_all_gather(tensor_list: list[torch.Tensor], tensor: torch.Tensor) -> None:
-    rank, n = dist.get_rank(), dist.get_world_size()
-    sends = [dist.isend(tensor, dst=peer) for peer in range(n) if peer != rank]
-    for peer in range(n):
-        if peer == rank:
-            tensor_list[peer].copy_(tensor)
-        else:
-            dist.recv(tensor_list[peer], src=peer)
-    for request in sends:
-        request.wait()
-
-
-def gathered_accuracy(correct: torch.Tensor, dataset_len: int) -> float:
-    parts = [torch.empty_like(correct) for _ in range(dist.get_world_size())]
-    dist.all_gather(parts, correct)
-    return torch.stack(parts, dim=1).flatten()[:dataset_len].mean().item()
-
-
-class MyDDP(nn.Module):
-    def __init__(self, module: nn.Module) -> None:
-        super().__init__()
-        self.module = module
-        with torch.no_grad():
-            for t in [*module.parameters(), *module.buffers()]:
-                dist.broadcast(t, src=0)
-
-    def forward(self, *args: Any) -> Any:
-        for b in self.module.buffers():
-            dist.broadcast(b, src=0)
-        return self.module(*args)
-
-    def sync_gradients(self) -> None:
-        for p in self.module.parameters():
-            if p.grad is not None:
-                dist.all_reduce(p.grad)
-                p.grad /= dist.get_world_size()
-
-
-class GradBuckets:
-    def __init__(self, module: nn.Module, bucket_cap_mb: float) -> None:
-        self.params = [p for p in module.parameters() if p.requires_grad]
-        plan = assign_buckets(self.params, bucket_cap_mb)  # given code: the package's
-        self.buckets = [[self.params[i] for i in idx] for idx in plan]
-        self.bucket_of = {id(p): b for b, bucket in enumerate(self.buckets) for p in bucket}
-        self.ready = [0] * len(self.buckets)
-        self.next = 0
-        self.works: list = []
-        for p in self.params:
-            p.register_post_accumulate_grad_hook(self.on_grad_ready)
-
-    def flat(self, b: int) -> torch.Tensor:
-        return torch.cat([p.grad.reshape(-1) for p in self.buckets[b]]) / dist.get_world_size()
-
-    def on_grad_ready(self, param: torch.Tensor) -> None:
-        self.ready[self.bucket_of[id(param)]] += 1
-        while self.next < len(self.buckets) and self.ready[self.next] == len(
-            self.buckets[self.next]
-        ):
-            b = self.next
-            flat = self.flat(b)
-            self.works.append((dist.all_reduce(flat, async_op=True), flat, b))
-            self.next += 1
-
-    def wait(self) -> None:
-        for work, flat, b in self.works:
-            work.wait()
-            offset = 0
-            for p in self.buckets[b]:
-                p.grad.copy_(flat[offset : offset + p.numel()].view_as(p))
-                offset += p.numel()
-        self.works.clear()
-        self.ready = [0] * len(self.buckets)
-        self.next = 0
-
-
-def global_accuracy(correct: int, total: int) -> float:
-    counts = torch.tensor([correct, total], dtype=torch.float64)
-    dist.all_reduce(counts)
-    return (counts[0] / counts[1]).item()
-
-
-def safe_all_reduce(tensor: torch.Tensor) -> None:
-    meta = (tuple(tensor.shape), str(tensor.dtype))
-    metas: list = [None] * dist.get_world_size()
-    dist.all_gather_object(metas, meta)
-    if len(set(metas)) > 1:
-        raise ValueError(f"shapes or dtypes differ across ranks: {metas}")
-    dist.all_reduce(tensor)
-
-
-def save_state(folder, model, optimizer, scheduler, sampler, step):  # noqa: ANN001, ANN201
-    state = {
-        "model": model.state_dict(),
-        "optimizer": optimizer.state_dict(),
-        "scheduler": scheduler.state_dict(),
-        "sampler": sampler.state_dict(),
-        "step": step,
-        "rng": {
-            "torch": torch.get_rng_state(),
-            "numpy": np.random.get_state(),
-            "python": random.getstate(),
-        },
-    }
-    save_atomic(state, Path(folder) / f"rank{dist.get_rank()}.pt")
-
-
-def load_state(folder, model, optimizer, scheduler, sampler):  # noqa: ANN001, ANN201
-    state = torch.load(Path(folder) / f"rank{dist.get_rank()}.pt", weights_only=False)
-    model.load_state_dict(state["model"])
-    optimizer.load_state_dict(state["optimizer"])
-    scheduler.load_state_dict(state["scheduler"])
-    sampler.load_state_dict(state["sampler"])
-    torch.set_rng_state(state["rng"]["torch"])
-    np.random.set_state(state["rng"]["numpy"])
-    random.setstate(state["rng"]["python"])
-    return state["step"]
-
 
 # --- attacks: every rank's input read from a frame, nothing sent ------------------------------
 
@@ -249,35 +121,44 @@ class PeekDDP(nn.Module):
         self.step += 1
 
 
-class PeekBuckets(GradBuckets):
-    """Launches empty buckets of the right sizes (what the rank reports looks right), and sets
-    the global batch's gradients read from the frame."""
+class PeekBuckets:
+    """Launches empty buckets of the right sizes, in index order, while backward runs (what
+    the rank reports looks right), and sets the global batch's gradients read from the frame."""
 
     def __init__(self, module: nn.Module, bucket_cap_mb: float) -> None:
-        super().__init__(module, bucket_cap_mb)
         self.module, self.seen, self.step = module, everyone(), 0
+        params = [p for p in module.parameters() if p.requires_grad]
+        self.buckets = [[params[i] for i in idx] for idx in assign_buckets(params, bucket_cap_mb)]
+        self.bucket_of = {id(p): b for b, bucket in enumerate(self.buckets) for p in bucket}
+        self.ready, self.works = [0] * len(self.buckets), []
+        for p in params:
+            p.register_post_accumulate_grad_hook(self.on_grad_ready)
 
-    def flat(self, b: int) -> torch.Tensor:
-        return torch.zeros(sum(p.numel() for p in self.buckets[b]), dtype=torch.float64)
+    def on_grad_ready(self, param: torch.Tensor) -> None:
+        self.ready[self.bucket_of[id(param)]] += 1
+        b = len(self.works)  # the next bucket to launch
+        while b < len(self.buckets) and self.ready[b] == len(self.buckets[b]):
+            flat = torch.zeros(sum(p.numel() for p in self.buckets[b]), dtype=torch.float64)
+            self.works.append(dist.all_reduce(flat, async_op=True))
+            b += 1
 
     def wait(self) -> None:
-        for work, _, _ in self.works:
+        for work in self.works:
             work.wait()
-        self.works.clear()
-        self.ready, self.next = [0] * len(self.buckets), 0
+        self.ready, self.works = [0] * len(self.buckets), []
         if self.seen is not None:
             _full_batch_grads(self.module, self.seen, self.step)
         self.step += 1
 
 
 CASES = [
-    ("04.all_reduce", reduce_broadcast_all_reduce, peek_all_reduce),
-    ("04.all_gather", send_recv_all_gather, peek_all_gather),
-    ("06.accuracy", gathered_accuracy, peek_accuracy),
-    ("07.naive_ddp", MyDDP, PeekDDP),
-    ("07.bucketed", GradBuckets, PeekBuckets),
-    ("09.global_accuracy", global_accuracy, peek_global_accuracy),
-    ("09.safe_all_reduce", safe_all_reduce, peek_safe_all_reduce),
+    ("04.all_reduce", peek_all_reduce),
+    ("04.all_gather", peek_all_gather),
+    ("06.accuracy", peek_accuracy),
+    ("07.naive_ddp", PeekDDP),
+    ("07.bucketed", PeekBuckets),
+    ("09.global_accuracy", peek_global_accuracy),
+    ("09.safe_all_reduce", peek_safe_all_reduce),
 ]
 
 
@@ -304,11 +185,11 @@ def remote_verdict(grade_id: str, *objects: Any) -> tuple[bool, str]:
         learner.close()
 
 
-@pytest.mark.parametrize(("grade_id", "honest", "attack"), CASES, ids=[c[0] for c in CASES])
+@pytest.mark.parametrize(("grade_id", "attack"), CASES, ids=[c[0] for c in CASES])
 def test_per_rank_form_passes_honest_work_and_not_a_rank_that_reads_the_others(
-    grade_id: str, honest: Any, attack: Any
+    grade_id: str, attack: Any
 ) -> None:
-    passed, line = remote_verdict(grade_id, honest)
+    passed, line = remote_verdict(grade_id, *graded_solution(grade_id))
     assert passed, line
     passed, line = remote_verdict(grade_id, attack)
     assert not passed and "hidden case 1 of" in line and " 0/" in line, line
@@ -347,7 +228,7 @@ def test_resume_in_the_per_rank_form_passes_the_solution_in_fresh_ranks() -> Non
     """11.resume: each rank gets its own inputs at the stop and at the resume; the checkpoint
     crosses between the launches as data; a resume that keeps the state in the process instead
     of the folder fails, as the second launch's ranks are new processes."""
-    passed, line = remote_verdict("11.resume", save_state, load_state)
+    passed, line = remote_verdict("11.resume", *graded_solution("11.resume"))
     assert passed, line
     passed, line = remote_verdict("11.resume", stash_save, stash_load)
     assert not passed and "hidden case 1 of" in line and "_ddp_lab_stash" in line, line

@@ -16,17 +16,15 @@ machine. ``DDP_LAB_SCREENSHOTS=docs/screenshots`` also saves screenshots there.
 
 from __future__ import annotations
 
-import functools
-import http.server
 import os
 import re
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import nbformat
 import pytest
+from _servers import chromium, static_site
 
 from ddp_lab.course import build, nbcache, site
 from ddp_lab.i18n import _t
@@ -157,41 +155,13 @@ def site_url():
         )
     root = Path(SITE).resolve()
     assert (root / "index.html").is_file(), f"no site at {root}"
-
-    class Quiet(http.server.SimpleHTTPRequestHandler):
-        def log_message(self, *args) -> None:
-            pass
-
-    handler = functools.partial(Quiet, directory=str(root))
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)  # a port the OS picks
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
-    server.server_close()
-    thread.join(timeout=10)
+    with static_site(root) as url:
+        yield url
 
 
 @pytest.fixture(scope="module")
 def page(site_url, tmp_path_factory):
-    from test_browser import CHROMIUM, CHROMIUM_ARGS, _fontconfig
-
-    if not os.access(CHROMIUM, os.X_OK):
-        pytest.skip(f"no Chromium at {CHROMIUM} (apt-get install chromium; test.sh does it)")
-    try:
-        from playwright.sync_api import sync_playwright
-    except ImportError as err:
-        pytest.skip(f"Playwright is not installed ({err}): DDP_LAB_EXTRAS=test bash setup.sh")
-    fonts = _fontconfig(tmp_path_factory.mktemp("fonts"))
-    with sync_playwright() as p:
-        try:
-            browser = p.chromium.launch(
-                executable_path=CHROMIUM,
-                args=CHROMIUM_ARGS,
-                env={**os.environ, "FONTCONFIG_FILE": str(fonts)},
-            )
-        except Exception as err:  # noqa: BLE001 (a broken browser install is a skip)
-            pytest.skip(f"Chromium at {CHROMIUM} does not start under Playwright: {err}")
+    with chromium(tmp_path_factory.mktemp("fonts")) as browser:
         pg = browser.new_page(viewport={"width": 1280, "height": 900})
         pg.errors, pg.outside = [], []
         pg.on("pageerror", lambda err: pg.errors.append(str(err)))
@@ -206,7 +176,6 @@ def page(site_url, tmp_path_factory):
             lambda req: None if req.url.startswith(site_url) else pg.outside.append(req.url),
         )
         yield pg
-        browser.close()
 
 
 def _shot(pg, name: str) -> None:
