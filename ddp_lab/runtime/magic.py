@@ -173,8 +173,9 @@ def register_ranks(ipython: Any) -> None:
     @magic_arguments.argument("-r", "--ranks", default="", help="e.g. 0,1 or 1-3 (default: all)")
     @magic_arguments.argument("--timeout", type=float, default=-1, help="seconds (0: none)")
     @magic_arguments.argument("--stream", action="store_true", help="print lines as they come")
+    @magic_arguments.argument("--trace", default=None, help="write a Chrome trace of this cell")
     def ranks(line: str, cell: str | None = None) -> Any:
-        """%%ranks [-r 0,1] [--timeout S] [--stream]: run the cell on the persistent ranks.
+        """%%ranks [-r 0,1] [--timeout S] [--stream] [--trace F]: run the cell on the ranks.
 
         %ranks start -n N [--backend B] [--timeout S] | %ranks stop | %ranks status
         """
@@ -188,7 +189,13 @@ def register_ranks(ipython: Any) -> None:
             return persistent.status()
         filename = ipython.compile.cache(cell) if hasattr(ipython, "compile") else None
         persistent.run_cell(
-            cell, ipython.user_ns, parse_ranks(args.ranks), timeout, args.stream, filename
+            cell,
+            ipython.user_ns,
+            parse_ranks(args.ranks),
+            timeout,
+            args.stream,
+            filename,
+            trace=args.trace,
         )
         return None
 
