@@ -111,3 +111,22 @@ def test_bad_trace_names_are_refused_before_anything_starts(tmp_path):
         dl.spawn(traced_work, nprocs=2, trace=str(tmp_path / "no" / "run.json"))
     with pytest.raises(ValueError, match="folder"):
         dl.spawn(traced_work, nprocs=2, trace=str(tmp_path))
+
+
+def test_the_merge_writes_the_same_trace_with_orjson_or_json(run, tmp_path, monkeypatch):
+    from ddp_lab.runtime import _trace
+
+    _, data, _ = run
+    files = {}
+    for rank in (0, 1):  # per-rank files in the profiler's layout, rebuilt from the merge
+        events = [e for e in data["traceEvents"] if e["pid"] == rank and e.get("ph") != "M"]
+        files[rank] = str(tmp_path / f"{rank}.json")
+        with open(files[rank], "w") as f:
+            json.dump({"traceEvents": events, "baseTimeNanoseconds": 1000 * rank}, f)
+    _trace.merge(files, str(tmp_path / "fast.json"))
+    monkeypatch.setattr(_trace, "_loads", _trace._stdlib_loads)
+    monkeypatch.setattr(_trace, "_dumps", _trace._stdlib_dumps)
+    _trace.merge(files, str(tmp_path / "json.json"))
+    fast, slow = (json.loads((tmp_path / n).read_text()) for n in ("fast.json", "json.json"))
+    assert fast == slow
+    assert len(fast["traceEvents"]) > 10
