@@ -107,3 +107,14 @@ def test_a_traced_cell_that_times_out_merges_what_finished(group, tmp_path, capf
     assert dl.pull(PROFILING) == [False, False]  # the restarted ranks trace nothing
     assert glob.glob(os.path.join(group, "ddp_lab_trace_*")) == []
     capfd.readouterr()
+
+
+def test_the_ranks_magic_takes_trace(group, tmp_path, capfd):
+    from IPython.testing import globalipapp
+
+    ip = globalipapp.start_ipython() or globalipapp.get_ipython()  # once per process
+    ip.run_line_magic("load_ext", "ddp_lab")
+    path = tmp_path / "magic.json"
+    ip.run_cell_magic("ranks", f"-r 0,1 --trace {path}", "dist.barrier()\n")
+    assert [[c.kind for c in r.calls] for r in ta.load(path).values()] == [["barrier"]] * 2
+    capfd.readouterr()
