@@ -118,3 +118,16 @@ def test_the_ranks_magic_takes_trace(group, tmp_path, capfd):
     ip.run_cell_magic("ranks", f"-r 0,1 --trace {path}", "dist.barrier()\n")
     assert [[c.kind for c in r.calls] for r in ta.load(path).values()] == [["barrier"]] * 2
     capfd.readouterr()
+
+
+def test_an_interrupted_traced_cell_writes_and_stops_the_profilers(group, tmp_path, capfd):
+    import signal
+    import threading
+
+    path = tmp_path / "interrupted.json"
+    threading.Timer(2.0, os.kill, (os.getpid(), signal.SIGINT)).start()
+    with pytest.raises(KeyboardInterrupt, match="keeps its variables"):
+        run("import time\nwhile True:\n    time.sleep(0.01)\n", trace=str(path))
+    assert names(json.loads(path.read_text())) == {0: "rank 0", 1: "rank 1"}
+    assert dl.pull(PROFILING) == [False, False]
+    capfd.readouterr()
