@@ -11,6 +11,9 @@ serves requests until it is told to exit or the socket closes:
 - ``pull``: evaluate an expression and send the value back (tensors detached, on CPU);
 - ``push``: set names.
 
+An ``exec`` request may ask for a trace (``%%ranks --trace``): the cell alone runs under
+``torch.profiler`` on this rank, which exports its trace for the notebook to merge.
+
 SIGINT is ignored while the rank waits and becomes KeyboardInterrupt only while user code
 runs, so a kernel interrupt stops the current cell but never the loop itself.
 """
@@ -29,7 +32,7 @@ from typing import Any
 
 import cloudpickle
 
-from ddp_lab.runtime import _pickle
+from ddp_lab.runtime import _pickle, _trace
 from ddp_lab.runtime._rank import CELL_NAMES, error_record, release_kept_groups
 from ddp_lab.runtime._zygote import read_msg, write_msg
 
@@ -99,12 +102,41 @@ def _exec_cell(msg: dict, ns: dict) -> None:
             print(repr(value))  # like the value a notebook shows under a cell
 
 
-def _handle(msg: dict, ns: dict) -> dict:
-    """Run one request with SIGINT armed; return the reply."""
+def _start_trace(trace: dict | None, rank: int) -> tuple[_trace.Profiled | None, str | None]:
+    """Start this cell's profiler (SIGINT ignored): (the running profiler, or why not)."""
+    if trace is None:
+        return None, None
+    profiled = _trace.Profiled(rank, trace["folder"], key=trace["key"], count=trace["count"])
+    try:
+        profiled.__enter__()
+    except Exception as exc:  # noqa: BLE001  # the cell still runs, untraced
+        return None, f"{type(exc).__name__}: {exc}"
+    return profiled, None
+
+
+def _stop_trace(profiled: _trace.Profiled | None) -> str | None:
+    """Stop the cell's profiler and export its trace; why not, if that failed."""
+    if profiled is None:
+        return None
+    try:
+        profiled.__exit__(None, None, None)
+    except Exception as exc:  # noqa: BLE001  # reported by the notebook, the rank goes on
+        return f"{type(exc).__name__}: {exc}"
+    return None
+
+
+def _handle(msg: dict, ns: dict, rank: int = 0) -> dict:
+    """Run one request with SIGINT armed; return the reply.
+
+    A traced cell (``msg["trace"]``) runs under ``torch.profiler``, started before SIGINT is
+    armed and stopped after it is ignored again: an interrupt stops the cell, never the
+    profiler's start or stop, so no profiler stays on in a rank that lives on.
+    """
     release_kept_groups()  # a cell destroyed them; their workers have been idle since
     linecache.cache.update(msg.get("linecache", {}))
     CELL_NAMES.update(msg.get("cell_names", {}))
     reply: dict[str, Any] = {"op": "reply", "status": "ok"}
+    profiled, trace_error = _start_trace(msg.get("trace"), rank)
     signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         if msg["op"] == "exec":
@@ -121,6 +153,9 @@ def _handle(msg: dict, ns: dict) -> dict:
         reply = {"op": "reply", "status": "error", "error": error_record(exc, __file__)}
     finally:
         _ignore_sigint()
+    trace_error = trace_error or _stop_trace(profiled)
+    if trace_error is not None:
+        reply["trace_error"] = trace_error
     sys.stdout.flush()
     sys.stderr.flush()
     if _LIBC is not None:
@@ -150,5 +185,5 @@ def serve(rank: int, socket_path: str, nprocs: int, backend: str) -> None:
         msg = read_msg(fd)
         if msg is None or msg.get("op") == "exit":  # EOF: the notebook is gone
             break
-        write_msg(fd, _handle(msg, ns))
+        write_msg(fd, _handle(msg, ns, rank))
     sock.close()

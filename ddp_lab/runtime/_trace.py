@@ -60,10 +60,16 @@ class Profiled:
     """Context manager: profile the block with ``torch.profiler`` and export the trace.
 
     The trace is exported even when the block raises (the run up to the failure is shown).
+    ``key`` and ``count``: the store key the ranks count themselves on and how many ranks
+    take part (``start_together``); the persistent ranks trace one cell at a time, possibly
+    on some ranks only, so each cell has its own key.
     """
 
-    def __init__(self, rank: int, folder: str) -> None:
+    def __init__(
+        self, rank: int, folder: str, key: str | None = None, count: int | None = None
+    ) -> None:
         self.rank, self.folder = rank, folder
+        self.key, self.count = key or START_KEY, count
         self.prof: Any = None
 
     def __enter__(self) -> Profiled:
@@ -78,19 +84,27 @@ class Profiled:
             activities.append(ProfilerActivity.CUDA)
         self.prof = profile(activities=activities, record_shapes=True)
         self.prof.start()
-        start_together()
+        try:
+            start_together(key=self.key, count=self.count)
+        except BaseException:  # an interrupt while waiting: no profiler stays on
+            self.prof.stop()
+            self.prof = None
+            raise
         return self
 
     def __exit__(self, *exc: object) -> bool:
-        self.prof.stop()
-        self.prof.export_chrome_trace(rank_file(self.folder, self.rank))
+        prof, self.prof = self.prof, None
+        if prof is None:
+            return False
+        prof.stop()
+        prof.export_chrome_trace(rank_file(self.folder, self.rank))
         return False
 
 
 START_KEY = "ddp_lab_trace_started"
 
 
-def start_together(timeout: float = 60.0) -> None:
+def start_together(timeout: float = 60.0, key: str | None = None, count: int | None = None) -> None:
     """Wait until every rank's profiler runs, so that no rank's trace starts with a wait.
 
     Why: a rank's first profiler start can take a second or more (``torch.profiler``
@@ -107,12 +121,13 @@ def start_together(timeout: float = 60.0) -> None:
     if not (dist.is_available() and dist.is_initialized()):
         return
     store = dist.distributed_c10d._get_default_store()
-    world = dist.get_world_size()
+    world = dist.get_world_size() if count is None else count
+    key = key or START_KEY
     deadline = time.monotonic() + timeout
-    count = store.add(START_KEY, 1)
-    while count < world and time.monotonic() < deadline:
+    started = store.add(key, 1)
+    while started < world and time.monotonic() < deadline:
         time.sleep(0.001)
-        count = store.add(START_KEY, 0)
+        started = store.add(key, 0)
 
 
 def _bytes(args: dict) -> int:
@@ -169,12 +184,30 @@ def annotate(events: list[dict]) -> None:
                     args["peer"] = peer
 
 
+def _stdlib_loads(data: bytes) -> Any:
+    return json.loads(data)
+
+
+def _stdlib_dumps(obj: Any) -> bytes:
+    # json.dumps, not json.dump(obj, f): the latter streams through the pure-Python encoder.
+    return json.dumps(obj).encode()
+
+
+try:  # orjson parses and writes the ranks' traces several times faster than json
+    import orjson
+
+    _loads: Any = orjson.loads
+    _dumps: Any = orjson.dumps
+except ImportError:  # an environment set up before orjson was a dependency
+    _loads, _dumps = _stdlib_loads, _stdlib_dumps
+
+
 def merge(files: dict[int, str], target: str, extra: dict | None = None) -> dict:
     """Merge per-rank profiler exports ({rank: path}) into one Chrome trace at ``target``."""
     loaded: dict[int, dict] = {}
     for rank, path in sorted(files.items()):
-        with open(path, encoding="utf-8") as f:
-            loaded[rank] = json.load(f)
+        with open(path, "rb") as f:
+            loaded[rank] = _loads(f.read())
     start_us = None
     for data in loaded.values():
         base = data.get("baseTimeNanoseconds", 0) / 1000.0
@@ -196,8 +229,7 @@ def merge(files: dict[int, str], target: str, extra: dict | None = None) -> dict
         ]
         annotate(mine)
         comm_tids: set[int] = set()
-        for e in mine:
-            e = dict(e)
+        for e in mine:  # the loaded events are this merge's own: changed in place
             e["pid"] = rank
             if "ts" in e:
                 e["ts"] = round(base + float(e["ts"]) - start_us, 3)
@@ -230,10 +262,8 @@ def merge(files: dict[int, str], target: str, extra: dict | None = None) -> dict
         },
     }
     tmp = target + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(
-            json.dumps(merged)
-        )  # json.dump(obj, f) streams through the slow pure-Python encoder
+    with open(tmp, "wb") as f:
+        f.write(_dumps(merged))
     os.replace(tmp, target)
     return merged
 
@@ -265,16 +295,18 @@ def check_target(path: Any) -> str:
     return target
 
 
-def collect(folder: str, nprocs: int, target: str) -> bool:
+def collect(folder: str, nprocs: int, target: str, ranks: list[int] | None = None) -> bool:
     """Merge the rank traces found in ``folder`` into ``target``; False if none was written.
 
     A rank that was killed (timeout, crash) wrote no trace: the others are merged, and the
-    merged trace lists the missing ranks under ``ddp_lab.missing_ranks``.
+    merged trace lists the missing ranks under ``ddp_lab.missing_ranks``. ``ranks``: the
+    ranks that were traced (default: all ``nprocs``).
     """
-    files = {r: rank_file(folder, r) for r in range(nprocs) if os.path.exists(rank_file(folder, r))}
+    traced = list(range(nprocs)) if ranks is None else list(ranks)
+    files = {r: rank_file(folder, r) for r in traced if os.path.exists(rank_file(folder, r))}
     if not files:
         return False
-    missing = [r for r in range(nprocs) if r not in files]
+    missing = [r for r in traced if r not in files]
     extra: dict[str, Any] = {"world_size": nprocs}
     if missing:
         extra["missing_ranks"] = missing

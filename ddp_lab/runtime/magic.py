@@ -18,7 +18,7 @@ import shutil
 import tempfile
 from typing import Any
 
-from ddp_lab.i18n import _t
+from ddp_lab.i18n import _t, pair
 from ddp_lab.runtime import _trace, launcher
 from ddp_lab.runtime._cell import SKIP as _SKIP
 from ddp_lab.runtime._cell import used_names
@@ -114,7 +114,11 @@ def register(ipython: Any) -> None:
     @magic_arguments.argument("--backend", default="auto", help="gloo, nccl, mpi or auto")
     @magic_arguments.argument("--timeout", type=float, default=-1, help="seconds")
     @magic_arguments.argument("--stream", action="store_true", help="print lines as they come")
-    @magic_arguments.argument("--trace", default=None, help="write a Chrome trace (run.json)")
+    @magic_arguments.argument(
+        "--trace",
+        default=None,
+        help=" / ".join(pair("write one Chrome trace of all ranks to this file (run.json)")),
+    )
     def ddp(line: str, cell: str) -> None:
         """%%ddp -n N [--backend gloo|nccl|auto] [--timeout S] [--stream] [--trace F]: N ranks."""
         args = magic_arguments.parse_argstring(ddp, line)
@@ -173,8 +177,13 @@ def register_ranks(ipython: Any) -> None:
     @magic_arguments.argument("-r", "--ranks", default="", help="e.g. 0,1 or 1-3 (default: all)")
     @magic_arguments.argument("--timeout", type=float, default=-1, help="seconds (0: none)")
     @magic_arguments.argument("--stream", action="store_true", help="print lines as they come")
+    @magic_arguments.argument(
+        "--trace",
+        default=None,
+        help=" / ".join(pair("trace this cell: one Chrome trace of its ranks in this file")),
+    )
     def ranks(line: str, cell: str | None = None) -> Any:
-        """%%ranks [-r 0,1] [--timeout S] [--stream]: run the cell on the persistent ranks.
+        """%%ranks [-r 0,1] [--timeout S] [--stream] [--trace F]: run the cell on the ranks.
 
         %ranks start -n N [--backend B] [--timeout S] | %ranks stop | %ranks status
         """
@@ -188,7 +197,13 @@ def register_ranks(ipython: Any) -> None:
             return persistent.status()
         filename = ipython.compile.cache(cell) if hasattr(ipython, "compile") else None
         persistent.run_cell(
-            cell, ipython.user_ns, parse_ranks(args.ranks), timeout, args.stream, filename
+            cell,
+            ipython.user_ns,
+            parse_ranks(args.ranks),
+            timeout,
+            args.stream,
+            filename,
+            trace=args.trace,
         )
         return None
 

@@ -5,8 +5,9 @@ Here the ranks stay: ``dl.start(2)`` launches them and initialises the process g
 once, and each rank keeps its own namespace (with ``rank``, ``world_size``, ``device``,
 ``torch`` and ``dist`` predefined). Then:
 
-- ``%%ranks [--ranks 0,1] [--timeout S] [--stream]`` runs a cell on every rank (or some);
-  names the cell uses that the ranks lack come from the notebook, as with ``%%ddp``;
+- ``%%ranks [--ranks 0,1] [--timeout S] [--stream] [--trace run.json]`` runs a cell on
+  every rank (or some); names the cell uses that the ranks lack come from the notebook, as
+  with ``%%ddp``; ``--trace`` writes one Chrome trace of that cell on all its ranks;
 - ``dl.pull("expr")`` evaluates an expression on every rank and returns the values as a
   list in rank order (tensors detached and on the CPU); ``dl.push(name=value)`` sends
   notebook values to the ranks;
@@ -31,7 +32,7 @@ from typing import Any
 import cloudpickle
 
 from ddp_lab.i18n import _t
-from ddp_lab.runtime import _pickle, launcher
+from ddp_lab.runtime import _pickle, _trace, launcher
 from ddp_lab.runtime._cell import SKIP, used_names
 from ddp_lab.runtime._rank_group import PREFIX, RANK_NAMES, RankGroup, alive, errors
 from ddp_lab.runtime.launcher import DistributedError
@@ -129,11 +130,19 @@ def run_cell(
     timeout: float | None = -1,
     stream: bool = False,
     filename: str | None = None,
+    trace: str | os.PathLike | None = None,
 ) -> None:
-    """What ``%%ranks`` does: run ``source`` in the namespace of each selected rank."""
+    """What ``%%ranks`` does: run ``source`` in the namespace of each selected rank.
+
+    ``trace``: a file name ("run.json"): this cell alone runs under ``torch.profiler`` on
+    each selected rank, and one Chrome trace of those ranks is written there, as for
+    ``dl.spawn(..., trace=...)`` (also when the cell fails on some ranks). The profiler is
+    started before the cell and stopped after it on every rank; the next cell is not traced.
+    """
     group = current()
     filename = filename or f"<ranks cell {group.cells + 1}>"
     targets = group.check_ranks(ranks)
+    target = None if trace is None else _trace.check_target(trace)
     code = compile(ast.parse(source, filename), filename, "exec")  # syntax errors stay here
     known = set.intersection(*(group.defined[r] for r in targets))
     wanted = used_names(code) - SKIP - RANK_NAMES - known
@@ -152,7 +161,10 @@ def run_cell(
     first = next((line.strip() for line in source.splitlines() if line.strip()), "")
     what = first if len(first) <= 40 else first[:37] + "..."
     group.cells += 1
-    replies = group.request(targets, msg, what, timeout, stream)
+    if target is None:
+        replies = group.request(targets, msg, what, timeout, stream)
+    else:
+        replies = _traced_request(group, targets, msg, what, timeout, stream, target)
     failed = errors(replies)
     if failed:
         summary = _t(
@@ -163,6 +175,39 @@ def run_cell(
             first=failed[0].rank,
         )
         raise DistributedError(summary, failed)
+
+
+def _traced_request(
+    group: RankGroup,
+    targets: list[int],
+    msg: dict,
+    what: str,
+    timeout: float | None,
+    stream: bool,
+    target: str,
+) -> dict[int, dict]:
+    """``group.request`` with the cell traced on ``targets``; the ranks' traces merged."""
+    folder = tempfile.mkdtemp(prefix="ddp_lab_trace_")
+    # Each cell counts its ranks under its own store key (start_together).
+    msg["trace"] = {"folder": folder, "key": f"ddp_lab_cell_{group.cells}", "count": len(targets)}
+    try:
+        try:
+            replies = group.request(targets, msg, what, timeout, stream)
+        except BaseException:
+            try:  # what the ranks that finished recorded (a restarted group wrote nothing)
+                _trace.collect(folder, group.nprocs, target, targets)
+            except Exception:  # noqa: BLE001, S110  # the cell's own error matters more
+                pass
+            raise
+        for r in targets:
+            reason = replies[r].get("trace_error")
+            if reason:
+                print(_t("Rank {rank} could not trace this cell: {reason}", rank=r, reason=reason))
+        if not _trace.collect(folder, group.nprocs, target, targets):
+            raise RuntimeError(_t("No rank wrote a trace; {path} was not written.", path=target))
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    return replies
 
 
 def pull(expr: str, ranks: Any = None, timeout: float | None = -1) -> list[Any]:
