@@ -296,7 +296,9 @@ class RankPool:
             return None
         try:
             return traffic.snapshot(self.holder_pid)
-        except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+        except (traffic.Unreadable, OSError, subprocess.SubprocessError, ValueError, IndexError):
+            # The ranks' doing (sockets by the thousand) or the machine's: the checker fails
+            # the case rather than judge the way from the ranks' own report.
             self.unobserved = "unreadable"
             return None
 

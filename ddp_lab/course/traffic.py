@@ -125,16 +125,38 @@ def _segs_out(holder_pid: int) -> int:
     return int(rows[1][rows[0].index("OutSegs")]) if len(rows) == 2 else 0
 
 
+# Most bytes of ``ss`` output read (a line is ~600 bytes; a case has a few dozen sockets).
+# Ranks that open sockets by the thousand make the snapshot fail, and the case with it.
+MAX_SS_BYTES = 8 << 20
+
+
+class Unreadable(RuntimeError):
+    """The namespace's counters could not be read (too many sockets, ``ss`` failed)."""
+
+
 def snapshot(holder_pid: int) -> Snapshot:
     """Every TCP socket of the holder's namespace with its counters, and the loopback's."""
-    out = subprocess.run(
+    proc = subprocess.Popen(
         [*_enter(holder_pid), "-tinpeOH", "state", "all"],
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=True,
-    ).stdout
-    return Snapshot(parse_ss(out), _lo_bytes(holder_pid), _segs_out(holder_pid))
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        stdin=subprocess.DEVNULL,
+    )
+    assert proc.stdout is not None
+    try:
+        out = proc.stdout.read(MAX_SS_BYTES + 1)  # to the end of its output, or the cap
+        if len(out) > MAX_SS_BYTES:
+            raise Unreadable(f"ss wrote more than {MAX_SS_BYTES} bytes")
+        if proc.wait(timeout=30) != 0:
+            raise Unreadable(f"ss exited with {proc.returncode}")
+    except subprocess.TimeoutExpired:
+        raise Unreadable("ss did not end") from None
+    finally:
+        proc.kill()
+        proc.wait()
+        proc.stdout.close()
+    text = out.decode("utf-8", "replace")
+    return Snapshot(parse_ss(text), _lo_bytes(holder_pid), _segs_out(holder_pid))
 
 
 def rank_of(pid: int, roots: dict[int, int]) -> int | None:

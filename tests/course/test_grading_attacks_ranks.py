@@ -474,3 +474,16 @@ def test_ring_unobserved_falls_back_to_the_report_and_says_so(
     monkeypatch.setattr(traffic, "tools", lambda: None)
     passed, line = remote_verdict("05.ring", quiet_all_gather_sum)
     assert passed and "could not observe the bytes" in line, line
+
+
+def test_ring_counters_that_cannot_be_read_fail_the_case(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A count that fails (ranks that open sockets by the thousand) is no way around it: the
+    case fails, rather than falling back to the ranks' own report."""
+    from ddp_lab.course import traffic
+
+    def flooded(holder_pid: int) -> traffic.Snapshot:
+        raise traffic.Unreadable("ss wrote too much")
+
+    monkeypatch.setattr(traffic, "snapshot", flooded)
+    passed, line = remote_verdict("05.ring", honest_ring)
+    assert not passed and "could not count the bytes" in line, line

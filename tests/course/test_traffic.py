@@ -81,5 +81,27 @@ def test_measured_wrong_ways_fail(name: str) -> None:
 def test_bytes_outside_the_group_and_too_few_to_the_right_fail() -> None:
     with pytest.raises(CaseFailed, match="outside their process group"):
         judge_traffic(_traffic(HONEST[3], hidden=240000), TENSORS, 3, "case")
+    with pytest.raises(CaseFailed, match="rendezvous store"):  # data through store.set/get
+        judge_traffic(traffic.Traffic(pairs=HONEST[3], store=400000), TENSORS, 3, "case")
+    judge_traffic(traffic.Traffic(pairs=HONEST[3], store=9414), TENSORS, 3, "case")  # measured
     with pytest.raises(CaseFailed, match="to its right neighbour"):  # the data went elsewhere
         judge_traffic(_traffic(_ring(3, 288, 96)), TENSORS, 3, "case")
+
+
+@pytest.mark.skipif(
+    traffic.tools() is None or os.geteuid() != 0, reason="needs ss, nsenter and root"
+)
+def test_snapshot_reads_a_namespace_and_refuses_a_flood(monkeypatch: pytest.MonkeyPatch) -> None:
+    import socket
+
+    with socket.socket() as server:  # at least one socket in this process's namespace
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        port = server.getsockname()[1]
+        shot = traffic.snapshot(os.getpid())
+        assert any(
+            e.local.endswith(f":{port}") and os.getpid() in e.pids for e in shot.ends.values()
+        )
+        monkeypatch.setattr(traffic, "MAX_SS_BYTES", 10)
+        with pytest.raises(traffic.Unreadable):
+            traffic.snapshot(os.getpid())

@@ -297,7 +297,7 @@ def ring_not_data(t):
     "wrong,words",
     [
         (ring_full_buffer, "Send one chunk per step"),
-        (ring_no_all_gather, "expected"),
+        (ring_no_all_gather, "for its input ["),
         (ring_two_ranks, "raised"),
         (ring_cheats, "called dist.all_reduce"),
         (ring_divisible_only, "ValueError"),
