@@ -464,14 +464,19 @@ def test_ring_observed_a_right_sum_sent_the_wrong_way_gets_nothing(
     assert words in line and "hidden case 2 of" in line, line
 
 
+@pytest.mark.parametrize("missing", ["ss", "sandbox"])
 def test_ring_unobserved_falls_back_to_the_report_and_says_so(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, missing: str
 ) -> None:
-    """Without ss/nsenter the attack is graded as before the observation (it passes: the
-    attack is real), and the verdict says that the way was not observed."""
+    """Without ss/nsenter, or without a sandbox (``DDP_LAB_SANDBOX=0``: the ranks share the
+    host's network), the attack is graded as before the observation (it passes: the attack
+    is real), and the verdict says that the way was not observed."""
     from ddp_lab.course import traffic
 
-    monkeypatch.setattr(traffic, "tools", lambda: None)
+    if missing == "ss":
+        monkeypatch.setattr(traffic, "tools", lambda: None)
+    else:
+        monkeypatch.setenv("DDP_LAB_SANDBOX", "0")
     passed, line = remote_verdict("05.ring", quiet_all_gather_sum)
     assert passed and "could not observe the bytes" in line, line
 
