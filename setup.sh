@@ -68,10 +68,11 @@ server["contents_manager_class"] = "ddp_lab.course.lab_contents.CourseContentsMa
 with open(path, "w") as f:
     json.dump(config, f, indent=2)
 EOF
-# `ddp-lab grade` runs each submission in a bubblewrap sandbox (docs/INSTRUCTORS.md).
-if ! command -v bwrap >/dev/null; then
+# `ddp-lab grade` runs each submission in a bubblewrap sandbox (docs/INSTRUCTORS.md), and counts
+# the bytes 05.ring's ranks send each other with ss (iproute2; course/traffic.py).
+if ! command -v bwrap >/dev/null || ! command -v ss >/dev/null; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-    apt_bwrap() { DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends bubblewrap; }
+    apt_bwrap() { DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends bubblewrap iproute2; }
     { apt_bwrap || { apt-get update -q && apt_bwrap; }; } >/dev/null 2>&1 ||
       echo "setup.sh: could not install bubblewrap; grading will not be sandboxed" >&2
   else

@@ -14,8 +14,9 @@ missing=()
 [ -x "${DDP_LAB_CHROMIUM:-/usr/bin/chromium}" ] || missing+=(chromium)
 command -v bwrap >/dev/null || missing+=(bubblewrap)
 # - iproute2, nftables: tests/cluster/test_hosts.py and chapter 09 build hosts from network namespaces
-#   (`ip netns`) and firewall one of them (`nft`); without root they skip and say why.
-command -v ip >/dev/null || missing+=(iproute2)
+#   (`ip netns`) and firewall one of them (`nft`); without root they skip and say why. The
+#   grader counts 05.ring's bytes with iproute2's `ss` (tests/course/test_grading_attacks_ranks.py).
+{ command -v ip >/dev/null && command -v ss >/dev/null; } || missing+=(iproute2)
 command -v nft >/dev/null || missing+=(nftables)
 # - slurm-wlm, munge: tests/cluster/test_slurm.py and chapter 09 run Slurm on those hosts (slurmctld,
 #   one slurmd per host, munged); without them the tests skip and the chapter shows a stored run.

@@ -153,7 +153,9 @@ SETUP_SH = """#!/usr/bin/env bash
 # Gradescope runs this once, as root, when it builds the autograder image.
 set -euo pipefail
 apt-get update -q
-apt-get install -y -q --no-install-recommends python3 python3-venv python3-pip bubblewrap
+# bubblewrap: the sandboxes; iproute2: ss, with which the grader counts the bytes that 05.ring's
+# ranks send each other (course/traffic.py)
+apt-get install -y -q --no-install-recommends python3 python3-venv python3-pip bubblewrap iproute2
 python3 -m venv /autograder/venv
 # torch first, the CPU build (the autograder has no GPU; the CUDA build is gigabytes more).
 /autograder/venv/bin/pip install -q {torch_index}{torch}
@@ -265,7 +267,7 @@ jobs:
       - name: Install the course (this repository is a copy of it)
         run: |
           sudo apt-get update -q
-          sudo apt-get install -y -q bubblewrap
+          sudo apt-get install -y -q bubblewrap iproute2
 {torch_step}          bash setup.sh --no-lab
 {chr(10).join(steps)}
       - name: Autograding Reporter

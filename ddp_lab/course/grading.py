@@ -104,10 +104,27 @@ def run_checker(chk: Checker, learner: Any, lang: str | None = None) -> tuple[bo
 def _run(chk: Checker, learner: Any, lang: str | None) -> tuple[bool, str]:
     """Run ``chk``'s hidden cases against ``learner`` (a ``course.learner`` handle).
 
-    Returns (passed, the verdict line in ``lang``). The checker draws the cases, computes
-    the oracle and compares, here; the learner's code is reached only through the handle.
-    ``RunnerGone`` (the learner's process died or timed out) propagates to the caller.
+    Returns (passed, the verdict line in ``lang``, followed by the checker's ``note``s). The
+    checker draws the cases, computes the oracle and compares, here; the learner's code is
+    reached only through the handle. ``RunnerGone`` (the learner's process died or timed out)
+    propagates to the caller.
     """
+    passed, line = _verdict(chk, learner, lang)
+    notes = getattr(learner, "notes", None)
+    if notes:  # what the checker could not judge here (e.g. ``note`` in 05.ring)
+        line += " " + " ".join(dict.fromkeys(notes))
+    return passed, line
+
+
+def note(learner: Any, text: str) -> None:
+    """Add ``text`` (in the verdict's language) to the end of ``learner``'s verdict line."""
+    try:
+        learner.notes.append(text)
+    except AttributeError:
+        learner.notes = [text]
+
+
+def _verdict(chk: Checker, learner: Any, lang: str | None) -> tuple[bool, str]:
     from ddp_lab.course.learner import LearnerError, RunnerGone
 
     cases = chk.fn(rng_for(chk.grade_id), learner)

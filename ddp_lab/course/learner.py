@@ -107,6 +107,11 @@ def _first_line(exc: BaseException) -> str:
 class LocalLearner:
     """Probes run in this process (and its ranks) on the learner's objects."""
 
+    # The ranks' traffic is observed only when grading (``RemoteLearner``): here the ranks
+    # are the learner's own processes on the host's network.
+    traffic = None
+    unobserved = "self-study"
+
     def __init__(self, objects: tuple) -> None:
         self.objects = objects
 
@@ -192,6 +197,10 @@ class RemoteLearner:
         self.blob, self.lang, self.job = blob, lang, job
         self._rank_pool = rank_pool
         self._pool: Any = None
+        # After ``ranks``: the bytes the ranks sent each other, observed by the grader
+        # (``course.traffic.Traffic``), or None and the reason in ``unobserved``.
+        self.traffic: Any = None
+        self.unobserved = ""
 
     def _ask(self, op: str, probe: Callable, data: tuple, nprocs: int, timeout: float) -> Any:
         request = {
@@ -255,7 +264,11 @@ class RemoteLearner:
             raise RuntimeError("per-rank probes need rank_pool (course.rankhost.RankPool)")
         if self._pool is None:
             self._pool = self._rank_pool(self.blob, self.lang, self.job, self.grade_id)
-        return self._pool.run(probe_name(probe), inputs, timeout)
+        self.traffic, self.unobserved = None, ""
+        out = self._pool.run(probe_name(probe), inputs, timeout)
+        self.traffic = getattr(self._pool, "traffic", None)
+        self.unobserved = str(getattr(self._pool, "unobserved", "") or "")
+        return out
 
     def close(self) -> None:
         """Kill the ranks' sandboxes of this exercise."""

@@ -25,7 +25,10 @@ In the rank, the learner's code runs only after the request is read: the blob is
 ``init_process_group``, so that an import of a hidden module fails there, as the learner's error.
 A result that needs the other ranks' inputs (an all-reduce) is then proof that the ranks
 communicated. What a rank reports about *how* it communicated (the ring's sends and batches) is
-its own account: the checkers keep it as a hint for feedback, not as proof.
+its own account: the checkers keep it as a hint for feedback, not as proof. What the ranks
+sent each other is observed here instead, from outside them: around each case ``run`` reads
+the kernel's counters of the holder's network (``course.traffic``) and leaves the bytes per
+rank pair in ``traffic`` (None where they cannot be read, and why in ``unobserved``).
 
 Without a sandbox (see ``course.sandbox.available``) the ranks run as plain processes on the
 host's loopback, each still with only its own input, and the package is not hidden.
@@ -190,6 +193,10 @@ class RankPool:
         self.holder_pid = 0
         self.base: Path | None = None
         self.ports: set[int] = set()
+        # What the last ``run`` moved between the ranks, read by the grader from the ranks'
+        # network namespace (``course.traffic``), or None with the reason in ``unobserved``.
+        self.traffic: Any = None
+        self.unobserved = ""
 
     def _start(self, n: int) -> None:
         """Rank sandboxes up to ``n``, each ready (Python and torch imported) before it gets
@@ -246,9 +253,11 @@ class RankPool:
     def run(self, probe: str, inputs: list, timeout: float) -> list:
         """``probe`` on ranks ``0..len(inputs)-1``; rank r gets only ``inputs[r]``."""
         n = len(inputs)
+        self.traffic, self.unobserved = None, ""
         try:
             self._start(n)
             port = self._port()
+            before = self._snapshot()
             for rank in range(n):
                 request = {
                     "rank": rank,
@@ -267,10 +276,40 @@ class RankPool:
                 except OSError:
                     pass  # it died: its missing answer says so below
             replies = self._collect(list(range(n)), timeout + 10, "ok")
+            if before is not None:
+                self._observe(before, port, n)
             return [replies[r] for r in range(n)]
         except BaseException:
             self.close()
             raise
+
+    def _snapshot(self) -> Any:
+        """The ranks' namespace's counters (``course.traffic``), or None (and why) where they
+        cannot be read: no sandbox (the ranks share the host's network), no ``ss``/``nsenter``."""
+        from ddp_lab.course import traffic
+
+        if not self.sandboxed:
+            self.unobserved = "no-sandbox"
+            return None
+        if traffic.tools() is None:
+            self.unobserved = "no-tools"
+            return None
+        try:
+            return traffic.snapshot(self.holder_pid)
+        except (traffic.Unreadable, OSError, subprocess.SubprocessError, ValueError, IndexError):
+            # The ranks' doing (sockets by the thousand) or the machine's: the checker fails
+            # the case rather than judge the way from the ranks' own report.
+            self.unobserved = "unreadable"
+            return None
+
+    def _observe(self, before: Any, port: int, n: int) -> None:
+        from ddp_lab.course import traffic
+
+        after = self._snapshot()
+        if after is None:
+            return
+        roots = {proc.pid: rank for rank, proc in enumerate(self.procs[:n])}
+        self.traffic = traffic.difference(before, after, roots, port)
 
     def _collect(self, ranks: list[int], patience: float, key: str) -> dict[int, Any]:
         """One ``key`` reply from each of ``ranks``, read with bounded reads; the first error,

@@ -232,3 +232,144 @@ def test_resume_in_the_per_rank_form_passes_the_solution_in_fresh_ranks() -> Non
     assert passed, line
     passed, line = remote_verdict("11.resume", stash_save, stash_load)
     assert not passed and "hidden case 1 of" in line and "_ddp_lab_stash" in line, line
+
+
+# --- 05.ring: the way, observed by the grader in the ranks' network ---------------------------
+# The attacks below get the right sum and show the checker's guards nothing: they call the
+# process group's own methods (``ProcessGroup.send``/``recv``/``allreduce``), which no Python
+# wrapper sees, so the rank's report says "nothing sent, no batch". Only the bytes the grader
+# counts in the ranks' network namespace (``course.traffic``) tell them from a ring.
+
+
+def honest_ring(tensor: torch.Tensor) -> torch.Tensor:
+    rank, n = dist.get_rank(), dist.get_world_size()
+    chunks = tensor.view(-1).tensor_split(n)
+    right, left = (rank + 1) % n, (rank - 1) % n
+
+    def exchange(send: torch.Tensor, recv: torch.Tensor) -> None:
+        ops = [dist.P2POp(dist.isend, send, right)] if send.numel() else []
+        ops += [dist.P2POp(dist.irecv, recv, left)] if recv.numel() else []
+        for work in dist.batch_isend_irecv(ops) if ops else []:
+            work.wait()
+
+    for s in range(n - 1):
+        target = chunks[(rank - s - 1) % n]
+        incoming = torch.empty_like(target)
+        exchange(chunks[(rank - s) % n], incoming)
+        target += incoming
+    for s in range(n - 1):
+        exchange(chunks[(rank + 1 - s) % n], chunks[(rank - s) % n])
+    return tensor
+
+
+def _world() -> Any:
+    return dist.distributed_c10d._get_default_group()
+
+
+def quiet_gather_broadcast(tensor: torch.Tensor) -> torch.Tensor:
+    rank, n = dist.get_rank(), dist.get_world_size()
+    if rank == 0:
+        buf = torch.empty_like(tensor)
+        for peer in range(1, n):
+            _world().recv([buf], peer, 0).wait()
+            tensor += buf
+        for peer in range(1, n):
+            _world().send([tensor], peer, 0).wait()
+    else:
+        _world().send([tensor], 0, 0).wait()
+        _world().recv([tensor], 0, 0).wait()
+    return tensor
+
+
+def quiet_all_gather_sum(tensor: torch.Tensor) -> torch.Tensor:
+    rank, n = dist.get_rank(), dist.get_world_size()
+    works = [_world().send([tensor], peer, 0) for peer in range(n) if peer != rank]
+    total, buf = tensor.clone(), torch.empty_like(tensor)
+    for peer in range(n):
+        if peer != rank:
+            _world().recv([buf], peer, 0).wait()
+            total += buf
+    for work in works:
+        work.wait()
+    tensor.copy_(total)
+    return tensor
+
+
+def quiet_full_buffer_ring(tensor: torch.Tensor) -> torch.Tensor:
+    rank, n = dist.get_rank(), dist.get_world_size()
+    total, current, buf = tensor.clone(), tensor.clone(), torch.empty_like(tensor)
+    for _ in range(n - 1):
+        work = _world().send([current], (rank + 1) % n, 0)
+        _world().recv([buf], (rank - 1) % n, 0).wait()
+        work.wait()
+        total += buf
+        current = buf.clone()
+    tensor.copy_(total)
+    return tensor
+
+
+def quiet_gloo_all_reduce(tensor: torch.Tensor) -> torch.Tensor:
+    _world().allreduce([tensor]).wait()  # gloo's own ring, which sends to the left
+    return tensor
+
+
+@pytest.fixture(scope="module")
+def ring_verdicts() -> dict[str, tuple[bool, str]]:
+    """Each 05.ring submission graded once, the grader's way (shared by the tests below)."""
+    fns = [honest_ring, quiet_gather_broadcast, quiet_all_gather_sum, quiet_full_buffer_ring]
+    fns.append(quiet_gloo_all_reduce)
+    return {fn.__name__: remote_verdict("05.ring", fn) for fn in fns}
+
+
+def test_ring_observed_an_honest_ring_gets_full_points(ring_verdicts: dict) -> None:
+    passed, line = ring_verdicts["honest_ring"]
+    assert passed and "5/5" in line and "could not observe" not in line, line
+
+
+@pytest.mark.parametrize(
+    ("name", "words"),
+    [
+        ("quiet_gather_broadcast", "which is not its right neighbour"),
+        ("quiet_all_gather_sum", "which is not its right neighbour"),
+        ("quiet_full_buffer_ring", "to its right neighbour (rank"),
+        ("quiet_gloo_all_reduce", "which is not its right neighbour"),
+    ],
+)
+def test_ring_observed_a_right_sum_sent_the_wrong_way_gets_nothing(
+    ring_verdicts: dict, name: str, words: str
+) -> None:
+    """The sums are right and the rank's own report is clean: only the grader's count of the
+    bytes fails them (at N = 2 every one of them is a ring, so case 2, N = 3, fails)."""
+    passed, line = ring_verdicts[name]
+    assert not passed and " 0/5" in line and "the grader saw rank" in line, line
+    assert words in line and "hidden case 2 of" in line, line
+
+
+@pytest.mark.parametrize("missing", ["ss", "sandbox"])
+def test_ring_unobserved_falls_back_to_the_report_and_says_so(
+    monkeypatch: pytest.MonkeyPatch, missing: str
+) -> None:
+    """Without ss/nsenter, or without a sandbox (``DDP_LAB_SANDBOX=0``: the ranks share the
+    host's network), the attack is graded as before the observation (it passes: the attack
+    is real), and the verdict says that the way was not observed."""
+    from ddp_lab.course import traffic
+
+    if missing == "ss":
+        monkeypatch.setattr(traffic, "tools", lambda: None)
+    else:
+        monkeypatch.setenv("DDP_LAB_SANDBOX", "0")
+    passed, line = remote_verdict("05.ring", quiet_all_gather_sum)
+    assert passed and "could not observe the bytes" in line, line
+
+
+def test_ring_counters_that_cannot_be_read_fail_the_case(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A count that fails (ranks that open sockets by the thousand) is no way around it: the
+    case fails, rather than falling back to the ranks' own report."""
+    from ddp_lab.course import traffic
+
+    def flooded(holder_pid: int) -> traffic.Snapshot:
+        raise traffic.Unreadable("ss wrote too much")
+
+    monkeypatch.setattr(traffic, "snapshot", flooded)
+    passed, line = remote_verdict("05.ring", honest_ring)
+    assert not passed and "could not count the bytes" in line, line

@@ -149,6 +149,10 @@ def test_the_reference_ring_is_not_importable_while_grading(tmp_path: Path) -> N
     assert not any("(ddp_lab)" in line for line in pairs), report  # the honest ring is its own
     feedback = (out / "feedback" / "import_reference.md").read_text(encoding="utf-8")
     assert "ddp_lab.ring" in feedback and "not available while grading" in feedback, feedback
+    # The released solution's ring passes the bytes the grader counts (course/traffic.py),
+    # counted in the verdict process as ddp-lab grade runs it.
+    feedback = (out / "feedback" / "honest.md").read_text(encoding="utf-8")
+    assert "could not observe" not in feedback, feedback
     assert leftover_processes() == []
 
 
