@@ -25,6 +25,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ddp_lab.bucketed_ddp import assign_buckets
+from ddp_lab.course import sandbox
 from ddp_lab.course.grading import load_checkers, run_checker
 from ddp_lab.course.learner import LocalLearner, RemoteLearner
 from ddp_lab.course.rankhost import RankPool
@@ -128,6 +129,48 @@ def safe_all_reduce(tensor: torch.Tensor) -> None:
     if len(set(metas)) > 1:
         raise ValueError(f"shapes or dtypes differ across ranks: {metas}")
     dist.all_reduce(tensor)
+
+
+class MySharded:
+    def __init__(self, params: Any, optimizer_class: Any, **defaults: Any) -> None:
+        self.params = list(params)
+        self.rank, world = dist.get_rank(), dist.get_world_size()
+        loads, self.owner = [0] * world, [0] * len(self.params)
+        for i in sorted(range(len(self.params)), key=lambda i: -self.params[i].numel()):
+            r = loads.index(min(loads))
+            self.owner[i], loads[r] = r, loads[r] + self.params[i].numel()
+        mine = [p for p, o in zip(self.params, self.owner, strict=True) if o == self.rank]
+        self.optim = optimizer_class(mine, **defaults) if mine else None
+
+    def zero_grad(self) -> None:
+        for p in self.params:
+            p.grad = None
+
+    @torch.no_grad()
+    def step(self) -> None:
+        if self.optim is not None:
+            self.optim.step()
+        for p, owner in zip(self.params, self.owner, strict=True):
+            dist.broadcast(p, src=owner)
+
+
+def my_bf16_hook(process_group, bucket):  # noqa: ANN001, ANN201  # DDP checks annotations
+    buffer = bucket.buffer()
+    compressed = buffer.to(torch.bfloat16).div_(dist.get_world_size())
+    fut = dist.all_reduce(compressed, async_op=True).get_future()
+
+    def decompress(f):  # noqa: ANN001, ANN202
+        buffer.copy_(f.value()[0])
+        return buffer
+
+    return fut.then(decompress)
+
+
+def reduce_grad(flat_grad: torch.Tensor) -> torch.Tensor:
+    world = dist.get_world_size()
+    out = torch.empty(flat_grad.numel() // world, dtype=flat_grad.dtype)
+    dist.reduce_scatter_single(out, flat_grad / world)
+    return out
 
 
 def save_state(folder, model, optimizer, scheduler, sampler, step):  # noqa: ANN001, ANN201
@@ -270,12 +313,35 @@ class PeekBuckets(GradBuckets):
         self.step += 1
 
 
+class PeekSharded(MySharded):
+    """Its own shard for the record, and every other parameter stepped here at its owner's
+    learning rate, read from the frame: no message at all."""
+
+    def __init__(self, params: Any, optimizer_class: Any, **defaults: Any) -> None:
+        super().__init__(params, optimizer_class, **defaults)
+        seen = everyone()
+        lrs = [r["lr"] for r in seen] if seen is not None else [defaults["lr"]] * len(self.owner)
+        self.others = [
+            torch.optim.AdamW([p], lr=lrs[o], weight_decay=defaults["weight_decay"])
+            for p, o in zip(self.params, self.owner, strict=True)
+            if o != self.rank
+        ]
+
+    @torch.no_grad()
+    def step(self) -> None:
+        if self.optim is not None:
+            self.optim.step()
+        for other in self.others:
+            other.step()
+
+
 CASES = [
     ("04.all_reduce", reduce_broadcast_all_reduce, peek_all_reduce),
     ("04.all_gather", send_recv_all_gather, peek_all_gather),
     ("06.accuracy", gathered_accuracy, peek_accuracy),
     ("07.naive_ddp", MyDDP, PeekDDP),
     ("07.bucketed", GradBuckets, PeekBuckets),
+    ("10.sharded_optimizer", MySharded, PeekSharded),
     ("09.global_accuracy", global_accuracy, peek_global_accuracy),
     ("09.safe_all_reduce", safe_all_reduce, peek_safe_all_reduce),
 ]
@@ -351,3 +417,68 @@ def test_resume_in_the_per_rank_form_passes_the_solution_in_fresh_ranks() -> Non
     assert passed, line
     passed, line = remote_verdict("11.resume", stash_save, stash_load)
     assert not passed and "hidden case 1 of" in line and "_ddp_lab_stash" in line, line
+
+
+# --- chapter 10: the answers' modules hidden, results that need no message -------------------
+
+
+def lonely_bf16_hook(process_group, bucket):  # noqa: ANN001, ANN201
+    """This rank's own gradient, compressed as torch's hook does, and sent nowhere."""
+    buffer = bucket.buffer()
+    buffer.copy_(buffer.to(torch.bfloat16).div_(dist.get_world_size()) * dist.get_world_size())
+    fut: torch.futures.Future = torch.futures.Future()
+    fut.set_result(buffer)
+    return fut
+
+
+def lonely_reduce_grad(flat_grad: torch.Tensor) -> torch.Tensor:
+    """This rank's shard of its own gradient, as if it were everyone's average."""
+    return flat_grad.chunk(dist.get_world_size())[dist.get_rank()].clone()
+
+
+def zero_reference(params: Any, optimizer_class: Any, **defaults: Any) -> Any:
+    from ddp_lab.zero import ShardedOptimizer
+
+    return ShardedOptimizer(params, optimizer_class, **defaults)
+
+
+def comm_hooks_reference(process_group, bucket):  # noqa: ANN001, ANN201
+    from ddp_lab.comm_hooks import my_bf16_hook as reference
+
+    return reference(process_group, bucket)
+
+
+def fsdp_reference(flat_grad: torch.Tensor) -> torch.Tensor:
+    from ddp_lab.fsdp import _reduce_scatter
+
+    out = torch.empty(flat_grad.numel() // dist.get_world_size(), dtype=flat_grad.dtype)
+    _reduce_scatter(out, flat_grad / dist.get_world_size(), None).wait()
+    return out
+
+
+CH10 = [
+    ("10.bf16_hook", my_bf16_hook, lonely_bf16_hook, comm_hooks_reference),
+    ("10.fsdp_reduce", reduce_grad, lonely_reduce_grad, fsdp_reference),
+]
+
+
+@pytest.mark.parametrize(("grade_id", "honest", "lonely", "borrowed"), CH10, ids=["bf16", "fsdp"])
+def test_chapter_10_in_the_per_rank_form(
+    grade_id: str, honest: Any, lonely: Any, borrowed: Any
+) -> None:
+    """The honest answer passes with the package's answer-free helpers (``comm_debug``,
+    ``fsdp_base``) in the ranks; a result made without a message fails, as each rank has only
+    its own batch; the reference answer's module cannot be imported in a rank."""
+    passed, line = remote_verdict(grade_id, honest)
+    assert passed, line
+    passed, line = remote_verdict(grade_id, lonely)
+    assert not passed and "hidden case 1 of" in line and " 0/" in line, line
+    if sandbox.available():
+        passed, line = remote_verdict(grade_id, borrowed)
+        assert not passed and "not available while grading" in line, line
+
+
+@pytest.mark.skipif(not sandbox.available(), reason="no bubblewrap/user namespaces here")
+def test_sharded_optimizer_cannot_borrow_the_reference() -> None:
+    passed, line = remote_verdict("10.sharded_optimizer", zero_reference)
+    assert not passed and "ddp_lab.zero" in line and "not available while grading" in line, line
