@@ -348,17 +348,19 @@ CASES = [
 
 
 class Remote(RemoteLearner):
-    """The verdict's handle; ``call`` (06's static look at the code's names, which the runner
-    answers when grading) runs here, as there is no runner in this test."""
+    """The verdict's handle, without a runner: every exercise tested here reaches the
+    learner's code through ``ranks`` only (``call`` and ``spawn`` would fail here)."""
 
     def __init__(self, grade_id: str, *objects: Any) -> None:
         cloudpickle.register_pickle_by_value(sys.modules[__name__])  # as a notebook's code
         blob = _pickle.dumps(objects)
         super().__init__(grade_id, None, None, lambda: None, blob, "en", 0, RankPool)  # type: ignore[arg-type]
-        self.local = LocalLearner(objects)
 
     def call(self, probe: Any, *data: Any, timeout: float = 60) -> Any:
-        return self.local.call(probe, *data, timeout=timeout)
+        raise AssertionError(f"{probe.__name__} runs in the runner's process")
+
+    def spawn(self, probe: Any, *data: Any, nprocs: int, timeout: float = 60) -> list:
+        raise AssertionError(f"{probe.__name__} runs in the runner's process")
 
 
 def remote_verdict(grade_id: str, *objects: Any) -> tuple[bool, str]:
@@ -482,3 +484,140 @@ def test_chapter_10_in_the_per_rank_form(
 def test_sharded_optimizer_cannot_borrow_the_reference() -> None:
     passed, line = remote_verdict("10.sharded_optimizer", zero_reference)
     assert not passed and "ddp_lab.zero" in line and "not available while grading" in line, line
+
+
+# --- single-process exercises: one rank, one case, no oracle within reach ---------------------
+
+
+def diagnose(nvidia_smi: str, nvcc_v: str, torch_build: str) -> tuple[str, str]:
+    from ddp_lab import cuda_compat as cc
+
+    torch_cuda = cc.parse_torch_cuda(torch_build)
+    smi = cc.parse_nvidia_smi(nvidia_smi)
+    has_driver = smi is not None and not smi.error
+    if torch_cuda is None:
+        return ("warning", "torch") if has_driver else ("ok", "nothing")
+    if not has_driver:
+        return ("problem", "driver")
+    v = cc.check_driver_runtime(smi.driver, torch_cuda)
+    if v.level != "ok":
+        return (v.level, v.change)
+    n = cc.check_nvcc_torch(cc.parse_nvcc(nvcc_v), torch_cuda)
+    return (n.level, n.change)
+
+
+def place(nproc_per_node: list, cuda_visible_devices: list, gpus_per_node: int) -> list:
+    world_size = sum(nproc_per_node)
+    out, base = [], 0
+    for node, (n, cvd) in enumerate(zip(nproc_per_node, cuda_visible_devices, strict=True)):
+        visible = []
+        for token in [] if cvd is None else cvd.split(","):
+            if not token.strip().isdigit() or int(token) >= gpus_per_node:
+                break
+            visible.append(int(token))
+        if cvd is None:
+            visible = list(range(gpus_per_node))
+        for local in range(n):
+            ok = local < len(visible)
+            out.append({"rank": base + local, "local_rank": local, "node_rank": node,
+                        "world_size": world_size, "device": f"cuda:{local}" if ok else None,
+                        "gpu": visible[local] if ok else None})  # fmt: skip
+        base += n
+    return out
+
+
+def balanced_chunk_sizes(batch_size: int, num_devices: int, gpu0_bsz: int) -> list[int]:
+    chunks = [len(c) for c in torch.arange(batch_size).chunk(num_devices)]
+    even = chunks + [0] * (num_devices - len(chunks))
+    if num_devices == 1 or gpu0_bsz >= even[0]:
+        return even
+    base, extra = divmod(batch_size - gpu0_bsz, num_devices - 1)
+    return [gpu0_bsz] + [base + (1 if i < extra else 0) for i in range(num_devices - 1)]
+
+
+class MyGather(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, target_device: Any, dim: int, *inputs: torch.Tensor) -> torch.Tensor:
+        ctx.dim = dim
+        ctx.sizes = [t.size(dim) for t in inputs]
+        return torch.cat(inputs, dim)
+
+    @staticmethod
+    def backward(ctx: Any, grad_output: torch.Tensor) -> tuple:
+        return (None, None, *grad_output.split(ctx.sizes, ctx.dim))
+
+
+def distributed_indices(  # noqa: PLR0913
+    dataset_len: int,
+    num_replicas: int,
+    rank: int,
+    epoch: int = 0,
+    seed: int = 0,
+    shuffle: bool = True,
+    drop_last: bool = False,
+) -> list[int]:
+    import math
+
+    num_samples = (
+        dataset_len // num_replicas if drop_last else math.ceil(dataset_len / num_replicas)
+    )
+    total_size = num_samples * num_replicas
+    if shuffle:
+        g = torch.Generator()
+        g.manual_seed(seed + epoch)
+        indices = torch.randperm(dataset_len, generator=g).tolist()
+    else:
+        indices = list(range(dataset_len))
+    if len(indices) < total_size:
+        padding = total_size - len(indices)
+        indices += (indices * math.ceil(padding / len(indices)))[:padding]
+    return indices[:total_size][rank:total_size:num_replicas]
+
+
+def diagnose_from_the_checker(nvidia_smi: str, nvcc_v: str, torch_build: str) -> Any:
+    from ddp_lab.course.checks.ch01 import expected
+
+    return expected(nvidia_smi, nvcc_v, torch_build)
+
+
+def place_from_the_package(nproc_per_node: list, cuda_visible_devices: list, gpus: int) -> Any:
+    from ddp_lab import ranks
+
+    procs = ranks.assign(nproc_per_node, cuda_visible_devices=cuda_visible_devices,
+                         gpus_per_node=gpus)  # fmt: skip
+    return [vars(p) for p in procs]
+
+
+def chunks_from_the_checker(batch_size: int, num_devices: int, gpu0_bsz: int) -> Any:
+    from ddp_lab.course.checks.ch03 import _expected_balanced
+
+    return _expected_balanced(batch_size, num_devices, gpu0_bsz)
+
+
+SINGLE = [
+    ("01.diagnose", diagnose, diagnose_from_the_checker, "ddp_lab.course.checks.ch01"),
+    ("02.place", place, place_from_the_package, "ddp_lab.ranks"),
+    ("03.balanced_chunks", balanced_chunk_sizes, chunks_from_the_checker, "checks.ch03"),
+    ("03.gather", MyGather, None, ""),
+    ("06.indices", distributed_indices, None, ""),
+]
+
+
+@pytest.mark.parametrize(
+    ("grade_id", "honest", "borrowed", "module"), SINGLE, ids=[c[0] for c in SINGLE]
+)
+def test_single_process_exercises_in_one_rank_without_the_oracle(
+    grade_id: str, honest: Any, borrowed: Any, module: str
+) -> None:
+    """The honest answer passes in a rank that receives one case at a time; the checker's own
+    answer (or the package's reference) cannot be imported there, as the runner's process
+    could before."""
+    passed, line = remote_verdict(grade_id, honest)
+    assert passed, line
+    if borrowed is not None:
+        # Where the whole package is within reach, the borrowed answer passes.
+        assert run_checker(load_checkers()[grade_id], LocalLearner((borrowed,)), "en")[0]
+        if sandbox.available():
+            passed, line = remote_verdict(grade_id, borrowed)
+            assert not passed and "not available while grading" in line, line
+            assert module in line, line
