@@ -5,7 +5,8 @@ each gradient bucket by ``hook(state, bucket)``, which must return a future of t
 bucket's averaged gradient. torch's built-in hooks
 (``torch/distributed/algorithms/ddp_comm_hooks/default_hooks.py`` and
 ``powerSGD_hook.py``) all send through ``torch.distributed.all_reduce``, so
-``count_collectives`` can count their bytes by wrapping that function in this process.
+``count_collectives`` (``ddp_lab.comm_debug``, re-exported here) can count their bytes by
+wrapping that function in this process.
 
 How this differs from PyTorch: torch has no byte counter for hooks. What is counted is
 the payload handed to each collective (``numel * element_size``), not the bytes on the
@@ -14,57 +15,28 @@ wire: a ring all-reduce moves about ``2 (N-1)/N`` times its payload per rank (ch
 
 # No ``from __future__ import annotations`` here: DDP's ``_check_comm_hook`` compares a
 # hook's annotations with ``dist.GradBucket`` and ``Future[Tensor]`` objects, not strings.
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
+from ddp_lab.comm_debug import COUNTED, CollectiveLog, count_collectives
 from ddp_lab.i18n import _t
 
-COUNTED = ("all_reduce", "all_gather", "all_gather_single", "reduce_scatter_single", "broadcast")
-
-
-@dataclass
-class CollectiveLog:
-    """What went through ``torch.distributed`` collectives: (name, dtype, bytes) per call."""
-
-    calls: list[tuple[str, torch.dtype, int]] = field(default_factory=list)
-
-    @property
-    def bytes(self) -> int:
-        return sum(b for _, _, b in self.calls)
-
-    def dtypes(self) -> set[torch.dtype]:
-        return {d for _, d, _ in self.calls}
-
-
-@contextmanager
-def count_collectives(names: tuple[str, ...] = COUNTED) -> Iterator[CollectiveLog]:
-    """Wrap ``torch.distributed``'s collectives in this process and log every call."""
-    log = CollectiveLog()
-    originals = {n: getattr(dist, n) for n in names if hasattr(dist, n)}
-
-    def wrap(name: str, real: Callable) -> Callable:
-        def counted(*args: Any, **kwargs: Any) -> Any:
-            t = args[0] if name in ("all_reduce", "broadcast") else args[1]
-            tensors = t if isinstance(t, (list, tuple)) else [t]
-            for x in tensors:
-                log.calls.append((name, x.dtype, x.numel() * x.element_size()))
-            return real(*args, **kwargs)
-
-        return counted
-
-    for n, real in originals.items():
-        setattr(dist, n, wrap(n, real))
-    try:
-        yield log
-    finally:
-        for n, real in originals.items():
-            setattr(dist, n, real)
+__all__ = [  # the counter lives in ddp_lab.comm_debug (no answer there: visible while grading)
+    "COUNTED",
+    "CollectiveLog",
+    "builtin_bf16_hook",
+    "compare_hooks",
+    "count_collectives",
+    "digits_mlp",
+    "format_table",
+    "hook_choices",
+    "my_bf16_hook",
+    "unknown_hook",
+]
 
 
 def hook_choices() -> dict[str, tuple[Callable[[], Any], Callable]]:

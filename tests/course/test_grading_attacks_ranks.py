@@ -25,6 +25,7 @@ from _solutions import graded_solution
 from torch import nn
 
 from ddp_lab.bucketed_ddp import assign_buckets
+from ddp_lab.course import sandbox
 from ddp_lab.course.grading import load_checkers, run_checker
 from ddp_lab.course.learner import LocalLearner, RemoteLearner
 from ddp_lab.course.rankhost import RankPool
@@ -151,29 +152,65 @@ class PeekBuckets:
         self.step += 1
 
 
+class PeekSharded:
+    """Its own shard for the record (the largest-first ownership), and every other parameter
+    stepped here at its owner's learning rate, read from the frame: no message at all."""
+
+    def __init__(self, params: Any, optimizer_class: Any, **defaults: Any) -> None:
+        self.params = list(params)
+        self.rank, world = dist.get_rank(), dist.get_world_size()
+        loads, self.owner = [0] * world, [0] * len(self.params)
+        for i in sorted(range(len(self.params)), key=lambda i: -self.params[i].numel()):
+            r = loads.index(min(loads))
+            self.owner[i], loads[r] = r, loads[r] + self.params[i].numel()
+        mine = [p for p, o in zip(self.params, self.owner, strict=True) if o == self.rank]
+        self.optim = optimizer_class(mine, **defaults) if mine else None
+        seen = everyone()
+        lrs = [r["lr"] for r in seen] if seen is not None else [defaults["lr"]] * world
+        self.others = [
+            torch.optim.AdamW([p], lr=lrs[o], weight_decay=defaults["weight_decay"])
+            for p, o in zip(self.params, self.owner, strict=True)
+            if o != self.rank
+        ]
+
+    def zero_grad(self) -> None:
+        for p in self.params:
+            p.grad = None
+
+    @torch.no_grad()
+    def step(self) -> None:
+        if self.optim is not None:
+            self.optim.step()
+        for other in self.others:
+            other.step()
+
+
 CASES = [
     ("04.all_reduce", peek_all_reduce),
     ("04.all_gather", peek_all_gather),
     ("06.accuracy", peek_accuracy),
     ("07.naive_ddp", PeekDDP),
     ("07.bucketed", PeekBuckets),
+    ("10.sharded_optimizer", PeekSharded),
     ("09.global_accuracy", peek_global_accuracy),
     ("09.safe_all_reduce", peek_safe_all_reduce),
 ]
 
 
 class Remote(RemoteLearner):
-    """The verdict's handle; ``call`` (06's static look at the code's names, which the runner
-    answers when grading) runs here, as there is no runner in this test."""
+    """The verdict's handle, without a runner: every exercise tested here reaches the
+    learner's code through ``ranks`` only (``call`` and ``spawn`` would fail here)."""
 
     def __init__(self, grade_id: str, *objects: Any) -> None:
         cloudpickle.register_pickle_by_value(sys.modules[__name__])  # as a notebook's code
         blob = _pickle.dumps(objects)
         super().__init__(grade_id, None, None, lambda: None, blob, "en", 0, RankPool)  # type: ignore[arg-type]
-        self.local = LocalLearner(objects)
 
     def call(self, probe: Any, *data: Any, timeout: float = 60) -> Any:
-        return self.local.call(probe, *data, timeout=timeout)
+        raise AssertionError(f"{probe.__name__} runs in the runner's process")
+
+    def spawn(self, probe: Any, *data: Any, nprocs: int, timeout: float = 60) -> list:
+        raise AssertionError(f"{probe.__name__} runs in the runner's process")
 
 
 def remote_verdict(grade_id: str, *objects: Any) -> tuple[bool, str]:
@@ -373,3 +410,116 @@ def test_ring_counters_that_cannot_be_read_fail_the_case(monkeypatch: pytest.Mon
     monkeypatch.setattr(traffic, "snapshot", flooded)
     passed, line = remote_verdict("05.ring", honest_ring)
     assert not passed and "could not count the bytes" in line, line
+
+
+# --- chapter 10: the answers' modules hidden, results that need no message -------------------
+
+
+def lonely_bf16_hook(process_group, bucket):  # noqa: ANN001, ANN201
+    """This rank's own gradient, compressed as torch's hook does, and sent nowhere."""
+    buffer = bucket.buffer()
+    buffer.copy_(buffer.to(torch.bfloat16).div_(dist.get_world_size()) * dist.get_world_size())
+    fut: torch.futures.Future = torch.futures.Future()
+    fut.set_result(buffer)
+    return fut
+
+
+def lonely_reduce_grad(flat_grad: torch.Tensor) -> torch.Tensor:
+    """This rank's shard of its own gradient, as if it were everyone's average."""
+    return flat_grad.chunk(dist.get_world_size())[dist.get_rank()].clone()
+
+
+def zero_reference(params: Any, optimizer_class: Any, **defaults: Any) -> Any:
+    from ddp_lab.zero import ShardedOptimizer
+
+    return ShardedOptimizer(params, optimizer_class, **defaults)
+
+
+def comm_hooks_reference(process_group, bucket):  # noqa: ANN001, ANN201
+    from ddp_lab.comm_hooks import my_bf16_hook as reference
+
+    return reference(process_group, bucket)
+
+
+def fsdp_reference(flat_grad: torch.Tensor) -> torch.Tensor:
+    from ddp_lab.fsdp import _reduce_scatter
+
+    out = torch.empty(flat_grad.numel() // dist.get_world_size(), dtype=flat_grad.dtype)
+    _reduce_scatter(out, flat_grad / dist.get_world_size(), None).wait()
+    return out
+
+
+CH10 = [
+    ("10.bf16_hook", lonely_bf16_hook, comm_hooks_reference),
+    ("10.fsdp_reduce", lonely_reduce_grad, fsdp_reference),
+]
+
+
+@pytest.mark.parametrize(("grade_id", "lonely", "borrowed"), CH10, ids=["bf16", "fsdp"])
+def test_chapter_10_in_the_per_rank_form(grade_id: str, lonely: Any, borrowed: Any) -> None:
+    """The honest answer passes with the package's answer-free helpers (``comm_debug``,
+    ``fsdp_base``) in the ranks; a result made without a message fails, as each rank has only
+    its own batch; the reference answer's module cannot be imported in a rank."""
+    passed, line = remote_verdict(grade_id, *graded_solution(grade_id))
+    assert passed, line
+    passed, line = remote_verdict(grade_id, lonely)
+    assert not passed and "hidden case 1 of" in line and " 0/" in line, line
+    if sandbox.available():
+        passed, line = remote_verdict(grade_id, borrowed)
+        assert not passed and "not available while grading" in line, line
+
+
+@pytest.mark.skipif(not sandbox.available(), reason="no bubblewrap/user namespaces here")
+def test_sharded_optimizer_cannot_borrow_the_reference() -> None:
+    passed, line = remote_verdict("10.sharded_optimizer", zero_reference)
+    assert not passed and "ddp_lab.zero" in line and "not available while grading" in line, line
+
+
+# --- single-process exercises: one rank, one case, no oracle within reach ---------------------
+
+
+def diagnose_from_the_checker(nvidia_smi: str, nvcc_v: str, torch_build: str) -> Any:
+    from ddp_lab.course.checks.ch01 import expected
+
+    return expected(nvidia_smi, nvcc_v, torch_build)
+
+
+def place_from_the_package(nproc_per_node: list, cuda_visible_devices: list, gpus: int) -> Any:
+    from ddp_lab import ranks
+
+    procs = ranks.assign(nproc_per_node, cuda_visible_devices=cuda_visible_devices,
+                         gpus_per_node=gpus)  # fmt: skip
+    return [vars(p) for p in procs]
+
+
+def chunks_from_the_checker(batch_size: int, num_devices: int, gpu0_bsz: int) -> Any:
+    from ddp_lab.course.checks.ch03 import _expected_balanced
+
+    return _expected_balanced(batch_size, num_devices, gpu0_bsz)
+
+
+SINGLE = [
+    ("01.diagnose", diagnose_from_the_checker, "ddp_lab.course.checks.ch01"),
+    ("02.place", place_from_the_package, "ddp_lab.ranks"),
+    ("03.balanced_chunks", chunks_from_the_checker, "checks.ch03"),
+    ("03.gather", None, ""),
+    ("06.indices", None, ""),
+]
+
+
+@pytest.mark.parametrize(("grade_id", "borrowed", "module"), SINGLE, ids=[c[0] for c in SINGLE])
+def test_single_process_exercises_in_one_rank_without_the_oracle(
+    grade_id: str, borrowed: Any, module: str
+) -> None:
+    """The honest answer passes in a rank that receives one case at a time; the checker's own
+    answer (or the package's reference) cannot be imported there, as the runner's process
+    could before."""
+    passed, line = remote_verdict(grade_id, *graded_solution(grade_id))
+    assert passed, line
+    if borrowed is not None:
+        # Where the whole package is within reach, the borrowed answer passes.
+        assert run_checker(load_checkers()[grade_id], LocalLearner((borrowed,)), "en")[0]
+        if sandbox.available():
+            passed, line = remote_verdict(grade_id, borrowed)
+            assert not passed and "not available while grading" in line, line
+            assert module in line, line

@@ -5,8 +5,10 @@ texts the tools print. Hidden cases are rendered in the real layouts of several
 ``nvidia-smi`` releases; the expected answer comes from NVIDIA's minimum-driver table
 (``ddp_lab.cuda_compat``) and, for nvcc, from the rule of torch's cpp_extension.
 
-The probe (``probe_diagnose``) runs the learner's function on one case's three texts and
-returns what came out as data; the expected answer is computed and compared in the checker.
+The probe (``probes.probe_diagnose``) runs the learner's function on one case's three texts,
+in a rank of its own that receives that case only (``learner.ranks``; this module, which
+computes the answer, is hidden there), and returns what came out as data; the expected answer
+is computed and compared in the checker.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from ddp_lab import cuda_compat as cc
+from ddp_lab.course.checks.probes import one, probe_diagnose
 from ddp_lab.course.grading import checker, fail
 from ddp_lab.i18n import N_, _t, lookup
 
@@ -140,18 +143,6 @@ def make_cases(rng: random.Random) -> list[tuple[str, str, str, str]]:
     return cases
 
 
-def probe_diagnose(objects: tuple, smi: str, nvcc: str, torch_build: str) -> Any:
-    """In the learner's process: their answer for one case, as data."""
-    (diagnose,) = objects
-    out = diagnose(smi, nvcc, torch_build)
-    if not isinstance(out, (tuple, list)):
-        return {"kind": type(out).__name__}
-    if all(type(x) is str for x in out):
-        return tuple(out) if isinstance(out, tuple) else list(out)
-    items = ", ".join(type(x).__name__ for x in out[:3])
-    return {"kind": f"{type(out).__name__} ({items})"}
-
-
 def _kind(got: object) -> str:
     if isinstance(got, dict) and type(got.get("kind")) is str:
         return got["kind"][:40]
@@ -165,7 +156,7 @@ def check_diagnose(rng: random.Random, learner: Any) -> Iterator[object]:
     for label, smi, nvcc, torch_build in cases:
         case = lookup(MESSAGES, f"case_{label}")
         want = expected(smi, nvcc, torch_build)
-        got = learner.call(probe_diagnose, smi, nvcc, torch_build, timeout=30)
+        got = one(learner.ranks(probe_diagnose, [[smi, nvcc, torch_build]], timeout=30))
         if type(got) is not tuple or not all(type(x) is str for x in got):
             raise fail(
                 _t(

@@ -5,8 +5,9 @@ one dict per process in global rank order. The ranks are checked against a real 
 launch on localhost (two simulated nodes, c10d rendezvous); the GPUs against CUDA's rule
 for ``CUDA_VISIBLE_DEVICES`` (``ddp_lab.ranks.visible_gpus``).
 
-The probe (``probe_place``) calls the learner's function in their process and returns its
-rows as data; torchrun and the model run, and the comparison happens, in the checker.
+The probe (``probes.probe_place``) calls the learner's function in a rank of its own that
+receives one launch only (``learner.ranks``; this module and ``ddp_lab.ranks``, which compute
+the answer, are hidden there) and returns its rows as data; torchrun and the model run, and the comparison happens, in the checker.
 """
 
 from __future__ import annotations
@@ -16,10 +17,10 @@ from collections.abc import Iterator
 from typing import Any
 
 from ddp_lab import ranks
+from ddp_lab.course.checks.probes import KEYS, one, probe_place
 from ddp_lab.course.grading import checker, fail
 from ddp_lab.i18n import N_, _t, lookup
 
-KEYS = ("rank", "local_rank", "node_rank", "world_size", "device", "gpu")
 MESSAGES = {
     "not_list": N_("expected a list of {count} dicts (one per process), got {got}"),
     "not_dict": N_("expected dicts, got {kind}"),
@@ -29,30 +30,6 @@ MESSAGES = {
     "case_invalid": N_("invalid entry"),
     "case_too_few": N_("too few GPUs"),
 }
-
-
-def _plain(value: object) -> Any:
-    """A row's value as data: None, bool, int, float, str; anything else by its type name."""
-    if value is None or type(value) in (bool, int, float, str):
-        return value
-    return {"kind": type(value).__name__}
-
-
-def probe_place(
-    objects: tuple, counts: list[int], cvds: list[str | None], gpus_per_node: int
-) -> Any:
-    """In the learner's process: their rows for one launch, as data."""
-    (place,) = objects
-    out = place(counts, cvds, gpus_per_node)
-    if not isinstance(out, list):
-        return {"kind": type(out).__name__}
-    rows: list[Any] = []
-    for row in out:
-        if isinstance(row, dict):
-            rows.append({k: _plain(row[k]) for k in KEYS if k in row})
-        else:
-            rows.append({"kind": type(row).__name__})
-    return rows
 
 
 def _kind(got: object) -> str:
@@ -122,7 +99,8 @@ def check_place(rng: random.Random, learner: Any) -> Iterator[object]:
             world_size=r["WORLD_SIZE"],
         )
     case = _t("torchrun, 2 nodes")
-    _compare(learner.call(probe_place, order_counts, order_cvds, 4, timeout=30), want, case)
+    got = one(learner.ranks(probe_place, [[order_counts, order_cvds, 4]], timeout=30))
+    _compare(got, want, case)
     yield case
     # Cases 2-4: CUDA_VISIBLE_DEVICES edge cases on bigger launches.
     for key, nnodes, cvd in [
@@ -136,5 +114,5 @@ def check_place(rng: random.Random, learner: Any) -> Iterator[object]:
             [cvd] + [None] * (nnodes - 1) if rng.random() < 0.5 else [None] * (nnodes - 1) + [cvd]
         )
         want = _as_dicts(ranks.assign(counts, cuda_visible_devices=cvds, gpus_per_node=8))
-        _compare(learner.call(probe_place, counts, cvds, 8, timeout=30), want, case)
+        _compare(one(learner.ranks(probe_place, [[counts, cvds, 8]], timeout=30)), want, case)
         yield case

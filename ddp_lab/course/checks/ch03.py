@@ -2,19 +2,25 @@
 
 Oracles: ``torch.chunk`` for the default split, and for gather the single-device
 ``torch.cat`` with autograd (values and gradients), computed in the checker. The probes
-(``probe_balanced``, ``probe_gather_forward``, ``probe_gather_backward``) only call the
-learner's code in their process and return what came out as data.
+(``probes.probe_balanced``, ``probe_gather_forward``, ``probe_gather_backward``) only call the
+learner's code, in a rank of its own that receives one case only (``learner.ranks``; this
+module, which computes the answers, is hidden there), and return what came out as data.
 """
 
 from __future__ import annotations
 
-import operator
 import random
 from collections.abc import Iterator
 from typing import Any
 
 import torch
 
+from ddp_lab.course.checks.probes import (
+    one,
+    probe_balanced,
+    probe_gather_backward,
+    probe_gather_forward,
+)
 from ddp_lab.course.grading import checker, fail
 from ddp_lab.i18n import N_, _t, lookup
 
@@ -89,26 +95,6 @@ def _balanced_cases(rng: random.Random) -> list[tuple[str, int, int, int]]:
     ]
 
 
-def _int_or_kind(x: Any) -> Any:
-    if type(x) in (int, bool, float):
-        return x
-    if isinstance(x, torch.Tensor) and x.numel() == 1:
-        return x.item()
-    try:
-        return operator.index(x)
-    except TypeError:
-        return {"kind": type(x).__name__}
-
-
-def probe_balanced(objects: tuple, batch: int, n: int, gpu0: int) -> Any:
-    """In the learner's process: their sizes for one case, as data."""
-    (balanced_chunk_sizes,) = objects
-    out = balanced_chunk_sizes(batch, n, gpu0)
-    if not isinstance(out, (list, tuple)):
-        return {"kind": type(out).__name__}
-    return [_int_or_kind(x) for x in out]
-
-
 def _kind(got: object) -> str:
     if isinstance(got, dict) and type(got.get("kind")) is str:
         return got["kind"][:40]
@@ -142,7 +128,7 @@ def check_balanced_chunks(rng: random.Random, learner: Any) -> Iterator[Any]:
     for key, batch, n, gpu0 in cases:
         case = lookup(MESSAGES, f"case_{key}")
         expected = _expected_balanced(batch, n, gpu0)
-        got = learner.call(probe_balanced, batch, n, gpu0, timeout=30)
+        got = one(learner.ranks(probe_balanced, [[batch, n, gpu0]], timeout=30))
         sizes = _as_sizes(got)
         if sizes is None:
             bad = next((x for x in got if isinstance(x, dict)), got) if type(got) is list else got
@@ -177,36 +163,6 @@ def _gather_cases(rng: random.Random) -> list[tuple[str, int, list[int], int]]:
     ]
 
 
-def probe_gather_forward(objects: tuple, dim: int, parts: list[torch.Tensor]) -> Any:
-    """In the learner's process: their Function's output on leaf tensors, and its grad_fn."""
-    (gather_cls,) = objects
-    leaves = [p.clone().requires_grad_() for p in parts]
-    for i, leaf in enumerate(leaves):
-        leaf._sim_device = i  # replica i's output lives on simulated device i
-    out = gather_cls.apply(0, dim, *leaves)
-    name = getattr(gather_cls, "__name__", "")
-    if not isinstance(out, torch.Tensor):
-        return {"kind": type(out).__name__}
-    return {
-        "out": out.detach().clone(),
-        "grad_fn": type(out.grad_fn).__name__,
-        "function": name if type(name) is str else "",
-    }
-
-
-def probe_gather_backward(
-    objects: tuple, dim: int, parts: list[torch.Tensor], weight: torch.Tensor
-) -> Any:
-    """In the learner's process: the inputs' gradients of ``(out * weight).sum()``."""
-    (gather_cls,) = objects
-    leaves = [p.clone().requires_grad_() for p in parts]
-    for i, leaf in enumerate(leaves):
-        leaf._sim_device = i
-    out = gather_cls.apply(0, dim, *leaves)
-    (out * weight).sum().backward()
-    return [None if leaf.grad is None else leaf.grad.detach().clone() for leaf in leaves]
-
-
 def _gather_problem(
     learner: Any, dim: int, sizes: list[int], other: int, gen: torch.Generator
 ) -> str:
@@ -222,7 +178,7 @@ def _gather_problem(
     (expected * weight).sum().backward()
     want_out = expected.detach()
 
-    fwd = learner.call(probe_gather_forward, dim, parts, timeout=30)
+    fwd = one(learner.ranks(probe_gather_forward, [[dim, parts]], timeout=30))
     out = fwd.get("out") if type(fwd) is dict else None
     if not isinstance(out, torch.Tensor):
         return _t("apply(...) returned {kind}, not a tensor", kind=_kind(fwd))
@@ -236,7 +192,7 @@ def _gather_problem(
         return _t("output values differ from torch.cat")
     if fwd.get("grad_fn") != f"{fwd.get('function')}Backward":
         return _t("the output was not made by your Function, so its backward is never used")
-    grads = learner.call(probe_gather_backward, dim, parts, weight, timeout=30)
+    grads = one(learner.ranks(probe_gather_backward, [[dim, parts, weight]], timeout=30))
     if type(grads) is not list or len(grads) != len(parts):
         return _t("backward gave {kind} instead of one gradient per input", kind=_kind(grads))
     for i, (grad, ref) in enumerate(zip(grads, oracle_leaves, strict=True)):

@@ -1,9 +1,11 @@
 """Checkers of chapter 06: the sampler's indices, and an evaluation without padding bias.
 
-The probes call the learner's function in their process (``probe_indices`` once per case for
-every rank; ``probe_accuracy`` on gloo ranks, rank r with only its own padded shard, so that
-the exact accuracy proves that the ranks communicated: ``learner.ranks``, a sandbox per rank
-when graded, where ``ddp_lab.evaluation`` is hidden) with the package's and torch's
+The probes call the learner's function in ranks of their own (``learner.ranks``, a sandbox
+per rank when graded, where ``ddp_lab.sampler`` and ``ddp_lab.evaluation`` are hidden):
+``probe_forbidden`` (a static look at the names the code refers to) and ``probe_indices``
+(once per case for every rank) on one rank that receives that case only; ``probe_accuracy`` on
+gloo ranks, rank r with only its own padded shard, so that the exact accuracy proves that the
+ranks communicated) with the package's and torch's
 ready-made answers refused for the duration of the call (``course.learner.refuse``), and
 return what came out as data. The oracles (torch's ``DistributedSampler``; the exact accuracy) run and
 the comparisons happen in the checker.
@@ -63,14 +65,17 @@ MESSAGES = {
 }
 
 
-def probe_forbidden(objects: tuple, names: list[str]) -> str:
-    """In the learner's process: the first of ``names`` their function's code refers to."""
+def probe_forbidden(rank: int, objects: tuple, names: list[str]) -> str:
+    """In the learner's rank: the first of ``names`` their function's code refers to."""
     (fn,) = objects
     return uses_forbidden(fn, set(names))
 
 
 def _refused_for_indices() -> dict[str, Any]:
-    from ddp_lab import sampler
+    try:
+        from ddp_lab import sampler
+    except ImportError:  # a grading rank: the module is hidden there (course.rankhost)
+        return {"DistributedSampler": DistributedSampler}
 
     return {
         "DistributedSampler": DistributedSampler,
@@ -96,7 +101,8 @@ def _refused_for_accuracy() -> dict[str, Any]:
 
 
 def _check_forbidden(grade_id: str, learner: Any) -> None:
-    name = learner.call(probe_forbidden, sorted(FORBIDDEN[grade_id]), timeout=30)
+    got = learner.ranks(probe_forbidden, [sorted(FORBIDDEN[grade_id])], timeout=30)
+    name = got[0] if type(got) is list and len(got) == 1 else got
     if name:
         shown = name if type(name) is str else type(name).__name__
         raise fail(_t("write it yourself: your function calls {name}", name=shown[:60]), "-")
@@ -203,8 +209,9 @@ def index_cases(rng: random.Random) -> list[tuple[str, dict]]:
     ]
 
 
-def probe_indices(objects: tuple, args: dict) -> Any:
-    """In the learner's process: their indices for every rank of one case, as data."""
+def probe_indices(rank: int, objects: tuple, args: dict) -> Any:
+    """In the learner's rank (one, holding this case's arguments only): their indices for
+    every rank of one case, as data."""
     (distributed_indices,) = objects
     out = []
     for rank in range(args["num_replicas"]):
@@ -239,7 +246,8 @@ def check_indices(rng: random.Random, learner: Any) -> Iterator[object]:
             n=args["dataset_len"],
             replicas=args["num_replicas"],
         )
-        results = learner.call(probe_indices, args, timeout=60)
+        got = learner.ranks(probe_indices, [args], timeout=60)
+        results = got[0] if type(got) is list and len(got) == 1 else got
         if type(results) is not list or len(results) != args["num_replicas"]:
             got = len(results) if type(results) is list else _kind(results)
             raise fail(
