@@ -8,6 +8,7 @@ sandboxed path end to end: tests/course/test_grading_attacks_ranks.py.
 from __future__ import annotations
 
 import os
+import subprocess
 
 import pytest
 import torch
@@ -24,18 +25,26 @@ LISTEN 0 4096 127.0.0.1:29500 0.0.0.0:* users:(("python",pid={a},fd=3)) ino:13 s
 
 
 def test_parse_and_difference_count_each_pair_from_the_receiver() -> None:
-    me, parent = os.getpid(), os.getppid()
-    before = traffic.Snapshot({}, 0, 0)
-    ends = traffic.parse_ss(SS.format(a=me, b=parent))
-    assert ends[("127.0.0.1:37632", "127.0.0.1:50129", 12)].sent == 4100
-    after = traffic.Snapshot(ends, 4100 + 7 * traffic.HEADER_BYTES + 500, 7)
-    # rank 0 is this process, rank 1 its parent: the pid walk finds each
-    moved = traffic.difference(before, after, {me: 0, parent: 1}, store=29500)
-    assert moved.pairs == {(1, 0): 4100} and moved.sent(0, 1) == 0
-    assert moved.unattributed == 0 and moved.hidden == 500  # 500 bytes no socket explains
-    # a socket held by no rank's process is not a pair's
-    moved = traffic.difference(before, after, {me: 0}, store=29500)
-    assert moved.pairs == {} and moved.unattributed == 4100
+    # rank 0 is this process, rank 1 a child of it (not this process's parent: under a
+    # detached launch that is pid 1, where the pid walk stops)
+    child = subprocess.Popen(["sleep", "60"])
+    try:
+        me, other = os.getpid(), child.pid
+        before = traffic.Snapshot({}, 0, 0)
+        ends = traffic.parse_ss(SS.format(a=me, b=other))
+        assert ends[("127.0.0.1:37632", "127.0.0.1:50129", 12)].sent == 4100
+        after = traffic.Snapshot(ends, 4100 + 7 * traffic.HEADER_BYTES + 500, 7)
+        # the pid walk finds each rank's process
+        moved = traffic.difference(before, after, {me: 0, other: 1}, store=29500)
+        assert moved.pairs == {(1, 0): 4100} and moved.sent(0, 1) == 0
+        assert moved.unattributed == 0 and moved.hidden == 500  # 500 bytes no socket explains
+        # a socket held by no rank's process (this one, when only the child is a rank's) is
+        # not a pair's
+        moved = traffic.difference(before, after, {other: 1}, store=29500)
+        assert moved.pairs == {} and moved.unattributed == 4100
+    finally:
+        child.kill()
+        child.wait()
 
 
 def _traffic(pairs: dict[tuple[int, int], int], hidden: int = 0) -> traffic.Traffic:
