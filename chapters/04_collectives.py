@@ -875,15 +875,15 @@ dl.timeline(os.path.join(trace_dir, "collectives_4.json"));
 #   速度，而不是某条线路的速度。模型假设每个 rank 有自己的链路，并且能同时收发；这里所有 rank
 #   共用机器的 CPU 核，4 个 rank 跑在不到 4 个核上时只能轮流执行：把 N = 4 的行和 N = 2 的行
 #   对比一下，再分别在机器繁忙和空闲时各跑一次。
-# - **模型没有计入的拷贝**。*其中算子* 那一列是 Gloo 的线程在拷贝而不是在通信的时间：
+# - **模型没有计入的拷贝**。*其中算子*那一列是 Gloo 的线程在拷贝而不是在通信的时间：
 #   `all_gather_single` 先收集到 Gloo 自己的缓冲区，再把每一块拷贝到你的张量里
 #   （`ProcessGroupGloo.cpp` 中的 `AsyncAllgatherWork`；追踪记录里 `gloo:all_gather` 下面的
 #   `aten::select` 和 `aten::copy_`）。`reduce_scatter_single` 复制输入、事后
 #   拷出自己那一块，都是在调用方的线程上、Gloo 的工作之外完成的：这部分时间算在 *Python ms* 里，
-#   不在 *追踪 ms* 里（在 Perfetto 中：主线程上 `c10d::_reduce_scatter_base_` 里面的 `aten::clone`）。
+#   不在*追踪 ms*里（在 Perfetto 中：主线程上 `c10d::_reduce_scatter_base_` 里面的 `aten::clone`）。
 # - **小消息**。4 KiB 时几乎全是延迟，而 α 是最好情况（4 字节往返中最快的一次），一次集合通信
 #   却要发 2(N-1)p 条消息，每一条都可能要等一个忙碌的 CPU 核；这里的比值在不同运行之间最不稳定。
-# - **Python**。*Python ms* 减去 *追踪 ms*，就是 Gloo 的工作之外这次调用的开销：把工作交给 Gloo
+# - **Python**。*Python ms* 减去*追踪 ms*，就是 Gloo 的工作之外这次调用的开销：把工作交给 Gloo
 #   的线程、完成后唤醒调用方，以及上面提到的拷贝。
 #
 # 看着你的表格回答两个问题。2 MiB 的 `broadcast` 比模型快还是慢？它只发一条整块缓冲区的消息，
