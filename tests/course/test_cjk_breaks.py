@@ -209,26 +209,3 @@ def test_join_leaves_no_stray_break_in_a_paragraph(words, data):
         assert re.match(r"[A-Za-z0-9`]", left) or re.match(r"[A-Za-z0-9`]", right)
         assert not re.search(f"[{build.CJK_PUNCT}]", left + right)
 
-
-# A space typed between two Chinese characters on one line, often next to emphasis
-# ("*其中算子* 那一列"): Chromium shows it as typed; chapter 04's browser test found three.
-SPACED = re.compile(rf"{_CJK}[*_~]*[ \t]+[*_~]*{_CJK}")
-
-
-def stray_spaces(markdown: str) -> list[str]:
-    """Spaces between two CJK characters on one line of ``markdown``, outside code."""
-    prose = re.sub(r"(?ms)^\s*(```|~~~).*?^\s*\1[^\n]*$", "", markdown)
-    prose = re.sub(r"`[^`\n]*`", "x", prose)  # inline code: its spaces are the code's
-    return [m.group(0) for m in SPACED.finditer(prose)]
-
-
-def test_stray_spaces_rule() -> None:
-    assert stray_spaces("*其中算子* 那一列，不在 *追踪 ms* 里") == ["子* 那", "在 *追"]
-    assert stray_spaces("4 个 rank 的 `a 和 b` 与**追踪 ms** 是") == []
-
-
-@pytest.mark.parametrize("path", _zh_notebooks(), ids=lambda p: f"{p.parent.parent.name}/{p.name}")
-def test_zh_notebooks_have_no_space_between_chinese_characters(path) -> None:
-    nb = nbformat.read(path, as_version=4)
-    found = [s for c in nb.cells if c.cell_type == "markdown" for s in stray_spaces(c.source)]
-    assert not found, f"{path.name}: {found[:8]}"
