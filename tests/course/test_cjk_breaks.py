@@ -208,4 +208,3 @@ def test_join_leaves_no_stray_break_in_a_paragraph(words, data):
     for left, right in re.findall(r"(.)\n(.)", out):
         assert re.match(r"[A-Za-z0-9`]", left) or re.match(r"[A-Za-z0-9`]", right)
         assert not re.search(f"[{build.CJK_PUNCT}]", left + right)
-
