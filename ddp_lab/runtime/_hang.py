@@ -288,9 +288,10 @@ class DeadlockWatch:
             for r in live
         )
         waiting = [r for r in live if in_communication(mains[r])]
-        # Ranks inside init_process_group are connecting, not deadlocked: on a machine with
-        # many sockets in TIME-WAIT the kernel retries a connect after 1, 2, 4 s with no CPU
-        # used (seen in 50 back-to-back launches); a rank that never comes is the timeout's.
+        # Ranks inside init_process_group are still connecting, not deadlocked: 50 back-to-back
+        # launches on a machine with ~700 loopback sockets in TIME-WAIT stalled there for over
+        # 4 s with no CPU used about half the time, and then went on (likely the kernel's
+        # connect retries, not confirmed); a rank that never comes is the timeout's to report.
         if any(f.func == "init_process_group" for r in live for f in mains[r] or ()):
             self.quiet_since, self.first = now, None
             return False
