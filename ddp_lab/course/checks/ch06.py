@@ -13,7 +13,6 @@ the comparisons happen in the checker.
 
 from __future__ import annotations
 
-import operator
 import random
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -21,6 +20,7 @@ from typing import Any
 import torch
 from torch.utils.data import DistributedSampler
 
+from ddp_lab.course.checks.probes import _int_or_kind
 from ddp_lab.course.grading import checker, fail
 from ddp_lab.course.learner import refuse
 from ddp_lab.i18n import N_, _t, lookup
@@ -106,17 +106,6 @@ def _check_forbidden(grade_id: str, learner: Any) -> None:
     if name:
         shown = name if type(name) is str else type(name).__name__
         raise fail(_t("write it yourself: your function calls {name}", name=shown[:60]), "-")
-
-
-def _int_or_kind(x: Any) -> Any:
-    if type(x) in (int, bool, float):
-        return x
-    if isinstance(x, torch.Tensor) and x.numel() == 1:
-        return x.item()
-    try:
-        return operator.index(x)
-    except TypeError:
-        return {"kind": type(x).__name__}
 
 
 def _kind(got: object) -> str:
