@@ -73,7 +73,6 @@ def run(request: dict[str, Any]) -> dict[str, Any]:
     lang, cell_timeout = request["lang"], float(request["cell_timeout"])
     deadline = time.monotonic() + float(request["timeout"])
     job = build_job(release, sub, found, lang, cell_timeout)
-    registry = load_checkers()
     results: dict[str, dict[str, Any]] = {}
     work = Path(tempfile.mkdtemp(prefix="ddp-lab-sandbox-"))
     proc = None
@@ -99,6 +98,7 @@ def run(request: dict[str, Any]) -> dict[str, Any]:
         )
         assert proc.stdout is not None
         reader = wire.LineReader(proc.stdout.fileno(), PROTOCOL_LIMIT)
+        registry = load_checkers(found)  # while the runner starts
         flags = scan.flags_by_exercise(release, sub, found)
         # A cell that ignores the runner's own alarm is caught here: no message for longer
         # than all the cells could take.
