@@ -49,7 +49,8 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import ddp_lab as dl
-from ddp_lab.bucketed_ddp import BucketedDDP, assign_buckets, bucket_widget, plot_timeline
+from ddp_lab.bucketed_ddp import BucketedDDP, bucket_widget, plot_timeline
+from ddp_lab.buckets import assign_buckets
 from ddp_lab.ddp import NaiveDDP, max_difference_across_ranks
 
 dl.setup()

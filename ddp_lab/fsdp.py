@@ -67,17 +67,7 @@ class FullyShardedDP(FullyShardedBase):
 
     The machinery (gather, free, hooks) is ``ddp_lab.fsdp_base.FullyShardedBase``'s; this class
     adds the default gradient reduction: an asynchronous reduce-scatter of each unit's gradient.
-
-    Args:
-        module: the model (the same initial weights on every rank: rank 0's are broadcast).
-        compute_dtype: dtype for gathered parameters, compute and gradient reduction
-            (None: the parameters' dtype).
-        units: the submodules to gather one at a time, each called once per forward
-            (default: the children that own parameters, looking inside ModuleList and
-            ModuleDict); parameters outside them form the root unit.
-        record_timeline: keep an ``FSDPTimeline`` per step in ``self.timeline``.
-        reduce_grad: replaces the reduce-scatter (exercise 10.fsdp_reduce): called with a
-            unit's full flat gradient, returns this rank's shard of the average, blocking.
+    The arguments are ``FullyShardedBase``'s (its docstring says what each one does).
     """
 
     def _reduce_default(self, unit: _Unit, grad_full: torch.Tensor) -> None:

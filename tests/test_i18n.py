@@ -29,7 +29,7 @@ PO = PACKAGE / "locale/zh/LC_MESSAGES/ddp_lab.po"
 CJK = re.compile(r"[\u3000-\u303f\u4e00-\u9fff\uff00-\uffef]")
 # The teaching modules: a learner reads them; they open on their docstring and algorithm.
 TEACHING = [
-    "ring.py", "sampler.py", "ddp.py", "bucketed_ddp.py", "zero.py", "fsdp.py",
+    "ring.py", "sampler.py", "ddp.py", "buckets.py", "bucketed_ddp.py", "zero.py", "fsdp.py",
     "collectives.py", "costs.py", "comm_hooks.py", *(f"parallel/{p.name}" for p in
     sorted((PACKAGE / "parallel").glob("*.py"))),
 ]  # fmt: skip

@@ -80,11 +80,6 @@ HIDDEN = (
     "course/scan.py",
     "course/similarity.py",
 )
-# What an exercise's own given code imports from a hidden module, shown in its ranks only:
-# 07.bucketed's given constructor splits the parameters with ``bucketed_ddp.assign_buckets``
-# (that module imports ``ddp``; they also hold the references ``BucketedDDP`` and
-# ``NaiveDDP``, which ``course.scan`` flags an import of).
-SHOWN = {"07.bucketed": ("bucketed_ddp.py", "ddp.py")}
 REQUEST_LIMIT = wire.MAX_BYTES + 4096  # one request line, read by the rank
 STARTUP_S = 300.0  # a rank's sandbox, Python and torch starting (the grader's time, not theirs)
 
@@ -102,14 +97,11 @@ def _package_dir() -> Path:
     return Path(ddp_lab.__file__).resolve().parent
 
 
-def _mask_args(base: Path, lang: str, grade_id: str = "") -> list[str]:
-    """bwrap arguments that replace each ``HIDDEN`` file (and its bytecode) in the rank's view,
-    but those ``SHOWN`` to ``grade_id``."""
+def _mask_args(base: Path, lang: str) -> list[str]:
+    """bwrap arguments that replace each ``HIDDEN`` file (and its bytecode) in the rank's view."""
     package = _package_dir()
     args: list[str] = []
     for rel in HIDDEN:
-        if rel in SHOWN.get(grade_id, ()):
-            continue
         source = package / rel
         if not source.exists():
             continue
@@ -216,7 +208,7 @@ class RankPool:
                 self.holder, self.holder_pid = _start_network(self.base)
             else:
                 sandbox.warn_unsandboxed(self.lang)
-        masks = _mask_args(self.base, self.lang, self.grade_id) if self.sandboxed else []
+        masks = _mask_args(self.base, self.lang) if self.sandboxed else []
         env = {"DDP_LAB_LANG": self.lang, "MPLBACKEND": "agg", "OMP_NUM_THREADS": "1"}
         new = []
         for rank in range(len(self.procs), n):

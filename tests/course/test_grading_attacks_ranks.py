@@ -16,15 +16,17 @@ import random
 import sys
 from typing import Any
 
+import _ring_ways
 import cloudpickle
 import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
+from _ring_ways import WRONG_WAYS, all_gather_sum
 from _solutions import graded_solution
 from torch import nn
 
-from ddp_lab.bucketed_ddp import assign_buckets
+from ddp_lab.buckets import assign_buckets
 from ddp_lab.course import sandbox
 from ddp_lab.course.grading import load_checkers, run_checker
 from ddp_lab.course.learner import LocalLearner, RemoteLearner
@@ -202,7 +204,8 @@ class Remote(RemoteLearner):
     learner's code through ``ranks`` only (``call`` and ``spawn`` would fail here)."""
 
     def __init__(self, grade_id: str, *objects: Any) -> None:
-        cloudpickle.register_pickle_by_value(sys.modules[__name__])  # as a notebook's code
+        for module in (sys.modules[__name__], _ring_ways):  # as a notebook's code
+            cloudpickle.register_pickle_by_value(module)
         blob = _pickle.dumps(objects)
         super().__init__(grade_id, None, None, lambda: None, blob, "en", 0, RankPool)  # type: ignore[arg-type]
 
@@ -272,104 +275,29 @@ def test_resume_in_the_per_rank_form_passes_the_solution_in_fresh_ranks() -> Non
 
 
 # --- 05.ring: the way, observed by the grader in the ranks' network ---------------------------
-# The attacks below get the right sum and show the checker's guards nothing: they call the
-# process group's own methods (``ProcessGroup.send``/``recv``/``allreduce``), which no Python
-# wrapper sees, so the rank's report says "nothing sent, no batch". Only the bytes the grader
-# counts in the ranks' network namespace (``course.traffic``) tell them from a ring.
-
-
-def honest_ring(tensor: torch.Tensor) -> torch.Tensor:
-    rank, n = dist.get_rank(), dist.get_world_size()
-    chunks = tensor.view(-1).tensor_split(n)
-    right, left = (rank + 1) % n, (rank - 1) % n
-
-    def exchange(send: torch.Tensor, recv: torch.Tensor) -> None:
-        ops = [dist.P2POp(dist.isend, send, right)] if send.numel() else []
-        ops += [dist.P2POp(dist.irecv, recv, left)] if recv.numel() else []
-        for work in dist.batch_isend_irecv(ops) if ops else []:
-            work.wait()
-
-    for s in range(n - 1):
-        target = chunks[(rank - s - 1) % n]
-        incoming = torch.empty_like(target)
-        exchange(chunks[(rank - s) % n], incoming)
-        target += incoming
-    for s in range(n - 1):
-        exchange(chunks[(rank + 1 - s) % n], chunks[(rank - s) % n])
-    return tensor
-
-
-def _world() -> Any:
-    return dist.distributed_c10d._get_default_group()
-
-
-def quiet_gather_broadcast(tensor: torch.Tensor) -> torch.Tensor:
-    rank, n = dist.get_rank(), dist.get_world_size()
-    if rank == 0:
-        buf = torch.empty_like(tensor)
-        for peer in range(1, n):
-            _world().recv([buf], peer, 0).wait()
-            tensor += buf
-        for peer in range(1, n):
-            _world().send([tensor], peer, 0).wait()
-    else:
-        _world().send([tensor], 0, 0).wait()
-        _world().recv([tensor], 0, 0).wait()
-    return tensor
-
-
-def quiet_all_gather_sum(tensor: torch.Tensor) -> torch.Tensor:
-    rank, n = dist.get_rank(), dist.get_world_size()
-    works = [_world().send([tensor], peer, 0) for peer in range(n) if peer != rank]
-    total, buf = tensor.clone(), torch.empty_like(tensor)
-    for peer in range(n):
-        if peer != rank:
-            _world().recv([buf], peer, 0).wait()
-            total += buf
-    for work in works:
-        work.wait()
-    tensor.copy_(total)
-    return tensor
-
-
-def quiet_full_buffer_ring(tensor: torch.Tensor) -> torch.Tensor:
-    rank, n = dist.get_rank(), dist.get_world_size()
-    total, current, buf = tensor.clone(), tensor.clone(), torch.empty_like(tensor)
-    for _ in range(n - 1):
-        work = _world().send([current], (rank + 1) % n, 0)
-        _world().recv([buf], (rank - 1) % n, 0).wait()
-        work.wait()
-        total += buf
-        current = buf.clone()
-    tensor.copy_(total)
-    return tensor
-
-
-def quiet_gloo_all_reduce(tensor: torch.Tensor) -> torch.Tensor:
-    _world().allreduce([tensor]).wait()  # gloo's own ring, which sends to the left
-    return tensor
+# The attacks (``_ring_ways.WRONG_WAYS``) get the right sum and show the checker's guards
+# nothing; only the bytes the grader counts in the ranks' network namespace tell them from a ring.
 
 
 @pytest.fixture(scope="module")
 def ring_verdicts() -> dict[str, tuple[bool, str]]:
     """Each 05.ring submission graded once, the grader's way (shared by the tests below)."""
-    fns = [honest_ring, quiet_gather_broadcast, quiet_all_gather_sum, quiet_full_buffer_ring]
-    fns.append(quiet_gloo_all_reduce)
-    return {fn.__name__: remote_verdict("05.ring", fn) for fn in fns}
+    verdicts = {"solution": remote_verdict("05.ring", *graded_solution("05.ring"))}
+    return verdicts | {fn.__name__: remote_verdict("05.ring", fn) for fn in WRONG_WAYS}
 
 
 def test_ring_observed_an_honest_ring_gets_full_points(ring_verdicts: dict) -> None:
-    passed, line = ring_verdicts["honest_ring"]
+    passed, line = ring_verdicts["solution"]
     assert passed and "5/5" in line and "could not observe" not in line, line
 
 
 @pytest.mark.parametrize(
     ("name", "words"),
     [
-        ("quiet_gather_broadcast", "which is not its right neighbour"),
-        ("quiet_all_gather_sum", "which is not its right neighbour"),
-        ("quiet_full_buffer_ring", "to its right neighbour (rank"),
-        ("quiet_gloo_all_reduce", "which is not its right neighbour"),
+        ("gather_broadcast", "which is not its right neighbour"),
+        ("all_gather_sum", "which is not its right neighbour"),
+        ("full_buffer_ring", "to its right neighbour (rank"),
+        ("gloo_all_reduce", "which is not its right neighbour"),
     ],
 )
 def test_ring_observed_a_right_sum_sent_the_wrong_way_gets_nothing(
@@ -395,7 +323,7 @@ def test_ring_unobserved_falls_back_to_the_report_and_says_so(
         monkeypatch.setattr(traffic, "tools", lambda: None)
     else:
         monkeypatch.setenv("DDP_LAB_SANDBOX", "0")
-    passed, line = remote_verdict("05.ring", quiet_all_gather_sum)
+    passed, line = remote_verdict("05.ring", all_gather_sum)
     assert passed and "could not observe the bytes" in line, line
 
 
@@ -408,7 +336,7 @@ def test_ring_counters_that_cannot_be_read_fail_the_case(monkeypatch: pytest.Mon
         raise traffic.Unreadable("ss wrote too much")
 
     monkeypatch.setattr(traffic, "snapshot", flooded)
-    passed, line = remote_verdict("05.ring", honest_ring)
+    passed, line = remote_verdict("05.ring", *graded_solution("05.ring"))
     assert not passed and "could not count the bytes" in line, line
 
 

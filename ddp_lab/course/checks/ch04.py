@@ -7,13 +7,15 @@ never the seed that makes the others, so a right sum or a full gathered list pro
 ranks communicated. In the rank, the collective they must rebuild is switched off while their
 code runs (by name in ``torch.distributed`` and, for aliases, on the function object itself),
 and the probe returns, as data, the tensors their code left behind and the forbidden calls it
-tried (the rank's own account: a hint for the feedback). The oracle (``dist.all_reduce``,
-``dist.all_gather``) runs in ranks of the checker's own; the checker compares.
+tried (the rank's own account: a hint for the feedback). The oracle is what
+``dist.all_reduce`` and ``dist.all_gather`` leave on every rank, computed in the checker from
+all the ranks' inputs (``summed``, ``gathered``); the checker compares.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import random
 from collections.abc import Callable, Iterator
 from types import FunctionType
@@ -106,25 +108,12 @@ def judge_forbidden(called: Any, banned: list[str], allowed: str, case: str) -> 
     )
 
 
-def spawn_case(
-    learner: Any,
-    probe: Callable,
-    data: tuple,
-    nprocs: int,
-    case: str,
-    timeout: float,
-    per_rank: list | None = None,
-) -> list:
-    """Run ``probe`` on ``nprocs`` of the learner's ranks; a hang or a crash fails ``case``.
-
-    With ``per_rank`` rank r receives only ``per_rank[r]`` (``learner.ranks``) and ``data``
-    is unused. NotImplementedError (the unsolved stub) goes up for ``run_checker``.
-    """
+def ranks_case(learner: Any, probe: Callable, per_rank: list, case: str, timeout: float) -> list:
+    """Run ``probe`` on ``len(per_rank)`` of the learner's ranks, rank r on ``per_rank[r]``
+    only (``learner.ranks``); a hang or a crash fails ``case``. NotImplementedError (the
+    unsolved stub) goes up for ``run_checker``."""
     try:
-        if per_rank is not None:
-            got = learner.ranks(probe, per_rank, timeout=timeout)
-        else:
-            got = learner.spawn(probe, *data, nprocs=nprocs, timeout=timeout)
+        got = learner.ranks(probe, per_rank, timeout=timeout)
     except LearnerError as exc:
         if exc.not_implemented:
             raise
@@ -141,7 +130,7 @@ def spawn_case(
             raise fail(exc.message, case) from None
         error = f"{exc.type_name}: {exc.message}" if exc.message else exc.type_name
         raise fail(_t("a rank raised {error}", error=error), case) from None
-    if not isinstance(got, list) or len(got) != nprocs:
+    if not isinstance(got, list) or len(got) != len(per_rank):
         raise fail(
             _t(
                 "rank {rank}: the result could not be read (the checker's probe was changed?)",
@@ -240,34 +229,24 @@ def probe_all_gather(rank: int, objects: tuple, inputs: list[torch.Tensor]) -> l
     return out
 
 
-# --- oracles: in the checker's own ranks ------------------------------------------------
+# --- oracles: real PyTorch, in the checker's process ----------------------------------------
+# What the collective leaves on every rank, computed in one process from every rank's input (as
+# CS336 checks DDP against one process): the inputs are small integers, so the sum is exact in
+# any order and equals gloo's bit for bit (``tests/course/checks/test_ch04_ch05.py`` compares
+# both with torch's own collectives on gloo ranks). Ranks of the checker's own cost a Python
+# and torch start per verdict process, i.e. per submission.
 
 
-def _oracle_all_reduce(rank: int, cases: list) -> list[torch.Tensor]:
-    out = []
-    for shape, dtype, seed in cases:
-        mine = make_input(rank, tuple(shape), DTYPES[dtype], seed)
-        dist.all_reduce(mine)
-        out.append(mine)
-    return out
+def summed(per_rank: list[list[torch.Tensor]]) -> list[list[torch.Tensor]]:
+    """``all_reduce(SUM)``: rank r's i-th result is the sum over ranks of their i-th input."""
+    sums = [functools.reduce(torch.add, case) for case in zip(*per_rank, strict=True)]
+    return [sums for _ in per_rank]
 
 
-def _oracle_all_gather(rank: int, cases: list) -> list[list[torch.Tensor]]:
-    n = dist.get_world_size()
-    out = []
-    for shape, dtype, seed in cases:
-        mine = make_input(rank, tuple(shape), DTYPES[dtype], seed)
-        gathered = [torch.zeros(tuple(shape), dtype=DTYPES[dtype]) for _ in range(n)]
-        dist.all_gather(gathered, mine)
-        out.append(gathered)
-    return out
-
-
-def oracle(fn: Callable, args: tuple, nprocs: int) -> list:
-    """``fn(rank, *args)`` on ``nprocs`` gloo ranks of the checker's own."""
-    from ddp_lab.runtime.launcher import spawn
-
-    return spawn(fn, args=args, nprocs=nprocs, backend="gloo", quiet=True)
+def gathered(per_rank: list[list[torch.Tensor]]) -> list[list[list[torch.Tensor]]]:
+    """``all_gather``: rank r's i-th result is the list of every rank's i-th input, in order."""
+    lists = [list(case) for case in zip(*per_rank, strict=True)]
+    return [lists for _ in per_rank]
 
 
 # --- checkers: in the trusted process -------------------------------------------------
@@ -316,10 +295,9 @@ def check_all_reduce(rng: random.Random, learner: Any) -> Iterator[object]:
     for n in world_sizes:
         cases = _cases(rng, ["float32", "float64", "int64", "int32"])
         case = f"world_size={n}"
-        expected = oracle(_oracle_all_reduce, (cases,), n)
-        got = spawn_case(
-            learner, probe_all_reduce, (), n, case, CASE_TIMEOUT_S, per_rank=rank_inputs(cases, n)
-        )
+        inputs = rank_inputs(cases, n)
+        expected = summed(inputs)
+        got = ranks_case(learner, probe_all_reduce, inputs, case, CASE_TIMEOUT_S)
         records = [records_of(g, r, len(cases), case) for r, g in enumerate(got)]
         for i in range(len(cases)):
             for rank in range(n):
@@ -357,10 +335,9 @@ def check_all_gather(rng: random.Random, learner: Any) -> Iterator[object]:
     for n in world_sizes:
         cases = _cases(rng, ["float32", "float64", "int64", "int32"])
         case = f"world_size={n}"
-        expected = oracle(_oracle_all_gather, (cases,), n)
-        got = spawn_case(
-            learner, probe_all_gather, (), n, case, CASE_TIMEOUT_S, per_rank=rank_inputs(cases, n)
-        )
+        inputs = rank_inputs(cases, n)
+        expected = gathered(inputs)
+        got = ranks_case(learner, probe_all_gather, inputs, case, CASE_TIMEOUT_S)
         records = [records_of(g, r, len(cases), case) for r, g in enumerate(got)]
         for i in range(len(cases)):
             for rank in range(n):

@@ -23,8 +23,8 @@ seed that makes the others) under those guards and returns, per rank, the tensor
 it sent, its batches and its loose p2p calls, as data. The sums prove that the ranks
 communicated; what the guards recorded is the rank's own account, kept as a hint for the
 feedback (a rank could undo the guards on purpose, or call the process group's own methods,
-which no Python wrapper sees). The oracle (``dist.all_reduce``) runs in the checker's own
-ranks; the comparison, the send limit and the NCCL replay run in the checker.
+which no Python wrapper sees). The oracle (what ``dist.all_reduce`` leaves on every rank,
+``ch04.summed``), the comparison, the send limit and the NCCL replay run in the checker.
 
 The way itself is observed from outside the ranks when grading (``judge_traffic``): the
 grader counts the bytes each rank sent each other rank in the ranks' private network
@@ -47,7 +47,7 @@ import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
 from ddp_lab.course.checks import ch04
-from ddp_lab.course.checks.ch04 import DTYPES, guarded, make_input, oracle, same, short, shown
+from ddp_lab.course.checks.ch04 import DTYPES, guarded, make_input, same, short, shown, summed
 from ddp_lab.course.grading import checker, fail, note
 from ddp_lab.i18n import N_, _t, lookup
 
@@ -228,16 +228,6 @@ def probe_ring(rank: int, objects: tuple, inputs: list[torch.Tensor]) -> list[di
         )
         if called:
             break
-    return out
-
-
-def _oracle_ring(rank: int, cases: list) -> list[torch.Tensor]:
-    """In the checker's ranks: torch's own all-reduce of each case."""
-    out = []
-    for shape, dtype, seed in cases:
-        mine = make_input(rank, tuple(shape), DTYPES[dtype], seed)
-        dist.all_reduce(mine)
-        out.append(mine)
     return out
 
 
@@ -509,14 +499,12 @@ def check_ring(rng: random.Random, learner: Any) -> Iterator[object]:
     for n in world_sizes:
         case = f"world_size={n}"
         cases = cases_for(rng, n)
-        expected = oracle(_oracle_ring, (cases,), n)
         inputs = [
             [make_input(r, tuple(shape), DTYPES[dtype], seed) for shape, dtype, seed in cases]
             for r in range(n)
         ]
-        got = ch04.spawn_case(
-            learner, probe_ring, (), n, case, ch04.CASE_TIMEOUT_S, per_rank=inputs
-        )
+        expected = summed(inputs)
+        got = ch04.ranks_case(learner, probe_ring, inputs, case, ch04.CASE_TIMEOUT_S)
         records = [ch04.records_of(g, r, len(cases), case) for r, g in enumerate(got)]
         for i in range(len(cases)):
             judge_ring_case(

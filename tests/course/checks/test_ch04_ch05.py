@@ -396,10 +396,10 @@ def _feedback(lang: str, fn) -> str:
     from ddp_lab import i18n
     from ddp_lab.course.checks import ch04, ch05
 
-    n, cases = 3, [((3 * 50 + 1,), "float32", 1)]
+    n = 3
     inputs = [[ch04.make_input(r, (3 * 50 + 1,), torch.float32, 1)] for r in range(n)]
     records = LocalLearner((fn,)).ranks(ch05.probe_ring, inputs)
-    expected = ch04.oracle(ch05._oracle_ring, (cases,), n)
+    expected = ch04.summed(inputs)
     saved = i18n.get_language()
     i18n.set_language(lang)
     try:
@@ -439,3 +439,34 @@ def test_replay_on_one_stream():
     # a lone op is fine when its partner is lone too (an empty segment on the other side)
     lone = [[[("send", 1)]], [[("recv", 0)]]]
     assert replay(lone) is None
+
+
+def _gloo_collectives(rank: int, per_rank: list) -> tuple[list, list]:
+    """torch's own all_reduce and all_gather of rank ``rank``'s inputs, on gloo."""
+    sums, lists = [], []
+    for mine in per_rank[rank]:
+        total = mine.clone()
+        dist.all_reduce(total)
+        sums.append(total)
+        parts = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
+        dist.all_gather(parts, mine)
+        lists.append(parts)
+    return sums, lists
+
+
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_one_process_oracles_equal_torchs_collectives(n: int) -> None:
+    """The checkers' oracles (``summed``, ``gathered``: one process) are, bit for bit, what
+    gloo's all_reduce and all_gather leave on every rank, for every dtype the cases use."""
+    from ddp_lab.course.checks import ch04
+
+    cases = [((5, 3), dtype, 7 + i) for i, dtype in enumerate(ch04.DTYPES)]
+    cases += [((1001,), "float32", 99)]
+    inputs = ch04.rank_inputs(cases, n)
+    real = dl.spawn(_gloo_collectives, args=(inputs,), nprocs=n, backend="gloo", quiet=True)
+    for rank, (sums, lists) in enumerate(real):
+        for i in range(len(cases)):
+            assert ch04.same(ch04.summed(inputs)[rank][i], sums[i])
+            want = lists[i]
+            got = ch04.gathered(inputs)[rank][i]
+            assert len(got) == n and all(ch04.same(g, w) for g, w in zip(got, want, strict=True))

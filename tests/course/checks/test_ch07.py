@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ddp_lab.bucketed_ddp import assign_buckets
+from ddp_lab.buckets import assign_buckets
 from ddp_lab.course.grading import load_checkers, run_checker
 from ddp_lab.course.learner import LearnerError, LocalLearner
 from ddp_lab.ddp import NaiveDDP
