@@ -7,8 +7,8 @@ tensor size, the payload bytes the grader counted from each rank to each other r
 the released solution (an honest ring), then ``tests/_ring_ways.py``: a gather to rank 0 and a
 broadcast, an all_gather and a local sum, a ring that passes the whole buffer, and gloo's own
 all_reduce (through the process group's own methods, so that the probe's guards do not stop
-them). ``ch05.judge_traffic``'s
-bounds are derived from these numbers (see its comment and docs/INSTRUCTORS.md).
+them). ``ch05.judge_traffic``'s bounds are derived from these numbers (see its comment and
+docs/INSTRUCTORS.md).
 Needs bubblewrap, ss and nsenter (root or user namespaces).
 
     .venv/bin/python benchmarks/bench_ring_traffic.py [--sizes 1,1000,100000] [--ranks 3,4]
@@ -51,7 +51,7 @@ def main() -> None:
     if not sandbox.available() or traffic.tools() is None:
         sys.exit("needs bubblewrap, ss and nsenter")
     for fn in patterns():
-        pool = RankPool(cloudpickle.dumps((fn,)), "en", 0, "05.ring")
+        pool = RankPool(cloudpickle.dumps((fn,)), "en", 0)
         try:
             for n in map(int, args.ranks.split(",")):
                 for numel in map(int, args.sizes.split(",")):

@@ -67,7 +67,7 @@ def load_checkers(grade_ids: Iterable[str] | None = None) -> dict[str, Checker]:
     from ddp_lab.course import checks
 
     modules = {f"ch{g.split('.')[0]}" for g in grade_ids} if grade_ids is not None else None
-    if modules is not None and all(m[2:].isdigit() and checks.has(m) for m in modules):
+    if modules is not None and all(checks.has(m) for m in modules):
         for module in sorted(modules):
             importlib.import_module(f"{checks.__name__}.{module}")
     else:

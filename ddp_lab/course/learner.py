@@ -190,7 +190,7 @@ class RemoteLearner:
         blob: bytes | str | None = None,
         lang: str = "en",
         job: int = 0,
-        rank_pool: Callable[[bytes, str, int, str], Any] | None = None,
+        rank_pool: Callable[[bytes, str, int], Any] | None = None,
     ) -> None:
         self.grade_id, self._send, self._receive = grade_id, send, receive
         self._on_timeout = on_timeout
@@ -263,7 +263,7 @@ class RemoteLearner:
         if self._rank_pool is None:
             raise RuntimeError("per-rank probes need rank_pool (course.rankhost.RankPool)")
         if self._pool is None:
-            self._pool = self._rank_pool(self.blob, self.lang, self.job, self.grade_id)
+            self._pool = self._rank_pool(self.blob, self.lang, self.job)
         self.traffic, self.unobserved = None, ""
         out = self._pool.run(probe_name(probe), inputs, timeout)
         self.traffic = getattr(self._pool, "traffic", None)

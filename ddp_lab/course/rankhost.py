@@ -2,8 +2,8 @@
 
 The verdict process (``course.verdict``) never unpickles what the learner's process made. At a
 graded cell the runner hands the learner's objects out as an opaque blob (cloudpickle); for an
-exercise converted to per-rank inputs the checker calls ``learner.ranks(probe, inputs)`` and
-``run_ranks`` here, in the verdict process:
+exercise converted to per-rank inputs the checker calls ``learner.ranks(probe, inputs)``, which
+runs ``RankPool`` here, in the verdict process:
 
 1. starts a *network holder*: a bubblewrap sandbox with a network namespace of its own (only a
    loopback) that runs nothing; it exists so that the exercise's ranks can share that network
@@ -180,10 +180,10 @@ class RankPool:
     all, and the next case starts fresh ones. Rank r of every case is the same sandbox, and
     receives only rank r's inputs."""
 
-    def __init__(self, blob: bytes, lang: str = "en", job: int = 0, grade_id: str = "") -> None:
+    def __init__(self, blob: bytes, lang: str = "en", job: int = 0) -> None:
         from ddp_lab.course import sandbox
 
-        self.blob, self.lang, self.job, self.grade_id = blob, lang, job, grade_id
+        self.blob, self.lang, self.job = blob, lang, job
         self.sandboxed = sandbox.available()
         self.procs: list[subprocess.Popen] = []
         self.readers: list[wire.LineReader] = []
@@ -377,23 +377,6 @@ class RankPool:
         if self.base is not None:
             shutil.rmtree(self.base, ignore_errors=True)
         self.procs, self.readers, self.holder, self.base = [], [], None, None
-
-
-def run_ranks(
-    blob: bytes,
-    probe: str,
-    inputs: list,
-    timeout: float,
-    lang: str = "en",
-    job: int = 0,
-    grade_id: str = "",
-) -> list:
-    """``RankPool.run`` once, on a pool of its own."""
-    pool = RankPool(blob, lang, job, grade_id)
-    try:
-        return pool.run(probe, inputs, timeout)
-    finally:
-        pool.close()
 
 
 # --- in the rank's sandbox ------------------------------------------------------------------

@@ -13,7 +13,6 @@ import os
 import shutil
 from pathlib import Path
 
-import pytest
 from test_grader import (
     RELEASE,
     SOLUTION,
@@ -32,11 +31,12 @@ from test_grading_attacks_intake import (
     FILLER,
     FILLER_SOLUTION,
     cgroups_left,
+    needs_sandbox_and_cgroups,
     sandbox_user_processes,
 )
 from test_grading_attacks_verdict import FLOOD, FORGE, PATCH_PROBES, PEEK, UNSOLVED
 
-from ddp_lab.course import intake, isolation, sandbox
+from ddp_lab.course import intake
 
 NAME = RELEASE.name
 # Class 2: the package's reference ring, imported to build the mean (hidden from the ranks).
@@ -53,10 +53,7 @@ def average_across_ranks(value):
 """
 
 
-@pytest.mark.skipif(
-    not sandbox.available() or isolation.unavailable_reason() is not None,
-    reason="needs bubblewrap and cgroups",
-)
+@needs_sandbox_and_cgroups
 def test_a_class_with_every_attack_in_one_grading_run(tmp_path: Path) -> None:
     release = read(RELEASE)
     subs = tmp_path / "subs"

@@ -282,10 +282,14 @@ def average_across_ranks(value: torch.Tensor) -> torch.Tensor:
 """
 
 
-@pytest.mark.skipif(
+# Attacks on shared resources need what stops them: sandboxes and cgroups.
+needs_sandbox_and_cgroups = pytest.mark.skipif(
     not sandbox.available() or isolation.unavailable_reason() is not None,
     reason="needs bubblewrap and cgroups",
 )
+
+
+@needs_sandbox_and_cgroups
 def test_neighbours_cannot_starve_or_fill_the_machine(tmp_path: Path) -> None:
     release = read(RELEASE)
     subs = tmp_path / "subs"

@@ -47,7 +47,7 @@ import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
 from ddp_lab.course.checks import ch04
-from ddp_lab.course.checks.ch04 import DTYPES, guarded, make_input, same, short, shown, summed
+from ddp_lab.course.checks.ch04 import guarded, same, short, shown, summed
 from ddp_lab.course.grading import checker, fail, note
 from ddp_lab.i18n import N_, _t, lookup
 
@@ -499,10 +499,7 @@ def check_ring(rng: random.Random, learner: Any) -> Iterator[object]:
     for n in world_sizes:
         case = f"world_size={n}"
         cases = cases_for(rng, n)
-        inputs = [
-            [make_input(r, tuple(shape), DTYPES[dtype], seed) for shape, dtype, seed in cases]
-            for r in range(n)
-        ]
+        inputs = ch04.rank_inputs(cases, n)
         expected = summed(inputs)
         got = ch04.ranks_case(learner, probe_ring, inputs, case, ch04.CASE_TIMEOUT_S)
         records = [ch04.records_of(g, r, len(cases), case) for r, g in enumerate(got)]

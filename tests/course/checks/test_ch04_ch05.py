@@ -464,9 +464,9 @@ def test_one_process_oracles_equal_torchs_collectives(n: int) -> None:
     cases += [((1001,), "float32", 99)]
     inputs = ch04.rank_inputs(cases, n)
     real = dl.spawn(_gloo_collectives, args=(inputs,), nprocs=n, backend="gloo", quiet=True)
+    summed, gathered = ch04.summed(inputs), ch04.gathered(inputs)
     for rank, (sums, lists) in enumerate(real):
         for i in range(len(cases)):
-            assert ch04.same(ch04.summed(inputs)[rank][i], sums[i])
-            want = lists[i]
-            got = ch04.gathered(inputs)[rank][i]
+            assert ch04.same(summed[rank][i], sums[i])
+            got, want = gathered[rank][i], lists[i]
             assert len(got) == n and all(ch04.same(g, w) for g, w in zip(got, want, strict=True))
