@@ -5,12 +5,16 @@
 - ``format_stack`` turns one such dump into a few lines: the rank's main thread only, the
   learner's frames first (``Cell In[7], line 4, in ring`` with the source line), the
   runtime's, torch's and the standard library's frames folded into one line.
-- ``DeadlockWatch`` finds a deadlock before the timeout: every live rank has used no CPU and
-  had no running thread for a few seconds (read from ``/proc``, no signal), and then two
-  stack samples taken apart show each rank at the same place, inside a communication call
-  (a frame of ``torch/distributed``, or a line that calls ``.wait()``, ``dist.…``, ``send``
-  or ``recv``). A slow but working program fails one of these: a computing rank uses CPU, a
-  sleeping one is not in communication, a rank that moves data runs.
+- ``DeadlockWatch`` finds a deadlock before the timeout: for a few seconds no live rank has
+  read or written a byte and each has used almost no CPU (read from ``/proc``, no signal),
+  and then two stack samples taken apart show each rank at the same place, inside a
+  communication call (a frame of ``torch/distributed``, or a line that calls ``.wait()``,
+  ``dist.…``, ``send`` or ``recv``). A slow but working program fails one of these: a
+  computing rank uses CPU, a sleeping one is not in communication, a rank that moves data
+  reads or writes its sockets. "Almost no CPU", not none: a waiting gloo rank is never
+  still, its transport thread wakes from ``epoll_wait`` every 10 ms
+  (gloo/transport/tcp/loop.cc, ``Loop::run``), and on a busy machine it is often seen
+  runnable, waiting for a core.
 - ``RanksInterrupted``: what an interrupt raises; IPython shows its one clean line only.
 """
 
@@ -27,10 +31,15 @@ from dataclasses import dataclass, field
 
 from ddp_lab.i18n import _t
 
-# Seconds of quiet (no CPU, no running thread) on every rank before the first stack sample,
-# and again between the two samples: a deadlock is reported about 2 x this after it begins.
+# Seconds of quiet (no byte read or written, almost no CPU) on every rank before the first
+# stack sample, and again between the two samples: a deadlock is reported about 2 x this after
+# it begins.
 QUIET_S = float(os.environ.get("DDP_LAB_DEADLOCK_S", "2"))
 _PROC_EVERY_S = 0.25
+# CPU a quiet rank may use: a waiting gloo rank's transport thread costs about 0.5 % of a core
+# (measured: a tick every 2-3 s); a computing rank uses a whole core, or its share of one.
+_QUIET_CPU = 0.02
+_QUIET_TICKS = 2  # and rounding: ticks are counted in 1/CLK_TCK s; a stack dump costs one
 _CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 _FRAME = re.compile(r'^\s+File "(?P<file>.*)", line (?P<line>\d+) in (?P<func>.*)$')
@@ -216,23 +225,25 @@ class StackReader:
         return stacks
 
 
-def _proc_sample(pid: int) -> tuple[int, bool] | None:
-    """(CPU ticks used so far, whether any thread is running) of a process; None if gone."""
+def _proc_sample(pid: int) -> tuple[int, int | None] | None:
+    """(CPU ticks used so far, bytes read and written so far) of a process; None if gone.
+
+    The bytes (``rchar + wchar`` of ``/proc/PID/io``, sockets included) are None where that
+    file cannot be read (another user's process): the CPU alone decides then."""
     try:
         with open(f"/proc/{pid}/stat") as f:
             fields = f.read().rsplit(")", 1)[1].split()
         ticks = int(fields[11]) + int(fields[12])  # utime, stime
-        running = False
-        for tid in os.listdir(f"/proc/{pid}/task"):
-            try:
-                with open(f"/proc/{pid}/task/{tid}/stat") as f:
-                    state = f.read().rsplit(")", 1)[1].split()[0]
-            except OSError:
-                continue
-            running = running or state == "R"
-        return ticks, running
     except (OSError, IndexError, ValueError):
         return None
+    moved = None
+    try:
+        with open(f"/proc/{pid}/io") as f:
+            counters = dict(line.split(":", 1) for line in f.read().splitlines() if ":" in line)
+        moved = int(counters["rchar"]) + int(counters["wchar"])
+    except (OSError, KeyError, ValueError):
+        pass
+    return ticks, moved
 
 
 @dataclass
@@ -242,7 +253,8 @@ class DeadlockWatch:
     pids: dict[int, int]
     reader: StackReader
     quiet_s: float = QUIET_S
-    ticks: dict[int, int] = field(default_factory=dict)
+    since: dict[int, tuple[int, int | None]] = field(default_factory=dict)
+    since_at: float = 0.0
     quiet_since: float | None = None
     first: dict[int, str] | None = None
     first_at: float = 0.0
@@ -250,32 +262,42 @@ class DeadlockWatch:
     stacks: dict[int, str] = field(default_factory=dict)
     seconds: float = 0.0
 
-    def _all_quiet(self, live: list[int], now: float) -> bool:
-        quiet = True
-        for r in live:
-            sample = _proc_sample(self.pids[r])
-            if sample is None:
+    def _samples(self, live: list[int]) -> dict[int, tuple[int, int | None]] | None:
+        samples = {r: _proc_sample(self.pids[r]) for r in live}
+        return None if any(s is None for s in samples.values()) else samples  # type: ignore[return-value]
+
+    def _still_quiet(self, samples: dict[int, tuple[int, int | None]], now: float) -> bool:
+        """Whether no rank moved a byte or used more than a trickle of CPU since ``since``."""
+        allowed = _QUIET_TICKS + _QUIET_CPU * (now - self.since_at) * _CLK_TCK
+        for r, (ticks, moved) in samples.items():
+            was = self.since.get(r)
+            if was is None or ticks - was[0] > allowed:
                 return False
-            ticks, running = sample
-            if running or ticks - self.ticks.get(r, -(10**9)) > 1:
-                quiet = False
-            self.ticks[r] = ticks
-        return quiet
+            if moved is not None and was[1] is not None and moved != was[1]:
+                return False
+        return True
+
+    def _restart(self, samples: dict[int, tuple[int, int | None]], now: float) -> None:
+        self.quiet_since, self.first = now, None
+        self.since, self.since_at = samples, now
 
     def check(self, live: list[int], now: float) -> bool:
         """Call often while ranks run; True once every live rank is deadlocked."""
         if self.quiet_s <= 0 or not live or now - self.checked_at < _PROC_EVERY_S:
             return False
         self.checked_at = now
-        if not self._all_quiet(live, now):
-            self.quiet_since, self.first = None, None
+        samples = self._samples(live)
+        if samples is None:  # a rank is gone: its launch sees that itself
+            self.quiet_since, self.first, self.since = None, None, {}
             return False
-        if self.quiet_since is None:
-            self.quiet_since = now
+        if self.quiet_since is None or not self._still_quiet(samples, now):
+            self._restart(samples, now)
             return False
         if self.first is None:
             if now - self.quiet_since >= self.quiet_s:
                 self.first, self.first_at = self.reader.request(live), time.monotonic()
+                # The dump itself writes the stack file and costs CPU: count from after it.
+                self.since, self.since_at = self._samples(live) or {}, self.first_at
             return False
         if now - self.first_at < self.quiet_s:
             return False
@@ -293,14 +315,15 @@ class DeadlockWatch:
         # 4 s with no CPU used about half the time, and then went on (likely the kernel's
         # connect retries, not confirmed); a rank that never comes is the timeout's to report.
         if any(f.func == "init_process_group" for r in live for f in mains[r] or ()):
-            self.quiet_since, self.first = now, None
+            self._restart(self._samples(live) or {}, now)
             return False
         finishing = [r for r in live if mains[r] and mains[r][0].func == "finish_together"]
         if same and waiting and len(waiting) + len(finishing) == len(live):
             self.stacks = second
             self.seconds = now - self.quiet_since
             return True
-        self.quiet_since, self.first = now, None  # moving after all: watch again from here
+        # moving after all: watch again from here (after this dump, which wrote and cost CPU)
+        self._restart(self._samples(live) or {}, time.monotonic())
         return False
 
 

@@ -10,7 +10,7 @@ Faults: an exception on some ranks is reported with each rank's traceback and th
 stays. A timeout, a deadlock, a rank that dies, or ranks that ignore an interrupt (one
 waiting inside a collective cannot be interrupted) restart the group: every variable on the
 ranks is lost. A deadlock (every rank of the cell waiting in communication at the same place,
-using no CPU) is found after a few seconds, as for ``dl.spawn`` (``_hang.DeadlockWatch``),
+moving no data, using almost no CPU) is found after a few seconds, as for ``dl.spawn`` (``_hang.DeadlockWatch``),
 unless a timeout was given.
 """
 
@@ -373,7 +373,8 @@ class RankGroup:
         # the group.
         summary = _t(
             "Deadlock: for {seconds:.0f} s every running rank ({ranks}) has been "
-            "waiting in communication at the same place, using no CPU; they were "
+            "waiting in communication at the same place, moving no data and using "
+            "almost no CPU; they were "
             "stopped. Usually the ranks wait for each other (e.g. every rank in a "
             "blocking recv, or in send with no receiver yet) or call different "
             "collectives. Where each rank waited:",

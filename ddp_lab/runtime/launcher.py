@@ -140,8 +140,8 @@ class DistributedTimeoutError(DistributedError, TimeoutError):
 
 
 class DistributedDeadlockError(DistributedTimeoutError):
-    """Every running rank waited in communication at the same place, using no CPU, for a few
-    seconds (``_hang.DeadlockWatch``): stopped before the timeout, with each rank's stack."""
+    """Every running rank waited in communication at the same place, moving no data and using
+    almost no CPU, for a few seconds (``_hang.DeadlockWatch``): stopped before the timeout, with each rank's stack."""
 
 
 class FunctionJob:
@@ -853,7 +853,8 @@ def _collect(
         summary = (
             _t(
                 "Deadlock: for {seconds:.0f} s every running rank ({ranks}) has been "
-                "waiting in communication at the same place, using no CPU; they were "
+                "waiting in communication at the same place, moving no data and using "
+                "almost no CPU; they were "
                 "stopped. Usually the ranks wait for each other (e.g. every rank in a "
                 "blocking recv, or in send with no receiver yet) or call different "
                 "collectives. Where each rank waited:",
