@@ -801,7 +801,6 @@ plt.show()
 
 # %% tags=["lesson"]
 import os
-import tempfile
 
 from ddp_lab import shaped_links, trace_analysis
 
@@ -814,7 +813,7 @@ alpha, beta = shaped_links.fit(calibrated["calibration"])
 gamma = calibrated["gamma"]
 print(f"α = {alpha * 1e6:.0f} µs, 1/β = {1e-9 / beta:.2f} GB/s, 1/γ = {1e-9 / gamma:.1f} GB/s")
 
-trace_dir = tempfile.mkdtemp(prefix="ddp_lab_ch04_")
+trace_dir = str(dl.scratch("ch04"))
 rows = []
 for n in (2, 4):
     path = os.path.join(trace_dir, f"collectives_{n}.json")

@@ -304,11 +304,10 @@ for numel, dtype in [(1, torch.float32), (3, torch.int64), (10, torch.float16), 
 
 # %% tags=["lesson"]
 import os
-import tempfile
 
 from ddp_lab import trace_analysis
 
-trace_dir = tempfile.mkdtemp(prefix="ddp_lab_ch05_")
+trace_dir = str(dl.scratch("ch05"))
 ring_trace = os.path.join(trace_dir, "ring.json")
 
 

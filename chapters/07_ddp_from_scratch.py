@@ -677,9 +677,6 @@ plot_timeline(step);
 # `BucketedDDP` 则在反向传播进行中就发起每个桶的通信。
 
 # %% tags=["lesson"]
-import os  # noqa: E402
-import tempfile  # noqa: E402
-
 from ddp_lab import trace_analysis  # noqa: E402
 
 
@@ -700,7 +697,7 @@ def naive_then_bucketed(rank, steps=2):
                     model.sync_gradients()
 
 
-ddp_trace = os.path.join(tempfile.mkdtemp(prefix="ddp_lab_ch07_"), "ddp.json")
+ddp_trace = str(dl.scratch("ch07") / "ddp.json")
 dl.spawn(naive_then_bucketed, nprocs=2, backend="gloo", trace=ddp_trace)
 runs = trace_analysis.load(ddp_trace)
 for name in ("naive", "bucketed"):
@@ -809,10 +806,7 @@ def four_facts(rank, ckpt):
             print(f"4. find_unused_parameters={flag}: RuntimeError: {str(err).splitlines()[0][:110]}...")
 
 
-import os  # noqa: E402  (only this demo needs them)
-import tempfile  # noqa: E402
-
-ckpt = os.path.join(tempfile.mkdtemp(), "linear.pt")
+ckpt = str(dl.scratch("ch07") / "linear.pt")
 torch.manual_seed(42)
 torch.save(nn.Linear(4, 1).state_dict(), ckpt)
 dl.spawn(four_facts, args=(ckpt,), nprocs=2, backend="gloo")

@@ -35,7 +35,6 @@
 
 # %%
 import re
-import tempfile
 from pathlib import Path
 
 import matplotlib.pyplot as plt
@@ -49,7 +48,7 @@ import ddp_lab as dl
 from ddp_lab import data, train
 
 dl.setup()
-workdir = Path(tempfile.mkdtemp(prefix="ddp_lab_ch08_"))  # checkpoints and data of this notebook
+workdir = dl.scratch("ch08")  # checkpoints and data of this notebook
 print(torch.__version__, "| GPUs:", torch.cuda.device_count())
 
 # %% [markdown] lang="en"

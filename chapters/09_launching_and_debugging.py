@@ -76,7 +76,7 @@ dl.show_source(ld.worker_env)
 
 # %% tags=["lesson"]
 pool = ThreadPoolExecutor(max_workers=2)
-save_dir = tempfile.mkdtemp(prefix="ddp_lab_shared_")  # one folder both "nodes" see
+save_dir = str(dl.scratch("shared"))  # one folder both "nodes" see
 runs = {
     "torchrun": pool.submit(ld.torchrun, "env", nproc_per_node=2),
     "legacy": pool.submit(ld.legacy_launch, "legacy_args", nproc_per_node=2),

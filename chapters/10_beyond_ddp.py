@@ -679,13 +679,11 @@ plot_fsdp_timeline(step);
 # NCCL 真正的归约散发的两倍。其中的广播来自包装器的初始化（把 rank 0 的权重发给每个 rank）。
 
 # %% tags=["lesson"]
-import os  # noqa: E402
-import tempfile  # noqa: E402
 from collections import Counter  # noqa: E402
 
 from ddp_lab import trace_analysis  # noqa: E402
 
-fsdp_trace = os.path.join(tempfile.mkdtemp(prefix="ddp_lab_ch10_"), "fsdp.json")
+fsdp_trace = str(dl.scratch("ch10") / "fsdp.json")
 dl.spawn(fsdp_timeline, nprocs=2, backend="gloo", trace=fsdp_trace)
 runs = trace_analysis.load(fsdp_trace)
 print("rank 0, Gloo's calls by kind:", dict(Counter(c.kind for c in runs[0].calls)))

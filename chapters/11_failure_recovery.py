@@ -43,7 +43,6 @@
 import os
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import torch
@@ -52,8 +51,10 @@ import ddp_lab as dl
 from ddp_lab import recovery, resume
 
 dl.setup()
-WORK = Path(tempfile.mkdtemp(prefix="ch11-"))
-ENV = {**os.environ, "OMP_NUM_THREADS": "1", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+WORK = dl.scratch("ch11")  # removed when this kernel stops
+# TMPDIR inside WORK: torchrun writes a folder of logs there and never removes it
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
+       "TMPDIR": str(WORK)}
 TORCHRUN = str(Path(sys.executable).with_name("torchrun"))
 print(torch.__version__)
 

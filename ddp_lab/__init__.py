@@ -11,7 +11,8 @@ Three parts:
 ``import ddp_lab as dl`` gives the launcher (``dl.spawn``), the ``%%ddp`` cell magic,
 persistent ranks (``dl.start``, ``%%ranks``, ``dl.pull``, ``dl.push``, ``dl.status``,
 ``dl.stop``; the magics are registered automatically inside IPython), traces of all ranks
-(``dl.spawn(..., trace=...)``, ``dl.timeline``), and the language switch for messages.
+(``dl.spawn(..., trace=...)``, ``dl.timeline``), the language switch for messages, and
+``dl.scratch``, a folder for a notebook's files that goes away with its kernel.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from ddp_lab import (
     doctor,  # callable: dl.doctor() prints the machine report
 )
 from ddp_lab.course.grading import grade
-from ddp_lab.course.notebook import setup, show_source, tr
+from ddp_lab.course.notebook import scratch, setup, show_source, tr
 from ddp_lab.i18n import get_language, set_language
 from ddp_lab.runtime.launcher import (
     DistributedDeadlockError,
@@ -49,6 +50,7 @@ __all__ = [
     "grade",
     "pull",
     "push",
+    "scratch",
     "set_language",
     "set_timeout",
     "setup",

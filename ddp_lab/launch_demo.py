@@ -19,9 +19,11 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -280,6 +282,13 @@ def _shorten(arg: str) -> str:
     return "python" if arg == sys.executable else arg
 
 
+def tmpdir_of(marker: str) -> str:
+    """A launch's own ``TMPDIR``, named by its marker: made by ``start``, removed by ``finish``
+    (torchrun without ``--log-dir`` makes a ``torchelastic_*`` folder of logs in ``TMPDIR`` per
+    run and never removes it: torch/distributed/elastic/multiprocessing/api.py)."""
+    return os.path.join(tempfile.gettempdir(), f"ddp_lab_launch_{marker}")
+
+
 def _env(extra: dict[str, str] | None, marker: str) -> dict[str, str]:
     env = dict(os.environ)
     # Workers must find ddp_lab even when the package is not installed.
@@ -287,6 +296,8 @@ def _env(extra: dict[str, str] | None, marker: str) -> dict[str, str]:
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
     env.setdefault("OMP_NUM_THREADS", "1")  # also silences torchrun's OMP warning
     env[MARKER] = marker
+    # A TMPDIR of the launch's own, removed by finish(): torchrun leaves a folder of logs there.
+    env["TMPDIR"] = tmpdir_of(marker)
     env.update(extra or {})
     return env
 
@@ -320,6 +331,7 @@ def kill_marked(marker: str) -> list[int]:
 def start(command: list[str], env: dict[str, str] | None = None) -> tuple[subprocess.Popen, str]:
     """Start a launcher command with a fresh marker; return the process and the marker."""
     marker = uuid.uuid4().hex
+    os.mkdir(tmpdir_of(marker), 0o700)
     proc = subprocess.Popen(
         command,
         stdout=subprocess.PIPE,
@@ -347,6 +359,7 @@ def finish(
             os.killpg(proc.pid, signal.SIGKILL)
             out, err = proc.communicate()
     leftovers = kill_marked(marker)
+    shutil.rmtree(tmpdir_of(marker), ignore_errors=True)
     return LaunchResult(
         command, proc.returncode, out, err, time.monotonic() - started, timed_out, leftovers
     )

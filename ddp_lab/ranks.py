@@ -168,7 +168,8 @@ def torchrun_assignment(
                 for k, v in os.environ.items()
                 if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
             }
-            env.update(DDP_LAB_OUT=tmp, DDP_LAB_AGENT=str(i), OMP_NUM_THREADS="1")
+            # TMPDIR: torchrun's log folder goes in this one, removed after
+            env.update(DDP_LAB_OUT=tmp, DDP_LAB_AGENT=str(i), OMP_NUM_THREADS="1", TMPDIR=tmp)
             env.pop("CUDA_VISIBLE_DEVICES", None)
             if cvd is not None:
                 env["CUDA_VISIBLE_DEVICES"] = cvd

@@ -2,10 +2,18 @@
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
+
+# TMPDIR for the commands the tests start themselves (torchrun makes a folder of logs in
+# TMPDIR per run and never removes it): one folder for the session, removed after it.
+PRIVATE_TMP = tempfile.mkdtemp(prefix="ddp_lab_tests_")
+atexit.register(shutil.rmtree, PRIVATE_TMP, ignore_errors=True)
 
 
 def descendants(pid: int) -> set[int]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 
 import pytest
 from hypothesis import given
@@ -25,8 +26,11 @@ def _no_demo_processes() -> bool:
     return True
 
 
-def test_torchrun_sets_the_rank_variables() -> None:
+def test_torchrun_sets_the_rank_variables(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("TMPDIR", str(tmp_path))  # what torchrun would inherit
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # where launches put their TMPDIR
     r = ld.torchrun("env", nproc_per_node=2, timeout=120)
+    assert list(tmp_path.iterdir()) == []  # torchrun's torchelastic_* logs went with it
     assert r.returncode == 0, r.stderr
     recs = r.records()
     assert [rec["RANK"] for rec in recs] == ["0", "1"]

@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import PRIVATE_TMP
 from torch.utils.data import DistributedSampler
 
 from ddp_lab import resume, train
@@ -35,7 +36,11 @@ def _env(**extra: str) -> dict[str, str]:
     # torchrun's agents share one TCPStore across restarts by default, and restarted gloo
     # workers may read the previous attempt's addresses from it (pytorch#135712).
     env.update(
-        PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1", **extra
+        PYTHONPATH=str(ROOT),
+        OMP_NUM_THREADS="1",
+        TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1",
+        TMPDIR=PRIVATE_TMP,
+        **extra,
     )
     return env
 

@@ -40,6 +40,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -152,6 +153,9 @@ class Cluster:
         if reason:
             raise ShapingUnavailable(reason)
         self._write_state()  # first: a crash from here on leaves something `down` can find
+        folder = tmpdir(self.tag)
+        folder.mkdir(exist_ok=True)
+        folder.chmod(0o1777)  # like /tmp: a Slurm job may run as another user
         _ip("netns", "add", self.switch)
         _ip("-n", self.switch, "link", "add", "br0", "type", "bridge")
         _ip("-n", self.switch, "link", "set", "br0", "up")
@@ -201,7 +205,8 @@ class Cluster:
     def start(self, i: int, argv: Sequence[str], env: dict[str, str] | None = None,
               **popen: object) -> subprocess.Popen:  # fmt: skip
         """Start ``argv`` on host ``i`` (``env`` is added to this process's environment)."""
-        full_env = {**os.environ, **(env or {})}
+        # TMPDIR: the cluster's own, removed with it (torchrun leaves a folder of logs there)
+        full_env = {**os.environ, "TMPDIR": str(tmpdir(self.tag)), **(env or {})}
         return subprocess.Popen(self.hosts[i].command(argv), env=full_env, **popen)  # type: ignore[call-overload]
 
     def run(self, i: int, argv: Sequence[str], env: dict[str, str] | None = None,
@@ -369,6 +374,11 @@ def kill_in(netns: str) -> list[int]:
     return pids
 
 
+def tmpdir(tag: str) -> Path:
+    """The ``TMPDIR`` of everything started on a cluster's hosts, removed with the cluster."""
+    return Path(tempfile.gettempdir()) / f"{PREFIX}-{tag}-tmp"
+
+
 def remove(tag: str) -> list[str]:
     """Remove one cluster: its processes, namespaces, /etc/netns files and state file."""
     gone = []
@@ -378,6 +388,7 @@ def remove(tag: str) -> list[str]:
         gone.append(netns)
     for folder in ETC_NETNS.glob(f"{PREFIX}-{tag}-*"):
         shutil.rmtree(folder, ignore_errors=True)
+    shutil.rmtree(tmpdir(tag), ignore_errors=True)
     (STATE_DIR / f"{tag}.json").unlink(missing_ok=True)
     return gone
 

@@ -1,4 +1,5 @@
-"""Notebook helpers: pick the notebook's language, Chinese fonts for plots, show source.
+"""Notebook helpers: pick the notebook's language, Chinese fonts for plots, show source, a
+scratch folder that goes away with the kernel.
 
 ``setup()`` is what a lesson's first code cell calls. The language is taken from, in
 order: ``DDP_LAB_LANG``; the notebook's path (JupyterLab puts it in ``JPY_SESSION_NAME``);
@@ -7,9 +8,12 @@ the kernel's working directory (``notebooks/zh/...`` runs with cwd ``.../zh``).
 
 from __future__ import annotations
 
+import atexit
 import inspect
 import logging
 import os
+import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -91,3 +95,12 @@ def show_source(obj: Any) -> Any:
         return Code(source, language="python")
     except ImportError:
         return source
+
+
+def scratch(name: str) -> Path:
+    """A new private folder for a notebook's files (checkpoints, traces, copies of data),
+    removed with everything in it when this Python process ends: the notebook's kernel, on
+    shutdown or restart. ``tempfile.mkdtemp`` alone would leave one behind per run."""
+    folder = Path(tempfile.mkdtemp(prefix=f"ddp_lab_{name}_"))
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    return folder

@@ -28,6 +28,7 @@ def left_behind(tag: str) -> list[str]:
     found = hosts.namespaces(tag)
     found += [str(p) for p in hosts.ETC_NETNS.glob(f"{hosts.PREFIX}-{tag}-*")]
     found += [str(p) for p in hosts.STATE_DIR.glob(f"{tag}.json")]
+    found += [str(p) for p in [hosts.tmpdir(tag)] if p.exists()]
     return found
 
 
@@ -51,6 +52,9 @@ def test_two_hosts_have_their_own_name_address_and_interface() -> None:
     with hosts.cluster(2) as c:
         tag = c.tag
         outs = [c.run(i, ["sh", "-c", "hostname; ip -br -4 addr show eth0"]).stdout for i in (0, 1)]
+        # what runs on a host makes its temporary files in the cluster's TMPDIR, removed with it
+        made = c.run(1, [sys.executable, "-c", "import tempfile; print(tempfile.mkdtemp())"])
+        assert made.stdout.startswith(str(hosts.tmpdir(tag)) + "/")
         assert outs[0].split()[0] == "host0" and "10.77.0.1/24" in outs[0]
         assert outs[1].split()[0] == "host1" and "10.77.0.2/24" in outs[1]
         port = c.free_port(0)

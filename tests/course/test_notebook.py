@@ -63,3 +63,29 @@ def test_setup_returns_language(lang):
         assert i18n.get_language() == lang
     finally:
         i18n.set_language("en")
+
+
+def test_scratch_folder_goes_away_with_the_kernel(tmp_path, monkeypatch):
+    # A real kernel, shut down the way JupyterLab and nbval do it: the folder and what the
+    # notebook wrote in it are gone after, and nothing is left in TMPDIR.
+    import os
+
+    import nbformat
+    from nbclient import NotebookClient
+
+    monkeypatch.setenv("TMPDIR", str(tmp_path))  # the kernel's tempfile.gettempdir()
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [
+        nbformat.v4.new_code_cell(
+            "import ddp_lab as dl\n"
+            "work = dl.scratch('ch99')\n"
+            "(work / 'ckpt').mkdir()\n"
+            "(work / 'ckpt' / 'step_1.pt').write_bytes(b'x')\n"
+            "print(work)"
+        )
+    ]
+    NotebookClient(nb, timeout=120, kernel_name="python3").execute()
+    folder = nb.cells[0].outputs[0]["text"].strip()
+    assert folder.startswith(str(tmp_path / "ddp_lab_ch99_"))
+    assert not os.path.exists(folder)
+    assert list(tmp_path.iterdir()) == []
