@@ -6,8 +6,9 @@ left neighbour before anyone sends, so all ranks wait forever. It runs two ways,
 the same launch without the mistake (every rank sends first with ``isend``, then receives),
 so the difference is what noticing the deadlock costs:
 
-- ``dl.spawn``: a fresh launch (the zygote is warm after the first, untimed, launch);
-- ``persistent``: a cell of a persistent group (``dl.start``; what ``%%ddp`` runs on), where
+- ``dl.spawn``: a fresh launch, as ``%%ddp`` makes (the zygote is warm after the first,
+  untimed, launch);
+- ``persistent``: a cell of a persistent group (``dl.start``; what ``%%ranks`` runs on), where
   reporting the deadlock includes restarting the group's ranks.
 
 Every launch uses the default timeout (120 s), so the deadlock watch is on. Goal: a deadlock

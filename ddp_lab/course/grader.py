@@ -299,7 +299,16 @@ def run_verdict(
     group = None
     if isolation.unavailable_reason() is None:
         group = isolation.Cgroup(f"ddp-lab-{token}", limits or isolation.CgroupLimits())
-    with tempfile.TemporaryFile() as log, group or contextlib.nullcontext():
+    with (
+        tempfile.TemporaryFile() as log,
+        tempfile.TemporaryDirectory(prefix="ddp-lab-verdict-") as tmp,
+        group or contextlib.nullcontext(),
+    ):
+        # The verdict's temporary files (its sandbox folder among them) go in a folder of this
+        # process's, removed after it: also when the verdict is killed before its own cleanup.
+        # 0o711: the sandbox's user passes through to its own folder, and sees nothing else.
+        os.chmod(tmp, 0o711)
+        env["TMPDIR"] = tmp
         if group is not None:
             cmd = group.enter_argv(cmd)
         started = time.monotonic()

@@ -13,9 +13,11 @@ import inspect
 import logging
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from ddp_lab import i18n
 
@@ -99,8 +101,37 @@ def show_source(obj: Any) -> Any:
 
 def scratch(name: str) -> Path:
     """A new private folder for a notebook's files (checkpoints, traces, copies of data),
-    removed with everything in it when this Python process ends: the notebook's kernel, on
-    shutdown or restart. ``tempfile.mkdtemp`` alone would leave one behind per run."""
+    removed with everything in it when this Python process (the notebook's kernel) ends,
+    however it ends. ``tempfile.mkdtemp`` alone would leave one behind per run."""
     folder = Path(tempfile.mkdtemp(prefix=f"ddp_lab_{name}_"))
-    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)  # at once, on a normal exit
+    _remove_when_gone(folder)
     return folder
+
+
+# Reads folder names, one per line, until its input ends (the process that started it is
+# gone, whatever ended it), then removes them.
+_REAPER = (
+    "import shutil, sys\nfor f in list(sys.stdin):\n    shutil.rmtree(f[:-1], ignore_errors=True)\n"
+)
+_reaper: IO[str] | None = None
+
+
+def _remove_when_gone(folder: Path) -> None:
+    """Have a small process of its own remove ``folder`` once this process has ended. atexit
+    is not enough: a kernel that is killed runs none (nbval and jupyter_client's
+    ``shutdown_kernel(now=True)`` send SIGKILL). The pipe's write end stays in this process
+    only (not inherited by what it starts), so its end of file means this process is gone."""
+    global _reaper
+    if _reaper is None:
+        read, write = os.pipe()
+        subprocess.Popen(
+            [sys.executable, "-c", _REAPER],
+            stdin=read,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,  # survives a kill of the kernel's process group
+        )
+        os.close(read)
+        _reaper = os.fdopen(write, "w", buffering=1)
+    _reaper.write(f"{folder}\n")

@@ -14,6 +14,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -442,6 +443,8 @@ def test_ctrl_c_stops_every_grading_run(tmp_path: Path, sig: int) -> None:
         "--jobs",
         "2",
     ]
+    temp = Path(tempfile.gettempdir())
+    folders = {*temp.glob("ddp-lab-sandbox-*"), *temp.glob("ddp-lab-verdict-*")}
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and len(leftover_processes(proc.pid)) < 2:
@@ -453,3 +456,5 @@ def test_ctrl_c_stops_every_grading_run(tmp_path: Path, sig: int) -> None:
     assert proc.returncode != 0 and "KeyboardInterrupt" in out
     assert leftover_processes(proc.pid) == []
     assert not (tmp_path / "out" / "gradebook.csv").exists()
+    # the verdicts were killed before their own cleanup: their sandbox folders went all the same
+    assert {*temp.glob("ddp-lab-sandbox-*"), *temp.glob("ddp-lab-verdict-*")} == folders
