@@ -142,6 +142,10 @@ def probe_fit(rank: int, objects: tuple, case: dict[str, Any], folder: str) -> d
     torch.save = counting_save  # observe which ranks write, whatever the path
     try:
         losses = fit(model, dataset, case["epochs"], case["batch_size"], case["lr"], str(path))
+    except BaseException:
+        # The launcher stops the other ranks after a failure: nobody else would remove it.
+        shutil.rmtree(where, ignore_errors=True)
+        raise
     finally:
         torch.save = real_save
     dist.barrier()  # the learner's checkpoint is complete on every rank from here on

@@ -129,9 +129,12 @@ def probe_stop(rank: int, objects: tuple, data: dict[str, Any]) -> dict[str, Any
         dist.barrier()  # every rank's save is complete before the files are read
         out["files"] = _read_files(where)
         dist.barrier()
-    finally:
-        if rank == 0:  # the folder is private to this launch (shared by ranks in self-study)
-            shutil.rmtree(where, ignore_errors=True)
+    except BaseException:
+        # The launcher stops the other ranks after a failure: nobody else would remove it.
+        shutil.rmtree(where, ignore_errors=True)
+        raise
+    if rank == 0:  # the folder is private to this launch (shared by ranks in self-study)
+        shutil.rmtree(where, ignore_errors=True)
     return out
 
 

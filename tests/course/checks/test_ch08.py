@@ -198,5 +198,10 @@ def test_unsolved_stub_fails(capsys):
     def fit(model, dataset, epochs, batch_size, lr, checkpoint_path):
         raise NotImplementedError("your code here")
 
+    import tempfile
+    from pathlib import Path
+
+    before = set(Path(tempfile.gettempdir()).glob("ddp_lab_ch08_*"))
     out = _grade(fit, capsys)
     assert out.startswith("FAIL") and "not solved" in out
+    assert set(Path(tempfile.gettempdir()).glob("ddp_lab_ch08_*")) == before  # removed all the same

@@ -72,8 +72,13 @@ def test_a_complete_resume_passes():
 
 
 def test_the_stub_fails():
+    import tempfile
+    from pathlib import Path
+
+    before = set(Path(tempfile.gettempdir()).glob("ddp_lab_ch11_*"))
     passed, line = grade(stub_save, stub_load)
     assert not passed and "NotImplementedError" in line, line
+    assert set(Path(tempfile.gettempdir()).glob("ddp_lab_ch11_*")) == before  # removed all the same
 
 
 @pytest.mark.parametrize(
