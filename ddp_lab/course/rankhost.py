@@ -174,6 +174,14 @@ def _kill(proc: subprocess.Popen) -> None:
     proc.wait()
 
 
+class _SetupFailed(Exception):
+    """A rank could not join the case's process group (no learner code had run in it)."""
+
+    def __init__(self, kind: str, text: str) -> None:
+        super().__init__(kind, text)
+        self.kind, self.text = kind, text
+
+
 class RankPool:
     """The sandboxed ranks of one exercise, started as its cases need them and reused by the
     next case (torch is imported once per rank, not once per case); a failed case kills them
@@ -249,7 +257,25 @@ class RankPool:
                 return port
 
     def run(self, probe: str, inputs: list, timeout: float) -> list:
-        """``probe`` on ranks ``0..len(inputs)-1``; rank r gets only ``inputs[r]``."""
+        """``probe`` on ranks ``0..len(inputs)-1``; rank r gets only ``inputs[r]``.
+
+        A case whose process group could not be set up (before any of the learner's code ran)
+        runs once more on fresh ranks: gloo's connection set-up fails now and then on a busy
+        machine ("connectFullMesh failed ... Connection closed by peer"; pytorch/gloo#413 added
+        retries for such failures), and that is not the learner's to lose points for."""
+        try:
+            return self._run(probe, inputs, timeout)
+        except _SetupFailed:
+            self.close()
+        try:
+            return self._run(probe, inputs, timeout)
+        except _SetupFailed as again:
+            from ddp_lab.course.learner import LearnerError
+
+            self.close()
+            raise LearnerError(again.kind, again.text) from None
+
+    def _run(self, probe: str, inputs: list, timeout: float) -> list:
         n = len(inputs)
         self.traffic, self.unobserved = None, ""
         try:
@@ -347,6 +373,8 @@ class RankPool:
                 if "error" in reply:
                     e = reply["error"] if isinstance(reply["error"], dict) else {}
                     kind, text = str(e.get("type", "Error"))[:100], str(e.get("message", ""))
+                    if reply.get("setup") is True:  # a rank says so: at worst one more run
+                        raise _SetupFailed(kind, text[:500])
                     raise LearnerError(kind, text[:500])
                 if key in reply:
                     try:
@@ -414,6 +442,9 @@ def _serve(request: dict) -> dict:
             # ranks), not a gloo error in whichever rank gave up first.
             timeout=datetime.timedelta(seconds=float(request.get("timeout", 60)) + 30),
         )
+    except Exception as exc:  # noqa: BLE001  # the grader's set-up, not the learner's code
+        return {"error": {"type": type(exc).__name__, "message": str(exc)[:500]}, "setup": True}
+    try:
         # The learner's code first runs here (a hidden module's import fails here).
         objects = pickle.loads(Path("blob.pkl").read_bytes())  # noqa: S301  # in the sandbox
         out = probe(rank, objects, data)
