@@ -10,10 +10,19 @@ from pathlib import Path
 
 import pytest
 
-# TMPDIR for the commands the tests start themselves (torchrun makes a folder of logs in
-# TMPDIR per run and never removes it): one folder for the session, removed after it.
-PRIVATE_TMP = tempfile.mkdtemp(prefix="ddp_lab_tests_")
-atexit.register(shutil.rmtree, PRIVATE_TMP, ignore_errors=True)
+_PRIVATE_TMP: list[str] = []
+
+
+def private_tmp() -> str:
+    """TMPDIR for the commands the tests start themselves (torchrun makes a folder of logs in
+    TMPDIR per run and never removes it): one folder, made on first use, removed at the end.
+
+    Made on first use, not at import: rank processes import the test modules (and so this
+    one) to unpickle the tests' functions, and end with ``os._exit`` (no atexit)."""
+    if not _PRIVATE_TMP:
+        _PRIVATE_TMP.append(tempfile.mkdtemp(prefix="ddp_lab_tests_"))
+        atexit.register(shutil.rmtree, _PRIVATE_TMP[0], ignore_errors=True)
+    return _PRIVATE_TMP[0]
 
 
 def descendants(pid: int) -> set[int]:

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import PRIVATE_TMP
+from conftest import private_tmp
 from torch.utils.data import DistributedSampler
 
 from ddp_lab import resume, train
@@ -39,7 +39,7 @@ def _env(**extra: str) -> dict[str, str]:
         PYTHONPATH=str(ROOT),
         OMP_NUM_THREADS="1",
         TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1",
-        TMPDIR=PRIVATE_TMP,
+        TMPDIR=private_tmp(),
         **extra,
     )
     return env

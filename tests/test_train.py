@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import PRIVATE_TMP
+from conftest import private_tmp
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.utils.data import DistributedSampler, TensorDataset
@@ -37,7 +37,7 @@ def _env(**extra: str) -> dict[str, str]:
         for k, v in os.environ.items()
         if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT", "MASTER_ADDR")
     }
-    env.update(PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", TMPDIR=PRIVATE_TMP, **extra)
+    env.update(PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", TMPDIR=private_tmp(), **extra)
     return env
 
 

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import PRIVATE_TMP
+from conftest import private_tmp
 
 from ddp_lab import slurm_jobs
 from ddp_lab.cluster import hosts, slurm
@@ -97,7 +97,8 @@ def test_jobs_train_like_one_host_show_each_mistake_and_leave_nothing() -> None:
     one_host = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=4",
          "-m", "ddp_lab.train", "--epochs", "2", "--threads", "1"],
-        capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1", "TMPDIR": PRIVATE_TMP},
+        capture_output=True, text=True, timeout=300,
+        env={**os.environ, "OMP_NUM_THREADS": "1", "TMPDIR": private_tmp()},
     )  # fmt: skip
     accuracy = re.compile(r"done: test accuracy ([\d.]+)%")
     assert accuracy.findall(one_host.stdout) == accuracy.findall(jobs["ddp08"].output) != []
