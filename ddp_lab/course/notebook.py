@@ -8,11 +8,9 @@ the kernel's working directory (``notebooks/zh/...`` runs with cwd ``.../zh``).
 
 from __future__ import annotations
 
-import atexit
 import inspect
 import logging
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -104,7 +102,6 @@ def scratch(name: str) -> Path:
     removed with everything in it when this Python process (the notebook's kernel) ends,
     however it ends. ``tempfile.mkdtemp`` alone would leave one behind per run."""
     folder = Path(tempfile.mkdtemp(prefix=f"ddp_lab_{name}_"))
-    atexit.register(shutil.rmtree, folder, ignore_errors=True)  # at once, on a normal exit
     _remove_when_gone(folder)
     return folder
 
@@ -118,8 +115,8 @@ _reaper: IO[str] | None = None
 
 
 def _remove_when_gone(folder: Path) -> None:
-    """Have a small process of its own remove ``folder`` once this process has ended. atexit
-    is not enough: a kernel that is killed runs none (nbval and jupyter_client's
+    """Have a small process of its own remove ``folder`` once this process has ended, however
+    it ended. Not atexit: a kernel that is killed runs none (nbval and jupyter_client's
     ``shutdown_kernel(now=True)`` send SIGKILL). The pipe's write end stays in this process
     only (not inherited by what it starts), so its end of file means this process is gone."""
     global _reaper

@@ -266,13 +266,12 @@ class RankPool:
         try:
             return self._run(probe, inputs, timeout)
         except _SetupFailed:
-            self.close()
+            pass  # _run closed the ranks: the second try starts fresh ones
         try:
             return self._run(probe, inputs, timeout)
         except _SetupFailed as again:
             from ddp_lab.course.learner import LearnerError
 
-            self.close()
             raise LearnerError(again.kind, again.text) from None
 
     def _run(self, probe: str, inputs: list, timeout: float) -> list:
