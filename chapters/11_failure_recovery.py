@@ -33,7 +33,7 @@
 # 长时间的训练总会出状况：某个 worker 在第 30 个小时挂掉，某个节点被收回，调度器终止了作业。本
 # 章让第 08 章的训练程序扛得住这些情况。我们在训练中途杀掉一个 worker，`torchrun`
 # 从**检查点**（checkpoint）重启整个作业，最终参数与从未中断的运行逐位相同。接下来讨论：怎样写
-# 出“要么完整、要么不存在”的检查点，哪怕写文件的进程中途死掉；怎样用
+# 出“要么完整，要么没有”的检查点，哪怕写文件的进程中途死掉；怎样用
 # `torch.distributed.checkpoint` 写**分片检查点**（sharded checkpoint），由 2 个 rank（进程编
 # 号）保存、3 个 rank 加载；怎样让卡住的对端变成一个明确的错误；一台主机离开**弹性**
 # （elastic）作业、随后又回来时会发生什么；Slurm 作业怎样收到预警、写检查点、把自己重新排队并
@@ -64,9 +64,9 @@ print(torch.__version__)
 # After a restart, the next step must see exactly what it would have seen: the same weights,
 # the same **optimizer state** (SGD's momentum, Adam's moments), the same learning rate (the
 # **LR schedule**'s step count), the same batch (the sampler's epoch *and* how far into the
-# epoch the run got) and the same random draws (dropout, augmentation: every rank's torch,
-# numpy and Python generators, each rank its own). Miss one and the run still trains, but it
-# is another run. `ddp_lab.resume` keeps all of it; `python -m ddp_lab.train
+# epoch the run got) and the same random draws (dropout, augmentation: every rank's torch
+# generators, CPU and CUDA, and its NumPy and Python ones, each rank its own). Miss one and
+# the run still trains, but it is another run. `ddp_lab.resume` keeps all of it; `python -m ddp_lab.train
 # --checkpoint-every K` writes it every K steps and resumes from the newest complete one.
 # The sampler's position is the subtle part: with W ranks, rank r reads positions r, r+W,
 # r+2W, ... of the epoch's order, so after p steps of B samples per rank the first p·B·W
@@ -79,8 +79,8 @@ print(torch.__version__)
 # 重启之后，下一步看到的一切必须和没有中断时完全一样：同样的权重；同样
 # 的**优化器状态**（optimizer state），即 SGD 的动量、Adam 的一阶和二阶矩；同样的学习率，也就
 # 是**学习率调度**（LR schedule）已走的步数；同样的批，即采样器所在的轮（epoch），*以及*这一轮
-# 已经读到了哪里；同样的随机数（dropout、数据增强），即每个 rank 各自的 torch、numpy 和 Python
-# 随机数生成器。漏掉任何一项，训练照样能跑，但已经是另一次训练了。`ddp_lab.resume` 保存了所有这
+# 已经读到了哪里；同样的随机数（dropout、数据增强），即每个 rank 各自的 torch（CPU 和 CUDA）、
+# NumPy 和 Python 随机数生成器。漏掉任何一项，训练照样能跑，但已经是另一次训练了。`ddp_lab.resume` 保存了所有这
 # 些；`python -m ddp_lab.train --checkpoint-every K` 每 K 步写一次检查点，启动时从最新的完整检
 # 查点恢复。最微妙的是采样器的位置：world size（进程总数）为 W 时，rank r 读取本轮顺序中的第
 # r、r+W、r+2W……个位置，所以每个 rank 每步取 B 个样本、走了 p 步之后，前 p·B·W 个位置已经用掉，
@@ -89,6 +89,65 @@ print(torch.__version__)
 
 # %% tags=["lesson"]
 dl.show_source(resume.save_step)
+
+# %% [markdown] lang="en" tags=["lesson"]
+# The data loader hides two more pieces of random state. Every `iter(loader)` draws a
+# `_base_seed` from `loader.generator`, and without one from the global torch generator, even
+# with `num_workers=0` (`_BaseDataLoaderIter.__init__` in `torch/utils/data/dataloader.py`): a
+# resumed run makes its iterator mid-epoch, at another point of that stream, and every later
+# draw shifts. That is why `python -m ddp_lab.train` and `recovery.resumable_loop` give their
+# loaders a `torch.Generator()` of their own. With `num_workers > 0` the augmentation draws
+# happen in the worker processes, each seeded with `base_seed + worker_id` when an iterator
+# starts (`torch/utils/data/_utils/worker.py`; chapter 08 seeds them); their generators live
+# in the workers, so saving the main process's state does not capture them. Below, an epoch
+# of 8 items, each a `torch.rand` drawn in one of 2 workers; the "resumed" run restores the
+# main process's state and skips the first 4 items, and its workers start their generators
+# over. `torchdata.stateful_dataloader.StatefulDataLoader` is the production answer: a
+# `DataLoader` with `state_dict()`/`load_state_dict()` that saves how far the iterator got and
+# collects per-worker state; a dataset whose workers hold their own random state saves it
+# through its own `state_dict`/`load_state_dict`, which the loader calls in each worker (its
+# documentation, pytorch.org/data).
+
+# %% [markdown] lang="zh" tags=["lesson"]
+# 数据加载器里还藏着两份随机状态。每次 `iter(loader)` 都会从 `loader.generator` 抽取一个
+# `_base_seed`；没有指定 `generator` 时，抽的是全局的 torch 随机数生成器，即使
+# `num_workers=0` 也是如此（`torch/utils/data/dataloader.py` 中的 `_BaseDataLoaderIter.__init__`）。
+# 恢复的运行在一轮的中途创建迭代器，抽取时处在随机数序列的另一个位置，之后的每次抽取都错开了。所
+# 以 `python -m ddp_lab.train` 和 `recovery.resumable_loop` 都给数据加载器单独配了一个
+# `torch.Generator()`。`num_workers > 0` 时，数据增强的随机数在 worker 进程里抽取，每个迭代器开
+# 始时，worker 的种子设为 `base_seed + worker_id`（`torch/utils/data/_utils/worker.py`；第 08 章
+# 讲过怎样给它们设种子）。这些生成器在 worker 进程里，保存主进程的随机数状态并不能把它们一起保
+# 存下来。下面一轮有 8 个样本，每个样本是某个 worker（共 2 个）里抽出的一个 `torch.rand`；“恢
+# 复”的运行还原主进程的随机数状态，跳过前 4 个样本，而它的 worker 从头开始抽取随机数。生产环境
+# 的做法是 `torchdata.stateful_dataloader.StatefulDataLoader`：它是带 `state_dict()` /
+# `load_state_dict()` 的 `DataLoader`，保存迭代器读到了哪里，并汇总各个 worker 的状态；如果数据
+# 集在 worker 里有自己的随机状态，就由数据集自己的 `state_dict` / `load_state_dict` 保存，加载
+# 器会在每个 worker 里调用它们（见 pytorch.org/data 上的文档）。
+
+# %% tags=["lesson"]
+from torch.utils.data import DataLoader, Dataset
+
+
+class Augmented(Dataset):
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, i):
+        return torch.rand(())  # an augmentation's random draw, made in a worker
+
+
+def epoch_items(skip, rng_state):
+    torch.set_rng_state(rng_state)
+    loader = DataLoader(Augmented(), num_workers=2, sampler=range(skip, 8))
+    return [f"{x.item():.3f}" for x in loader]
+
+
+torch.manual_seed(0)
+saved_rng = torch.get_rng_state()
+straight_items = epoch_items(0, saved_rng)
+print("straight, items 0-3:", straight_items[:4])
+print("straight, items 4-7:", straight_items[4:])
+print("resumed,  items 4-7:", epoch_items(4, saved_rng))
 
 # %% [markdown] lang="en" tags=["lesson"]
 # Two runs of the same program under `torchrun --max-restarts=1`: one straight through; in
@@ -108,14 +167,14 @@ dl.show_source(resume.save_step)
 # %% [markdown] lang="zh" tags=["lesson"]
 # 在 `torchrun --max-restarts=1` 下把同一个程序运行两次：一次一口气跑完；另一次，最后一个 rank
 # 在第 4 步刚结束、这一步的检查点还没写出时用 SIGKILL 杀死自己（`--fail-at-step 4`，只杀一次：
-# 检查点目录中的一个标记文件记下它已经发生过）。另一个 rank 的下一次集合通信立即失败，
+# 检查点目录中的一个标记文件记下它已经发生过）。另一个 rank 的下一次集合通信（collective）立即失败，
 # 因为对端的套接字已经关闭；torchrun 停掉整个组，重新启动两个 worker，它们从第 2 步的检查点
 # 恢复。比较两次运行输出的最后几行。
 #
 # 为什么要设置 `TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`：默认情况下，torchrun 的 c10d 会合
 # （rendezvous）把自己的 `TCPStore`（一个键值 store）交给 worker 使用，并且在多次重启之间一直沿
 # 用同一个 store 服务器（`torch/distributed/elastic/rendezvous/dynamic_rendezvous.py` 中的
-# `next_rendezvous`）；重启后的 worker 建立 gloo 进程组时，可能从中读到上一次尝试留下的地址，于
+# `next_rendezvous`）；重启后的 worker 建立 gloo 进程组（process group）时，可能从中读到上一次尝试留下的地址，于
 # 是连接失败（“Connection refused”，pytorch/pytorch#135712）。设置这个变量后，每一轮会合都有自
 # 己的 store。
 
@@ -144,8 +203,16 @@ print([line for line in killed.stderr.splitlines() if "exitcode" in line][:1])
 # rename survives a power cut. Below, a writer is killed inside `torch.save`: the folder
 # keeps the previous checkpoint and a `.tmp` file that `latest_checkpoint` never picks.
 # `torch.distributed.checkpoint` does the same for its `.metadata` file
-# (`torch/distributed/checkpoint/filesystem.py`: `.metadata.tmp`, then a rename), which the
-# coordinator writes after every rank's data: no `.metadata`, no checkpoint.
+# (`torch/distributed/checkpoint/filesystem.py`, `FileSystemWriter.finish`: `.metadata.tmp`,
+# then a rename), which the coordinator writes after every rank's data: in a fresh folder, no
+# `.metadata`, no checkpoint. Its data files (`__0_0.distcp`, ...) are written under their
+# final names, though, and `overwrite=True` is the default: an existing checkpoint in the
+# folder only draws a warning (`prepare_local_plan`, same file). A `dcp.save` into a folder
+# that already holds a checkpoint, killed midway, leaves the old `.metadata` beside
+# half-rewritten data, and that looks complete. So give every DCP checkpoint a folder of its
+# own (`step-000120/`) and load the newest folder that has its `.metadata`, the rule
+# `latest_checkpoint` follows for files, or pass `FileSystemWriter(path, overwrite=False)` so
+# that a second save into the same folder fails.
 
 # %% [markdown] lang="zh" tags=["lesson"]
 # ## 2. 要么完整，要么没有：原子写入
@@ -155,9 +222,15 @@ print([line for line in killed.stderr.splitlines() if "exitcode" in line][:1])
 # 名为最终的名字（在同一个文件系统内，POSIX 保证这是原子操作），最后对目录调用 `fsync`，让这次
 # 重命名在断电后也不会丢失。下面的写入进程在 `torch.save` 中途被杀死：目录里留下上一个检查点，
 # 以及一个 `latest_checkpoint` 永远不会选中的 `.tmp` 文件。`torch.distributed.checkpoint` 对它
-# 的 `.metadata` 文件也是这样做的（`torch/distributed/checkpoint/filesystem.py`：先写
-# `.metadata.tmp`，再重命名），而且这个文件由协调者在所有 rank 的数据都写完之后才写：没有
-# `.metadata`，就没有检查点。
+# 的 `.metadata` 文件也是这样做的（`torch/distributed/checkpoint/filesystem.py` 中的
+# `FileSystemWriter.finish`：先写 `.metadata.tmp`，再重命名），而且这个文件由协调者在所有 rank
+# 的数据都写完之后才写：在新目录里，没有 `.metadata` 就没有检查点。但数据文件（`__0_0.distcp`
+# 等）是直接以最终的名字写出的，而且 `overwrite=True` 是默认值：目录里已有检查点时只给一个警告
+# （同一文件中的 `prepare_local_plan`）。如果往已有检查点的目录里 `dcp.save`，写到一半被杀掉，
+# 目录里就是旧的 `.metadata` 加上改写了一半的数据文件，看上去却是完整的。所以每个 DCP 检查点都
+# 要写进自己的新目录（如 `step-000120/`），加载时选有 `.metadata` 的最新目录，这和
+# `latest_checkpoint` 挑选文件的规则相同；或者传入 `FileSystemWriter(path, overwrite=False)`，
+# 让第二次写进同一目录的保存直接失败。
 
 # %% tags=["lesson"]
 dl.show_source(resume.save_atomic)
@@ -209,11 +282,11 @@ print("latest:", resume.latest_checkpoint(folder).name, resume.load(resume.lates
 # 道自己的全局形状，以及本 rank 持有的是哪一块；`dcp.save`（`torch.distributed.checkpoint`，简
 # 称 DCP）让每个 rank 并行写出自己的块，另外写一个 `.metadata` 文件，记录每个张量的每一块写到了
 # 哪里。`dcp.load` *原地*填充你交给它的状态字典：每个 rank 读取与它现在持有的行有重叠的块，不管
-# 保存时的 world size 是多少，这就
-# 是**重新分片**（resharding）。`torch/distributed/checkpoint/state_dict.py` 说明了各个选
-# 项：`full_state_dict=True` 收集完整张量；与它同用时，`cpu_offload=True` 把它们移到 CPU，并且
+# 保存时的 world size 是多少，这就是**重新分片**（resharding）。
+#
+# `torch/distributed/checkpoint/state_dict.py` 说明了各个选项：`full_state_dict=True` 收集完整张量；与它同用时，`cpu_offload=True` 把它们移到 CPU，并且
 # 只留在 rank 0 上，这样完整模型永远不会进入 GPU 显存；`broadcast_from_rank0=True` 在 rank 0 上加载完整状态，
-# 再分发给各 rank。`dcp.async_save`（`state_dict_saver.py`）先把状态复制到 CPU 内存，再在后台线
+# 再广播给各 rank。`dcp.async_save`（`state_dict_saver.py`）先把状态复制到 CPU 内存，再在后台线
 # 程中写出，写入期间训练照常进行。下面在 2 个 CPU rank 上（gloo 后端）用 `fully_shard` 分片，做
 # 三步 Adam，再 `dcp.save`；然后由 3 个新的 rank 加载，比较两边的完整状态。
 
@@ -243,16 +316,19 @@ print("Adam state equal:", all(torch.equal(torch.as_tensor(v), torch.as_tensor(b
 # in the tensor's own shape (`ChunkStorageMetadata` in `torch/distributed/checkpoint/
 # metadata.py`). It would take a `state_dict` that, for each parameter, cuts the rank's flat
 # slice at the parameter's bounds and returns that piece as a 1-D tensor of the flattened
-# parameter with its offset (a `DTensor` cannot express uneven offsets; the older
-# `ShardedTensor` with `ShardMetadata` can), and a `load_state_dict` that copies the pieces
-# back into the flat shard. `ShardedOptimizer` (ZeRO-1) is easier: each parameter's state
+# parameter with its offset, and a `load_state_dict` that copies the pieces back into the
+# flat shard. A `DTensor` cannot express uneven offsets. The lighter route is an object of
+# your own that implements `__create_write_items__` and `__create_chunk_list__`, which DCP
+# asks for a tensor's pieces (`_create_write_items` and `_create_chunk_list` in
+# `torch/distributed/checkpoint/planner_helpers.py`); the older `ShardedTensor` with
+# `ShardMetadata` can express them too, but it is legacy. `ShardedOptimizer` (ZeRO-1) is easier: each parameter's state
 # lives whole on one rank, so a `state_dict` keyed by global parameter index, holding only
 # the owned entries on each rank, is already something DCP can save: each key is written by
 # the one rank that has it.
 
 # %% [markdown] lang="zh" tags=["lesson"]
 # 为什么每个 rank 对自己的分片调用 `torch.save` 不算检查点：文件里只是一个普通张量，是 (30, 12)
-# 权重的第 0-14 行或第 15-29 行，却没有任何信息说明是哪几行。换成 3 个 rank 时，每个 rank 需要
+# 权重的第 0～14 行或第 15～29 行，却没有任何信息说明是哪几行。换成 3 个 rank 时，每个 rank 需要
 # 10 行，而第三个 rank 根本没有文件。
 #
 # 课程自己的 `FullyShardedDP`（第 10 章）不能把分片原样交给 DCP：它把每个单元（unit）的参数展
@@ -260,11 +336,14 @@ print("Adam state equal:", all(torch.equal(torch.as_tensor(v), torch.as_tensor(b
 # 要求把每个要保存的张量描述成若干块，每块给出它在该张量自身形状中的偏移和大小
 # （`torch/distributed/checkpoint/metadata.py` 中的 `ChunkStorageMetadata`）。要做到这一点，需
 # 要一个 `state_dict`：对每个参数，在参数边界处切开本 rank 的扁平切片，把切下的这一段作为展平后
-# 参数的一维张量返回，并附上它的偏移。`DTensor` 表达不了这种不均匀的偏移，较旧的
-# `ShardedTensor` 配合 `ShardMetadata` 可以。还需要一个 `load_state_dict`，把这些块拷回扁平分
-# 片。`ShardedOptimizer`（ZeRO-1）简单得多：每个参数的状态完整地放在一个 rank 上，所以以全局参
-# 数索引为键、每个 rank 只含自己拥有的条目的 `state_dict`，DCP 已经可以直接保存：每个键由持有它
-# 的那个 rank 写出。
+# 参数的一维张量返回，并附上它的偏移；还需要一个 `load_state_dict`，把这些块拷回扁平分片。
+# `DTensor` 表达不了这种不均匀的偏移。更轻便的做法是自己写一个对象，实现
+# `__create_write_items__` 和 `__create_chunk_list__`，DCP 会通过它们询问张量由哪些块组成
+# （`torch/distributed/checkpoint/planner_helpers.py` 中的 `_create_write_items` 和
+# `_create_chunk_list`）；较旧的 `ShardedTensor` 配合 `ShardMetadata` 也能表达，但它已是遗留接
+# 口。`ShardedOptimizer`（ZeRO-1）简单得多：每个参数的状态完整地放在一个 rank 上，所以只要
+# `state_dict` 以全局参数索引为键、每个 rank 只放自己拥有的条目，DCP 就能直接保存：每个键由持
+# 有它的那个 rank 写出。
 
 # %% tags=["lesson"]
 shards = WORK / "shards"
@@ -273,6 +352,48 @@ for line in dl.spawn(recovery.shard_torch_save, args=(str(shards), True), nprocs
     print(line)
 for line in dl.spawn(recovery.shard_torch_save, args=(str(shards), False), nprocs=3, backend="gloo", quiet=True):
     print(line)
+
+# %% [markdown] lang="en" tags=["lesson"]
+# One more trap when every rank calls `dcp.save`: DCP takes a key that several ranks save for
+# a replicated value. Before anything is written, the coordinator keeps one copy of each such
+# key and drops the others (`dedup_save_plans` in
+# `torch/distributed/checkpoint/_dedup_save_plans.py`: the rank with the least storage planned
+# so far keeps it). That is right for DDP's replicated weights (section 7) and silently wrong
+# for state that differs per rank: `{"rng": torch.get_rng_state()}` saved by every rank keeps
+# one rank's generator, the exercise's classic bug in DCP form. Per-rank state needs per-rank
+# keys. Below, each rank saves its rank number under a shared key and under a key of its own,
+# then loads both back. Two more points from `torch/distributed/checkpoint/state_dict_saver.py`:
+# an object in the state dict that is `Stateful` (it has `state_dict()` and
+# `load_state_dict()`, `stateful.py`) is saved and loaded through those methods, and
+# `async_save` refuses a process group without a CPU backend ("A CPU backend must be enabled
+# for async save"), so with NCCL initialise the group as `"cpu:gloo,cuda:nccl"`.
+
+# %% [markdown] lang="zh" tags=["lesson"]
+# 每个 rank 都调用 `dcp.save` 时还有一个陷阱：几个 rank 保存同一个键时，DCP 认为这是各 rank 相同
+# 的副本。写出之前，协调者对每个这样的键只保留一份，其余的丢掉
+# （`torch/distributed/checkpoint/_dedup_save_plans.py` 中的 `dedup_save_plans`：由目前规划的存
+# 储量最少的 rank 保留）。对 DDP 那些各 rank 相同的权重，这样做是对的（第 7 节）；对每个 rank 各
+# 不相同的状态，这样做就错了，而且不报错：每个 rank 都保存 `{"rng": torch.get_rng_state()}`，
+# 最后只留下一个 rank 的生成器，这正是练习要防的那个典型错误，换成了 DCP 的形式。每个 rank 自己
+# 的状态要用带 rank 的键。下面每个 rank 把自己的 rank 号分别存在一个共用的键和一个自己的键下，
+# 再把两者加载回来。`torch/distributed/checkpoint/state_dict_saver.py` 里还有两点：状态字典中实
+# 现了 `Stateful`（有 `state_dict()` 和 `load_state_dict()`，见 `stateful.py`）的对象，通过这两
+# 个方法保存和加载；`async_save` 不接受没有 CPU 后端的进程组（“A CPU backend must be enabled for
+# async save”），所以使用 NCCL 时，要把进程组初始化为 `"cpu:gloo,cuda:nccl"`。
+
+# %% tags=["lesson"]
+import torch.distributed.checkpoint as dcp
+
+
+def per_rank_state(rank, folder):
+    keys = ("rng", f"rng.rank{rank}")  # one key every rank saves, one key of its own
+    dcp.save({k: torch.tensor([rank]) for k in keys}, checkpoint_id=folder)
+    back = {k: torch.tensor([-1]) for k in keys}
+    dcp.load(back, checkpoint_id=folder)
+    return f"rank {rank} saved {rank}, loaded " + ", ".join(f"{k}={v.item()}" for k, v in back.items())
+
+
+print(*dl.spawn(per_rank_state, args=(str(WORK / "dedup"),), nprocs=2, backend="gloo", quiet=True), sep="\n")
 
 # %% [markdown] lang="en" tags=["lesson"]
 # ## 4. When a collective hangs instead of failing
@@ -289,14 +410,32 @@ for line in dl.spawn(recovery.shard_torch_save, args=(str(shards), False), nproc
 # the exception cannot come from the call. ProcessGroupNCCL's **watchdog** thread checks the
 # running collectives (the default timeout is 10 minutes); one that runs out makes it act as
 # `TORCH_NCCL_ASYNC_ERROR_HANDLING` says (`ErrorHandlingMode`: 0 nothing, 1 tear the process
-# down, 2 only abort the communicators, 3, the default according to the header's comment,
-# tear the process down without cleaning up), so that torchrun sees a dead worker and
-# restarts the group. The **flight recorder**, a ring buffer of each rank's last collectives,
-# is on by default: `TORCH_FR_BUFFER_SIZE` (formerly `TORCH_NCCL_TRACE_BUFFER_SIZE`) sets its
-# length, 2000 unless set, 0 turns it off (`FlightRecorder.hpp`); `TORCH_NCCL_DUMP_ON_TIMEOUT=1`
-# writes it out on a timeout, so that you can see which rank was in which collective. The
-# NCCL variables and the modes are declared in `torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp`. Chapter
-# 09 showed how to read a hang's stacks; this part needs GPUs and is not run here.
+# down, 2 only abort the communicators, 3, the default, tear the process down without
+# cleaning up: `getCvarInt(TORCH_NCCL_ASYNC_ERROR_HANDLING, 3 /*SkipCleanUp*/)` in
+# `ProcessGroupNCCL.cpp`), so that torchrun sees a dead worker and restarts the group. The
+# **flight recorder**, a ring buffer of each rank's last collectives, is on by default:
+# `TORCH_FR_BUFFER_SIZE` (formerly `TORCH_NCCL_TRACE_BUFFER_SIZE`) sets its length, 2000
+# unless set, 0 turns it off (`FlightRecorder.hpp`). Writing it out on a timeout is on by
+# default too (`getCvarBool(TORCH_NCCL_DUMP_ON_TIMEOUT, true)` in `ProcessGroupNCCL.cpp`;
+# torch's own tests set `TORCH_NCCL_DUMP_ON_TIMEOUT=0` where the dump would slow them), one
+# file per rank named by `TORCH_FR_DUMP_TEMP_FILE`, so that you can see which rank was in
+# which collective. The NCCL variables and the modes are declared in
+# `torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp`.
+#
+# The watchdog itself can get stuck, in a CUDA or NCCL call that never returns, and then
+# nothing times out. A second thread, the **heartbeat monitor**, watches the watchdog's
+# heartbeat; if it has not moved for `TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC` (8 minutes by
+# default), the monitor tries to dump the flight recorder and ends the process, so that the
+# job does not sit on its GPUs. `TORCH_NCCL_ENABLE_MONITORING=0` turns it off (both declared
+# in `ProcessGroupNCCL.hpp`; the defaults are in `ProcessGroupNCCL.cpp`'s `HeartbeatMonitor`).
+#
+# Restarting every worker is not the only way back. A living process can tear down a broken
+# group and build a new one with the survivors: `ProcessGroup.abort()` and `shutdown()`
+# (`_abort_process_group` in `torch/distributed/distributed_c10d.py`, experimental and
+# NCCL-only, says its docstring). torchft (github.com/pytorch/torchft) builds on this: the
+# job is several replica groups, a failed group restarts and catches up from a healthy one
+# while the others keep training. Chapter 09 showed how to read a hang's stacks; this part
+# needs GPUs and is not run here.
 
 # %% [markdown] lang="zh" tags=["lesson"]
 # ## 4. 集合通信不报错，而是卡住
@@ -307,19 +446,34 @@ for line in dl.spawn(recovery.shard_torch_save, args=(str(shards), False), nproc
 # （`init_process_group(timeout=...)`、`new_group(timeout=...)`；gloo 的默认值是 30 分钟，见
 # `torch/distributed/constants.py` 中的 `default_pg_timeout`）；超时一到，gloo 抛出异常，worker
 # 带着错误退出，torchrun 就可以重启整个组。下面，rank 1 睡着不动，rank 0 在一个超时为 3 秒的进
-# 程组上做全归约。
+# 程组上做全归约（all-reduce）。
 #
 # 使用 NCCL 时，集合通信在 GPU 上执行，Python 调用在它们完成之前就返回了，所以异常不可能从调用
 # 本身抛出。ProcessGroupNCCL 的**看门狗**（watchdog）线程检查正在执行的集合通信（默认超时为 10
 # 分钟）；某次通信超时后，它按 `TORCH_NCCL_ASYNC_ERROR_HANDLING` 的设置处
 # 理。`ErrorHandlingMode` 的取值：0 不处理；1 结束进程；2 只中止通信器；3 结束进程但不做清理，
-# 头文件的注释说这是默认值。这样 torchrun 会看到一个死掉的 worker，并重启整个
-# 组。**飞行记录器**（flight recorder）即每个 rank 最近若干次集合通信的环形缓冲区，默认就是
-# 打开的：`TORCH_FR_BUFFER_SIZE`（旧名 `TORCH_NCCL_TRACE_BUFFER_SIZE`）设定它的长度，不设置时为
-# 2000，设为 0 则关闭（见 `FlightRecorder.hpp`）；`TORCH_NCCL_DUMP_ON_TIMEOUT=1` 让它在超时时把
-# 记录写出来，这样就能看到哪个 rank 停在哪次集合通信上。NCCL 的这些变量和取值声明在
-# `torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp` 中。第 09 章讲过怎样阅读卡住时的调用栈；这
-# 一部分需要 GPU，这里不运行。
+# 这是默认值（`ProcessGroupNCCL.cpp` 中的
+# `getCvarInt(TORCH_NCCL_ASYNC_ERROR_HANDLING, 3 /*SkipCleanUp*/)`）。这样 torchrun 会看到一个
+# 死掉的 worker，并重启整个组。**飞行记录器**（flight recorder）即每个 rank 最近若干次集合通信
+# 的环形缓冲区，默认就是打开的：`TORCH_FR_BUFFER_SIZE`（旧名 `TORCH_NCCL_TRACE_BUFFER_SIZE`）设
+# 定它的长度，不设置时为 2000，设为 0 则关闭（见 `FlightRecorder.hpp`）。超时时把记录写出来，默
+# 认也是打开的（`ProcessGroupNCCL.cpp` 中的 `getCvarBool(TORCH_NCCL_DUMP_ON_TIMEOUT, true)`；
+# torch 自己的测试在转储会拖慢测试的地方设了 `TORCH_NCCL_DUMP_ON_TIMEOUT=0`），每个 rank 写一个
+# 文件，文件名由 `TORCH_FR_DUMP_TEMP_FILE` 指定，这样就能看到哪个 rank 停在哪次集合通信上。NCCL
+# 的这些变量和取值声明在 `torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp` 中。
+#
+# 看门狗自己也可能卡住，比如卡在一个永远不返回的 CUDA 或 NCCL 调用里，这时什么都不会超时。另一
+# 个线程，即**心跳监视器**（heartbeat monitor），盯着看门狗的心跳；如果心跳在
+# `TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC`（默认 8 分钟）内没有变化，它会尝试转储飞行记录器，然后结束
+# 进程，免得作业一直占着 GPU。`TORCH_NCCL_ENABLE_MONITORING=0` 可以关掉它（两个变量都声明在
+# `ProcessGroupNCCL.hpp` 中，默认值见 `ProcessGroupNCCL.cpp` 里的 `HeartbeatMonitor`）。
+#
+# 重启所有 worker 并不是唯一的恢复办法。活着的进程可以拆掉出故障的进程组，再和幸存的进程建一个
+# 新组：`ProcessGroup.abort()` 和 `shutdown()`（`torch/distributed/distributed_c10d.py` 中的
+# `_abort_process_group`，它的文档字符串说这是实验性接口，只支持 NCCL）。torchft
+# （github.com/pytorch/torchft）就建立在这个基础上：作业由若干个副本组组成，一个组出故障后重
+# 启，再从健康的组追上进度，其他组照常训练。第 09 章讲过怎样阅读卡住时的调用栈；这一部分需要
+# GPU，这里不运行。
 
 # %% tags=["lesson"]
 for line in dl.spawn(recovery.collective_timeout, args=(3.0,), nprocs=2, backend="gloo", quiet=True):
@@ -362,24 +516,23 @@ for line in dl.spawn(recovery.collective_timeout, args=(3.0,), nprocs=2, backend
 # 就是 `torchrun` 进程本身；两个节点都加入时这一轮立即完成，否则在第一个节点加入
 # `last_call_timeout` 之后完成（`torch/distributed/elastic/rendezvous/dynamic_rendezvous.py`
 # 中的 `_add_to_participants`；默认 30 秒，这里设为 3 秒）。每个代理每隔 `keep_alive_interval`
-# 发送一次心跳（默认 5 秒，这里 2 秒）；心跳超过 `keep_alive_max_attempt`（3）个间隔没有更新
-# 的节点被认为已经死亡，会被移出这一轮（同一文件中的 `_sanitize`）。c10d 会合把状态放在一个
-# TCPStore 里，由 endpoint 所在主机上的代理提供服务（`c10d_rendezvous_backend.py` 中的
-# `_create_tcp_store`）：失去这台主机，整个作业就没了，所以这里拿走的是 host1。
+# 发送一次心跳（默认 5 秒，这里 2 秒）；如果某个节点的心跳已有 `keep_alive_max_attempt`（3）个
+# 间隔没有更新，就认为它已死亡，把它移出这一轮（同一文件中的 `_sanitize`）。c10d 会合把状态放在一个
+# TCPStore 里，由端点（endpoint）所在主机上的代理提供服务（`c10d_rendezvous_backend.py` 中的
+# `_create_tcp_store`）：失去这台主机，整个作业就没了，所以这里让下线的是 host1。
 #
 # 代理的行为写在 `torch/distributed/elastic/agent/server/api.py` 的 `_invoke_run` 中。它监视
 # 自己的 worker：某个 worker 失败且还有重启次数时，它用掉一次 `--max-restarts`，停掉自己**所
 # 有**的 worker（健康的也停），加入下一轮会合，再用新的 `RANK` 和 `WORLD_SIZE` 启动新的
 # worker。如果 worker 都健康，但有节点在等待加入（`num_nodes_waiting()`），它也这样重启，但
 # *不*消耗重启次数：源码注释写的是“membership changes do not count as retries”（成员变化不算
-# 重试）。所以成员的每一次变化都会重启所有 worker，训练只能靠从检查点恢复（第 1 节）才能延续下
-# 去。
+# 重试）。所以成员的每一次变化都会重启所有 worker，训练要靠从检查点恢复（第 1 节）才能继续。
 #
-# 下面两台主机（第 09 章用网络命名空间搭出的主机）运行第 08 章的训练程序，步检查点写在两台主机
-# 都能看到的目录里（真实集群上就是共享文件系统），`--max-restarts=3`。我们分两次运行，在训练中
-# 途拿走 host1：第一次杀掉它上面的所有进程（相当于机器宕机）；第二次只断开它的网络链路
+# 下面两台主机（第 09 章用网络命名空间搭出的主机）运行第 08 章的训练程序，每隔几步写一次的检查
+# 点放在两台主机都能看到的目录里（真实集群上就是共享文件系统），`--max-restarts=3`。我们分两次运行，在训练中
+# 途让 host1 下线：第一次杀掉它上面的所有进程（相当于机器宕机）；第二次只断开它的网络链路
 # （`ip link set eth0 down`），进程都还活着。两次之后 host1 都会回来。两次运行现在就在后台开
-# 始，一共大约三分钟；无法搭建主机的地方，显示一次真实运行保存下来的时间线。
+# 始，一共大约三分钟；无法搭建主机时，显示一次真实运行保存下来的时间线。
 
 # %% tags=["lesson"]
 from ddp_lab import elastic
@@ -530,7 +683,7 @@ print(preemption.script("preempted", "FOLDER", "CHECKPOINTS"))
 # checkpoint, and the two final digests.
 
 # %% [markdown] lang="zh" tags=["lesson"]
-# 先看这个模块在什么时候做了什么，再看两个作业的输出：被抢占作业的两次运行
+# 先看 `preemption` 模块在各个时刻做了什么，再看两个作业的输出：被抢占作业的两次运行
 # （`SLURM_RESTART_COUNT` 为 0 和 1）、它在哪一步之后停下、从那个检查点恢复，以及两个最终摘要。
 
 # %% tags=["lesson"]
@@ -571,6 +724,33 @@ for kind in ("torch.save", "dcp.save"):
     print(f"{kind}: {1000 * cost[kind]:.1f} ms, {cost[kind + ' bytes'] / 1e3:.0f} kB; "
           f"every {k} steps costs {100 * recovery.overhead(cost, k, kind):.1f} %")
 
+# %% [markdown] lang="en" tags=["lesson"]
+# That is half of the trade-off. A failure loses the work done since the last checkpoint,
+# half an interval on average. With a checkpoint every τ seconds that cost C seconds each,
+# and M the job's mean time between failures (a node's divided by the number of nodes), the
+# fraction of time lost is about C/τ for writing plus τ/(2M) for redone work, smallest at
+# **τ ≈ √(2·C·M)** (Young, "A first order approximation to the optimum checkpoint interval",
+# 1974; Daly, 2006, refines it for when C is not small next to M). No failures were measured
+# here, so the cell takes this machine's C and two assumed values of M; it also shows the
+# loss at ten times fewer and ten times more checkpoints.
+
+# %% [markdown] lang="zh" tags=["lesson"]
+# 这只是取舍的一半。一次故障会丢掉上一个检查点之后做的工作，平均是半个间隔。设每 τ 秒写一个检
+# 查点、每个耗时 C 秒，M 是整个作业的平均故障间隔时间（单个节点的平均故障间隔除以节点数），那么
+# 损失的时间比例约为写检查点的 C/τ 加上重做工作的 τ/(2M)，在 **τ ≈ √(2·C·M)** 时最小（Young，
+# “A first order approximation to the optimum checkpoint interval”，1974；Daly 在 2006 年针对 C
+# 相对 M 不算小的情况做了修正）。这里没有实测过故障，所以下面的单元用这台机器上测得的 C 和两个
+# 假设的 M 来算，同时给出检查点少写十倍、多写十倍时的损失。
+
+# %% tags=["lesson"]
+C = cost["dcp.save"]
+for hours in (24, 2):  # assumed mean time between failures of the whole job
+    M = 3600 * hours
+    tau = (2 * C * M) ** 0.5
+    lost = {name: 100 * (C / t + t / (2 * M)) for name, t in (("10x fewer", 10 * tau), ("optimum", tau), ("10x more", tau / 10))}
+    print(f"M = {hours:2d} h: every {tau:5.1f} s = {tau / cost['step']:5.0f} steps; time lost "
+          + ", ".join(f"{name} {pct:.2f} %" for name, pct in lost.items()))
+
 # %% [markdown] lang="en" tags=["exercise"]
 # ## Exercise: make a training loop resumable, bit for bit (5 points)
 #
@@ -593,12 +773,12 @@ for kind in ("torch.save", "dcp.save"):
 # ## 练习：让训练循环可以逐位精确地恢复（5 分）
 #
 # `recovery.resumable_loop`（源码见下）在 2 个或 3 个 rank 上训练一个带 dropout 的 MLP；每一步
-# 用 torch 抽取噪声，用 numpy 抽取噪声的幅度，用 Python 的 `random` 决定是否翻转符号；学习率调
+# 用 torch 抽取噪声，用 NumPy 抽取噪声的幅度，用 Python 的 `random` 决定是否翻转符号；学习率调
 # 度每一步都把学习率调低一些。请编写
 # `save_state(folder, model, optimizer, scheduler, sampler, step)`：运行停下的那一步结束之后，
 # 每个 rank 都会调用它；以及 `load_state(folder, model, optimizer, scheduler, sampler)`：新启动
-# 的各个 rank 在继续训练之前调用它，它返回步数。每个 rank 都有自己的随机数状态：每个 rank 的都
-# 要保存。
+# 的各个 rank 在继续训练之前调用它，它返回步数。每个 rank 都有自己的随机数状态：每个 rank 的状态
+# 都要保存。
 #
 # 评分单元在一个隐藏的步数处停下循环，在新的进程中恢复，再与从未停下的运行比较（隐藏用例：是否
 # 打乱、停下的步数、world size 为 2 或 3）：最终参数必须逐位相同；否则反馈会指出最先出现差异的
@@ -666,11 +846,11 @@ dl.grade("11.resume", save_state, load_state)
 #   SIGUSR1, all ranks stop after the same step, checkpoint, `scontrol requeue`.
 
 # %% [markdown] lang="zh"
-# ## 要点
+# ## 小结
 #
 # - 能精确恢复的检查点包含：模型、优化器、学习率调度、步数、采样器的轮次和位置，以及每个
 #   rank 的随机数状态。
-# - 先写到临时名字，`fsync`，再重命名：要么完整，要么没有。
+# - 先写入临时文件，`fsync` 之后再重命名：要么完整，要么没有。
 # - 分片检查点（`dcp.save`/`dcp.load`）由每个 rank 写出，可以在另一个 world size 上加载；
 #   一个 rank 对自己的分片调用 `torch.save` 不算检查点。
 # - 死掉的对端让下一次集合通信失败；卡住的对端要等到进程组超时才会失败（NCCL：看门狗和飞行
