@@ -30,7 +30,7 @@
 # # 10 生产环境中的 DDP，以及 DDP 之后
 #
 # 你已经能从零写出 DDP（第 07 章）。本章回答接下来会遇到的问题：为什么我的训练步比预期的
-# 更慢、更占内存（DDP 的各个开关）？怎样少发送一些字节（**通信钩子**（comm hook））？
+# 更慢、更占内存（DDP 的各个开关）？怎样用**通信钩子**（comm hook）少发送一些字节？
 # **混合精度**（mixed precision）怎样配合 DDP？当模型、梯度和**优化器状态**（optimizer
 # state）在一个设备上放不下时怎么办：先把优化器状态分片（**ZeRO-1**），再把梯度分片，最后
 # 把参数也分片（**FSDP**）。ZeRO-1 和 FSDP 都由你亲手实现，在这台 CPU 上用 gloo 运行，并与
@@ -72,7 +72,7 @@ print(torch.__version__, "| CUDA GPUs:", torch.cuda.device_count())
 # %% [markdown] lang="zh"
 # ## 1. 实测 DDP 的各个开关
 #
-# `DistributedDataParallel` 的四种设置，同一个模型，在 2 个 rank（进程编号）上运行一次。模型
+# 用同一个模型，在 2 个 rank（进程编号）上把 `DistributedDataParallel` 的四种设置各运行一次。模型
 # （`ShuffledMLP`，12 层 256×256）调用各层的顺序与定义顺序不同，`bucket_cap_mb=1`。对每种
 # 设置，下面的单元统计：
 #
@@ -146,7 +146,8 @@ print(format_knob_table(knobs))
 # 版本（`use_reentrant=True`；不传这个参数时，torch 2.13 仍默认用它，同时给出警告，见
 # `torch/utils/checkpoint.py`）把这次重算作为一次单独的、嵌套的反向传播来运行；DDP 的文档字符串
 # 列出了 `static_graph=True` 额外支持的情形：“Reentrant backwards. Activation checkpointing
-# multiple times. Activation checkpointing when model has unused parameters.” 下面的单元在每次
+# multiple times. Activation checkpointing when model has unused parameters.”（即可重入的反向传播、多次
+# 激活检查点、模型有未使用参数时的激活检查点。）下面的单元在每次
 # 前向中对同一个块做两次检查点（同一层用两次，权重共享的模型就是这样），并把各 rank 经 DDP 平均
 # 后的梯度与单进程算出的平均梯度相比较：
 
@@ -208,7 +209,7 @@ print(*dl.spawn(checkpointing_under_ddp, nprocs=2, backend="gloo", quiet=True)[0
 # （`use_reentrant=False`）在所有情形下都正确，不需要任何开关：优先用它（torch 自己的
 # `checkpoint` 在没有传 `use_reentrant` 时会给出警告，并推荐 `False`）。只有必须保留可重入
 # 写法的代码，才用 `static_graph=True`。配合 FSDP 时，在每个单元内部做检查点：重算发生在该
-# 单元的反向阶段，此时 `fully_shard` 的反向前钩子已经全收集了它的参数，重算直接复用这次全收集
+# 单元的反向阶段，此时 `fully_shard` 的反向前置钩子（pre-backward hook）已经全收集了它的参数，重算直接复用这次全收集
 # （见 `torch/distributed/fsdp/_fully_shard/_fsdp_state.py` 的 `_pre_forward`）。
 
 # %% [markdown] lang="en"
@@ -453,8 +454,8 @@ print("sizes", sizes, "-> owners on 2 ranks", assign_shards(sizes, 2), "on 3 ran
 # 在 2 个 rank 上比较三个优化器，模型相同（含一个冻结层），都是带权重衰减的 AdamW：单进程在
 # 全批上运行的普通 AdamW、`ShardedOptimizer` 和 torch 的 `ZeroRedundancyOptimizer`，后两者
 # 每个 rank 处理半批。单元打印参数的最大差值，以及每个 rank 持有多少个优化器状态元素
-# （`tests/test_zero.py` 还测试了共享（绑定）权重、两个参数组、3 个 rank 和汇总后的
-# `state_dict`）。
+# `tests/test_zero.py` 还测试了共享（绑定）权重、两个参数组、3 个 rank 和汇总后的
+# `state_dict`。
 
 # %%
 def zero_vs_torch(rank, steps=4):
@@ -508,7 +509,8 @@ dl.spawn(zero_vs_torch, nprocs=2, backend="gloo")
 
 # %%
 memory = {n: worst_rank(dl.spawn(measure_memory, nprocs=n, backend="gloo")) for n in (2, 3, 4)}
-print("| N | method | params MiB | grads MiB | optimizer MiB | gathered peak MiB | total MiB |")
+print(dl.tr(en="| N | method | params MiB | grads MiB | optimizer MiB | gathered peak MiB | total MiB |",
+            zh="| N | 方法 | 参数 MiB | 梯度 MiB | 优化器 MiB | 全收集峰值 MiB | 合计 MiB |"))
 print("| ---: | --- | ---: | ---: | ---: | ---: | ---: |")
 for n, rows in memory.items():
     for r in rows:
@@ -532,8 +534,8 @@ plot_memory(memory);
 # ZeRO-1 的优化器一列随 N 减小，但不是恰好 1/N：它按整个参数分片，而这个模型
 # （`ddp_lab/memory_model.py` 中的 `memory_mlp(512, 4)`）有三个 512×512 的权重矩阵、一个
 # 512×64 的输入层和一个很小的输出层，所以在 2 个 rank 上，有一个 rank 会分到两个大矩阵。FSDP 对一个展平的向量分片，
-# 所以各分片大小相同（至多相差填充的那几个元素），参数和梯度也一起变小；代价是每次使用之前
-# 的一次全收集，以及已全收集的单元。“gathered peak”一列只统计全收集的**参数**（这里同一时刻
+# 所以各分片大小相同（至多相差填充的那几个元素），参数和梯度也一起变小；代价是每次使用前都
+# 要做一次全收集，而且全收集后的单元要占用内存。“全收集峰值”一列只统计全收集的**参数**（这里同一时刻
 # 只有一个单元）。在反向阶段，这个 `FullyShardedDP` 对每个单元还会暂时持有完整的梯度和一份
 # 除以 N 之后的副本（归约散发的输入，gloo 完成之前一直存在）：短时间内大约多出两个单元。使用桶视图的 DDP
 # 没有这种临时开销，所以这张表对 FSDP 略显偏袒。
@@ -671,7 +673,7 @@ plot_fsdp_timeline(step);
 # 下面换一个角度看同一步：不用包装器自己的记录，而用性能分析器。把这次运行加上追踪（`trace=`，
 # 与第 05、07 章相同），再用 `dl.timeline` 画出来。按 Gloo 自己记录的操作名统计调用次数，会看到
 # 一个意外：没有归约散发。在 Gloo 上，`reduce_scatter_tensor` 先把整个输入全归约到一个缓冲区，
-# 等到等待这个 work 时再从中复制出本 rank 的那一块（见
+# 等到调用这个 `Work` 的 `wait()` 时，再从中复制出本 rank 的那一块（见
 # `torch/csrc/distributed/c10d/ProcessGroupGloo.cpp` 中的
 # `ProcessGroupGloo::reduce_scatter_tensor_coalesced`，它返回一个只实现了 `wait` 的
 # `LambdaWork`，所以没有 future）。全归约至少要传输归约散发两倍的字节数（每个 rank 传张量的
@@ -809,8 +811,9 @@ def after_forward(rank):
 print(*dl.spawn(after_forward, nprocs=2, backend="gloo")[0], sep="\n")
 
 # %% [markdown] lang="en"
-# `DTensor`: sharded; `Parameter`: the gathered, unsharded tensor. **Prefetching.** torch
-# issues the all-gather of the next unit before the current one has finished computing:
+# `DTensor`: sharded; `Parameter`: the gathered, unsharded tensor.
+#
+# **Prefetching.** torch issues the all-gather of the next unit before the current one has finished computing:
 # in forward, the gathers run on their own CUDA stream ahead of the compute;
 # in backward, it prefetches the unit that comes next in the reverse of the forward order.
 # `set_modules_to_forward_prefetch` and `set_modules_to_backward_prefetch` set the order
@@ -823,12 +826,17 @@ print(*dl.spawn(after_forward, nprocs=2, backend="gloo")[0], sep="\n")
 # that computes it from its own shards gets a different, smaller number on every rank, and
 # the ranks clip by different factors. With `fully_shard` each `param.grad` is a `DTensor`,
 # and `torch.nn.utils.clip_grad_norm_` computes the norm on `DTensor`s, which all-reduces
-# the sum of squares. The cell compares it with one process on the full batch, with the
+# the sum of squares. That holds while every gradient lives on one mesh: `get_total_norm`
+# (`torch/nn/utils/clip_grad.py`) stacks the per-tensor norms into one tensor, and
+# `DTensor`s on different meshes (HSDP combined with tensor parallelism, or modules sharded
+# on different meshes) cannot be stacked; such setups compute the norm per mesh and combine
+# the totals by hand. The cell compares it with one process on the full batch, with the
 # same sum done by hand (one `all_reduce`), and with the naive per-rank norm:
 
 # %% [markdown] lang="zh"
-# `DTensor` 说明参数处于分片状态；`Parameter` 是全收集之后、未分片的张
-# 量。**预取**（prefetching）。torch 会在当前单元算完之前就发出下一个单元的全收集：前向时，全收
+# `DTensor` 说明参数处于分片状态；`Parameter` 是全收集之后、未分片的张量。
+#
+# **预取**（prefetching）。torch 会在当前单元算完之前就发出下一个单元的全收集：前向时，全收
 # 集在单独的 CUDA 流上提前进行；反向时，它按前向顺序的逆序预取下一个单
 # 元。`set_modules_to_forward_prefetch` 和 `set_modules_to_backward_prefetch` 可以手动指定顺
 # 序。所以峰值时一块 GPU 上有**两个**全收集好的单元（正在计算的那个，和正在传过来的那个），再加
@@ -838,7 +846,10 @@ print(*dl.spawn(after_forward, nprocs=2, backend="gloo")[0], sep="\n")
 # 数，也就是**所有**分片上平方和的平方根。如果每个 rank 只用自己的分片来算，每个 rank 得到的数
 # 都不一样，而且都偏小，各 rank 的裁剪系数也就各不相同。使用 `fully_shard` 时每个 `param.grad`
 # 都是 `DTensor`，`torch.nn.utils.clip_grad_norm_` 在 `DTensor` 上计算范数，会对平方和做全归
-# 约。下面的代码单元把它与三个结果比较：单进程在整个批上算出的范数，手动求和（一次
+# 约。前提是所有梯度都在同一个设备网格（device mesh）上：`get_total_norm`
+# （`torch/nn/utils/clip_grad.py`）把各个张量的范数堆叠成一个张量，而不同网格上的 `DTensor`
+# 无法堆叠（比如 HSDP 再加上张量并行，或者不同模块分片在不同的网格上）。这种情况下要按网格分别
+# 算范数，再手动合并。下面的代码单元把它与三个结果比较：单进程在整个批上算出的范数，手动求和（一次
 # `all_reduce`）得到的范数，以及每个 rank 只用自己的分片算出的朴素范数：
 
 # %%
@@ -914,6 +925,104 @@ print(*dl.spawn(hsdp, nprocs=4, backend="gloo"), sep="\n")
 # %% [markdown] lang="zh"
 # rank 0 和 1 组成一个“节点”，分别持有每个权重的一半；rank 2 和 3 又持有同样的两半。训练结果仍
 # 与单进程在整个批上训练的结果一致。
+
+# %% [markdown] lang="en"
+# **Mixed precision and offload in `fully_shard`.** `MixedPrecisionPolicy`
+# (`torch/distributed/fsdp/_fully_shard/_fsdp_api.py`) has four fields. `param_dtype` is the
+# dtype a unit is all-gathered and computed in. `reduce_dtype` is the dtype of the gradient
+# reduce-scatter (and of the all-reduce across replicas under HSDP); unset, it follows
+# `param_dtype`. bf16 halves those bytes, but every partial sum is rounded to bf16's 7-bit
+# mantissa, an error that grows with N; `reduce_dtype=torch.float32` with bf16 compute is the usual
+# choice for stability. `output_dtype` casts the unit's floating-point outputs: on the root,
+# it hands the loss float32 logits. `cast_forward_inputs` (default True) casts a unit's
+# floating-point inputs to `param_dtype` before its forward. The sharded parameters and
+# their gradients keep their own dtype, float32 here, and the optimizer steps those: FSDP
+# needs no separate master copy. `offload_policy=CPUOffloadPolicy()` keeps the shards, their
+# gradients and the optimizer state in (pinned) CPU memory, copies each shard to the GPU
+# before its all-gather and runs the optimizer step on the CPU (its docstring, same file); it
+# needs a GPU (without one, `fully_shard` fails with "Cannot access accelerator device when
+# none is available"), so it is not run here.
+
+# %% [markdown] lang="zh"
+# **`fully_shard` 的混合精度与卸载（offload）**。`MixedPrecisionPolicy`
+# （`torch/distributed/fsdp/_fully_shard/_fsdp_api.py`）有四个字段。`param_dtype` 是单元做全收
+# 集和计算时的类型。`reduce_dtype` 是梯度归约散发（以及 HSDP 下副本之间那次全归约）的类型；不设
+# 置时跟随 `param_dtype`。bf16 能把这部分字节数减半，但每个部分和都要舍入到 bf16 的 7 位尾
+# 数，误差随 N 增大；计算用 bf16、`reduce_dtype=torch.float32` 是兼顾稳定性的常见选
+# 择。`output_dtype` 转换单元的浮点输出：设在根模块上，交给损失函数的就是 float32 的输
+# 出。`cast_forward_inputs`（默认 True）在单元的前向之前把浮点输入转换成 `param_dtype`。分片后
+# 的参数及其梯度保持原来的类型（这里是 float32），优化器更新的就是它们，所以 FSDP 不需要另存一份
+# 主权重。`offload_policy=CPUOffloadPolicy()` 把分片、分片的梯度和优化器状态都放在（页锁定的）
+# CPU 内存里，全收集之前把分片拷到 GPU，优化器步骤在 CPU 上执行（见同一文件中它的文档字符串）。
+# 它需要 GPU（没有 GPU 时 `fully_shard` 报错“Cannot access accelerator device when none is
+# available”），这里不运行。
+
+# %%
+def fsdp2_mixed_precision(rank):
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32,
+                                  output_dtype=torch.float32)
+    net = shard_bottom_up(small_mlp(), mesh=mesh, mp_policy=policy)
+    seen = {}
+    net[2].register_forward_hook(lambda m, inputs, out: seen.update(x=inputs[0].dtype, w=m.weight.dtype))
+    out = net(torch.randn(4, 8))
+    out.sum().backward()
+    w = net[2].weight
+    name = {torch.float32: "float32", torch.bfloat16: "bfloat16"}
+    return (f"inside the second Linear: input {name[seen['x']]}, weight {name[seen['w']]} | "
+            f"model output {name[out.dtype]} | stored shard {name[w.to_local().dtype]}, "
+            f"its gradient {name[w.grad.to_local().dtype]}")
+
+
+print(dl.spawn(fsdp2_mixed_precision, nprocs=2, backend="gloo")[0])
+
+# %% [markdown] lang="en"
+# **`torch.compile` with DDP.** Compiling a whole model into one graph would break DDP's
+# overlap: the compiled backward runs as one autograd function, so every gradient becomes
+# ready at its end and every bucket's all-reduce waits for all of backward. So when dynamo
+# compiles a module inside an active DDP forward, it hands the graph to `DDPOptimizer`
+# (`torch/_dynamo/backends/distributed.py`, called from `convert_frame.py`), which walks the
+# graph in reverse, counts parameter bytes up to DDP's `bucket_cap_mb`, and splits the graph
+# there; each piece is compiled on its own, so each bucket's gradients are ready when its
+# piece's backward ends (`torch._dynamo.config.optimize_ddp`, on by default). The cell hands
+# `DDPOptimizer` a backend that only records what it is given, for four 512×512 layers
+# (1 MiB each) and a 2 MiB cap, in one process: it is the object dynamo builds for a
+# DDP-wrapped module. With `fully_shard` there is no DDP module and so no `DDPOptimizer`: the
+# collectives come from FSDP2's hooks around each unit, and compiling FSDP2 models is not run
+# in this course.
+
+# %% [markdown] lang="zh"
+# **`torch.compile` 与 DDP**。把整个模型编译成一张图会破坏 DDP 的重叠：编译后的反向是一个整体
+# 的 autograd 函数，所有梯度都在它结束时才就绪，每个桶的全归约都要等整个反向算完。所以当 dynamo
+# 在 DDP 的前向中编译一个模块时，会把图交给 `DDPOptimizer`（`torch/_dynamo/backends/distributed.py`，
+# 由 `convert_frame.py` 调用）：它逆序遍历这张图，按 DDP 的 `bucket_cap_mb` 累计参数字节数，到
+# 上限就在那里把图切开；每一段单独编译，这样每一段的反向一结束，对应桶的梯度就已就绪
+# （`torch._dynamo.config.optimize_ddp`，默认打开）。下面的单元给 `DDPOptimizer` 一个只记录收到
+# 了什么的后端，模型是四个 512×512 的层（每层 1 MiB），上限 2 MiB，在一个进程里运行：这正是
+# dynamo 为 DDP 包装的模块构造的那个对象。使用 `fully_shard` 时没有 DDP 模块，也就没有
+# `DDPOptimizer`：集合通信来自 FSDP2 在每个单元前后的钩子；本课程不运行 FSDP2 模型的编译。
+
+# %%
+from torch._dynamo.backends.distributed import DDPOptimizer
+
+
+def record_pieces(gm, example_inputs):
+    pieces.append(sum("linear" in str(n.target) for n in gm.graph.nodes))
+    return gm.forward  # run the piece as it is: only the split is of interest
+
+
+pieces = []
+four = nn.Sequential(*[nn.Linear(512, 512) for _ in range(4)])
+cap = 2 * 2**20
+splitter = DDPOptimizer(bucket_bytes_cap=cap, backend_compile_fn=record_pieces, first_bucket_cap=cap)
+torch.compile(four, backend=splitter.compile_fn)(torch.randn(2, 512)).sum().backward()
+print(len(pieces), "pieces, compiled one by one, with", pieces, "linear ops")
+for bucket in splitter.buckets:
+    names = [n.removeprefix("L_fn_modules_").replace("_parameters_", ".").rstrip("_") for n in bucket.params]
+    print(f"bucket of {bucket.size / 2**20:.2f} MiB:", ", ".join(names))
 
 # %% [markdown] lang="en"
 # ## 6. When to use which
