@@ -466,15 +466,17 @@ else:
 # A command often copied runs `CUDA_VISIBLE_DEVICES=0,1,2,3 ... --nproc_per_node=8`: local
 # ranks 4-7 then ask for GPUs that are not visible and fail with `invalid device ordinal`.
 # Another habit sets
-# `CUDA_VISIBLE_DEVICES` inside the script after start: it only works if CUDA is not yet
-# initialised in that process; set it on the command line instead.
+# `CUDA_VISIBLE_DEVICES` inside the script after start: it only works before the process's
+# first CUDA call, `torch.cuda.device_count()` included (it reads the device list and keeps
+# it while `torch.cuda.is_initialized()` is still `False`); set it on the command line
+# instead.
 
 # %% [markdown] lang="zh" tags=["lesson"]
 # ### GPU 与 `CUDA_VISIBLE_DEVICES`
 #
 # 一条常被照抄的命令是 `CUDA_VISIBLE_DEVICES=0,1,2,3 ... --nproc_per_node=8`：本地 rank（local
 # rank）4～7 会请求看不见的 GPU，并以 `invalid device ordinal` 失败。另一种习惯是在脚本启动之后才在脚
-# 本里设置 `CUDA_VISIBLE_DEVICES`：只有当该进程还没有初始化 CUDA 时这才有效；应该在命令行上设
+# 本里设置 `CUDA_VISIBLE_DEVICES`：只有在该进程第一次调用 CUDA 之前才有效，`torch.cuda.device_count()` 也算一次调用（它读取设备列表并记住，而这时 `torch.cuda.is_initialized()` 仍是 `False`）；应该在命令行上设
 # 置。
 
 # %% tags=["lesson"]
@@ -837,7 +839,7 @@ print("model.module.state_dict() keys:", dl.spawn(three_slips, nprocs=2, backend
 # %% [markdown] lang="zh" tags=["lesson"]
 # ### 更多日志：`TORCH_CPP_LOG_LEVEL` 与 `NCCL_DEBUG`
 #
-# `TORCH_CPP_LOG_LEVEL=INFO` 会显示 c10d 的 C++ 部分（store、socket、会合）
+# `TORCH_CPP_LOG_LEVEL=INFO` 会显示 c10d 的 C++ 部分（store、套接字、会合）
 # 。`NCCL_DEBUG=INFO` 在 GPU 机器上打印 NCCL 的选择（网卡、环、传输方式）。
 
 # %% tags=["lesson"]
@@ -894,23 +896,27 @@ for action in get_args_parser()._actions:
 # per process (default 2000; torch 2.13 also reads the older name
 # `TORCH_NCCL_TRACE_BUFFER_SIZE`, `FlightRecorder.hpp`), and with
 # `TORCH_NCCL_DUMP_ON_TIMEOUT=1` the dump goes to one file per rank, named by
-# `TORCH_FR_DUMP_TEMP_FILE` (`TORCH_NCCL_DEBUG_INFO_TEMP_FILE` in older releases). Set
-# both yourself: their defaults have changed between releases. Compare the files with
+# `TORCH_FR_DUMP_TEMP_FILE` (`TORCH_NCCL_DEBUG_INFO_TEMP_FILE` in older releases). In
+# torch 2.13 both are on by default (`getCvarBool(TORCH_NCCL_DUMP_ON_TIMEOUT, true)` in
+# `ProcessGroupNCCL.cpp`), but older releases had other defaults: set them yourself where
+# the version may vary. Compare the files with
 # `python -m torch.distributed.flight_recorder.fr_trace` (`torch/distributed/flight_recorder/`):
 # it points at the rank that did not join a collective, like `monitored_barrier` for Gloo.
 # The variables are in `torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp`. All of this
 # needs NCCL and a GPU; not run here.
 
 # %% [markdown] lang="zh" tags=["lesson"]
-# ### NCCL 的 watchdog 与 flight recorder
+# ### NCCL 的看门狗（watchdog）与飞行记录器（flight recorder）
 #
-# 在 NCCL 上，卡住是由 `ProcessGroupNCCL` 的 *watchdog* 线程发现的：它按超时（默认 10 分钟）检
+# 在 NCCL 上，卡住是由 `ProcessGroupNCCL` 的*看门狗*线程发现的：它按超时（默认 10 分钟）检
 # 查正在运行的集合通信，一旦某个超时，就中止通信器并结束进程。在此之前，它可以把每个 rank 正在
-# 做什么记下来：**flight recorder** 在每个进程里保留最近 `TORCH_FR_BUFFER_SIZE` 个集合通信
+# 做什么记下来：**飞行记录器**在每个进程里保留最近 `TORCH_FR_BUFFER_SIZE` 个集合通信
 # 事件（默认 2000；torch 2.13 也读取旧名字 `TORCH_NCCL_TRACE_BUFFER_SIZE`，见
-# `FlightRecorder.hpp`）；设置 `TORCH_NCCL_DUMP_ON_TIMEOUT=1` 后，转储写入每个 rank 一个的文件，
-# 文件名由 `TORCH_FR_DUMP_TEMP_FILE` 指定（旧版本中是 `TORCH_NCCL_DEBUG_INFO_TEMP_FILE`）。这两个
-# 变量请自己设置：它们的默认值在不同版本之间变过。用
+# `FlightRecorder.hpp`）；设置 `TORCH_NCCL_DUMP_ON_TIMEOUT=1` 后，每个 rank 各把记录转
+# 储到一个文件，文件名由 `TORCH_FR_DUMP_TEMP_FILE` 指定（旧版本中是
+# `TORCH_NCCL_DEBUG_INFO_TEMP_FILE`）。torch 2.13 默认两者都打开（`ProcessGroupNCCL.cpp` 中的
+# `getCvarBool(TORCH_NCCL_DUMP_ON_TIMEOUT, true)`），但旧版本的默认值不同：版本可能不一致的地
+# 方，请自己设置。用
 # `python -m torch.distributed.flight_recorder.fr_trace`（`torch/distributed/flight_recorder/`）
 # 比较这些文件：它会指出哪个 rank 没有参加某次集合通信，作用类似 Gloo 的 `monitored_barrier`。
 # 这些变量定义在 `torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp` 里。以上都需要 NCCL 和
@@ -925,7 +931,7 @@ for action in get_args_parser()._actions:
 # %% [markdown] lang="zh" tags=["lesson"]
 # ### 速查表
 #
-# 下表中的每一行都在本章中被真实触发过（只能在 GPU 上出现的那一行除外，除非你有 GPU）。
+# 下表的每一行都在本章里实际触发过；只在 GPU 上出现的那一行，要有 GPU 才会触发。
 
 # %% tags=["lesson"]
 pool.shutdown()
@@ -1068,8 +1074,9 @@ gallery.show("loopback", limit=1)
 # management network, a second card), and then `NCCL_SOCKET_IFNAME` names the right one.
 # The doctor's `nccl_interface` line applies that rule to your machine (no GPU here: NCCL
 # itself does not run). That interface carries NCCL's bootstrap and its socket transport
-# only. On an InfiniBand or RoCE cluster the data goes through the verbs devices that
-# `NCCL_IB_HCA` selects (`NCCL_IB_DISABLE=1` falls back to sockets), so
+# only. On an InfiniBand or RoCE cluster the data goes through the verbs devices NCCL finds
+# (`NCCL_IB_HCA` restricts them; `NCCL_IB_DISABLE=1` falls back to sockets; on RoCE,
+# `NCCL_IB_GID_INDEX` picks which GID of the port to use), so
 # `NCCL_SOCKET_IFNAME` does not pick the fabric; `NCCL_DEBUG=INFO
 # NCCL_DEBUG_SUBSYS=INIT,NET` logs which network NCCL uses (`NET/IB` or `NET/Socket`) and
 # on which devices. Needs NCCL and GPUs; not run here.
@@ -1091,9 +1098,10 @@ gallery.show("loopback", limit=1)
 # 的 `ncclFindInterfaces`）。在这两台主机上，不用指定它也会选 `eth0`；出问题的情形是排在最前面
 # 的那块网卡并不在节点之间的网络上（比如管理网络、第二块网卡），这时用 `NCCL_SOCKET_IFNAME` 指
 # 定正确的网卡。doctor 的 `nccl_interface` 一行会把这条规则套用到你的机器上（这里没有 GPU，NCCL
-# 本身不运行）。这块网卡只承载 NCCL 的引导连接（bootstrap）和 socket 传输。在 InfiniBand 或
-# RoCE 集群上，数据走的是 `NCCL_IB_HCA` 选出的 verbs 设备（设置 `NCCL_IB_DISABLE=1` 则退回
-# socket），所以 `NCCL_SOCKET_IFNAME` 决定不了数据走哪张高速网
+# 本身不运行）。这块网卡只承载 NCCL 的引导连接（bootstrap）和套接字（socket）传输。在 InfiniBand 或
+# RoCE 集群上，数据走的是 NCCL 找到的 verbs 设备（`NCCL_IB_HCA` 用来限定范围；设置
+# `NCCL_IB_DISABLE=1` 则退回套接字；在 RoCE 上，`NCCL_IB_GID_INDEX` 选择使用端口的哪个
+# GID），所以 `NCCL_SOCKET_IFNAME` 决定不了数据走哪张高速网
 # 络；`NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET` 会在日志里写出 NCCL 用的是哪种网络（`NET/IB`
 # 或 `NET/Socket`），以及用了哪些设备。这些需要 NCCL 和 GPU，这里不运行。
 #
@@ -1141,7 +1149,7 @@ gallery.show("localhost", limit=2)
 # `nft add rule inet f input tcp dport PORT drop`。被丢弃（drop）的包得不到任何回应（被拒绝的
 # 包会立刻报“Connection refused”），所以各个代理直到连接超时才知道出了问题，而且报的是超时，不
 # 是防火墙。host0 也以同样的方式失败：它自己的代理同样通过 `10.77.0.1` 连接 store，input 链也
-# 会过滤这些包。多节点任务先卡住、然后在 master 端口上超时时，请从另一个节点测试这个端口
+# 会过滤这些包。多节点任务先卡住、然后在 `MASTER_PORT` 上超时时，请从另一个节点测试这个端口
 # （`nc -zv host0 PORT`），然后放行它。
 
 # %% tags=["lesson"]
@@ -1568,7 +1576,7 @@ dl.grade("09.safe_all_reduce", safe_all_reduce)
 # - 多节点：每个节点使用相同的 `--nnodes`/`--master_addr`/`--master_port`（或同一个 c10d 端点
 #   ）；`WORLD_SIZE` 覆盖所有节点。
 # - 卡住源于各 rank 对集合通信的调用不一致；DETAIL、超时和 `monitored_barrier`（Gloo）或
-#   flight recorder（NCCL）能把它变成指明元凶的错误。
+#   飞行记录器（NCCL）能把它变成指明元凶的错误。
 # - 多节点时：GPU 编号用 `LOCAL_RANK`，只由全局 rank 0 负责保存。
 # - 在真正分开的主机上，gloo 绑定到主机名解析出的地址：请设置 `GLOO_SOCKET_IFNAME`（或修好
 #   `/etc/hosts`），所有节点用同一个 `--master-addr`，放行会合端口，让节点同时启动，并使用相同
