@@ -59,8 +59,8 @@
 # “Python 3 (ddp-lab)”。`ddp-lab` 命令在 JupyterLab 自带的终端里可以直接使用，在其他终端里
 # 先运行 `source .venv/bin/activate`。没有 GPU 时，用
 # `TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu bash setup.sh` 安装 PyTorch 的 CPU 版，
-# 而不是几个 GB 的 CUDA 版；下载慢时（中国大陆的 pip 镜像、浅克隆 `git clone --depth 1`）见 README 的
-# “No GPU, or a slow network / 没有 GPU，或网络较慢”一节。练习请在副本上作答：
+# 而不是几个 GB 的 CUDA 版。下载很慢时（例如在中国大陆），可以改用 pip 镜像、用
+# `git clone --depth 1` 浅克隆，做法见 README 的“没有 GPU，或网络较慢”一节。练习请在副本上作答：
 # `ddp-lab exercise 00 --lang zh` 把本章练习复制到 `work/zh/`，git 忽略这个目录，
 # `git pull` 更新课程时不会动到你的答案。
 #

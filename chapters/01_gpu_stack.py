@@ -343,7 +343,7 @@ for d in range(torch.cuda.device_count()):
 # CUDA 运行时在程序运行时才去打开它。
 #
 # 核对本课程时，NVIDIA/nccl 最新的 tag 是 `v2.30.7-1`，NVIDIA/nccl-tests 是 `v2.19.6`。NCCL 的
-# `makefiles/common.mk` 认识 CUDA 8 到 13（CUDA 13 不再支持 sm_75 之前的 GPU）；NVIDIA 用哪些
+# `makefiles/common.mk` 支持 CUDA 8 到 13（CUDA 13 不再支持 sm_75 之前的 GPU）；NVIDIA 用哪些
 # CUDA 版本编译和测试某个 tag，写在它的[发布说明](https://github.com/NVIDIA/nccl/releases)里：请选择发布说明中列出你的 CUDA 的 tag。`NVCC_GENCODE` 让核函数只为你的 GPU
 # 编译（这里是计算能力 9.0，即 H100）；不设置的话，CUDA 13 会为六种架构各编译一遍，另加 PTX
 # （见 `makefiles/common.mk` 中的 `NVCC_GENCODE ?=`）。
@@ -508,8 +508,8 @@ for d in range(torch.cuda.device_count()):
 # `fatal error: cuda_runtime.h: No such file or directory`。
 #
 # `ncclGetVersion` 只是写回 `NCCL_VERSION_CODE`（2.30.7 对应 23007；见 `src/init.cc`），所以
-# 编译好的库不需要 GPU 就能回答它。下面的单元会询问 `NCCL_HOME` 或 `$HOME/opt/nccl` 中的库
-# （如果有的话）。
+# 编译好的库不需要 GPU 就能回答它。下面的单元会调用 `NCCL_HOME` 或 `$HOME/opt/nccl` 中那个库
+# （如果有）的 `ncclGetVersion`。
 
 # %%
 import ctypes
@@ -615,8 +615,8 @@ else:
 # PyPI 上的 CUDA 版 torch 会加载它的 `nvidia-nccl-cu13` wheel 里的 `libnccl.so.2`
 # （`site-packages/nvidia/nccl/lib`），`LD_LIBRARY_PATH` 改变不了这一点，原因有两个。
 # `import torch` 会按完整路径打开 wheel 里的那一份（`torch/__init__.py` 中的
-# `_preload_cuda_deps`，在 `libcudart` 加载之后由 `_load_global_deps` 调用），而一个以
-# `libnccl.so.2` 这个名字加载的库，会应答之后所有对这个名字的请求。此外，需要
+# `_preload_cuda_deps`，在 `libcudart` 加载之后由 `_load_global_deps` 调用），而一个库一旦以
+# `libnccl.so.2` 这个名字加载，之后凡是按这个名字请求的，拿到的都是它。此外，需要
 # `libnccl.so.2` 的 `torch/lib/libtorch_cuda.so` 带有 `DT_RPATH`，开头是
 # `$ORIGIN/../../nvidia/cudnn/lib:$ORIGIN/../../nvidia/nvshmem/lib:$ORIGIN/../../nvidia/nccl/lib`
 # （用 `readelf -d` 从 torch 2.13.0 的 wheel 中读出），动态加载器会*先于* `LD_LIBRARY_PATH`

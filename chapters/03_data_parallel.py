@@ -318,7 +318,7 @@ print("max |param diff| after 5 steps:",
 # 带**缓冲区**（buffer）的模型就不一样了。训练模式下，每个副本用*自己那一块*数据的均值和方差
 # 做归一化，所以输出并不等于在整批上做 BatchNorm。再看运行统计量（running statistics）：只有
 # 设备 0 上的副本与你的模型共享缓冲区，所以这一步之后，`running_mean` 里**只有设备 0 那一块**的
-# 统计；其他副本的更新随副本一起被丢掉了。eval 模式下用的是运行统计量，DP 又与单设备一致。
+# 统计；其他副本的更新随副本一起被丢掉了。评估（eval）模式下用的是运行统计量，DP 又与单设备一致。
 # （DDP 同样是按块归一化，第 07 章第 6 节用 `SyncBatchNorm` 解决这个问题。）
 
 # %%
@@ -419,15 +419,15 @@ fig = viz.plot_timeline(step_trace)
 # operations shows it: more "devices" do not make it faster here. DDP avoids all of this:
 # it replicates once at construction, runs one process per GPU (one interpreter each),
 # keeps outputs and loss on each GPU, and overlaps the gradient all-reduce with backward.
-# (On this 2-core CPU all simulated devices share the same cores, so these timings show the
-# overheads, not GPU speed-ups.)
+# (Without GPUs all simulated devices share the same few CPU cores, so these timings show
+# the overheads, not GPU speed-ups.)
 
 # %% [markdown] lang="zh"
 # 这些线程共用一个解释器，`forward` 里的 Python 代码同一时刻只能有一个线程在执行（GIL）；
 # 只有花在 torch 算子内部的时间才能重叠。一个由许多小运算组成的 `forward` 就能说明这一点：
 # 在这里，“设备”越多并不会越快。DDP 避开了所有这些开销：只在构造时复制一次模型，每块 GPU
 # 一个进程（各有各的解释器），输出和损失都留在各自的 GPU 上，并让梯度的全归约（all-reduce）
-# 与反向传播重叠（overlap）。（这台机器只有 2 个 CPU 核，所有模拟设备都挤在上面，所以这些
+# 与反向传播重叠（overlap）。（没有 GPU 时，所有模拟设备都挤在同几个 CPU 核上，所以这些
 # 时间反映的是额外开销，而不是 GPU 带来的加速。）
 
 # %%
@@ -825,7 +825,7 @@ dl.grade("03.balanced_chunks", balanced_chunk_sizes)
 # cell compares values and gradients with single-device `torch.cat` on hidden shapes.
 
 # %% [markdown] lang="zh" tags=["exercise"]
-# ## 练习 2：带反向传播的收集（`gather`）（3 分）
+# ## 练习 2：带反向传播的收集 `gather`（3 分）
 #
 # 编写自动求导函数 `MyGather`：`MyGather.apply(target_device, dim, *inputs)` 沿 `dim` 拼接各个
 # 输入（我们的版本还会把它们拷贝到 `target_device`；你可以不管设备）。它的 `backward` 必须把

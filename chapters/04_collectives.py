@@ -220,7 +220,7 @@ print("batched:    ", dl.spawn(swap_batched, nprocs=2, backend="gloo"))
 # **Broadcast** copies the root's tensor to every rank.
 
 # %% [markdown] lang="zh"
-# ## 集合通信，一图一个
+# ## 集合通信：每种一张图
 #
 # 集合通信必须由**进程组**里的**每一个** rank 以相互匹配的参数调用。每张图中，rank r
 # 一开始持有 10(r+1)、10(r+1)+1、……（颜色表示数值来自哪个 rank；金色表示多个 rank
@@ -231,7 +231,7 @@ print("batched:    ", dl.spawn(swap_batched, nprocs=2, backend="gloo"))
 # 先纠正教程和博客里常见的两个小错误。“全归约是一种全收集”是错的：全收集（all-gather）是*拼接*（每个 rank 最后
 # 得到 N 块，数据量是输入的 N 倍），全归约是*合并*（每个 rank 最后得到一个与输入同样大小的
 # 张量）；全归约可以*由*归约散发（reduce-scatter）加全收集*组成*（第 05 章）。“`MPI_Allreduce` 需要指定根”
-# 也不对：它没有 `root` 参数（MPI 标准中的参数是 `sendbuf, recvbuf, count, datatype, op, comm`）：每个 rank 都得到
+# 也不对。它没有 `root` 参数（MPI 标准中的参数是 `sendbuf, recvbuf, count, datatype, op, comm`），每个 rank 都得到
 # 结果，所以没有根 rank，`dist.all_reduce` 也一样。
 #
 # **广播**（broadcast）把根 rank 的张量复制到所有 rank。
@@ -428,7 +428,7 @@ dl.stop()
 #
 # `dist.all_gather` 填充的张量没有自动求导的历史（`requires_grad=False`），连存放你自己张量的
 # 那个位置也没有。基于它们构造的损失（loss），例如常见的那种先收集所有 rank 特征再计算的对比损失
-# （contrastive loss），不会把任何梯度传回本 rank 的特征，而且没有任何报错。两种修正，
+# （contrastive loss），不会把任何梯度传回本 rank 的特征，而且没有任何报错。有两种修正办法，
 # 下面都会运行：
 #
 # - 把你自己的张量放回它的位置（`parts[rank] = x`）：梯度只流向你自己的那一份；之后由 DDP
@@ -495,8 +495,8 @@ for rank, rows in enumerate(dl.spawn(gather_with_grad, nprocs=2, backend="gloo")
 #
 # 每个集合通信都接受 `async_op=True`：立即返回一个 `Work`，`wait()` 等待它完成。“完成”的含义
 # 取决于后端。在 Gloo（CPU）上，`wait()` 返回时数据已经到位。在 NCCL 上，`wait()` 只是让*当前
-# CUDA 流*等待 NCCL 的流：数据还没到，CPU 就继续往下走了；只有之后排进这条流的工作（下一个
-# 核函数（kernel），或 `print` 引起的拷贝）才能看到结果
+# CUDA 流*等待 NCCL 的流：数据还没到，CPU 就继续往下走了；只有之后排进这条流的工作才能看到结果，例如下
+# 一个核函数（kernel），或 `print` 引起的拷贝
 # （`torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp` 中的 `WorkNCCL::wait` 和 `synchronize`；
 # 只有设置 `TORCH_NCCL_BLOCKING_WAIT=1` 或给 `wait` 传入超时时 CPU 才会阻塞）。要给 NCCL 集合
 # 通信计时，之后要调用 `torch.cuda.synchronize()`。（这里没有 GPU：NCCL 的行为依据源码，没有运行。）
@@ -796,8 +796,8 @@ plt.show()
 # 表中各列：**追踪 ms** 是上面定义的时间（Gloo 在它自己的线程上完成的工作）；**其中算子 ms** 是
 # 编号最小的 rank 上，Gloo 的线程在这次调用内执行 PyTorch 算子的时间（在它自己的缓冲区和你的
 # 张量之间拷贝数据，不是通信）；**Python ms** 是最慢的 rank 上用 `perf_counter` 包住整个调用测得的
-# 时间（包含调用的分发和等待）；然后是**模型 ms** 和**追踪/模型**。这个单元会启动三次，
-# 其中两次带追踪：要跑上若干秒，机器忙时更久。
+# 时间（包含调用的分发和等待）；然后是**模型 ms** 和**追踪/模型**。这个单元会启动三轮 rank
+# （其中两轮带追踪），要跑好几秒，机器忙时更久。
 
 # %% tags=["lesson"]
 import os

@@ -426,7 +426,7 @@ dl.spawn(evaluate_on_rank, args=(model, X_val, y_val), nprocs=4, backend="gloo")
 # 3. **对计数求和**：每个 rank 评估不带填充的分片 `range(rank, n, R)`，各 rank 用
 #    `all_reduce` 对“答对的个数”和“样本个数”求和（`evaluation.all_reduce_accuracy`）。
 #
-# 另一个常见说法是 `bool` 张量不能被收集。在当前 PyTorch 的 `gloo` 后端上，上面的 `correct` 就是
+# 另一个常见说法是 `bool` 张量不能做全收集（`all_gather`）。在当前 PyTorch 的 `gloo` 后端上，上面的 `correct` 就是
 # `bool` 张量，`all_gather` 可以正常工作；只在求平均时才需要转成 `float`。
 
 # %% tags=["lesson"]

@@ -624,16 +624,16 @@ plot_timeline(step);
 
 # %% [markdown] lang="en"
 # Each orange bar is one bucket's all-reduce; most start while backward (blue) is still
-# running, and the title gives the share of communication time hidden behind it. On this
-# 2-core CPU the gloo threads compete with backward for the same cores, so the saving is
-# small; on GPUs with NCCL, communication runs on its own stream and the overlap is what
+# running, and the title gives the share of communication time hidden behind it. On a
+# machine with few CPU cores (2 in CI) the gloo threads compete with backward for the same
+# cores, so the saving is small; on GPUs with NCCL, communication runs on its own stream and the overlap is what
 # lets DDP scale. The step-time ratio printed above is measured, not assumed: the goal for
 # `BucketedDDP` is at most 1.3× torch's DDP.
 
 # %% [markdown] lang="zh"
 # 每个橙色条是一个桶的全归约；大多数橙色条在反向传播（蓝色）还没结束时就开始了，标题给出了被
-# 反向计算掩盖掉的通信时间所占的比例。这台机器只有 2 个 CPU 核，gloo 的线程要和反向计算抢同样
-# 的核，所以省下的时间不多；在 GPU 上用 NCCL 时，通信在单独的流上运行，正是这种重叠让 DDP 能
+# 反向计算掩盖掉的通信时间所占的比例。在 CPU 核很少的机器上（CI 只有 2 个核），gloo 的线程要和反
+# 向计算抢同样的核，所以省下的时间不多；在 GPU 上用 NCCL 时，通信在单独的流上运行，正是这种重叠让 DDP 能
 # 随 GPU 数量扩展。上面打印的单步耗时之比是实测出来的，不是假设的：`BucketedDDP` 的目标是单步耗时不
 # 超过 torch DDP 的 1.3 倍。
 
@@ -669,9 +669,9 @@ plot_timeline(step);
 #
 # - **通信**：花在 Gloo 集合通信上的时间（在 Gloo 的工作线程上）；
 # - **未被掩盖的通信**：其中 rank 主线程没有运行任何算子的那部分时间；
-# - **重叠 %** = （通信 - 未被掩盖的通信）/ 通信：这正是 Holistic Trace Analysis 对 GPU 追踪
+# - **重叠 %** = (通信 - 未被掩盖的通信) / 通信：这正是 Holistic Trace Analysis 对 GPU 追踪
 #   记录给出的指标（`hta/analyzers/communication_analysis.py` 中的 `get_comm_comp_overlap`），
-#   这里用主线程上的算子代替计算内核。
+#   这里用主线程上的算子代替 GPU 上的计算核函数。
 #
 # `NaiveDDP` 要等反向传播全部结束才开始通信，而且逐个等待每次全归约：它的重叠接近 0。
 # `BucketedDDP` 则在反向传播进行中就发起每个桶的通信。
@@ -709,14 +709,14 @@ trace_analysis.draw(runs);
 # The thin black bars on top of each rank are the `record_function` ranges: first the
 # two naive steps, then the two bucketed ones. In the naive steps the all-reduces
 # (blue) come after the grey backward, one after another; in the bucketed steps they sit
-# under it. How much of that shows as overlap depends on the machine: here Gloo's thread and
-# backward share 2 CPU cores. The file `ddp_trace` also opens in Perfetto, where each rank's
+# under it. How much of that shows as overlap depends on the machine: with few CPU cores,
+# Gloo's thread and backward share them. The file `ddp_trace` also opens in Perfetto, where each rank's
 # main thread and Gloo thread are separate rows.
 
 # %% [markdown] lang="zh" tags=["lesson"]
 # 每个 rank 上方的细黑条是 `record_function` 区间：先是两个朴素步，再是两个分桶步。朴素步里，
 # 全归约（蓝色）在灰色的反向计算之后一个接一个地出现；分桶步里，它们位于反向计算的下方、与之
-# 同时进行。其中有多少能体现为重叠取决于机器：这里 Gloo 的线程和反向计算共用 2 个 CPU 核。
+# 同时进行。其中有多少能体现为重叠取决于机器：CPU 核很少时，Gloo 的线程和反向计算只能共用这几个核。
 # `ddp_trace` 这个文件也可以在 Perfetto 中打开，那里每个 rank 的主线程和 Gloo 线程各占一行。
 
 # %% [markdown] lang="en"

@@ -226,8 +226,8 @@ for n in (1, 2, 4, 8):
 # e.g. `LinearLR` from 1/k of the scaled LR to all of it (`torch/optim/lr_scheduler.py`):
 
 # %% [markdown] lang="zh"
-# 线性规则在训练刚开始、权重变化很快时并不成立：Goyal 等（2017，第 2.2 节）用大小为 8k 的批训
-# 练 ResNet-50 时，需要**预热**（warmup）：在前 5 轮里把学习率从小批时的值逐步升到它的 k 倍；
+# 线性规则在训练刚开始、权重变化很快时并不成立：Goyal 等（2017，第 2.2 节）用 8192（8k）的批大
+# 小训练 ResNet-50 时，需要**预热**（warmup）：在前 5 轮里把学习率从小批时的值逐步升到它的 k 倍；
 # 不预热的话，大学习率会在早期发散，或者最终效果更差。在 torch 里，预热就是一个调度器，例如
 # `LinearLR`：从缩放后学习率的 1/k 开始，逐步升到缩放后的学习率
 # （`torch/optim/lr_scheduler.py`）：
@@ -474,7 +474,7 @@ print("same weights:", torch.equal(fresh[0].weight, net[0].weight))
 # the GPU read memory faster, non_blocking makes it asynchronous everywhere") mixes up the
 # two: it is the pinning that makes the asynchronous copy possible.
 #
-# On this machine there is no GPU: pinning needs one, and `DataLoader` warns and skips it.
+# Without a GPU there is nothing to pin for: `DataLoader` warns and skips the pinning.
 # The GPU cell after it measures both copies.
 
 # %% [markdown] lang="zh"
@@ -490,7 +490,7 @@ print("same weights:", torch.equal(fresh[0].weight, net[0].weight))
 # 序就会缺内存。一种常见的解释（“`pin_memory` 让 GPU 读内存更快，`non_blocking` 让一切都变
 # 成异步”）把两者混为一谈：正是页锁定才使异步复制成为可能。
 #
-# 这台机器没有 GPU：页锁定需要 GPU，`DataLoader` 会发出警告并跳过它。再下一个单元在 GPU 上测量
+# 没有 GPU 时，页锁定无法进行，`DataLoader` 会警告并跳过它。再下一个单元在 GPU 上测量
 # 这两种复制。
 
 # %%
