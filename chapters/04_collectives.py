@@ -908,7 +908,9 @@ dl.timeline(os.path.join(trace_dir, "collectives_4.json"));
 #    the naive gather to rank 0 + broadcast back. Each time is the median over iterations of
 #    the slower rank's time;
 # 3. puts each time next to the model with the fitted α, β, γ: the ring's formula for the
-#    hand ring and for gloo, the parameter server's for gather + broadcast. With N = 2 the ring
+#    hand ring, `costs.gloo_cpu` for gloo (the segmented ring of the table above: at least
+#    two segments per chunk, so 4α at N = 2 where the plain ring has 2α), the parameter
+#    server's for gather + broadcast. With N = 2 the ring
 #    and recursive halving-doubling send the same messages (half the buffer each way, then the
 #    other half), so halving-doubling has no column of its own. The ratio is measured / model.
 #
@@ -931,8 +933,9 @@ dl.timeline(os.path.join(trace_dir, "collectives_4.json"));
 # 2. **用三种方法给同一个全归约计时**，轮流进行，让三者承受同样的负载：第 05 章亲手写的环形
 #    算法（`ddp_lab.ring`）、gloo 自己的 `dist.all_reduce`，以及朴素的“收集到 rank 0 + 广播回去”。
 #    每个时间都取较慢那个 rank 的时间在多次迭代上的中位数；
-# 3. 把每个时间和用拟合出的 α、β、γ 算出的模型值放在一起：手写环形和 gloo 用环形的公式，
-#    收集 + 广播用参数服务器的公式。N = 2 时，环形和递归减半/加倍发送的消息完全相同（每个方向先发
+# 3. 把每个时间和用拟合出的 α、β、γ 算出的模型值放在一起：手写环形用环形的公式，gloo 用
+#    `costs.gloo_cpu`（即上表中的分段环形：每块至少两段，所以 N = 2 时是 4α，而普通环形是
+#    2α），收集 + 广播用参数服务器的公式。N = 2 时，环形和递归减半/加倍发送的消息完全相同（每个方向先发
 #    一半缓冲区，再发另一半），所以递归减半/加倍没有单独的一列。比值是实测 / 模型。
 #
 # 创建主机需要 root 权限；不允许时，单元会说明原因，并改为展示一次真实运行保存下来的对应部分。

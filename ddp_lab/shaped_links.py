@@ -12,9 +12,11 @@ ones), and ``gamma`` (the time to add one byte) comes from a local ``add_``. The
   ``dist.broadcast`` back.
 
 Each measured median sits next to the model's prediction from ``ddp_lab.costs`` with the
-fitted alpha, beta and gamma: ``costs.ring`` for the hand ring and for gloo's all-reduce
-(with 2 ranks, the ring and recursive halving-doubling send the same messages: half the
-buffer each way, then the other half), ``costs.parameter_server`` for gather-broadcast.
+fitted alpha, beta and gamma: ``costs.ring`` for the hand ring (with 2 ranks, the ring and
+recursive halving-doubling send the same messages: half the buffer each way, then the other
+half), ``costs.gloo_cpu`` for gloo's all-reduce (the segmented ring gloo runs: p >= 2
+segments per chunk, so 4 alpha at 2 ranks where the plain ring has 2), and
+``costs.parameter_server`` for gather-broadcast.
 
 Where hosts cannot be built (not root), :func:`lab` shows the stored real run instead:
 ``python -m ddp_lab.shaped_links record`` wrote ``shaped_links_run.json`` next to this
@@ -43,7 +45,14 @@ from ddp_lab.i18n import _t
 
 RECORD = Path(__file__).with_name("shaped_links_run.json")
 ALGORITHMS = ("ring", "gloo", "gather_broadcast")
-MODELS = {"ring": costs.ring, "gloo": costs.ring, "gather_broadcast": costs.parameter_server}
+
+
+def _gloo_all_reduce(n: int, size: float, alpha: float, beta: float, gamma: float = 0.0) -> float:
+    """``costs.gloo_cpu`` for ``dist.all_reduce``: gloo's segmented ring."""
+    return costs.gloo_cpu("all_reduce", n, size, alpha, beta, gamma)
+
+
+MODELS = {"ring": costs.ring, "gloo": _gloo_all_reduce, "gather_broadcast": costs.parameter_server}
 CALIBRATION_SIZES = (4, 16 << 10, 64 << 10, 256 << 10)
 # The stored sweep: every rate, sizes up to about a quarter second of one message.
 RECORD_RATES = (10, 100)
