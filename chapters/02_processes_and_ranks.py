@@ -212,7 +212,7 @@ dl.show_source(ranks.assign)
 
 # %% [markdown] lang="zh"
 # 拖动滑块试试。`CUDA_VISIBLE_DEVICES=4,5,6,7` 且每节点 4 个进程时，本地 rank 0 使用物理
-# GPU 4；如果每节点 8 个进程（照抄启动命令时很容易犯的错误），本地 rank 4 到 7 根本没有 GPU。
+# GPU 4；如果每节点 8 个进程（照抄启动命令时很容易犯的错误），本地 rank 4～7 根本没有 GPU。
 
 # %%
 ranks.rank_table_widget(nnodes=2, nproc_per_node=4, gpus_per_node=8);
