@@ -798,9 +798,8 @@ print(dl.spawn(train_two_steps, args=(True,), nprocs=2, quiet=True, timeout=60))
 # - `model.module().state_dict()`: `.module` is an attribute holding your model, so
 #   `model.module()` *calls* the model with no input and fails; write
 #   `model.module.state_dict()`.
-# - "the rank is the process's priority": a rank is only an index. Rank 0 gets extra
-#   chores by convention (printing, saving), not by any scheduling priority; every rank
-#   runs the same code at the same speed.
+# - "the rank is the process's priority": it is only an index, as section 1's `nice` column
+#   showed.
 
 # %% [markdown] lang="zh" tags=["lesson"]
 # ### 三个常见的小错误，运行一下
@@ -809,8 +808,7 @@ print(dl.spawn(train_two_steps, args=(True,), nprocs=2, quiet=True, timeout=60))
 #   构造任何东西之前就被 Python 拒绝。
 # - `model.module().state_dict()`：`.module` 是保存原模型的属性，`model.module()` 会在没有输入的
 #   情况下*调用*模型并失败；应写 `model.module.state_dict()`。
-# - “rank 是进程的优先级”：rank 只是一个编号。rank 0 按惯例多做一些杂事（打印、保存），而不是有
-#   什么调度优先级；每个 rank 以同样的速度运行同样的代码。
+# - “rank 是进程的优先级”：rank 只是一个编号，见第 1 节表中的 `nice` 列。
 
 # %% tags=["lesson"]
 def three_slips(rank):
