@@ -122,7 +122,7 @@ def format_table(rows: list[dict[str, Any]]) -> str:
     """A markdown table of ``compare_hooks`` rows (bytes relative to the first row)."""
     base = rows[0]["bytes_per_step"]
     lines = [
-        "| hook | bytes per step | vs plain | test accuracy | max parameter diff vs plain |",
+        _t("| hook | bytes per step | vs plain | test accuracy | max parameter diff vs plain |"),
         "| --- | ---: | ---: | ---: | ---: |",
     ]
     for r in rows:

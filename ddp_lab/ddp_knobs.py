@@ -26,6 +26,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from ddp_lab.i18n import _t
+
 CONFIGS: dict[str, dict[str, Any]] = {
     "default": {},
     "gradient_as_bucket_view=True": {"gradient_as_bucket_view": True},
@@ -118,7 +120,7 @@ def measure_knobs(
 def format_knob_table(rows: list[dict[str, Any]]) -> str:
     """A markdown table of ``measure_knobs`` rows."""
     lines = [
-        "| setting | grads + buckets (MiB) | / parameters | buckets in iterations 0, 1, 2 |",
+        _t("| setting | grads + buckets (MiB) | / parameters | buckets in iterations 0, 1, 2 |"),
         "| --- | ---: | ---: | --- |",
     ]
     for r in rows:
