@@ -69,7 +69,7 @@ with open(path, "w") as f:
     json.dump(config, f, indent=2)
 EOF
 # `ddp-lab grade` runs each submission in a bubblewrap sandbox (docs/INSTRUCTORS.md), and counts
-# the bytes 05.ring's ranks send each other with ss (iproute2; course/traffic.py).
+# the bytes 05.ring's ranks send each other with ss (iproute2; course/grading/traffic.py).
 if ! command -v bwrap >/dev/null || ! command -v ss >/dev/null; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     apt_bwrap() { DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends bubblewrap iproute2; }

@@ -8,7 +8,7 @@ DDP_LAB_EXTRAS=test,site bash setup.sh --no-lab
 # `apt-get update` only when the package lists do not have them):
 # - chromium: tests/course/test_browser.py drives JupyterLab in Debian's Chromium (Playwright
 #   comes with the test extra); without it the browser tests skip and say why;
-# - bubblewrap: `ddp-lab grade` sandboxes each submission with it (course/sandbox.py); without
+# - bubblewrap: `ddp-lab grade` sandboxes each submission with it (course/grading/sandbox.py); without
 #   it grading still works, unsandboxed, and the sandbox tests skip and say why.
 missing=()
 [ -x "${DDP_LAB_CHROMIUM:-/usr/bin/chromium}" ] || missing+=(chromium)

@@ -1,10 +1,10 @@
 """What a checkpoint costs: one step vs one checkpoint, and a whole run with checkpoints.
 
-Part 1 (``ddp_lab.recovery.checkpoint_cost``, 2 gloo ranks, interleaved rounds): median
+Part 1 (``ddp_lab.labs.recovery.checkpoint_cost``, 2 gloo ranks, interleaved rounds): median
 time of one training step of chapter 08's model, of one ``torch.save`` checkpoint
 (``resume.save_step``) and of one ``dcp.save``, and their bytes. From them, the smallest K
 whose checkpoints cost at most 10 % (chapter 11 recommends it). Part 2: chapter 08's
-program (``ddp_lab.train``) run without checkpoints and with ``--checkpoint-every K``,
+program (``ddp_lab.tools.train``) run without checkpoints and with ``--checkpoint-every K``,
 alternately, ``--rounds`` times each; prints the median wall times and their ratio.
 Goal: ratio <= 1.10.
 
@@ -20,7 +20,8 @@ import time
 from pathlib import Path
 
 import ddp_lab as dl
-from ddp_lab import recovery, train
+from ddp_lab.labs import recovery
+from ddp_lab.tools import train
 
 
 def main() -> None:

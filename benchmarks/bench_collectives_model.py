@@ -22,8 +22,9 @@ import tempfile
 import torch
 
 import ddp_lab as dl
-from ddp_lab import collectives, shaped_links
-from ddp_lab import trace_analysis as ta
+from ddp_lab import collectives
+from ddp_lab.labs import shaped_links
+from ddp_lab.tools import trace_analysis as ta
 
 CALIBRATION = (4, 64 << 10, 1 << 20, 4 << 20)
 SIZES = (4 << 10, 64 << 10, 1 << 20, 4 << 20)

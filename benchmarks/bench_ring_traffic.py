@@ -23,11 +23,11 @@ from pathlib import Path
 import cloudpickle
 import torch
 
-from ddp_lab.course import sandbox, traffic
-from ddp_lab.course.checks.ch05 import judge_traffic, probe_ring
+from ddp_lab.course.grading import sandbox, traffic
+from ddp_lab.course.grading.checks.ch05 import judge_traffic, probe_ring
 from ddp_lab.course.grading import CaseFailed
-from ddp_lab.course.learner import probe_name
-from ddp_lab.course.rankhost import RankPool
+from ddp_lab.course.grading.learner import probe_name
+from ddp_lab.course.grading.rankhost import RankPool
 
 ROOT = Path(__file__).resolve().parent.parent
 

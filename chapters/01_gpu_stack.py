@@ -41,8 +41,8 @@ import torch
 import torch.distributed as dist
 
 import ddp_lab as dl
-from ddp_lab import cuda_compat as cc
-from ddp_lab.doctor import doctor
+from ddp_lab.tools import cuda_compat as cc
+from ddp_lab.tools.doctor import doctor
 
 dl.setup()
 FIXTURES = Path(dl.__file__).resolve().parent.parent / "tests" / "fixtures"
@@ -672,7 +672,7 @@ else:
 # 而那里没有 CUDA 头文件。
 
 # %%
-from ddp_lab.doctor import find_cuda_home
+from ddp_lab.tools.doctor import find_cuda_home
 
 nvcc_path = shutil.which("nvcc")
 home = find_cuda_home(dict(os.environ), nvcc_path)
@@ -743,7 +743,7 @@ print(report)
 # %%
 from dataclasses import replace
 
-from ddp_lab.doctor import analyse, gather
+from ddp_lab.tools.doctor import analyse, gather
 
 facts = gather()
 for name in ["470.82.01_cuda11.4_a100.txt", "nvml_mismatch.txt"]:

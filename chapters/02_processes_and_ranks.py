@@ -61,7 +61,7 @@ import matplotlib.pyplot as plt
 import torch
 
 import ddp_lab as dl
-from ddp_lab import ranks
+from ddp_lab.tools import ranks
 
 dl.setup()
 print("CPU cores:", os.cpu_count())

@@ -802,7 +802,8 @@ plt.show()
 # %% tags=["lesson"]
 import os
 
-from ddp_lab import shaped_links, trace_analysis
+from ddp_lab.labs import shaped_links
+from ddp_lab.tools import trace_analysis
 
 dl.show_source(collectives.timed_collectives)
 
@@ -942,7 +943,7 @@ dl.timeline(os.path.join(trace_dir, "collectives_4.json"));
 # 真正运行大约要十秒，大部分花在两个新的 Python 进程导入 torch 上。
 
 # %% tags=["lesson"]
-from ddp_lab import shaped_links
+from ddp_lab.labs import shaped_links
 from ddp_lab.cluster import hosts
 
 dl.show_source(hosts.tc_commands)
@@ -953,7 +954,7 @@ print(shaped_links.table(run))
 
 # %% [markdown] lang="en" tags=["lesson"]
 # The stored run below is the full sweep, at 10 and 100 Mbit/s and sizes from 4 bytes up,
-# made by `python -m ddp_lab.shaped_links record` on the machine named in its first line. Read
+# made by `python -m ddp_lab.labs.shaped_links record` on the machine named in its first line. Read
 # the ratio columns: where is the model close, where not? Candidates for the gaps, each one
 # checkable: machine load (α is the fastest of 31 small round trips, the times are medians, and
 # these runs share a small machine: run it yourself); the hand ring's Python work per step,
@@ -965,7 +966,7 @@ print(shaped_links.table(run))
 
 # %% [markdown] lang="zh" tags=["lesson"]
 # 下面保存的运行是完整的扫描：10 和 100 Mbit/s，消息大小从 4 字节起，由
-# `python -m ddp_lab.shaped_links record` 在第一行写明的机器上生成。看比值那几列：模型在哪里
+# `python -m ddp_lab.labs.shaped_links record` 在第一行写明的机器上生成。看比值那几列：模型在哪里
 # 准，在哪里不准？差距可能的来源（每一条都可以验证）：机器负载（α 取 31 次小消息往返中最快的
 # 一次，而各个时间取的是中位数；这些运行在一台不大的共享机器上完成，你可以自己再跑一次）；手写
 # 环形每一步都有 Python 的开销，而 gloo 在 C++ 里完成这些工作；令牌桶的突发量（上面的 `burst`：

@@ -47,7 +47,8 @@ import torch
 import torch.distributed as dist
 
 import ddp_lab as dl
-from ddp_lab import bench_allreduce, costs, ring
+from ddp_lab import costs, ring
+from ddp_lab.labs import bench_allreduce
 
 dl.setup()
 print(torch.__version__)
@@ -305,7 +306,7 @@ for numel, dtype in [(1, torch.float32), (3, torch.int64), (10, torch.float16), 
 # %% tags=["lesson"]
 import os
 
-from ddp_lab import trace_analysis
+from ddp_lab.tools import trace_analysis
 
 trace_dir = str(dl.scratch("ch05"))
 ring_trace = os.path.join(trace_dir, "ring.json")
@@ -408,7 +409,7 @@ plt.show()
 # all-reduce, so it can be compared across N and with the hardware's link bandwidth.
 # `#wrong` counts wrong elements. The hand-written ring and `dist.all_reduce` run side by
 # side in the same processes, alternating. A small sweep here (the full one takes minutes:
-# `python -m ddp_lab.bench_allreduce -n 2 4 -b 1K -e 64M -f 4 -i 9`):
+# `python -m ddp_lab.labs.bench_allreduce -n 2 4 -b 1K -e 64M -f 4 -i 9`):
 
 # %% [markdown] lang="zh"
 # ## 测量：algbw 与 busbw
@@ -418,7 +419,7 @@ plt.show()
 # busbw 是环形全归约过程中每个 rank 的链路搬运数据的速率，因此可以在不同 N 之间比较，
 # 也可以与硬件链路带宽比较。`#wrong` 统计错误元素个数。手写环形算法和 `dist.all_reduce`
 # 在同一组进程里交替运行、并排比较。这里只做一个小规模的扫描（完整扫描需要几分钟：
-# `python -m ddp_lab.bench_allreduce -n 2 4 -b 1K -e 64M -f 4 -i 9`）：
+# `python -m ddp_lab.labs.bench_allreduce -n 2 4 -b 1K -e 64M -f 4 -i 9`）：
 
 # %%
 rows = bench_allreduce.run(2, sizes=["4K", "256K", "4M"], iters=3, warmup=1)
@@ -430,7 +431,7 @@ plt.show()
 #
 # 2 CPU cores (shared with other jobs), PyTorch 2.13 CPU build, Gloo over loopback TCP,
 # float32, median of 9 iterations, measured with
-# `python -m ddp_lab.bench_allreduce -n 2 4 -b 1K -e 64M -f 4 -i 9`. busbw in GB/s:
+# `python -m ddp_lab.labs.bench_allreduce -n 2 4 -b 1K -e 64M -f 4 -i 9`. busbw in GB/s:
 #
 # | size | N=2 ring | N=2 `dist.all_reduce` | N=4 ring | N=4 `dist.all_reduce` |
 # | ---: | ---: | ---: | ---: | ---: |
@@ -461,7 +462,7 @@ plt.show()
 #
 # 2 个 CPU 核（与其他任务共享）、PyTorch 2.13 CPU 版、通过回环 TCP 的 Gloo、float32、
 # 9 次迭代取中位数，测量命令为
-# `python -m ddp_lab.bench_allreduce -n 2 4 -b 1K -e 64M -f 4 -i 9`。busbw 单位为 GB/s：
+# `python -m ddp_lab.labs.bench_allreduce -n 2 4 -b 1K -e 64M -f 4 -i 9`。busbw 单位为 GB/s：
 #
 # | 大小 | N=2 环形 | N=2 `dist.all_reduce` | N=4 环形 | N=4 `dist.all_reduce` |
 # | ---: | ---: | ---: | ---: | ---: |

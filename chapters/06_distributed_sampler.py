@@ -55,7 +55,8 @@ from sklearn.datasets import load_digits
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 import ddp_lab as dl
-from ddp_lab import evaluation, sampler
+from ddp_lab import sampler
+from ddp_lab.labs import evaluation
 
 dl.setup()
 torch.set_num_threads(1)  # the ranks share 2 cores; extra threads only fight each other
@@ -571,7 +572,7 @@ dl.grade("06.indices", distributed_indices)
 # `DistributedSampler(shuffle=False)` gave it (so padded duplicates included), and the
 # `dataset_len`. Write `gathered_accuracy(correct, dataset_len)` that returns, on every rank,
 # the exact accuracy over the `dataset_len` samples, as a float. Use `dist.all_gather` or
-# `dist.all_reduce` yourself (not `ddp_lab.evaluation`). The hidden cases vary the dataset
+# `dist.all_reduce` yourself (not `ddp_lab.labs.evaluation`). The hidden cases vary the dataset
 # length and the world size.
 
 # %% [markdown] lang="zh" tags=["exercise"]
@@ -581,7 +582,7 @@ dl.grade("06.indices", distributed_indices)
 # 预测正确处为 1.0，对应它的 `DistributedSampler(shuffle=False)` 给出的索引，因此包含填充的
 # 重复样本）和 `dataset_len`。编写 `gathered_accuracy(correct, dataset_len)`，在每个 rank 上
 # 返回这 `dataset_len` 个样本上确切的准确率（float）。请自己使用 `dist.all_gather` 或
-# `dist.all_reduce`（不要用 `ddp_lab.evaluation`）。隐藏测试用例会改变数据集长度和 world size。
+# `dist.all_reduce`（不要用 `ddp_lab.labs.evaluation`）。隐藏测试用例会改变数据集长度和 world size。
 
 # %% tags=["exercise"]
 def biased_accuracy(correct, dataset_len):

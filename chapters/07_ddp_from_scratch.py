@@ -677,7 +677,7 @@ plot_timeline(step);
 # `BucketedDDP` 则在反向传播进行中就发起每个桶的通信。
 
 # %% tags=["lesson"]
-from ddp_lab import trace_analysis  # noqa: E402
+from ddp_lab.tools import trace_analysis  # noqa: E402
 
 
 def naive_then_bucketed(rank, steps=2):
@@ -960,7 +960,7 @@ else:
 # Updates can overwrite each other, the processes are never in step, and it works only
 # within one machine; DDP is synchronous, exact (the mean gradient) and spans machines.
 # The second cell trains a shared `nn.Linear(2, 1)` towards the weights (2, -3) from two
-# processes. Both cells run functions of `ddp_lab/shared_memory.py` in children started
+# processes. Both cells run functions of `ddp_lab/labs/shared_memory.py` in children started
 # with "spawn" (each imports torch, a few seconds).
 
 # %% [markdown] lang="zh"
@@ -980,11 +980,11 @@ else:
 # **不加锁、也不做全归约**，直接写同一份参数。更新可能互相覆盖，各进程的步调从不一致，而且只能
 # 在一台机器内使用；DDP 则是同步的、精确的（用的是平均梯度），还能跨机器。第二个单元用两个进程
 # 把一个共享的 `nn.Linear(2, 1)` 朝权重 (2, -3) 训练。两个单元运行的都是
-# `ddp_lab/shared_memory.py` 中的函数，子进程以 `"spawn"` 方式启动（每个子进程都要重新导入
+# `ddp_lab/labs/shared_memory.py` 中的函数，子进程以 `"spawn"` 方式启动（每个子进程都要重新导入
 # torch，需要几秒）。
 
 # %%
-from ddp_lab import shared_memory  # noqa: E402
+from ddp_lab.labs import shared_memory  # noqa: E402
 
 for key, value in shared_memory.send_tensor().items():
     print(f"{key:30s} {value}")

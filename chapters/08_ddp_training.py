@@ -21,7 +21,7 @@
 # Chapter 07 built DDP itself. This chapter uses torch's `DistributedDataParallel` the way
 # a real program does, from the first line to a clean shutdown, on a real data set that
 # ships with scikit-learn (the 8x8 handwritten digits: nothing to download). The program
-# is `ddp_lab/train.py`; you can run it with `torchrun` in a terminal, and this notebook
+# is `ddp_lab/tools/train.py`; you can run it with `torchrun` in a terminal, and this notebook
 # runs the very same code through `dl.spawn`. Along the way we check, with running code,
 # several claims common in notes and blog posts about DDP; a few of them are wrong.
 
@@ -30,7 +30,7 @@
 #
 # 第 07 章我们自己实现了 DDP。本章像真实程序那样使用 torch 的 `DistributedDataParallel`：从第
 # 一行代码一直到干净地退出，数据集是 scikit-learn 自带的 8×8 手写数字（不用下载）。训练程序是
-# `ddp_lab/train.py`：你可以在终端里用 `torchrun` 运行它，本 notebook 则通过 `dl.spawn` 运行完
+# `ddp_lab/tools/train.py`：你可以在终端里用 `torchrun` 运行它，本 notebook 则通过 `dl.spawn` 运行完
 # 全相同的代码。一路上我们会用可运行的代码检验关于 DDP 的一些常见说法，其中有几条是错的。
 
 # %%
@@ -45,7 +45,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 import ddp_lab as dl
-from ddp_lab import data, train
+from ddp_lab.tools import data, train
 
 dl.setup()
 workdir = dl.scratch("ch08")  # checkpoints and data of this notebook
@@ -54,7 +54,7 @@ print(torch.__version__, "| GPUs:", torch.cuda.device_count())
 # %% [markdown] lang="en"
 # ## What a real DDP program contains
 #
-# | step | in `ddp_lab/train.py` |
+# | step | in `ddp_lab/tools/train.py` |
 # | --- | --- |
 # | start one process per rank | the **launcher** (`torchrun`, `dl.spawn`) sets `RANK`, `WORLD_SIZE`, `LOCAL_RANK`, `MASTER_ADDR`, `MASTER_PORT` |
 # | join the **process group** | `dist.init_process_group(backend)`, no other arguments |
@@ -74,7 +74,7 @@ print(torch.__version__, "| GPUs:", torch.cuda.device_count())
 # %% [markdown] lang="zh"
 # ## 一个真实的 DDP 程序包含什么
 #
-# | 步骤 | `ddp_lab/train.py` 中的做法 |
+# | 步骤 | `ddp_lab/tools/train.py` 中的做法 |
 # | --- | --- |
 # | 每个 rank（进程编号）启动一个进程 | **启动器**（launcher，例如 `torchrun`、`dl.spawn`）设置 `RANK`、`WORLD_SIZE`、`LOCAL_RANK`、`MASTER_ADDR`、`MASTER_PORT` |
 # | 加入**进程组**（process group） | `dist.init_process_group(backend)`，不需要其他参数 |
@@ -94,11 +94,11 @@ print(torch.__version__, "| GPUs:", torch.cuda.device_count())
 train.make_parser().print_help()
 print()
 print("# one node, 2 ranks:")
-print("torchrun --standalone --nproc_per_node=2 -m ddp_lab.train --checkpoint-dir ckpt")
+print("torchrun --standalone --nproc_per_node=2 -m ddp_lab.tools.train --checkpoint-dir ckpt")
 print("# two nodes (run one line on each machine; ADDR = the first machine's address):")
 for node in (0, 1):
     print(f"torchrun --nnodes=2 --node-rank={node} --nproc-per-node=2 "
-          "--master-addr=ADDR --master-port=PORT -m ddp_lab.train --checkpoint-dir ckpt")
+          "--master-addr=ADDR --master-port=PORT -m ddp_lab.tools.train --checkpoint-dir ckpt")
 
 # %% [markdown] lang="en"
 # A common way to parse the local rank is `parser.add_argument("--local_rank", default=-1)`:

@@ -48,8 +48,8 @@ import torch
 import torch.distributed as dist
 
 import ddp_lab as dl
-from ddp_lab import errors
-from ddp_lab import launch_demo as ld
+from ddp_lab.tools import errors
+from ddp_lab.labs import launch_demo as ld
 
 dl.setup()
 print(torch.__version__)
@@ -58,8 +58,8 @@ print(torch.__version__)
 # ## 1. What a launcher gives each process
 #
 # Every launcher does two things: it starts one process per rank, and it tells each process
-# who it is. Our demo workers are small functions in `ddp_lab.launch_demo`, started as
-# `python -m ddp_lab.launch_demo WORKER`; each prints one line with what it received.
+# who it is. Our demo workers are small functions in `ddp_lab.labs.launch_demo`, started as
+# `python -m ddp_lab.labs.launch_demo WORKER`; each prints one line with what it received.
 # The launches take a few seconds each, so the next cell starts all of this chapter's launches
 # in the background (two at a time); the cells below wait for their own one.
 
@@ -67,7 +67,7 @@ print(torch.__version__)
 # ## 1. 启动器给每个进程提供了什么
 #
 # 每个启动器都做两件事：为每个 rank 启动一个进程，并告诉每个进程“你是谁”。我们的演示 worker 是
-# `ddp_lab.launch_demo` 里的小函数，用 `python -m ddp_lab.launch_demo WORKER` 启动；每个
+# `ddp_lab.labs.launch_demo` 里的小函数，用 `python -m ddp_lab.labs.launch_demo WORKER` 启动；每个
 # worker 打印一行，列出它收到的信息。每次启动要几秒钟，所以下一个单元会在后台一次性开始本章所
 # 有的启动（每次同时运行两个）；后面的单元各自等待自己那一次的结果。
 
@@ -966,7 +966,7 @@ errors.show_table()
 
 # %% tags=["lesson"]
 from ddp_lab.cluster import hosts
-from ddp_lab import two_hosts as th
+from ddp_lab.labs import two_hosts as th
 
 dl.show_source(hosts.Cluster.up)
 gallery = th.Gallery()
@@ -1236,7 +1236,7 @@ if not gallery.reason:
 # 关闭之后再调用。
 
 # %% tags=["lesson"]
-from ddp_lab import train as ddp_train
+from ddp_lab.tools import train as ddp_train
 
 dl.show_source(ddp_train.exit_without_finalizing)
 
@@ -1272,7 +1272,7 @@ dl.show_source(ddp_train.exit_without_finalizing)
 # 正确的那个，运行第 08 章的程序：
 
 # %% tags=["lesson"]
-from ddp_lab import slurm_jobs
+from ddp_lab.labs import slurm_jobs
 from ddp_lab.cluster import slurm
 
 jobs = slurm_jobs.Jobs()
@@ -1389,20 +1389,20 @@ assert job.state == "FAILED"
 
 # %% [markdown] lang="en" tags=["lesson"]
 # **srun without torchrun.** One task per GPU, and each task runs the program directly
-# (`srun python -m ddp_lab.train`). Nobody sets `RANK`, `WORLD_SIZE` or `MASTER_ADDR`: a
+# (`srun python -m ddp_lab.tools.train`). Nobody sets `RANK`, `WORLD_SIZE` or `MASTER_ADDR`: a
 # program that calls `init_process_group()` with the default `env://` fails with "environment
 # variable RANK expected, but not set" (`_env_rendezvous_handler` in
 # `torch/distributed/rendezvous.py`). Chapter 08's program is friendlier, and that hides the
 # mistake: without `RANK` it runs as a one-rank job (`_ensure_launcher_env` in
-# `ddp_lab/train.py`). So four independent trainings run, each on the whole dataset with world
+# `ddp_lab/tools/train.py`). So four independent trainings run, each on the whole dataset with world
 # size 1, and the job `COMPLETED`:
 
 # %% [markdown] lang="zh" tags=["lesson"]
 # **只用 srun，不用 torchrun**。每块 GPU 一个任务，每个任务直接运行程序
-# （`srun python -m ddp_lab.train`）。没有谁去设置 `RANK`、`WORLD_SIZE` 和 `MASTER_ADDR`：用默认
+# （`srun python -m ddp_lab.tools.train`）。没有谁去设置 `RANK`、`WORLD_SIZE` 和 `MASTER_ADDR`：用默认
 # `env://` 调用 `init_process_group()` 的程序会报“environment variable RANK expected, but not
 # set”错误而失败（`torch/distributed/rendezvous.py` 的 `_env_rendezvous_handler`）。第 08 章的程序
-# 更“友好”，反而掩盖了这个错误：没有 `RANK` 时它按单 rank 任务运行（`ddp_lab/train.py` 的
+# 更“友好”，反而掩盖了这个错误：没有 `RANK` 时它按单 rank 任务运行（`ddp_lab/tools/train.py` 的
 # `_ensure_launcher_env`）。于是跑了四个互不相干的训练，每个都在整个数据集上以 world size 1 运行，
 # 作业状态却是 `COMPLETED`：
 

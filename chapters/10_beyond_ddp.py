@@ -46,9 +46,9 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import ddp_lab as dl
 from ddp_lab.comm_hooks import compare_hooks, count_collectives, format_table
-from ddp_lab.ddp_knobs import format_knob_table, measure_knobs
+from ddp_lab.labs.ddp_knobs import format_knob_table, measure_knobs
 from ddp_lab.fsdp import FullyShardedDP, plot_fsdp_timeline
-from ddp_lab.memory_model import measure_memory, paper_example, plot_memory, worst_rank
+from ddp_lab.labs.memory_model import measure_memory, paper_example, plot_memory, worst_rank
 from ddp_lab.zero import ShardedOptimizer, assign_shards
 
 dl.setup()
@@ -520,7 +520,7 @@ plot_memory(memory);
 
 # %% [markdown] lang="en"
 # ZeRO-1's optimizer column shrinks with N but not to exactly 1/N: it shards whole
-# parameters, and this model (`memory_mlp(512, 4)` in `ddp_lab/memory_model.py`) has three
+# parameters, and this model (`memory_mlp(512, 4)` in `ddp_lab/labs/memory_model.py`) has three
 # 512×512 weight matrices, a 512×64 input layer and a small output layer, so on 2 ranks
 # one rank owns two of the large ones. FSDP shards a flat vector, so its shards are even (up to padding), and the
 # parameters and gradients shrink too; it pays for that with an all-gather before every
@@ -532,7 +532,7 @@ plot_memory(memory);
 
 # %% [markdown] lang="zh"
 # ZeRO-1 的优化器一列随 N 减小，但不是恰好 1/N：它按整个参数分片，而这个模型
-# （`ddp_lab/memory_model.py` 中的 `memory_mlp(512, 4)`）有三个 512×512 的权重矩阵、一个
+# （`ddp_lab/labs/memory_model.py` 中的 `memory_mlp(512, 4)`）有三个 512×512 的权重矩阵、一个
 # 512×64 的输入层和一个很小的输出层，所以在 2 个 rank 上，有一个 rank 会分到两个大矩阵。FSDP 对一个展平的向量分片，
 # 所以各分片大小相同（至多相差填充的那几个元素），参数和梯度也一起变小；代价是每次使用前都
 # 要做一次全收集，而且全收集后的单元要占用内存。“全收集峰值”一列只统计全收集的**参数**（这里同一时刻
@@ -683,7 +683,7 @@ plot_fsdp_timeline(step);
 # %% tags=["lesson"]
 from collections import Counter  # noqa: E402
 
-from ddp_lab import trace_analysis  # noqa: E402
+from ddp_lab.tools import trace_analysis  # noqa: E402
 
 fsdp_trace = str(dl.scratch("ch10") / "fsdp.json")
 dl.spawn(fsdp_timeline, nprocs=2, backend="gloo", trace=fsdp_trace)

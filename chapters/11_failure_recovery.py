@@ -48,7 +48,8 @@ from pathlib import Path
 import torch
 
 import ddp_lab as dl
-from ddp_lab import recovery, resume
+from ddp_lab.labs import recovery
+from ddp_lab.tools import resume
 
 dl.setup()
 WORK = dl.scratch("ch11")  # removed when this kernel stops
@@ -66,7 +67,7 @@ print(torch.__version__)
 # **LR schedule**'s step count), the same batch (the sampler's epoch *and* how far into the
 # epoch the run got) and the same random draws (dropout, augmentation: every rank's torch
 # generators, CPU and CUDA, and its NumPy and Python ones, each rank its own). Miss one and
-# the run still trains, but it is another run. `ddp_lab.resume` keeps all of it; `python -m ddp_lab.train
+# the run still trains, but it is another run. `ddp_lab.tools.resume` keeps all of it; `python -m ddp_lab.tools.train
 # --checkpoint-every K` writes it every K steps and resumes from the newest complete one.
 # The sampler's position is the subtle part: with W ranks, rank r reads positions r, r+W,
 # r+2W, ... of the epoch's order, so after p steps of B samples per rank the first p·B·W
@@ -80,8 +81,8 @@ print(torch.__version__)
 # 的**优化器状态**（optimizer state），即 SGD 的动量、Adam 的一阶和二阶矩；同样的学习率，也就
 # 是**学习率调度**（LR schedule）已走的步数；同样的批，即采样器所在的轮（epoch），*以及*这一轮
 # 已经读到了哪里；同样的随机数（dropout、数据增强），即每个 rank 各自的 torch（CPU 和 CUDA）、
-# NumPy 和 Python 随机数生成器。漏掉任何一项，训练照样能跑，但已经是另一次训练了。`ddp_lab.resume` 保存了所有这
-# 些；`python -m ddp_lab.train --checkpoint-every K` 每 K 步写一次检查点，启动时从最新的完整检
+# NumPy 和 Python 随机数生成器。漏掉任何一项，训练照样能跑，但已经是另一次训练了。`ddp_lab.tools.resume` 保存了所有这
+# 些；`python -m ddp_lab.tools.train --checkpoint-every K` 每 K 步写一次检查点，启动时从最新的完整检
 # 查点恢复。最微妙的是采样器的位置：world size（进程总数）为 W 时，rank r 读取本轮顺序中的第
 # r、r+W、r+2W……个位置，所以每个 rank 每步取 B 个样本、走了 p 步之后，前 p·B·W 个位置已经用掉，
 # 与 rank 无关。`ResumableDistributedSampler` 跳过这些位置，把其余的像 `DistributedSampler` 一
@@ -95,7 +96,7 @@ dl.show_source(resume.save_step)
 # `_base_seed` from `loader.generator`, and without one from the global torch generator, even
 # with `num_workers=0` (`_BaseDataLoaderIter.__init__` in `torch/utils/data/dataloader.py`): a
 # resumed run makes its iterator mid-epoch, at another point of that stream, and every later
-# draw shifts. That is why `python -m ddp_lab.train` and `recovery.resumable_loop` give their
+# draw shifts. That is why `python -m ddp_lab.tools.train` and `recovery.resumable_loop` give their
 # loaders a `torch.Generator()` of their own. With `num_workers > 0` the augmentation draws
 # happen in the worker processes, each seeded with `base_seed + worker_id` when an iterator
 # starts (`torch/utils/data/_utils/worker.py`; chapter 08 seeds them); their generators live
@@ -113,7 +114,7 @@ dl.show_source(resume.save_step)
 # `_base_seed`；没有指定 `generator` 时，抽的是全局的 torch 随机数生成器，即使
 # `num_workers=0` 也是如此（`torch/utils/data/dataloader.py` 中的 `_BaseDataLoaderIter.__init__`）。
 # 恢复的运行在一轮的中途创建迭代器，抽取时处在随机数序列的另一个位置，之后的每次抽取都错开了。所
-# 以 `python -m ddp_lab.train` 和 `recovery.resumable_loop` 都给数据加载器单独配了一个
+# 以 `python -m ddp_lab.tools.train` 和 `recovery.resumable_loop` 都给数据加载器单独配了一个
 # `torch.Generator()`。`num_workers > 0` 时，数据增强的随机数在 worker 进程里抽取，每个迭代器开
 # 始时，worker 的种子设为 `base_seed + worker_id`（`torch/utils/data/_utils/worker.py`；第 08 章
 # 讲过怎样给它们设种子）。这些生成器在 worker 进程里，保存主进程的随机数状态并不能把它们一起保
@@ -181,7 +182,7 @@ print("resumed,  items 4-7:", epoch_items(4, saved_rng))
 # %% tags=["lesson"]
 def train_run(*extra):
     cmd = [TORCHRUN, "--standalone", "--nproc-per-node=2", "--max-restarts=1",
-           "-m", "ddp_lab.train", "--epochs", "1", "--batch-size", "128", "--threads", "1",
+           "-m", "ddp_lab.tools.train", "--epochs", "1", "--batch-size", "128", "--threads", "1",
            "--augment", "--warmup-steps", "3", "--data-dir", str(WORK / "data"), *extra]
     return subprocess.run(cmd, capture_output=True, text=True, env=ENV, timeout=300)
 
@@ -238,7 +239,7 @@ dl.show_source(resume.save_atomic)
 # %% tags=["lesson"]
 KILLED_WRITER = """
 import os, signal, sys, torch
-from ddp_lab import resume
+from ddp_lab.tools import resume
 resume.save_atomic({"step": 1}, resume.step_path(sys.argv[1], 1))
 def dying_save(obj, f, *args, **kwargs):
     f.write(b"PK half a file")
@@ -535,7 +536,7 @@ for line in dl.spawn(recovery.collective_timeout, args=(3.0,), nprocs=2, backend
 # 始，一共大约三分钟；无法搭建主机时，显示一次真实运行保存下来的时间线。
 
 # %% tags=["lesson"]
-from ddp_lab import elastic
+from ddp_lab.labs import elastic
 
 runs = elastic.Runs()
 print(" ".join(["torchrun", *elastic.torchrun(0, "CKPT")[3:]]).replace(":0 ", ":PORT "))
@@ -590,7 +591,7 @@ print("exit codes:", agent.returncodes)
 # %% [markdown] lang="en" tags=["lesson"]
 # The second run: host1's link goes down and nothing is closed. Its packets are simply lost,
 # so host0's worker waits inside a collective until the process group's timeout, 8 s here
-# (`python -m ddp_lab.train --timeout 8`, passed to `init_process_group`; section 4), and only
+# (`python -m ddp_lab.tools.train --timeout 8`, passed to `init_process_group`; section 4), and only
 # then fails ("Timed out waiting 8000ms"). With torch's default of 30 minutes the job would
 # sit that long. From there it goes as before. When the link is back, host1's agent reaches
 # the store on host0 again: its own worker timed out too, so it spends one of its restarts
@@ -605,7 +606,7 @@ print("exit codes:", agent.returncodes)
 # %% [markdown] lang="zh" tags=["lesson"]
 # 第二次运行：host1 的链路断开，但什么都没有关闭。它的数据包只是丢了，所以 host0 的 worker 在
 # 集合通信里一直等到进程组超时才失败（“Timed out waiting 8000ms”），这里超时是 8 秒
-# （`python -m ddp_lab.train --timeout 8`，传给 `init_process_group`；见第 4 节）。如果用
+# （`python -m ddp_lab.tools.train --timeout 8`，传给 `init_process_group`；见第 4 节）。如果用
 # torch 默认的 30 分钟，作业就会卡这么久。之后的过程和第一次一样。链路恢复后，host1 的代理又
 # 能连上 host0 上的 store：它自己的 worker 也已经超时失败，于是它用掉一次重启，加入下一轮会
 # 合，host0 的代理再为它重启自己的 worker。多久能回来取决于 TCP：链路断开期间，内核按越来越长
@@ -636,7 +637,7 @@ print([w[1] for w in link.worlds()], link.returncodes)
 # default; `--signals-to-handle` adds SIGUSR1, so that the agent passes it on to its workers
 # instead of dying of it (`_invoke_run`'s caller `run` in `torch/distributed/elastic/agent/
 # server/api.py`: on a `SignalException` it shuts the workers down with that signal).
-# `python -m ddp_lab.train --preempt-signal USR1` notes the signal, and after every step all
+# `python -m ddp_lab.tools.train --preempt-signal USR1` notes the signal, and after every step all
 # ranks all-reduce that note (`resume.StopOnSignal`), so that they stop after the same step:
 # a rank that stopped alone would leave the others in a collective. Then a checkpoint, a file
 # `preempted`, and the script requeues its own job with `scontrol requeue`. A second, identical
@@ -662,7 +663,7 @@ print([w[1] for w in link.worlds()], link.returncodes)
 # 下面的作业把这些组合在一起。torchrun 默认处理 SIGTERM、SIGINT、SIGHUP 和 SIGQUIT；
 # `--signals-to-handle` 加上 SIGUSR1，代理就会把这个信号转发给它的 worker，而不是被它杀死
 # （`torch/distributed/elastic/agent/server/api.py` 中调用 `_invoke_run` 的 `run`：捕获到
-# `SignalException` 时，用这个信号关闭 worker）。`python -m ddp_lab.train --preempt-signal
+# `SignalException` 时，用这个信号关闭 worker）。`python -m ddp_lab.tools.train --preempt-signal
 # USR1` 记下收到的信号，每一步之后所有 rank 对这个标记做一次全归约（`resume.StopOnSignal`），
 # 这样它们会在同一步之后停下：单独停下的 rank 会让其他 rank 卡在集合通信里。随后写检查点和一个
 # `preempted` 文件，脚本再用 `scontrol requeue` 把自己的作业重新排队。另一个完全相同的作业一口
@@ -672,7 +673,7 @@ print([w[1] for w in link.worlds()], link.returncodes)
 # `scontrol update JobId=… StartTime=now` 省掉这段等待。它现在开始运行，大约需要两分钟。
 
 # %% tags=["lesson"]
-from ddp_lab import preemption
+from ddp_lab.labs import preemption
 
 preempt = preemption.Runs()
 print(preemption.script("preempted", "FOLDER", "CHECKPOINTS"))

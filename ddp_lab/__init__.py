@@ -19,10 +19,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ddp_lab import (
-    _moved,  # first: old paths (ddp_lab.launcher, ...) keep working
-    doctor,  # callable: dl.doctor() prints the machine report
-)
+from ddp_lab import _moved  # first: old paths (ddp_lab.launcher, ...) keep working
 from ddp_lab.course.grading import grade
 from ddp_lab.course.notebook import scratch, setup, show_source, tr
 from ddp_lab.i18n import get_language, set_language
@@ -36,7 +33,8 @@ from ddp_lab.runtime.launcher import (
     spawn,
 )
 from ddp_lab.runtime.persistent import pull, push, start, status, stop
-from ddp_lab.trace_analysis import timeline
+from ddp_lab.tools import doctor  # callable: dl.doctor() prints the machine report
+from ddp_lab.tools.trace_analysis import timeline
 
 __version__ = "0.1.0"
 

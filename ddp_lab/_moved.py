@@ -1,30 +1,35 @@
-"""Old import paths of modules that moved (into ``ddp_lab.runtime``, ``ddp_lab.course``...).
+"""Old import paths of modules that moved (into ``ddp_lab.runtime``, ``ddp_lab.labs``...).
 
 The package used to be one flat folder. Code written against it (a learner's notebook,
 ``from ddp_lab.launcher import spawn``, ``import ddp_lab.grading``) keeps working: importing
 an old path gives the very module object of the new place (same functions, same state, so
 monkeypatching either name patches both). Prefer the new paths in new code:
 
-=========================  ==================================
-old path                   new place
-=========================  ==================================
-``ddp_lab.launcher``       ``ddp_lab.runtime.launcher``
-``ddp_lab.persistent``     ``ddp_lab.runtime.persistent``
-``ddp_lab.magic``          ``ddp_lab.runtime.magic``
-``ddp_lab._zygote``        ``ddp_lab.runtime._zygote``
-``ddp_lab._rank``          ``ddp_lab.runtime._rank``
-``ddp_lab._rank_group``    ``ddp_lab.runtime._rank_group``
-``ddp_lab._rank_loop``     ``ddp_lab.runtime._rank_loop``
-``ddp_lab.build``          ``ddp_lab.course.build``
-``ddp_lab.cli``            ``ddp_lab.course.cli``
-``ddp_lab.grader``         ``ddp_lab.course.grader``
-``ddp_lab.grading``        ``ddp_lab.course.grading``
-``ddp_lab.notebook``       ``ddp_lab.course.notebook``
-``ddp_lab.course.i18n``    ``ddp_lab.i18n`` (gettext now: no ``Messages``/``t``)
-``ddp_lab.hosts``          ``ddp_lab.cluster.hosts``
-``ddp_lab.slurm``          ``ddp_lab.cluster.slurm``
-``ddp_lab.checks[.chNN]``  ``ddp_lab.course.checks[.chNN]``
-=========================  ==================================
+==============================  =============================================
+old path                        new place
+==============================  =============================================
+``ddp_lab.launcher``            ``ddp_lab.runtime.launcher``
+``ddp_lab.persistent``          ``ddp_lab.runtime.persistent``
+``ddp_lab.magic``               ``ddp_lab.runtime.magic``
+``ddp_lab._zygote``             ``ddp_lab.runtime._zygote``
+``ddp_lab._rank``               ``ddp_lab.runtime._rank``
+``ddp_lab._rank_group``         ``ddp_lab.runtime._rank_group``
+``ddp_lab._rank_loop``          ``ddp_lab.runtime._rank_loop``
+``ddp_lab.build``               ``ddp_lab.course.build``
+``ddp_lab.cli``                 ``ddp_lab.course.cli``
+``ddp_lab.notebook``            ``ddp_lab.course.notebook``
+``ddp_lab.course.i18n``         ``ddp_lab.i18n`` (gettext now: no ``Messages``/``t``)
+``ddp_lab.hosts``               ``ddp_lab.cluster.hosts``
+``ddp_lab.slurm``               ``ddp_lab.cluster.slurm``
+``ddp_lab.LAB`` (experiments)   ``ddp_lab.labs.LAB`` (``launch_demo``, ``two_hosts``, ...)
+``ddp_lab.TOOL`` (tools)        ``ddp_lab.tools.TOOL`` (``doctor``, ``train``, ...)
+``ddp_lab[.course].grader``     ``ddp_lab.course.grading.grader`` (and every
+                                grading stage: ``intake``, ``sandbox``, ...)
+``ddp_lab.grading``             ``ddp_lab.course.grading.checkers`` (the
+                                package ``ddp_lab.course.grading`` re-exports
+                                its API: ``checker``, ``fail``, ``grade``...)
+``ddp_lab[.course].checks``     ``ddp_lab.course.grading.checks``
+==============================  =============================================
 
 How: a finder on ``sys.meta_path`` answers for the old names only and hands back the
 module imported under the new name; ``ddp_lab.__getattr__`` does the same for attribute
@@ -40,6 +45,52 @@ import importlib.util
 import sys
 from types import CodeType, ModuleType
 
+# The chapters' experiments (``ddp_lab/labs/``) and the tools (``ddp_lab/tools/``).
+LABS = (
+    "launch_demo",
+    "two_hosts",
+    "slurm_jobs",
+    "elastic",
+    "preemption",
+    "shaped_links",
+    "recovery",
+    "bench_allreduce",
+    "ddp_knobs",
+    "memory_model",
+    "evaluation",
+    "shared_memory",
+)
+TOOLS = (
+    "doctor",
+    "cuda_compat",
+    "train",
+    "resume",
+    "data",
+    "errors",
+    "ranks",
+    "trace_analysis",
+    "interfaces",
+)
+# The stages of grading (``ddp_lab/course/grading/``), once ``ddp_lab.course.NAME``.
+GRADING = (
+    "grader",
+    "grade_class",
+    "intake",
+    "isolation",
+    "sandbox",
+    "rankhost",
+    "runner",
+    "verdict",
+    "wire",
+    "scan",
+    "similarity",
+    "report",
+    "export",
+    "traffic",
+    "learner",
+    "checks",
+)
+
 MOVED: dict[str, str] = {
     **{
         f"ddp_lab.{name}": f"ddp_lab.runtime.{name}"
@@ -53,10 +104,13 @@ MOVED: dict[str, str] = {
             "_rank_loop",
         )
     },
-    **{
-        f"ddp_lab.{name}": f"ddp_lab.course.{name}"
-        for name in ("build", "cli", "grader", "grading", "notebook", "checks")
-    },
+    **{f"ddp_lab.{name}": f"ddp_lab.course.{name}" for name in ("build", "cli", "notebook")},
+    **{f"ddp_lab.{name}": f"ddp_lab.labs.{name}" for name in LABS},
+    **{f"ddp_lab.{name}": f"ddp_lab.tools.{name}" for name in TOOLS},
+    **{f"ddp_lab.course.{name}": f"ddp_lab.course.grading.{name}" for name in GRADING},
+    "ddp_lab.grader": "ddp_lab.course.grading.grader",
+    "ddp_lab.checks": "ddp_lab.course.grading.checks",
+    "ddp_lab.grading": "ddp_lab.course.grading.checkers",
     "ddp_lab.course.i18n": "ddp_lab.i18n",
     "ddp_lab.hosts": "ddp_lab.cluster.hosts",
     "ddp_lab.slurm": "ddp_lab.cluster.slurm",

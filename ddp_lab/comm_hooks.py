@@ -79,7 +79,7 @@ def compare_hooks(
     """
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from ddp_lab.data import build_digits
+    from ddp_lab.tools.data import build_digits
 
     hooks = hooks or hook_choices()
     data = build_digits()

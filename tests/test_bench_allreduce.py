@@ -1,11 +1,11 @@
-"""Tests of ddp_lab.bench_allreduce: sizes, the bus-bandwidth factor, a tiny real run."""
+"""Tests of ddp_lab.labs.bench_allreduce: sizes, the bus-bandwidth factor, a tiny real run."""
 
 from __future__ import annotations
 
 import matplotlib
 import pytest
 
-from ddp_lab import bench_allreduce as bench
+from ddp_lab.labs import bench_allreduce as bench
 
 matplotlib.use("Agg")
 

@@ -15,7 +15,7 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
-from ddp_lab import cuda_compat as cc
+from ddp_lab.tools import cuda_compat as cc
 
 ROOT = Path(__file__).resolve().parent.parent
 FIX = ROOT / "tests" / "fixtures" / "nvidia-smi"

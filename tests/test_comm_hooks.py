@@ -12,8 +12,8 @@ from ddp_lab.comm_hooks import (
     digits_mlp,
     my_bf16_hook,
 )
-from ddp_lab.ddp_knobs import measure_knobs
-from ddp_lab.memory_model import measure_memory, paper_example, worst_rank
+from ddp_lab.labs.ddp_knobs import measure_knobs
+from ddp_lab.labs.memory_model import measure_memory, paper_example, worst_rank
 from ddp_lab.runtime.launcher import spawn
 
 

@@ -13,7 +13,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ddp_lab import cuda_compat as cc
+from ddp_lab.tools import cuda_compat as cc
 
 FIX = Path(__file__).parent / "fixtures"
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from torch.utils import cpp_extension
 
-from ddp_lab import doctor as dr
+from ddp_lab.tools import doctor as dr
 
 FIX = Path(__file__).parent / "fixtures"
 
@@ -261,7 +261,7 @@ def test_html_report() -> None:
 
 def test_dl_doctor_is_callable_and_the_function_still_importable() -> None:
     import ddp_lab as dl
-    from ddp_lab.doctor import doctor
+    from ddp_lab.tools.doctor import doctor
 
     report = dl.doctor(BASE)  # the module is callable: dl.doctor() in a notebook
     assert [x.key for x in report] == [x.key for x in doctor(BASE)]

@@ -1,4 +1,4 @@
-"""ddp_lab.errors: every CPU row of the table is triggered for real and recognised."""
+"""ddp_lab.tools.errors: every CPU row of the table is triggered for real and recognised."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ import torch
 import torch.distributed as dist
 
 import ddp_lab as dl
-from ddp_lab import errors
-from ddp_lab import launch_demo as ld
+from ddp_lab.tools import errors
+from ddp_lab.labs import launch_demo as ld
 
 
 def _mismatch(rank: int, same_op: bool) -> None:

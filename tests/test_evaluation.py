@@ -1,4 +1,4 @@
-"""ddp_lab.evaluation on real gloo ranks (the 06.accuracy checker: tests/course/checks/test_ch06.py)."""
+"""ddp_lab.labs.evaluation on real gloo ranks (the 06.accuracy checker: tests/course/checks/test_ch06.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import torch.distributed as dist
 from torch.utils.data import DistributedSampler
 
 import ddp_lab as dl
-from ddp_lab import evaluation as E
+from ddp_lab.labs import evaluation as E
 
 SIZES = list(range(0, 14)) + [31]
 

@@ -1,4 +1,4 @@
-"""ddp_lab.launch_demo: real launchers, run as subprocesses, leave nothing running."""
+"""ddp_lab.labs.launch_demo: real launchers, run as subprocesses, leave nothing running."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ddp_lab import launch_demo as ld
+from ddp_lab.labs import launch_demo as ld
 
 
 def _no_demo_processes() -> bool:

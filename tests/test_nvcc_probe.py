@@ -13,7 +13,7 @@ import subprocess
 
 import pytest
 
-from ddp_lab import cuda_compat as cc
+from ddp_lab.tools import cuda_compat as cc
 
 NVCC = cc.find_nvcc()
 pytestmark = pytest.mark.skipif(

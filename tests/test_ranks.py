@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ddp_lab import ranks
+from ddp_lab.tools import ranks
 
 
 def _model_from_torchrun(seen: list[dict], gpus: int = 4) -> list[ranks.Proc]:

@@ -1,4 +1,4 @@
-"""ddp_lab.recovery: DCP resharding (2 ranks -> 3) against the saved full state, a shard's
+"""ddp_lab.labs.recovery: DCP resharding (2 ranks -> 3) against the saved full state, a shard's
 torch.save that does not load elsewhere, a gloo timeout that raises instead of hanging."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 import ddp_lab as dl
-from ddp_lab import recovery
+from ddp_lab.labs import recovery
 
 
 def _equal(a: dict, b: dict) -> bool:

@@ -1,4 +1,4 @@
-"""ddp_lab.resume and ``ddp_lab.train --checkpoint-every``: resume bit for bit, atomic writes.
+"""ddp_lab.tools.resume and ``ddp_lab.tools.train --checkpoint-every``: resume bit for bit, atomic writes.
 
 Oracles: torch's DistributedSampler (the resumable sampler at position 0, and the tail of an
 epoch after a stop), an uninterrupted torchrun run (the digest of a run killed by SIGKILL and
@@ -20,7 +20,7 @@ import torch
 from conftest import private_tmp
 from torch.utils.data import DistributedSampler
 
-from ddp_lab import resume, train
+from ddp_lab.tools import resume, train
 
 ROOT = Path(__file__).resolve().parent.parent
 PY = sys.executable
@@ -110,7 +110,7 @@ def test_params_sha256_sees_one_bit():
 
 _KILLED_WRITER = """
 import os, signal, sys, torch
-from ddp_lab import resume
+from ddp_lab.tools import resume
 folder = sys.argv[1]
 resume.save_atomic({"step": 1, "w": torch.ones(1000)}, resume.step_path(folder, 1))
 real = torch.save
@@ -163,7 +163,7 @@ def _torchrun(tmp_path: Path, *extra: str) -> subprocess.CompletedProcess:
         "--nproc-per-node=2",
         "--max-restarts=1",
         "-m",
-        "ddp_lab.train",
+        "ddp_lab.tools.train",
         *("--epochs", "2", "--batch-size", "64", "--threads", "1", "--augment"),
         *("--warmup-steps", "5", "--data-dir", str(tmp_path / "data"), *extra),
     ]

@@ -1,8 +1,8 @@
-"""ddp_lab.shared_memory: tensors sent to a child process are shared, and Hogwild trains."""
+"""ddp_lab.labs.shared_memory: tensors sent to a child process are shared, and Hogwild trains."""
 
 from __future__ import annotations
 
-from ddp_lab import shared_memory
+from ddp_lab.labs import shared_memory
 
 
 def test_sent_tensor_is_shared_and_changed_in_place() -> None:

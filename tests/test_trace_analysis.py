@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ddp_lab import trace_analysis as ta
+from ddp_lab.tools import trace_analysis as ta
 
 MAIN, GLOO = 100, 101
 

@@ -1,4 +1,4 @@
-"""ddp_lab.train and ddp_lab.data: the training program, checked against torch itself.
+"""ddp_lab.tools.train and ddp_lab.tools.data: the training program, checked against torch itself.
 
 Oracles: a single-process model on the same data (evaluation, loss logging), the real
 DistributedSampler (padding), an uninterrupted run (resume), and torchrun (single node
@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from torch.utils.data import DistributedSampler, TensorDataset
 
 import ddp_lab as dl
-from ddp_lab import data, train
+from ddp_lab.tools import data, train
 from ddp_lab.runtime.launcher import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -46,7 +46,7 @@ def _env(**extra: str) -> dict[str, str]:
 
 def test_help_lists_the_options():
     out = subprocess.run(
-        [PY, "-m", "ddp_lab.train", "--help"],
+        [PY, "-m", "ddp_lab.tools.train", "--help"],
         capture_output=True,
         text=True,
         env=_env(),
@@ -90,7 +90,7 @@ def test_bad_arguments_fail_before_any_rank_starts():
 
 def test_cli_error_in_chinese():
     out = subprocess.run(
-        [PY, "-m", "ddp_lab.train", "--batch-size", "0"],
+        [PY, "-m", "ddp_lab.tools.train", "--batch-size", "0"],
         capture_output=True,
         text=True,
         env=_env(DDP_LAB_LANG="zh"),
@@ -245,7 +245,7 @@ def test_torchrun_single_node_reaches_95_percent(tmp_path):
         "--standalone",
         "--nproc_per_node=2",
         "-m",
-        "ddp_lab.train",
+        "ddp_lab.tools.train",
         "--checkpoint-dir",
         str(ckpt),
         "--data-dir",
@@ -270,7 +270,7 @@ def test_torchrun_two_nodes_on_localhost(tmp_path):
             "--master-addr=127.0.0.1",
             f"--master-port={port}",
             "-m",
-            "ddp_lab.train",
+            "ddp_lab.tools.train",
             "--epochs",
             "2",
             "--data-dir",
@@ -333,7 +333,7 @@ def test_a_launched_worker_exits_without_finalizing_and_keeps_its_output(tmp_pat
     code = (
         "import atexit, runpy\n"
         "atexit.register(lambda: print('FINALIZED', flush=True))\n"
-        "runpy.run_module('ddp_lab.train', run_name='__main__', alter_sys=True)\n"
+        "runpy.run_module('ddp_lab.tools.train', run_name='__main__', alter_sys=True)\n"
     )
     cmd = [PY, "-c", code, "--epochs", "1", "--data-dir", str(tmp_path)]
     out = subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=300)

@@ -23,7 +23,7 @@ shapes each host's link with ``tc``, both ways: a ``tbf`` qdisc on the host's ``
 it sends) and one on its port of the switch (what it receives). ``delay_ms`` adds a ``netem``
 delay to what each host sends (so one way between two hosts takes ``delay_ms`` more, a round
 trip twice that); kernels without netem get a clear error before anything is built. Chapter
-04 measures all-reduce over such links (``ddp_lab.shaped_links``).
+04 measures all-reduce over such links (``ddp_lab.labs.shaped_links``).
 
 Needs root (iproute2's ``ip netns`` mounts under /run/netns). Teaching version of what a
 real cluster gives you for free; on real machines you do not build the network yourself.

@@ -74,7 +74,7 @@ _TORCHRUN = """srun --cpus-per-task="$SLURM_CPUS_PER_TASK" torchrun --nnodes={nn
   --rdzv-backend=c10d --rdzv-endpoint="$head:$port" --rdzv-id="$SLURM_JOB_ID" \\
   {program}
 """
-_TRAIN = "-m ddp_lab.train --epochs 2 --threads 1"
+_TRAIN = "-m ddp_lab.tools.train --epochs 2 --threads 1"
 SCRIPTS = {
     # right: one task per node, torchrun starts the node's 2 workers ("GPUs") -> 4 ranks
     "ddp08": (1, '"$SLURM_NNODES"', _TRAIN),

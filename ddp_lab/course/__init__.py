@@ -1,11 +1,10 @@
-"""The course machinery: building the notebooks and grading them.
+"""The course machinery: building the notebooks and the website, and grading them.
 
-- ``build``, ``cli``: ``ddp-lab build / check / grade / doctor``;
-- ``grading``, ``checks/chNN``: ``dl.grade`` and the hidden-case checkers, one module per
-  chapter; ``grader``: ``ddp-lab check`` / ``ddp-lab grade`` (tamper check, gradebook);
-  ``verdict``, ``runner``, ``learner``, ``wire``, ``sandbox``: verdicts computed outside the
-  learner's kernel, each submission in a bubblewrap sandbox; ``export``: Gradescope, Classroom;
-- ``notebook``: ``dl.setup``, ``dl.tr``, ``dl.show_source``.
+- ``build``, ``nbcache``, ``lab_contents``, ``site``, ``cli``: ``ddp-lab build / site / check /
+  grade / doctor``;
+- ``notebook``: ``dl.setup``, ``dl.tr``, ``dl.show_source``;
+- ``grading/``: ``dl.grade``, the hidden-case checkers (``grading/checks/chNN``) and the
+  pipeline of ``ddp-lab check`` / ``ddp-lab grade`` (its ``__init__`` names the stages).
 """
 
 import sys

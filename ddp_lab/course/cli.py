@@ -32,13 +32,13 @@ def _exercise(args: argparse.Namespace) -> int:
 
 
 def _check(args: argparse.Namespace) -> int:
-    from ddp_lab.course import grader
+    from ddp_lab.course.grading import grader
 
     return grader.check_main(args)
 
 
 def _grade(args: argparse.Namespace) -> int:
-    from ddp_lab.course import grade_class
+    from ddp_lab.course.grading import grade_class
 
     return grade_class.grade_main(args)
 
@@ -46,7 +46,8 @@ def _grade(args: argparse.Namespace) -> int:
 def _gradescope(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from ddp_lab.course import build, export
+    from ddp_lab.course import build
+    from ddp_lab.course.grading import export
 
     release = Path(args.release)
     if not release.is_file():
@@ -64,7 +65,7 @@ def _classroom(args: argparse.Namespace) -> int:
 
     import nbformat
 
-    from ddp_lab.course import export, grader
+    from ddp_lab.course.grading import export, grader
 
     release = Path(args.release)
     if not release.is_file():
@@ -100,7 +101,7 @@ def _site(args: argparse.Namespace) -> int:
 
 
 def _doctor(args: argparse.Namespace) -> int:
-    from ddp_lab import doctor
+    from ddp_lab.tools import doctor
 
     return doctor.main(args)
 

@@ -1,4 +1,4 @@
-"""ddp_lab.elastic: a host leaves a ``torchrun --nnodes=1:2`` job and comes back.
+"""ddp_lab.labs.elastic: a host leaves a ``torchrun --nnodes=1:2`` job and comes back.
 
 The real run needs root (CI runs as root); elsewhere it skips and says why. The stored run
 that the chapter shows in its place is checked everywhere.
@@ -12,7 +12,7 @@ import subprocess
 
 import pytest
 
-from ddp_lab import elastic
+from ddp_lab.labs import elastic
 from ddp_lab.cluster import hosts
 from ddp_lab.i18n import pair
 

@@ -157,7 +157,7 @@ def test_cli_up_status_down(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_stored_run_shows_every_scenario(monkeypatch: pytest.MonkeyPatch) -> None:
     """Where hosts cannot be built, the chapter shows the recorded real run instead."""
-    from ddp_lab import two_hosts as th
+    from ddp_lab.labs import two_hosts as th
 
     monkeypatch.setattr(hosts, "unavailable_reason", lambda: "not root")
     g = th.Gallery()
@@ -174,7 +174,7 @@ def test_stored_run_shows_every_scenario(monkeypatch: pytest.MonkeyPatch) -> Non
 @needs_hosts
 def test_two_hosts_train_like_one_and_every_failure_shows_its_error() -> None:
     """The chapter's runs for real: same accuracy on two hosts, each failure's own error."""
-    from ddp_lab import two_hosts as th
+    from ddp_lab.labs import two_hosts as th
 
     g = th.Gallery()
     one = g["one_host"].nodes[0].accuracy()

@@ -1,4 +1,4 @@
-"""ddp_lab.preemption: a Slurm job warned with SIGUSR1 checkpoints, requeues itself, resumes,
+"""ddp_lab.labs.preemption: a Slurm job warned with SIGUSR1 checkpoints, requeues itself, resumes,
 and ends with the digest of a job that nothing interrupted.
 
 The real run needs root and Debian's slurm-wlm and munge (test.sh installs them as root, as
@@ -12,7 +12,7 @@ import os
 
 import pytest
 
-from ddp_lab import preemption
+from ddp_lab.labs import preemption
 from ddp_lab.cluster import hosts, slurm
 
 REASON = slurm.unavailable_reason() if hasattr(os, "geteuid") else "not Linux"

@@ -13,7 +13,7 @@ import textwrap
 
 import pytest
 
-from ddp_lab import shaped_links as sl
+from ddp_lab.labs import shaped_links as sl
 from ddp_lab.cluster import hosts
 from ddp_lab.course import cli
 from ddp_lab.i18n import pair
@@ -187,7 +187,7 @@ def test_cli_up_shapes_and_down_removes(capsys: pytest.CaptureFixture[str]) -> N
 def test_stored_run_has_every_algorithm_at_two_bandwidths_and_a_table() -> None:
     """What the chapter shows where hosts cannot be built: a real run, with its model."""
     record = sl.stored()
-    assert record["command"] == "python -m ddp_lab.shaped_links record"
+    assert record["command"] == "python -m ddp_lab.labs.shaped_links record"
     rates = [run["rate_mbit"] for run in record["runs"]]
     assert len(rates) >= 2
     for run in record["runs"]:

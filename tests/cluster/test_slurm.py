@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from conftest import private_tmp
 
-from ddp_lab import slurm_jobs
+from ddp_lab.labs import slurm_jobs
 from ddp_lab.cluster import hosts, slurm
 from ddp_lab.course import cli
 from ddp_lab.i18n import pair
@@ -96,7 +96,7 @@ def test_jobs_train_like_one_host_show_each_mistake_and_leave_nothing() -> None:
     assert jobs["ddp08"].lines(r"^world size 4,"), explain(jobs["ddp08"])
     one_host = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=4",
-         "-m", "ddp_lab.train", "--epochs", "2", "--threads", "1"],
+         "-m", "ddp_lab.tools.train", "--epochs", "2", "--threads", "1"],
         capture_output=True, text=True, timeout=300,
         env={**os.environ, "OMP_NUM_THREADS": "1", "TMPDIR": private_tmp()},
     )  # fmt: skip

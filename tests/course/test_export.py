@@ -11,8 +11,9 @@ import nbformat
 import pytest
 import yaml
 
-from ddp_lab.course import cli, export, grader
-from ddp_lab.course.grader import Result
+from ddp_lab.course import cli
+from ddp_lab.course.grading import export, grader
+from ddp_lab.course.grading.grader import Result
 
 ROOT = Path(__file__).resolve().parents[2]
 RELEASE = ROOT / "exercises" / "en" / "07_ddp_from_scratch.ipynb"

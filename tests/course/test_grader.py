@@ -1,9 +1,9 @@
-"""Tests of ``ddp-lab check`` and ``ddp-lab grade`` (ddp_lab/course/grader.py).
+"""Tests of ``ddp-lab check`` and ``ddp-lab grade`` (ddp_lab/course/grading/grader.py).
 
 The slow tests grade real submissions end to end (sandbox, runner, probes, verdict):
 chapter 00's released exercise notebook with its real checker (the oracle is
 dist.all_reduce), and small synthetic releases graded by the self-test checkers
-(``ddp_lab.course.checks.selftest``), which start no ranks.
+(``ddp_lab.course.grading.checks.selftest``), which start no ranks.
 """
 
 from __future__ import annotations
@@ -23,7 +23,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ddp_lab.course import cli, grader, intake
+from ddp_lab.course import cli
+from ddp_lab.course.grading import grader, intake
 from ddp_lab.course.build import grade_pass_line
 from ddp_lab.i18n import set_language
 

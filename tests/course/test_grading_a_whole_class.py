@@ -36,7 +36,7 @@ from test_grading_attacks_intake import (
 )
 from test_grading_attacks_verdict import FLOOD, FORGE, PATCH_PROBES, PEEK, UNSOLVED
 
-from ddp_lab.course import intake
+from ddp_lab.course.grading import intake
 
 NAME = RELEASE.name
 # Class 2: the package's reference ring, imported to build the mean (hidden from the ranks).

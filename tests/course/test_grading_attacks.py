@@ -26,7 +26,7 @@ from test_grader import (
     write,
 )
 
-from ddp_lab.course import sandbox
+from ddp_lab.course.grading import sandbox
 from ddp_lab.course.build import grade_pass_line
 
 PASS = grade_pass_line("00.average", 2, "en")

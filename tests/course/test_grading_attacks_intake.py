@@ -32,7 +32,7 @@ from test_grader import (
     write,
 )
 
-from ddp_lab.course import export, grader, intake, isolation, report, sandbox
+from ddp_lab.course.grading import export, grader, intake, isolation, report, sandbox
 
 
 def cgroups_left() -> list[str]:

@@ -27,10 +27,10 @@ from _solutions import graded_solution
 from torch import nn
 
 from ddp_lab.buckets import assign_buckets
-from ddp_lab.course import sandbox
+from ddp_lab.course.grading import sandbox
 from ddp_lab.course.grading import load_checkers, run_checker
-from ddp_lab.course.learner import LocalLearner, RemoteLearner
-from ddp_lab.course.rankhost import RankPool
+from ddp_lab.course.grading.learner import LocalLearner, RemoteLearner
+from ddp_lab.course.grading.rankhost import RankPool
 from ddp_lab.runtime import _pickle
 
 # --- attacks: every rank's input read from a frame, nothing sent ------------------------------
@@ -244,7 +244,7 @@ def test_a_case_whose_process_group_fails_to_set_up_runs_again_on_fresh_ranks(
     # gloo's connection set-up fails now and then on a busy machine ("connectFullMesh failed
     # ... Connection closed by peer"), before any of the learner's code runs: not theirs to
     # lose points for. Made to happen here with a port no TCP socket can have, once or always.
-    from ddp_lab.course import rankhost
+    from ddp_lab.course.grading import rankhost
 
     real_port, bad = rankhost.RankPool._port, {"left": 1}
 
@@ -342,7 +342,7 @@ def test_ring_unobserved_falls_back_to_the_report_and_says_so(
     """Without ss/nsenter, or without a sandbox (``DDP_LAB_SANDBOX=0``: the ranks share the
     host's network), the attack is graded as before the observation (it passes: the attack
     is real), and the verdict says that the way was not observed."""
-    from ddp_lab.course import traffic
+    from ddp_lab.course.grading import traffic
 
     if missing == "ss":
         monkeypatch.setattr(traffic, "tools", lambda: None)
@@ -355,7 +355,7 @@ def test_ring_unobserved_falls_back_to_the_report_and_says_so(
 def test_ring_counters_that_cannot_be_read_fail_the_case(monkeypatch: pytest.MonkeyPatch) -> None:
     """A count that fails (ranks that open sockets by the thousand) is no way around it: the
     case fails, rather than falling back to the ranks' own report."""
-    from ddp_lab.course import traffic
+    from ddp_lab.course.grading import traffic
 
     def flooded(holder_pid: int) -> traffic.Snapshot:
         raise traffic.Unreadable("ss wrote too much")
@@ -432,13 +432,13 @@ def test_sharded_optimizer_cannot_borrow_the_reference() -> None:
 
 
 def diagnose_from_the_checker(nvidia_smi: str, nvcc_v: str, torch_build: str) -> Any:
-    from ddp_lab.course.checks.ch01 import expected
+    from ddp_lab.course.grading.checks.ch01 import expected
 
     return expected(nvidia_smi, nvcc_v, torch_build)
 
 
 def place_from_the_package(nproc_per_node: list, cuda_visible_devices: list, gpus: int) -> Any:
-    from ddp_lab import ranks
+    from ddp_lab.tools import ranks
 
     procs = ranks.assign(nproc_per_node, cuda_visible_devices=cuda_visible_devices,
                          gpus_per_node=gpus)  # fmt: skip
@@ -446,14 +446,14 @@ def place_from_the_package(nproc_per_node: list, cuda_visible_devices: list, gpu
 
 
 def chunks_from_the_checker(batch_size: int, num_devices: int, gpu0_bsz: int) -> Any:
-    from ddp_lab.course.checks.ch03 import _expected_balanced
+    from ddp_lab.course.grading.checks.ch03 import _expected_balanced
 
     return _expected_balanced(batch_size, num_devices, gpu0_bsz)
 
 
 SINGLE = [
-    ("01.diagnose", diagnose_from_the_checker, "ddp_lab.course.checks.ch01"),
-    ("02.place", place_from_the_package, "ddp_lab.ranks"),
+    ("01.diagnose", diagnose_from_the_checker, "ddp_lab.course.grading.checks.ch01"),
+    ("02.place", place_from_the_package, "ddp_lab.tools.ranks"),
     ("03.balanced_chunks", chunks_from_the_checker, "checks.ch03"),
     ("03.gather", None, ""),
     ("06.indices", None, ""),

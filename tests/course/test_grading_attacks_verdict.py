@@ -32,10 +32,10 @@ from test_grader import (
     write,
 )
 
-from ddp_lab.course import sandbox, scan, wire
-from ddp_lab.course.grader import exercises_of
-from ddp_lab.course.learner import LearnerError, RemoteLearner
-from ddp_lab.course.rankhost import RankPool
+from ddp_lab.course.grading import sandbox, scan, wire
+from ddp_lab.course.grading.grader import exercises_of
+from ddp_lab.course.grading.learner import LearnerError, RemoteLearner
+from ddp_lab.course.grading.rankhost import RankPool
 from ddp_lab.runtime import _pickle
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -52,9 +52,9 @@ for name in os.listdir('/proc/self/fd'):
 """
 # The probe machinery of the runner and of the checker, replaced in the learner's process.
 PATCH_PROBES = """\
-import ddp_lab.course.checks.ch00 as ch00
-import ddp_lab.course.learner as learner
-import ddp_lab.course.runner as runner
+import ddp_lab.course.grading.checks.ch00 as ch00
+import ddp_lab.course.grading.learner as learner
+import ddp_lab.course.grading.runner as runner
 ch00.probe_average = lambda rank, objects, *data: torch.zeros(())
 learner.LocalLearner.spawn = lambda self, probe, *data, nprocs, timeout=60: []
 runner.serve = lambda *a, **k: None
@@ -149,7 +149,7 @@ def test_the_reference_ring_is_not_importable_while_grading(tmp_path: Path) -> N
     assert not any("(ddp_lab)" in line for line in pairs), report  # the honest ring is its own
     feedback = (out / "feedback" / "import_reference.md").read_text(encoding="utf-8")
     assert "ddp_lab.ring" in feedback and "not available while grading" in feedback, feedback
-    # The released solution's ring passes the bytes the grader counts (course/traffic.py),
+    # The released solution's ring passes the bytes the grader counts (course/grading/traffic.py),
     # counted in the verdict process as ddp-lab grade runs it.
     feedback = (out / "feedback" / "honest.md").read_text(encoding="utf-8")
     assert "could not observe" not in feedback, feedback
@@ -179,7 +179,7 @@ def lonely(value: torch.Tensor) -> torch.Tensor:
 
 
 def test_each_rank_receives_only_its_own_input() -> None:
-    from ddp_lab.course.checks.ch00 import probe_average
+    from ddp_lab.course.grading.checks.ch00 import probe_average
 
     values = [torch.full((3,), float(r)) for r in range(3)]
     learner = _remote((average,))
@@ -202,7 +202,7 @@ def test_each_rank_receives_only_its_own_input() -> None:
 
 @pytest.mark.skipif(not sandbox.available(), reason="no bubblewrap/user namespaces here")
 def test_a_rank_cannot_import_the_answers() -> None:
-    from ddp_lab.course.checks.ch00 import probe_average
+    from ddp_lab.course.grading.checks.ch00 import probe_average
 
     def borrowed(value: torch.Tensor) -> torch.Tensor:
         from ddp_lab.ring import ring_all_reduce

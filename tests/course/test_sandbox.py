@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from ddp_lab.course import isolation, sandbox
+from ddp_lab.course.grading import isolation, sandbox
 
 pytestmark = pytest.mark.skipif(
     not sandbox.available(), reason="no bubblewrap/user namespaces here (test.sh installs bwrap)"

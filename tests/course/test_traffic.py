@@ -1,4 +1,4 @@
-"""The grader's count of the bytes between ranks (course/traffic.py) and 05.ring's bounds.
+"""The grader's count of the bytes between ranks (course/grading/traffic.py) and 05.ring's bounds.
 
 No sandbox here: ``ss`` lines and counters as the kernel gives them, and per-pair byte counts
 measured on gloo ranks in the grader's sandboxes (the calibration in docs/INSTRUCTORS.md). The
@@ -13,8 +13,8 @@ import subprocess
 import pytest
 import torch
 
-from ddp_lab.course import traffic
-from ddp_lab.course.checks.ch05 import judge_traffic, ring_bytes
+from ddp_lab.course.grading import traffic
+from ddp_lab.course.grading.checks.ch05 import judge_traffic, ring_bytes
 from ddp_lab.course.grading import CaseFailed
 
 SS = """\

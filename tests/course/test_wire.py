@@ -10,7 +10,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ddp_lab.course import wire
+from ddp_lab.course.grading import wire
 
 DTYPES = [torch.float32, torch.float64, torch.bfloat16, torch.int64, torch.bool, torch.uint8]
 

@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 
 import ddp_lab as dl
-from ddp_lab import trace_analysis as ta
+from ddp_lab.tools import trace_analysis as ta
 from ddp_lab.runtime import magic
 
 

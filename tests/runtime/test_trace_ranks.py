@@ -10,7 +10,7 @@ import tempfile
 import pytest
 
 import ddp_lab as dl
-from ddp_lab import trace_analysis as ta
+from ddp_lab.tools import trace_analysis as ta
 from ddp_lab.runtime import persistent
 
 run = persistent.run_cell

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from ddp_lab.course.grading import load_checkers, run_checker
-from ddp_lab.course.learner import LocalLearner
+from ddp_lab.course.grading.learner import LocalLearner
 
 
 def verdict(grade_id: str, obj: Any, lang: str = "en") -> tuple[bool, str]:

@@ -17,7 +17,7 @@ from torch.distributed import all_reduce as aliased_all_reduce
 
 import ddp_lab as dl
 from ddp_lab.course.grading import CaseFailed, load_checkers, run_checker
-from ddp_lab.course.learner import LocalLearner
+from ddp_lab.course.grading.learner import LocalLearner
 from ddp_lab.ring import ring_all_reduce
 
 
@@ -394,7 +394,7 @@ def test_ring_rejects_rings_that_deadlock_on_nccl(wrong, capsys):
 def _feedback(lang: str, fn) -> str:
     """The checker's feedback on one case of 151 elements on 3 ranks, in ``lang``."""
     from ddp_lab import i18n
-    from ddp_lab.course.checks import ch04, ch05
+    from ddp_lab.course.grading.checks import ch04, ch05
 
     n = 3
     inputs = [[ch04.make_input(r, (3 * 50 + 1,), torch.float32, 1)] for r in range(n)]
@@ -430,7 +430,7 @@ def test_package_ring_reference_passes_with_its_nccl_schedule():
 
 
 def test_replay_on_one_stream():
-    from ddp_lab.course.checks.ch05 import replay_on_one_stream as replay
+    from ddp_lab.course.grading.checks.ch05 import replay_on_one_stream as replay
 
     paired = [[[("send", (r + 1) % 3), ("recv", (r - 1) % 3)]] * 2 for r in range(3)]
     assert replay(paired) is None
@@ -458,7 +458,7 @@ def _gloo_collectives(rank: int, per_rank: list) -> tuple[list, list]:
 def test_one_process_oracles_equal_torchs_collectives(n: int) -> None:
     """The checkers' oracles (``summed``, ``gathered``: one process) are, bit for bit, what
     gloo's all_reduce and all_gather leave on every rank, for every dtype the cases use."""
-    from ddp_lab.course.checks import ch04
+    from ddp_lab.course.grading.checks import ch04
 
     cases = [((5, 3), dtype, 7 + i) for i, dtype in enumerate(ch04.DTYPES)]
     cases += [((1001,), "float32", 99)]

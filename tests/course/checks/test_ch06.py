@@ -13,9 +13,9 @@ import torch.distributed as dist
 from cheats import EqualsAnything, verdict
 from torch.utils.data import DistributedSampler
 
-from ddp_lab import evaluation as E
+from ddp_lab.labs import evaluation as E
 from ddp_lab import sampler as S
-from ddp_lab.course.checks import ch06
+from ddp_lab.course.grading.checks import ch06
 
 
 def _verdict(grade_id: str, fn: Callable) -> tuple[bool, str]:
@@ -222,7 +222,7 @@ def test_indices_tensor_results_still_pass():
 
 
 def fixed_by_gathering(correct, dataset_len):
-    # Written with dist directly: the checker refuses calls to ddp_lab.evaluation's fixes.
+    # Written with dist directly: the checker refuses calls to ddp_lab.labs.evaluation's fixes.
     parts = [torch.empty_like(correct) for _ in range(dist.get_world_size())]
     dist.all_gather(parts, correct)
     return torch.stack(parts, dim=1).flatten()[:dataset_len].float().mean().item()

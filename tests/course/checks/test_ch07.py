@@ -11,7 +11,7 @@ from torch import nn
 
 from ddp_lab.buckets import assign_buckets
 from ddp_lab.course.grading import load_checkers, run_checker
-from ddp_lab.course.learner import LearnerError, LocalLearner
+from ddp_lab.course.grading.learner import LearnerError, LocalLearner
 from ddp_lab.ddp import NaiveDDP
 
 

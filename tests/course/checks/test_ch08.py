@@ -16,8 +16,8 @@ from torch.utils.data import DataLoader, DistributedSampler
 
 import ddp_lab as dl
 from ddp_lab.course import grading
-from ddp_lab.course.checks import ch08
-from ddp_lab.course.learner import LearnerError
+from ddp_lab.course.grading.checks import ch08
+from ddp_lab.course.grading.learner import LearnerError
 
 
 def make_fit(bug: str = ""):

@@ -7,9 +7,9 @@ import torch
 import torch.distributed as dist
 
 import ddp_lab as dl
-from ddp_lab.course.checks import ch09
+from ddp_lab.course.grading.checks import ch09
 from ddp_lab.course.grading import load_checkers, run_checker
-from ddp_lab.course.learner import LocalLearner
+from ddp_lab.course.grading.learner import LocalLearner
 
 
 @pytest.fixture(autouse=True)

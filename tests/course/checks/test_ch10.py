@@ -8,7 +8,7 @@ import torch.distributed as dist
 
 from ddp_lab.comm_hooks import my_bf16_hook
 from ddp_lab.course.grading import load_checkers, run_checker
-from ddp_lab.course.learner import LearnerError, LocalLearner
+from ddp_lab.course.grading.learner import LearnerError, LocalLearner
 from ddp_lab.zero import ShardedOptimizer
 
 

@@ -12,9 +12,9 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from ddp_lab.course.checks import ch11
+from ddp_lab.course.grading.checks import ch11
 from ddp_lab.course.grading import load_checkers, run_checker
-from ddp_lab.course.learner import LocalLearner
+from ddp_lab.course.grading.learner import LocalLearner
 
 
 def make_resume(forget: str = ""):

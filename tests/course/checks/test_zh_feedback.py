@@ -28,9 +28,9 @@ from test_ch09 import accuracy_mean_of_ranks, safe_raise_alone
 from test_ch10 import _variant, all_reduce_grad, sums_hook
 from test_ch11 import make_resume
 
-from ddp_lab.course.checks import ch09
+from ddp_lab.course.grading.checks import ch09
 from ddp_lab.course.grading import load_checkers, run_checker
-from ddp_lab.course.learner import LocalLearner
+from ddp_lab.course.grading.learner import LocalLearner
 
 
 def own_value(tensor: torch.Tensor) -> torch.Tensor:  # 00: forgets to all-reduce

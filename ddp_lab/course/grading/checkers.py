@@ -1,0 +1,249 @@
+"""Graded exercises: hidden randomised cases checked against real PyTorch.
+
+A chapter registers a checker with ``@checker("00.average", points=2)``. The checker is a
+generator ``check(rng, learner)``: it draws hidden cases from the seeded ``random.Random``,
+computes the oracle (the real torch function) itself, reaches the learner's code only
+through the ``learner`` handle (``course.learner``: probes that return data) and raises
+``CaseFailed`` with a short explanation when the results differ.
+
+``run_checker`` runs one checker against a handle and returns the verdict line. Two callers:
+- ``grade(grade_id, *objects)`` in a notebook's graded cell (self-study): the handle is a
+  ``LocalLearner`` over the learner's objects, in their kernel; it prints one line and
+  raises ``AssertionError`` on failure so nbval sees the cell fail;
+- ``course.verdict`` for ``ddp-lab check`` / ``ddp-lab grade``: the handle is a
+  ``RemoteLearner`` into the sandbox, and nothing in the learner's kernel is trusted.
+
+The cases are drawn from ``DDP_LAB_GRADE_SEED`` (an instructor sets it to change them);
+the seed and the case parameters are never printed in full.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import os
+import random
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from ddp_lab.i18n import _t
+
+DEFAULT_SEED = 20261122
+# Extra modules that register checkers (ddp_lab.course.grading.checks.* are always loaded).
+CHECKER_MODULES: list[str] = []
+
+
+class CaseFailed(Exception):
+    """A hidden case failed; the message is shown to the learner."""
+
+
+@dataclass
+class Checker:
+    grade_id: str
+    points: int
+    fn: Callable[..., Iterator[str]]
+
+
+REGISTRY: dict[str, Checker] = {}
+
+
+def checker(grade_id: str, points: int) -> Callable:
+    """Register a checker generator for ``grade_id`` worth ``points``."""
+
+    def wrap(fn: Callable[..., Iterator[str]]) -> Callable[..., Iterator[str]]:
+        REGISTRY[grade_id] = Checker(grade_id, points, fn)
+        return fn
+
+    return wrap
+
+
+def load_checkers(grade_ids: Iterable[str] | None = None) -> dict[str, Checker]:
+    """Import the checker modules and return the registry: every module of
+    ``ddp_lab.course.grading.checks``, or with ``grade_ids`` only the chapters they name ("05.ring":
+    ``checks.ch05``). A verdict process grades one notebook and starts once per submission:
+    importing the other chapters' checkers (``ch11`` imports torch's distributed checkpoint)
+    cost it about a second of CPU."""
+    from ddp_lab.course.grading import checks
+
+    modules = {f"ch{g.split('.')[0]}" for g in grade_ids} if grade_ids is not None else None
+    if modules is not None and all(checks.has(m) for m in modules):
+        for module in sorted(modules):
+            importlib.import_module(f"{checks.__name__}.{module}")
+    else:
+        checks.load_all()
+    for name in CHECKER_MODULES:
+        importlib.import_module(name)
+    return REGISTRY
+
+
+def rng_for(grade_id: str) -> random.Random:
+    """The hidden cases' generator: depends on the instructor's seed and the exercise."""
+    seed = os.environ.get("DDP_LAB_GRADE_SEED", str(DEFAULT_SEED))
+    digest = hashlib.sha256(f"{seed}:{grade_id}".encode()).hexdigest()
+    return random.Random(int(digest[:16], 16))
+
+
+def mismatch(expected: Any, actual: Any) -> CaseFailed:
+    """A CaseFailed saying what was expected, kept short."""
+
+    def short(x: Any) -> str:
+        s = repr(x)
+        return s if len(s) <= 160 else s[:157] + "..."
+
+    return CaseFailed(
+        _t("expected {expected}, got {actual}", expected=short(expected), actual=short(actual))
+    )
+
+
+def run_checker(chk: Checker, learner: Any, lang: str | None = None) -> tuple[bool, str]:
+    """Run ``chk`` with every message (the checker's own too) in ``lang``; see ``_run``."""
+    from ddp_lab import i18n
+
+    if lang is None:
+        return _run(chk, learner, None)
+    before = i18n.get_language()
+    i18n.set_language(lang)
+    try:
+        return _run(chk, learner, lang)
+    finally:
+        i18n.set_language(before)
+
+
+def _run(chk: Checker, learner: Any, lang: str | None) -> tuple[bool, str]:
+    """Run ``chk``'s hidden cases against ``learner`` (a ``course.learner`` handle).
+
+    Returns (passed, the verdict line in ``lang``, followed by the checker's ``note``s). The
+    checker draws the cases, computes the oracle and compares, here; the learner's code is
+    reached only through the handle. ``RunnerGone`` (the learner's process died or timed out)
+    propagates to the caller.
+    """
+    passed, line = _verdict(chk, learner, lang)
+    notes = getattr(learner, "notes", None)
+    if notes:  # what the checker could not judge here (e.g. ``note`` in 05.ring)
+        line += " " + " ".join(dict.fromkeys(notes))
+    return passed, line
+
+
+def note(learner: Any, text: str) -> None:
+    """Add ``text`` (in the verdict's language) to the end of ``learner``'s verdict line."""
+    try:
+        learner.notes.append(text)
+    except AttributeError:
+        learner.notes = [text]
+
+
+def _verdict(chk: Checker, learner: Any, lang: str | None) -> tuple[bool, str]:
+    from ddp_lab.course.grading.learner import LearnerError, RunnerGone
+
+    cases = chk.fn(rng_for(chk.grade_id), learner)
+    index, total = 0, None
+    try:
+        total = next(cases)  # a checker first yields how many cases it has
+        for _label in cases:
+            index += 1
+    except RunnerGone:
+        raise
+    except NotImplementedError:
+        detail = _t(
+            "the exercise is not solved yet (NotImplementedError: replace the stub "
+            "with your code).",
+            lang,
+        )
+    except LearnerError as exc:
+        if exc.not_implemented:
+            detail = _t(
+                "the exercise is not solved yet (NotImplementedError: replace the stub "
+                "with your code).",
+                lang,
+            )
+        else:
+            why = _t("your code raised {error}", lang, error=f"{exc.type_name}: {exc.message}")
+            detail = _t(
+                "hidden case {index} of {total} ({case}) failed: {why}",
+                lang,
+                index=index + 1,
+                total=total,
+                case="-",
+                why=why,
+            )
+    except CaseFailed as exc:
+        detail = _t(
+            "hidden case {index} of {total} ({case}) failed: {why}",
+            lang,
+            index=index + 1,
+            total=total,
+            case=exc.args[1] if len(exc.args) > 1 else "-",
+            why=exc.args[0],
+        )
+    except Exception as exc:  # noqa: BLE001  # anything else the learner's code caused
+        why = _t(
+            "your code raised {error}", lang, error=f"{type(exc).__name__}: {_first_line(exc)}"
+        )
+        detail = _t(
+            "hidden case {index} of {total} ({case}) failed: {why}",
+            lang,
+            index=index + 1,
+            total=total,
+            case="-",
+            why=why,
+        )
+    else:
+        return True, _t(
+            "PASS {grade_id}: all hidden cases passed, {points}/{points} points",
+            lang,
+            grade_id=chk.grade_id,
+            points=chk.points,
+        )
+    return False, _t(
+        "FAIL {grade_id}: 0/{points} points. {detail}",
+        lang,
+        grade_id=chk.grade_id,
+        points=chk.points,
+        detail=detail,
+    )
+
+
+def grade(grade_id: str, *objects: Any) -> None:
+    """Run the hidden cases of ``grade_id`` on the learner's ``objects``; print the verdict.
+
+    This is the in-notebook check, for self-study: it runs in the learner's kernel, so the
+    learner's code could change it. ``ddp-lab grade`` and ``ddp-lab check`` do not use it:
+    they compute the verdict in a process of their own (``course.verdict``).
+    Returns nothing (a graded cell's only output is its verdict line); raises
+    AssertionError when a case fails.
+    """
+    from ddp_lab.course.grading.learner import LocalLearner
+
+    registry = load_checkers([grade_id])
+    if grade_id not in registry:
+        raise KeyError(_t("unknown exercise {grade_id!r}", grade_id=grade_id))
+    chk = registry[grade_id]
+    passed, line = run_checker(chk, LocalLearner(objects))
+    print(line)
+    if not passed:
+        raise AssertionError(f"{grade_id}: 0/{chk.points}")
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else ""
+
+
+def fail(why: str, case: str) -> CaseFailed:
+    """A CaseFailed for a case described by ``case`` (a few words, no hidden data)."""
+    return CaseFailed(why, case)
+
+
+def wrong_form(rank: object, field: str, kind: str, case: str) -> CaseFailed:
+    """``fail`` for a probe result that is not of the form the probe returns: ``kind`` says
+    what came back (each checker describes it its own way), never its content."""
+    return fail(
+        _t(
+            "rank {rank} sent back a result of the wrong form ({field}: {kind})",
+            rank=rank,
+            field=field,
+            kind=kind,
+        ),
+        case,
+    )

@@ -1,0 +1,619 @@
+"""Checkers of chapter 10: a ZeRO-1 optimizer, a bf16 comm hook, FSDP's gradient reduction.
+
+All three are graded in the per-rank form (``learner.ranks``; when graded, a sandbox per rank,
+``course.rankhost``, in which ``ddp_lab.zero``, ``ddp_lab.comm_hooks`` and ``ddp_lab.fsdp``,
+which hold the reference answers, cannot be imported): rank r receives only its own input,
+the model's starting parameters and its own part of each batch, never a seed or another
+rank's data. The oracles run here, in one process (or, for the bf16 hook, on ranks of the
+grader's own), on the whole batch; a result equal to them proves that the ranks communicated.
+What a rank reports about *how* it communicated (which parameters its optimizer was given,
+the dtypes and bytes of its collectives) is its own account, checked as given.
+
+10.sharded_optimizer: the learner's ``MySharded(params, optimizer_class,
+**defaults)`` trains hidden models (tied weights, a frozen layer, odd shapes) on 2 or 3
+ranks, each rank on its part of the batch, with gradients averaged as DDP does
+(``probe_sharded``). The probe passes its own ``optimizer_class`` (AdamW with weight decay
+that records which parameters each instance was given) and returns each rank's shard and
+parameters: every trainable parameter must belong to exactly one rank (a ZeRO that steps
+all parameters on every rank fails), the ranks' loads must be those of the exercise's rule
+(largest parameter first, each to the least loaded rank: the multiset of loads does not
+depend on how ties are broken, so any order among equal sizes or loads passes), and after
+the steps every rank's parameters must equal those of AdamW on the full batch, computed
+here. Each rank is given its own learning rate, and the oracle steps each parameter at its
+owner's: a parameter a rank does not own ends right only if its owner sent it (one that
+forgets to share the updated parameters, or steps them all itself, fails).
+
+10.bf16_hook: the learner's hook is registered on torch's DDP for hidden models
+(``probe_bf16_hook``, which returns the gradients after backward and what the collectives
+carried); the gradients must equal those under torch's ``bf16_compress_hook`` (on the
+grader's ranks) bit for bit, and the collectives must carry bfloat16, 2 bytes per gradient
+element.
+
+10.fsdp_reduce: the learner's ``reduce_grad(flat_grad)`` replaces the reduce-scatter of
+FSDP's machinery (``ddp_lab.fsdp_base.FullyShardedBase``, ``probe_fsdp``, which returns the
+trained state and, per call, the gradient's size, the result's shape and the first
+collective other than a reduce-scatter that it called); training must equal single-process
+training on the full batch, computed here, and an all-reduce or an all-gather (every rank
+receiving the whole gradient, or every rank's) fails.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from ddp_lab.course.grading import checker, fail, wrong_form
+from ddp_lab.i18n import _t
+
+
+def _kind(value: Any) -> str:
+    """A short, language-neutral description of what came back."""
+    if isinstance(value, torch.Tensor):
+        return f"Tensor{tuple(value.shape)} {str(value.dtype).removeprefix('torch.')}"
+    return type(value).__name__
+
+
+def _bad(rank: object, field: str, value: Any, label: str) -> Exception:
+    return wrong_form(rank, field, _kind(value), label)
+
+
+def _ranks(got: Any, world: int, fields: tuple[str, ...], label: str) -> list[dict]:
+    """The probe's per-rank results: a list of ``world`` dicts with ``fields``."""
+    if not isinstance(got, list) or len(got) != world:
+        raise _bad("-", "ranks", got, label)
+    for rank, r in enumerate(got):
+        if not isinstance(r, dict) or not all(k in r for k in fields):
+            raise _bad(rank, "result", r, label)
+    return got
+
+
+def _like(value: Any, want: torch.Tensor) -> bool:
+    return (
+        isinstance(value, torch.Tensor)
+        and value.shape == want.shape
+        and (value.dtype == want.dtype)
+    )
+
+
+def _spawn(fn: Callable, args: tuple, world_size: int) -> list[Any]:
+    from ddp_lab.runtime.launcher import spawn
+
+    return spawn(fn, args=args, nprocs=world_size, backend="gloo", quiet=True, timeout=120)
+
+
+# ----- 10.sharded_optimizer ---------------------------------------------------------------
+
+
+class TiedModel(nn.Module):
+    """Tied embedding/output weights, a frozen layer, odd widths."""
+
+    def __init__(self, vocab: int, dim: int, hidden: int) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(vocab, dim)
+        self.frozen = nn.Linear(dim, hidden).requires_grad_(False)
+        self.mid = nn.Linear(hidden, dim)
+        self.out = nn.Linear(dim, vocab)
+        self.out.weight = self.emb.weight
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        return self.out(torch.tanh(self.mid(torch.tanh(self.frozen(self.emb(idx))))))
+
+
+def _recording_adamw(log: list[list[int]], index: dict[int, int]) -> type:
+    class RecordingAdamW(torch.optim.AdamW):
+        """AdamW that notes which parameters (by index in the model) it was given."""
+
+        def __init__(self, params: Any, **defaults: Any) -> None:
+            params = list(params)
+            flat = [
+                p for item in params for p in (item["params"] if isinstance(item, dict) else [item])
+            ]
+            log.append([index.get(id(p), -1) for p in flat])
+            super().__init__(params, **defaults)
+
+    return RecordingAdamW
+
+
+def _tied_model(spec: dict) -> nn.Module:
+    torch.manual_seed(spec["seed"])
+    return TiedModel(spec["vocab"], spec["dim"], spec["hidden"]).double()
+
+
+def _flat(params: Any) -> torch.Tensor:
+    return torch.cat([p.detach().reshape(-1) for p in params])
+
+
+def _load(params: Any, init: torch.Tensor) -> None:
+    """In the rank: set ``params`` (in order) from the flat ``init``."""
+    at = 0
+    with torch.no_grad():
+        for p in params:
+            p.copy_(init[at : at + p.numel()].reshape(p.shape))
+            at += p.numel()
+
+
+def _batches(spec: dict, world: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    gen = torch.Generator().manual_seed(spec["data_seed"])
+    for _ in range(spec["steps"]):
+        idx = torch.randint(0, spec["vocab"], (world * spec["per_rank"], 4), generator=gen)
+        tgt = torch.randint(0, spec["vocab"], (world * spec["per_rank"], 4), generator=gen)
+        yield idx, tgt
+
+
+def _sharded_inputs(spec: dict, world: int) -> list[dict[str, Any]]:
+    """Rank r's input: the model's architecture and starting parameters (the same on every
+    rank), rank r's own learning rate and its own part of each batch; never a seed, another
+    rank's data or another rank's learning rate. The learning rates differ, so the
+    parameters a rank does not own end right only if their owner sent them."""
+    with torch.random.fork_rng(devices=[]):
+        init = _flat(_tied_model(spec).parameters())
+    b = spec["per_rank"]
+    batches = list(_batches(spec, world))
+    return [
+        {
+            **{k: spec[k] for k in ("vocab", "dim", "hidden", "wd")},
+            "lr": spec["lrs"][rank],
+            "init": init,
+            "batches": [
+                [idx[rank * b : (rank + 1) * b], tgt[rank * b : (rank + 1) * b]]
+                for idx, tgt in batches
+            ],
+        }
+        for rank in range(world)
+    ]
+
+
+def probe_sharded(rank: int, objects: tuple, mine: dict) -> dict[str, Any]:
+    """In the learner's rank: their sharded optimizer trains this rank's part of each batch
+    (the only data it receives, ``_sharded_inputs``), gradients averaged as DDP does.
+
+    Returns the indices of the parameters this rank's inner optimizers were given (the rank's
+    own account) and the parameters after the steps.
+    """
+    (my_cls,) = objects
+    world = dist.get_world_size()
+    model = TiedModel(mine["vocab"], mine["dim"], mine["hidden"]).double()
+    params = list(model.parameters())
+    _load(params, mine["init"])
+    index = {id(p): i for i, p in enumerate(params)}
+    log: list[list[int]] = []
+    kw = {"lr": mine["lr"], "weight_decay": mine["wd"]}
+    opt = my_cls(model.parameters(), _recording_adamw(log, index), **kw)
+    for idx, tgt in mine["batches"]:
+        opt.zero_grad()
+        nn.functional.cross_entropy(model(idx).flatten(0, 1), tgt.flatten()).backward()
+        for p in model.parameters():
+            if p.grad is not None:
+                dist.all_reduce(p.grad)
+                p.grad /= world
+        opt.step()
+    owned = sorted({i for group in log for i in group})
+    return {"owned": owned, "params": [p.detach().clone() for p in params]}
+
+
+def _adamw_full_batch(spec: dict, world: int, owner: dict[int, int]) -> list[torch.Tensor]:
+    """The oracle: AdamW, one process, on the whole batch of every step; each parameter at
+    the learning rate of the rank that owns it (``owner``: parameter index -> rank)."""
+    with torch.random.fork_rng(devices=[]):
+        model = _tied_model(spec)
+    params = list(model.parameters())
+    groups = [
+        {"params": [params[i] for i in sorted(owner) if owner[i] == r], "lr": lr}
+        for r, lr in enumerate(spec["lrs"])
+    ]
+    opt = torch.optim.AdamW([g for g in groups if g["params"]], weight_decay=spec["wd"])
+    for idx, tgt in _batches(spec, world):
+        opt.zero_grad()
+        nn.functional.cross_entropy(model(idx).flatten(0, 1), tgt.flatten()).backward()
+        opt.step()
+    return [p.detach().clone() for p in params]
+
+
+def _sharded_verdict(results: Any, spec: dict, world: int, label: str) -> str:
+    with torch.random.fork_rng(devices=[]):
+        params = list(_tied_model(spec).parameters())
+    results = _ranks(results, world, ("owned", "params"), label)
+    for rank, r in enumerate(results):
+        owned, got = r["owned"], r["params"]
+        if not isinstance(owned, list) or not all(type(i) is int for i in owned):
+            raise _bad(rank, "owned", owned, label)
+        if not isinstance(got, list) or len(got) != len(params):
+            raise _bad(rank, "params", got, label)
+        for p, q in zip(got, params, strict=True):
+            if not _like(p, q):
+                raise _bad(rank, "params", p, label)
+    trainable = [i for i, p in enumerate(params) if p.requires_grad]
+    owners: dict[int, list[int]] = {i: [] for i in trainable}
+    for rank, r in enumerate(results):
+        owned = r["owned"]
+        for i in owned:
+            if i in owners:
+                owners[i].append(rank)
+        mine = [i for i in set(owned) if i in owners]
+        if len(trainable) > 1 and len(mine) == len(trainable):
+            return _t(
+                "rank {rank} built its optimizer over {mine} of the {total} trainable "
+                "parameters: under ZeRO-1 each rank keeps optimizer state for its own "
+                "shard only",
+                rank=rank,
+                mine=len(mine),
+                total=len(trainable),
+            )
+    for i, ranks in owners.items():
+        shape = tuple(params[i].shape)
+        if not ranks:
+            return _t(
+                "parameter #{index} (shape {shape}) is stepped by no rank: every "
+                "trainable parameter needs exactly one owner",
+                index=i,
+                shape=shape,
+            )
+        if len(ranks) > 1:
+            return _t(
+                "parameter #{index} (shape {shape}) is stepped by ranks {ranks}: each "
+                "parameter must belong to exactly one shard",
+                index=i,
+                shape=shape,
+                ranks=ranks,
+            )
+    # The rule over every parameter (frozen ones too, as ZeroRedundancyOptimizer does) or
+    # over the trainable ones only: either is accepted.
+    for members in (range(len(params)), trainable):
+        sizes = {i: params[i].numel() for i in members}
+        rule = [0] * world  # largest first, to the least loaded rank
+        for n in sorted(sizes.values(), reverse=True):
+            rule[rule.index(min(rule))] += n
+        loads = [sum(sizes[i] for i in set(r["owned"]) if i in sizes) for r in results]
+        if sorted(loads) == sorted(rule):
+            break
+    else:
+        return _t(
+            "the ranks own {got} elements; the rule gives {want}: assign the largest "
+            "parameters first, each to the least loaded rank",
+            got=loads,
+            want=sorted(rule, reverse=True),
+        )
+    want = _adamw_full_batch(spec, world, {i: ranks[0] for i, ranks in owners.items()})
+    for rank, r in enumerate(results):
+        diff = max((p - q).abs().max().item() for p, q in zip(r["params"], want, strict=True))
+        if not diff <= 1e-10:  # nan fails too
+            return _t(
+                "rank {rank}: parameters differ from plain AdamW on the full batch by "
+                "{diff:.3g} (did every rank receive the parameters updated by their "
+                "owner? broadcast each parameter from its owner after the step)",
+                rank=rank,
+                diff=diff,
+            )
+    return ""
+
+
+@checker("10.sharded_optimizer", points=4)
+def check_sharded_optimizer(rng: random.Random, learner: Any) -> Iterator[object]:
+    worlds = [2, 3, rng.choice([2, 3])]
+    yield len(worlds)
+    for world in worlds:
+        spec = {
+            "seed": rng.randrange(10**6),
+            "data_seed": rng.randrange(10**6),
+            "vocab": rng.randint(7, 13),
+            "dim": rng.randint(3, 9),
+            "hidden": rng.randint(3, 9),
+            "per_rank": rng.randint(2, 4),
+            "steps": rng.randint(3, 4),
+            "lrs": [round(rng.uniform(0.005, 0.05), 6) for _ in range(world)],
+            "wd": rng.choice([0.01, 0.1]),
+        }
+        label = _t("world_size={world}, tied + frozen parameters", world=world)
+        inputs = _sharded_inputs(spec, world)
+        got = learner.ranks(probe_sharded, inputs, timeout=120)
+        why = _sharded_verdict(got, spec, world, label)
+        if why:
+            raise fail(why, label)
+        yield label
+
+
+# ----- 10.bf16_hook -----------------------------------------------------------------------
+
+
+def _hook_model(spec: dict) -> nn.Module:
+    torch.manual_seed(spec["seed"])
+    return nn.Sequential(nn.Linear(spec["d"], spec["h"]), nn.Tanh(), nn.Linear(spec["h"], 3))
+
+
+def _hook_inputs(spec: dict, world: int) -> list[dict[str, Any]]:
+    """Rank r's input: the model's shape and starting parameters, the bucket size, and rank
+    r's own two batches (never a seed or another rank's data)."""
+    with torch.random.fork_rng(devices=[]):
+        init = _flat(_hook_model(spec).parameters())
+    out = []
+    for rank in range(world):
+        gen = torch.Generator().manual_seed(spec["data_seed"] + rank)
+        xs = [torch.randn(5, spec["d"], generator=gen) for _ in range(2)]
+        out.append({"d": spec["d"], "h": spec["h"], "cap": spec["cap"], "init": init, "xs": xs})
+    return out
+
+
+def _hook_run(hook: Callable, mine: dict) -> tuple[torch.Tensor, list]:
+    """Two backward passes of a DDP model with ``hook``: the gradients, the collectives."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from ddp_lab.comm_debug import count_collectives
+
+    module = nn.Sequential(nn.Linear(mine["d"], mine["h"]), nn.Tanh(), nn.Linear(mine["h"], 3))
+    _load(module.parameters(), mine["init"])
+    model = DDP(module, bucket_cap_mb=mine["cap"])
+    model.register_comm_hook(None, hook)
+    with count_collectives() as log:
+        for x in mine["xs"]:
+            model.zero_grad()
+            model(x).pow(2).mean().backward()
+    return torch.cat([p.grad.reshape(-1) for p in model.parameters()]), log.calls
+
+
+def probe_bf16_hook(rank: int, objects: tuple, mine: dict) -> dict[str, Any]:
+    """In the learner's rank: their hook on torch's DDP, on this rank's own batches (the only
+    data it receives, ``_hook_inputs``); the gradients and what the collectives carried (the
+    rank's own account)."""
+    (hook,) = objects
+
+    # An unannotated wrapper: DDP checks a hook's name and annotations, not what it does.
+    def learner(state, bucket):  # type: ignore[no-untyped-def]
+        return hook(state, bucket)
+
+    grads, calls = _hook_run(learner, mine)
+    return {
+        "grads": grads,
+        "dtypes": sorted({str(d) for _, d, _ in calls}),
+        "bytes": sum(int(b) for _, _, b in calls),
+    }
+
+
+def _oracle_hook(rank: int, inputs: list[dict[str, Any]]) -> torch.Tensor:
+    """In the grader's ranks: the same run under torch's bf16_compress_hook."""
+    from ddp_lab.comm_hooks import builtin_bf16_hook
+
+    return _hook_run(builtin_bf16_hook, inputs[rank])[0]
+
+
+@checker("10.bf16_hook", points=3)
+def check_bf16_hook(rng: random.Random, learner: Any) -> Iterator[object]:
+    cases = [2, 2, 3]
+    yield len(cases)
+    for world in cases:
+        spec = {
+            "seed": rng.randrange(10**6),
+            "data_seed": rng.randrange(10**6),
+            "d": rng.randint(4, 40),
+            "h": rng.randint(4, 40),
+            "cap": rng.choice([1e-4, 25.0]),  # several small buckets, or one
+        }
+        label = f"world_size={world}, bucket_cap_mb={spec['cap']}"
+        inputs = _hook_inputs(spec, world)
+        got = _ranks(
+            learner.ranks(probe_bf16_hook, inputs, timeout=120),
+            world,
+            ("grads", "dtypes", "bytes"),
+            label,
+        )
+        expected = _spawn(_oracle_hook, (inputs,), world)
+        with torch.random.fork_rng(devices=[]):
+            n = 2 * sum(p.numel() for p in _hook_model(spec).parameters())  # two backwards
+        for rank, (r, want) in enumerate(zip(got, expected, strict=True)):
+            grads, dtypes, sent = r["grads"], r["dtypes"], r["bytes"]
+            if not _like(grads, want):
+                raise _bad(rank, "grads", grads, label)
+            if not isinstance(dtypes, list) or not all(
+                isinstance(d, str) and len(d) < 40 for d in dtypes
+            ):
+                raise _bad(rank, "dtypes", dtypes, label)
+            if type(sent) is not int:
+                raise _bad(rank, "bytes", sent, label)
+            if not torch.equal(grads, want):
+                diff = (grads - want).abs().max().item()
+                raise fail(
+                    _t(
+                        "gradients differ from torch's bf16_compress_hook by {diff:.3g} (cast to "
+                        "bfloat16, divide by the world size, all-reduce, copy back into "
+                        "bucket.buffer())",
+                        diff=diff,
+                    ),
+                    label,
+                )
+            if dtypes != ["torch.bfloat16"] or sent != 2 * n:
+                raise fail(
+                    _t(
+                        "the collectives carried {dtypes}, {got} bytes for {n} gradient "
+                        "elements; a bf16 hook sends bfloat16, 2 bytes per element ({want} bytes)",
+                        dtypes=dtypes,
+                        got=sent,
+                        n=n,
+                        want=2 * n,
+                    ),
+                    label,
+                )
+        yield label
+
+
+# ----- 10.fsdp_reduce ---------------------------------------------------------------------
+
+# Collectives that hand every rank the whole gradient (or every rank's): not a reduce-scatter.
+WHOLE = ("all_reduce", "all_gather", "all_gather_single", "all_gather_into_tensor")
+
+
+def _fsdp_net(spec: dict) -> nn.Module:
+    torch.manual_seed(spec["seed"])
+    return _fsdp_layers(spec["widths"])
+
+
+def _fsdp_layers(widths: list[int]) -> nn.Module:
+    layers: list[nn.Module] = []
+    for a, b in zip(widths[:-1], widths[1:], strict=True):
+        layers += [nn.Linear(a, b), nn.Tanh()]
+    return nn.Sequential(*layers[:-1]).double()
+
+
+def _fsdp_batches(spec: dict, world: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    gen = torch.Generator().manual_seed(spec["data_seed"])
+    widths = spec["widths"]
+    for _ in range(3):
+        x = torch.randn(world * 3, widths[0], generator=gen, dtype=torch.float64)
+        y = torch.randn(world * 3, widths[-1], generator=gen, dtype=torch.float64)
+        yield x, y
+
+
+def _fsdp_inputs(spec: dict, world: int) -> list[dict[str, Any]]:
+    """Rank r's input: the widths, the starting parameters (the same on every rank) and rank
+    r's own part of each batch (never a seed or another rank's data)."""
+    with torch.random.fork_rng(devices=[]):
+        init = _flat(_fsdp_net(spec).parameters())
+    batches = list(_fsdp_batches(spec, world))
+    return [
+        {
+            "widths": spec["widths"],
+            "init": init,
+            "batches": [[x[r * 3 : r * 3 + 3], y[r * 3 : r * 3 + 3]] for x, y in batches],
+        }
+        for r in range(world)
+    ]
+
+
+def probe_fsdp(rank: int, objects: tuple, mine: dict) -> dict[str, Any]:
+    """In the learner's rank: FSDP's machinery (``ddp_lab.fsdp_base``: ``ddp_lab.fsdp``, which
+    holds the reference reduce-scatter, is hidden here) trains this rank's part of each batch,
+    the only data it receives (``_fsdp_inputs``), with their ``reduce_grad``.
+
+    Returns, per call of ``reduce_grad``, the gradient's size, the result's shape (None if
+    not a tensor) and the first all-reduce or all-gather it called ('' if none: the rank's own
+    account); the full state after three steps, or the error that stopped training (a wrong
+    result makes the machinery raise).
+    """
+    from ddp_lab.comm_debug import count_collectives
+    from ddp_lab.fsdp_base import FullyShardedBase
+
+    (reduce_grad,) = objects
+    calls: list[list] = []
+
+    def recorded(flat: torch.Tensor) -> torch.Tensor:
+        with count_collectives(WHOLE) as log:
+            out = reduce_grad(flat)
+        shape = list(out.shape) if isinstance(out, torch.Tensor) else None
+        calls.append([flat.numel(), shape, log.calls[0][0] if log.calls else ""])
+        return out
+
+    net = _fsdp_layers(mine["widths"])
+    _load(net.parameters(), mine["init"])
+    model = FullyShardedBase(net, reduce_grad=recorded)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    try:
+        for x, y in mine["batches"]:
+            opt.zero_grad()
+            nn.functional.mse_loss(model(x), y).backward()
+            opt.step()
+    except NotImplementedError:
+        raise
+    except Exception as exc:  # noqa: BLE001  # reported with what reduce_grad returned
+        error = f"{type(exc).__name__}: {str(exc).strip()[:200]}"
+        return {"calls": calls, "error": error, "state": None}
+    state = {k: v.clone() for k, v in model.full_state_dict().items()}
+    return {"calls": calls, "error": None, "state": state}
+
+
+def _sgd_full_batch(spec: dict, world: int) -> dict[str, torch.Tensor]:
+    """The oracle: plain SGD, one process, on the whole batch of every step."""
+    with torch.random.fork_rng(devices=[]):
+        net = _fsdp_net(spec)
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    for x, y in _fsdp_batches(spec, world):
+        opt.zero_grad()
+        nn.functional.mse_loss(net(x), y).backward()
+        opt.step()
+    return {k: v.detach().clone() for k, v in net.state_dict().items()}
+
+
+def _fsdp_verdict(got: Any, spec: dict, world: int, label: str) -> None:
+    from ddp_lab.course.grading.learner import LearnerError
+
+    results = _ranks(got, world, ("calls", "error", "state"), label)
+    for rank, r in enumerate(results):
+        calls = r["calls"]
+        if not isinstance(calls, list) or not all(
+            isinstance(c, list)
+            and len(c) == 3
+            and type(c[0]) is int
+            and (c[1] is None or isinstance(c[1], list) and all(type(s) is int for s in c[1]))
+            and type(c[2]) is str
+            and c[2] in ("", *WHOLE)
+            for c in calls
+        ):
+            raise _bad(rank, "calls", calls, label)
+        for _, _, called in calls:
+            if called:
+                raise fail(
+                    _t(
+                        "reduce_grad called dist.{name}: every rank received the whole gradient "
+                        "(or every rank's) although it keeps only its shard; use "
+                        "dist.reduce_scatter_single (reduce-scatter)",
+                        name=called,
+                    ),
+                    label,
+                )
+        for n, shape, _ in calls:
+            if shape != [n // world]:
+                got_shape = tuple(shape) if shape is not None else None
+                raise fail(
+                    _t(
+                        "reduce_grad returned shape {got} for a gradient of {n} elements on "
+                        "{world} ranks; expected this rank's shard, shape ({want},)",
+                        got=got_shape,
+                        n=n,
+                        world=world,
+                        want=n // world,
+                    ),
+                    label,
+                )
+    for rank, r in enumerate(results):
+        if r["error"] is not None:
+            if not isinstance(r["error"], str):
+                raise _bad(rank, "error", r["error"], label)
+            type_name, _, message = r["error"].partition(": ")
+            raise LearnerError(type_name[:100], message[:300])
+    want = _sgd_full_batch(spec, world)
+    for rank, r in enumerate(results):
+        state = r["state"]
+        if not isinstance(state, dict) or sorted(state) != sorted(want):
+            raise _bad(rank, "state", state, label)
+        for k, v in want.items():
+            if not _like(state[k], v):
+                raise _bad(rank, f"state[{k!r}]", state[k], label)
+        diff = max((state[k] - v).abs().max().item() for k, v in want.items())
+        if not diff <= 1e-10:
+            raise fail(
+                _t(
+                    "rank {rank}: parameters differ from single-process training on the full "
+                    "batch by {diff:.3g} (return the average over the ranks, not the sum)",
+                    rank=rank,
+                    diff=diff,
+                ),
+                label,
+            )
+
+
+@checker("10.fsdp_reduce", points=2)
+def check_fsdp_reduce(rng: random.Random, learner: Any) -> Iterator[object]:
+    worlds = [2, 3]
+    yield len(worlds)
+    for world in worlds:
+        spec = {
+            "seed": rng.randrange(10**6),
+            "data_seed": rng.randrange(10**6),
+            "widths": [rng.randint(2, 9) for _ in range(rng.randint(3, 4))],
+        }
+        label = _t("world_size={world}, uneven shards", world=world)
+        got = learner.ranks(probe_fsdp, _fsdp_inputs(spec, world), timeout=120)
+        _fsdp_verdict(got, spec, world, label)
+        yield label

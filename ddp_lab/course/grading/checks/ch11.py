@@ -1,0 +1,381 @@
+"""Checker of chapter 11's exercise: make a training loop resumable, bit for bit.
+
+The learner writes ``save_state(folder, model, optimizer, scheduler, sampler, step)`` and
+``load_state(folder, model, optimizer, scheduler, sampler) -> step`` for
+``ddp_lab.labs.recovery.resumable_loop``. Graded in the per-rank form (``learner.ranks``): on 2 or
+3 gloo ranks, rank r receives only its own input. A first launch runs the loop up to a
+hidden step and saves (``probe_stop``) into a folder of the rank's own, and sends back one
+record per step (sample indices, the torch / numpy / Python draws, the LR, the parameters'
+digest before and after) and the files the ranks wrote there. A second launch, in fresh
+processes (``fresh=True``: new sandboxes in the grader), gets those files back as the
+checkpoint folder (what a shared file system would show every rank), loads and finishes
+the run (``probe_resume``). The checker runs the same loop without interruption in ranks of
+its own, and compares: the final parameters bit for bit, or the first resumed step whose
+record differs, which says what the checkpoint missed.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import random
+import shutil
+import tempfile
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from ddp_lab.course.grading import checker, fail, wrong_form
+from ddp_lab.i18n import N_, _t, lookup
+from ddp_lab.labs.recovery import loop_case_data, resumable_loop
+
+MESSAGES = {
+    "step": N_(
+        "rank {rank}: load_state returned step {got}, the run had stopped after "
+        "step {expected}: return the step counter that save_state received"
+    ),
+    "model": N_(
+        "rank {rank}, step {step}: the parameters before the first resumed step "
+        "differ from the uninterrupted run's: save and load model.state_dict()"
+    ),
+    "sampler": N_(
+        "rank {rank}, step {step}: the batch holds other samples than in the "
+        "uninterrupted run: save the sampler's epoch and position "
+        "(sampler.state_dict()) and restore them"
+    ),
+    "rng": N_(
+        "rank {rank}, step {step}: {which}'s random draw differs from the "
+        "uninterrupted run: save each rank's random state ({call}) and restore it"
+    ),
+    "schedule": N_(
+        "rank {rank}, step {step}: the learning rate is {got}, the uninterrupted "
+        "run used {expected}: save and load scheduler.state_dict()"
+    ),
+    "optimizer": N_(
+        "rank {rank}, step {step}: the same batch, draws and LR gave other "
+        "parameters than in the uninterrupted run: save and load "
+        "optimizer.state_dict() (SGD's momentum)"
+    ),
+    "steps": N_("rank {rank}: the resumed run took {got} steps, the uninterrupted one {expected}"),
+    "params": N_(
+        "rank {rank}: the final parameters differ from the uninterrupted run's "
+        "(max difference {diff:.2e}); resuming must give them bit for bit"
+    ),
+    "before_stop": N_(
+        "rank {rank}: the run differed from the uninterrupted one before it was "
+        "stopped (step {step}): save_state must not change the training"
+    ),
+    "malformed": N_("rank {rank} sent back a result of the wrong form ({field}: {kind})"),
+}
+
+RNG_CALLS = {
+    "torch": "torch.get_rng_state()",
+    "numpy": "np.random.get_state()",
+    "python": "random.getstate()",
+}
+FIELDS = {
+    "step": int,
+    "indices": list,
+    "torch": float,
+    "numpy": float,
+    "python": bool,
+    "lr": float,
+    "before": str,
+    "after": str,
+}
+
+
+CHECKPOINT_LIMIT = 16 * 2**20  # bytes of checkpoint files handed from one launch to the next
+
+
+def _read_files(where: Path) -> dict[str, torch.Tensor]:
+    """Every file under ``where`` (relative name -> its bytes as a uint8 tensor)."""
+    files: dict[str, torch.Tensor] = {}
+    for path in sorted(where.rglob("*")):
+        if path.is_file() and not path.is_symlink():
+            raw = bytearray(path.read_bytes())
+            data = (
+                torch.frombuffer(raw, dtype=torch.uint8)
+                if raw
+                else torch.empty(0, dtype=torch.uint8)
+            )
+            files[path.relative_to(where).as_posix()] = data.clone()
+    return files
+
+
+def _write_files(where: Path, files: dict[str, torch.Tensor]) -> None:
+    """The checkpoint folder as the first launch left it (each file written atomically, so that
+    ranks sharing one folder, as in self-study, do not see each other's half-written copy)."""
+    for name, data in files.items():
+        path = where / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        part = path.with_name(f"{path.name}.{os.getpid()}.part")
+        part.write_bytes(data.numpy().tobytes())
+        os.replace(part, path)
+
+
+def probe_stop(rank: int, objects: tuple, data: dict[str, Any]) -> dict[str, Any]:
+    """In the learner's ranks: run the loop up to ``case["stop_at"]``, call save_state, and send
+    back the records and the files written into the checkpoint folder."""
+    save_state, _ = objects
+    where = Path(tempfile.gettempdir()) / data["folder"]
+    where.mkdir(parents=True, exist_ok=True)
+    try:
+        out = resumable_loop(data["case"], save_state=save_state, folder=str(where))
+        dist.barrier()  # every rank's save is complete before the files are read
+        out["files"] = _read_files(where)
+        dist.barrier()
+    except BaseException:
+        # The launcher stops the other ranks after a failure: nobody else would remove it.
+        shutil.rmtree(where, ignore_errors=True)
+        raise
+    if rank == 0:  # the folder is private to this launch (shared by ranks in self-study)
+        shutil.rmtree(where, ignore_errors=True)
+    return out
+
+
+def probe_resume(rank: int, objects: tuple, data: dict[str, Any]) -> dict[str, Any]:
+    """In fresh ranks: the checkpoint folder rebuilt from the first launch's files, load_state
+    from it, and finish the run."""
+    _, load_state = objects
+    where = Path(tempfile.gettempdir()) / data["folder"]
+    where.mkdir(parents=True, exist_ok=True)
+    loaded: list[Any] = []
+
+    def load(*args: Any) -> int:
+        step = load_state(*args)
+        loaded.append(step if type(step) is int else -1)
+        return step if type(step) is int else 0
+
+    try:
+        _write_files(where, data["files"])
+        dist.barrier()  # the folder is complete on every rank before any loads
+        out = resumable_loop(
+            {**data["case"], "resume": True, "stop_at": None}, load_state=load, folder=str(where)
+        )
+    finally:
+        dist.barrier()
+        if rank == 0:
+            shutil.rmtree(where, ignore_errors=True)
+    out["loaded_step"] = loaded[0] if loaded else -1
+    return out
+
+
+def checkpoint_files(stopped: list[dict], label: str) -> dict[str, torch.Tensor]:
+    """The checkpoint folder the ranks of the first launch left, as data: the union of the files
+    each rank saw (where two ranks saw one name, the lowest rank's copy), checked for form."""
+    files: dict[str, torch.Tensor] = {}
+    total = 0
+    for rank, r in enumerate(stopped):
+        got = r.get("files")
+        if not isinstance(got, dict):
+            raise wrong_form(rank, "files", _kind(got), label)
+        for name, data in got.items():
+            parts = Path(name).parts if isinstance(name, str) else ()
+            if (
+                not parts
+                or Path(name).is_absolute()
+                or any(p in ("..", ".") for p in parts)
+                or type(data) is not torch.Tensor
+                or data.dtype != torch.uint8
+                or data.dim() != 1
+            ):
+                raise wrong_form(rank, "files", _kind(data), label)
+            if name not in files:
+                files[name] = data
+                total += data.numel()
+    if total > CHECKPOINT_LIMIT:
+        raise wrong_form("-", "files", f"{total} bytes", label)
+    return files
+
+
+def _oracle(rank: int, case: dict[str, Any]) -> dict[str, Any]:
+    """In the grader's ranks: the same loop, never stopped."""
+    return resumable_loop({**case, "stop_at": None})
+
+
+def _kind(value: Any) -> str:
+    if isinstance(value, torch.Tensor):
+        return f"Tensor{tuple(value.shape)}"
+    return type(value).__name__
+
+
+def _validate(results: Any, world: int, case: dict[str, Any], label: str) -> list[dict]:
+    """The probe's results, checked to be of the form ``resumable_loop`` returns."""
+
+    def bad(rank: object, field: str, value: Any) -> Exception:
+        return wrong_form(rank, field, _kind(value), label)
+
+    if not isinstance(results, list) or len(results) != world:
+        raise bad("-", "ranks", results)
+    with torch.random.fork_rng(devices=[]):
+        shapes = [p.shape for p in loop_case_data(case)[2].parameters()]
+    for rank, r in enumerate(results):
+        if not isinstance(r, dict) or not isinstance(r.get("records"), list):
+            raise bad(rank, "result", r)
+        for rec in r["records"]:
+            if not isinstance(rec, dict) or set(rec) != set(FIELDS):
+                raise bad(rank, "record", rec)
+            for name, kind in FIELDS.items():
+                if type(rec[name]) is not kind:
+                    raise bad(rank, name, rec[name])
+        params = r.get("params")
+        if (
+            not isinstance(params, list)
+            or not all(type(p) is torch.Tensor for p in params)
+            or [p.shape for p in params] != shapes
+        ):
+            raise bad(rank, "params", params)
+    return results
+
+
+def first_difference(got: dict[str, Any], want: dict[str, Any]) -> str | None:
+    """Which part of a checkpoint a resumed step's record points at, or None if equal."""
+    if got == want:
+        return None
+    if got["step"] != want["step"]:
+        return "step"
+    if got["before"] != want["before"]:
+        return "model"
+    if got["indices"] != want["indices"]:
+        return "sampler"
+    for name in RNG_CALLS:
+        if got[name] != want[name]:
+            return name
+    if got["lr"] != want["lr"]:
+        return "schedule"
+    return "optimizer"
+
+
+def verify(
+    stopped: list[dict], resumed: list[dict], reference: list[dict], case: dict[str, Any]
+) -> None:
+    """Raise CaseFailed at the first resumed step that differs from the uninterrupted run."""
+    label = f"world_size={len(reference)}, shuffle={case['shuffle']}, stop_at={case['stop_at']}"
+    stop = case["stop_at"]
+    for rank, (a, b, ref) in enumerate(zip(stopped, resumed, reference, strict=True)):
+        want = ref["records"]
+        if a["records"] != want[:stop]:
+            first = next(
+                (i for i, (g, w) in enumerate(zip(a["records"], want, strict=False)) if g != w), 0
+            )
+            raise fail(
+                _t(
+                    "rank {rank}: the run differed from the uninterrupted one before it was "
+                    "stopped (step {step}): save_state must not change the training",
+                    rank=rank,
+                    step=first + 1,
+                ),
+                label,
+            )
+        if b.get("loaded_step") != stop:
+            raise fail(
+                _t(
+                    "rank {rank}: load_state returned step {got}, the run had stopped after "
+                    "step {expected}: return the step counter that save_state received",
+                    rank=rank,
+                    got=b.get("loaded_step"),
+                    expected=stop,
+                ),
+                label,
+            )
+        for got, exp in zip(b["records"], want[stop:], strict=False):
+            what = first_difference(got, exp)
+            if what is None:
+                continue
+            step = exp["step"]
+            if what in RNG_CALLS:
+                raise fail(
+                    _t(
+                        "rank {rank}, step {step}: {which}'s random draw differs from the "
+                        "uninterrupted run: save each rank's random state ({call}) and restore it",
+                        rank=rank,
+                        step=step,
+                        which=what,
+                        call=RNG_CALLS[what],
+                    ),
+                    label,
+                )
+            if what == "schedule":
+                raise fail(
+                    _t(
+                        "rank {rank}, step {step}: the learning rate is {got}, the uninterrupted "
+                        "run used {expected}: save and load scheduler.state_dict()",
+                        rank=rank,
+                        step=step,
+                        got=got["lr"],
+                        expected=exp["lr"],
+                    ),
+                    label,
+                )
+            raise fail(
+                lookup(MESSAGES, what, rank=rank, step=step, got=got["step"], expected=stop), label
+            )
+        if len(b["records"]) != len(want) - stop:
+            raise fail(
+                _t(
+                    "rank {rank}: the resumed run took {got} steps, the uninterrupted one "
+                    "{expected}",
+                    rank=rank,
+                    got=stop + len(b["records"]),
+                    expected=len(want),
+                ),
+                label,
+            )
+        for p, q in zip(b["params"], ref["params"], strict=True):
+            if not torch.equal(p, q):
+                diff = max(
+                    (x.double() - y.double()).abs().max().item()
+                    for x, y in zip(b["params"], ref["params"], strict=True)
+                )
+                raise fail(
+                    _t(
+                        "rank {rank}: the final parameters differ from the uninterrupted run's "
+                        "(max difference {diff:.2e}); resuming must give them bit for bit",
+                        rank=rank,
+                        diff=diff,
+                    ),
+                    label,
+                )
+
+
+@checker("11.resume", points=5)
+def check_resume(rng: random.Random, learner: Any) -> Iterator[object]:
+    from ddp_lab.runtime.launcher import spawn
+
+    cases = [(2, True), (rng.choice([2, 3]), rng.choice([True, False]))]
+    yield len(cases)
+    for world, shuffle in cases:
+        n, batch = rng.randint(30, 44), rng.choice([3, 4])
+        per_epoch = math.ceil(math.ceil(n / world) / batch)  # batches per epoch on a rank
+        case = {
+            "seed": rng.randrange(10**6),
+            "n": n,
+            "batch_size": batch,
+            "epochs": 2,
+            "lr": 0.1,
+            "lr_every": rng.randint(2, 4),
+            "shuffle": shuffle,
+            "stop_at": rng.randint(2, per_epoch - 1) + rng.choice([0, per_epoch]),
+        }
+        label = f"world_size={world}, shuffle={shuffle}, stop_at={case['stop_at']}"
+        folder = f"ddp_lab_ch11_{uuid.uuid4().hex}"  # in each rank's /tmp
+        own = [{"case": case, "folder": folder} for _ in range(world)]
+        stopped = learner.ranks(probe_stop, own, timeout=120, fresh=True)
+        stopped = _validate(stopped, world, case, label)
+        files = checkpoint_files(stopped, label)
+        own = [{"case": case, "folder": folder, "files": files} for _ in range(world)]
+        resumed = learner.ranks(probe_resume, own, timeout=120, fresh=True)
+        resumed = _validate(resumed, world, case, label)
+        for rank, r in enumerate(resumed):
+            if type(r.get("loaded_step")) is not int:
+                raise wrong_form(rank, "loaded_step", "?", label)
+        reference = spawn(
+            _oracle, args=(case,), nprocs=world, backend="gloo", quiet=True, timeout=120
+        )
+        verify(stopped, resumed, reference, case)
+        yield label

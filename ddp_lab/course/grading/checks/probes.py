@@ -1,0 +1,118 @@
+"""Per-rank probes of the single-process exercises (01.diagnose, 02.place, 03.*), without
+their oracles.
+
+These exercises are graded in the per-rank form with one rank (``learner.ranks(probe,
+[input])``, a sandbox of its own when graded, ``course.rankhost``): the learner's code runs in
+a process that holds one case's input and nothing else, never the expected answers or the
+checker. The probes live here, apart from the checkers: ``ch01.py``, ``ch02.py`` and
+``ch03.py`` compute the reference answers from the inputs (and ``ddp_lab.tools.ranks.assign`` is
+02.place's), so they are hidden in a rank (``rankhost.HIDDEN``), while this module is not.
+
+Each probe returns plain data (``course.wire``): what the learner's code returned, or
+``{"kind": <type name>}`` where it is not data.
+"""
+
+from __future__ import annotations
+
+import operator
+from typing import Any
+
+import torch
+
+KEYS = ("rank", "local_rank", "node_rank", "world_size", "device", "gpu")  # 02.place's rows
+
+
+def _plain(value: object) -> Any:
+    """A row's value as data: None, bool, int, float, str; anything else by its type name."""
+    if value is None or type(value) in (bool, int, float, str):
+        return value
+    return {"kind": type(value).__name__}
+
+
+def _int_or_kind(x: Any) -> Any:
+    if type(x) in (int, bool, float):
+        return x
+    if isinstance(x, torch.Tensor) and x.numel() == 1:
+        return x.item()
+    try:
+        return operator.index(x)
+    except TypeError:
+        return {"kind": type(x).__name__}
+
+
+def probe_diagnose(rank: int, objects: tuple, case: list[str]) -> Any:
+    """01.diagnose, one case ``[smi, nvcc, torch_build]``: their answer, as data."""
+    (diagnose,) = objects
+    smi, nvcc, torch_build = case
+    out = diagnose(smi, nvcc, torch_build)
+    if not isinstance(out, (tuple, list)):
+        return {"kind": type(out).__name__}
+    if all(type(x) is str for x in out):
+        return tuple(out) if isinstance(out, tuple) else list(out)
+    items = ", ".join(type(x).__name__ for x in out[:3])
+    return {"kind": f"{type(out).__name__} ({items})"}
+
+
+def probe_place(rank: int, objects: tuple, case: list) -> Any:
+    """02.place, one launch ``[counts, cvds, gpus_per_node]``: their rows, as data."""
+    (place,) = objects
+    counts, cvds, gpus_per_node = case
+    out = place(counts, cvds, gpus_per_node)
+    if not isinstance(out, list):
+        return {"kind": type(out).__name__}
+    rows: list[Any] = []
+    for row in out:
+        if isinstance(row, dict):
+            rows.append({k: _plain(row[k]) for k in KEYS if k in row})
+        else:
+            rows.append({"kind": type(row).__name__})
+    return rows
+
+
+def probe_balanced(rank: int, objects: tuple, case: list[int]) -> Any:
+    """03.balanced_chunks, one case ``[batch, n, gpu0]``: their sizes, as data."""
+    (balanced_chunk_sizes,) = objects
+    batch, n, gpu0 = case
+    out = balanced_chunk_sizes(batch, n, gpu0)
+    if not isinstance(out, (list, tuple)):
+        return {"kind": type(out).__name__}
+    return [_int_or_kind(x) for x in out]
+
+
+def _gather_leaves(parts: list[torch.Tensor]) -> list[torch.Tensor]:
+    leaves = [p.clone().requires_grad_() for p in parts]
+    for i, leaf in enumerate(leaves):
+        leaf._sim_device = i  # replica i's output lives on simulated device i
+    return leaves
+
+
+def probe_gather_forward(rank: int, objects: tuple, case: list) -> Any:
+    """03.gather, ``[dim, parts]``: their Function's output on leaf tensors, and its grad_fn."""
+    (gather_cls,) = objects
+    dim, parts = case
+    out = gather_cls.apply(0, dim, *_gather_leaves(parts))
+    name = getattr(gather_cls, "__name__", "")
+    if not isinstance(out, torch.Tensor):
+        return {"kind": type(out).__name__}
+    return {
+        "out": out.detach().clone(),
+        "grad_fn": type(out.grad_fn).__name__,
+        "function": name if type(name) is str else "",
+    }
+
+
+def probe_gather_backward(rank: int, objects: tuple, case: list) -> Any:
+    """03.gather, ``[dim, parts, weight]``: the inputs' gradients of ``(out * weight).sum()``."""
+    (gather_cls,) = objects
+    dim, parts, weight = case
+    leaves = _gather_leaves(parts)
+    out = gather_cls.apply(0, dim, *leaves)
+    (out * weight).sum().backward()
+    return [None if leaf.grad is None else leaf.grad.detach().clone() for leaf in leaves]
+
+
+def one(got: Any) -> Any:
+    """The one rank's answer of ``learner.ranks(probe, [input])`` (anything else by its kind)."""
+    if type(got) is list and len(got) == 1:
+        return got[0]
+    return {"kind": type(got).__name__}

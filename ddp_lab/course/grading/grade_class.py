@@ -1,0 +1,257 @@
+"""``ddp-lab grade --release R SUBMISSIONS...``: a class's gradebook, whatever the submissions do.
+
+- submissions and identities from ``course.intake`` (the folder the instructor's layout
+  gives, never a name the learner chose; duplicates reported);
+- each submission scored by ``course.grader.score`` with a slot (user id) no other running
+  submission holds and a cgroup of its own (``course.isolation``);
+- no submission can stop the class: an error while scoring or reporting one is that
+  submission's ``error``; its feedback (``feedback/NAME.md``) and Gradescope-style
+  ``results/NAME.json`` are written as soon as it is graded, ``gradebook.csv`` and
+  ``totals.csv`` at the end, always (``course.report`` makes learner text harmless).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import signal
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import nbformat
+
+from ddp_lab.course.grading import export, intake, isolation, report
+from ddp_lab.course.grading.grader import (
+    Result,
+    _cli_lang,
+    _positive,
+    exercises_of,
+    kill_all_runs,
+    language_of,
+    report_lines,
+    score,
+)
+from ddp_lab.i18n import _t
+
+
+class Progress:
+    """One line per graded submission: done/total, failures so far, time left (estimated)."""
+
+    def __init__(self, total: int, lang: str) -> None:
+        self.total, self.lang, self.count, self.zeros = total, lang, 0, 0
+        self.start = time.monotonic()
+        self.lock = threading.Lock()
+
+    def done(self, name: str, summary: str, zero: bool) -> None:
+        with self.lock:
+            self.count += 1
+            self.zeros += zero
+            elapsed = time.monotonic() - self.start
+            left = elapsed / self.count * (self.total - self.count)
+            bar = _t(
+                "{done}/{total} graded, {zeros} with no points, about {left} s left",
+                self.lang,
+                done=self.count,
+                total=self.total,
+                zeros=self.zeros,
+                left=f"{left:.0f}",
+            )
+            print(f"[{bar}] {report.shown(name)}: {summary}", flush=True)
+
+
+def release_titles(path: Path, release: nbformat.NotebookNode) -> dict[str, str]:
+    """The release's title per language: its own, and its other edition's where the
+    instructor's tree has one (``exercises/zh/X.ipynb`` beside ``exercises/en/X.ipynb``)."""
+    titles = {
+        language_of(release): str(release.metadata.get("ddp_lab", {}).get("title", path.stem))
+    }
+    for lang in ("en", "zh"):
+        other = path.parent.parent / lang / path.name
+        if lang not in titles and other.is_file():
+            with contextlib.suppress(Exception):
+                meta = nbformat.read(other, as_version=4).metadata.get("ddp_lab", {})
+                titles[lang] = str(meta.get("title", path.stem))
+    return titles
+
+
+def sandbox_problem(gradescope: bool, lang: str) -> str | None:
+    """Why grading for Gradescope must not start here (no sandbox, not turned off on purpose)."""
+    from ddp_lab.course.grading import sandbox
+
+    if not gradescope or sandbox.available() or os.environ.get("DDP_LAB_SANDBOX") == "0":
+        return None
+    why = "no bubblewrap" if sandbox.bwrap_path() is None else "bubblewrap cannot start"
+    return _t(
+        "ddp-lab grade --gradescope: this machine cannot sandbox submissions "
+        "({why}), and Gradescope's results must not come from unsandboxed code. "
+        "Install bubblewrap and allow user namespaces in the autograder image, "
+        "or set DDP_LAB_SANDBOX=0 to grade without a sandbox on purpose "
+        "(results.json then says so).",
+        lang,
+        why=why,
+    )
+
+
+def grade_main(args: argparse.Namespace) -> int:
+    """``ddp-lab grade``: write feedback, results, gradebook.csv and totals.csv."""
+    from ddp_lab.course.grading import sandbox
+
+    lang = _cli_lang()
+    release_path = Path(args.release)
+    problem = _positive(args, "cell_timeout", "timeout")
+    if problem is None and (not isinstance(args.jobs, int) or args.jobs < 0):
+        problem = _t(
+            "--{name} must be a positive number, got {value!r}.", lang, name="jobs", value=args.jobs
+        )
+    if problem is None and not release_path.is_file():
+        problem = _t("No such file: {path}", lang, path=release_path)
+    missing = [p for p in args.submissions if not os.path.lexists(p)]
+    if problem is None and missing:
+        problem = _t("No such file: {path}", lang, path=", ".join(map(report.shown, missing)))
+    subs = [] if problem else intake.find(args.submissions, release_path.stem, lang)
+    if problem is None and not subs:
+        problem = _t(
+            "No .ipynb submissions found in {paths}", lang, paths=" ".join(args.submissions)
+        )
+    if problem is None:
+        release = nbformat.read(release_path, as_version=4)
+        if not exercises_of(release):
+            problem = _t(
+                "{path} has no graded cells: is it an exercise notebook?", lang, path=release_path
+            )
+    gradescope = getattr(args, "gradescope", None)
+    if problem is None:
+        problem = sandbox_problem(bool(gradescope), lang)
+    if problem:
+        print(report.shown(problem, report.MAX_TEXT), file=sys.stderr)
+        return 2
+    out = Path(args.out)
+    (out / "feedback").mkdir(parents=True, exist_ok=True)
+    (out / "results").mkdir(exist_ok=True)
+    titles = release_titles(release_path, release)
+    exercises = exercises_of(release)
+    limits = isolation.CgroupLimits(
+        memory_gb=getattr(args, "memory_gb", None) or isolation.CgroupLimits.memory_gb,
+        pids=getattr(args, "pids", None) or isolation.CgroupLimits.pids,
+    )
+    # Only a class has neighbours to keep apart: `ddp-lab check` (one learner's own notebook)
+    # does not say it.
+    isolation.warn_no_cgroups(lang)
+    notes: list[str] = []
+    if not sandbox.available():
+        notes.append(_t("Graded WITHOUT a sandbox (DDP_LAB_SANDBOX=0 on the autograder).", lang))
+    if isolation.unavailable_reason():
+        notes.append(
+            _t(
+                "No cgroup per submission on the autograder: {why}.",
+                lang,
+                why=isolation.unavailable_reason(),
+            )
+        )
+    extra = {"sandboxed": sandbox.available(), "cgroups": isolation.unavailable_reason() is None}
+
+    workers = args.jobs or os.cpu_count() or 1
+    progress = Progress(len(subs), lang)
+    slots = isolation.Slots()
+
+    def write_results(sub: intake.Submission, lang: str, results: list[Result], t: float) -> None:
+        doc = export.gradescope_results(results, lang, t, notes=notes, extra=extra)
+        name = report.file_name(sub.identity)
+        report.write_text(out / "results" / f"{name}.json", json.dumps(doc, ensure_ascii=False))
+        if gradescope and len(subs) == 1:
+            Path(gradescope).parent.mkdir(parents=True, exist_ok=True)
+            report.write_text(Path(gradescope), json.dumps(doc, ensure_ascii=False))
+
+    def write_feedback(sub: intake.Submission, sub_lang: str, results: list[Result]) -> None:
+        title = titles.get(sub_lang) or next(iter(titles.values()))
+        student = report.code_span(sub.identity, report.MAX_NAME)
+        text = [
+            ("# " + _t("Feedback for {student}: {title}", sub_lang, student=student, title=title)),
+            "",
+            *report_lines(results, sub_lang, markdown=True),
+            "",
+        ]
+        if sub.others and not sub.problem:
+            files = ", ".join(report.code_span(f, report.MAX_NAME) for f in sub.others)
+            text += [_t("also found, not graded: {files}", sub_lang, files=files), ""]
+        name = report.file_name(sub.identity)
+        report.write_text(out / "feedback" / f"{name}.md", "\n".join(text))
+
+    def one(i: int) -> tuple[str, list[Result]]:
+        sub = subs[i]
+        started = time.monotonic()
+        sub_lang = lang
+        try:
+            job = slots.acquire()
+            try:
+                sub_lang, results = score(
+                    release, sub, args.cell_timeout, args.timeout, job=job, limits=limits
+                )
+            finally:
+                slots.release(job)
+        except Exception as exc:  # noqa: BLE001  # a bug here must not stop the other gradings
+            why = _t(
+                "the notebook could not be run: {error}", lang, error=f"{type(exc).__name__}: {exc}"
+            )
+            results = [Result(e.grade_id, 0, e.points, "error", why) for e in exercises]
+        try:
+            write_results(sub, sub_lang, results, time.monotonic() - started)
+            write_feedback(sub, sub_lang, results)
+        except Exception as exc:  # noqa: BLE001  # a full disk, a bad name: this one's error
+            why = _t(
+                "the grader could not write this submission's report ({error}); grade it again.",
+                lang,
+                error=f"{type(exc).__name__}: {exc}",
+            )
+            results = [Result(r.grade_id, 0, r.max_points, "error", why) for r in results]
+            with contextlib.suppress(Exception):  # say so where it can still be written
+                write_results(sub, sub_lang, results, time.monotonic() - started)
+        with contextlib.suppress(Exception):
+            progress.done(
+                sub.identity,
+                report_lines(results, lang)[-1],
+                all(r.status != "passed" for r in results),
+            )
+        return sub.identity, results
+
+    pool = ThreadPoolExecutor(max_workers=workers)
+    # SIGTERM (a job scheduler, `kill`) stops the grading like Ctrl-C: every run is killed.
+    previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
+    try:
+        graded = list(pool.map(one, range(len(subs))))
+    except KeyboardInterrupt:
+        pool.shutdown(wait=False, cancel_futures=True)
+        kill_all_runs()
+        raise
+    finally:
+        pool.shutdown()
+        signal.signal(signal.SIGTERM, previous)
+    for path in report.write_gradebook(out, graded):
+        print(_t("wrote {path}", lang, path=report.shown(path, report.MAX_TEXT)))
+    _similarity(release, subs, out, lang)
+    return 0
+
+
+def _similarity(
+    release: nbformat.NotebookNode, subs: list[intake.Submission], out: Path, lang: str
+) -> None:
+    """``out/similarity.md`` (course.similarity): for the instructor; never a grade's cause."""
+    from ddp_lab.course.grading import similarity
+
+    notebooks = {}
+    for sub in subs:
+        if sub.problem:
+            continue  # unreadable: graded (and reported) as its error
+        with contextlib.suppress(Exception):  # the same limited reading as for grading
+            notebooks[report.clean(sub.identity, report.MAX_NAME)] = intake.load(sub.root, sub.rel)
+    try:
+        path = similarity.write_report(release, notebooks, out, lang)
+    except Exception as exc:  # noqa: BLE001  # the report is extra: never fail the class on it
+        print(report.shown(f"similarity report: {type(exc).__name__}: {exc}"), file=sys.stderr)
+    else:
+        print(_t("wrote {path}", lang, path=report.shown(path, report.MAX_TEXT)))

@@ -1,0 +1,493 @@
+"""One rank of a graded exercise: the learner's objects, only this rank's input, a sandbox each.
+
+The verdict process (``course.verdict``) never unpickles what the learner's process made. At a
+graded cell the runner hands the learner's objects out as an opaque blob (cloudpickle); for an
+exercise converted to per-rank inputs the checker calls ``learner.ranks(probe, inputs)``, which
+runs ``RankPool`` here, in the verdict process:
+
+1. starts a *network holder*: a bubblewrap sandbox with a network namespace of its own (only a
+   loopback) that runs nothing; it exists so that the exercise's ranks can share that network
+   and nothing else;
+2. starts each rank (``python -m ddp_lab.course.grading.rankhost``) in a sandbox of its own
+   (``course.sandbox.wrap``: its own PID, mount, IPC and UTS namespaces, its own writable folder
+   and ``/tmp``), entered into the holder's network with ``nsenter``; its view of the package
+   hides the reference implementations of the exercises and the grading machinery
+   (``HIDDEN``: each file, and its cached bytecode, is replaced by a module that raises
+   ImportError);
+3. writes rank r's request on rank r's stdin: the probe's name, its rank, the world size, the
+   port, and **only rank r's input** (``course.wire`` data: never the seed, never another rank's
+   data, never the checker's code);
+4. reads one reply per rank with bounded reads (``wire.LineReader``), kills every sandbox, and
+   returns the replies as data; the first error (or a hang, or a rank that died) becomes a
+   ``LearnerError``.
+
+In the rank, the learner's code runs only after the request is read: the blob is loaded after
+``init_process_group``, so that an import of a hidden module fails there, as the learner's error.
+A result that needs the other ranks' inputs (an all-reduce) is then proof that the ranks
+communicated. What a rank reports about *how* it communicated (the ring's sends and batches) is
+its own account: the checkers keep it as a hint for feedback, not as proof. What the ranks
+sent each other is observed here instead, from outside them: around each case ``run`` reads
+the kernel's counters of the holder's network (``course.traffic``) and leaves the bytes per
+rank pair in ``traffic`` (None where they cannot be read, and why in ``unobserved``).
+
+Without a sandbox (see ``course.sandbox.available``) the ranks run as plain processes on the
+host's loopback, each still with only its own input, and the package is not hidden.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from ddp_lab.course.grading import wire
+from ddp_lab.course.grading.learner import RunnerGone
+from ddp_lab.i18n import _t
+
+# The package's files a rank may not import: the reference implementations of the exercises
+# (an import of one is also flagged by ``course.scan``) and the grading machinery.
+HIDDEN = (
+    "ring.py",
+    "parallel/balanced.py",
+    "ddp.py",
+    "bucketed_ddp.py",
+    "zero.py",
+    "comm_hooks.py",
+    "fsdp.py",
+    "sampler.py",
+    "labs/evaluation.py",
+    "tools/ranks.py",  # 02.place's reference (``assign``)
+    # the checkers of the single-process exercises compute the answers from the inputs; their
+    # probes live in ``course/grading/checks/probes.py``, which a rank may import
+    "course/grading/checks/ch01.py",
+    "course/grading/checks/ch02.py",
+    "course/grading/checks/ch03.py",
+    "course/grading/grader.py",
+    "course/grading/verdict.py",
+    "course/grading/runner.py",
+    "course/grading/sandbox.py",
+    "course/grading/export.py",
+    "course/cli.py",
+    "course/build.py",
+    "course/grading/scan.py",
+    "course/grading/similarity.py",
+)
+REQUEST_LIMIT = wire.MAX_BYTES + 4096  # one request line, read by the rank
+STARTUP_S = 300.0  # a rank's sandbox, Python and torch starting (the grader's time, not theirs)
+
+
+# --- in the verdict process -----------------------------------------------------------------
+
+
+class SandboxFailed(RunnerGone):
+    """The grader could not start the ranks' sandboxes (the machine's fault, not the code's)."""
+
+
+def _package_dir() -> Path:
+    import ddp_lab
+
+    return Path(ddp_lab.__file__).resolve().parent
+
+
+def _mask_args(base: Path, lang: str) -> list[str]:
+    """bwrap arguments that replace each ``HIDDEN`` file (and its bytecode) in the rank's view."""
+    package = _package_dir()
+    args: list[str] = []
+    for rel in HIDDEN:
+        source = package / rel
+        if not source.exists():
+            continue
+        module = "ddp_lab." + rel.removesuffix(".py").replace("/", ".")
+        mask = base / f"hidden-{module}.py"
+        text = _t(
+            "{module} is not available while grading: write the exercise yourself",
+            lang,
+            module=module,
+        )
+        mask.write_text(f"raise ImportError({text!r})\n", encoding="utf-8")
+        mask.chmod(0o644)
+        args += ["--ro-bind", str(mask), str(source)]
+        cache = source.parent / "__pycache__"
+        if cache.is_dir():
+            for pyc in sorted(cache.glob(source.stem + ".*.pyc")):
+                args += ["--ro-bind", "/dev/null", str(pyc)]
+    return args
+
+
+def _start_network(base: Path) -> tuple[subprocess.Popen, int]:
+    """A sandbox that holds a network namespace with only a loopback; (process, its pid)."""
+    from ddp_lab.course.grading import sandbox
+
+    bwrap = sandbox.bwrap_path()
+    assert bwrap is not None
+    read, write = os.pipe()
+    cmd = [bwrap, "--unshare-net", "--unshare-pid", "--die-with-parent", "--new-session"]
+    if os.geteuid() != 0:
+        cmd.append("--unshare-user")
+    cmd += ["--ro-bind", "/", "/", "--info-fd", str(write), "--", "sleep", "infinity"]
+    holder = subprocess.Popen(
+        cmd,
+        pass_fds=[write],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    os.close(write)
+    reader = wire.LineReader(read, 4096)
+    info = b""
+    try:
+        while not info.rstrip().endswith(b"}"):  # bwrap writes one small JSON object
+            line = reader.readline(20)
+            if line is None:
+                raise RuntimeError("bubblewrap did not start the network holder")
+            info += line + b"\n"
+    finally:
+        os.close(read)
+    return holder, int(json.loads(info)["child-pid"])
+
+
+def _in_network(cmd: list[str], holder_pid: int, masks: list[str]) -> list[str]:
+    """``sandbox.wrap``'s command, joined to the holder's network instead of a new one."""
+    cmd = [a for a in cmd if a != "--unshare-net"]
+    at = cmd.index("--chdir")
+    cmd = cmd[:at] + masks + cmd[at:]
+    enter = ["nsenter", f"--net=/proc/{holder_pid}/ns/net"]
+    if os.geteuid() != 0:  # the holder's network belongs to its user namespace
+        enter += [f"--user=/proc/{holder_pid}/ns/user", "--preserve-credentials"]
+    return [*enter, "--", *cmd]
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except OSError:
+        pass
+    proc.wait()
+
+
+class _SetupFailed(Exception):
+    """A rank could not join the case's process group (no learner code had run in it)."""
+
+    def __init__(self, kind: str, text: str) -> None:
+        super().__init__(kind, text)
+        self.kind, self.text = kind, text
+
+
+class RankPool:
+    """The sandboxed ranks of one exercise, started as its cases need them and reused by the
+    next case (torch is imported once per rank, not once per case); a failed case kills them
+    all, and the next case starts fresh ones. Rank r of every case is the same sandbox, and
+    receives only rank r's inputs."""
+
+    def __init__(self, blob: bytes, lang: str = "en", job: int = 0) -> None:
+        from ddp_lab.course.grading import sandbox
+
+        self.blob, self.lang, self.job = blob, lang, job
+        self.sandboxed = sandbox.available()
+        self.procs: list[subprocess.Popen] = []
+        self.readers: list[wire.LineReader] = []
+        self.holder: subprocess.Popen | None = None
+        self.holder_pid = 0
+        self.base: Path | None = None
+        self.ports: set[int] = set()
+        # What the last ``run`` moved between the ranks, read by the grader from the ranks'
+        # network namespace (``course.traffic``), or None with the reason in ``unobserved``.
+        self.traffic: Any = None
+        self.unobserved = ""
+
+    def _start(self, n: int) -> None:
+        """Rank sandboxes up to ``n``, each ready (Python and torch imported) before it gets
+        anything: the time they take is the grader's, not the learner's code's."""
+        from ddp_lab.course.grading import sandbox
+
+        if self.base is None:
+            self.base = Path(tempfile.mkdtemp(prefix="ddp-lab-ranks-"))
+            self.base.chmod(0o755)
+            if self.sandboxed:
+                self.holder, self.holder_pid = _start_network(self.base)
+            else:
+                sandbox.warn_unsandboxed(self.lang)
+        masks = _mask_args(self.base, self.lang) if self.sandboxed else []
+        env = {"DDP_LAB_LANG": self.lang, "MPLBACKEND": "agg", "OMP_NUM_THREADS": "1"}
+        new = []
+        for rank in range(len(self.procs), n):
+            folder = self.base / f"rank{rank}"
+            folder.mkdir()
+            (folder / "blob.pkl").write_bytes(self.blob)
+            argv = [sys.executable, "-m", "ddp_lab.course.grading.rankhost"]
+            cmd, run_env = sandbox.wrap(argv, folder, job=self.job, env=env)
+            if self.sandboxed:
+                cmd = _in_network(cmd, self.holder_pid, masks)
+            proc = subprocess.Popen(
+                cmd,
+                env=run_env,
+                cwd=folder,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+            assert proc.stdout is not None
+            self.procs.append(proc)
+            self.readers.append(wire.LineReader(proc.stdout.fileno(), REQUEST_LIMIT))
+            new.append(rank)
+        if new:
+            ready = self._collect(new, STARTUP_S, "ready")
+            if len(ready) != len(new):  # pragma: no cover  # _collect raises first
+                raise SandboxFailed("ranks did not start")
+
+    def _port(self) -> int:
+        if not self.sandboxed:
+            from ddp_lab.tools.ranks import _free_port
+
+            return _free_port()
+        while True:  # a network of the exercise's own: every port is free but those used
+            port = random.SystemRandom().randrange(20000, 60000)
+            if port not in self.ports:
+                self.ports.add(port)
+                return port
+
+    def run(self, probe: str, inputs: list, timeout: float) -> list:
+        """``probe`` on ranks ``0..len(inputs)-1``; rank r gets only ``inputs[r]``.
+
+        A case whose process group could not be set up (before any of the learner's code ran)
+        runs once more on fresh ranks: gloo's connection set-up fails now and then on a busy
+        machine ("connectFullMesh failed ... Connection closed by peer"; pytorch/gloo#413 added
+        retries for such failures), and that is not the learner's to lose points for."""
+        try:
+            return self._run(probe, inputs, timeout)
+        except _SetupFailed:
+            pass  # _run closed the ranks: the second try starts fresh ones
+        try:
+            return self._run(probe, inputs, timeout)
+        except _SetupFailed as again:
+            from ddp_lab.course.grading.learner import LearnerError
+
+            raise LearnerError(again.kind, again.text) from None
+
+    def _run(self, probe: str, inputs: list, timeout: float) -> list:
+        n = len(inputs)
+        self.traffic, self.unobserved = None, ""
+        try:
+            self._start(n)
+            port = self._port()
+            before = self._snapshot()
+            for rank in range(n):
+                request = {
+                    "rank": rank,
+                    "world_size": n,
+                    "port": port,
+                    "probe": probe,
+                    "timeout": timeout,
+                    "lang": self.lang,
+                    "data": wire.dumps(inputs[rank]),
+                }
+                stdin = self.procs[rank].stdin
+                assert stdin is not None
+                try:
+                    stdin.write(json.dumps(request).encode() + b"\n")
+                    stdin.flush()
+                except OSError:
+                    pass  # it died: its missing answer says so below
+            replies = self._collect(list(range(n)), timeout + 10, "ok")
+            if before is not None:
+                self._observe(before, port, n)
+            return [replies[r] for r in range(n)]
+        except BaseException:
+            self.close()
+            raise
+
+    def _snapshot(self) -> Any:
+        """The ranks' namespace's counters (``course.traffic``), or None (and why) where they
+        cannot be read: no sandbox (the ranks share the host's network), no ``ss``/``nsenter``."""
+        from ddp_lab.course.grading import traffic
+
+        if not self.sandboxed:
+            self.unobserved = "no-sandbox"
+            return None
+        if traffic.tools() is None:
+            self.unobserved = "no-tools"
+            return None
+        try:
+            return traffic.snapshot(self.holder_pid)
+        except (traffic.Unreadable, OSError, subprocess.SubprocessError, ValueError, IndexError):
+            # The ranks' doing (sockets by the thousand) or the machine's: the checker fails
+            # the case rather than judge the way from the ranks' own report.
+            self.unobserved = "unreadable"
+            return None
+
+    def _observe(self, before: Any, port: int, n: int) -> None:
+        from ddp_lab.course.grading import traffic
+
+        after = self._snapshot()
+        if after is None:
+            return
+        roots = {proc.pid: rank for rank, proc in enumerate(self.procs[:n])}
+        self.traffic = traffic.difference(before, after, roots, port)
+
+    def _collect(self, ranks: list[int], patience: float, key: str) -> dict[int, Any]:
+        """One ``key`` reply from each of ``ranks``, read with bounded reads; the first error,
+        a rank's death or the end of ``patience`` raises ``LearnerError``."""
+        import select
+
+        from ddp_lab.course.grading.learner import LearnerError
+
+        replies: dict[int, Any] = {}
+        until = time.monotonic() + patience
+        while len(replies) < len(ranks):
+            pending = [r for r in ranks if r not in replies]
+            for rank in pending:
+                reader = self.readers[rank]
+                try:
+                    line = reader.take()
+                except wire.LineTooLong:
+                    flood = _t(
+                        "rank {rank} wrote more than {limit} bytes without a line end on the "
+                        "grader's pipe",
+                        rank=rank,
+                        limit=reader.limit,
+                    )
+                    raise LearnerError("WireError", flood) from None
+                if line is None:
+                    if reader.eof:
+                        raise LearnerError(
+                            "RankFailed", _t("rank {rank} ended without an answer", rank=rank)
+                        )
+                    continue
+                try:
+                    reply = json.loads(line)
+                except ValueError:
+                    continue  # not the protocol's: ignore
+                if not isinstance(reply, dict):
+                    continue
+                if "error" in reply:
+                    e = reply["error"] if isinstance(reply["error"], dict) else {}
+                    kind, text = str(e.get("type", "Error"))[:100], str(e.get("message", ""))
+                    if reply.get("setup") is True:  # a rank says so: at worst one more run
+                        raise _SetupFailed(kind, text[:500])
+                    raise LearnerError(kind, text[:500])
+                if key in reply:
+                    try:
+                        replies[rank] = wire.loads(str(reply[key]))
+                    except wire.WireError as exc:
+                        raise LearnerError("WireError", str(exc)) from None
+            if len(replies) == len(ranks):
+                break
+            left = until - time.monotonic()
+            if left <= 0:
+                if key == "ready":
+                    raise SandboxFailed(f"the grading sandboxes did not start in {patience:.0f} s")
+                raise LearnerError(
+                    "TimeoutError",
+                    _t("the ranks did not answer within {seconds:.0f} s", seconds=patience),
+                )
+            waiting = [self.readers[r] for r in ranks if r not in replies]
+            ready, _, _ = select.select(waiting, [], [], min(left, 1.0))
+            for reader in ready:
+                reader.fill()
+        return replies
+
+    def close(self) -> None:
+        for proc in self.procs:
+            _kill(proc)
+        if self.holder is not None:
+            _kill(self.holder)
+        if self.base is not None:
+            shutil.rmtree(self.base, ignore_errors=True)
+        self.procs, self.readers, self.holder, self.base = [], [], None, None
+
+
+# --- in the rank's sandbox ------------------------------------------------------------------
+
+
+def _serve(request: dict) -> dict:
+    """Run the probe on this rank's input; the reply (data or the error)."""
+    import datetime
+    import pickle
+
+    import torch.distributed as dist
+
+    from ddp_lab import i18n
+    from ddp_lab.course.grading.learner import error_of, resolve_probe
+
+    rank, world_size = int(request["rank"]), int(request["world_size"])
+    i18n.set_language(str(request.get("lang", "en")))
+    data = wire.loads(request["data"])
+    probe = resolve_probe(str(request["probe"]))
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(int(request["port"])),
+        RANK=str(rank),
+        LOCAL_RANK=str(rank),
+        WORLD_SIZE=str(world_size),
+    )
+    try:
+        if dist.is_initialized():  # the previous case's group: every rank has answered it
+            dist.destroy_process_group()
+        dist.init_process_group(
+            "gloo",
+            rank=rank,
+            world_size=world_size,
+            # Past the verdict's patience: a hang is then the verdict's TimeoutError (killed
+            # ranks), not a gloo error in whichever rank gave up first.
+            timeout=datetime.timedelta(seconds=float(request.get("timeout", 60)) + 30),
+        )
+    except Exception as exc:  # noqa: BLE001  # the grader's set-up, not the learner's code
+        return {"error": {"type": type(exc).__name__, "message": str(exc)[:500]}, "setup": True}
+    try:
+        # The learner's code first runs here (a hidden module's import fails here).
+        objects = pickle.loads(Path("blob.pkl").read_bytes())  # noqa: S301  # in the sandbox
+        out = probe(rank, objects, data)
+        return {"ok": wire.dumps(out)}
+    except Exception as exc:  # noqa: BLE001  # the learner's code raised
+        err = error_of(exc)
+        return {"error": {"type": err.type_name, "message": err.message[:500]}}
+
+
+def main() -> int:
+    from ddp_lab.runtime._process import set_parent_death_signal
+    from ddp_lab.runtime._rank import keep_process_groups
+
+    set_parent_death_signal(signal.SIGKILL)
+    reader = wire.LineReader(0, REQUEST_LIMIT)
+    proto_out = os.dup(1)
+    log = os.open("output.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    os.dup2(log, 1)
+    os.dup2(log, 2)
+    sys.stdout = os.fdopen(1, "w", buffering=1, encoding="utf-8", closefd=False)
+    sys.stderr = os.fdopen(2, "w", buffering=1, encoding="utf-8", closefd=False)
+    import torch.distributed  # noqa: F401  # before "ready": the import is the grader's time
+
+    import ddp_lab  # noqa: F401
+
+    keep_process_groups()  # gloo groups are dropped without destructors (see _rank)
+
+    def send(reply: dict) -> None:
+        data = memoryview(json.dumps(reply).encode() + b"\n")
+        while data:
+            data = data[os.write(proto_out, data) :]
+
+    send({"ready": "null"})
+    # Serve requests until the verdict kills us (rank 0 hosts the store of each case).
+    while True:
+        try:
+            line = reader.readline(3600)
+        except EOFError:
+            break
+        if line is None:
+            break
+        send(_serve(json.loads(line)))
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

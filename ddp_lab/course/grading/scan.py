@@ -1,0 +1,155 @@
+"""A static read of a submission's own code for what an honest solution has no use for.
+
+The grader flags an exercise for the instructor (status ``flagged``, 0 points until someone
+looks, and a line in the feedback naming what was found) when the learner's code before its
+graded cell
+- reaches for a reference implementation of an exercise (``ANSWERS``: an import of it, an
+  attribute or a string of its name), or
+- looks at the grader's machinery from the inside (``INTROSPECTION``: frames, the garbage
+  collector's object lists, ``/proc/self/fd``, tracing hooks, ``ctypes``).
+
+Only the learner's code is read: a code cell identical to one of the release's is not. Nothing
+is run; the parser is Python's ``ast``. A finding is a reason to look, not a proof: the
+instructor decides (``ddp-lab grade`` never zeroes silently on a guess, and the verdict of the
+checker is kept in the feedback next to the finding).
+"""
+
+from __future__ import annotations
+
+import ast
+from typing import Any
+
+import nbformat
+
+from ddp_lab._moved import MOVED
+from ddp_lab.i18n import _t
+
+# The package's reference implementations of the exercises: module -> the names that answer one.
+ANSWERS: dict[str, set[str]] = {
+    "ddp_lab.ring": {"ring_all_reduce"},
+    "ddp_lab.parallel.balanced": {"balanced_chunk_sizes", "BalancedDataParallel"},
+    "ddp_lab.parallel._functions": {"Gather"},
+    "ddp_lab.ddp": {"NaiveDDP", "average_gradients", "broadcast_state"},
+    "ddp_lab.bucketed_ddp": {"BucketedDDP"},
+    "ddp_lab.zero": {"ShardedOptimizer", "assign_shards"},
+    "ddp_lab.comm_hooks": {"my_bf16_hook", "builtin_bf16_hook"},
+    "ddp_lab.fsdp": {"FullyShardedDP"},
+    "ddp_lab.sampler": {"DistributedSampler", "permutation", "pad_or_trim"},
+    "ddp_lab.labs.evaluation": {
+        "gather_tensor",
+        "gather_in_index_order",
+        "gather_by_index",
+        "all_reduce_accuracy",
+    },
+    "ddp_lab.collectives": {"run_op"},
+    "ddp_lab.tools.ranks": {"assign"},  # 02.place's reference
+}
+# Their old paths (``ddp_lab.evaluation``, ``ddp_lab.ranks``: see ``_moved``) import the same.
+ANSWERS.update({old: ANSWERS[new] for old, new in MOVED.items() if new in ANSWERS})
+ANSWER_NAMES = set().union(*ANSWERS.values()) - {"Gather", "permutation"}
+# Attribute names (and dotted calls) that read the grader's state from inside a process.
+INTROSPECTION = {
+    "_getframe",
+    "f_back",
+    "f_locals",
+    "f_globals",
+    "tb_frame",
+    "gi_frame",
+    "get_objects",
+    "get_referrers",
+    "get_referents",
+    "settrace",
+    "setprofile",
+}
+INSPECT_FRAMES = {"currentframe", "stack", "getouterframes", "getinnerframes", "trace"}
+MODULES = {"ctypes", "gc", "inspect", "ddp_lab.course"}  # imports flagged as such
+STRINGS = ("/proc/self", "/proc/", "/dev/fd", "ddp_lab.course", "ddp_lab/course")
+
+
+def findings(source: str) -> list[str]:
+    """What ``source`` (one code cell) uses that this module flags, as short descriptions."""
+    try:
+        tree = ast.parse(_without_magics(source))
+    except (SyntaxError, ValueError, RecursionError):
+        return []
+    found: list[str] = []
+    answer_modules = set(ANSWERS)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                found += _module_findings(alias.name, answer_modules)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            found += _module_findings(node.module, answer_modules)
+            for alias in node.names:
+                full = f"{node.module}.{alias.name}"
+                if full in answer_modules or (
+                    node.module in answer_modules and alias.name in ANSWERS[node.module]
+                ):
+                    found.append(f"`{full}`")
+        elif isinstance(node, ast.Attribute):
+            if node.attr in ANSWER_NAMES:
+                found.append(f"`.{node.attr}`")
+            elif node.attr in INTROSPECTION or (
+                node.attr in INSPECT_FRAMES
+                and isinstance(node.value, ast.Name)
+                and node.value.id == "inspect"
+            ):
+                found.append(f"`.{node.attr}`")
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            text = node.value
+            if text in ANSWER_NAMES or any(m in text for m in answer_modules):
+                found.append(f"`{text[:60]!r}`")
+            elif any(s in text for s in STRINGS):
+                found.append(f"`{text[:60]!r}`")
+    return list(dict.fromkeys(found))
+
+
+def _module_findings(module: str, answer_modules: set[str]) -> list[str]:
+    if module in answer_modules or any(module.startswith(m + ".") for m in answer_modules):
+        return [f"`import {module}`"]
+    if module in MODULES or any(module.startswith(m + ".") for m in MODULES):
+        return [f"`import {module}`"]
+    return []
+
+
+def _without_magics(source: str) -> str:
+    """A cell without IPython's ``%`` and ``!`` lines (not Python), kept line for line."""
+    return "\n".join(
+        "" if line.lstrip().startswith(("%", "!")) else line for line in source.splitlines()
+    )
+
+
+def flags_by_exercise(
+    release: nbformat.NotebookNode, sub: nbformat.NotebookNode, found: dict[str, int]
+) -> dict[str, list[str]]:
+    """grade_id -> what the learner's own cells before its graded cell use (see the module
+    docstring); a cell identical to one of the release's is the release's, not read."""
+    released = {c.source for c in release.cells if c.cell_type == "code"}
+    flags: dict[str, list[str]] = {}
+    for grade_id, position in found.items():
+        seen: list[str] = []
+        for cell in sub.cells[:position]:
+            if cell.cell_type != "code" or cell.source in released:
+                continue
+            if "grade_id" in cell.metadata:
+                continue
+            seen += findings(cell.source)
+        if seen:
+            flags[grade_id] = list(dict.fromkeys(seen))[:8]
+    return flags
+
+
+def apply(result: dict[str, Any], flags: list[str] | None, lang: str) -> dict[str, Any]:
+    """The verdict for an exercise with these findings: ``flagged`` (with the checker's line),
+    or the verdict unchanged if there are none or the exercise earned nothing anyway."""
+    if not flags or result.get("status") not in ("passed", "failed"):
+        return result
+    verdict = str(result.get("detail", "")) or result["status"]
+    line = _t(
+        "flagged for the instructor (0 points until reviewed): the code before "
+        "this graded cell uses {what}. The checker said: {verdict}",
+        lang,
+        what=", ".join(flags),
+        verdict=verdict,
+    )
+    return {"status": "flagged", "detail": line, "checker": result["status"]}

@@ -1,0 +1,283 @@
+"""The grader's side: verdicts computed in a process the learner's code never ran in.
+
+``score`` (``ddp-lab grade`` and ``ddp-lab check``) calls ``run`` in a fresh process of its
+own (``python -m ddp_lab.course.grading.verdict``, request and answer as JSON on stdin/stdout). That
+process
+1. writes the submission's code cells into a job for ``course.runner``, the released code in
+   place of each graded cell, and starts the runner in the sandbox (``course.sandbox``);
+2. follows the runner through the notebook: at each graded cell it runs that exercise's
+   checker here (hidden cases and oracle results computed here; the learner's code reached
+   only through ``RemoteLearner``: probes run in the sandbox, results come back as data;
+   comparison and verdict here), then lets the runner go on;
+3. kills the sandbox (everything in it) and answers with one result per exercise.
+
+Nothing the learner's code does to its own process (patching ``dl.grade``, the checkers,
+torch, IPython, printing a passing line) reaches this process.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import nbformat
+
+from ddp_lab.course.grading import sandbox, scan, wire
+from ddp_lab.course.grading.learner import RemoteLearner, RunnerGone
+from ddp_lab.course.grading.rankhost import RankPool
+from ddp_lab.i18n import _t
+
+PROTOCOL_LIMIT = wire.MAX_BYTES + 4096  # one line from the runner; past it, the runner is killed
+BLOB_LIMIT = wire.BLOB_LIMIT  # the pickled objects of one graded cell
+
+
+def build_job(
+    release: nbformat.NotebookNode,
+    sub: nbformat.NotebookNode,
+    found: dict[str, int],
+    lang: str,
+    cell_timeout: float,
+) -> dict[str, Any]:
+    """The runner's job: every code cell of ``sub``; graded cells carry the released code."""
+    from ddp_lab.course.grading.grader import exercises_of
+
+    by_pos = {found[ex.grade_id]: ex for ex in exercises_of(release) if ex.grade_id in found}
+    cells = []
+    for i, cell in enumerate(sub.cells):
+        if cell.cell_type != "code":
+            continue
+        if i in by_pos:
+            cells.append({"source": by_pos[i].cell.source, "grade_id": by_pos[i].grade_id})
+        elif "grade_id" in cell.metadata:
+            continue  # a graded cell not graded in this run (tampered, or not asked for)
+        else:
+            cells.append({"source": cell.source})
+    return {"cells": cells, "lang": lang, "cell_timeout": cell_timeout}
+
+
+def run(request: dict[str, Any]) -> dict[str, Any]:
+    """Grade the exercises named in ``request``; see the module docstring."""
+    from ddp_lab.course.grading.checkers import load_checkers
+
+    release = nbformat.reads(request["release"], as_version=4)
+    sub = nbformat.reads(request["submission"], as_version=4)
+    found: dict[str, int] = request["found"]
+    lang, cell_timeout = request["lang"], float(request["cell_timeout"])
+    deadline = time.monotonic() + float(request["timeout"])
+    job = build_job(release, sub, found, lang, cell_timeout)
+    results: dict[str, dict[str, Any]] = {}
+    work = Path(tempfile.mkdtemp(prefix="ddp-lab-sandbox-"))
+    proc = None
+    ended = "kernel-died"  # what the exercises not reached get
+    try:
+        (work / "job.json").write_text(json.dumps(job), encoding="utf-8")
+        (work / lang).mkdir()  # dl.setup() finds the language from the folder, as in a notebook
+        argv = [sys.executable, "-m", "ddp_lab.course.grading.runner", str(work / "job.json")]
+        cmd, env = sandbox.wrap(
+            argv,
+            work,
+            job=int(request.get("job", 0)),
+            env={"DDP_LAB_LANG": lang, "MPLBACKEND": "agg", **request.get("env", {})},
+        )
+        proc = subprocess.Popen(
+            cmd,
+            env=env,
+            cwd=work / lang,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        assert proc.stdout is not None
+        reader = wire.LineReader(proc.stdout.fileno(), PROTOCOL_LIMIT)
+        registry = load_checkers(found)  # while the runner starts
+        flags = scan.flags_by_exercise(release, sub, found)
+        # A cell that ignores the runner's own alarm is caught here: no message for longer
+        # than all the cells could take.
+        patience = cell_timeout * (len(job["cells"]) + 1) + 60
+        while True:
+            msg = _next_message(reader, proc, min(deadline, time.monotonic() + patience))
+            if msg is None:  # no message in time: the runner is stuck
+                ended = "timeout" if time.monotonic() >= deadline else "timeout-cell"
+                break
+            if msg.get("flood"):  # a line past the limit: the runner is killed, not read
+                _kill(proc)
+                ended = "kernel-died"
+                break
+            if msg.get("eof"):  # its output ended: the learner's process died (or exited)
+                ended = "kernel-died"
+                break
+            if "timeout" in msg:
+                ended = "timeout-cell"
+                break
+            if msg.get("done"):
+                break
+            grade_id = str(msg.get("graded", ""))
+            if grade_id in found and grade_id not in results:
+                handle = RemoteLearner(
+                    grade_id,
+                    proc.stdin,
+                    reader,
+                    functools.partial(_kill, proc),
+                    _blob(msg),
+                    lang,
+                    int(request.get("job", 0)),
+                    RankPool,
+                )
+                try:
+                    results[grade_id] = _judge(
+                        registry, grade_id, msg.get("error"), handle, lang, deadline
+                    )
+                finally:
+                    handle.close()
+                results[grade_id] = scan.apply(results[grade_id], flags.get(grade_id), lang)
+                if results[grade_id]["status"] in ("timeout", "kernel-died"):
+                    ended = results[grade_id]["status"]
+                    break
+            try:
+                assert proc.stdin is not None
+                proc.stdin.write(json.dumps({"op": "continue"}).encode() + b"\n")
+                proc.stdin.flush()
+            except OSError:
+                break
+        for grade_id in found:
+            results.setdefault(grade_id, {"status": ended})
+        return {"results": results}
+    finally:
+        if proc is not None:
+            _kill(proc)
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _blob(msg: dict) -> bytes | str:
+    """The pickled objects the runner handed out for a graded cell, as bytes (decoded from
+    base64, never loaded here), or why there are none. The line was read with a bound
+    (``PROTOCOL_LIMIT``); the decoded size is checked again."""
+    import base64
+    import binascii
+
+    if msg.get("blob_error"):
+        return str(msg["blob_error"])[:500]
+    blob = msg.get("blob")
+    if type(blob) is not str or not blob:
+        return "no objects were handed out"
+    try:
+        data = base64.b64decode(blob.encode("ascii"), validate=True)
+    except (UnicodeEncodeError, binascii.Error) as exc:
+        return f"the graded objects are not valid base64: {exc}"[:500]
+    return data if len(data) <= BLOB_LIMIT else "the graded objects are too large"
+
+
+def _judge(
+    registry: dict,
+    grade_id: str,
+    error: str | None,
+    learner: RemoteLearner,
+    lang: str,
+    deadline: float,
+) -> dict[str, Any]:
+    """One exercise's verdict, computed here; the learner's code is reached by probes only."""
+    from ddp_lab.course.grading.checkers import run_checker
+    from ddp_lab.course.grading.rankhost import SandboxFailed
+
+    chk = registry.get(grade_id)
+    if chk is None:
+        return {"status": "error", "detail": f"no checker for {grade_id}"}
+    if error:
+        why = _t("your code raised {error}", lang, error=error)
+        detail = _t(
+            "hidden case {index} of {total} ({case}) failed: {why}",
+            lang,
+            index=1,
+            total="?",
+            case="-",
+            why=why,
+        )
+        line = _t(
+            "FAIL {grade_id}: 0/{points} points. {detail}",
+            lang,
+            grade_id=grade_id,
+            points=chk.points,
+            detail=detail,
+        )
+        return {"status": "failed", "detail": line}
+    if time.monotonic() >= deadline:
+        return {"status": "timeout"}
+    try:
+        passed, line = run_checker(chk, learner, lang)
+    except SandboxFailed as exc:  # the machine's fault: an error, not the learner's failure
+        return {"status": "error", "detail": str(exc)}
+    except RunnerGone as exc:
+        timed_out = "timeout" in str(exc) or time.monotonic() >= deadline
+        return {"status": "timeout" if timed_out else "kernel-died"}
+    return {"status": "passed" if passed else "failed", "detail": line}
+
+
+def _next_message(reader: wire.LineReader, proc: subprocess.Popen, until: float) -> dict | None:
+    """The runner's next protocol message; ``{"eof": True}`` if its output ended (it died;
+    bwrap may not have exited yet, so ``poll()`` cannot tell); ``{"flood": True}`` for a line
+    past ``PROTOCOL_LIMIT`` bytes; None if ``until`` passed. Reads are bounded: our own
+    buffer, never ``readline()`` on a line that does not end."""
+    while True:
+        left = until - time.monotonic()
+        if left <= 0:
+            return None
+        try:
+            line = reader.readline(min(left, 1.0))
+        except EOFError:
+            return {"eof": True}
+        except wire.LineTooLong:
+            return {"flood": True}
+        if line is None:
+            if proc.poll() is not None:
+                return {"eof": True}
+            continue
+        try:
+            msg = json.loads(line)
+        except ValueError:
+            continue  # not the protocol's: ignore
+        if isinstance(msg, dict) and not msg.get("eof") and not msg.get("flood"):
+            return msg
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    """Kill the sandbox: bwrap's death takes its PID namespace (everything in it) along."""
+    import signal
+
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except OSError:
+        pass
+    proc.wait()
+
+
+def main() -> int:
+    import signal
+
+    from ddp_lab.runtime._process import set_parent_death_signal
+
+    # If the grader dies (killed, not interrupted), this process dies too, and bwrap's
+    # --die-with-parent takes the sandbox along: no grading outlives its grader.
+    set_parent_death_signal(signal.SIGKILL)
+    if os.getppid() == 1:  # the grader died before the line above
+        return 1
+    request = json.load(sys.stdin)
+    # The answer is the only thing on stdout: whatever the checkers print goes to stderr.
+    answer_fd = os.dup(1)
+    os.dup2(2, 1)
+    answer = run(request)
+    with os.fdopen(answer_fd, "w", encoding="utf-8") as out:
+        out.write(json.dumps(answer))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
