@@ -23,9 +23,8 @@ from pathlib import Path
 import cloudpickle
 import torch
 
-from ddp_lab.course.grading import sandbox, traffic
+from ddp_lab.course.grading import CaseFailed, sandbox, traffic
 from ddp_lab.course.grading.checks.ch05 import judge_traffic, probe_ring
-from ddp_lab.course.grading import CaseFailed
 from ddp_lab.course.grading.learner import probe_name
 from ddp_lab.course.grading.rankhost import RankPool
 

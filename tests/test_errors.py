@@ -12,8 +12,8 @@ import torch
 import torch.distributed as dist
 
 import ddp_lab as dl
-from ddp_lab.tools import errors
 from ddp_lab.labs import launch_demo as ld
+from ddp_lab.tools import errors
 
 
 def _mismatch(rank: int, same_op: bool) -> None:

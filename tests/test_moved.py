@@ -33,9 +33,10 @@ def test_the_imports_learners_wrote_before_the_move():
 
 
 def test_the_imports_written_before_the_third_pass():
+    from ddp_lab.course.checks import ch06
+
     from ddp_lab import doctor, evaluation, ranks, train, two_hosts
     from ddp_lab.course import grader, intake
-    from ddp_lab.course.checks import ch06
     from ddp_lab.course.grading import checker, fail, grade, load_checkers
 
     assert two_hosts is importlib.import_module("ddp_lab.labs.two_hosts")

@@ -23,8 +23,8 @@ from hypothesis import strategies as st
 from torch.utils.data import DistributedSampler, TensorDataset
 
 import ddp_lab as dl
-from ddp_lab.tools import data, train
 from ddp_lab.runtime.launcher import free_port
+from ddp_lab.tools import data, train
 
 ROOT = Path(__file__).resolve().parent.parent
 PY = sys.executable

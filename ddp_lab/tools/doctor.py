@@ -22,9 +22,9 @@ import types
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from ddp_lab.i18n import get_language, pair
 from ddp_lab.tools import cuda_compat as cc
 from ddp_lab.tools import interfaces as ifs
-from ddp_lab.i18n import get_language, pair
 from ddp_lab.tools.interfaces import gloo_interface, missing_interfaces, nccl_interface  # noqa: F401
 
 OK, WARNING, PROBLEM = cc.OK, cc.WARNING, cc.PROBLEM

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from ddp_lab.tools import cuda_compat as cc
 from ddp_lab.i18n import pair
+from ddp_lab.tools import cuda_compat as cc
 
 OK, WARNING, PROBLEM = cc.OK, cc.WARNING, cc.PROBLEM
 

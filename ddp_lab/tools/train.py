@@ -38,8 +38,8 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
-from ddp_lab.tools.data import load_digits_split
 from ddp_lab.i18n import _t
+from ddp_lab.tools.data import load_digits_split
 
 CHECKPOINT_NAME = "last.pt"
 

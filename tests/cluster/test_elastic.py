@@ -12,9 +12,9 @@ import subprocess
 
 import pytest
 
-from ddp_lab.labs import elastic
 from ddp_lab.cluster import hosts
 from ddp_lab.i18n import pair
+from ddp_lab.labs import elastic
 
 REASON = hosts.unavailable_reason() if hasattr(os, "geteuid") else "not Linux"
 needs_hosts = pytest.mark.skipif(bool(REASON), reason=f"cannot build hosts here: {REASON}")

@@ -12,8 +12,8 @@ import os
 
 import pytest
 
-from ddp_lab.labs import preemption
 from ddp_lab.cluster import hosts, slurm
+from ddp_lab.labs import preemption
 
 REASON = slurm.unavailable_reason() if hasattr(os, "geteuid") else "not Linux"
 needs_slurm = pytest.mark.skipif(bool(REASON), reason=f"cannot build Slurm here: {REASON}")

@@ -13,10 +13,10 @@ import textwrap
 
 import pytest
 
-from ddp_lab.labs import shaped_links as sl
 from ddp_lab.cluster import hosts
 from ddp_lab.course import cli
 from ddp_lab.i18n import pair
+from ddp_lab.labs import shaped_links as sl
 
 REASON = hosts.unavailable_reason() if hasattr(os, "geteuid") else "not Linux"
 needs_hosts = pytest.mark.skipif(bool(REASON), reason=f"cannot build hosts here: {REASON}")

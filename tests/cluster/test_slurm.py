@@ -19,10 +19,10 @@ from pathlib import Path
 import pytest
 from conftest import private_tmp
 
-from ddp_lab.labs import slurm_jobs
 from ddp_lab.cluster import hosts, slurm
 from ddp_lab.course import cli
 from ddp_lab.i18n import pair
+from ddp_lab.labs import slurm_jobs
 
 ROOT = Path(__file__).resolve().parents[2]
 REASON = slurm.unavailable_reason() if hasattr(os, "geteuid") else "not Linux"

@@ -24,8 +24,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ddp_lab.course import cli
-from ddp_lab.course.grading import grader, intake
 from ddp_lab.course.build import grade_pass_line
+from ddp_lab.course.grading import grader, intake
 from ddp_lab.i18n import set_language
 
 ROOT = Path(__file__).resolve().parents[2]

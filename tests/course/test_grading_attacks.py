@@ -26,8 +26,8 @@ from test_grader import (
     write,
 )
 
-from ddp_lab.course.grading import sandbox
 from ddp_lab.course.build import grade_pass_line
+from ddp_lab.course.grading import sandbox
 
 PASS = grade_pass_line("00.average", 2, "en")
 

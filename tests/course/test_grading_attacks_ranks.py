@@ -27,8 +27,7 @@ from _solutions import graded_solution
 from torch import nn
 
 from ddp_lab.buckets import assign_buckets
-from ddp_lab.course.grading import sandbox
-from ddp_lab.course.grading import load_checkers, run_checker
+from ddp_lab.course.grading import load_checkers, run_checker, sandbox
 from ddp_lab.course.grading.learner import LocalLearner, RemoteLearner
 from ddp_lab.course.grading.rankhost import RankPool
 from ddp_lab.runtime import _pickle

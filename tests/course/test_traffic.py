@@ -13,9 +13,8 @@ import subprocess
 import pytest
 import torch
 
-from ddp_lab.course.grading import traffic
+from ddp_lab.course.grading import CaseFailed, traffic
 from ddp_lab.course.grading.checks.ch05 import judge_traffic, ring_bytes
-from ddp_lab.course.grading import CaseFailed
 
 SS = """\
 ESTAB 0 0 127.0.0.1:50129 127.0.0.1:37632 users:(("python",pid={a},fd=5)) ino:11 sk:1 <-> ts bytes_received:4100 segs_out:2 segs_in:5

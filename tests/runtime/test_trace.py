@@ -12,8 +12,8 @@ import torch
 import torch.distributed as dist
 
 import ddp_lab as dl
-from ddp_lab.tools import trace_analysis as ta
 from ddp_lab.runtime import magic
+from ddp_lab.tools import trace_analysis as ta
 
 
 def traced_work(rank):

@@ -10,8 +10,8 @@ import tempfile
 import pytest
 
 import ddp_lab as dl
-from ddp_lab.tools import trace_analysis as ta
 from ddp_lab.runtime import persistent
+from ddp_lab.tools import trace_analysis as ta
 
 run = persistent.run_cell
 PROFILING = "torch._C._autograd._profiler_enabled()"

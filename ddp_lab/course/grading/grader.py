@@ -51,7 +51,9 @@ TOKEN_VAR = "DDP_LAB_GRADE_TOKEN"
 OUTPUT_PROP = "ddp_lab_output"
 ERROR_PROP = "ddp_lab_error"
 KERNEL_DIED = "ddp-lab: the kernel died"
-PACKAGE_PARENT = Path(__file__).resolve().parents[3]  # holds ddp_lab/ (this is ddp_lab/course/grading/)
+PACKAGE_PARENT = (
+    Path(__file__).resolve().parents[3]
+)  # holds ddp_lab/ (this is ddp_lab/course/grading/)
 
 MESSAGES = {
     "passed": N_("passed"),

@@ -10,8 +10,8 @@ from collections.abc import Callable
 import pytest
 from cheats import EqualsAnything, verdict
 
-from ddp_lab.tools import cuda_compat as cc
 from ddp_lab.course.grading.checks import ch01
+from ddp_lab.tools import cuda_compat as cc
 
 
 def _verdict(fn: Callable, lang: str = "en") -> tuple[bool, str]:

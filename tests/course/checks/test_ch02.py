@@ -8,8 +8,8 @@ from collections.abc import Callable, Iterator
 import pytest
 from cheats import EqualsAnyList, EqualsAnything, verdict
 
-from ddp_lab.tools import ranks
 from ddp_lab.course.grading.checks import ch02
+from ddp_lab.tools import ranks
 
 
 def _verdict(fn: Callable, lang: str = "en") -> tuple[bool, str]:

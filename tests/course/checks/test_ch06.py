@@ -13,9 +13,9 @@ import torch.distributed as dist
 from cheats import EqualsAnything, verdict
 from torch.utils.data import DistributedSampler
 
-from ddp_lab.labs import evaluation as E
 from ddp_lab import sampler as S
 from ddp_lab.course.grading.checks import ch06
+from ddp_lab.labs import evaluation as E
 
 
 def _verdict(grade_id: str, fn: Callable) -> tuple[bool, str]:

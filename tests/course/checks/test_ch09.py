@@ -7,8 +7,8 @@ import torch
 import torch.distributed as dist
 
 import ddp_lab as dl
-from ddp_lab.course.grading.checks import ch09
 from ddp_lab.course.grading import load_checkers, run_checker
+from ddp_lab.course.grading.checks import ch09
 from ddp_lab.course.grading.learner import LocalLearner
 
 

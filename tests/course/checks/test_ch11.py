@@ -12,8 +12,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from ddp_lab.course.grading.checks import ch11
 from ddp_lab.course.grading import load_checkers, run_checker
+from ddp_lab.course.grading.checks import ch11
 from ddp_lab.course.grading.learner import LocalLearner
 
 

@@ -28,8 +28,8 @@ from test_ch09 import accuracy_mean_of_ranks, safe_raise_alone
 from test_ch10 import _variant, all_reduce_grad, sums_hook
 from test_ch11 import make_resume
 
-from ddp_lab.course.grading.checks import ch09
 from ddp_lab.course.grading import load_checkers, run_checker
+from ddp_lab.course.grading.checks import ch09
 from ddp_lab.course.grading.learner import LocalLearner
 
 

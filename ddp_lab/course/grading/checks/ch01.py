@@ -17,10 +17,10 @@ import random
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from ddp_lab.tools import cuda_compat as cc
-from ddp_lab.course.grading.checks.probes import one, probe_diagnose
 from ddp_lab.course.grading import checker, fail
+from ddp_lab.course.grading.checks.probes import one, probe_diagnose
 from ddp_lab.i18n import N_, _t, lookup
+from ddp_lab.tools import cuda_compat as cc
 
 MESSAGES = {
     "case_new_driver": N_("new driver"),

@@ -16,10 +16,10 @@ import random
 from collections.abc import Iterator
 from typing import Any
 
-from ddp_lab.tools import ranks
-from ddp_lab.course.grading.checks.probes import KEYS, one, probe_place
 from ddp_lab.course.grading import checker, fail
+from ddp_lab.course.grading.checks.probes import KEYS, one, probe_place
 from ddp_lab.i18n import N_, _t, lookup
+from ddp_lab.tools import ranks
 
 MESSAGES = {
     "not_list": N_("expected a list of {count} dicts (one per process), got {got}"),

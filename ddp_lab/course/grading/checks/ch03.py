@@ -15,13 +15,13 @@ from typing import Any
 
 import torch
 
+from ddp_lab.course.grading import checker, fail
 from ddp_lab.course.grading.checks.probes import (
     one,
     probe_balanced,
     probe_gather_backward,
     probe_gather_forward,
 )
-from ddp_lab.course.grading import checker, fail
 from ddp_lab.i18n import N_, _t, lookup
 
 MESSAGES = {

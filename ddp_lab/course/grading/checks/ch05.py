@@ -46,9 +46,9 @@ import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
+from ddp_lab.course.grading import checker, fail, note
 from ddp_lab.course.grading.checks import ch04
 from ddp_lab.course.grading.checks.ch04 import guarded, same, short, shown, summed
-from ddp_lab.course.grading import checker, fail, note
 from ddp_lab.i18n import N_, _t, lookup
 
 _BANNED = [

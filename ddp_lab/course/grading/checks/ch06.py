@@ -20,8 +20,8 @@ from typing import Any
 import torch
 from torch.utils.data import DistributedSampler
 
-from ddp_lab.course.grading.checks.probes import _int_or_kind
 from ddp_lab.course.grading import checker, fail
+from ddp_lab.course.grading.checks.probes import _int_or_kind
 from ddp_lab.course.grading.learner import refuse
 from ddp_lab.i18n import N_, _t, lookup
 
