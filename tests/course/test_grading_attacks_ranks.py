@@ -444,6 +444,14 @@ def place_from_the_package(nproc_per_node: list, cuda_visible_devices: list, gpu
     return [vars(p) for p in procs]
 
 
+def place_from_the_old_path(nproc_per_node: list, cuda_visible_devices: list, gpus: int) -> Any:
+    from ddp_lab import ranks  # the path before the tools moved (ddp_lab/_moved.py)
+
+    procs = ranks.assign(nproc_per_node, cuda_visible_devices=cuda_visible_devices,
+                         gpus_per_node=gpus)  # fmt: skip
+    return [vars(p) for p in procs]
+
+
 def chunks_from_the_checker(batch_size: int, num_devices: int, gpu0_bsz: int) -> Any:
     from ddp_lab.course.grading.checks.ch03 import _expected_balanced
 
@@ -453,13 +461,18 @@ def chunks_from_the_checker(batch_size: int, num_devices: int, gpu0_bsz: int) ->
 SINGLE = [
     ("01.diagnose", diagnose_from_the_checker, "ddp_lab.course.grading.checks.ch01"),
     ("02.place", place_from_the_package, "ddp_lab.tools.ranks"),
+    ("02.place", place_from_the_old_path, "ddp_lab.tools.ranks"),
     ("03.balanced_chunks", chunks_from_the_checker, "checks.ch03"),
     ("03.gather", None, ""),
     ("06.indices", None, ""),
 ]
 
 
-@pytest.mark.parametrize(("grade_id", "borrowed", "module"), SINGLE, ids=[c[0] for c in SINGLE])
+@pytest.mark.parametrize(
+    ("grade_id", "borrowed", "module"),
+    SINGLE,
+    ids=[c[0] + ("-old-path" if c[1] is place_from_the_old_path else "") for c in SINGLE],
+)
 def test_single_process_exercises_in_one_rank_without_the_oracle(
     grade_id: str, borrowed: Any, module: str
 ) -> None:
