@@ -61,7 +61,7 @@ def test_autograder_zip(tmp_path: Path) -> None:
     with zipfile.ZipFile(out) as z:
         names = set(z.namelist())
         assert {"setup.sh", "run_autograder", RELEASE.name, "ddp-lab/pyproject.toml"} <= names
-        assert "ddp-lab/ddp_lab/course/verdict.py" in names
+        assert "ddp-lab/ddp_lab/course/grading/verdict.py" in names
         assert not any(n.startswith(("ddp-lab/solutions", "ddp-lab/chapters")) for n in names)
         for script in ("setup.sh", "run_autograder"):
             mode = z.getinfo(script).external_attr >> 16
