@@ -837,7 +837,9 @@ dl.grade("11.resume", save_state, load_state)
 #   step, the sampler's epoch and position, and every rank's random state.
 # - Write it to a temporary name, `fsync`, rename: complete or absent.
 # - Sharded checkpoints (`dcp.save`/`dcp.load`) are written by every rank and load on
-#   another world size; a rank's `torch.save` of its shard is not a checkpoint.
+#   another world size; a rank's `torch.save` of its shard is not a checkpoint. Give each
+#   DCP checkpoint a new folder (its data files are written under their final names), and
+#   per-rank state per-rank keys (a key several ranks save is kept once).
 # - A dead peer fails the next collective; a stuck one only fails at the group's timeout
 #   (NCCL: the watchdog and the flight recorder). Then torchrun restarts from the checkpoint.
 # - `--nnodes=1:2`: a node that leaves or joins restarts every worker with the new world size
@@ -853,7 +855,8 @@ dl.grade("11.resume", save_state, load_state)
 #   rank 的随机数状态。
 # - 先写入临时文件，`fsync` 之后再重命名：要么完整，要么没有。
 # - 分片检查点（`dcp.save`/`dcp.load`）由每个 rank 写出，可以在另一个 world size 上加载；
-#   一个 rank 对自己的分片调用 `torch.save` 不算检查点。
+#   一个 rank 对自己的分片调用 `torch.save` 不算检查点。每个 DCP 检查点都写进新目录（它的数据文
+#   件直接以最终的名字写出）；每个 rank 自己的状态要用带 rank 的键（几个 rank 都保存的键只留一份）。
 # - 死掉的对端让下一次集合通信失败；卡住的对端要等到进程组超时才会失败（NCCL：看门狗和飞行
 #   记录器）。然后 torchrun 从检查点重启。
 # - `--nnodes=1:2`：节点离开或加入都会以新的 world size 重启所有 worker（失败会用掉一次
