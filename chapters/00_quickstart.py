@@ -249,7 +249,9 @@ def average_across_ranks(value: torch.Tensor) -> torch.Tensor:
 
 # %% tags=["exercise"]
 # %%ddp -n 3
-print(rank, average_across_ranks(torch.tensor([float(rank)])).item())
+mine = average_across_ranks(torch.tensor([float(rank)]))
+want = torch.tensor([sum(range(world_size)) / world_size])  # (0 + 1 + 2) / 3 on every rank
+print(rank, mine.tolist(), dl.compare(mine, want))
 
 # %% tags=["grade"] grade_id="00.average" points=2
 dl.grade("00.average", average_across_ranks)
@@ -267,3 +269,83 @@ dl.grade("00.average", average_across_ranks)
 # 先保存 notebook，再在终端里运行 `ddp-lab check work/zh/00_quickstart.ipynb` 检查你的练习
 # （这是你的副本的路径；检查读取的是磁盘上的文件）。
 # 然后从第 01 章（GPU 软件栈）开始学习。
+
+
+# %% [markdown] lang="en"
+# ## Concept checks
+#
+# 4 questions on this chapter's ideas. Answer in the cell below, a letter for a choice and a
+# number where one is asked, then run it: `dl.quiz` says which answers are right and explains
+# each one, a wrong choice included. Work the numbers out from the chapter's models before you
+# run anything. In the exercise notebook the same answers are graded (`00.concepts`,
+# 2 points when all are right).
+#
+# **1.** A `%%ddp -n 4` cell runs `x = torch.ones(3) * (rank + 1)` and then `dist.all_reduce(x)`. What is `x[0]` on rank 2 afterwards? (a number)
+#
+# **2.** One `%%ddp -n 2` cell runs `w = torch.zeros(1)`; the next `%%ddp -n 2` cell runs `print(w)`. The notebook itself never defined `w`. What happens?
+#
+# - (a) only rank 0 prints `tensor([0.])`
+# - (b) both ranks print `tensor([0.])`
+# - (c) the notebook's kernel prints `tensor([0.])`
+# - (d) the cell fails with a `NameError` on the ranks
+#
+# **3.** A first try at the exercise: `dist.all_reduce(value)` then `return value / dist.get_world_size()`. Every rank returns the right mean. What is still wrong?
+#
+# - (a) the division may run before the all-reduce has finished
+# - (b) the caller's tensor now holds the sum: `all_reduce` works in place
+# - (c) nothing
+# - (d) it can deadlock, because ranks divide at different times
+#
+# **4.** After `dl.start(2)`, a `%%ranks` cell raises `ValueError` on rank 1. What happens to the ranks and their variables?
+#
+# - (a) all ranks are restarted and every variable is lost
+# - (b) the notebook's kernel restarts
+# - (c) only rank 1 is restarted
+# - (d) the ranks and their variables stay; each failing rank's traceback is shown
+
+
+# %% [markdown] lang="zh"
+# ## 概念检查
+#
+# 关于本章要点的 4 道题。在下面的单元里作答：选择题填字母，要求数值的填数字，然后运行它：
+# `dl.quiz` 会告诉你哪些答对了，并逐题解释，包括你选错的那个选项。数值题请先用本章的模型算出来，
+# 再运行任何代码。练习笔记本会对同样的答案评分（`00.concepts`，全部答对得 2 分）。
+#
+# **1.** 一个 `%%ddp -n 4` 单元先执行 `x = torch.ones(3) * (rank + 1)`，再执行 `dist.all_reduce(x)`。之后 rank 2 上的 `x[0]` 是多少？（填一个数）
+#
+# **2.** 一个 `%%ddp -n 2` 单元执行 `w = torch.zeros(1)`；下一个 `%%ddp -n 2` 单元执行 `print(w)`。笔记本本身从未定义过 `w`。会发生什么？
+#
+# - (a) 只有 rank 0 打印 `tensor([0.])`
+# - (b) 两个 rank 都打印 `tensor([0.])`
+# - (c) 笔记本的内核打印 `tensor([0.])`
+# - (d) 这个单元失败，rank 上报 `NameError`
+#
+# **3.** 练习的第一次尝试：先 `dist.all_reduce(value)`，再 `return value / dist.get_world_size()`。每个 rank 都返回了正确的平均值。还有什么问题？
+#
+# - (a) 除法可能在全归约完成之前就执行
+# - (b) 调用者的张量现在存着和：`all_reduce` 是原地操作
+# - (c) 没有问题
+# - (d) 可能死锁，因为各个 rank 做除法的时间不同
+#
+# **4.** `dl.start(2)` 之后，一个 `%%ranks` 单元在 rank 1 上抛出 `ValueError`。rank 和它们的变量会怎样？
+#
+# - (a) 所有 rank 被重启，所有变量丢失
+# - (b) 笔记本的内核重启
+# - (c) 只有 rank 1 被重启
+# - (d) rank 和变量都保留；显示每个失败 rank 的回溯
+
+
+# %%
+my_answers = {
+    ### BEGIN ANSWERS
+    1: 10,  # a number
+    2: "d",  # a letter
+    3: "b",  # a letter
+    4: "d",  # a letter
+    ### END ANSWERS
+}
+dl.quiz("00", my_answers)
+
+
+# %% tags=["grade"] grade_id="00.concepts" points=2
+dl.grade("00.concepts", my_answers)

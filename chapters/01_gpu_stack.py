@@ -820,3 +820,93 @@ dl.grade("01.diagnose", diagnose)
 # ## 接下来
 #
 # 第 02 章会启动多个进程，并给每个进程分配 rank（进程编号）。
+
+
+# %% [markdown] lang="en"
+# ## Concept checks
+#
+# 4 questions on this chapter's ideas. Answer in the cell below, a letter for a choice and a
+# number where one is asked, then run it: `dl.quiz` says which answers are right and explains
+# each one, a wrong choice included. Work the numbers out from the chapter's models before you
+# run anything. In the exercise notebook the same answers are graded (`01.concepts`,
+# 2 points when all are right).
+#
+# **1.** `nvidia-smi` says "CUDA Version: 12.0" (driver 525.60.13), `nvcc -V` says 11.8, and torch is `2.5.1+cu124`. Which CUDA runtime does torch run its kernels with?
+#
+# - (a) 11.8, the toolkit's
+# - (b) none: torch cannot start CUDA here
+# - (c) 12.0, the driver's
+# - (d) 12.4, the runtime the wheel bundles, on this driver by minor version compatibility
+#
+# **2.** On that same machine (a 12.4 runtime on a 12.0 driver), what does *not* work?
+#
+# - (a) code that the newer toolkit shipped only as PTX, which the old driver would have to JIT-compile
+# - (b) `torch.cuda.is_available()`
+# - (c) `nvidia-smi`
+# - (d) any CUDA kernel at all
+#
+# **3.** A GPU's compute capability is missing from `torch.cuda.get_arch_list()`, and there is no PTX for it. The first kernel fails with "no kernel image is available". What fixes it?
+#
+# - (a) a torch wheel built for that architecture
+# - (b) installing a CUDA toolkit with `nvcc`
+# - (c) a newer driver
+# - (d) `CUDA_DEVICE_ORDER=PCI_BUS_ID`
+#
+# **4.** A machine has two different GPU models. Is torch's `cuda:0` the GPU that `nvidia-smi` lists as GPU 0?
+#
+# - (a) always
+# - (b) never
+# - (c) not necessarily: CUDA numbers the fastest GPU first by default, `nvidia-smi` by PCI bus; `CUDA_DEVICE_ORDER=PCI_BUS_ID` makes them agree
+# - (d) only inside a container
+
+
+# %% [markdown] lang="zh"
+# ## 概念检查
+#
+# 关于本章要点的 4 道题。在下面的单元里作答：选择题填字母，要求数值的填数字，然后运行它：
+# `dl.quiz` 会告诉你哪些答对了，并逐题解释，包括你选错的那个选项。数值题请先用本章的模型算出来，
+# 再运行任何代码。练习笔记本会对同样的答案评分（`01.concepts`，全部答对得 2 分）。
+#
+# **1.** `nvidia-smi` 显示“CUDA Version: 12.0”（驱动 525.60.13），`nvcc -V` 显示 11.8，torch 是 `2.5.1+cu124`。torch 用哪个 CUDA 运行时来运行它的 kernel？
+#
+# - (a) 11.8，工具包的
+# - (b) 都不是：torch 在这里无法启动 CUDA
+# - (c) 12.0，驱动的
+# - (d) 12.4，wheel 自带的运行时；靠次版本兼容在这个驱动上运行
+#
+# **2.** 还是那台机器（12.4 运行时配 12.0 驱动），下面哪一项*不能*工作？
+#
+# - (a) 新工具包只以 PTX 形式提供、需要旧驱动即时编译的代码
+# - (b) `torch.cuda.is_available()`
+# - (c) `nvidia-smi`
+# - (d) 任何 CUDA kernel 都不行
+#
+# **3.** 某块 GPU 的计算能力不在 `torch.cuda.get_arch_list()` 里，也没有对应的 PTX。第一个 kernel 就报“no kernel image is available”。怎么修？
+#
+# - (a) 换一个为这个架构编译的 torch wheel
+# - (b) 安装带 `nvcc` 的 CUDA 工具包
+# - (c) 更新驱动
+# - (d) `CUDA_DEVICE_ORDER=PCI_BUS_ID`
+#
+# **4.** 一台机器上有两种不同型号的 GPU。torch 的 `cuda:0` 是 `nvidia-smi` 列出的 GPU 0 吗？
+#
+# - (a) 总是
+# - (b) 从不
+# - (c) 不一定：CUDA 默认把最快的 GPU 排在前面，`nvidia-smi` 按 PCI 总线排序；设 `CUDA_DEVICE_ORDER=PCI_BUS_ID` 可以让两者一致
+# - (d) 只在容器里才是
+
+
+# %%
+my_answers = {
+    ### BEGIN ANSWERS
+    1: "d",  # a letter
+    2: "a",  # a letter
+    3: "a",  # a letter
+    4: "c",  # a letter
+    ### END ANSWERS
+}
+dl.quiz("01", my_answers)
+
+
+# %% tags=["grade"] grade_id="01.concepts" points=2
+dl.grade("01.concepts", my_answers)

@@ -303,3 +303,83 @@ dl.grade("02.place", place)
 #
 # 第 03 章先看 `nn.DataParallel` 的内部（一个进程、多个设备）；第 04 章让这些进程互相通信：
 # 点对点通信和集合通信。
+
+
+# %% [markdown] lang="en"
+# ## Concept checks
+#
+# 4 questions on this chapter's ideas. Answer in the cell below, a letter for a choice and a
+# number where one is asked, then run it: `dl.quiz` says which answers are right and explains
+# each one, a wrong choice included. Work the numbers out from the chapter's models before you
+# run anything. In the exercise notebook the same answers are graded (`02.concepts`,
+# 2 points when all are right).
+#
+# **1.** torchrun starts two nodes with 2 and 3 processes (node ranks 0 and 1). What is the global rank of local rank 1 on node 1? (a number)
+#
+# **2.** With `CUDA_VISIBLE_DEVICES=4,5,6,7` and 4 processes per node, each using `cuda:<local rank>`: which physical GPU does local rank 0 use?
+#
+# - (a) GPU 7
+# - (b) GPU 4
+# - (c) GPU 0
+# - (d) none
+#
+# **3.** `CUDA_VISIBLE_DEVICES=1,x,3` on a node with 4 GPUs. Which GPUs can a process see?
+#
+# - (a) 1 and 3
+# - (b) only 1
+# - (c) none
+# - (d) all four
+#
+# **4.** Two torchrun agents use `--rdzv-backend=c10d`; you start the first with `--node_rank=1` and the second with `--node_rank=0`. Does the first get `GROUP_RANK` 1?
+#
+# - (a) torchrun refuses to start
+# - (b) both get 0
+# - (c) not necessarily: the c10d rendezvous ignores `--node_rank` and numbers the nodes itself
+# - (d) yes, always
+
+
+# %% [markdown] lang="zh"
+# ## 概念检查
+#
+# 关于本章要点的 4 道题。在下面的单元里作答：选择题填字母，要求数值的填数字，然后运行它：
+# `dl.quiz` 会告诉你哪些答对了，并逐题解释，包括你选错的那个选项。数值题请先用本章的模型算出来，
+# 再运行任何代码。练习笔记本会对同样的答案评分（`02.concepts`，全部答对得 2 分）。
+#
+# **1.** torchrun 在两个节点上分别启动 2 个和 3 个进程（节点 rank 为 0 和 1）。节点 1 上 local rank 为 1 的进程，全局 rank 是多少？（填一个数）
+#
+# **2.** 设置 `CUDA_VISIBLE_DEVICES=4,5,6,7`，每个节点 4 个进程，每个进程用 `cuda:<local rank>`：local rank 0 用的是哪块物理 GPU？
+#
+# - (a) GPU 7
+# - (b) GPU 4
+# - (c) GPU 0
+# - (d) 没有
+#
+# **3.** 在有 4 块 GPU 的节点上设置 `CUDA_VISIBLE_DEVICES=1,x,3`。进程能看到哪些 GPU？
+#
+# - (a) 1 和 3
+# - (b) 只有 1
+# - (c) 一块都没有
+# - (d) 全部 4 块
+#
+# **4.** 两个 torchrun agent 使用 `--rdzv-backend=c10d`；你给先启动的那个传 `--node_rank=1`，后一个传 `--node_rank=0`。先启动的那个会得到 `GROUP_RANK` 1 吗？
+#
+# - (a) torchrun 拒绝启动
+# - (b) 两个都得到 0
+# - (c) 不一定：c10d 会合（rendezvous）忽略 `--node_rank`，自己给节点编号
+# - (d) 会，总是这样
+
+
+# %%
+my_answers = {
+    ### BEGIN ANSWERS
+    1: 3,  # a number
+    2: "b",  # a letter
+    3: "b",  # a letter
+    4: "c",  # a letter
+    ### END ANSWERS
+}
+dl.quiz("02", my_answers)
+
+
+# %% tags=["grade"] grade_id="02.concepts" points=2
+dl.grade("02.concepts", my_answers)

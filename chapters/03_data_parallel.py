@@ -879,3 +879,83 @@ dl.grade("03.gather", MyGather)
 #
 # 下一步：第 04 章讲进程之间的集合通信（collective communication），它是
 # DistributedDataParallel（每个设备一个进程）的基础；第 07 章会从零实现 DistributedDataParallel。
+
+
+# %% [markdown] lang="en"
+# ## Concept checks
+#
+# 4 questions on this chapter's ideas. Answer in the cell below, a letter for a choice and a
+# number where one is asked, then run it: `dl.quiz` says which answers are right and explains
+# each one, a wrong choice included. Work the numbers out from the chapter's models before you
+# run anything. In the exercise notebook the same answers are graded (`03.concepts`,
+# 2 points when all are right).
+#
+# **1.** `DataParallel` scatters a batch of 6 rows over 4 devices with `torch.chunk`. How many devices get any rows? (a number)
+#
+# **2.** A model with BatchNorm is trained one step under `DataParallel` on 2 devices. What does its `running_mean` hold afterwards?
+#
+# - (a) the mean of both devices' statistics
+# - (b) statistics of device 0's chunk only
+# - (c) statistics of the whole batch
+# - (d) nothing: running statistics are not updated under DataParallel
+#
+# **3.** Why does device 0 need more memory than the others under `DataParallel`?
+#
+# - (a) it holds the gathered outputs of all devices (and the loss on them) besides its own chunk's work
+# - (b) it keeps a second copy of the optimizer
+# - (c) it runs two replicas
+# - (d) it keeps fp32 master weights
+#
+# **4.** You save `dp.state_dict()` of a `DataParallel` model and load it with `load_state_dict` into a plain (unwrapped) model. What happens?
+#
+# - (a) it loads onto device 0
+# - (b) it loads
+# - (c) an error: every key starts with "module.", so keys are missing and unexpected
+# - (d) it loads nothing, silently
+
+
+# %% [markdown] lang="zh"
+# ## 概念检查
+#
+# 关于本章要点的 4 道题。在下面的单元里作答：选择题填字母，要求数值的填数字，然后运行它：
+# `dl.quiz` 会告诉你哪些答对了，并逐题解释，包括你选错的那个选项。数值题请先用本章的模型算出来，
+# 再运行任何代码。练习笔记本会对同样的答案评分（`03.concepts`，全部答对得 2 分）。
+#
+# **1.** `DataParallel` 用 `torch.chunk` 把 6 行的批次分到 4 个设备上。有几个设备分到了数据？（填一个数）
+#
+# **2.** 一个带 BatchNorm 的模型在 2 个设备上用 `DataParallel` 训练了一步。之后它的 `running_mean` 里是什么？
+#
+# - (a) 两个设备统计量的平均
+# - (b) 只有设备 0 那一块的统计量
+# - (c) 整个批次的统计量
+# - (d) 什么都没有：DataParallel 下不更新运行统计量
+#
+# **3.** 在 `DataParallel` 下，为什么设备 0 比其他设备需要更多显存？
+#
+# - (a) 除了自己那一块的计算，它还要存放收集来的所有设备的输出（以及在其上计算的损失）
+# - (b) 它多存了一份优化器
+# - (c) 它运行两个副本
+# - (d) 它保存 fp32 主权重
+#
+# **4.** 你保存了 `DataParallel` 模型的 `dp.state_dict()`，然后用 `load_state_dict` 加载到一个普通（未包装）的模型里。会发生什么？
+#
+# - (a) 加载到设备 0 上
+# - (b) 正常加载
+# - (c) 报错：每个键都以“module.”开头，于是有缺失的键，也有多余的键
+# - (d) 什么都没加载，也不报错
+
+
+# %%
+my_answers = {
+    ### BEGIN ANSWERS
+    1: 3,  # a number
+    2: "b",  # a letter
+    3: "a",  # a letter
+    4: "c",  # a letter
+    ### END ANSWERS
+}
+dl.quiz("03", my_answers)
+
+
+# %% tags=["grade"] grade_id="03.concepts" points=2
+dl.grade("03.concepts", my_answers)

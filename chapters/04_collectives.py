@@ -1077,7 +1077,9 @@ def reduce_broadcast_all_reduce(tensor: torch.Tensor) -> torch.Tensor:
 
 # %% tags=["exercise"]
 # %%ddp -n 3
-print(rank, reduce_broadcast_all_reduce(torch.tensor([rank + 1.0])).item())
+mine = reduce_broadcast_all_reduce(torch.tensor([rank + 1.0]))
+want = torch.tensor([sum(r + 1.0 for r in range(world_size))])  # 1 + 2 + 3 on every rank
+print(rank, mine.tolist(), dl.compare(mine, want))
 
 # %% tags=["grade"] grade_id="04.all_reduce" points=3
 dl.grade("04.all_reduce", reduce_broadcast_all_reduce)
@@ -1118,7 +1120,8 @@ def send_recv_all_gather(tensor_list: list[torch.Tensor], tensor: torch.Tensor) 
 # %%ddp -n 3
 out = [torch.zeros(2) for _ in range(world_size)]
 send_recv_all_gather(out, torch.full((2,), float(rank)))
-print(rank, [t.tolist() for t in out])
+want = [[float(r)] * 2 for r in range(world_size)]  # rank r's tensor at place r, everywhere
+print(rank, [t.tolist() for t in out], dl.compare([t.tolist() for t in out], want))
 
 # %% tags=["grade"] grade_id="04.all_gather" points=3
 dl.grade("04.all_gather", send_recv_all_gather)
@@ -1135,3 +1138,83 @@ dl.grade("04.all_gather", send_recv_all_gather)
 #
 # 你的全归约把整个张量发到一个根 rank 再发回来：代价随 N 增长。第 05 章将实现环形全归约，
 # 无论 N 多大，每个 rank 的通信量都低于 2S，并与 `dist.all_reduce` 做性能对比。
+
+
+# %% [markdown] lang="en"
+# ## Concept checks
+#
+# 4 questions on this chapter's ideas. Answer in the cell below, a letter for a choice and a
+# number where one is asked, then run it: `dl.quiz` says which answers are right and explains
+# each one, a wrong choice included. Work the numbers out from the chapter's models before you
+# run anything. In the exercise notebook the same answers are graded (`04.concepts`,
+# 2 points when all are right).
+#
+# **1.** The alpha-beta model of a ring all-reduce: N = 4 ranks, S = 100 MB (10^8 bytes), a bandwidth of 10 GB/s (10^10 bytes/s), latency and reduction time ignored. How many milliseconds does it take? (a number)
+#
+# **2.** 64 ranks all-reduce a 4 KiB message over links with 10 µs latency and 10 GB/s. Which algorithm is faster?
+#
+# - (a) they take the same time
+# - (b) recursive halving and doubling
+# - (c) reduce + broadcast through one root
+# - (d) the ring
+#
+# **3.** On Gloo, rank 0 runs `dist.send(a, 1); dist.recv(b, 1)` and rank 1 runs `dist.send(a, 0); dist.recv(b, 0)`. What happens?
+#
+# - (a) the tensors are swapped
+# - (b) a deadlock: each send waits for a receive the other rank never posts
+# - (c) an error at once
+# - (d) only rank 0 receives
+#
+# **4.** A loss uses tensors collected with `dist.all_gather(out, x)`, where `x` requires grad. After `loss.backward()`, what does `x.grad` hold?
+#
+# - (a) nothing from the gathered tensors: `dist.all_gather` is not differentiable, and no error says so
+# - (b) an error is raised in backward
+# - (c) the gradient through every rank's use of x
+# - (d) the gradient of rank 0 only
+
+
+# %% [markdown] lang="zh"
+# ## 概念检查
+#
+# 关于本章要点的 4 道题。在下面的单元里作答：选择题填字母，要求数值的填数字，然后运行它：
+# `dl.quiz` 会告诉你哪些答对了，并逐题解释，包括你选错的那个选项。数值题请先用本章的模型算出来，
+# 再运行任何代码。练习笔记本会对同样的答案评分（`04.concepts`，全部答对得 2 分）。
+#
+# **1.** 环形全归约的 alpha-beta 模型：N = 4 个 rank，S = 100 MB（10^8 字节），带宽 10 GB/s（10^10 字节/秒），忽略延迟和归约计算时间。需要多少毫秒？（填一个数）
+#
+# **2.** 64 个 rank 对一条 4 KiB 的消息做全归约，链路延迟 10 µs、带宽 10 GB/s。哪种算法更快？
+#
+# - (a) 两者耗时相同
+# - (b) 递归减半加倍（halving-doubling）
+# - (c) 经过一个根节点的 reduce + broadcast
+# - (d) 环形算法
+#
+# **3.** 在 Gloo 上，rank 0 执行 `dist.send(a, 1); dist.recv(b, 1)`，rank 1 执行 `dist.send(a, 0); dist.recv(b, 0)`。会发生什么？
+#
+# - (a) 两个张量互换成功
+# - (b) 死锁：每个 send 都在等对方永远不会发出的 recv
+# - (c) 立即报错
+# - (d) 只有 rank 0 收到
+#
+# **4.** 损失用到了通过 `dist.all_gather(out, x)` 收集的张量，其中 `x` 需要梯度。`loss.backward()` 之后，`x.grad` 里是什么？
+#
+# - (a) 没有来自收集张量的梯度：`dist.all_gather` 不可微，而且没有任何报错
+# - (b) 反向传播时报错
+# - (c) 经过所有 rank 对 x 的使用传回来的梯度
+# - (d) 只有 rank 0 的梯度
+
+
+# %%
+my_answers = {
+    ### BEGIN ANSWERS
+    1: 15,  # a number
+    2: "b",  # a letter
+    3: "b",  # a letter
+    4: "a",  # a letter
+    ### END ANSWERS
+}
+dl.quiz("04", my_answers)
+
+
+# %% tags=["grade"] grade_id="04.concepts" points=2
+dl.grade("04.concepts", my_answers)

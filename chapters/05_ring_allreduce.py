@@ -588,7 +588,8 @@ def ring_all_reduce(tensor: torch.Tensor) -> torch.Tensor:
 # %% tags=["exercise"]
 # %%ddp -n 3
 x = torch.arange(7.0) * (rank + 1)
-print(rank, ring_all_reduce(x).tolist())
+want = torch.arange(7.0) * sum(r + 1 for r in range(world_size))  # (1 + 2 + 3) * arange(7)
+print(rank, ring_all_reduce(x).tolist(), dl.compare(x, want))
 
 # %% tags=["grade"] grade_id="05.ring" points=5
 dl.grade("05.ring", ring_all_reduce)
@@ -607,3 +608,73 @@ dl.grade("05.ring", ring_all_reduce)
 # DDP 并不是一次全归约一个梯度：它把梯度装进**桶**（bucket），在反向传播仍在计算其他梯度时
 # 就开始对已满的桶做全归约（通信与计算**重叠**）。这是第 07 章的内容；第 06 章先讲
 # `DistributedSampler` 怎样把数据分给各个 rank。
+
+
+# %% [markdown] lang="en"
+# ## Concept checks
+#
+# 4 questions on this chapter's ideas. Answer in the cell below, a letter for a choice and a
+# number where one is asked, then run it: `dl.quiz` says which answers are right and explains
+# each one, a wrong choice included. Work the numbers out from the chapter's models before you
+# run anything. In the exercise notebook the same answers are graded (`05.concepts`,
+# 2 points when all are right).
+#
+# **1.** In the ring all-reduce on N = 8 ranks, how many chunks does each rank send in all (reduce-scatter plus all-gather)? (a number)
+#
+# **2.** nccl-tests reports an all-reduce's algbw as 10 GB/s on 4 ranks. What busbw does it report, in GB/s? (a number)
+#
+# **3.** Instead of a ring, every rank sends its whole buffer around the ring N - 1 times, adding what it receives. Compared with the ring all-reduce, each rank sends:
+#
+# - (a) about N/2 times as many bytes
+# - (b) N times as many bytes
+# - (c) half as many bytes
+# - (d) the same bytes
+#
+# **4.** The segmented (pipelined) ring splits each chunk into segments. When does it win over the plain ring?
+#
+# - (a) for small messages
+# - (b) always
+# - (c) for large messages only: segments overlap sending and reducing, and each costs another latency
+# - (d) never; it only saves memory
+
+
+# %% [markdown] lang="zh"
+# ## 概念检查
+#
+# 关于本章要点的 4 道题。在下面的单元里作答：选择题填字母，要求数值的填数字，然后运行它：
+# `dl.quiz` 会告诉你哪些答对了，并逐题解释，包括你选错的那个选项。数值题请先用本章的模型算出来，
+# 再运行任何代码。练习笔记本会对同样的答案评分（`05.concepts`，全部答对得 2 分）。
+#
+# **1.** 在 N = 8 个 rank 的环形全归约中，每个 rank 一共发送多少个块（reduce-scatter 加 all-gather）？（填一个数）
+#
+# **2.** nccl-tests 报告 4 个 rank 上全归约的 algbw 为 10 GB/s。它报告的 busbw 是多少 GB/s？（填一个数）
+#
+# **3.** 不用环形算法，而是每个 rank 把整个缓冲区沿着环传 N - 1 次，并把收到的加起来。和环形全归约相比，每个 rank 发送的数据量是：
+#
+# - (a) 约 N/2 倍
+# - (b) N 倍
+# - (c) 一半
+# - (d) 相同
+#
+# **4.** 分段（流水线）环形算法把每个块再切成若干段。它什么时候比普通环形算法快？
+#
+# - (a) 小消息
+# - (b) 总是
+# - (c) 只有大消息：分段让发送和归约重叠，但每段都要多付一次延迟
+# - (d) 从不；它只省内存
+
+
+# %%
+my_answers = {
+    ### BEGIN ANSWERS
+    1: 14,  # a number
+    2: 15,  # a number
+    3: "a",  # a letter
+    4: "c",  # a letter
+    ### END ANSWERS
+}
+dl.quiz("05", my_answers)
+
+
+# %% tags=["grade"] grade_id="05.concepts" points=2
+dl.grade("05.concepts", my_answers)

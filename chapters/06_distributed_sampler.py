@@ -638,3 +638,73 @@ dl.grade("06.accuracy", gathered_accuracy)
 # - 没有哪个 rank 只在自己的分片上训练：DDP 对梯度求平均，所有 rank 的参数始终相同。
 # - 计算指标时要去掉填充：按索引顺序收集后截断、连同索引一起收集，或在不带填充的分片上用
 #   `all_reduce` 对计数求和。训练输入不均时，使用 `drop_last` 或 `Join`。
+
+
+# %% [markdown] lang="en"
+# ## Concept checks
+#
+# 4 questions on this chapter's ideas. Answer in the cell below, a letter for a choice and a
+# number where one is asked, then run it: `dl.quiz` says which answers are right and explains
+# each one, a wrong choice included. Work the numbers out from the chapter's models before you
+# run anything. In the exercise notebook the same answers are graded (`06.concepts`,
+# 2 points when all are right).
+#
+# **1.** `DistributedSampler` over 10 samples on 4 ranks (`drop_last=False`). How many indices does each rank get? (a number)
+#
+# **2.** Same sampler, `shuffle=False`: what is the last index rank 3 reads? (a number)
+#
+# **3.** A training loop never calls `sampler.set_epoch(epoch)` (`shuffle=True`). What order does each rank see across epochs?
+#
+# - (a) a new shuffle every epoch
+# - (b) different shards that overlap
+# - (c) the same shuffled order every epoch
+# - (d) unshuffled order
+#
+# **4.** Evaluation runs over 10 samples on 4 ranks with `DistributedSampler`, and the accuracy is gathered over everything the ranks saw. Why can it differ from the true accuracy?
+#
+# - (a) two samples are counted twice (padding)
+# - (b) the sampler drops the last two samples
+# - (c) floating-point rounding
+# - (d) each rank evaluates a different model
+
+
+# %% [markdown] lang="zh"
+# ## 概念检查
+#
+# 关于本章要点的 4 道题。在下面的单元里作答：选择题填字母，要求数值的填数字，然后运行它：
+# `dl.quiz` 会告诉你哪些答对了，并逐题解释，包括你选错的那个选项。数值题请先用本章的模型算出来，
+# 再运行任何代码。练习笔记本会对同样的答案评分（`06.concepts`，全部答对得 2 分）。
+#
+# **1.** `DistributedSampler` 在 4 个 rank 上划分 10 个样本（`drop_last=False`）。每个 rank 得到多少个索引？（填一个数）
+#
+# **2.** 同一个采样器，`shuffle=False`：rank 3 读到的最后一个索引是多少？（填一个数）
+#
+# **3.** 训练循环从不调用 `sampler.set_epoch(epoch)`（`shuffle=True`）。各 rank 在不同 epoch 里看到的顺序是什么样的？
+#
+# - (a) 每个 epoch 都重新打乱
+# - (b) 互相重叠的不同分片
+# - (c) 每个 epoch 都是同一个打乱后的顺序
+# - (d) 没打乱的顺序
+#
+# **4.** 在 4 个 rank 上用 `DistributedSampler` 评估 10 个样本，并对各 rank 看到的全部结果汇总准确率。为什么它可能和真实准确率不同？
+#
+# - (a) 有两个样本被统计了两次（填充）
+# - (b) 采样器丢掉了最后两个样本
+# - (c) 浮点舍入
+# - (d) 每个 rank 评估的模型不同
+
+
+# %%
+my_answers = {
+    ### BEGIN ANSWERS
+    1: 3,  # a number
+    2: 1,  # a number
+    3: "c",  # a letter
+    4: "a",  # a letter
+    ### END ANSWERS
+}
+dl.quiz("06", my_answers)
+
+
+# %% tags=["grade"] grade_id="06.concepts" points=2
+dl.grade("06.concepts", my_answers)

@@ -1180,3 +1180,93 @@ dl.grade("07.bucketed", GradBuckets)
 #   开头的两个想法推出来。
 #
 # 下一章（第 08 章）会在一次完整的训练中用到这些内容。
+
+
+# %% [markdown] lang="en"
+# ## Concept checks
+#
+# 4 questions on this chapter's ideas. Answer in the cell below, a letter for a choice and a
+# number where one is asked, then run it: `dl.quiz` says which answers are right and explains
+# each one, a wrong choice included. Work the numbers out from the chapter's models before you
+# run anything. In the exercise notebook the same answers are graded (`07.concepts`,
+# 2 points when all are right).
+#
+# **1.** Each rank calls `torch.manual_seed(rank)` before building its model, then wraps it in `DistributedDataParallel`. Right after construction, the ranks' parameters are:
+#
+# - (a) an error: the parameters differ
+# - (b) the mean of all ranks' initialisations
+# - (c) rank 0's, on every rank
+# - (d) each rank's own initialisation: they will drift apart
+#
+# **2.** When is DDP's averaged gradient on N ranks equal to the gradient of one process on the whole global batch?
+#
+# - (a) when each rank's loss is a mean over the same number of samples and nothing couples samples across the batch (no BatchNorm statistics)
+# - (b) never: all-reduce adds rounding
+# - (c) always
+# - (d) only with SGD
+#
+# **3.** Why does DDP plan its buckets in the reverse of `model.parameters()` order?
+#
+# - (a) NCCL requires it
+# - (b) to make the result deterministic
+# - (c) to save memory
+# - (d) gradients become ready roughly in reverse order during backward, so the first bucket fills early and its all-reduce overlaps the rest of backward
+#
+# **4.** `bare = nn.BatchNorm1d(3)`, then `nn.SyncBatchNorm.convert_sync_batchnorm(bare)` with its result dropped. What is `type(bare).__name__` now?
+#
+# - (a) an error was raised
+# - (b) BatchNorm1d
+# - (c) None
+# - (d) SyncBatchNorm
+
+
+# %% [markdown] lang="zh"
+# ## 概念检查
+#
+# 关于本章要点的 4 道题。在下面的单元里作答：选择题填字母，要求数值的填数字，然后运行它：
+# `dl.quiz` 会告诉你哪些答对了，并逐题解释，包括你选错的那个选项。数值题请先用本章的模型算出来，
+# 再运行任何代码。练习笔记本会对同样的答案评分（`07.concepts`，全部答对得 2 分）。
+#
+# **1.** 每个 rank 在构建模型之前调用 `torch.manual_seed(rank)`，然后用 `DistributedDataParallel` 包装。构造刚完成时，各 rank 的参数：
+#
+# - (a) 报错：参数不一致
+# - (b) 所有 rank 初始化的平均值
+# - (c) 每个 rank 上都是 rank 0 的参数
+# - (d) 是各自的初始化：之后会越走越远
+#
+# **2.** 什么时候，DDP 在 N 个 rank 上平均后的梯度，等于单个进程在整个全局批次上的梯度？
+#
+# - (a) 每个 rank 的损失都是对相同数量样本取平均，并且没有跨样本的耦合（没有 BatchNorm 统计量）时
+# - (b) 永远不会：全归约带来舍入误差
+# - (c) 总是
+# - (d) 只在用 SGD 时
+#
+# **3.** 为什么 DDP 按 `model.parameters()` 的逆序来规划桶（bucket）？
+#
+# - (a) NCCL 要求这样
+# - (b) 为了让结果确定
+# - (c) 为了省内存
+# - (d) 反向传播中梯度大致按逆序就绪，于是第一个桶很早就满了，它的全归约可以和剩下的反向传播重叠
+#
+# **4.** `bare = nn.BatchNorm1d(3)`，然后调用 `nn.SyncBatchNorm.convert_sync_batchnorm(bare)` 但丢弃了返回值。现在 `type(bare).__name__` 是什么？
+#
+# - (a) 已经报错
+# - (b) BatchNorm1d
+# - (c) None
+# - (d) SyncBatchNorm
+
+
+# %%
+my_answers = {
+    ### BEGIN ANSWERS
+    1: "c",  # a letter
+    2: "a",  # a letter
+    3: "d",  # a letter
+    4: "b",  # a letter
+    ### END ANSWERS
+}
+dl.quiz("07", my_answers)
+
+
+# %% tags=["grade"] grade_id="07.concepts" points=2
+dl.grade("07.concepts", my_answers)

@@ -787,3 +787,83 @@ dl.grade("08.fit", fit)
 # `torchrun` 下运行于一个或多个节点。缩放学习率要配合预热；保存 `state_dict()`（被 pickle 的整
 # 个模块默认已经加载不了）；往 GPU 异步复制要用页锁定内存；随机数据按 rank 设不同的种子，模型用
 # 什么种子都可以。
+
+
+# %% [markdown] lang="en"
+# ## Concept checks
+#
+# 4 questions on this chapter's ideas. Answer in the cell below, a letter for a choice and a
+# number where one is asked, then run it: `dl.quiz` says which answers are right and explains
+# each one, a wrong choice included. Work the numbers out from the chapter's models before you
+# run anything. In the exercise notebook the same answers are graded (`08.concepts`,
+# 2 points when all are right).
+#
+# **1.** The base learning rate 0.05 was tuned for a global batch of 32. You run `--batch-size 32` (per rank) on 4 ranks. What LR does the linear scaling rule give? (a number)
+#
+# **2.** Rank 0 logs `loss.item()` of its own batch. What does that number measure?
+#
+# - (a) the same number every rank would log
+# - (b) the mean over the epoch
+# - (c) the loss on rank 0's shard only, a noisier number; all-reduce it and divide by N for the global one
+# - (d) the loss over the global batch
+#
+# **3.** A checkpoint made with `torch.save(model, path)` (the whole module) is loaded with `torch.load(path)` in torch 2.6 or later. What happens?
+#
+# - (a) it loads the state_dict only
+# - (b) it fails: `weights_only=True` is the default and refuses to unpickle the module's class
+# - (c) it loads
+# - (d) it loads on the CPU only
+#
+# **4.** Rank 0 saved a checkpoint from `cuda:0`. Rank 1 (on `cuda:1`) calls `torch.load(path)` without `map_location`. Where do the tensors land?
+#
+# - (a) on `cuda:0`, the device they were saved from: rank 1 takes memory on GPU 0
+# - (b) on `cuda:1`
+# - (c) an error is raised
+# - (d) on the CPU
+
+
+# %% [markdown] lang="zh"
+# ## 概念检查
+#
+# 关于本章要点的 4 道题。在下面的单元里作答：选择题填字母，要求数值的填数字，然后运行它：
+# `dl.quiz` 会告诉你哪些答对了，并逐题解释，包括你选错的那个选项。数值题请先用本章的模型算出来，
+# 再运行任何代码。练习笔记本会对同样的答案评分（`08.concepts`，全部答对得 2 分）。
+#
+# **1.** 基础学习率 0.05 是针对全局批次 32 调好的。你在 4 个 rank 上运行 `--batch-size 32`（每个 rank）。线性缩放规则给出的学习率是多少？（填一个数）
+#
+# **2.** rank 0 记录它自己批次的 `loss.item()`。这个数衡量的是什么？
+#
+# - (a) 每个 rank 记录的都是同一个数
+# - (b) 整个 epoch 的平均
+# - (c) 只是 rank 0 分片上的损失，噪声更大；要得到全局损失，应全归约后除以 N
+# - (d) 全局批次上的损失
+#
+# **3.** 用 `torch.save(model, path)`（整个模块）保存的检查点，在 torch 2.6 或更高版本中用 `torch.load(path)` 加载。会发生什么？
+#
+# - (a) 只加载 state_dict
+# - (b) 失败：默认 `weights_only=True`，拒绝反序列化模块的类
+# - (c) 正常加载
+# - (d) 只能加载到 CPU 上
+#
+# **4.** rank 0 在 `cuda:0` 上保存了检查点。rank 1（在 `cuda:1` 上）调用 `torch.load(path)` 时没有传 `map_location`。张量会被放到哪里？
+#
+# - (a) `cuda:0` 上，也就是保存时所在的设备：rank 1 占用了 GPU 0 的显存
+# - (b) `cuda:1` 上
+# - (c) 报错
+# - (d) CPU 上
+
+
+# %%
+my_answers = {
+    ### BEGIN ANSWERS
+    1: 0.2,  # a number
+    2: "c",  # a letter
+    3: "b",  # a letter
+    4: "a",  # a letter
+    ### END ANSWERS
+}
+dl.quiz("08", my_answers)
+
+
+# %% tags=["grade"] grade_id="08.concepts" points=2
+dl.grade("08.concepts", my_answers)

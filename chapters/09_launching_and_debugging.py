@@ -1583,3 +1583,93 @@ dl.grade("09.safe_all_reduce", safe_all_reduce)
 #   `torchrun --nproc-per-node=<GPU 数>`，端点取自 `SLURM_JOB_NODELIST`；要么每块 GPU 一个任务、
 #   不用 torchrun，`RANK`/`WORLD_SIZE`/`LOCAL_RANK` 分别取 `SLURM_PROCID`/`SLURM_NTASKS`/
 #   `SLURM_LOCALID`。两者不能同时用。看 rank 0 第一行里的 world size 来核对。
+
+
+# %% [markdown] lang="en"
+# ## Concept checks
+#
+# 4 questions on this chapter's ideas. Answer in the cell below, a letter for a choice and a
+# number where one is asked, then run it: `dl.quiz` says which answers are right and explains
+# each one, a wrong choice included. Work the numbers out from the chapter's models before you
+# run anything. In the exercise notebook the same answers are graded (`09.concepts`,
+# 2 points when all are right).
+#
+# **1.** A script is started with `torch.multiprocessing.spawn(fn, nprocs=4)` and calls `dist.init_process_group("gloo")` with no other argument. What happens?
+#
+# - (a) it works on one node only
+# - (b) it works: `mp.spawn` sets `RANK` and `WORLD_SIZE`
+# - (c) it fails: `mp.spawn` passes only the index `i` to `fn` and sets no environment variable, so `env://` finds nothing
+# - (d) all four processes become rank 0
+#
+# **2.** A two-node job with 2 GPUs per node calls `torch.cuda.set_device(rank)` (the global rank). What happens on node 1?
+#
+# - (a) CUDA picks free GPUs
+# - (b) ranks 2 and 3 ask for GPUs 2 and 3, which the node does not have: `invalid device ordinal`
+# - (c) it works as on node 0
+# - (d) both ranks share GPU 0
+#
+# **3.** A DDP model has a layer that the loss never uses, and `find_unused_parameters` is left `False`. What happens?
+#
+# - (a) nothing: that layer just gets no gradient
+# - (b) DDP's second step fails: the reducer is still waiting for that layer's gradient from the first step
+# - (c) it hangs forever
+# - (d) the first forward raises
+#
+# **4.** On a Gloo group made with `timeout=timedelta(seconds=2)`, rank 1 skips an `all_reduce` that rank 0 calls. What does rank 0 get?
+#
+# - (a) rank 1's next collective's data
+# - (b) its own tensor, unchanged
+# - (c) an error after about 2 s instead of a hang
+# - (d) a hang until the job is killed
+
+
+# %% [markdown] lang="zh"
+# ## 概念检查
+#
+# 关于本章要点的 4 道题。在下面的单元里作答：选择题填字母，要求数值的填数字，然后运行它：
+# `dl.quiz` 会告诉你哪些答对了，并逐题解释，包括你选错的那个选项。数值题请先用本章的模型算出来，
+# 再运行任何代码。练习笔记本会对同样的答案评分（`09.concepts`，全部答对得 2 分）。
+#
+# **1.** 脚本用 `torch.multiprocessing.spawn(fn, nprocs=4)` 启动，并且只调用 `dist.init_process_group("gloo")`，没有其他参数。会发生什么？
+#
+# - (a) 只在单节点上能运行
+# - (b) 能运行：`mp.spawn` 设置了 `RANK` 和 `WORLD_SIZE`
+# - (c) 失败：`mp.spawn` 只把序号 `i` 传给 `fn`，不设置任何环境变量，所以 `env://` 什么也找不到
+# - (d) 四个进程都成为 rank 0
+#
+# **2.** 一个两节点、每节点 2 块 GPU 的作业调用 `torch.cuda.set_device(rank)`（全局 rank）。节点 1 上会发生什么？
+#
+# - (a) CUDA 自动挑空闲的 GPU
+# - (b) rank 2 和 3 要 GPU 2 和 3，而这个节点没有：`invalid device ordinal`
+# - (c) 和节点 0 上一样正常
+# - (d) 两个 rank 共用 GPU 0
+#
+# **3.** 一个 DDP 模型里有一层从未参与损失计算，而 `find_unused_parameters` 保持 `False`。会发生什么？
+#
+# - (a) 没事：那一层只是没有梯度
+# - (b) DDP 的第二步报错：归约器还在等第一步里那一层的梯度
+# - (c) 永远挂起
+# - (d) 第一次前向就报错
+#
+# **4.** 在用 `timeout=timedelta(seconds=2)` 创建的 Gloo 进程组上，rank 0 调用了 `all_reduce`，而 rank 1 跳过了它。rank 0 会得到什么？
+#
+# - (a) rank 1 下一次集合通信的数据
+# - (b) 它自己的张量，没有变化
+# - (c) 大约 2 秒后报错，而不是挂起
+# - (d) 一直挂起，直到作业被杀死
+
+
+# %%
+my_answers = {
+    ### BEGIN ANSWERS
+    1: "c",  # a letter
+    2: "b",  # a letter
+    3: "b",  # a letter
+    4: "c",  # a letter
+    ### END ANSWERS
+}
+dl.quiz("09", my_answers)
+
+
+# %% tags=["grade"] grade_id="09.concepts" points=2
+dl.grade("09.concepts", my_answers)

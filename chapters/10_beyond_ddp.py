@@ -1252,3 +1252,83 @@ dl.grade("10.fsdp_reduce", reduce_grad)
 # - ZeRO-1 把优化器状态分片（`ShardedOptimizer`，与 AdamW 和 torch 的
 #   `ZeroRedundancyOptimizer` 结果相同）；FSDP 把参数和梯度也分片（`FullyShardedDP`，与单进程
 #   和 `fully_shard` 结果相同），代价是每次使用参数之前都要做一次全收集。
+
+
+# %% [markdown] lang="en"
+# ## Concept checks
+#
+# 4 questions on this chapter's ideas. Answer in the cell below, a letter for a choice and a
+# number where one is asked, then run it: `dl.quiz` says which answers are right and explains
+# each one, a wrong choice included. Work the numbers out from the chapter's models before you
+# run anything. In the exercise notebook the same answers are graded (`10.concepts`,
+# 2 points when all are right).
+#
+# **1.** With mixed-precision Adam the ZeRO paper counts 2 + 2 + 12 = 16 bytes per parameter. For 1 billion parameters on 8 ranks, how many GB does each rank hold under ZeRO-1 (optimizer state sharded, activations ignored)? (a number)
+#
+# **2.** A bf16 compression comm hook is added to DDP training in float32. Per step, the bytes each rank sends for gradients become:
+#
+# - (a) the same
+# - (b) half
+# - (c) a quarter
+# - (d) it depends on PowerSGD's rank
+#
+# **3.** fp16 and bf16 both use 16 bits. Why does bf16 training usually need no `GradScaler` while fp16 does?
+#
+# - (a) GradScaler does not support bf16
+# - (b) bf16 runs only on CPUs
+# - (c) bf16 has float32's exponent range, so small gradients do not underflow; it has fewer mantissa bits (7 against 10)
+# - (d) bf16 has more mantissa bits
+#
+# **4.** Compared with ZeRO-1, what does FSDP (ZeRO-3) pay for sharding the parameters too?
+#
+# - (a) it cannot use Adam
+# - (b) nothing
+# - (c) a second optimizer
+# - (d) an all-gather of each unit's parameters before its forward and again before its backward
+
+
+# %% [markdown] lang="zh"
+# ## 概念检查
+#
+# 关于本章要点的 4 道题。在下面的单元里作答：选择题填字母，要求数值的填数字，然后运行它：
+# `dl.quiz` 会告诉你哪些答对了，并逐题解释，包括你选错的那个选项。数值题请先用本章的模型算出来，
+# 再运行任何代码。练习笔记本会对同样的答案评分（`10.concepts`，全部答对得 2 分）。
+#
+# **1.** 在混合精度 Adam 下，ZeRO 论文按每个参数 2 + 2 + 12 = 16 字节计算。10 亿个参数、8 个 rank，在 ZeRO-1（只切分优化器状态，不计激活）下每个 rank 占多少 GB？（填一个数）
+#
+# **2.** 给 float32 的 DDP 训练加上 bf16 压缩通信钩子。每一步，每个 rank 为梯度发送的字节数变为：
+#
+# - (a) 不变
+# - (b) 一半
+# - (c) 四分之一
+# - (d) 取决于 PowerSGD 的秩
+#
+# **3.** fp16 和 bf16 都是 16 位。为什么 bf16 训练通常不需要 `GradScaler`，而 fp16 需要？
+#
+# - (a) GradScaler 不支持 bf16
+# - (b) bf16 只在 CPU 上运行
+# - (c) bf16 的指数范围和 float32 相同，小梯度不会下溢；它的尾数位更少（7 对 10）
+# - (d) bf16 的尾数位更多
+#
+# **4.** 和 ZeRO-1 相比，FSDP（ZeRO-3）把参数也切分之后要付出什么代价？
+#
+# - (a) 不能用 Adam
+# - (b) 什么都不用付
+# - (c) 第二个优化器
+# - (d) 在每个单元前向之前和反向之前，各做一次参数的全收集（all-gather）
+
+
+# %%
+my_answers = {
+    ### BEGIN ANSWERS
+    1: 5.5,  # a number
+    2: "b",  # a letter
+    3: "c",  # a letter
+    4: "d",  # a letter
+    ### END ANSWERS
+}
+dl.quiz("10", my_answers)
+
+
+# %% tags=["grade"] grade_id="10.concepts" points=2
+dl.grade("10.concepts", my_answers)

@@ -863,3 +863,83 @@ dl.grade("11.resume", save_state, load_state)
 #   `--max-restarts`，加入不会）；除非程序自己保持不变，全局批大小和学习率都会随之改变。
 # - 在 Slurm 下：`--signal=USR1@60` 和 `--requeue`，torchrun 的 `--signals-to-handle` 加上
 #   SIGUSR1，所有 rank 在同一步之后停下，写检查点，再 `scontrol requeue`。
+
+
+# %% [markdown] lang="en"
+# ## Concept checks
+#
+# 4 questions on this chapter's ideas. Answer in the cell below, a letter for a choice and a
+# number where one is asked, then run it: `dl.quiz` says which answers are right and explains
+# each one, a wrong choice included. Work the numbers out from the chapter's models before you
+# run anything. In the exercise notebook the same answers are graded (`11.concepts`,
+# 2 points when all are right).
+#
+# **1.** A resume restores the model and the optimizer but not the RNG states nor the sampler's position. Training goes on. Compared with the run that was never interrupted, the final parameters are:
+#
+# - (a) different: other data order and dropout masks after the resume
+# - (b) the same, bit for bit
+# - (c) resuming fails
+# - (d) the same up to rounding
+#
+# **2.** Why write a checkpoint to a temporary file, `fsync` it, and then `os.replace` it over the final name?
+#
+# - (a) to save disk space
+# - (b) it is faster
+# - (c) `torch.save` needs it
+# - (d) a crash at any moment leaves either the old complete file or the new complete one, never a torn one
+#
+# **3.** One training step takes 50 ms and one checkpoint 400 ms. What is the smallest K (a checkpoint every K steps) that keeps the checkpoints' cost at most 10 % of the training time? (a number)
+#
+# **4.** A model was saved with `dcp.save` from 2 ranks. Can 3 ranks load it?
+#
+# - (a) yes: each rank reads the pieces that overlap the rows it holds now (resharding), from the `.metadata` file's map
+# - (b) no: the world size must match
+# - (c) only rank 0 can
+# - (d) only after converting it with `torch.save`
+
+
+# %% [markdown] lang="zh"
+# ## 概念检查
+#
+# 关于本章要点的 4 道题。在下面的单元里作答：选择题填字母，要求数值的填数字，然后运行它：
+# `dl.quiz` 会告诉你哪些答对了，并逐题解释，包括你选错的那个选项。数值题请先用本章的模型算出来，
+# 再运行任何代码。练习笔记本会对同样的答案评分（`11.concepts`，全部答对得 2 分）。
+#
+# **1.** 恢复训练时还原了模型和优化器，但没有还原随机数状态和采样器的位置。训练继续进行。和从未中断的那次运行相比，最终参数：
+#
+# - (a) 不同：恢复之后的数据顺序和 dropout 掩码都变了
+# - (b) 逐位相同
+# - (c) 恢复失败
+# - (d) 在舍入误差范围内相同
+#
+# **2.** 为什么要先把检查点写到临时文件、`fsync`，再用 `os.replace` 覆盖到最终文件名？
+#
+# - (a) 为了省磁盘空间
+# - (b) 更快
+# - (c) `torch.save` 要求这样
+# - (d) 无论何时崩溃，留下的要么是完整的旧文件，要么是完整的新文件，绝不会是写了一半的
+#
+# **3.** 训练一步需要 50 毫秒，保存一次检查点需要 400 毫秒。要让检查点的开销不超过训练时间的 10%，最小的 K（每 K 步保存一次）是多少？（填一个数）
+#
+# **4.** 一个模型在 2 个 rank 上用 `dcp.save` 保存。3 个 rank 能加载它吗？
+#
+# - (a) 能：每个 rank 根据 `.metadata` 文件的映射，读取与它现在持有的行重叠的那些片段（重新切分）
+# - (b) 不能：world size 必须一致
+# - (c) 只有 rank 0 可以
+# - (d) 只有先用 `torch.save` 转换之后才行
+
+
+# %%
+my_answers = {
+    ### BEGIN ANSWERS
+    1: "a",  # a letter
+    2: "d",  # a letter
+    3: 80,  # a number
+    4: "a",  # a letter
+    ### END ANSWERS
+}
+dl.quiz("11", my_answers)
+
+
+# %% tags=["grade"] grade_id="11.concepts" points=2
+dl.grade("11.concepts", my_answers)

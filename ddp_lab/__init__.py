@@ -21,7 +21,8 @@ from typing import Any
 
 from ddp_lab import _moved  # first: old paths (ddp_lab.launcher, ...) keep working
 from ddp_lab.course.grading import grade
-from ddp_lab.course.notebook import scratch, setup, show_source, tr
+from ddp_lab.course.notebook import compare, scratch, setup, show_source, tr
+from ddp_lab.course.quiz import quiz
 from ddp_lab.i18n import get_language, set_language
 from ddp_lab.runtime.launcher import (
     DistributedDeadlockError,
@@ -43,11 +44,13 @@ __all__ = [
     "DistributedError",
     "DistributedTimeoutError",
     "RankFailure",
+    "compare",
     "doctor",
     "get_language",
     "grade",
     "pull",
     "push",
+    "quiz",
     "scratch",
     "set_language",
     "set_timeout",

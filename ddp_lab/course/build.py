@@ -35,6 +35,10 @@ LANGS = ("en", "zh")
 KINDS = ("notebooks", "exercises", "solutions")
 BEGIN, END = "### BEGIN SOLUTION", "### END SOLUTION"
 _MARKER = re.compile(r"^(\s*)### (BEGIN|END) SOLUTION\s*$")
+# A concept check's answers (``dl.quiz``): "### BEGIN ANSWERS" ... "### END ANSWERS" around
+# lines "    N: value,  # comment"; lessons and exercises get "    N: None,  # comment".
+_ANSWERS = re.compile(r"^(\s*)### (BEGIN|END) ANSWERS\s*$")
+_ANSWER_LINE = re.compile(r"^(\s*\d+\s*:\s*)([^#]*?)(,?\s*(#.*)?)$")
 _DROP_META = ("lang", "lines_to_next_cell", "exercise")
 
 # The kernel setup.sh installs (`ipykernel install --name python3 --display-name ...`): the
@@ -128,6 +132,24 @@ def stub_solutions(source: str, lang: str) -> str:
             out.append(line)
     if inside:
         raise ValueError("### BEGIN SOLUTION without END")
+    return "\n".join(out)
+
+
+def answers(source: str, keep: bool) -> str:
+    """Drop the BEGIN/END ANSWERS marker lines; unless ``keep``, each answer becomes None."""
+    out: list[str] = []
+    inside = False
+    for line in source.split("\n"):
+        m = _ANSWERS.match(line)
+        if m:
+            inside = m.group(2) == "BEGIN"
+            continue
+        if inside and not keep:
+            a = _ANSWER_LINE.match(line)
+            if a is None:
+                raise ValueError(f"not an answer line: {line!r}")
+            line = f"{a.group(1)}None{a.group(3)}"
+        out.append(line)
     return "\n".join(out)
 
 
@@ -294,6 +316,7 @@ def render(nb: nbformat.NotebookNode, src: str, lang: str, kind: str) -> nbforma
                 if kind == "exercises"
                 else strip_markers(new.source)
             )
+            new.source = answers(new.source, keep=kind == "solutions")
             new.outputs, new.execution_count = [], None
             if "grade" in tags:
                 meta = new.metadata

@@ -193,6 +193,12 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--cell-timeout", type=float, default=300)
     p.add_argument("--timeout", type=float, default=1800)
     p.add_argument("--only", metavar="ID", help="check one exercise (e.g. 00.average)")
+    p.add_argument(
+        "--all-cells",
+        action="store_true",
+        help="run every code cell, as ddp-lab grade does (default: only the cells the "
+        "graded cells need)",
+    )
     p.set_defaults(func=_check)
 
     p = sub.add_parser("grade", help="grade submissions against a released exercise notebook")

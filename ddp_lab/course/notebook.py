@@ -78,12 +78,40 @@ def setup(lang: str | None = None) -> str:
     lang = lang or detect_language()
     i18n.set_language(lang)
     use_cjk_font()
+    try:
+        from IPython import get_ipython
+
+        from ddp_lab.course import unsolved
+
+        unsolved.install(get_ipython())  # a demo cell on a stub does not stop Run All
+    except ImportError:
+        pass
     return lang
 
 
 def tr(en: str, zh: str) -> str:
     """Pick the text for the current language: for plot titles, labels and widget text."""
     return zh if i18n.get_language() == "zh" else en
+
+
+def compare(got: Any, expected: Any) -> str:
+    """"right", or "WRONG: expected ..." for an exercise's demo cell: ``got`` against the answer
+    the demo computed another way (tensors compared with ``torch.equal``). In the notebook's
+    language, also on a rank (which finds it as ``setup`` does)."""
+    lang = i18n.get_language() if i18n.get_language() != "en" else detect_language()
+    try:
+        import torch
+
+        if isinstance(got, torch.Tensor) or isinstance(expected, torch.Tensor):
+            same = torch.equal(torch.as_tensor(got), torch.as_tensor(expected))
+            shown = expected.tolist() if isinstance(expected, torch.Tensor) else expected
+        else:
+            same, shown = got == expected, expected
+    except (TypeError, RuntimeError):
+        same, shown = False, expected
+    if same:
+        return i18n._t("right", lang)
+    return i18n._t("WRONG: expected {expected}", lang, expected=shown)
 
 
 def show_source(obj: Any) -> Any:

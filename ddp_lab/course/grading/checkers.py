@@ -66,7 +66,11 @@ def load_checkers(grade_ids: Iterable[str] | None = None) -> dict[str, Checker]:
     cost it about a second of CPU."""
     from ddp_lab.course.grading import checks
 
-    modules = {f"ch{g.split('.')[0]}" for g in grade_ids} if grade_ids is not None else None
+    modules = (
+        {"concepts" if g.endswith(".concepts") else f"ch{g.split('.')[0]}" for g in grade_ids}
+        if grade_ids is not None
+        else None
+    )
     if modules is not None and all(checks.has(m) for m in modules):
         for module in sorted(modules):
             importlib.import_module(f"{checks.__name__}.{module}")
@@ -200,7 +204,7 @@ def _verdict(chk: Checker, learner: Any, lang: str | None) -> tuple[bool, str]:
         lang,
         grade_id=chk.grade_id,
         points=chk.points,
-        detail=detail,
+        detail=detail[:1].upper() + detail[1:],  # a sentence after the full stop
     )
 
 
@@ -211,7 +215,7 @@ def grade(grade_id: str, *objects: Any) -> None:
     learner's code could change it. ``ddp-lab grade`` and ``ddp-lab check`` do not use it:
     they compute the verdict in a process of their own (``course.verdict``).
     Returns nothing (a graded cell's only output is its verdict line); raises
-    AssertionError when a case fails.
+    ``GradeFailed`` (an AssertionError shown as the verdict line alone) when a case fails.
     """
     from ddp_lab.course.grading.learner import LocalLearner
 
@@ -220,9 +224,17 @@ def grade(grade_id: str, *objects: Any) -> None:
         raise KeyError(_t("unknown exercise {grade_id!r}", grade_id=grade_id))
     chk = registry[grade_id]
     passed, line = run_checker(chk, LocalLearner(objects))
-    print(line)
     if not passed:
-        raise AssertionError(f"{grade_id}: 0/{chk.points}")
+        raise GradeFailed(line)
+    print(line)
+
+
+class GradeFailed(AssertionError):
+    """A failed graded cell: the cell fails (Run All and nbval see an error) and shows the
+    verdict line alone, not a traceback into this module."""
+
+    def _render_traceback_(self) -> list[str]:
+        return [str(self)]
 
 
 def _first_line(exc: BaseException) -> str:

@@ -41,6 +41,7 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import nbformat
 
@@ -263,8 +264,13 @@ def run_verdict(
     timeout: float,
     job: int = 0,
     limits: isolation.CgroupLimits | None = None,
+    needed_only: bool = False,
+    progress: bool = False,
 ) -> dict[str, dict]:
     """grade_id -> {status, detail} from ``course.verdict``, run in a process of its own.
+
+    ``needed_only``: run only the cells the graded cells need (``ddp-lab check``);
+    ``progress``: the verdict's progress lines (trusted text, its own) go to our stdout.
 
     That process never runs learner code: it starts the submission's code in the sandbox
     and computes each verdict itself. ``job`` must be a number no other running grading
@@ -296,7 +302,12 @@ def run_verdict(
         "timeout": timeout,
         "job": job,
         "env": {TOKEN_VAR: token},
+        "needed_only": needed_only,
     }
+    progress_r = progress_w = -1
+    if progress:
+        progress_r, progress_w = os.pipe()
+        request["progress_fd"] = progress_w
     cmd = [sys.executable, "-m", "ddp_lab.course.grading.verdict"]
     group = None
     if isolation.unavailable_reason() is None:
@@ -321,8 +332,13 @@ def run_verdict(
             stdout=subprocess.PIPE,
             stderr=log,
             start_new_session=True,
+            pass_fds=(progress_w,) if progress else (),
         )
         _RUNNING[proc.pid] = token
+        shown = None
+        if progress:
+            os.close(progress_w)
+            shown = _show_progress(progress_r)
         watch = isolation.Starvation(group) if group is not None else None
         try:
             out, _ = proc.communicate(json.dumps(request).encode(), timeout=timeout + 60)
@@ -343,6 +359,8 @@ def run_verdict(
             kill_run(proc.pid, token)
             proc.wait()
             _RUNNING.pop(proc.pid, None)
+            if shown is not None:
+                shown.join(timeout=5)
         results = {g: v for g, v in answer["results"].items() if isinstance(v, dict)}
         if group is not None and any(
             v.get("status") in ("timeout", "timeout-cell") for v in results.values()
@@ -361,6 +379,26 @@ def run_verdict(
                     if v.get("status") in ("timeout", "timeout-cell"):
                         v.update(status="busy", detail=why)
     return results
+
+
+def _show_progress(fd: int) -> Any:
+    """A thread copying the verdict's progress lines from ``fd`` to stdout until it closes.
+    A line ending in a carriage return (``cell 3/9``) is overwritten by the next one on a
+    terminal; in a log, every line shows."""
+    import threading
+
+    def copy() -> None:
+        tty = sys.stdout.isatty()
+        with os.fdopen(fd, "r", encoding="utf-8", errors="replace", newline="") as src:
+            for line in iter(lambda: src.readline(4096), ""):
+                if line.endswith("\r") and not tty:
+                    line = line[:-1] + "\n"
+                sys.stdout.write(line)
+                sys.stdout.flush()
+
+    thread = threading.Thread(target=copy, daemon=True)
+    thread.start()
+    return thread
 
 
 def _stream_text(outputs: list) -> str:
@@ -388,6 +426,8 @@ def score(
     timeout: float,
     job: int = 0,
     limits: isolation.CgroupLimits | None = None,
+    needed_only: bool = False,
+    progress: bool = False,
 ) -> tuple[str, list[Result]]:
     """Score one submission against ``release``: (its language, one Result per exercise).
 
@@ -410,7 +450,11 @@ def score(
     lang = language_of(sub, lang)
     found, tampered = locate(release, sub)
     verdicts = (
-        run_verdict(release, sub, found, lang, cell_timeout, timeout, job, limits) if found else {}
+        run_verdict(
+            release, sub, found, lang, cell_timeout, timeout, job, limits, needed_only, progress
+        )
+        if found
+        else {}
     )
     results = {}
     by_id = {ex.grade_id: ex for ex in exercises}
@@ -612,9 +656,29 @@ def check_main(args: argparse.Namespace) -> int:
     slots = isolation.Slots()
     job = slots.acquire()
     try:
-        lang, results = score(release, nb, args.cell_timeout, args.timeout, job=job)
+        lang, results = score(
+            release,
+            nb,
+            args.cell_timeout,
+            args.timeout,
+            job=job,
+            needed_only=not getattr(args, "all_cells", False),
+            progress=True,
+        )
+        if not getattr(args, "all_cells", False) and any("NameError" in r.detail for r in results if r.status != "passed"):
+            # A name the slice missed (course.grading.needed) or the learner's own mistake: the
+            # whole notebook tells which, as ``ddp-lab grade`` runs it.
+            lang, results = score(
+                release, nb, args.cell_timeout, args.timeout, job=job, progress=True
+            )
     finally:
         slots.release(job)
     print(report.shown(path, report.MAX_TEXT))
     print("\n".join(report_lines(results, lang)))
+    print(
+        _t(
+            "Checked with the public cases; your instructor grades with other cases.",
+            lang,
+        )
+    )
     return 0 if results and all(r.status == "passed" for r in results) else 1

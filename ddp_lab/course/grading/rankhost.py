@@ -70,6 +70,7 @@ HIDDEN = (
     "course/grading/checks/ch01.py",
     "course/grading/checks/ch02.py",
     "course/grading/checks/ch03.py",
+    "course/grading/checks/concepts.py",  # the concept checks' key
     "course/grading/grader.py",
     "course/grading/verdict.py",
     "course/grading/runner.py",

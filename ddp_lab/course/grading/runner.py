@@ -112,6 +112,7 @@ def run(job: dict, proto_in: Any, proto_out: Any) -> None:
     signal.signal(signal.SIGALRM, _on_alarm)
     errors: list[str] = []
     for index, cell in enumerate(job["cells"]):
+        send({"cell": index})  # progress for ``ddp-lab check``
         if cell.get("grade_id"):
             try:
                 kept: Any = _keep(cell, shell)

@@ -45,8 +45,12 @@ def build_job(
     found: dict[str, int],
     lang: str,
     cell_timeout: float,
+    needed_only: bool = False,
 ) -> dict[str, Any]:
-    """The runner's job: every code cell of ``sub``; graded cells carry the released code."""
+    """The runner's job: every code cell of ``sub``; graded cells carry the released code.
+
+    ``needed_only`` (``ddp-lab check``): only the cells the graded cells need
+    (``course.grading.needed``), or every cell where that cannot be known."""
     from ddp_lab.course.grading.grader import exercises_of
 
     by_pos = {found[ex.grade_id]: ex for ex in exercises_of(release) if ex.grade_id in found}
@@ -60,7 +64,15 @@ def build_job(
             continue  # a graded cell not graded in this run (tampered, or not asked for)
         else:
             cells.append({"source": cell.source})
-    return {"cells": cells, "lang": lang, "cell_timeout": cell_timeout}
+    total = len(cells)
+    if needed_only:
+        from ddp_lab.course.grading.needed import needed_cells
+
+        graded = [i for i, c in enumerate(cells) if c.get("grade_id")]
+        keep = needed_cells([c["source"] for c in cells], graded)
+        if keep is not None:
+            cells = [cells[i] for i in keep]
+    return {"cells": cells, "lang": lang, "cell_timeout": cell_timeout, "of": total}
 
 
 def run(request: dict[str, Any]) -> dict[str, Any]:
@@ -72,7 +84,23 @@ def run(request: dict[str, Any]) -> dict[str, Any]:
     found: dict[str, int] = request["found"]
     lang, cell_timeout = request["lang"], float(request["cell_timeout"])
     deadline = time.monotonic() + float(request["timeout"])
-    job = build_job(release, sub, found, lang, cell_timeout)
+    job = build_job(
+        release, sub, found, lang, cell_timeout, bool(request.get("needed_only", False))
+    )
+    progress = _progress_writer(request.get("progress_fd"))
+    n_cells = len(job["cells"])
+    if n_cells < job["of"]:
+        progress(
+            _t(
+                "Running {n} of the notebook's {total} code cells (those the graded cells "
+                "need) in a sandbox ...",
+                lang,
+                n=n_cells,
+                total=job["of"],
+            )
+        )
+    else:
+        progress(_t("Running the notebook's {n} code cells in a sandbox ...", lang, n=n_cells))
     results: dict[str, dict[str, Any]] = {}
     work = Path(tempfile.mkdtemp(prefix="ddp-lab-sandbox-"))
     proc = None
@@ -120,8 +148,17 @@ def run(request: dict[str, Any]) -> dict[str, Any]:
                 break
             if msg.get("done"):
                 break
+            if "cell" in msg:  # the runner starts a cell: progress only, nothing to answer
+                if type(msg["cell"]) is int and 0 <= msg["cell"] < n_cells:
+                    progress(
+                        _t("cell {i}/{n}", lang, i=msg["cell"] + 1, n=n_cells), end="\r"
+                    )
+                continue
             grade_id = str(msg.get("graded", ""))
             if grade_id in found and grade_id not in results:
+                progress(
+                    _t("Checking {grade_id} with the public cases ...", lang, grade_id=grade_id)
+                )
                 handle = RemoteLearner(
                     grade_id,
                     proc.stdin,
@@ -155,6 +192,23 @@ def run(request: dict[str, Any]) -> dict[str, Any]:
         if proc is not None:
             _kill(proc)
         shutil.rmtree(work, ignore_errors=True)
+
+
+def _progress_writer(fd: Any) -> Any:
+    """A function that writes one progress line to ``fd`` (``ddp-lab check``'s terminal), or
+    does nothing without one."""
+    if type(fd) is not int:
+        return lambda text, end="\n": None
+    out = os.fdopen(fd, "w", encoding="utf-8", buffering=1)
+
+    def write(text: str, end: str = "\n") -> None:
+        try:
+            out.write(text + end)
+            out.flush()
+        except OSError:
+            pass
+
+    return write
 
 
 def _blob(msg: dict) -> bytes | str:
@@ -206,7 +260,7 @@ def _judge(
             lang,
             grade_id=grade_id,
             points=chk.points,
-            detail=detail,
+            detail=detail[:1].upper() + detail[1:],  # a sentence after the full stop
         )
         return {"status": "failed", "detail": line}
     if time.monotonic() >= deadline:

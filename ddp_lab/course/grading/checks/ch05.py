@@ -277,9 +277,10 @@ def judge_ring_case(
         if not same(mine, want) and given is not None:
             raise fail(
                 _t(
-                    "rank {rank}: for its input {given} (shape {shape}, {dtype}) expected "
-                    "{expected}, got {got}",
+                    "rank {rank}: its input was {given} (shape {shape}, {dtype}); the sum of "
+                    "all {n} ranks' inputs, which every rank must hold, is {expected}; got {got}",
                     rank=rank,
+                    n=len(records),
                     given=short(given[rank]),
                     shape=tuple(given[rank].shape),
                     dtype=str(given[rank].dtype).removeprefix("torch."),
