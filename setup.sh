@@ -2,6 +2,7 @@
 # Install the course into ./.venv and open it in JupyterLab.
 #   bash setup.sh                  install (idempotent) and start JupyterLab on the course
 #   bash setup.sh --no-lab         install only
+#   bash setup.sh --lab [ARGS]     start JupyterLab again, without checking the install (seconds)
 #   bash setup.sh [JUPYTER ARGS]   other arguments go to `jupyter lab` (e.g. --no-browser --port 8899)
 # Where packages come from (README, "Setup"):
 #   TORCH_INDEX_URL  the index torch comes from, e.g. PyTorch's CPU wheels (no multi-GB CUDA
@@ -15,8 +16,18 @@ set -euo pipefail
 cd "$(dirname "$0")"
 PY=${PYTHON:-python3}
 "$PY" -c 'import sys; assert sys.version_info >= (3, 10), "Python 3.10+ is needed / 需要 Python 3.10 或更新版本"'
-[ -x .venv/bin/python ] || "$PY" -m venv .venv
 VPY=.venv/bin/python
+start_only=0
+if [ "${1:-}" = "--lab" ]; then
+  shift
+  if [ -x .venv/bin/jupyter ] && "$VPY" -c 'import ddp_lab' 2>/dev/null; then
+    start_only=1
+  else
+    echo "setup.sh: --lab: nothing installed yet, installing first / 尚未安装，先安装" >&2
+  fi
+fi
+if [ "$start_only" = 0 ]; then
+[ -x .venv/bin/python ] || "$PY" -m venv .venv
 export PIP_DISABLE_PIP_VERSION_CHECK=1
 if [ -n "${PIP_INDEX_URL:-}" ]; then
   echo "setup.sh: packages from PIP_INDEX_URL=$PIP_INDEX_URL / 从该镜像安装软件包" >&2
@@ -33,7 +44,23 @@ if ! "$VPY" -c 'import torch' 2>/dev/null; then
       "bash setup.sh; slow downloads: README, \"Mirrors\" /" \
       "没有 GPU：用上面的 TORCH_INDEX_URL 安装 CPU 版；下载慢：见 README 的“镜像”一节" >&2
   fi
-  "$VPY" -m pip install -q ${torch_args[@]+"${torch_args[@]}"} "${TORCH_SPEC:-torch==2.13.0}"
+  # Not -q: the CUDA build is several GB, and pip's download lines are the only progress.
+  if ! "$VPY" -m pip install --progress-bar on ${torch_args[@]+"${torch_args[@]}"} \
+      "${TORCH_SPEC:-torch==2.13.0}"; then
+    index=${TORCH_INDEX_URL:-${PIP_INDEX_URL:-https://pypi.org/simple}}
+    echo "" >&2
+    echo "setup.sh: torch could not be installed from $index. If pip said ResolutionImpossible" \
+      "or 'No matching distribution', the index was probably not reachable (network, proxy" \
+      "or firewall): try 'curl -sI $index' or 'pip download torch --no-deps -d /tmp/x -v'." \
+      "Alternatives: another index (unset TORCH_INDEX_URL for PyPI's CUDA build; a mirror" \
+      "with PIP_INDEX_URL, README \"No GPU, or a slow network\"), or a wheel you downloaded" \
+      "elsewhere: TORCH_SPEC=/path/to/torch-2.13.0-...whl bash setup.sh /" \
+      "无法从 $index 安装 torch。如果 pip 报 ResolutionImpossible 或 No matching distribution，" \
+      "多半是连不上这个索引（网络、代理或防火墙）：可以先试 curl -sI $index。其他办法：换一个索引" \
+      "（去掉 TORCH_INDEX_URL 用 PyPI 的 CUDA 版；用 PIP_INDEX_URL 指定镜像，见 README），或用在别处" \
+      "下载好的 wheel：TORCH_SPEC=/path/to/torch-2.13.0-...whl bash setup.sh" >&2
+    exit 1
+  fi
 fi
 extras=${DDP_LAB_EXTRAS:-course}
 "$VPY" -m pip install -q -e ".[$extras]"
@@ -81,8 +108,11 @@ if ! command -v bwrap >/dev/null || ! command -v ss >/dev/null; then
   fi
 fi
 echo "setup.sh: installed. In a shell: source .venv/bin/activate (then ddp-lab works);" \
-  "JupyterLab's terminals do it for you /" \
-  "安装完成。在终端中先运行 source .venv/bin/activate；JupyterLab 自带的终端已自动激活" >&2
+  "JupyterLab's terminals do it for you. Next time, start the lab with: bash setup.sh --lab /" \
+  "安装完成。在终端中先运行 source .venv/bin/activate；JupyterLab 自带的终端已自动激活。" \
+  "下次启动 JupyterLab：bash setup.sh --lab" >&2
+fi  # start_only
+venv=$(cd .venv && pwd)
 if [ "${1:-}" = "--no-lab" ]; then
   exit 0
 fi

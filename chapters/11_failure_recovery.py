@@ -194,6 +194,14 @@ print("straight:", straight.stdout.strip().splitlines()[-1])
 print("killed:  ", "\n          ".join(killed.stdout.strip().splitlines()))
 print([line for line in killed.stderr.splitlines() if "exitcode" in line][:1])
 
+
+def final_sha(out):
+    return next((ln.split()[-1] for ln in reversed(out.splitlines()) if "sha256" in ln), None)
+
+
+print("same parameters, bit for bit:",
+      final_sha(straight.stdout) is not None and final_sha(straight.stdout) == final_sha(killed.stdout))
+
 # %% [markdown] lang="en" tags=["lesson"]
 # ## 2. Complete or absent: atomic writes
 #

@@ -29,6 +29,9 @@ def load_record(path: Path, reason: str, slurm: bool = False) -> dict:
     from ddp_lab.i18n import _t
 
     stored = json.loads(path.read_text())
+    # The reason is a sentence of its own ("... as root."), put in parentheses before a full
+    # stop: without its own stop, so that the notice does not end a clause in ".)." / "。）。".
+    reason = reason.strip().rstrip("。.")
     fields = {"reason": reason, "date": stored["date"], "command": stored["command"]}
     if slurm:
         print(_t(

@@ -95,7 +95,7 @@ def tr(en: str, zh: str) -> str:
 
 
 def compare(got: Any, expected: Any) -> str:
-    """"right", or "WRONG: expected ..." for an exercise's demo cell: ``got`` against the answer
+    """ "right", or "WRONG: expected ..." for an exercise's demo cell: ``got`` against the answer
     the demo computed another way (tensors compared with ``torch.equal``). In the notebook's
     language, also on a rank (which finds it as ``setup`` does)."""
     lang = i18n.get_language() if i18n.get_language() != "en" else detect_language()

@@ -77,13 +77,17 @@ def _execute(page: Page, root: Path) -> nbformat.NotebookNode:
         nb,
         timeout=CELL_TIMEOUT,
         kernel_name=build.KERNEL_NAME,
+        # ipykernel warns "Kernel is running over TCP without encryption" at every start: the
+        # kernel listens on 127.0.0.1 for this build only; the warning alarms and tells nothing.
+        extra_arguments=["--IPKernelApp.log_level=ERROR"],
         resources={"metadata": {"path": str(root / page.kind / page.lang)}},
     ).execute()
     return nb
 
 
-def run_this_chapter(page: Page, repo_url: str) -> str:
-    """The markdown of the "Run this chapter" box."""
+def run_this_chapter(page: Page, repo_url: str, has_outputs: bool = True) -> str:
+    """The markdown of the "Run this chapter" box (``has_outputs``: the lesson's outputs are
+    on the page, from a run; a page built with ``--missing blank`` has none and says so)."""
     path = f"{page.kind}/{page.lang}/{page.stem}.ipynb"
     clone = f"git clone --depth 1 {repo_url or 'REPOSITORY_URL'}"
     folder = repo_url.rstrip("/").rsplit("/", 1)[-1].removesuffix(".git") if repo_url else "ddp-lab"
@@ -97,6 +101,16 @@ def run_this_chapter(page: Page, repo_url: str) -> str:
             page.lang,
             lang=page.lang,
             stem=page.stem,
+        )
+    elif not has_outputs:
+        steps = f"{clone}\ncd {folder}\nbash setup.sh   # installs into .venv, opens JupyterLab"
+        body = _t(
+            "This page was built without running the lesson, so it shows no outputs. To "
+            "see them, run it yourself: open `{path}` in JupyterLab; the commands below "
+            "install the course and start JupyterLab. Needs Linux and Python 3.10 or newer; "
+            "no GPU.",
+            page.lang,
+            path=path,
         )
     else:
         steps = f"{clone}\ncd {folder}\nbash setup.sh   # installs into .venv, opens JupyterLab"
@@ -151,12 +165,23 @@ def page_notebook(page: Page, executed: nbformat.NotebookNode | None, repo_url: 
             continue  # "Generated from ...": for authors; the box below says how to run it
         if "kernel-check" in tags:
             cell.metadata["tags"] = [*tags, "remove-cell"]
+        if (
+            page.kind == "exercises"
+            and not box_done
+            and cell.cell_type == "markdown"
+            and cell.source.lstrip().startswith("# ")
+        ):  # its own title: search lists the lesson and its exercises apart
+            first, _, rest = cell.source.lstrip()[2:].partition("\n")
+            heading = _t("Exercises: {title}", page.lang, title=first.strip())
+            cell.source = f"# {heading}\n{rest}"
         cells.append(cell)
         if not box_done and cell.cell_type == "markdown" and cell.source.lstrip().startswith("# "):
-            cells.append(nbformat.v4.new_markdown_cell(run_this_chapter(page, repo_url)))
+            box = run_this_chapter(page, repo_url, executed is not None or page.kind != "notebooks")
+            cells.append(nbformat.v4.new_markdown_cell(box))
             box_done = True
     if not box_done:
-        cells.insert(0, nbformat.v4.new_markdown_cell(run_this_chapter(page, repo_url)))
+        box = run_this_chapter(page, repo_url, executed is not None or page.kind != "notebooks")
+        cells.insert(0, nbformat.v4.new_markdown_cell(box))
     nb.cells = cells
     for i, cell in enumerate(nb.cells):  # stable ids: an unchanged page is an unchanged file
         cell.id = f"site-{i:03d}"
@@ -196,7 +221,9 @@ def conf_py(lang: str, repo_url: str) -> str:
     settings = {
         "project": "ddp-lab",
         "html_title": _t("PyTorch data-parallel training from the inside", lang),
-        "language": lang,
+        # zh_CN: Sphinx's own words (the search page's status line) come in Chinese; the
+        # search index still uses the zh (jieba) splitter (sphinx/search/__init__.py).
+        "language": "zh_CN" if lang == "zh" else lang,
         "extensions": ["myst_nb", "sphinx_copybutton", "sphinx-mathjax-offline"],
         "myst_enable_extensions": ["dollarmath", "amsmath", "colon_fence"],
         "nb_execution_mode": "off",  # outputs come from the cache (ddp-lab site)
@@ -268,14 +295,39 @@ def build_site(
     repo_url: str = "",
     missing: str = "run",
     jobs: int = 2,
-    log=print,
+    log=None,
 ) -> dict[str, float]:
     """Build the site into ``out``; return timings (seconds) and counts.
 
     Lessons missing from the cache run ``jobs`` at a time (each in its own kernel); the two
     languages' Sphinx builds run side by side.
     """
+    import functools
+    import tempfile
+    import threading
+
+    log = log or functools.partial(print, flush=True)  # a redirected log shows each line now
     t0 = time.monotonic()
+    # Kernels' and Sphinx's temporary files (dl.scratch folders, dl.spawn launches, kernel
+    # connection files, jieba's dictionary cache) go in WORK/tmp, emptied at each start: a
+    # killed build leaves nothing in /tmp.
+    tmp = work / "tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True, exist_ok=True)
+    saved_tmp = os.environ.get("TMPDIR"), tempfile.tempdir
+    os.environ["TMPDIR"], tempfile.tempdir = str(tmp), str(tmp)
+    try:
+        return _build_site(out, cache, work, root, repo_url, missing, jobs, log, t0, threading)
+    finally:
+        if saved_tmp[0] is None:
+            os.environ.pop("TMPDIR", None)
+        else:
+            os.environ["TMPDIR"] = saved_tmp[0]
+        tempfile.tempdir = saved_tmp[1]
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _build_site(out, cache, work, root, repo_url, missing, jobs, log, t0, threading):
     all_pages = pages(root)
     stats = {"executed": 0, "cached": 0, "blank": 0}
     runs: dict[int, nbformat.NotebookNode | None] = {}
@@ -298,11 +350,20 @@ def build_site(
     if todo:
         from concurrent.futures import ThreadPoolExecutor
 
+        lock, started = threading.Lock(), [0]
+
         def run(i: int) -> None:
             p = all_pages[i]
-            log(f"running notebooks/{p.lang}/{p.stem}.ipynb ...")
+            with lock:
+                started[0] += 1
+                k = started[0]
+            log(f"[{k}/{len(todo)}] running notebooks/{p.lang}/{p.stem}.ipynb ...")
+            t_one = time.monotonic()
             runs[i] = _execute(p, root)
             nbcache.store(cache, p.text, runs[i])
+            log(
+                f"[{k}/{len(todo)}] notebooks/{p.lang}/{p.stem}.ipynb: {time.monotonic() - t_one:.0f} s"
+            )
 
         backend = os.environ.pop("MPLBACKEND", None)  # a learner's kernel draws inline
         try:
@@ -339,6 +400,7 @@ def build_site(
             stderr=subprocess.PIPE,
             text=True,
         )
+    log(_t("Sphinx: building the {n} pages of each language ...", n=len(all_pages) // 2))
     t = time.monotonic()
     failed = []
     for lang, proc in procs.items():
@@ -373,7 +435,18 @@ def default_repo_url(root: Path = build.ROOT) -> str:
         capture_output=True,
         text=True,
     )
-    url = proc.stdout.strip()
+    return https_url(proc.stdout.strip())
+
+
+def https_url(url: str) -> str:
+    """A git remote as the https URL readers can clone without credentials: ``git@host:o/r``
+    and ``ssh://git@host/o/r`` become ``https://host/o/r``; a URL with a password, a local
+    path or anything else: "" (the box then shows a placeholder)."""
+    import re
+
+    m = re.fullmatch(r"(?:ssh://)?git@([\w.-]+)[:/]([\w.-]+/[\w.-]+?)(?:\.git)?/?", url)
+    if m:
+        return f"https://{m.group(1)}/{m.group(2)}"
     return url if url.startswith("https://") and "@" not in url else ""
 
 

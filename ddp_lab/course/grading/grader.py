@@ -665,7 +665,9 @@ def check_main(args: argparse.Namespace) -> int:
             needed_only=not getattr(args, "all_cells", False),
             progress=True,
         )
-        if not getattr(args, "all_cells", False) and any("NameError" in r.detail for r in results if r.status != "passed"):
+        if not getattr(args, "all_cells", False) and any(
+            "NameError" in r.detail for r in results if r.status != "passed"
+        ):
             # A name the slice missed (course.grading.needed) or the learner's own mistake: the
             # whole notebook tells which, as ``ddp-lab grade`` runs it.
             lang, results = score(

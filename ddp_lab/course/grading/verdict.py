@@ -150,9 +150,7 @@ def run(request: dict[str, Any]) -> dict[str, Any]:
                 break
             if "cell" in msg:  # the runner starts a cell: progress only, nothing to answer
                 if type(msg["cell"]) is int and 0 <= msg["cell"] < n_cells:
-                    progress(
-                        _t("cell {i}/{n}", lang, i=msg["cell"] + 1, n=n_cells), end="\r"
-                    )
+                    progress(_t("cell {i}/{n}", lang, i=msg["cell"] + 1, n=n_cells), end="\r")
                 continue
             grade_id = str(msg.get("graded", ""))
             if grade_id in found and grade_id not in results:
