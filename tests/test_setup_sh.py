@@ -73,7 +73,8 @@ def test_index_variables_reach_pip(checkout):
     pip = [c for c in calls if " -m pip install" in c]
     assert (
         pip[0]
-        == f"python -m pip install -q --index-url {cpu} torch==2.13.0 | PIP_INDEX_URL={mirror}"
+        == f"python -m pip install --progress-bar on --index-url {cpu} torch==2.13.0"
+        f" | PIP_INDEX_URL={mirror}"
     )
     assert pip[1] == f"python -m pip install -q -e .[course] | PIP_INDEX_URL={mirror}"
     assert any("--display-name Python 3 (ddp-lab)" in c for c in calls)
@@ -84,9 +85,35 @@ def test_index_variables_reach_pip(checkout):
 def test_default_torch_from_pip_index_and_hint_for_the_cpu_build(checkout):
     done, calls = _run(checkout, "--no-lab", TORCH_SPEC="torch==2.13.0+cpu")
     assert done.returncode == 0, done.stderr
-    assert "python -m pip install -q torch==2.13.0+cpu | PIP_INDEX_URL=" in calls
+    assert "python -m pip install --progress-bar on torch==2.13.0+cpu | PIP_INDEX_URL=" in calls
     assert "TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu" in done.stderr
     assert "source .venv/bin/activate" in done.stderr
+
+
+def test_unreachable_torch_index_gets_a_hint(checkout):
+    # pip fails for torch (as when its index cannot be reached): setup.sh stops and says why
+    fake = checkout / ".venv" / "bin" / "python"
+    fake.write_text(
+        fake.read_text().replace(
+            "exit 0\n",
+            'case "$*" in *"pip install"*torch==*) echo "ERROR: ResolutionImpossible" >&2;'
+            " exit 1;; esac\nexit 0\n",
+        )
+    )
+    cpu = "https://download.pytorch.org/whl/cpu"
+    done, calls = _run(checkout, "--no-lab", TORCH_INDEX_URL=cpu)
+    assert done.returncode == 1
+    assert f"torch could not be installed from {cpu}" in done.stderr
+    assert "TORCH_SPEC=/path/to/torch-" in done.stderr and "无法从" in done.stderr
+    assert not any("-e .[" in c for c in calls)  # stopped before the package
+
+
+def test_lab_starts_again_without_installing(checkout):
+    done, calls = _run(checkout, "--lab", "--no-browser")
+    assert done.returncode == 0, done.stderr
+    assert not any(" -m pip install" in c for c in calls)
+    (lab,) = [c for c in calls if c.startswith("jupyter")]
+    assert lab.startswith("jupyter lab --notebook-dir=") and "--no-browser" in lab
 
 
 @pytest.mark.parametrize("root", [True, False])
