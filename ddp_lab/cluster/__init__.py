@@ -30,8 +30,8 @@ def load_record(path: Path, reason: str, slurm: bool = False) -> dict:
 
     stored = json.loads(path.read_text())
     # The reason is a sentence of its own ("... as root."), put in parentheses before a full
-    # stop: without its own stop, so that the notice does not end a clause in ".)." / "。）。".
-    reason = reason.strip().rstrip("。.")
+    # stop: without its own stop, so that the notice does not end in ".)." (or its zh form).
+    reason = reason.strip().rstrip("." + chr(0x3002))  # a full stop, ASCII or ideographic
     fields = {"reason": reason, "date": stored["date"], "command": stored["command"]}
     if slurm:
         print(_t(

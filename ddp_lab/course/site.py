@@ -206,6 +206,40 @@ def index_markdown(lang: str, lessons: list[Page], exercises: list[Page]) -> str
     return "\n".join(lines)
 
 
+def root_index(all_pages: list[Page], repo_url: str) -> str:
+    """``OUT/index.html``: what the course is, where to start, every chapter in both
+    languages (lesson and exercises), and how to run it; styled like the pages."""
+    import html
+
+    template = (THEME / "root.html").read_text(encoding="utf-8")
+    columns: dict[str, str] = {}
+    for lang in build.LANGS:
+        lessons = [p for p in all_pages if p.lang == lang and p.kind == "notebooks"]
+        word = html.escape(_t("exercises", lang))
+        about = html.escape(
+            _t(
+                "A course in {n} chapters, each a lesson with its outputs and graded exercises.",
+                lang,
+                n=len(lessons),
+            )
+        )
+        start = html.escape(_t("Start here", lang))
+        rows = "".join(
+            f'<li><a href="{lang}/{p.docname}.html">{html.escape(p.title)}</a>'
+            f' <a class="ex" href="{lang}/exercises/{p.stem}.html">{word}</a></li>'
+            for p in lessons
+        )
+        first = f"{lang}/{lessons[0].docname}.html" if lessons else f"{lang}/index.html"
+        columns[lang] = (
+            f'<p>{about}</p><p><a class="start" href="{first}">{start} &rarr;</a></p>'
+            f"<ul>{rows}</ul>"
+        )
+    clone = html.escape(f"git clone --depth 1 {repo_url or 'REPOSITORY_URL'}")
+    for lang, body in columns.items():  # the template has a section per language
+        template = template.replace(f"@@{lang}@@", body)
+    return template.replace("@@CLONE@@", clone)
+
+
 def conf_py(lang: str, repo_url: str) -> str:
     """The Sphinx configuration of one language's site."""
     other = "zh" if lang == "en" else "en"
@@ -418,7 +452,7 @@ def _build_site(out, cache, work, root, repo_url, missing, jobs, log, t0, thread
             work / "html" / lang / "site", out / lang, ignore=shutil.ignore_patterns(".buildinfo*")
         )
     out.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(THEME / "root.html", out / "index.html")
+    (out / "index.html").write_text(root_index(all_pages, repo_url), encoding="utf-8")
     (out / ".nojekyll").write_text("")  # GitHub Pages: serve _static/ as it is
     stats["total_s"] = round(time.monotonic() - t0, 1)
     return stats
