@@ -72,8 +72,7 @@ def test_index_variables_reach_pip(checkout):
     assert done.returncode == 0, done.stderr
     pip = [c for c in calls if " -m pip install" in c]
     assert (
-        pip[0]
-        == f"python -m pip install --progress-bar on --index-url {cpu} torch==2.13.0"
+        pip[0] == f"python -m pip install --progress-bar on --index-url {cpu} torch==2.13.0"
         f" | PIP_INDEX_URL={mirror}"
     )
     assert pip[1] == f"python -m pip install -q -e .[course] | PIP_INDEX_URL={mirror}"
