@@ -6,8 +6,8 @@ import nbformat
 import pytest
 
 from ddp_lab.course import build
-from ddp_lab.course.checks import answers, concepts
-from ddp_lab.course.needed import needed_cells
+from ddp_lab.course.grading.checks import answers, concepts
+from ddp_lab.course.grading.needed import needed_cells
 from ddp_lab.course.site import https_url
 
 

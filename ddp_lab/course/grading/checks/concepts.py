@@ -18,8 +18,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from ddp_lab.course.grading.checks.answers import probe_answers
 from ddp_lab.course.grading.checkers import checker, fail
+from ddp_lab.course.grading.checks.answers import probe_answers
 from ddp_lab.i18n import N_, _t
 
 POINTS = 2
