@@ -33,15 +33,8 @@ def _env(**extra: str) -> dict[str, str]:
         for k, v in os.environ.items()
         if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT", "MASTER_ADDR")
     }
-    # torchrun's agents share one TCPStore across restarts by default, and restarted gloo
-    # workers may read the previous attempt's addresses from it (pytorch#135712).
-    env.update(
-        PYTHONPATH=str(ROOT),
-        OMP_NUM_THREADS="1",
-        TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1",
-        TMPDIR=private_tmp(),
-        **extra,
-    )
+    # torchrun's default: one TCPStore shared across restarts (ddp_lab/attempt_store.py).
+    env.update(PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", TMPDIR=private_tmp(), **extra)
     return env
 
 
@@ -189,3 +182,22 @@ def test_a_run_killed_mid_epoch_ends_with_the_uninterrupted_digest(tmp_path):
     assert _digest(killed) == _digest(straight)
     # Steps 4 and 8 before the kill, then 12..24 after it; the two newest are kept.
     assert sorted(p.name for p in ckpt.glob("step-*")) == ["step-00000020.pt", "step-00000024.pt"]
+
+
+def test_a_step_checkpoint_resumed_on_another_world_size_trains_at_the_new_worlds_lr(tmp_path):
+    # 2 ranks (global batch 64, linear scaling: base LR 0.1) write step checkpoints; 1 rank
+    # (global batch 32: 0.05) resumes from them and writes its own. A restored LambdaLR and
+    # optimizer would keep 0.1; the schedule must be rescaled and keep its warmup position.
+    ckpt = tmp_path / "ckpt"
+    common = ["--threads", "1", "--quiet", "--data-dir", str(tmp_path / "data"),
+              "--checkpoint-dir", str(ckpt), "--checkpoint-every", "5", "--warmup-steps", "40"]  # fmt: skip
+    train.launch([*common, "--epochs", "1"], nprocs=2, quiet=True, timeout=300)
+    before = resume.load(resume.latest_checkpoint(ckpt))
+    assert before["world_size"] == 2 and before["scheduler"]["base_lrs"] == [0.1]
+    train.launch([*common, "--epochs", "2"], nprocs=1, quiet=True, timeout=300)
+    after = resume.load(resume.latest_checkpoint(ckpt))
+    assert after["world_size"] == 1 and after["step"] > before["step"]
+    assert after["scheduler"]["base_lrs"] == [0.05]
+    step = after["scheduler"]["last_epoch"]
+    assert step == after["step"]
+    assert after["optimizer"]["param_groups"][0]["lr"] == 0.05 * min(1.0, (step + 1) / 40)

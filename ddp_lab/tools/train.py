@@ -39,6 +39,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from ddp_lab.i18n import _t
+from ddp_lab.tools import attempt_store
 from ddp_lab.tools.data import load_digits_split
 
 CHECKPOINT_NAME = "last.pt"
@@ -389,6 +390,23 @@ def warmup(steps: int):
     return lambda step: min(1.0, (step + 1) / steps) if steps else 1.0
 
 
+def rescale_schedule(
+    optimizer: torch.optim.Optimizer, scheduler: torch.optim.lr_scheduler.LambdaLR, lr: float
+) -> None:
+    """Give a restored ``LambdaLR`` the base LR ``lr``, at the step it had reached.
+
+    ``LRScheduler.load_state_dict`` puts back the checkpoint's ``base_lrs`` and
+    ``optimizer.load_state_dict`` its groups' ``lr``: the LR of the world that wrote the
+    checkpoint. Here every group gets ``lr * lambda(last_epoch)``, what ``LambdaLR`` itself
+    computes, so an unchanged world resumes with the very same floats.
+    """
+    scheduler.base_lrs = [lr] * len(optimizer.param_groups)
+    for group, fn in zip(optimizer.param_groups, scheduler.lr_lambdas, strict=True):
+        group["initial_lr"] = lr
+        group["lr"] = lr * fn(scheduler.last_epoch)
+    scheduler._last_lr = [group["lr"] for group in optimizer.param_groups]
+
+
 def train(args: argparse.Namespace) -> dict[str, Any]:
     """The training run on this rank (the process group is already initialised)."""
     from ddp_lab.tools import resume  # chapter 11: step checkpoints that resume bit for bit
@@ -426,6 +444,9 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
+        # The restored schedule carries the old run's base LR (``base_lrs``) and the
+        # optimizer its current LR: rescale both to this world's LR (equal when unchanged).
+        rescale_schedule(optimizer, scheduler, lr)
         sampler.load_state_dict(state["sampler"])
         step, history = state["step"], state["history"]
         start_epoch = sampler.epoch
@@ -471,7 +492,8 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     if rank == 0 and not args.quiet:
         print(
             f"world size {world}, {args.batch_size} per rank = global batch {global_batch}, "
-            f"lr {lr:g} ({args.lr_scaling} scaling), backend {dist.get_backend()}",
+            f"lr {optimizer.param_groups[0]['lr']:g} ({args.lr_scaling} scaling), "
+            f"backend {dist.get_backend()}",
             flush=True,
         )
     if rng is not None:
@@ -600,8 +622,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     _ensure_launcher_env()
     owns_group = not dist.is_initialized()
     if owns_group:  # RANK, WORLD_SIZE, MASTER_ADDR/PORT come from the launcher
-        timeout = {"timeout": datetime.timedelta(seconds=args.timeout)} if args.timeout else {}
-        dist.init_process_group(pick_backend(args.backend), **timeout)
+        timeout = datetime.timedelta(seconds=args.timeout) if args.timeout else None
+        # Under torchrun's shared store, keys of this restart attempt only (attempt_store.py).
+        attempt_store.init_process_group(pick_backend(args.backend), timeout)
     try:
         return train(args)
     finally:
