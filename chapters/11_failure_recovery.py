@@ -54,8 +54,7 @@ from ddp_lab.tools import resume
 dl.setup()
 WORK = dl.scratch("ch11")  # removed when this kernel stops
 # TMPDIR inside WORK: torchrun writes a folder of logs there and never removes it
-ENV = {**os.environ, "OMP_NUM_THREADS": "1", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
-       "TMPDIR": str(WORK)}
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "TMPDIR": str(WORK)}
 TORCHRUN = str(Path(sys.executable).with_name("torchrun"))
 print(torch.__version__)
 
@@ -158,12 +157,20 @@ print("resumed,  items 4-7:", epoch_items(4, saved_rng))
 # socket is closed), torchrun stops the group, starts both workers again, and they resume
 # from step 2's checkpoint. Compare the last lines.
 #
-# Why `TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`: by default torchrun's c10d rendezvous hands
-# its own TCPStore to the workers and keeps the same store server across restarts
-# (`torch/distributed/elastic/rendezvous/dynamic_rendezvous.py`, `next_rendezvous`); the
-# gloo group of the restarted workers can then read the previous attempt's addresses from it
-# and fail to connect ("Connection refused", pytorch/pytorch#135712). With the variable set,
-# each round gets a store of its own.
+# A restart has a trap of its own. torchrun's c10d rendezvous hands its own TCPStore to the
+# workers and keeps the same store server across restarts
+# (`torch/distributed/elastic/rendezvous/dynamic_rendezvous.py`, `next_rendezvous`), and
+# `init_process_group` names its keys the same in every attempt (`default_pg/0/...`:
+# `_create_c10d_store` in `torch/distributed/rendezvous.py` adds no per-attempt prefix).
+# gloo's `connectFullMesh` has each rank write its address under its rank's key and read the
+# others': a restarted rank that reads a peer's key before the peer has rewritten it gets the
+# address of a dead process, and fails with "Connection refused" or waits
+# (pytorch/pytorch#135712). On a busy machine, where the ranks start seconds apart, that
+# happened in 7 of 10 restarts. `ddp_lab.tools.train` therefore lets the ranks of each attempt agree
+# on a fresh random name first and puts the group's keys under it (`ddp_lab/tools/attempt_store.py`;
+# `TORCHELASTIC_RESTART_COUNT` would not do, since each agent counts its own restarts).
+# Setting `TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1` for torchrun avoids the trap too: each round
+# then gets a store of its own.
 
 # %% [markdown] lang="zh" tags=["lesson"]
 # 在 `torchrun --max-restarts=1` 下把同一个程序运行两次：一次一口气跑完；另一次，最后一个 rank
@@ -172,12 +179,18 @@ print("resumed,  items 4-7:", epoch_items(4, saved_rng))
 # 因为对端的套接字已经关闭；torchrun 停掉整个组，重新启动两个 worker，它们从第 2 步的检查点
 # 恢复。比较两次运行输出的最后几行。
 #
-# 为什么要设置 `TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`：默认情况下，torchrun 的 c10d 会合
-# （rendezvous）把自己的 `TCPStore`（一个键值 store）交给 worker 使用，并且在多次重启之间一直沿
-# 用同一个 store 服务器（`torch/distributed/elastic/rendezvous/dynamic_rendezvous.py` 中的
-# `next_rendezvous`）；重启后的 worker 建立 gloo 进程组（process group）时，可能从中读到上一次尝试留下的地址，于
-# 是连接失败（“Connection refused”，pytorch/pytorch#135712）。设置这个变量后，每一轮会合都有自
-# 己的 store。
+# 重启本身还有一个陷阱。torchrun 的 c10d 会合（rendezvous）把自己的 `TCPStore`（一个键值
+# store）交给 worker 使用，并且在多次重启之间一直沿用同一个 store 服务器
+# （`torch/distributed/elastic/rendezvous/dynamic_rendezvous.py` 中的 `next_rendezvous`）；
+# 而 `init_process_group` 在每次尝试中用的键名都一样（`default_pg/0/...`：
+# `torch/distributed/rendezvous.py` 中的 `_create_c10d_store` 没有加上区分尝试的前缀）。gloo 的
+# `connectFullMesh` 让每个 rank 把自己的地址写在以 rank 命名的键下，再读取其他 rank 的键：重启
+# 后的 rank 如果在对端重写之前就读了它的键，拿到的就是一个已经死掉的进程的地址，于是报
+# “Connection refused”，或者一直等下去（pytorch/pytorch#135712）。在繁忙的机器上，各 rank 的启
+# 动时间相差好几秒，10 次重启中有 7 次出了这个问题。所以 `ddp_lab.tools.train` 先让同一次尝试的各
+# rank 商定一个新的随机名字，再把进程组的键都放在这个名字下面（`ddp_lab/tools/attempt_store.py`；
+# `TORCHELASTIC_RESTART_COUNT` 不行，因为每个代理各自计数自己的重启）。给 torchrun 设置
+# `TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1` 也能避开这个陷阱：这样每一轮会合都有自己的 store。
 
 # %% tags=["lesson"]
 def train_run(*extra):
@@ -573,7 +586,11 @@ agent.show()
 # %% [markdown] lang="en" tags=["lesson"]
 # What the change does to the training: the program keeps 32 samples per rank, so the
 # **global batch** follows the world size, and with linear scaling (chapter 08) so does the
-# LR; an epoch takes twice as many steps on one rank. The checkpoint's data position carries
+# LR; an epoch takes twice as many steps on one rank. The LR needs care: the step checkpoint
+# holds the schedule (`LambdaLR.state_dict()` keeps `base_lrs`) and the optimizer's groups
+# with the old world's LR, and loading them would bring that LR back. So after loading, the
+# program gives the schedule this world's base LR at the step it had reached
+# (`train.rescale_schedule`), and the line it prints shows the optimizer's LR. The checkpoint's data position carries
 # over (the sampler counts used samples, not steps), but the per-rank random state of 2 ranks
 # cannot be dealt out to 1, and the program says so: an elastic run is a correct run, but no
 # longer bit for bit the run that nothing interrupted. A program could keep the global batch
@@ -584,7 +601,10 @@ agent.show()
 # %% [markdown] lang="zh" tags=["lesson"]
 # 成员变化对训练意味着什么：程序保持每个 rank 32 个样本，所以**全局批大小**（global batch）随
 # world size 变化；按线性缩放规则（第 08 章），学习率也随之变化；只剩一个 rank 时，一轮要走两倍
-# 的步数。检查点中的数据位置可以沿用（采样器记的是用掉了多少样本，而不是多少步），但 2 个 rank
+# 的步数。学习率要小心处理：步级检查点里存着学习率调度（`LambdaLR.state_dict()` 保存了
+# `base_lrs`）和优化器的参数组，两者都是旧 world size 下的学习率，直接加载就会把那个学习率带回
+# 来。所以程序加载之后，把这个 world size 的基础学习率交给调度器，并保持它已经走到的步数
+# （`train.rescale_schedule`）；它打印的那一行显示的是优化器实际使用的学习率。检查点中的数据位置可以沿用（采样器记的是用掉了多少样本，而不是多少步），但 2 个 rank
 # 各自的随机数状态没法分给 1 个 rank，程序也明确说了这一点：弹性运行是正确的运行，但不再与从未
 # 中断的运行逐位相同。程序也可以改为固定全局批大小（每个 rank 多取样本，或者用梯度累积），学习
 # 率也就不变。故障之后的那轮会合要等死去节点的心跳过期（3 × 2 秒），再等 `last_call_timeout`（3 秒）；
@@ -634,18 +654,25 @@ print([w[1] for w in link.worlds()], link.returncodes)
 # On a shared cluster a job ends when its time limit comes, or earlier when the scheduler
 # preempts it for a job of higher priority. At the time limit Slurm sends SIGTERM to the job's
 # processes and SIGKILL `KillWait` seconds later (30 by default, `man slurm.conf`); whatever
-# was not saved by then is lost. A job can ask for a warning instead: `#SBATCH
-# --signal=USR1@60` sends SIGUSR1 to every job step about 60 s before the time limit ("up to 60
-# seconds earlier" than asked, says `man sbatch`; `B:USR1@60` would signal only the batch
-# shell). `#SBATCH --requeue` lets the job go back to the queue; requeued, the batch script
+# was not saved by then is lost. A job can ask for a warning before the time limit: `#SBATCH
+# --signal=USR1@60` sends SIGUSR1 to every job step about 60 s before it ("up to 60 seconds
+# earlier" than asked, says `man sbatch`; `B:USR1@60` would signal only the batch shell).
+# Preemption gives no such warning by default: Slurm sets the job's end time to now plus the
+# partition's `GraceTime` (0 by default) and sends SIGCONT and SIGTERM at once, then SIGCONT,
+# SIGTERM and SIGKILL at the new end time (slurm.schedmd.com/preempt.html); the `--signal`
+# signal comes at preemption only where the site sets `PreemptParameters=send_user_signal`,
+# and with `PreemptMode=REQUEUE` Slurm requeues the job itself. So a program must checkpoint
+# on SIGTERM too. `#SBATCH --requeue` lets the job go back to the queue; requeued, the batch script
 # starts again from its first line, with the same job id and `SLURM_RESTART_COUNT` set, and
 # `--open-mode=append` keeps the output of both runs in one file.
 #
 # The job below puts it together. torchrun handles SIGTERM, SIGINT, SIGHUP and SIGQUIT by
-# default; `--signals-to-handle` adds SIGUSR1, so that the agent passes it on to its workers
+# default; `--signals-to-handle` replaces that list, so the script gives all of them plus
+# SIGUSR1, and the agent passes each on to its workers
 # instead of dying of it (`_invoke_run`'s caller `run` in `torch/distributed/elastic/agent/
 # server/api.py`: on a `SignalException` it shuts the workers down with that signal).
-# `python -m ddp_lab.tools.train --preempt-signal USR1` notes the signal, and after every step all
+# `python -m ddp_lab.tools.train --preempt-signal USR1` notes SIGUSR1 or SIGTERM (it always adds
+# TERM), and after every step all
 # ranks all-reduce that note (`resume.StopOnSignal`), so that they stop after the same step:
 # a rank that stopped alone would leave the others in a collective. Then a checkpoint, a file
 # `preempted`, and the script requeues its own job with `scontrol requeue`. A second, identical
@@ -663,16 +690,22 @@ print([w[1] for w in link.worlds()], link.returncodes)
 # SIGKILL（默认 30 秒，见 `man slurm.conf`）；到那时还没保存的东西就丢了。作业可以要求提前得到
 # 预警：`#SBATCH --signal=USR1@60` 在时间限制前大约 60 秒向每个作业步（job step）发送
 # SIGUSR1（`man sbatch` 说，受 Slurm 处理事件的时间粒度所限，信号可能比指定的时刻最多早 60 秒
-# 发出；写成 `B:USR1@60` 则只发给批处理脚本
-# 所在的 shell）。`#SBATCH --requeue` 允许作业回到队列中；重新排队（requeue）后，批处理脚本从第
+# 发出；写成 `B:USR1@60` 则只发给批处理脚本所在的 shell）。抢占默认没有这样的预警：Slurm 把作
+# 业的结束时间设为当前时间加上分区的 `GraceTime`（默认为 0），立即发送 SIGCONT 和 SIGTERM，到
+# 新的结束时间再依次发送 SIGCONT、SIGTERM 和 SIGKILL（slurm.schedmd.com/preempt.html）；只有
+# 站点设置了 `PreemptParameters=send_user_signal`，抢占时才会发送 `--signal` 指定的信号；设置
+# 了 `PreemptMode=REQUEUE` 时，Slurm 会自己把作业重新排队。所以程序在收到 SIGTERM 时也必须写检
+# 查点。`#SBATCH --requeue` 允许作业回到队列中；重新排队（requeue）后，批处理脚本从第
 # 一行重新开始执行，作业号不变，并设置 `SLURM_RESTART_COUNT`；`--open-mode=append` 让两次运
 # 行的输出写进同一个文件。
 #
 # 下面的作业把这些组合在一起。torchrun 默认处理 SIGTERM、SIGINT、SIGHUP 和 SIGQUIT；
-# `--signals-to-handle` 加上 SIGUSR1，代理就会把这个信号转发给它的 worker，而不是被它杀死
+# `--signals-to-handle` 会替换这个列表，所以脚本把它们全部列出，再加上 SIGUSR1，代理就会把每个
+# 信号转发给它的 worker，而不是被它杀死
 # （`torch/distributed/elastic/agent/server/api.py` 中调用 `_invoke_run` 的 `run`：捕获到
 # `SignalException` 时，用这个信号关闭 worker）。`python -m ddp_lab.tools.train --preempt-signal
-# USR1` 记下收到的信号，每一步之后所有 rank 对这个标记做一次全归约（`resume.StopOnSignal`），
+# USR1` 记下收到的 SIGUSR1 或 SIGTERM（它总会加上 TERM），每一步之后所有 rank 对这个标记做一次
+# 全归约（`resume.StopOnSignal`），
 # 这样它们会在同一步之后停下：单独停下的 rank 会让其他 rank 卡在集合通信里。随后写检查点和一个
 # `preempted` 文件，脚本再用 `scontrol requeue` 把自己的作业重新排队。另一个完全相同的作业一口
 # 气跑完，用来对比。演示不去等时间限制，而是在作业写出检查点之后，用
@@ -853,8 +886,9 @@ dl.grade("11.resume", save_state, load_state)
 # - `--nnodes=1:2`: a node that leaves or joins restarts every worker with the new world size
 #   (a failure spends one of `--max-restarts`, a join does not); the global batch and the LR
 #   change with it unless the program keeps them.
-# - Under Slurm: `--signal=USR1@60` and `--requeue`, torchrun `--signals-to-handle` with
-#   SIGUSR1, all ranks stop after the same step, checkpoint, `scontrol requeue`.
+# - Under Slurm: `--signal=USR1@60` (a warning before the time limit) and `--requeue`;
+#   preemption sends SIGTERM, so handle it too; torchrun `--signals-to-handle` with the
+#   defaults plus SIGUSR1; all ranks stop after the same step, checkpoint, `scontrol requeue`.
 
 # %% [markdown] lang="zh"
 # ## 小结
@@ -869,8 +903,9 @@ dl.grade("11.resume", save_state, load_state)
 #   记录器）。然后 torchrun 从检查点重启。
 # - `--nnodes=1:2`：节点离开或加入都会以新的 world size 重启所有 worker（失败会用掉一次
 #   `--max-restarts`，加入不会）；除非程序自己保持不变，全局批大小和学习率都会随之改变。
-# - 在 Slurm 下：`--signal=USR1@60` 和 `--requeue`，torchrun 的 `--signals-to-handle` 加上
-#   SIGUSR1，所有 rank 在同一步之后停下，写检查点，再 `scontrol requeue`。
+# - 在 Slurm 下：`--signal=USR1@60`（时间限制之前的预警）和 `--requeue`；抢占发送的是
+#   SIGTERM，也要处理它；torchrun 的 `--signals-to-handle` 写上默认的信号再加 SIGUSR1；所有
+#   rank 在同一步之后停下，写检查点，再 `scontrol requeue`。
 
 
 # %% [markdown] lang="en"

@@ -90,8 +90,13 @@ def _train_attempt(server: dist.TCPStore, n: int, delays: list[float], data: str
         argv = ["--epochs", "1", "--batch-size", "512", "--quiet", "--data-dir", data,
                 "--timeout", "60"]  # fmt: skip
         procs.append(
-            subprocess.Popen([sys.executable, "-c", WORKER, str(delay), *argv], env=env,
-                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+            subprocess.Popen(
+                [sys.executable, "-c", WORKER, str(delay), *argv],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )  # fmt: skip
         )
     outs = []
     for p in procs:

@@ -10,8 +10,10 @@ from __future__ import annotations
 import os
 import random
 import re
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -141,6 +143,7 @@ def test_a_writer_killed_mid_write_leaves_the_previous_checkpoint(tmp_path):
         (["--timeout", "-1"], "--timeout"),
         (["--step-sleep", "nan"], "--step-sleep"),
         (["--preempt-signal", "USR1", "--checkpoint-dir", "x"], "--checkpoint-every"),
+        (["--preempt-signal", "KILL", "--checkpoint-dir", "x", "--checkpoint-every", "2"], "USR1"),
     ],
 )
 def test_bad_resume_arguments(argv, words, capsys):
@@ -201,3 +204,28 @@ def test_a_step_checkpoint_resumed_on_another_world_size_trains_at_the_new_world
     step = after["scheduler"]["last_epoch"]
     assert step == after["step"]
     assert after["optimizer"]["param_groups"][0]["lr"] == 0.05 * min(1.0, (step + 1) / 40)
+
+
+def test_sigterm_to_torchrun_checkpoints_and_stops_every_rank(tmp_path):
+    # What Slurm does at preemption (and scancel, and the time limit): SIGTERM to the job's
+    # processes; torchrun's agent forwards it to its workers (its default --signals-to-handle).
+    ckpt = tmp_path / "ckpt"
+    cmd = [TORCHRUN, "--standalone", "--nproc-per-node=2", "-m", "ddp_lab.train",
+           "--epochs", "3", "--threads", "1", "--step-sleep", "0.05", "--data-dir",
+           str(tmp_path / "data"), "--checkpoint-dir", str(ckpt), "--checkpoint-every", "3",
+           "--preempt-signal", "USR1"]  # fmt: skip
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=_env())  # fmt: skip
+    try:
+        deadline = time.monotonic() + 240
+        while not list(ckpt.glob("step-*.pt")) and time.monotonic() < deadline:
+            assert proc.poll() is None, proc.communicate()
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    stopped = re.findall(r"SIGTERM arrived: stopped after step (\d+)", out)
+    assert len(stopped) == 1, out + err[-3000:]
+    assert (ckpt / "preempted").read_text().strip() == stopped[0]
+    assert resume.load(resume.latest_checkpoint(ckpt))["step"] == int(stopped[0])

@@ -39,9 +39,7 @@ ACK = "ddp_lab/ack/{name}"
 POLL_S = 0.02
 
 
-def agree_on_attempt(
-    store: dist.Store, rank: int, world: int, timeout: datetime.timedelta
-) -> str:
+def agree_on_attempt(store: dist.Store, rank: int, world: int, timeout: datetime.timedelta) -> str:
     """A name that every rank of this attempt gets and no earlier attempt ever used."""
     deadline = time.monotonic() + timeout.total_seconds()
     if rank > 0:

@@ -203,28 +203,35 @@ def params_sha256(model: torch.nn.Module) -> str:
 
 
 class StopOnSignal:
-    """Note that ``name`` (``USR1``, ``TERM``...) arrived; stop every rank after the same step.
+    """Note that one of ``names`` (``USR1``, ``TERM``...) arrived; stop every rank after the
+    same step.
 
-    A scheduler's warning (Slurm's ``--signal=USR1@60``, SIGTERM before a kill) reaches the
-    ranks at different moments, or only some of them; a rank that stopped at once would leave
-    the others waiting in a collective. So the handler only sets a flag, and after every step
+    A scheduler's warning (Slurm's ``--signal=USR1@60``) or its SIGTERM (preemption, the time
+    limit, ``scancel``; torchrun passes it on to its workers) reaches the ranks at different
+    moments, or only some of them; a rank that stopped at once would leave the others waiting
+    in a collective. So the handler only notes the signal, and after every step
     :meth:`agreed` all-reduces it (MAX): every rank learns in the same step that one got it.
     """
 
-    def __init__(self, name: str, device: torch.device | str = "cpu") -> None:
-        self.signum = signal.Signals["SIG" + name.upper().removeprefix("SIG")]
+    def __init__(self, names: str | list[str], device: torch.device | str = "cpu") -> None:
+        if isinstance(names, str):
+            names = names.split(",")
+        self.signums = [
+            signal.Signals["SIG" + n.strip().upper().removeprefix("SIG")] for n in names
+        ]
         self.device = device
-        self.got = False
-        signal.signal(self.signum, self._note)
+        self.got = 0  # the number of the signal that arrived (0: none yet)
+        for signum in self.signums:
+            signal.signal(signum, self._note)
 
     def _note(self, signum: int, frame: object) -> None:
-        self.got = True
+        self.got = max(self.got, signum)
 
-    def agreed(self) -> bool:
-        """Did any rank get the signal? The same answer on every rank (a collective)."""
+    def agreed(self) -> int:
+        """The signal some rank got (0: none). The same answer on every rank (a collective)."""
         flag = torch.tensor([float(self.got)], device=self.device)
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        return bool(flag.item())
+        return int(flag.item())
 
 
 def fail_once(folder: str | Path, step: int) -> None:

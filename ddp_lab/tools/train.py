@@ -14,7 +14,7 @@ rank 0 (then a barrier) and read with ``map_location``, resume, and a clean shut
 Chapter 11 adds ``--checkpoint-every K`` (atomic step checkpoints that resume bit for bit,
 ``ddp_lab/tools/resume.py``), ``--fail-at-step S`` and the SHA-256 of the final parameters; for
 its elastic and Slurm demos ``--timeout`` (the process group's), ``--step-sleep`` and
-``--preempt-signal`` (checkpoint and stop on a scheduler's warning).
+``--preempt-signal`` (checkpoint and stop on a scheduler's warning or SIGTERM).
 
 How it differs from a production script: no mixed precision, no gradient clipping, only a
 linear LR warmup, no DataLoader workers (the whole data set is a 1 MB tensor).
@@ -26,6 +26,7 @@ import argparse
 import datetime
 import math
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -43,6 +44,7 @@ from ddp_lab.tools import attempt_store
 from ddp_lab.tools.data import load_digits_split
 
 CHECKPOINT_NAME = "last.pt"
+PREEMPT_SIGNALS = ("USR1", "USR2", "TERM")
 
 
 class SmallCNN(nn.Module):
@@ -148,10 +150,12 @@ def make_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--preempt-signal",
-        choices=("USR1", "USR2", "TERM"),
         default=None,
-        help="on this signal (a scheduler's warning), every rank finishes its step, a "
-        "checkpoint is written to --checkpoint-dir with a file 'preempted', and the run exits",
+        metavar="SIG[,SIG]",
+        help="on one of these signals (USR1, USR2, TERM; TERM is always added: a preempted "
+        "or cancelled Slurm job and torchrun's shutdown send it), every rank finishes its "
+        "step, a checkpoint is written to --checkpoint-dir with a file 'preempted', and the "
+        "run exits",
     )
     p.add_argument(
         "--timeout",
@@ -198,6 +202,18 @@ def check_args(args: argparse.Namespace) -> argparse.Namespace:
             )
     if (args.checkpoint_every or args.fail_at_step) and not args.checkpoint_dir:
         raise ValueError(_t("--checkpoint-every and --fail-at-step need --checkpoint-dir."))
+    if args.preempt_signal is not None:
+        names = [n.strip().upper().removeprefix("SIG") for n in args.preempt_signal.split(",")]
+        if not names or any(n not in PREEMPT_SIGNALS for n in names):
+            raise ValueError(
+                _t(
+                    "--preempt-signal takes signals from {choices}, separated by commas; "
+                    "got {value}.",
+                    choices=", ".join(PREEMPT_SIGNALS),
+                    value=args.preempt_signal,
+                )
+            )
+        args.preempt_signal = ",".join(dict.fromkeys([*names, "TERM"]))
     if args.preempt_signal and not (args.checkpoint_dir and args.checkpoint_every):
         raise ValueError(_t("--preempt-signal needs --checkpoint-dir and --checkpoint-every."))
     if (
@@ -530,7 +546,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
             if args.fail_at_step == step and rank == world - 1:
                 resume.fail_once(args.checkpoint_dir, step)
             due = bool(args.checkpoint_every) and step % args.checkpoint_every == 0
-            preempted = stop is not None and stop.agreed()
+            preempted = stop.agreed() if stop is not None else 0
             if due or preempted:
                 used = done_before + (i + 1) * args.batch_size * world
                 sampler.start = min(len(train_set), used)
@@ -552,7 +568,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
                 if rank == 0:
                     (Path(args.checkpoint_dir) / "preempted").write_text(f"{step}\n")
                     print(
-                        f"SIG{args.preempt_signal} arrived: stopped after step {step}, "
+                        f"{signal.Signals(preempted).name} arrived: stopped after step {step}, "
                         "checkpoint written",
                         flush=True,
                     )
