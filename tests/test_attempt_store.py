@@ -107,8 +107,8 @@ def _train_attempt(server: dist.TCPStore, n: int, delays: list[float], data: str
 
 def test_train_restarted_on_torchruns_shared_store_never_reads_old_addresses(tmp_path):
     # torchrun's agent keeps its store across restarts; here the store is this process's.
-    # Attempt 1's rank 1 starts 3 s late: plain init_process_group in rank 0 would read rank
-    # 1's gloo address of attempt 0 (a dead process) and fail with "Connection refused".
+    # Attempt 1's rank 1 starts 3 s late, so that rank 0 may look for rank 1's gloo address
+    # before rank 1 has written it: attempt 0's address (a dead process) must never answer.
     server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
     data = str(tmp_path / "data")
     first = _train_attempt(server, 0, [0.0, 0.0], data)
