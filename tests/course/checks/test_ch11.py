@@ -4,6 +4,7 @@ schedule, the step counter. Oracle: the same loop run without interruption."""
 
 from __future__ import annotations
 
+import math
 import random
 from pathlib import Path
 
@@ -105,3 +106,16 @@ def test_first_difference_orders_the_causes():
     assert ch11.first_difference({**rec, "numpy": 0.2, "after": "c"}, rec) == "numpy"
     assert ch11.first_difference({**rec, "after": "c"}, rec) == "optimizer"
     assert ch11.first_difference({**rec, "before": "z", "indices": []}, rec) == "model"
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_one_hidden_case_stops_on_the_last_step_of_an_epoch(seed):
+    # The sampler's position is then the epoch's end: ResumableDistributedSampler's __len__ is
+    # 0 and the loop's range(sampler.epoch, ...) must go on with the next epoch.
+    cases = ch11.make_cases(random.Random(seed))
+    ends = []
+    for world, case in cases:
+        per_epoch = math.ceil(math.ceil(case["n"] / world) / case["batch_size"])
+        ends.append(case["stop_at"] == per_epoch)
+        assert 2 <= case["stop_at"] <= 2 * per_epoch - 1
+    assert ends.count(True) == 1

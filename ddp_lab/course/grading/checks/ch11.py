@@ -343,16 +343,14 @@ def verify(
                 )
 
 
-@checker("11.resume", points=5)
-def check_resume(rng: random.Random, learner: Any) -> Iterator[object]:
-    from ddp_lab.runtime.launcher import spawn
+def make_cases(rng: random.Random) -> list[tuple[int, dict[str, Any]]]:
+    """(world size, case) of each run: a stop inside the first or second epoch, twice, then one
+    on the first epoch's last step (the sampler's position is then the epoch's end)."""
 
-    cases = [(2, True), (rng.choice([2, 3]), rng.choice([True, False]))]
-    yield len(cases)
-    for world, shuffle in cases:
+    def case(world: int, shuffle: bool, at_end: bool) -> tuple[int, dict[str, Any]]:
         n, batch = rng.randint(30, 44), rng.choice([3, 4])
         per_epoch = math.ceil(math.ceil(n / world) / batch)  # batches per epoch on a rank
-        case = {
+        return world, {
             "seed": rng.randrange(10**6),
             "n": n,
             "batch_size": batch,
@@ -360,8 +358,24 @@ def check_resume(rng: random.Random, learner: Any) -> Iterator[object]:
             "lr": 0.1,
             "lr_every": rng.randint(2, 4),
             "shuffle": shuffle,
-            "stop_at": rng.randint(2, per_epoch - 1) + rng.choice([0, per_epoch]),
+            "stop_at": per_epoch
+            if at_end
+            else rng.randint(2, per_epoch - 1) + rng.choice([0, per_epoch]),
         }
+
+    inside = [(2, True), (rng.choice([2, 3]), rng.choice([True, False]))]
+    cases = [case(world, shuffle, False) for world, shuffle in inside]
+    return [*cases, case(2, rng.choice([True, False]), True)]
+
+
+@checker("11.resume", points=5)
+def check_resume(rng: random.Random, learner: Any) -> Iterator[object]:
+    from ddp_lab.runtime.launcher import spawn
+
+    cases = make_cases(rng)
+    yield len(cases)
+    for world, case in cases:
+        shuffle = case["shuffle"]
         label = f"world_size={world}, shuffle={shuffle}, stop_at={case['stop_at']}"
         folder = f"ddp_lab_ch11_{uuid.uuid4().hex}"  # in each rank's /tmp
         own = [{"case": case, "folder": folder} for _ in range(world)]
