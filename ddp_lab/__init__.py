@@ -24,6 +24,7 @@ from ddp_lab.course.grading import grade
 from ddp_lab.course.notebook import compare, scratch, setup, show_source, tr
 from ddp_lab.course.quiz import quiz
 from ddp_lab.i18n import get_language, set_language
+from ddp_lab.runtime.device import gpus_hidden, rank_device, this_rank_device
 from ddp_lab.runtime.launcher import (
     DistributedDeadlockError,
     DistributedError,
@@ -47,10 +48,12 @@ __all__ = [
     "compare",
     "doctor",
     "get_language",
+    "gpus_hidden",
     "grade",
     "pull",
     "push",
     "quiz",
+    "rank_device",
     "scratch",
     "set_language",
     "set_timeout",
@@ -61,6 +64,7 @@ __all__ = [
     "start",
     "status",
     "stop",
+    "this_rank_device",
     "timeline",
     "tr",
 ]

@@ -108,3 +108,20 @@ def _close_figures():
 
     if "matplotlib.pyplot" in sys.modules:
         sys.modules["matplotlib.pyplot"].close("all")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked ``gpu`` are skipped, with the reason, where torch sees no CUDA GPU."""
+    marked = [item for item in items if item.get_closest_marker("gpu")]
+    if not marked:
+        return
+    import torch
+
+    if torch.cuda.is_available() and torch.cuda.device_count() > 0:
+        return
+    reason = pytest.mark.skip(
+        reason=f"needs a CUDA GPU: torch {torch.__version__} sees none "
+        f"(CUDA build: {torch.version.cuda or 'no'}); benchmarks/gpu_check.sh runs these"
+    )
+    for item in marked:
+        item.add_marker(reason)

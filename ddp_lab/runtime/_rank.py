@@ -219,12 +219,17 @@ def init_group(rank: int, nprocs: int, backend: str) -> Any:
     import torch
     import torch.distributed as dist
 
-    if backend == "nccl":
-        torch.cuda.set_device(rank)
-        device = torch.device("cuda", rank)
+    from ddp_lab.runtime.device import rank_device, uses_nccl
+
+    # The one rule (runtime/device.py): nccl ranks get a GPU each; gloo ranks of a launch
+    # compute on CPU (cells that want a GPU move their tensors there themselves).
+    device = rank_device(rank, nprocs, backend, use_gpu=False)
+    if uses_nccl(backend):
+        torch.cuda.set_device(device)
+        # device_id: nccl binds this rank to its GPU now, not by guessing from the rank.
+        dist.init_process_group(backend, rank=rank, world_size=nprocs, device_id=device)
     else:
-        device = torch.device("cpu")
-    dist.init_process_group(backend, rank=rank, world_size=nprocs)
+        dist.init_process_group(backend, rank=rank, world_size=nprocs)
     return device
 
 

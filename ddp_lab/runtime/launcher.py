@@ -34,7 +34,7 @@ from typing import Any
 import cloudpickle
 
 from ddp_lab.i18n import _t, _tp
-from ddp_lab.runtime import _calls, _hang, _pickle, _trace
+from ddp_lab.runtime import _calls, _hang, _pickle, _trace, device
 from ddp_lab.runtime._hang import RanksInterrupted, format_stack
 from ddp_lab.runtime._zygote import read_msg, write_msg
 
@@ -311,13 +311,15 @@ def free_port() -> int:
 
 def cuda_device_count() -> int:
     """Number of CUDA devices, without initialising CUDA when torch has no CUDA."""
-    import torch
-
-    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+    return device.visible_gpus()
 
 
 def resolve_backend(backend: str | None, nprocs: int) -> str | None:
-    """Check ``backend`` for ``nprocs`` ranks on this machine; turn 'auto' into a name."""
+    """Check ``backend`` for ``nprocs`` ranks on this machine; turn 'auto' into a name.
+
+    'auto' becomes ``device.auto_backend``'s choice: ``"cpu:gloo,cuda:nccl"`` when every rank
+    can have its own GPU, else ``"gloo"`` (``runtime/device.py`` holds the rule).
+    """
     if backend is None:
         return None
     if backend not in BACKENDS:
@@ -332,22 +334,14 @@ def resolve_backend(backend: str | None, nprocs: int) -> str | None:
 
     gpus = cuda_device_count()
     if backend == "auto":
-        backend = "nccl" if gpus >= nprocs and dist.is_nccl_available() else "gloo"
+        return device.auto_backend(nprocs, gpus, dist.is_nccl_available())
     available = {
         "gloo": dist.is_gloo_available,
         "nccl": dist.is_nccl_available,
         "mpi": dist.is_mpi_available,
     }[backend]()
-    if backend == "nccl" and gpus < nprocs:
-        raise ValueError(
-            _t(
-                "The nccl backend needs one CUDA GPU per rank: you asked for {nprocs} "
-                "ranks, this machine has {gpus} GPU(s). Use backend='gloo' (runs on CPU) "
-                "or 'auto'.",
-                nprocs=nprocs,
-                gpus=gpus,
-            )
-        )
+    if backend == "nccl":
+        device.check_nccl(nprocs, gpus)
     if not available:
         raise ValueError(
             _t("The {backend} backend is not available in this PyTorch build.", backend=backend)

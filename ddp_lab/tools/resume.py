@@ -109,12 +109,23 @@ def rng_state() -> dict[str, Any]:
 
 
 def set_rng_state(state: dict[str, Any]) -> None:
-    """Put back what :func:`rng_state` returned."""
-    torch.set_rng_state(state["torch"])
+    """Put back what :func:`rng_state` returned.
+
+    A generator's state is a CPU ``ByteTensor`` whatever generator it belongs to
+    (``torch/random.py`` ``set_rng_state``, ``torch/cuda/random.py`` ``set_rng_state``); a
+    checkpoint loaded with ``map_location="cuda"`` brings it back on the GPU, so each state
+    is moved to the CPU first.
+    """
+    torch.set_rng_state(_cpu_bytes(state["torch"]))
     np.random.set_state(state["numpy"])
     random.setstate(state["python"])
     if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+        torch.cuda.set_rng_state_all([_cpu_bytes(s) for s in state["cuda"]])
+
+
+def _cpu_bytes(state: torch.Tensor) -> torch.Tensor:
+    """A generator state as ``set_rng_state`` takes it: a uint8 tensor on the CPU."""
+    return state.to(device="cpu", dtype=torch.uint8)
 
 
 def _fsync_dir(folder: Path) -> None:

@@ -40,6 +40,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from ddp_lab.i18n import _t
+from ddp_lab.runtime import device as device_rule
 from ddp_lab.tools import attempt_store
 from ddp_lab.tools.data import load_digits_split
 
@@ -172,6 +173,12 @@ def make_parser() -> argparse.ArgumentParser:
         metavar="SECONDS",
         help="sleep after every step, as if the model were bigger (for demonstrations)",
     )
+    p.add_argument(
+        "--deterministic",
+        action="store_true",
+        help="deterministic kernels on a GPU (cuDNN, cuBLAS, torch's own): two runs, or a run "
+        "and its resumed twin, end with the same parameters; slower (chapter 11)",
+    )
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     # torch.distributed.launch (deprecated) passes --local-rank=N; torchrun sets LOCAL_RANK.
     p.add_argument("--local-rank", "--local_rank", type=int, default=None, help=argparse.SUPPRESS)
@@ -238,6 +245,8 @@ def check_args(args: argparse.Namespace) -> argparse.Namespace:
         )
     if args.backend == "nccl" and not torch.cuda.is_available():
         raise ValueError(_t("--backend nccl needs CUDA GPUs; this machine has none. Use gloo."))
+    if args.backend == "nccl":  # one GPU per rank on this node (runtime/device.py)
+        device_rule.check_nccl(int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
     return args
 
 
@@ -268,7 +277,7 @@ def scaled_lr(lr: float, global_batch: int, base_batch: int, rule: str) -> float
 
 def comm_device() -> torch.device:
     """Where tensors for collectives must live: nccl only reduces CUDA tensors."""
-    if dist.get_backend() == "nccl":
+    if device_rule.uses_nccl(dist.get_backend()):
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
 
@@ -382,12 +391,11 @@ def load_checkpoint(path: str | Path, device: torch.device) -> dict[str, Any]:
 
 
 def pick_backend(choice: str) -> str:
-    """``auto``: nccl when CUDA can give every local rank its own GPU, else gloo."""
+    """``auto``: ``"cpu:gloo,cuda:nccl"`` when every local rank can have its own GPU, else
+    gloo (``runtime/device.py``'s rule)."""
     if choice != "auto":
         return choice
-    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    return "nccl" if gpus >= local_world and gpus > 0 and dist.is_nccl_available() else "gloo"
+    return device_rule.auto_backend(int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
 
 
 def augment(x: torch.Tensor) -> torch.Tensor:
@@ -428,9 +436,10 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     from ddp_lab.tools import resume  # chapter 11: step checkpoints that resume bit for bit
 
     rank, world = dist.get_rank(), dist.get_world_size()
-    device = torch.device("cpu")
-    if dist.get_backend() == "nccl":
-        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    # The one device rule (runtime/device.py): nccl -> this local rank's own GPU; gloo: CPU.
+    uses_gpu = device_rule.uses_nccl(dist.get_backend())
+    device = device_rule.this_rank_device(dist.get_backend(), use_gpu=uses_gpu)
+    if device.type == "cuda":
         torch.cuda.set_device(device)
     if args.threads:
         # Two ranks x two threads on two cores fight for them; a busy machine makes it worse.
@@ -617,6 +626,21 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     return history
 
 
+def make_deterministic() -> None:
+    """Ask every GPU library for its deterministic algorithms (before CUDA starts).
+
+    ``CUBLAS_WORKSPACE_CONFIG=:4096:8`` makes cuBLAS use fixed workspaces (read when a
+    cuBLAS handle is created, so it is set before any CUDA call); cuDNN's ``deterministic``
+    and no ``benchmark`` (which times candidate algorithms and may pick another each run);
+    ``torch.use_deterministic_algorithms(True)`` makes torch's own kernels deterministic and
+    raises on an operation that has no deterministic version (``torch/__init__.py``).
+    """
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.backends.cudnn.deterministic = True
+    torch.backends.cudnn.benchmark = False
+    torch.use_deterministic_algorithms(True)
+
+
 def _ensure_launcher_env() -> None:
     """Plain ``python -m ddp_lab.tools.train``: behave as a one-rank launch on a free port."""
     if "RANK" not in os.environ:
@@ -635,6 +659,8 @@ def _ensure_launcher_env() -> None:
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     """Entry point of every rank: parse, init the process group, train, shut down."""
     args = parse_args(argv)
+    if args.deterministic:
+        make_deterministic()
     _ensure_launcher_env()
     owns_group = not dist.is_initialized()
     if owns_group:  # RANK, WORLD_SIZE, MASTER_ADDR/PORT come from the launcher

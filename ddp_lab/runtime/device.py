@@ -1,0 +1,140 @@
+"""The one rule for which device a rank computes on, and which backend ``auto`` means.
+
+Every place that picks a device (``dl.spawn``'s ranks, ``%%ddp``, ``train``, the checkers)
+asks this module, so that a lesson runs the same on CPU, on one GPU and on many:
+
+- nccl needs one GPU per rank on the node (NCCL refuses two ranks on one GPU): rank with
+  local rank ``r`` uses ``cuda:r``; with fewer visible GPUs than local ranks it is an error,
+  raised before any process starts;
+- gloo ranks may share GPUs: local rank ``r`` uses ``cuda:(r % gpus)``; with no GPU, CPU;
+- ``auto``: ``"cpu:gloo,cuda:nccl"`` when every local rank can have its own GPU (CUDA
+  tensors go through nccl, CPU tensors through gloo: ``torch/distributed/distributed_c10d.py``,
+  ``BackendConfig``), else ``"gloo"``.
+
+``cuda:LOCAL_RANK`` alone (what many scripts do, and what torch's ``DeviceMesh`` does when
+``LOCAL_RANK`` is set: ``torch/distributed/device_mesh.py``, ``_setup_world_group_and_device``)
+asks for a GPU that a one-GPU machine does not have once there are two ranks.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from ddp_lab.i18n import _t
+
+MIXED = "cpu:gloo,cuda:nccl"
+
+
+class DeviceError(ValueError):
+    """A backend and a number of ranks this machine's GPUs cannot serve."""
+
+
+def visible_gpus() -> int:
+    """CUDA devices this process sees (``CUDA_VISIBLE_DEVICES`` applied); 0 without CUDA.
+
+    ``torch.cuda.is_available`` and ``device_count`` do not initialise CUDA (they ask NVML
+    where they can: ``torch/cuda/__init__.py``), so a parent that calls this can still fork.
+    """
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def uses_nccl(backend: Any) -> bool:
+    """Whether a backend name (``"nccl"``, ``"cpu:gloo,cuda:nccl"``, ...) includes nccl."""
+    return backend is not None and "nccl" in str(backend).lower()
+
+
+def check_nccl(local_ranks: int, gpus: int | None = None) -> None:
+    """Raise DeviceError unless every one of ``local_ranks`` ranks can have its own GPU."""
+    gpus = visible_gpus() if gpus is None else gpus
+    if local_ranks > gpus:
+        raise DeviceError(
+            _t(
+                "The nccl backend needs one CUDA GPU per rank: you asked for {nprocs} "
+                "ranks, this machine has {gpus} GPU(s). Use backend='gloo' (runs on CPU) "
+                "or 'auto'.",
+                nprocs=local_ranks,
+                gpus=gpus,
+            )
+        )
+
+
+def auto_backend(local_ranks: int, gpus: int | None = None, nccl: bool | None = None) -> str:
+    """What ``backend="auto"`` means for ``local_ranks`` ranks on this node.
+
+    ``"cpu:gloo,cuda:nccl"`` when nccl is built in and each rank can have its own GPU (then
+    a collective on a CPU tensor goes to gloo, one on a CUDA tensor to nccl); else ``"gloo"``
+    (which also moves CUDA tensors, through host memory, for the collectives it implements).
+    """
+    gpus = visible_gpus() if gpus is None else gpus
+    if nccl is None:
+        import torch.distributed as dist
+
+        nccl = dist.is_nccl_available()
+    return MIXED if nccl and gpus >= local_ranks and gpus > 0 else "gloo"
+
+
+def rank_device(
+    local_rank: int,
+    local_ranks: int,
+    backend: Any = "gloo",
+    gpus: int | None = None,
+    use_gpu: bool = True,
+) -> Any:
+    """The ``torch.device`` of the rank with local rank ``local_rank`` of ``local_ranks``.
+
+    Args:
+        backend: with nccl (alone or in a device-typed string) each rank gets its own GPU,
+            ``cuda:local_rank``, and too few GPUs raise DeviceError; otherwise GPUs are
+            shared round-robin, ``cuda:(local_rank % gpus)``.
+        gpus: the visible GPUs (default: ``visible_gpus()``; tests pass a number).
+        use_gpu: False keeps a gloo rank on CPU even where GPUs exist (the lessons' CPU ranks).
+    """
+    import torch
+
+    if not use_gpu and not uses_nccl(backend):
+        return torch.device("cpu")  # without asking CUDA anything
+    gpus = visible_gpus() if gpus is None else gpus
+    if uses_nccl(backend):
+        check_nccl(local_ranks, gpus)
+        return torch.device("cuda", local_rank)
+    if gpus == 0:
+        return torch.device("cpu")
+    return torch.device("cuda", local_rank % gpus)
+
+
+def this_rank_device(backend: Any = None, use_gpu: bool = True) -> Any:
+    """``rank_device`` for this process, from the launcher's ``LOCAL_RANK`` and
+    ``LOCAL_WORLD_SIZE`` (0 and 1 without a launcher) and the process group's backend."""
+    if backend is None:
+        import torch.distributed as dist
+
+        backend = dist.get_backend() if dist.is_initialized() else "gloo"
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", str(local_rank + 1)))
+    return rank_device(local_rank, local_ranks, backend, use_gpu=use_gpu)
+
+
+@contextmanager
+def gpus_hidden() -> Iterator[None]:
+    """Ranks launched inside the ``with`` see no GPU (``CUDA_VISIBLE_DEVICES=""``).
+
+    For CPU-only code that torch runs differently when CUDA is available (chapter 10:
+    ``powerSGD_hook``'s ``decompress`` calls ``torch.cuda.synchronize(device)`` whenever
+    ``torch.cuda.is_available()``, and that raises for a CPU bucket). This process asks
+    for its GPUs first: CUDA reads the variable once per process, so its own view stays.
+    """
+    visible_gpus()
+    before = os.environ.get("CUDA_VISIBLE_DEVICES")
+    os.environ["CUDA_VISIBLE_DEVICES"] = ""
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("CUDA_VISIBLE_DEVICES", None)
+        else:
+            os.environ["CUDA_VISIBLE_DEVICES"] = before
