@@ -233,3 +233,55 @@ def test_versus_model_puts_the_trace_next_to_gloos_model(traced_collectives):
     table = ta.format_versus_model(rows).splitlines()
     assert table[1].split()[:4] == ["all_reduce", "64", "KiB", "2"]
     assert len(table[1].split()) == 9  # 8 columns, the size in two words
+
+
+def test_a_gpu_rank_counts_kernel_time_not_launch_time():
+    """Issue 40 item 9: with CUDA kernels in the trace, compute is the kernels' union; the
+    CPU's short launches are not compute, NCCL's kernels are not compute."""
+    stream = 7
+    events = [
+        op("aten::mm", 0, 1),  # the launch, on the CPU
+        op("cudaLaunchKernel", 0.2, 0.5, cat="cuda_runtime"),
+        op("sm90_xmma_gemm", 1, 40, tid=stream, cat="kernel"),
+        op("sm90_xmma_gemm", 30, 20, tid=stream, cat="kernel"),  # overlaps: counted once
+        op("ncclDevKernel_AllReduce_Sum_f32_RING_LL", 60, 10, tid=stream, cat="kernel"),
+        op("Memcpy DtoH (Device -> Pageable)", 70, 2, tid=stream, cat="gpu_memcpy"),
+        comm("all_reduce", 55, 20, bytes=16, seq=1),
+    ]
+    runs = ta.load(trace({0: events, 1: [op("aten::mm", 0, 5)]}))
+    assert runs[0].compute == [(1, 50)]
+    assert runs[1].compute == [(0, 5)]  # a CPU rank is unchanged
+    [gpu, cpu] = ta.summarize(runs)
+    assert (gpu.compute_us, gpu.comm_us, gpu.exposed_us) == (49, 20, 20)
+    assert cpu.compute_us == 5
+
+
+def test_the_merge_finds_the_main_thread_when_gpu_events_carry_the_device_as_pid(tmp_path):
+    """A GPU's events have pid 0 (the device); the main thread is the process's."""
+    import json
+
+    from ddp_lab.runtime import _trace
+
+    pid = 4242
+    raw = {
+        "baseTimeNanoseconds": 0,
+        "traceEvents": [
+            {
+                "ph": "X",
+                "pid": pid,
+                "tid": pid,
+                "ts": 0,
+                "dur": 3,
+                "name": "aten::mm",
+                "cat": "cpu_op",
+            },  # fmt: skip
+            {"ph": "X", "pid": 0, "tid": 7, "ts": 2, "dur": 30, "name": "gemm", "cat": "kernel"},
+            {"ph": "f", "pid": 0, "tid": 7, "ts": 2, "id": 1, "cat": "ac2g", "name": "ac2g"},
+        ],
+    }
+    path = tmp_path / "0.json"
+    path.write_text(json.dumps(raw))
+    merged = _trace.merge({0: str(path)}, str(tmp_path / "run.json"))
+    assert merged["ddp_lab"]["ranks"]["0"]["main_tid"] == pid
+    runs = ta.load(merged)
+    assert runs[0].compute == [(2, 32)]

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 from typing import Any
 
 COMM_PREFIXES = ("gloo:", "nccl:")
@@ -80,10 +81,20 @@ class Profiled:
         from torch.profiler import ProfilerActivity, profile
 
         activities = [ProfilerActivity.CPU]
-        if torch.cuda.is_available() and torch.cuda.is_initialized():
+        # Kernels are recorded only with the CUDA activity on from the start; the rank's
+        # code usually initialises CUDA after this (so "is CUDA initialised" is no test:
+        # traces on a GPU had runtime calls and no kernel). Asking is_available does not
+        # initialise torch's CUDA.
+        if torch.cuda.is_available():
             activities.append(ProfilerActivity.CUDA)
         self.prof = profile(activities=activities, record_shapes=True)
-        self.prof.start()
+        with warnings.catch_warnings():
+            # torch.profiler warns "Profiler clears events at the end of each cycle" when
+            # a profile object prepares a second trace (torch/profiler/profiler.py,
+            # prepare_trace); each traced block here is one cycle, so it says nothing to
+            # the learner and stays out of the rank's output.
+            warnings.filterwarnings("ignore", message=".*Profiler clears events")
+            self.prof.start()
         try:
             start_together(key=self.key, count=self.count)
         except BaseException:  # an interrupt while waiting: no profiler stays on
@@ -96,6 +107,12 @@ class Profiled:
         prof, self.prof = self.prof, None
         if prof is None:
             return False
+        import torch
+
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            # Kernels run after their launch returns; the profiler records only those that
+            # finished before it stops, so wait for them.
+            torch.cuda.synchronize()
         prof.stop()
         prof.export_chrome_trace(rank_file(self.folder, self.rank))
         return False
@@ -221,7 +238,15 @@ def merge(files: dict[int, str], target: str, extra: dict | None = None) -> dict
     for rank, data in loaded.items():
         base = data.get("baseTimeNanoseconds", 0) / 1000.0
         pids = {e["pid"] for e in data.get("traceEvents", []) if isinstance(e.get("pid"), int)}
-        main_pid = data.get("distributedInfo", {}).get("pid") or (min(pids) if pids else 0)
+        # The process's own pid: that of its operators. A GPU's events (kernels, the ends
+        # of CPU-to-GPU flows) carry the device's number as pid (0, 1, ...): the smallest
+        # pid is no answer on a GPU (the main thread was lost and compute read 0).
+        own = [e["pid"] for e in data.get("traceEvents", []) if e.get("cat") == "cpu_op"]
+        main_pid = (
+            data.get("distributedInfo", {}).get("pid")
+            or (max(set(own), key=own.count) if own else None)
+            or (max(pids) if pids else 0)
+        )
         mine = [
             e
             for e in data.get("traceEvents", [])

@@ -12,7 +12,10 @@ The measures, per rank:
 - **compute**: the union of the operators (``aten::``, autograd) the profiler recorded on
   the rank's main thread, minus the time in ``c10d::`` calls and blocking ``gloo:`` calls
   there. On CPU the operators are what HTA calls computation kernels on a GPU; Python's
-  own time between operators is neither (it is not in the trace);
+  own time between operators is neither (it is not in the trace). A rank that ran CUDA
+  kernels is measured as HTA measures it: compute is the union of its kernels (the trace's
+  ``kernel`` events, on the GPU's streams; NCCL's own kernels are communication, not
+  compute), the time the GPU computed, not the CPU's time launching them;
 - **exposed communication**: communication time during which no compute ran;
 - **overlap %**: the time communication and compute ran at once, as a percentage of the
   communication time. This is HTA's ``get_comm_comp_overlap``
@@ -173,6 +176,7 @@ def load(source: str | os.PathLike | dict) -> dict[int, RankTrace]:
     runs = {r: RankTrace(r) for r in sorted(mains)}
     busy: dict[int, list[Interval]] = {r: [] for r in runs}
     blocked: dict[int, list[Interval]] = {r: [] for r in runs}
+    kernels: dict[int, list[Interval]] = {r: [] for r in runs}
     for e in data.get("traceEvents", []):
         if e.get("ph") != "X" or e.get("pid") not in runs:
             continue
@@ -196,6 +200,9 @@ def load(source: str | os.PathLike | dict) -> dict[int, RankTrace]:
                 blocked[rank].append((start, end))
         elif on_main and name.startswith("c10d::"):
             blocked[rank].append((start, end))
+        elif e.get("cat") == "kernel":
+            if not name.lower().startswith("nccl"):  # ncclDevKernel_*: communication
+                kernels[rank].append((start, end))
         elif on_main and e.get("cat") == "cpu_op":
             busy[rank].append((start, end))
         elif on_main and e.get("cat") == "user_annotation":
@@ -204,7 +211,7 @@ def load(source: str | os.PathLike | dict) -> dict[int, RankTrace]:
             runs[rank].backend_ops.append((start, end))
     for rank, run in runs.items():
         run.calls.sort(key=lambda c: c.start)
-        run.compute = subtract(busy[rank], blocked[rank])
+        run.compute = union(kernels[rank]) if kernels[rank] else subtract(busy[rank], blocked[rank])
     return runs
 
 
