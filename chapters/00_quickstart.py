@@ -75,6 +75,7 @@ import ddp_lab as dl
 
 dl.setup()  # picks this notebook's language and a font that can draw Chinese
 print(torch.__version__, "| CUDA available:", torch.cuda.is_available())
+print(dl.doctor.torch_check())  # the course needs torch >= 2.13: what an older one lacks
 
 # %% [markdown] lang="en"
 # ## Several processes from one notebook: `dl.spawn`

@@ -526,8 +526,9 @@ def tensor_forms(rank):
     return rows
 
 
-for rank, rows in enumerate(dl.spawn(tensor_forms, nprocs=2, backend="gloo")):
-    print(f"rank {rank}:", *rows, sep="\n  ")
+if dl.doctor.has("dist.all_gather_single"):  # torch >= 2.13; older: one line says so
+    for rank, rows in enumerate(dl.spawn(tensor_forms, nprocs=2, backend="gloo")):
+        print(f"rank {rank}:", *rows, sep="\n  ")
 
 # %% [markdown] lang="en"
 # ## Which backend supports what

@@ -209,11 +209,14 @@ def timed_collectives(
     from torch.profiler import record_function
 
     n = dist.get_world_size()
+    # torch before 2.13 has the same collectives under their old names (doctor.TORCH_FEATURES)
+    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
     calls = {
         "all_reduce": lambda x, out: dist.all_reduce(x),
         "broadcast": lambda x, out: dist.broadcast(x, src=ROOT),
-        "all_gather": lambda x, out: dist.all_gather_single(out, x),
-        "reduce_scatter": lambda x, out: dist.reduce_scatter_single(out, x),
+        "all_gather": lambda x, out: gather(out, x),
+        "reduce_scatter": lambda x, out: scatter(out, x),
     }
     seen = []
     for size in sizes:

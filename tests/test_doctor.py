@@ -344,3 +344,41 @@ def test_nccl_socket_ifname_matching_nothing_is_the_problem_finding() -> None:
     assert (
         found.get("NCCL_SOCKET_IFNAME") is None or found["NCCL_SOCKET_IFNAME"].level == dr.PROBLEM
     )
+
+
+def test_torch_that_lacks_the_courses_apis_is_named_with_its_chapters() -> None:
+    """Issue 40 item 5: torch 2.11 (seen on a GPU machine) lacks four APIs the course uses."""
+    have = dict.fromkeys(dr.TORCH_FEATURES, True)
+    ok = by_key(dataclasses.replace(BASE, torch_features=have))["torch_features"]
+    assert ok.level == "ok" and dr.MIN_TORCH in ok.value
+    old = {**have, "dist.all_gather_single": False, "gloo all_to_all": False}
+    found = by_key(dataclasses.replace(BASE, torch_version="2.11.0+cu130", torch_features=old))
+    line = found["torch_features"]
+    assert line.level == "warning"
+    assert "dist.all_gather_single" in line.value and "gloo all_to_all" in line.value
+    assert "2.13" in line.en and "04" in line.en and "torch>=" not in line.value
+    assert line.zh and "2.13" in line.zh
+
+
+def test_this_torch_has_every_feature_and_a_missing_one_is_seen(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import torch.distributed as dist
+
+    assert dr.torch_features() == dict.fromkeys(dr.TORCH_FEATURES, True)
+    monkeypatch.delattr(dist, "all_gather_single")
+    assert dr.torch_features()["dist.all_gather_single"] is False
+
+
+def test_chapter_00s_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert dr.torch_check().startswith("all the APIs the course uses")
+    monkeypatch.setattr(dr, "torch_features", lambda: {"gloo all_to_all": False})
+    assert "lacks gloo all_to_all" in dr.torch_check() and "-> " in dr.torch_check()
+
+
+def test_a_lesson_cell_skips_with_one_line(monkeypatch, capsys) -> None:
+    assert dr.has("gloo all_to_all") and capsys.readouterr().out == ""
+    monkeypatch.setattr(dr, "torch_features", lambda: {"gloo all_to_all": False})
+    assert not dr.has("gloo all_to_all")
+    out = capsys.readouterr().out
+    assert "lacks gloo all_to_all" in out and "2.13" in out

@@ -22,7 +22,7 @@ import types
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ddp_lab.i18n import get_language, pair
+from ddp_lab.i18n import _t, get_language, pair
 from ddp_lab.tools import cuda_compat as cc
 from ddp_lab.tools import interfaces as ifs
 from ddp_lab.tools.interfaces import gloo_interface, missing_interfaces, nccl_interface  # noqa: F401
@@ -63,6 +63,8 @@ class Facts:
     hostname: str = ""  # gethostname(), what gloo resolves when GLOO_SOCKET_IFNAME is unset
     hostname_addrs: list[str] = field(default_factory=list)  # getaddrinfo order; [] = no
     iface_addrs: dict[str, list[str]] = field(default_factory=dict)  # ``ip -o addr``
+    # TORCH_FEATURES' names -> whether this torch has it (empty: not checked)
+    torch_features: dict[str, bool] = field(default_factory=dict)
 
 
 @dataclass
@@ -150,6 +152,43 @@ def _loopback_gloo(timeout_s: float = 5) -> str:
         return f"{type(exc).__name__}: {exc}"
 
 
+# The course is written and tested on torch 2.13 (setup.sh's pin). Older torch runs most of
+# it; these are the APIs it uses that torch 2.11 lacks (seen on a GPU machine with 2.11),
+# each with the lessons that need it. Checked by looking, not by version number.
+MIN_TORCH = "2.13"
+TORCH_FEATURES: dict[str, str] = {
+    "dist.all_gather_single": "04 (tensor forms, traced collectives), 10",
+    "dist.reduce_scatter_single": "04, 10 (exercise 3: 10.fsdp_reduce)",
+    "DDP(forward_sync_buffers=)": "07 (buffers after wrapping)",
+    "gloo all_to_all": "04 (all_to_all)",
+}
+
+
+def torch_features() -> dict[str, bool]:
+    """Which of ``TORCH_FEATURES`` this torch has (gloo's all_to_all: on a 1-rank group)."""
+    import inspect
+    from datetime import timedelta
+
+    import torch
+    import torch.distributed as dist
+
+    ddp = torch.nn.parallel.DistributedDataParallel.__init__
+    found = {
+        "dist.all_gather_single": hasattr(dist, "all_gather_single"),
+        "dist.reduce_scatter_single": hasattr(dist, "reduce_scatter_single"),
+        "DDP(forward_sync_buffers=)": "forward_sync_buffers" in inspect.signature(ddp).parameters,
+        "gloo all_to_all": False,
+    }
+    try:  # ProcessGroupGloo::alltoall raised "does not support alltoall" before it had one
+        pg = dist.ProcessGroupGloo(dist.HashStore(), 0, 1, timedelta(seconds=5))
+        out = [torch.zeros(1)]
+        pg.alltoall(out, [torch.ones(1)]).wait()
+        found["gloo all_to_all"] = out[0].item() == 1.0
+    except Exception:  # noqa: BLE001  # missing, or no gloo: reported as missing
+        pass
+    return found
+
+
 def gather() -> Facts:
     """Observe this machine: commands, torch, the OS; never raises, never needs a GPU."""
     import resource
@@ -202,6 +241,7 @@ def gather() -> Facts:
     f.nofile = resource.getrlimit(resource.RLIMIT_NOFILE)
     f.interfaces = [name for _, name in socket.if_nameindex()]
     f.loopback = _loopback_gloo()
+    f.torch_features = torch_features()
     gather_network(f)
     return f
 
@@ -554,6 +594,63 @@ def _system_findings(f: Facts) -> list[Finding]:
     return out
 
 
+def _torch_feature_findings(f: Facts) -> list[Finding]:
+    """What of the course this torch cannot run (``TORCH_FEATURES``), and the fix."""
+    if not f.torch_features:
+        return []
+    missing = [name for name, has in f.torch_features.items() if not has]
+    if not missing:
+        return [_f("torch_features", OK, f"all the APIs the course uses (torch >= {MIN_TORCH})")]
+    needs = "; ".join(f"{name}: ch {TORCH_FEATURES.get(name, '?')}" for name in missing)
+    return [
+        _f(
+            "torch_features",
+            WARNING,
+            f"torch {f.torch_version} lacks {', '.join(missing)}",
+            *pair(
+                "The course needs torch >= {min}; this torch lacks what these chapters use "
+                "({needs}). Those cells fail; the rest runs. Install torch=={min}.0 "
+                "(setup.sh does), or keep your cluster's torch and skip those cells.",
+                min=MIN_TORCH,
+                needs=needs,
+            ),
+        )
+    ]
+
+
+def torch_check() -> str:
+    """One line for chapter 00: does this torch have every API the course uses?"""
+    (line,) = _torch_feature_findings(Facts(torch_version=_torch_version(),
+                                            torch_features=torch_features()))  # fmt: skip
+    return f"{line.value}" + (f"\n-> {line.fix}" if line.fix else "")
+
+
+def has(feature: str) -> bool:
+    """Whether this torch has ``feature`` (a ``TORCH_FEATURES`` name); if not, say so.
+
+    For a lesson cell: ``if dl.doctor.has("dist.all_gather_single"): ...`` skips the cell's
+    work with one line that names what is missing, instead of a traceback.
+    """
+    if torch_features().get(feature, False):
+        return True
+    print(
+        _t(
+            "Skipped: this torch ({version}) lacks {feature}, which the course's torch "
+            ">= {min} has (ddp-lab doctor lists what else).",
+            version=_torch_version(),
+            feature=feature,
+            min=MIN_TORCH,
+        )
+    )
+    return False
+
+
+def _torch_version() -> str:
+    import torch
+
+    return torch.__version__
+
+
 def analyse(f: Facts) -> list[Finding]:
     """Judge the facts: every finding has a level and, when not ok, a fix."""
     torch_line = _f(
@@ -563,6 +660,7 @@ def analyse(f: Facts) -> list[Finding]:
     )
     return [
         torch_line,
+        *_torch_feature_findings(f),
         *_driver_findings(f),
         *_nccl_findings(f),
         *_toolkit_findings(f),
