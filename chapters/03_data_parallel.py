@@ -713,8 +713,12 @@ print("plain model loads the stripped keys:", make_cnn().load_state_dict(prefixe
 #
 # **Wrapping the optimizer.** `DataParallel(optimizer)` makes no sense: an optimizer is
 # not a Module, and it only updates the parameters of the model you built it from, which
-# is what you want. PyTorch accepts it without a word on a CPU, and the wrapper then has
-# no `step()`; ours refuses it with a clear message.
+# is what you want. Where PyTorch fails depends on the machine
+# (`torch/nn/parallel/data_parallel.py`, `DataParallel.__init__`): with no GPU, or with
+# several, it accepts the optimizer without a word and the wrapper then has no `step()`;
+# with exactly one GPU the constructor moves the wrapped object to it
+# (`self.module.to(...)`) and fails at once: `'SGD' object has no attribute 'to'`. Ours
+# refuses it with a clear message everywhere.
 
 # %% [markdown] lang="zh"
 # ## 另外两个常见错误
@@ -724,8 +728,11 @@ print("plain model loads the stripped keys:", make_cnn().load_state_dict(prefixe
 # `.module`。
 #
 # **包装优化器**。`DataParallel(optimizer)` 没有意义：优化器不是 Module，它只更新创建它时传入的
-# 那个模型的参数，而这正是你想要的。在 CPU 上，PyTorch 一声不吭地接受了它，但包装出来的对象
-# 没有 `step()`；我们的版本会直接拒绝，并给出清楚的提示。
+# 那个模型的参数，而这正是你想要的。PyTorch 在哪一步报错取决于机器
+# （`torch/nn/parallel/data_parallel.py` 中的 `DataParallel.__init__`）：没有 GPU 或有多块 GPU
+# 时，它一声不吭地接受了优化器，但包装出来的对象没有 `step()`；恰好只有一块 GPU 时，构造函数
+# 会把被包装的对象移到这块 GPU 上（`self.module.to(...)`），当场报错：
+# `'SGD' object has no attribute 'to'`。我们的版本在哪里都会直接拒绝，并给出清楚的提示。
 
 # %%
 net = P.DataParallel(Talker(), [0, 1, 2])
@@ -736,11 +743,11 @@ print("copies after unwrapping:", len(tr.copies()), "| threads used:",
       {e.thread for e in tr.phases()} or "none (one plain call)")
 
 optimizer = torch.optim.SGD(make_cnn().parameters(), lr=0.1)
-wrapped_opt = nn.DataParallel(optimizer)
 try:
-    wrapped_opt.step()
+    wrapped_opt = nn.DataParallel(optimizer)  # one GPU: fails here, in .to(...)
+    wrapped_opt.step()  # no GPU or several: accepted above, fails here
 except AttributeError as err:
-    print("torch:", type(err).__name__, err)
+    print(f"torch ({N_GPUS} GPU(s)):", type(err).__name__, err)
 try:
     P.DataParallel(optimizer)
 except TypeError as err:

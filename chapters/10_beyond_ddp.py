@@ -244,6 +244,12 @@ dl.show_source(default_hooks._compress_hook)
 # One run on the digits (2 ranks, 60 steps of SGD with momentum): bytes handed to the
 # collectives per step (`count_collectives` wraps `torch.distributed.all_reduce`, which all
 # these hooks call), test accuracy, and how far the parameters end from plain DDP.
+#
+# The ranks run with the GPUs hidden (`dl.gpus_hidden()` sets `CUDA_VISIBLE_DEVICES=""` for
+# the ranks it launches). The model is on CPU, and PowerSGD's `decompress` calls
+# `torch.cuda.synchronize(device)` whenever `torch.cuda.is_available()`, for a CPU bucket
+# too (`powerSGD_hook.py`), which raises "Expected a cuda device, but got: cpu" on a
+# machine with a GPU.
 
 # %% [markdown] lang="zh"
 # 转换为 16 位，在求和**之前**除以 world size（这样 fp16 不会溢出），异步全归约，再在
@@ -253,9 +259,15 @@ dl.show_source(default_hooks._compress_hook)
 # 在手写数字数据集（digits）上运行一次（2 个 rank，带动量的 SGD 训练 60 步）：每步交给集合
 # 通信的字节数（`count_collectives` 包装了 `torch.distributed.all_reduce`，这些钩子都调用它）、测试准确率，
 # 以及最终参数与普通 DDP 相差多少。
+#
+# 这些 rank 看不到 GPU（`dl.gpus_hidden()` 为它启动的 rank 设置 `CUDA_VISIBLE_DEVICES=""`）。
+# 模型在 CPU 上，而 PowerSGD 的 `decompress` 只要 `torch.cuda.is_available()` 为真就调用
+# `torch.cuda.synchronize(device)`，桶在 CPU 上也照样调用（见 `powerSGD_hook.py`）；在有 GPU
+# 的机器上，这会报错 “Expected a cuda device, but got: cpu”。
 
 # %%
-hook_rows = dl.spawn(compare_hooks, nprocs=2, backend="gloo")[0]
+with dl.gpus_hidden():  # a CPU model: see above
+    hook_rows = dl.spawn(compare_hooks, nprocs=2, backend="gloo")[0]
 print(format_table(hook_rows))
 
 # %% [markdown] lang="en"
@@ -584,18 +596,33 @@ dl.show_source(FullyShardedDP._after_forward)
 # rank's part of the batch, against one process on the full batch, and against torch's
 # own `fully_shard` (FSDP2, `torch/distributed/fsdp/_fully_shard/`), which runs on CPU with
 # gloo in this torch. Layer sizes are odd, so the shards need padding.
+#
+# `fully_shard` is given a CPU mesh. Without one it builds a mesh on the machine's
+# accelerator (`_init_default_mesh` in `_fsdp_init.py`: `torch._C._get_accelerator()`), and
+# `DeviceMesh` then calls `torch.cuda.set_device(LOCAL_RANK)`
+# (`_setup_world_group_and_device` in `torch/distributed/device_mesh.py`): on a machine with
+# one GPU, rank 1 fails with "invalid device ordinal", and the CPU tensors here would not
+# match a CUDA mesh anyway.
 
 # %% [markdown] lang="zh"
 # 验证：在 2 个和 3 个 rank 上，`FullyShardedDP` 分别用 SGD 和 AdamW 在每个 rank 的那部分
 # 批上训练，与单进程在全批上的训练比较，也与 torch 自己的 `fully_shard`（FSDP2，
 # `torch/distributed/fsdp/_fully_shard/`）比较；在这个版本的 torch 中，它可以在 CPU 上用
 # gloo 运行。各层大小是奇数，所以分片需要填充。
+#
+# 这里显式地给 `fully_shard` 传入一个 CPU 网格（mesh）。不传的话，它会在本机的加速器上建网格
+# （`_fsdp_init.py` 中的 `_init_default_mesh` 调用 `torch._C._get_accelerator()`），随后
+# `DeviceMesh` 会调用 `torch.cuda.set_device(LOCAL_RANK)`（`torch/distributed/device_mesh.py`
+# 中的 `_setup_world_group_and_device`）：在只有一块 GPU 的机器上，rank 1 会报
+# “invalid device ordinal”，而且这里的张量都在 CPU 上，本来也对不上 CUDA 网格。
 
 # %%
 def fsdp_check(rank, steps=3):
+    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
     world = dist.get_world_size()
+    mesh = init_device_mesh("cpu", (world,))  # CPU ranks: a CPU mesh, whatever GPUs exist
     result = []
     for opt_name in ("SGD", "AdamW"):
         make_opt = (lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9)) if opt_name == "SGD" else (
@@ -606,8 +633,8 @@ def fsdp_check(rank, steps=3):
         ours = FullyShardedDP(net)
         for layer in theirs:
             if isinstance(layer, nn.Linear):
-                fully_shard(layer)
-        fully_shard(theirs)
+                fully_shard(layer, mesh=mesh)
+        fully_shard(theirs, mesh=mesh)
         opts = [make_opt(m.parameters()) for m in (ours, theirs, single)]
         gen = torch.Generator().manual_seed(1)
         for _ in range(steps):
@@ -788,8 +815,10 @@ def small_mlp():
 
 
 def shard_bottom_up(net, **kwargs):
+    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
+    kwargs.setdefault("mesh", init_device_mesh("cpu", (dist.get_world_size(),)))  # see above
     for layer in net:
         if isinstance(layer, nn.Linear):
             fully_shard(layer, **kwargs)
@@ -1198,7 +1227,8 @@ dl.grade("10.bf16_hook", my_bf16_hook)
 # with the unit's full flat gradient on this rank (its length a multiple of the world
 # size). Return this rank's shard of the **average** over the ranks, a tensor of
 # `len(flat_grad) // world_size` elements, with one reduce-scatter
-# (`dist.reduce_scatter_single(output, input)`). The graded cell trains with your function
+# (`dist.reduce_scatter_single(output, input)`; torch older than 2.13 has it only under its
+# old name, `dist.reduce_scatter_tensor`, and `ddp-lab doctor` says so). The graded cell trains with your function
 # against single-process training, and fails an all-reduce or an all-gather followed by a
 # local sum: each rank keeps only its shard, so receiving the whole gradient (or every
 # rank's) wastes bandwidth.
@@ -1209,7 +1239,8 @@ dl.grade("10.bf16_hook", my_bf16_hook)
 # `FullyShardedDP(module, reduce_grad=f)` 会在每个单元的反向中调用 `f(flat_grad)`，参数是该
 # 单元在本 rank 上完整的展平梯度（长度是 world size 的倍数）。请返回各 rank **平均值**中属于
 # 本 rank 的分片，即一个含 `len(flat_grad) // world_size` 个元素的张量，只用一次归约散发
-# （`dist.reduce_scatter_single(output, input)`）。评分单元用你的函数训练并与单进程训练比较；
+# （`dist.reduce_scatter_single(output, input)`；早于 2.13 的 torch 只有它的旧名字
+# `dist.reduce_scatter_tensor`，`ddp-lab doctor` 会指出这一点）。评分单元用你的函数训练并与单进程训练比较；
 # 使用全归约，或者先全收集再在本地求和，都会失败：每个 rank 只保留自己的分片，接收完整的梯度
 # （或所有 rank 的梯度）是在浪费带宽。
 

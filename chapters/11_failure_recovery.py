@@ -196,7 +196,8 @@ print("resumed,  items 4-7:", epoch_items(4, saved_rng))
 def train_run(*extra):
     cmd = [TORCHRUN, "--standalone", "--nproc-per-node=2", "--max-restarts=1",
            "-m", "ddp_lab.tools.train", "--epochs", "1", "--batch-size", "128", "--threads", "1",
-           "--augment", "--warmup-steps", "3", "--data-dir", str(WORK / "data"), *extra]
+           "--augment", "--warmup-steps", "3", "--data-dir", str(WORK / "data"),
+           "--deterministic", *extra]
     return subprocess.run(cmd, capture_output=True, text=True, env=ENV, timeout=300)
 
 
@@ -214,6 +215,28 @@ def final_sha(out):
 
 print("same parameters, bit for bit:",
       final_sha(straight.stdout) is not None and final_sha(straight.stdout) == final_sha(killed.stdout))
+
+# %% [markdown] lang="en" tags=["lesson"]
+# On CPU the same inputs give the same result anyway. On a GPU they do not, even without a
+# restart: two straight runs end with different digests, because cuDNN and cuBLAS may pick
+# other algorithms from run to run, some of which add in an order that is not fixed. That is
+# what `--deterministic` is for (`train.make_deterministic`): `CUBLAS_WORKSPACE_CONFIG=:4096:8`
+# set before CUDA starts (cuBLAS then keeps fixed workspaces), cuDNN's `deterministic = True`
+# and `benchmark = False`, and `torch.use_deterministic_algorithms(True)`, which also makes
+# an operation that has no deterministic version raise instead of running (the list is in
+# its docstring, `torch/__init__.py`). The cost: slower kernels where the fast ones are not
+# deterministic, no autotuning, and 8 fixed cuBLAS workspaces of 4 MiB per handle; how much
+# slower depends on the model (measure it: `--deterministic` on and off).
+
+# %% [markdown] lang="zh" tags=["lesson"]
+# 在 CPU 上，同样的输入本来就给出同样的结果。在 GPU 上却不是这样，即使没有重启：两次一口气跑完的
+# 运行，摘要也不同，因为 cuDNN 和 cuBLAS 每次运行可能选用不同的算法，其中有些算法的加法顺序不固定。
+# `--deterministic` 就是为此准备的（`train.make_deterministic`）：在 CUDA 启动之前设置
+# `CUBLAS_WORKSPACE_CONFIG=:4096:8`（cuBLAS 因此使用固定的工作区），设置 cuDNN 的
+# `deterministic = True` 和 `benchmark = False`，再调用 `torch.use_deterministic_algorithms(True)`；
+# 后者还会让没有确定性实现的算子直接报错，而不是照常运行（清单见它的文档字符串，`torch/__init__.py`）。
+# 代价是：在快的实现不确定时改用较慢的实现，不再自动调优，每个 cuBLAS 句柄占用 8 块 4 MiB 的固定
+# 工作区；具体慢多少取决于模型（自己量一下：分别打开和关闭 `--deterministic`）。
 
 # %% [markdown] lang="en" tags=["lesson"]
 # ## 2. Complete or absent: atomic writes

@@ -351,7 +351,13 @@ def _start_time(pid: int) -> str:
 
 
 def namespaces(tag: str | None = None) -> list[str]:
-    """The namespaces of one cluster (or of every cluster) that exist now."""
+    """The namespaces of one cluster (or of every cluster) that exist now.
+
+    Without the `ip` command (no iproute2) none can have been built: an empty list, so that
+    removing a cluster that never came up does not fail after ``HostsUnavailable``.
+    """
+    if shutil.which("ip") is None:
+        return []
     done = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True)
     names = [line.split()[0] for line in done.stdout.splitlines() if line.strip()]
     start = f"{PREFIX}-{tag}-" if tag else f"{PREFIX}-"

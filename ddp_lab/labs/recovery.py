@@ -42,14 +42,21 @@ def small_mlp() -> nn.Module:
 
 
 def sharded_model() -> tuple[nn.Module, torch.optim.Optimizer]:
-    """``small_mlp`` under ``fully_shard`` (each Linear a unit, then the root), with Adam."""
+    """``small_mlp`` under ``fully_shard`` (each Linear a unit, then the root), with Adam.
+
+    The mesh is a CPU one: ``fully_shard``'s default mesh is on the accelerator, and its
+    ``DeviceMesh`` sets ``cuda:LOCAL_RANK``, a GPU that a one-GPU machine lacks for rank 1
+    (``torch/distributed/device_mesh.py``, ``_setup_world_group_and_device``).
+    """
+    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
     model = small_mlp()
     for layer in model:
         if isinstance(layer, nn.Linear):
-            fully_shard(layer)
-    fully_shard(model)
+            fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
     return model, torch.optim.Adam(model.parameters(), lr=1e-2)
 
 

@@ -101,7 +101,7 @@ def make_parser() -> argparse.ArgumentParser:
         "--backend",
         choices=("auto", "gloo", "nccl"),
         default="auto",
-        help="auto: nccl when every local rank has a GPU, else gloo",
+        help="auto: cpu:gloo,cuda:nccl when every local rank has a GPU of its own, else gloo",
     )
     p.add_argument("--data-dir", default=None, help="where the prepared digits file goes")
     p.add_argument(

@@ -47,6 +47,18 @@ def test_not_root_says_so_in_both_languages(monkeypatch: pytest.MonkeyPatch) -> 
     assert not c.hosts and not left_behind(c.tag)  # stopped before anything started
 
 
+def test_without_iproute2_the_reason_is_the_error(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """No `ip` on PATH (a GPU machine without iproute2): HostsUnavailable with the reason,
+    not a FileNotFoundError from removing the cluster that never came up (issue 40)."""
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    monkeypatch.setenv("PATH", str(tmp_path))  # an empty folder: no ip, no unshare
+    with pytest.raises(hosts.HostsUnavailable, match="`ip`"), hosts.cluster(2, rate_mbit=100):
+        pass
+    assert hosts.namespaces() == []
+
+
 @needs_hosts
 def test_two_hosts_have_their_own_name_address_and_interface() -> None:
     with hosts.cluster(2) as c:

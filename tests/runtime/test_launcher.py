@@ -68,7 +68,7 @@ def test_backend_argument_initialises_group(no_leaks):
         return dist.is_initialized(), dist.get_backend(), dist.get_world_size()
 
     assert dl.spawn(fn, nprocs=2, backend="gloo") == [(True, "gloo", 2)] * 2
-    assert dl.spawn(fn, nprocs=2, backend="auto")[0][1] in ("gloo", "nccl")
+    assert dl.spawn(fn, nprocs=2, backend="auto")[0][1] in ("gloo", "cpu:gloo,cuda:nccl")
 
 
 def test_output_in_rank_order_with_prefix_and_fd_level_capture(capfd, no_leaks):
