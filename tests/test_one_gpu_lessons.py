@@ -1,0 +1,83 @@
+"""What chapters 03 and 10 now say about one GPU, checked on CPU with torch's device queries
+faked, and on a real GPU under ``-m gpu`` (issue 40 items 2 and 3)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+from torch import nn
+
+import ddp_lab as dl
+
+
+@pytest.mark.parametrize(("gpus", "fails_in"), [(0, "step"), (1, "init"), (2, "step")])
+def test_data_parallel_of_an_optimizer_fails_where_chapter_03_says(
+    monkeypatch: pytest.MonkeyPatch, gpus: int, fails_in: str
+) -> None:
+    """torch/nn/parallel/data_parallel.py: one device -> ``self.module.to(...)`` at once."""
+    import importlib
+
+    data_parallel = importlib.import_module("torch.nn.parallel.data_parallel")
+
+    if gpus:
+        monkeypatch.setattr(data_parallel, "_get_available_device_type", lambda: "cuda")
+        monkeypatch.setattr(data_parallel, "_get_all_device_indices", lambda: list(range(gpus)))
+        monkeypatch.setattr(data_parallel, "_check_balance", lambda ids: None)
+    optimizer = torch.optim.SGD(nn.Linear(2, 2).parameters(), lr=0.1)
+    where = "init"
+    with pytest.raises(AttributeError) as err:
+        wrapped = nn.DataParallel(optimizer)
+        where = "step"
+        wrapped.step()
+    assert where == fails_in
+    assert ("'to'" if fails_in == "init" else "'step'") in str(err.value)
+
+
+def test_gpus_hidden_hides_them_from_the_ranks_only() -> None:
+    before = os.environ.get("CUDA_VISIBLE_DEVICES")
+    with dl.gpus_hidden():
+        seen = dl.spawn(_visible, nprocs=1)
+    assert seen == [("", False)]
+    assert os.environ.get("CUDA_VISIBLE_DEVICES") == before
+
+
+def _visible(rank: int) -> tuple[str | None, bool]:
+    return os.environ.get("CUDA_VISIBLE_DEVICES"), torch.cuda.is_available()
+
+
+def test_powersgd_with_a_cpu_model_fails_where_cuda_is_available() -> None:
+    """The torch behaviour chapter 10 works around: decompress synchronizes the bucket's
+    device whenever CUDA is available, a CPU one too (powerSGD_hook.py)."""
+    with pytest.raises(dl.DistributedError) as err:
+        dl.spawn(_powersgd_step, args=(True,), nprocs=1, backend="gloo", quiet=True)
+    # On a GPU machine: "Expected a cuda device, but got: cpu"; a CPU build of torch
+    # cannot synchronize at all. Either way, the call that fails is this one:
+    assert "synchronize" in str(err.value) and "decompress" in str(err.value), err.value
+    assert dl.spawn(_powersgd_step, args=(False,), nprocs=1, backend="gloo") == [True]
+
+
+def _powersgd_step(rank: int, cuda_available: bool) -> bool:
+    import torch.distributed as dist
+    from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as ps
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    torch.cuda.is_available = lambda: cuda_available  # the rank's own torch, faked
+    model = DDP(nn.Sequential(nn.Linear(16, 16), nn.Linear(16, 4)))
+    state = ps.PowerSGDState(process_group=dist.group.WORLD, matrix_approximation_rank=1,
+                             start_powerSGD_iter=2)  # fmt: skip
+    model.register_comm_hook(state, ps.powerSGD_hook)
+    for _ in range(3):  # iterations 0 and 1 are plain all-reduces
+        model(torch.randn(8, 16)).sum().backward()
+    return True
+
+
+@pytest.mark.gpu
+def test_gpu_chapter_10s_hook_comparison_runs_with_the_gpus_hidden() -> None:
+    from ddp_lab.comm_hooks import compare_hooks
+
+    with dl.gpus_hidden():
+        rows = dl.spawn(compare_hooks, args=(None, 6), nprocs=2, backend="gloo")[0]
+    assert {r["hook"] for r in rows} and all(r["bytes_per_step"] > 0 for r in rows)
+    assert torch.cuda.is_available()  # the notebook's own view is unchanged
