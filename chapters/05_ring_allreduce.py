@@ -506,7 +506,7 @@ print(f"memory copy on this machine: {copy_gbs:.1f} GB/s (read + write)")
 
 # %%
 def ring_on_nccl(rank):
-    x = torch.arange(1000, device=f"cuda:{rank}", dtype=torch.float32) * (rank + 1)
+    x = torch.arange(1000, device=dl.this_rank_device(), dtype=torch.float32) * (rank + 1)
     expected = x.clone()
     dist.all_reduce(expected)
     return torch.equal(ring.ring_all_reduce(x), expected)

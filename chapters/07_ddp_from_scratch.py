@@ -930,8 +930,9 @@ dl.spawn(sync_bn_by_hand, nprocs=2, backend="gloo")
 if torch.cuda.device_count() >= 2:
     def real_sync_bn(rank):
         model = nn.SyncBatchNorm.convert_sync_batchnorm(nn.Sequential(nn.Linear(3, 3), nn.BatchNorm1d(3)))
-        model = DDP(model.cuda(rank), device_ids=[rank])
-        model(torch.randn(4, 3, device=rank)).sum().backward()
+        device = dl.this_rank_device()  # nccl: this rank's own GPU (ddp_lab/runtime/device.py)
+        model = DDP(model.to(device), device_ids=[device])
+        model(torch.randn(4, 3, device=device)).sum().backward()
         print(type(model.module[1]).__name__, model.module[1].running_mean.tolist())
 
     dl.spawn(real_sync_bn, nprocs=2, backend="nccl")

@@ -384,10 +384,11 @@ print(dl.spawn(ddp_mixed_precision, nprocs=2, backend="gloo", quiet=True)[0])
 if torch.cuda.device_count() >= 2:
 
     def fp16_scaler(rank):
-        model = DDP(nn.Linear(16, 4).cuda(rank), device_ids=[rank])
+        device = dl.this_rank_device()  # nccl: this rank's own GPU (ddp_lab/runtime/device.py)
+        model = DDP(nn.Linear(16, 4).to(device), device_ids=[device])
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
         scaler = torch.amp.GradScaler("cuda")
-        x = torch.randn(8, 16, device=rank)
+        x = torch.randn(8, 16, device=device)
         with torch.autocast("cuda", dtype=torch.float16):
             loss = model(x).float().pow(2).mean()
         scaler.scale(loss).backward()
