@@ -57,11 +57,11 @@ NB_PID=$!
 
 step training_pair   # straight twice and killed at step 25 then resumed: the same sha256
 cd "$WORK"
-TR="$TORCHRUN --standalone --nproc-per-node 1 -m ddp_lab.train --backend nccl --epochs 2 --quiet --deterministic --checkpoint-every 10"
+TR="$TORCHRUN --standalone --nproc-per-node 1 -m ddp_lab.tools.train --backend nccl --epochs 2 --quiet --deterministic --checkpoint-every 10"
 sha() { grep -o 'final parameters sha256 [0-9a-f]*' "$1" | tail -1 | cut -d' ' -f4; }
 timeout 300 $TR --checkpoint-dir "$WORK/ck1" > "$OUT/train_straight.log" 2>&1
 timeout 300 $TR --checkpoint-dir "$WORK/ck2" > "$OUT/train_straight2.log" 2>&1
-timeout 300 $TORCHRUN --standalone --max-restarts=1 --nproc-per-node 1 -m ddp_lab.train --backend nccl \
+timeout 300 $TORCHRUN --standalone --max-restarts=1 --nproc-per-node 1 -m ddp_lab.tools.train --backend nccl \
   --epochs 2 --quiet --deterministic --checkpoint-every 10 --checkpoint-dir "$WORK/ck3" --fail-at-step 25 \
   > "$OUT/train_resumed.log" 2>&1
 A=$(sha "$OUT/train_straight.log"); B=$(sha "$OUT/train_straight2.log"); C=$(sha "$OUT/train_resumed.log")

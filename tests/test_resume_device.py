@@ -99,7 +99,7 @@ def _run(args: list[str], restarts: int = 0) -> str:
             "--nproc-per-node",
             "1",
             "-m",
-            "ddp_lab.train",
+            "ddp_lab.tools.train",
             "--epochs",
             "1",
             "--quiet",

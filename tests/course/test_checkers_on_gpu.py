@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import pytest
 from _solutions import graded_solution
+from ddp_lab.course.learner import LocalLearner
 
 from ddp_lab.course.grading import load_checkers, run_checker
-from ddp_lab.course.learner import LocalLearner
 
 GPU_SENSITIVE = ["10.fsdp_reduce", "10.sharded_optimizer", "10.bf16_hook", "11.resume"]
 
