@@ -62,6 +62,8 @@ HIDDEN = (
     "zero.py",
     "comm_hooks.py",
     "fsdp.py",
+    "tensor_parallel.py",  # 12.tp_pair's reference (copy_to/reduce_from_parallel_region)
+    "pipeline_1f1b.py",  # 12.one_f_one_b's reference; pipeline.py (the runner) is not hidden
     "sampler.py",
     "labs/evaluation.py",
     "tools/ranks.py",  # 02.place's reference (``assign``)

@@ -34,6 +34,14 @@ ANSWERS: dict[str, set[str]] = {
     "ddp_lab.zero": {"ShardedOptimizer", "assign_shards"},
     "ddp_lab.comm_hooks": {"my_bf16_hook", "builtin_bf16_hook"},
     "ddp_lab.fsdp": {"FullyShardedDP"},
+    "ddp_lab.tensor_parallel": {
+        "copy_to_parallel_region",
+        "reduce_from_parallel_region",
+        "ColumnParallelLinear",
+        "RowParallelLinear",
+        "TensorParallelMLP",
+    },
+    "ddp_lab.pipeline_1f1b": {"one_f_one_b_order"},
     "ddp_lab.sampler": {"DistributedSampler", "permutation", "pad_or_trim"},
     "ddp_lab.labs.evaluation": {
         "gather_tensor",

@@ -30,6 +30,7 @@ REFERENCES: dict[str, tuple[str, tuple[str, ...]]] = {
     "07.bucketed": ("ddp_lab.bucketed_ddp", ("BucketedDDP",)),
     "10.sharded_optimizer": ("ddp_lab.zero", ("ShardedOptimizer",)),
     "10.bf16_hook": ("ddp_lab.comm_hooks", ("my_bf16_hook",)),
+    "12.one_f_one_b": ("ddp_lab.pipeline_1f1b", ("one_f_one_b_order",)),
 }
 REFERENCE = "(ddp_lab)"
 

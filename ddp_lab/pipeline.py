@@ -1,0 +1,250 @@
+"""Pipeline parallelism from scratch: stages on ranks, send/recv, schedules, the bubble.
+
+A model cut into ``p`` consecutive stages runs with stage ``s`` on rank ``s``; a batch is cut
+into ``m`` micro-batches. A *schedule* is, per stage, the order of its forward (``("F", i)``)
+and backward (``("B", i)``) passes over the micro-batches. ``F(s, i)`` needs ``F(s-1, i)``'s
+output (received from rank ``s-1``); ``B(s, i)`` needs ``B(s+1, i)``'s input gradient and
+``F(s, i)``'s saved activations. GPipe (``gpipe_order``) runs every forward, then every
+backward: each stage holds ``m`` micro-batches' activations at its peak. 1F1B
+(``ddp_lab.pipeline_1f1b``, exercise 12.one_f_one_b) starts backwards as soon as it can and
+holds at most ``p - s``. Both leave the same idle fraction, the *bubble*
+``(p-1)/(m+p-1)`` when every forward takes the same time and every backward too.
+
+How this differs from PyTorch's ``torch.distributed.pipelining`` (``schedules.py``:
+``ScheduleGPipe``, ``Schedule1F1B``; ``stage.py``: ``PipelineStage``): torch splits a model
+with ``pipeline()`` or takes one stage module per rank, infers the shapes it sends, batches
+its sends and receives with ``batch_isend_irecv`` and splits the loss over micro-batches with
+``loss_fn``; this runner takes one ``nn.Module`` per stage, knows the shapes from the first
+micro-batch (``shape`` argument), sends with ``isend`` (never blocking: two neighbours that
+send to each other at once would otherwise wait for each other) and receives with ``recv``.
+``simulate`` is the same pipeline on paper: unit-free times, no ranks.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+Op = tuple[str, int]  # ("F", micro-batch) or ("B", micro-batch)
+
+
+def gpipe_order(stage: int, stages: int, micro: int) -> list[Op]:
+    """GPipe: every forward, then every backward (torch's ``ScheduleGPipe`` order)."""
+    return [("F", i) for i in range(micro)] + [("B", i) for i in range(micro)]
+
+
+class ScheduleError(ValueError):
+    """A schedule that cannot run: a pass missing or repeated, or a wait that never ends."""
+
+
+def validate(orders: Sequence[Sequence[Op]], micro: int) -> None:
+    """Every stage runs F(i) and B(i) once each for every micro-batch, F(i) before B(i)."""
+    for s, order in enumerate(orders):
+        want = sorted([("F", i) for i in range(micro)] + [("B", i) for i in range(micro)])
+        if sorted((k, i) for k, i in order) != want:
+            raise ScheduleError(f"stage {s}: not every F(i) and B(i) exactly once")
+        seen: set[int] = set()
+        for kind, i in order:
+            if kind == "F":
+                seen.add(i)
+            elif i not in seen:
+                raise ScheduleError(f"stage {s}: B({i}) before F({i})")
+
+
+def simulate(
+    orders: Sequence[Sequence[Op]], micro: int, f_time: float = 1.0, b_time: float = 2.0
+) -> list[tuple[int, str, int, float, float]]:
+    """The pipeline on paper: (stage, kind, micro-batch, start, end) of every pass.
+
+    Each stage runs its order one pass after the other, a pass starting when the stage is
+    free and its inputs have arrived (communication takes no time). Raises ScheduleError
+    for an invalid order or one where every stage waits for another (a deadlock).
+    """
+    validate(orders, micro)
+    p = len(orders)
+    done: dict[tuple[int, str, int], float] = {}
+    pos, free = [0] * p, [0.0] * p
+    events: list[tuple[int, str, int, float, float]] = []
+    while any(pos[s] < len(orders[s]) for s in range(p)):
+        moved = False
+        for s in range(p):
+            if pos[s] == len(orders[s]):
+                continue
+            kind, i = orders[s][pos[s]]
+            needs = [(s - 1, "F", i)] if kind == "F" and s > 0 else []
+            if kind == "B":
+                needs = [(s, "F", i)] + ([(s + 1, "B", i)] if s < p - 1 else [])
+            if not all(n in done for n in needs):
+                continue
+            start = max([free[s]] + [done[n] for n in needs])
+            end = start + (f_time if kind == "F" else b_time)
+            done[(s, kind, i)], free[s] = end, end
+            events.append((s, kind, i, start, end))
+            pos[s] += 1
+            moved = True
+        if not moved:
+            stuck = [f"stage {s} waits before {orders[s][pos[s]]}" for s in range(p) if pos[s] < len(orders[s])]
+            raise ScheduleError("deadlock: " + "; ".join(stuck))
+    return events
+
+
+def bubble(events: Sequence[tuple[int, str, int, float, float]]) -> float:
+    """The idle fraction: 1 - (time the stages compute) / (stages x the whole span)."""
+    stages = {e[0] for e in events}
+    start, end = min(e[3] for e in events), max(e[4] for e in events)
+    busy = sum(e[4] - e[3] for e in events)
+    return 1.0 - busy / (len(stages) * (end - start))
+
+
+def bubble_formula(stages: int, micro: int) -> float:
+    """GPipe's bubble, (p-1)/(m+p-1) (Huang et al. 2019; also 1F1B's, same pass times)."""
+    return (stages - 1) / (micro + stages - 1)
+
+
+def peak_in_flight(order: Sequence[Op]) -> int:
+    """The most micro-batches whose activations the stage holds at once (F done, B not)."""
+    held = peak = 0
+    for kind, _ in order:
+        held += 1 if kind == "F" else -1
+        peak = max(peak, held)
+    return peak
+
+
+def make_stages(stages: int, width: int = 16, seed: int = 0) -> list[nn.Module]:
+    """``stages`` small blocks (Linear + tanh), the same on every rank (same seed)."""
+    gen = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(stages):
+        lin = nn.Linear(width, width).double()
+        with torch.no_grad():
+            lin.weight.copy_(torch.randn(width, width, generator=gen, dtype=torch.float64) / width**0.5)
+            lin.bias.copy_(torch.randn(width, generator=gen, dtype=torch.float64) / 10)
+        out.append(nn.Sequential(lin, nn.Tanh()))
+    return out
+
+
+def run_stage(
+    stage: nn.Module,
+    order: Sequence[Op],
+    micro_inputs: list[torch.Tensor] | None,
+    micro_targets: list[torch.Tensor] | None,
+    shape: Sequence[int],
+    f_delay: float = 0.0,
+    b_delay: float = 0.0,
+) -> dict[str, Any]:
+    """Run this rank's stage (rank = stage index) through ``order`` with real send/recv.
+
+    The first stage reads ``micro_inputs``; the last computes the loss (MSE against
+    ``micro_targets``, averaged over the micro-batches, as one batch's mean would be).
+    ``f_delay``/``b_delay`` add a sleep to each pass: on a machine with fewer cores than
+    stages, ranks that compute would compete for the cores and the timeline would show the
+    machine, not the schedule; a sleeping rank leaves its core free, as a rank whose GPU
+    computes does. Returns the passes with their times (seconds since the start, computing
+    time only, not the waits), the peak number of saved activations and their bytes, and
+    the parameters' gradients.
+    """
+    rank, p = dist.get_rank(), dist.get_world_size()
+    micro = len(order) // 2
+    saved: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+    sends: list[Any] = []
+    events: list[list[Any]] = []
+    peak = peak_bytes = 0
+    # a process's first backward() with a gradient argument imports ~500 modules (~2 s
+    # here): done before the clock starts, so that the timeline shows the schedule
+    torch.ones(1, requires_grad=True).mul(2).backward(torch.ones(1))
+    dist.barrier()
+    t0 = time.perf_counter()
+    for kind, i in order:
+        if kind == "F":
+            if rank == 0:
+                assert micro_inputs is not None
+                x = micro_inputs[i].clone()
+            else:
+                x = torch.empty(*shape, dtype=torch.float64)
+                dist.recv(x, src=rank - 1)
+            start = time.perf_counter() - t0
+            x.requires_grad_(rank > 0)
+            y = stage(x)
+            time.sleep(f_delay)
+            saved[i] = (x, y)
+            peak = max(peak, len(saved))
+            held = sum(a.numel() * a.element_size() + b.numel() * b.element_size() for a, b in saved.values())
+            peak_bytes = max(peak_bytes, held)
+            if rank < p - 1:
+                sends.append(dist.isend(y.detach().contiguous(), dst=rank + 1))
+        else:
+            x, y = saved.pop(i)
+            if rank == p - 1:
+                assert micro_targets is not None
+                start = time.perf_counter() - t0
+                loss = nn.functional.mse_loss(y, micro_targets[i]) / micro
+                loss.backward()
+            else:
+                grad = torch.empty_like(y)
+                dist.recv(grad, src=rank + 1)
+                start = time.perf_counter() - t0
+                y.backward(grad)
+            time.sleep(b_delay)
+            if rank > 0:
+                assert x.grad is not None
+                sends.append(dist.isend(x.grad.contiguous(), dst=rank - 1))
+        events.append([rank, kind, i, start, time.perf_counter() - t0])
+    for work in sends:
+        work.wait()
+    grads = [p.grad.clone() if p.grad is not None else None for p in stage.parameters()]
+    return {"events": events, "peak": peak, "peak_bytes": peak_bytes, "grads": grads}
+
+
+def pipeline_demo(
+    rank: int, order_name: str, micro: int, width: int = 16, delay: float = 0.02
+) -> dict[str, Any]:
+    """In each rank of a launch: one stage of ``make_stages(world)``, trained one step with
+    GPipe ("gpipe") or 1F1B ("1f1b"); rank 0 also returns the gradients of the whole model
+    in one process (the oracle) so that the caller compares."""
+    from ddp_lab.pipeline_1f1b import one_f_one_b_order
+
+    p = dist.get_world_size()
+    make = gpipe_order if order_name == "gpipe" else one_f_one_b_order
+    gen = torch.Generator().manual_seed(1)
+    xs = [torch.randn(4, width, generator=gen, dtype=torch.float64) for _ in range(micro)]
+    ys = [torch.randn(4, width, generator=gen, dtype=torch.float64) for _ in range(micro)]
+    stages = make_stages(p, width)
+    out = run_stage(
+        stages[rank], make(rank, p, micro), xs if rank == 0 else None,
+        ys if rank == p - 1 else None, (4, width), f_delay=delay, b_delay=2 * delay,
+    )
+    whole = nn.Sequential(*make_stages(p, width))
+    loss = sum(nn.functional.mse_loss(whole(x), y) / micro for x, y in zip(xs, ys, strict=True))
+    loss.backward()
+    want = [q.grad for q in whole[rank].parameters()]
+    out["max_grad_diff"] = max((g - w).abs().max().item() for g, w in zip(out["grads"], want, strict=True))
+    del out["grads"]
+    return out
+
+
+def measured_bubble(results: Sequence[dict[str, Any]]) -> float:
+    """The bubble of a real run: ``bubble`` over every rank's measured passes."""
+    return bubble([tuple(e) for r in results for e in r["events"]])
+
+
+def plot_timeline(results: Sequence[dict[str, Any]], title: str = "", ax: Any = None) -> Any:
+    """Each rank's passes as bars (F light, B dark, the micro-batch written on each)."""
+    import matplotlib.pyplot as plt
+
+    if ax is None:
+        _, ax = plt.subplots(figsize=(9, 0.5 + 0.45 * len(results)))
+    for r in results:
+        for rank, kind, i, start, end in r["events"]:
+            color = "#9ecae1" if kind == "F" else "#3182bd"
+            ax.barh(rank, end - start, left=start, color=color, edgecolor="black", height=0.8)
+            ax.text((start + end) / 2, rank, f"{kind}{i}", ha="center", va="center", fontsize=7)
+    ax.set_yticks(range(len(results)), [f"stage {r}" for r in range(len(results))])
+    ax.invert_yaxis()
+    ax.set_xlabel("s")
+    ax.set_title(title)
+    return ax

@@ -1,0 +1,291 @@
+"""Tensor parallelism from scratch: Megatron's column- and row-parallel linear layers.
+
+A linear layer ``y = x W^T + b`` is split across the ranks of a group in one of two ways:
+
+- **column-parallel** (``ColumnParallelLinear``): rank r holds rows ``r`` of ``W`` (a slice
+  of the *output* features) and its slice of ``b``; each rank computes its slice of ``y``
+  from the whole ``x``.
+- **row-parallel** (``RowParallelLinear``): rank r holds columns ``r`` of ``W`` (a slice of
+  the *input* features); each rank multiplies its slice of ``x`` and the partial products
+  are summed with one all-reduce; the bias is added once, after the sum.
+
+Column then row (an MLP's two layers) needs no communication between them: the column
+layer's output slice is the row layer's input slice. The two communication operators are
+conjugate (Megatron-LM's ``megatron/core/tensor_parallel/mappings.py``):
+
+- ``copy_to_parallel_region`` (Megatron's ``f``): identity forward, all-reduce backward
+  (every rank used the whole ``x``; its gradient is the sum of the ranks' contributions);
+- ``reduce_from_parallel_region`` (``g``): all-reduce forward, identity backward.
+
+How this differs from PyTorch's: torch's ``ColwiseParallel``/``RowwiseParallel``
+(``torch/distributed/tensor/parallel/style.py``) do not write these operators by hand: they
+turn the weights into ``DTensor``s with ``Shard(0)``/``Shard(1)`` placements on a
+``DeviceMesh``, and the redistribution from ``Partial()`` to ``Replicate()`` issues the
+all-reduce (``torch/distributed/tensor/_redistribute.py``); the backward all-reduce of ``f``
+comes from the same redistribution run in reverse. The arithmetic is the same. This module
+uses the eager ``torch.distributed.all_reduce`` (what chapter 04's counters see); widths must
+divide by the world size (Megatron's ``divide`` asserts the same).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn import functional as F
+
+
+class _CopyToParallelRegion(torch.autograd.Function):
+    """Megatron's ``f``: identity forward, all-reduce of the gradient backward."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, group: Any) -> torch.Tensor:
+        ctx.group = group
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        grad = grad.contiguous().clone()
+        dist.all_reduce(grad, group=ctx.group)
+        return grad, None
+
+
+class _ReduceFromParallelRegion(torch.autograd.Function):
+    """Megatron's ``g``: all-reduce forward, identity backward."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, group: Any) -> torch.Tensor:
+        out = x.contiguous().clone()
+        dist.all_reduce(out, group=group)
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return grad, None
+
+
+def copy_to_parallel_region(x: torch.Tensor, group: Any = None) -> torch.Tensor:
+    """``f``: the input every rank uses whole; its gradient is summed over the ranks."""
+    return _CopyToParallelRegion.apply(x, group)
+
+
+def reduce_from_parallel_region(x: torch.Tensor, group: Any = None) -> torch.Tensor:
+    """``g``: the partial sums of the ranks added up; the gradient passes through."""
+    return _ReduceFromParallelRegion.apply(x, group)
+
+
+def _world(group: Any) -> tuple[int, int]:
+    return dist.get_rank(group), dist.get_world_size(group)
+
+
+class ColumnParallelLinear(nn.Module):
+    """This rank's slice of ``linear``'s output features (rows of its weight).
+
+    ``gather_output=False`` (the default here and Megatron's choice inside an MLP) returns the
+    slice; True all-gathers the slices into the whole output (forward only: the gather has
+    no backward here, so use it for inference or a last layer without gradient).
+    """
+
+    def __init__(
+        self,
+        linear: nn.Linear,
+        group: Any = None,
+        gather_output: bool = False,
+        copy: Any = copy_to_parallel_region,
+    ) -> None:
+        super().__init__()
+        rank, world = _world(group)
+        out = linear.out_features
+        if out % world:
+            raise ValueError(f"out_features={out} is not divisible by the world size {world}")
+        part = out // world
+        rows = slice(rank * part, (rank + 1) * part)
+        self.weight = nn.Parameter(linear.weight.detach()[rows].clone())
+        b = linear.bias
+        self.bias = nn.Parameter(b.detach()[rows].clone()) if b is not None else None
+        self.group, self.gather_output, self.copy = group, gather_output, copy
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = F.linear(self.copy(x, self.group), self.weight, self.bias)
+        if not self.gather_output:
+            return y
+        parts = [torch.empty_like(y) for _ in range(dist.get_world_size(self.group))]
+        dist.all_gather(parts, y.contiguous(), group=self.group)
+        return torch.cat(parts, dim=-1)
+
+
+class RowParallelLinear(nn.Module):
+    """This rank's slice of ``linear``'s input features (columns of its weight).
+
+    The input is this rank's slice already (Megatron's ``input_is_parallel=True``: it comes
+    from a ``ColumnParallelLinear``); the partial products are summed by ``reduce`` and the
+    bias, whole on every rank, is added after the sum (added before, it would count
+    ``world`` times).
+    """
+
+    def __init__(self, linear: nn.Linear, group: Any = None, reduce: Any = None) -> None:
+        super().__init__()
+        rank, world = _world(group)
+        n_in = linear.in_features
+        if n_in % world:
+            raise ValueError(f"in_features={n_in} is not divisible by the world size {world}")
+        part = n_in // world
+        cols = slice(rank * part, (rank + 1) * part)
+        self.weight = nn.Parameter(linear.weight.detach()[:, cols].clone())
+        b = linear.bias
+        self.bias = nn.Parameter(b.detach().clone()) if b is not None else None
+        self.group = group
+        self.reduce = reduce or reduce_from_parallel_region
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.reduce(F.linear(x, self.weight), self.group)
+        return y + self.bias if self.bias is not None else y
+
+
+class MLP(nn.Module):
+    """The two-layer MLP of a transformer block: ``fc2(gelu(fc1(x)))``."""
+
+    def __init__(self, dim: int, hidden: int) -> None:
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(dim, hidden), nn.Linear(hidden, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(F.gelu(self.fc1(x)))
+
+
+class TensorParallelMLP(nn.Module):
+    """``mlp`` split over the group: ``fc1`` column-parallel, ``fc2`` row-parallel.
+
+    One all-reduce forward (in ``g``) and one backward (in ``f``) per call, each of the
+    activation's size ``batch x dim``; none between the two layers.
+    """
+
+    def __init__(self, mlp: MLP, group: Any = None) -> None:
+        super().__init__()
+        self.fc1 = ColumnParallelLinear(mlp.fc1, group)
+        self.fc2 = RowParallelLinear(mlp.fc2, group)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(F.gelu(self.fc1(x)))
+
+
+def compare_with_one_process(rank: int, dim: int = 8, hidden: int = 16, batch: int = 4) -> dict:
+    """In each rank: the TP MLP against the whole MLP in this process, forward and backward.
+
+    Every rank builds the same MLP (same seed) and the same batch; the whole MLP is the
+    oracle. Returns the largest differences of the output, the input's gradient and this
+    rank's weight-gradient slices, and the collectives' bytes (chapter 10's counter).
+    """
+    from ddp_lab.comm_debug import count_collectives
+
+    world = dist.get_world_size()
+    torch.manual_seed(0)
+    mlp = MLP(dim, hidden).double()
+    x = torch.randn(batch, dim, dtype=torch.float64)
+    x1, x2 = x.clone().requires_grad_(), x.clone().requires_grad_()
+    want = mlp(x1)
+    want.square().sum().backward()
+    tp = TensorParallelMLP(mlp, None)
+    with count_collectives() as log:
+        got = tp(x2)
+        got.square().sum().backward()
+    part, cols = hidden // world, slice(rank * hidden // world, (rank + 1) * hidden // world)
+    assert mlp.fc1.weight.grad is not None and mlp.fc2.weight.grad is not None
+    diffs = {
+        "output": (got - want).abs().max().item(),
+        "x.grad": (x2.grad - x1.grad).abs().max().item(),
+        "fc1.weight.grad": (tp.fc1.weight.grad - mlp.fc1.weight.grad[cols]).abs().max().item(),
+        "fc2.weight.grad": (tp.fc2.weight.grad - mlp.fc2.weight.grad[:, cols]).abs().max().item(),
+    }
+    return {
+        "diffs": diffs,
+        "shard": part,
+        "calls": [(n, b) for n, _, b in log.calls],
+        "params": sum(p.numel() for p in tp.parameters()),
+    }
+
+
+class _FunctionalCommLog(torch.utils._python_dispatch.TorchDispatchMode):
+    """Each collective op DTensor or FSDP dispatches: (op name, bytes of its largest tensor)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[tuple[str, int]] = []
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: Any = None) -> Any:
+        name = func._schema.name
+        if name.startswith(("_c10d_functional::", "c10d_functional::", "c10d::")) and "wait" not in name:
+            sizes = [a.numel() * a.element_size() for a in args if isinstance(a, torch.Tensor)]
+            sizes += [t.numel() * t.element_size() for a in args if isinstance(a, list) for t in a
+                      if isinstance(t, torch.Tensor)]  # fmt: skip
+            self.calls.append((name.split("::")[1], max(sizes, default=0)))
+        return func(*args, **(kwargs or {}))
+
+
+def torch_tp_mlp(rank: int, dim: int = 8, hidden: int = 16, batch: int = 4) -> dict:
+    """In each rank: torch's ``parallelize_module`` (``ColwiseParallel`` on ``fc1``,
+    ``RowwiseParallel`` on ``fc2``) on a 1D ``DeviceMesh``, against the whole MLP; what it
+    sends, op by op (the largest tensor of each collective, in bytes)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    world = dist.get_world_size()
+    torch.manual_seed(0)
+    whole = MLP(dim, hidden)
+    tp = MLP(dim, hidden)
+    tp.load_state_dict(whole.state_dict())
+    mesh = init_device_mesh("cpu", (world,))
+    parallelize_module(tp, mesh, {"fc1": ColwiseParallel(), "fc2": RowwiseParallel()})
+    x = torch.randn(batch, dim)
+    want = whole(x)
+    want.square().sum().backward()
+    with _FunctionalCommLog() as log:
+        got = tp(x)
+        got.square().sum().backward()
+    w = tp.fc1.weight
+    return {
+        "output_diff": (got - want).abs().max().item(),
+        "fc1_grad_diff": (w.grad.full_tensor() - whole.fc1.weight.grad).abs().max().item(),
+        "fc1.weight": (str(type(w).__name__), [str(p) for p in w.placements], list(w.to_local().shape)),
+        "calls": log.calls,
+    }
+
+
+def fsdp_x_tp(rank: int, dim: int = 8, hidden: int = 16, batch: int = 4) -> dict:
+    """In each of 4 ranks: a 2 x 2 mesh ("dp", "tp"); TP on "tp", ``fully_shard`` on "dp".
+
+    Each DP group gets its own half of the batch; the gradients are compared with the whole
+    MLP trained on the whole batch in one process. Returns the weight's placements and
+    local shape, and the collectives each mesh dimension carried.
+    """
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+    torch.manual_seed(0)
+    whole = MLP(dim, hidden)
+    model = MLP(dim, hidden)
+    model.load_state_dict(whole.state_dict())
+    parallelize_module(model, mesh["tp"], {"fc1": ColwiseParallel(), "fc2": RowwiseParallel()})
+    fully_shard(model, mesh=mesh["dp"])
+    x = torch.randn(2 * batch, dim)
+    whole(x).square().mean().backward()
+    dp_rank = mesh["dp"].get_local_rank()
+    mine = x[dp_rank * batch : (dp_rank + 1) * batch]
+    with _FunctionalCommLog() as log:
+        model(mine).square().mean().backward()
+    w = model.fc1.weight
+    groups = {
+        "dp": sorted(dist.get_process_group_ranks(mesh["dp"].get_group())),
+        "tp": sorted(dist.get_process_group_ranks(mesh["tp"].get_group())),
+    }
+    return {
+        "groups": groups,
+        "placements": [str(p) for p in w.placements],
+        "local_shape": list(w.to_local().shape),
+        "grad_diff": (w.grad.full_tensor() - whole.fc1.weight.grad).abs().max().item(),
+        "calls": log.calls,
+    }

@@ -1,0 +1,145 @@
+"""Chapter 12's checkers accept correct solutions and reject the typical wrong ones."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from ddp_lab.course.grading import load_checkers, run_checker
+from ddp_lab.course.learner import LocalLearner
+from ddp_lab.pipeline import gpipe_order
+from ddp_lab.pipeline_1f1b import one_f_one_b_order
+from ddp_lab.tensor_parallel import copy_to_parallel_region, reduce_from_parallel_region
+
+
+def verdict(grade_id: str, *objects: object) -> str:
+    """'' when every hidden case passes, else the failing verdict line (in English)."""
+    passed, line = run_checker(load_checkers()[grade_id], LocalLearner(objects), "en")
+    return "" if passed else line
+
+
+# ----- 12.tp_pair -----------------------------------------------------------------------------
+
+
+class AllReduceBackward(torch.autograd.Function):
+    """Written apart from ddp_lab.tensor_parallel: f."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, g):
+        g = g.clone()
+        dist.all_reduce(g)
+        return g
+
+
+class AllReduceForward(torch.autograd.Function):
+    """g; ``both=True`` also all-reduces backward (a common slip: g's conjugate is f)."""
+
+    @staticmethod
+    def forward(ctx, x, both):
+        ctx.both = both
+        x = x.clone()
+        dist.all_reduce(x)
+        return x
+
+    @staticmethod
+    def backward(ctx, g):
+        if ctx.both:
+            g = g.clone()
+            dist.all_reduce(g)
+        return g, None
+
+
+def f_ok(x):
+    return AllReduceBackward.apply(x)
+
+
+def g_ok(x):
+    return AllReduceForward.apply(x, False)
+
+
+def g_both(x):
+    return AllReduceForward.apply(x, True)
+
+
+def identity(x):
+    return x
+
+
+def test_tp_checker_passes_correct_pairs():
+    assert verdict("12.tp_pair", f_ok, g_ok) == ""
+    assert verdict("12.tp_pair", copy_to_parallel_region, reduce_from_parallel_region) == ""
+
+
+@pytest.mark.parametrize(
+    ("f", "g", "words"),
+    [
+        (identity, g_ok, "copy_to_tp's backward must sum"),  # f without its backward all-reduce
+        (f_ok, identity, "reduce_from_tp must sum"),  # no all-reduce at all in g
+        (f_ok, g_both, "pass the gradient through"),  # g all-reduces backward too
+        (g_ok, g_ok, "copy_to_tp must return its input unchanged"),  # the two swapped
+    ],
+)
+def test_tp_checker_rejects_wrong_pairs(f, g, words):
+    assert words in verdict("12.tp_pair", f, g)
+
+
+# ----- 12.one_f_one_b -------------------------------------------------------------------------
+
+
+def no_warmup(stage, stages, micro):
+    return [op for i in range(micro) for op in (("F", i), ("B", i))]
+
+
+def warmup_one_too_many(stage, stages, micro):
+    w = min(stages - stage + 1, micro)
+    order = [("F", i) for i in range(w)]
+    for i in range(w, micro):
+        order += [("B", i - w), ("F", i)]
+    return order + [("B", i) for i in range(micro - w, micro)]
+
+
+def warmup_not_capped(stage, stages, micro):
+    w = stages - stage - 1
+    order = [("F", i) for i in range(w)]
+    for i in range(w, micro):
+        order += [("F", i), ("B", i - w)]
+    return order + [("B", i) for i in range(max(micro - w, 0), micro)]
+
+
+def backwards_reversed(stage, stages, micro):
+    order = one_f_one_b_order(stage, stages, micro)
+    backs = sorted((i for k, i in order if k == "B"), reverse=True)
+    return [op if op[0] == "F" else ("B", backs.pop(0)) for op in order]
+
+
+def lists_not_tuples(stage, stages, micro):
+    return [[k, i] for k, i in one_f_one_b_order(stage, stages, micro)]
+
+
+def lower_case(stage, stages, micro):
+    return [(k.lower(), i) for k, i in one_f_one_b_order(stage, stages, micro)]
+
+
+def test_schedule_checker_passes_correct_orders():
+    assert verdict("12.one_f_one_b", one_f_one_b_order) == ""
+    assert verdict("12.one_f_one_b", lists_not_tuples) == ""
+
+
+@pytest.mark.parametrize(
+    ("wrong", "words"),
+    [
+        (gpipe_order, "activations at once"),
+        (no_warmup, "bubble"),
+        (warmup_one_too_many, "activations at once"),
+        (warmup_not_capped, "cannot run"),
+        (backwards_reversed, "cannot run"),
+        (lower_case, "wrong form"),
+    ],
+)
+def test_schedule_checker_rejects_wrong_orders(wrong, words):
+    assert words in verdict("12.one_f_one_b", wrong)
