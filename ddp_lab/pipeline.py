@@ -248,3 +248,8 @@ def plot_timeline(results: Sequence[dict[str, Any]], title: str = "", ax: Any = 
     ax.set_xlabel("s")
     ax.set_title(title)
     return ax
+
+
+def pipeline_runs(rank: int, micro: int = 8, width: int = 16, delay: float = 0.02) -> dict:
+    """GPipe, then 1F1B, in one launch: ``pipeline_demo``'s result for each."""
+    return {name: pipeline_demo(rank, name, micro, width, delay) for name in ("gpipe", "1f1b")}

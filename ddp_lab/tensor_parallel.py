@@ -289,3 +289,8 @@ def fsdp_x_tp(rank: int, dim: int = 8, hidden: int = 16, batch: int = 4) -> dict
         "grad_diff": (w.grad.full_tensor() - whole.fc1.weight.grad).abs().max().item(),
         "calls": log.calls,
     }
+
+
+def torch_tp_and_2d(rank: int) -> dict:
+    """Both of torch's runs in one launch of 4 ranks (DTensor's imports paid once)."""
+    return {"tp": torch_tp_mlp(rank), "2d": fsdp_x_tp(rank)}

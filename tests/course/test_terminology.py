@@ -41,7 +41,7 @@ REJECTED = {
 }
 
 # Every chapter's zh text follows the glossary (issue 18), and so does every message table.
-CHAPTERS = ["00", "01", "02", "03", "04", "05", "06", "07", "08", "09", "10", "11"]
+CHAPTERS = ["00", "01", "02", "03", "04", "05", "06", "07", "08", "09", "10", "11", "12"]
 
 
 def prose(text: str, glosses: bool = False) -> str:

@@ -41,7 +41,8 @@ def _kind(value: Any) -> str:
 
 # ----- 12.tp_pair ---------------------------------------------------------------------------
 
-TP_FIELDS = ("y", "x_grad", "w1_grad", "b1_grad", "w2_grad", "b2_grad")
+# in the order checked: a gradient nearer the output says more precisely what went wrong
+TP_FIELDS = ("y", "b2_grad", "w2_grad", "w1_grad", "b1_grad", "x_grad")
 
 
 def _mlp_params(spec: dict) -> dict[str, torch.Tensor]:

@@ -1,0 +1,529 @@
+# ---
+# jupyter:
+#   jupytext:
+#     notebook_metadata_filter: ddp_lab
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+#   ddp_lab:
+#     title:
+#       en: "12 Where data parallelism ends: tensor and pipeline parallelism"
+#       zh: "12 数据并行的尽头：张量并行与流水线并行"
+# ---
+
+# %% [markdown] lang="en"
+# # 12 Where data parallelism ends: tensor and pipeline parallelism
+#
+# FSDP (chapter 10) shards the model's state, but every rank still runs every layer on its
+# whole micro-batch, and the global batch grows with the number of ranks. When a layer's
+# activations do not fit, or the batch cannot grow, the model itself is cut: **tensor
+# parallelism** (TP) splits each layer's matrices across ranks, **pipeline parallelism** (PP)
+# puts consecutive layers on different ranks. You build both from scratch on gloo ranks and
+# check them against one process, run PyTorch's twins (`parallelize_module` on a
+# `DeviceMesh`, FSDP x TP on a 2D mesh), measure a pipeline's **bubble**, and do the
+# arithmetic that decides which to use, up to 1,024 ranks with torch's fake process group.
+
+# %% [markdown] lang="zh"
+# # 12 数据并行的尽头：张量并行与流水线并行
+#
+# FSDP（第 10 章）把模型的状态分片了，但每个 rank（进程编号）仍要在自己完整的微批上运行每一层，
+# 而全局批大小随 rank 数一起增长。当一层的激活值放不下，或者批大小不能再增大时，就要把模型本身
+# 切开：**张量并行**（tensor parallelism，TP）把每一层的矩阵分到多个 rank 上，**流水线并行**
+# （pipeline parallelism，PP）把相邻的若干层放到不同的 rank 上。本章在 gloo rank 上从零实现这两
+# 种并行，并与单进程对照；运行 PyTorch 中对应的实现（`DeviceMesh` 上的 `parallelize_module`，
+# 二维网格上的 FSDP x TP）；实测流水线的**气泡**（bubble）；最后算一算该选哪种并行，并借助
+# torch 的伪进程组（fake process group）一直算到 1,024 个 rank。
+
+# %%
+import torch
+
+import ddp_lab as dl
+
+dl.setup()
+print(torch.__version__)
+
+# %% [markdown] lang="en" tags=["lesson"]
+# ## 1. Tensor parallelism from scratch
+#
+# A linear layer `y = x W^T + b` can be split two ways. **Column-parallel**: rank r keeps a
+# block of `W`'s rows, i.e. a slice of the output features, and computes that slice of `y`
+# from the whole `x`. **Row-parallel**: rank r keeps a block of `W`'s columns, multiplies
+# its slice of `x`, and the ranks' partial products are summed. An MLP's first layer
+# column-parallel and its second row-parallel need nothing in between: the first layer's
+# output slice is exactly the second's input slice (Megatron-LM's layout). Two operators
+# carry the communication, and they are conjugate:
+#
+# - `f` = `copy_to_parallel_region`: identity forward; backward, an all-reduce (every rank
+#   used the whole `x`, so its gradient is the sum of every rank's contribution);
+# - `g` = `reduce_from_parallel_region`: all-reduce forward (the partial products);
+#   identity backward.
+#
+# Megatron-LM writes them in `megatron/core/tensor_parallel/mappings.py`; here they are in
+# `ddp_lab/tensor_parallel.py`:
+
+# %% [markdown] lang="zh" tags=["lesson"]
+# ## 1. 从零实现张量并行
+#
+# 线性层 `y = x W^T + b` 有两种切法。**列并行**（column-parallel）：rank r 保留 `W` 的一块行，
+# 也就是输出特征的一段，用完整的 `x` 算出 `y` 的这一段。**行并行**（row-parallel）：rank r 保留
+# `W` 的一块列，只乘 `x` 中对应的那一段，各 rank 的部分积再求和。MLP 的第一层用列并行、第二层
+# 用行并行时，两层之间不需要任何通信：第一层输出的那一段恰好是第二层需要的输入段（Megatron-LM
+# 的布局）。通信由两个算子负责，它们互为共轭：
+#
+# - `f` = `copy_to_parallel_region`：前向是恒等映射；反向做一次全归约（all-reduce）（每个 rank
+#   都用了完整的 `x`，所以它的梯度是所有 rank 的贡献之和）；
+# - `g` = `reduce_from_parallel_region`：前向做一次全归约（把部分积加起来）；反向是恒等映射。
+#
+# Megatron-LM 在 `megatron/core/tensor_parallel/mappings.py` 中实现它们；本课程的版本在
+# `ddp_lab/tensor_parallel.py`：
+
+# %% tags=["lesson"]
+from ddp_lab import tensor_parallel as tpmod
+
+dl.show_source(tpmod._CopyToParallelRegion)
+dl.show_source(tpmod.RowParallelLinear.forward)
+
+# %% [markdown] lang="en" tags=["lesson"]
+# The MLP (8 -> 16 -> 8, float64) split over 2 and over 4 ranks, against the whole MLP in
+# each rank's own process: the output, the input's gradient and each rank's slices of the
+# weight gradients. Chapter 10's counter (`count_collectives`) lists what went through
+# `torch.distributed`: one all-reduce forward (in `g`) and one backward (in `f`), each of
+# the activation's size, batch 4 x 8 x 8 bytes = 256 bytes, whatever the number of ranks.
+
+# %% [markdown] lang="zh" tags=["lesson"]
+# 把 MLP（8 -> 16 -> 8，float64）分到 2 个和 4 个 rank 上，在每个 rank 的进程内与完整的 MLP
+# 对照：输出、输入的梯度，以及本 rank 那一段权重梯度。第 10 章的计数器（`count_collectives`）
+# 列出经过 `torch.distributed` 的调用：前向一次全归约（在 `g` 中），反向一次（在 `f` 中），
+# 大小都与激活值相同，批 4 x 8 x 8 字节 = 256 字节，与 rank 数无关。
+
+# %% tags=["lesson"]
+for world in (2, 4):
+    out = dl.spawn(tpmod.compare_with_one_process, nprocs=world, backend="gloo")
+    worst = max(max(r["diffs"].values()) for r in out)
+    print(f"world {world}: largest difference {worst:.1e}; rank 0 sent {out[0]['calls']}; "
+          f"parameters per rank {out[0]['params']} of 280")
+
+# %% [markdown] lang="en" tags=["lesson"]
+# A common claim is that TP "divides the memory of a layer by the number of ranks". The
+# parameters nearly are (fc2's bias stays whole on every rank: 76 = (280 - 8) / 4 + 8), but
+# every rank still holds the whole input and output activations of the block (`batch x dim`),
+# and sends them twice per step, on every layer: TP trades memory for communication on the
+# critical path, which is why it stays inside a node, on the fastest links.
+#
+# ## 2. The same with PyTorch: `parallelize_module` on a `DeviceMesh`
+#
+# PyTorch does not write `f` and `g`. `ColwiseParallel` and `RowwiseParallel`
+# (`torch/distributed/tensor/parallel/style.py`) turn the weights into `DTensor`s sharded on
+# dim 0 (`Shard(0)`, rows) or dim 1 (columns) of a `DeviceMesh`; `RowwiseParallel`'s output
+# is `Partial()` (each rank holds a summand), and turning it into `Replicate()` is the
+# all-reduce (`torch/distributed/tensor/_redistribute.py`). The cell runs it on 4 gloo ranks
+# and then **2D**: a 2 x 2 mesh with TP on one dimension ("tp") and FSDP's `fully_shard` on
+# the other ("dp"). Each rank lists the collectives torch dispatched (a
+# `TorchDispatchMode` that sees the functional collectives, as torch's `CommDebugMode`
+# in `torch/distributed/tensor/debug/_comm_mode.py` does) with the bytes of the largest
+# tensor of each.
+
+# %% [markdown] lang="zh" tags=["lesson"]
+# 一种常见说法是：TP“把一层的内存除以了 rank 数”。参数差不多是这样（fc2 的偏置在每个 rank 上
+# 都是完整的：76 = (280 - 8) / 4 + 8），但每个 rank 仍然持有这个块完整的输入和输出激活值
+# （`batch x dim`），并且每一步、每一层都要把它们发送两次：TP 用关键路径上的通信换内存，所以它
+# 总是放在一个节点内部、最快的链路上。
+#
+# ## 2. 用 PyTorch 做同样的事：`DeviceMesh` 上的 `parallelize_module`
+#
+# PyTorch 并不手写 `f` 和 `g`。`ColwiseParallel` 和 `RowwiseParallel`
+# （`torch/distributed/tensor/parallel/style.py`）把权重变成在 `DeviceMesh` 上按第 0 维
+# （`Shard(0)`，行）或第 1 维（列）分片的 `DTensor`；`RowwiseParallel` 的输出是 `Partial()`
+# （每个 rank 持有一个加数），把它变成 `Replicate()` 的过程就是那次全归约
+# （`torch/distributed/tensor/_redistribute.py`）。下面的单元先在 4 个 gloo rank 上运行它，再做
+# **二维**（2D）：一个 2 x 2 的网格，一维（"tp"）上做 TP，另一维（"dp"）上做 FSDP 的
+# `fully_shard`。每个 rank 列出 torch 发出的集合通信（用一个能看到函数式集合通信的
+# `TorchDispatchMode`，与 torch 的 `CommDebugMode`，`torch/distributed/tensor/debug/_comm_mode.py`
+# 的做法相同），以及每次通信中最大张量的字节数。
+
+# %% tags=["lesson"]
+import warnings
+
+warnings.filterwarnings("ignore")
+res = dl.spawn(tpmod.torch_tp_and_2d, nprocs=4, backend="gloo")
+tp, two_d = res[0]["tp"], res[0]["2d"]
+print("TP, 4 ranks: output diff", f"{tp['output_diff']:.1e}", "| fc1.weight", tp["fc1.weight"])
+print("  collectives:", tp["calls"])
+for r, x in enumerate(res):
+    d = x["2d"]
+    print(f"2D rank {r}: dp group {d['groups']['dp']}, tp group {d['groups']['tp']}, "
+          f"placements {d['placements']}, local {d['local_shape']}, grad diff {d['grad_diff']:.1e}")
+print("  collectives:", two_d["calls"])
+
+# %% [markdown] lang="en" tags=["lesson"]
+# What goes over which dimension: the all-reduce of 128 bytes (4 x 8 float32, the
+# activation) runs inside a TP group ({0, 1} or {2, 3}); the all-gather and the reduce-scatter
+# of 576 bytes (fc1's and fc2's weights and biases on each TP rank after TP's split,
+# (64 + 8 + 64 + 8) x 4 bytes) run inside a DP group ({0, 2} or {1, 3}), once forward (gather) and once
+# backward (reduce-scatter: gloo's reduce-scatter is an all-reduce of the whole input,
+# chapter 10). `_wrap_tensor_autograd` is the wait of the functional all-reduce, not a second
+# collective; there is no backward all-reduce (`f`'s) because the input needs no gradient.
+# fc1's weight is `_StridedShard` on "dp" and `Shard(0)` on "tp": each of the 4
+# ranks holds 4 of its 16 rows. The gradients equal the whole MLP's on the whole batch
+# (float32: about 1e-8).
+#
+# On GPUs the same placement matters more: the "tp" dimension should be ranks of one node
+# (NVLink), the "dp" dimension crosses nodes. Measuring that needs two nodes with GPUs; not
+# run here.
+
+# %% [markdown] lang="zh" tags=["lesson"]
+# 哪些通信走哪一维：128 字节（4 x 8 个 float32，即激活值）的全归约发生在一个 TP 组内（{0, 1}
+# 或 {2, 3}）；576 字节（fc1 和 fc2 的权重与偏置在 TP 切分之后，每个 TP rank 上 (64 + 8 + 64 + 8)
+# x 4 字节）的全收集（all-gather）和归约散发（reduce-scatter）发生在一个 DP 组内（{0, 2} 或
+# {1, 3}），前向一次（全收集），反向一次（归约散发：gloo 的归约散发是对整个输入做一次全归约，
+# 见第 10 章）。`_wrap_tensor_autograd` 是函数式全归约的等待，不是第二次集合通信；没有反向的全归约（`f` 的那次），因为输入不需要梯度。fc1 的权重在
+# "dp" 上是 `_StridedShard`，在 "tp" 上是 `Shard(0)`：4 个 rank 各持有它 16 行中的 4 行。梯度与
+# 完整 MLP 在整批数据上的梯度相同（float32：约 1e-8）。
+#
+# 在 GPU 上这种摆放更重要："tp" 这一维应当是同一节点内的 rank（NVLink），"dp" 这一维跨节点。
+# 要实测这一点需要两个带 GPU 的节点；这里不运行。
+
+# %% [markdown] lang="en" tags=["lesson"]
+# ## 3. Pipeline parallelism from scratch
+#
+# Stage s of a model (here one Linear + tanh block) lives on rank s. A batch is cut into m
+# **micro-batches**; forward passes flow from rank s to s+1 (`send`/`recv` of the
+# activation), backward passes flow back (the activation's gradient). A **schedule** is each
+# stage's order of passes. **GPipe** runs every forward, then every backward; **1F1B**
+# (one forward, one backward) starts each backward as early as it can. With equal pass times,
+# both leave every stage idle the same fraction of the step, the **bubble**
+# (p-1)/(m+p-1) for p stages and m micro-batches. What differs is memory: GPipe holds m
+# micro-batches' activations at its peak, 1F1B at most p - s on stage s. On paper
+# (`ddp_lab.pipeline.simulate`, forward 1, backward 2 time units):
+
+# %% [markdown] lang="zh" tags=["lesson"]
+# ## 3. 从零实现流水线并行
+#
+# 模型的第 s 个阶段（stage，这里是一个 Linear + tanh 块）放在 rank s 上。一批数据被切成 m 个
+# **微批**（micro-batch）；前向从 rank s 流向 s+1（`send`/`recv` 激活值），反向再流回来（激活值
+# 的梯度）。**调度**（schedule）就是每个阶段执行各次计算的顺序。**GPipe** 先做完所有前向，再做
+# 所有反向；**1F1B**（一次前向、一次反向交替）让每个反向尽早开始。当每次计算耗时相同时，两者让
+# 每个阶段空闲的比例相同，这就是**气泡**：p 个阶段、m 个微批时为 (p-1)/(m+p-1)。不同的是内存：
+# GPipe 在峰值时持有 m 个微批的激活值，1F1B 在第 s 个阶段最多持有 p - s 个。先在纸上推演
+# （`ddp_lab.pipeline.simulate`，前向 1 个时间单位，反向 2 个）：
+
+# %% tags=["lesson"]
+from ddp_lab import pipeline as pp
+from ddp_lab.pipeline_1f1b import one_f_one_b_order
+
+for p, m in ((4, 8), (4, 4), (8, 8)):
+    for name, make in (("GPipe", pp.gpipe_order), ("1F1B", one_f_one_b_order)):
+        orders = [make(s, p, m) for s in range(p)]
+        b = pp.bubble(pp.simulate(orders, m))
+        print(f"p={p} m={m} {name:5}: bubble {b:.3f} (formula {pp.bubble_formula(p, m):.3f}), "
+              f"activations held per stage {[pp.peak_in_flight(o) for o in orders]}")
+
+# %% [markdown] lang="en" tags=["lesson"]
+# Now for real: 4 gloo ranks, 8 micro-batches, each stage's gradients compared with the whole
+# model's in one process. Each pass also sleeps (20 ms forward, 40 ms backward): 4 ranks
+# that computed on this machine's 2 cores would compete for them, and the timeline would
+# show the machine, not the schedule; a sleeping rank leaves its core free, as a rank whose
+# GPU computes does. Sends are `isend` (never blocking: two neighbours that send to each
+# other at once would otherwise wait for each other), receives are blocking `recv`. The
+# bubble is measured from the bars: 1 - (time in passes) / (4 x the whole span).
+
+# %% [markdown] lang="zh" tags=["lesson"]
+# 现在真正运行：4 个 gloo rank，8 个微批，每个阶段的梯度都与单进程中完整模型的梯度对照。每次
+# 计算还会休眠一段时间（前向 20 ms，反向 40 ms）：4 个 rank 若在这台机器的 2 个核上真正计算，
+# 会互相争抢核，时间线显示的将是机器而不是调度；休眠的 rank 会让出它的核，就像 GPU 在计算的
+# rank 那样。发送用 `isend`（从不阻塞：否则两个相邻的 rank 同时互相发送时会互相等待），接收用
+# 阻塞的 `recv`。气泡从图中的条形实测：1 - （计算时间之和）/（4 x 整段时间）。
+
+# %% tags=["lesson"]
+import matplotlib.pyplot as plt
+
+runs = dl.spawn(pp.pipeline_runs, nprocs=4, backend="gloo")
+fig, axes = plt.subplots(2, 1, figsize=(10, 4.5), sharex=True)
+for ax, name in zip(axes, ("gpipe", "1f1b"), strict=True):
+    res = [r[name] for r in runs]
+    measured = pp.measured_bubble(res)
+    pp.plot_timeline(res, f"{name}: bubble {measured:.2f} (formula {pp.bubble_formula(4, 8):.2f})", ax)
+    print(f"{name}: measured bubble {measured:.3f}, formula {pp.bubble_formula(4, 8):.3f}; "
+          f"gradient diff {max(r['max_grad_diff'] for r in res):.0e}; activations held "
+          f"{[r['peak'] for r in res]} micro-batches ({[r['peak_bytes'] for r in res]} bytes)")
+fig.tight_layout()
+
+# %% [markdown] lang="en" tags=["lesson"]
+# The measured bubble sits a little above the formula: each hop adds a send, a receive and
+# the load of this shared machine to the critical path, which the formula counts as free.
+# Both schedules give the same gradients as one process (float64, to the last bit or
+# nearly) and the same bubble; 1F1B holds 4, 3, 2, 1 micro-batches' activations where GPipe
+# holds 8 on every stage. The bubble shrinks only with more micro-batches per stage (or with
+# interleaved stages, Megatron's virtual pipeline, not built here).
+#
+# PyTorch's twin is `torch.distributed.pipelining`: `PipelineStage` (`stage.py`) and
+# `ScheduleGPipe`/`Schedule1F1B` (`schedules.py`); its 1F1B runs `min(m, p - s)` forwards
+# before its first backward, the same order of passes as `one_f_one_b_order`.
+
+# %% [markdown] lang="zh" tags=["lesson"]
+# 实测的气泡比公式略大：每一跳都在关键路径上加了一次发送、一次接收，以及这台共享机器的负载，
+# 而公式把这些都算作零。两种调度得到的梯度都与单进程相同（float64，到最后一位或几乎如此），
+# 气泡也相同；1F1B 在各阶段分别持有 4、3、2、1 个微批的激活值，GPipe 在每个阶段都持有 8 个。
+# 只有每个阶段处理更多的微批（或者交错的阶段，即 Megatron 的虚拟流水线，本章不实现）才能让气泡
+# 变小。
+#
+# PyTorch 中对应的实现是 `torch.distributed.pipelining`：`PipelineStage`（`stage.py`）和
+# `ScheduleGPipe`/`Schedule1F1B`（`schedules.py`）；它的 1F1B 在第一次反向之前做
+# `min(m, p - s)` 次前向，计算顺序与 `one_f_one_b_order` 相同。
+
+# %% [markdown] lang="en" tags=["lesson"]
+# ## 4. The arithmetic of choosing
+#
+# `ddp_lab.parallel_plan.per_step` puts the course's models together for a stack of MLP
+# blocks (dim -> 4 dim -> dim) trained with float32 AdamW on dp x tp x pp ranks: parameters,
+# gradients and optimizer state per rank (chapter 10's ZeRO model), activations, the bytes
+# each rank sends per step (ring algorithms: an all-reduce sends 2(n-1)/n of its payload, an
+# all-gather or a reduce-scatter (n-1)/n), FLOPs (6 per parameter and row: 2 forward, 4
+# backward) and the bubble. 8 blocks of dim 1024, 4,096 rows (tokens) per step, 8 ranks:
+
+# %% [markdown] lang="zh" tags=["lesson"]
+# ## 4. 选择的算术
+#
+# `ddp_lab.parallel_plan.per_step` 把课程中的各个模型组合起来，计算一个 MLP 块堆叠（dim ->
+# 4 dim -> dim）在 dp x tp x pp 个 rank 上用 float32 AdamW 训练时的：每个 rank 的参数、梯度和
+# 优化器状态（第 10 章的 ZeRO 模型）、激活值、每个 rank 每步发送的字节数（环形算法：全归约发送
+# 其数据量的 2(n-1)/n，全收集或归约散发发送 (n-1)/n）、FLOPs（每个参数每行 6 次：前向 2 次，
+# 反向 4 次）以及气泡。8 个 dim 为 1024 的块，每步 4,096 行（token），8 个 rank：
+
+# %% tags=["lesson"]
+from ddp_lab import parallel_plan as plan
+
+choices = {"DP 8": {"dp": 8}, "FSDP 8": {"dp": 8, "fsdp": True}, "TP 8": {"tp": 8},
+           "PP 8, m=32": {"pp": 8, "micro": 32}, "FSDP 2 x TP 4": {"dp": 2, "tp": 4, "fsdp": True},
+           "DP 2 x PP 4, m=8": {"dp": 2, "pp": 4, "micro": 8}}
+print(f"{'':18}{'state MB':>9}{'activ. MB':>10}{'sent MB':>9}{'GFLOP':>8}{'bubble':>8}")
+for name, kw in choices.items():
+    r = plan.per_step(1024, 8, 4096, **kw)
+    print(f"{name:18}{r['params+grads+optim'] / 1e6:9.1f}{r['activations'] / 1e6:10.1f}"
+          f"{r['sent'] / 1e6:9.1f}{r['flops'] / 1e9:8.1f}{r['bubble']:8.2f}")
+
+# %% [markdown] lang="en" tags=["lesson"]
+# Read it row by row: DP keeps the whole state (537 MB) on every rank; FSDP divides it by 8
+# and sends 1.5x DP's bytes; TP divides the state and the activations' hidden part, but sends
+# activations every layer, whose size grows with the batch, not the model; PP divides the
+# state and sends the least, but pays the bubble. Products combine the divisions. Which wins
+# depends on where the bytes go: TP's sends are on the critical path of every layer (fast
+# links only), DP's and FSDP's overlap backward (chapter 07), PP's are small but its bubble
+# is idle time.
+#
+# **Prediction next to a measurement.** The same calculator for a run this machine can do:
+# 2 TP ranks, 4 blocks of dim 64, 256 rows, with the compute time from this machine's
+# measured matmul rate (one thread per rank) and the all-reduces from chapter 04's gloo model
+# (`costs.gloo_cpu`) with alpha and beta measured here by ping-pong (`shaped_links.calibrate`).
+
+# %% [markdown] lang="zh" tags=["lesson"]
+# 逐行来看：DP 在每个 rank 上保存全部状态（537 MB）；FSDP 把它除以 8，发送的字节数是 DP 的
+# 1.5 倍；TP 把状态和激活值的隐藏层部分都分掉了，但每一层都要发送激活值，其大小随批增长，而不是
+# 随模型增长；PP 把状态分掉并且发送得最少，但要付出气泡的代价。组合方式把这些划分叠加起来。
+# 哪种更好，取决于这些字节走在哪里：TP 的发送在每一层的关键路径上（只能用快速链路），DP 和 FSDP
+# 的发送与反向计算重叠（第 07 章），PP 的发送很少，但它的气泡是空闲时间。
+#
+# **预测与实测并列。** 用同一个计算器算一次这台机器能跑的训练：2 个 TP rank，4 个 dim 为 64 的
+# 块，256 行；计算时间用这台机器实测的矩阵乘法速率（每个 rank 一个线程），全归约用第 04 章的
+# gloo 模型（`costs.gloo_cpu`），其中 alpha 和 beta 由这里的乒乓测试（`shaped_links.calibrate`）
+# 测得。
+
+# %% tags=["lesson"]
+from ddp_lab.shaped_links import calibrate, fit
+
+cal = dl.spawn(calibrate, nprocs=2, backend="gloo")[0]
+alpha, beta = fit(cal["calibration"])
+got = dl.spawn(plan.measure_tp_step, nprocs=2, backend="gloo")[0]
+want = plan.per_step(64, 4, 256, tp=2)
+pred = plan.predict_time(64, 4, 256, 2, got["flops_per_s"], alpha, beta)
+print(f"state per rank: predicted {want['params+grads+optim']:.0f} B, measured {got['state_bytes']} B")
+print(f"all-reduce payloads per step: predicted 8 x {256 * 64 * 4} B, measured {got['payloads']}")
+print(f"step time: predicted {pred['step_s'] * 1e3:.1f} ms (compute {pred['compute_s'] * 1e3:.1f}, "
+      f"all-reduces {pred['comm_s'] * 1e3:.1f}), measured {got['step_s'] * 1e3:.1f} ms")
+mfu = want["flops"] / (got["step_s"] * got["flops_per_s"])
+print(f"MFU (model FLOPs / (time x this rank's matmul rate)): {mfu:.0%}")
+
+# %% [markdown] lang="en" tags=["lesson"]
+# The counts match exactly: the state to the byte, eight all-reduces of 64 KiB (one per
+# block forward, one backward). The time does not, and the gap is the lesson of MFU: 6 x
+# parameters x rows counts the matmuls only, while a step of small matrices also pays gelu,
+# the optimizer's elementwise work, Python and autograd per operation, and this shared
+# machine's load. A real plan starts from such a measurement of one step and scales it, it
+# does not trust FLOPs alone.
+#
+# ## 5. 1,024 ranks in one process: torch's fake process group
+#
+# `torch.testing._internal.distributed.fake_pg` provides `FakeStore` and registers the
+# backend `"fake"`: a process group of any size whose collectives return at once and leave
+# their tensors as they were. Values are meaningless, but shapes, placements and sharding are
+# real: enough to ask what each rank would hold. The model is built on the `meta` device (no
+# memory at all), then FSDP on 1,024 ranks, and FSDP x TP on a 128 x 8 mesh, as rank 17:
+
+# %% [markdown] lang="zh" tags=["lesson"]
+# 计数完全一致：状态精确到字节，8 次 64 KiB 的全归约（每个块前向一次、反向一次）。时间则不一致，
+# 这个差距正是模型算力利用率（MFU）要说明的：6 x 参数 x 行数只计算了矩阵乘法，而小矩阵的一步
+# 还要付出 gelu、优化器的逐元素运算、每个算子的 Python 和 autograd 开销，以及这台共享机器的
+# 负载。真实的规划从实测一步开始再按比例推算，而不是只相信 FLOPs。
+#
+# ## 5. 一个进程里的 1,024 个 rank：torch 的伪进程组
+#
+# `torch.testing._internal.distributed.fake_pg` 提供 `FakeStore`，并注册后端 `"fake"`：一个
+# 任意大小的进程组，其集合通信立即返回，张量保持原样。数值没有意义，但形状、放置方式和分片
+# 都是真实的：足以回答每个 rank 会持有什么。模型建在 `meta` 设备上（完全不占内存），然后作为
+# rank 17，分别做 1,024 个 rank 的 FSDP，以及 128 x 8 网格上的 FSDP x TP：
+
+# %% tags=["lesson"]
+fake = dl.spawn(plan.fake_world, nprocs=1)[0]
+print(f"world size {fake['world']}, this rank {fake['rank']}, model {fake['params'] / 1e6:.0f} M parameters")
+for name in ("fsdp", "fsdp x tp"):
+    f = fake[name]
+    predicted = fake["params"] / 1024
+    print(f"{name:10} mesh {f['mesh']}: {f['params_per_rank']} parameters on this rank "
+          f"(Psi / 1024 = {predicted:.0f}); fc1.weight {f['fc1.weight']}")
+
+# %% [markdown] lang="en" tags=["lesson"]
+# 537 M parameters become about 524 K per rank either way: the prediction Psi / N holds, up
+# to FSDP's padding of each parameter to a multiple of the mesh size (the biases of 1,024 or
+# 4,096 elements; 2D pads fc2's bias on 128 ranks instead of 1,024). In bytes with float32
+# AdamW: 16 x 524 K = 8.4 MB of state per rank instead of 8.6 GB. What the fake group cannot
+# say is time: its collectives take none.
+
+# %% [markdown] lang="zh" tags=["lesson"]
+# 5.37 亿个参数在两种方式下都变成每个 rank 约 52.4 万个：预测 Psi / N 成立，差别只在 FSDP 把
+# 每个参数填充到网格大小的倍数（1,024 或 4,096 个元素的偏置；二维时 fc2 的偏置在 128 个 rank
+# 上填充，而不是 1,024 个）。换算成 float32 AdamW 的字节数：每个 rank 的状态是 16 x 52.4 万
+# = 8.4 MB，而不是 8.6 GB。伪进程组回答不了的是时间：它的集合通信不花时间。
+
+# %% [markdown] lang="en" tags=["exercise"]
+# ## Exercise 1: the conjugate pair (3 points)
+#
+# Write `copy_to_tp(x)` (Megatron's `f`: identity forward, all-reduce of the gradient
+# backward) and `reduce_from_tp(x)` (`g`: all-reduce forward, identity backward) on the
+# default process group, each with a `torch.autograd.Function`. The graded cell runs an MLP
+# split column-then-row over hidden world sizes and widths with your pair, and compares
+# the output, the input's gradient and every weight gradient with the whole MLP in one
+# process. Do not all-reduce a tensor autograd still needs in place: clone first.
+
+# %% [markdown] lang="zh" tags=["exercise"]
+# ## 练习 1：共轭的一对算子（3 分）
+#
+# 在默认进程组上写出 `copy_to_tp(x)`（Megatron 的 `f`：前向恒等，反向对梯度做全归约）和
+# `reduce_from_tp(x)`（`g`：前向全归约，反向恒等），各用一个 `torch.autograd.Function`。评分
+# 单元用你的这对算子在隐藏的 world size 和宽度上运行先列并行、后行并行的 MLP，并把输出、输入的
+# 梯度和每个权重梯度与单进程中完整的 MLP 比较。不要对 autograd 仍需要的张量原地做全归约：先克隆。
+
+# %% tags=["exercise"]
+import torch.distributed as dist
+
+
+class CopyToTP(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        ### BEGIN SOLUTION
+        return x.clone()
+        ### END SOLUTION
+
+    @staticmethod
+    def backward(ctx, grad):
+        ### BEGIN SOLUTION
+        grad = grad.clone()
+        dist.all_reduce(grad)
+        return grad
+        ### END SOLUTION
+
+
+class ReduceFromTP(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        ### BEGIN SOLUTION
+        x = x.clone()
+        dist.all_reduce(x)
+        return x
+        ### END SOLUTION
+
+    @staticmethod
+    def backward(ctx, grad):
+        ### BEGIN SOLUTION
+        return grad
+        ### END SOLUTION
+
+
+def copy_to_tp(x):
+    return CopyToTP.apply(x)
+
+
+def reduce_from_tp(x):
+    return ReduceFromTP.apply(x)
+
+
+# %% tags=["grade"] grade_id="12.tp_pair" points=3
+dl.grade("12.tp_pair", copy_to_tp, reduce_from_tp)
+
+# %% [markdown] lang="en" tags=["exercise"]
+# ## Exercise 2: a 1F1B schedule (3 points)
+#
+# Write `schedule_1f1b(stage, stages, micro)`: stage `stage`'s order of passes, a list of
+# `("F", i)` and `("B", i)` for micro-batches `i = 0 .. micro-1`. It must run (every pass
+# once, each F(i) before its B(i), no stage waiting forever), hold at most
+# `min(stages - stage, micro)` micro-batches' activations at once, and leave the bubble
+# (p-1)/(m+p-1). The graded cell checks your orders on paper for hidden numbers of stages
+# and micro-batches (`ddp_lab.pipeline.simulate`), then runs one case for real on gloo ranks
+# with send/recv and compares the gradients with one process. GPipe's order fails (it holds
+# m); so does alternating from the start (a larger bubble).
+
+# %% [markdown] lang="zh" tags=["exercise"]
+# ## 练习 2：1F1B 调度（3 分）
+#
+# 写出 `schedule_1f1b(stage, stages, micro)`：第 `stage` 个阶段的计算顺序，即微批
+# `i = 0 .. micro-1` 的 `("F", i)` 和 `("B", i)` 组成的列表。它必须能运行（每次计算恰好一次，
+# 每个 F(i) 在对应的 B(i) 之前，没有阶段永远等待），同一时刻最多持有 `min(stages - stage, micro)`
+# 个微批的激活值，并且气泡为 (p-1)/(m+p-1)。评分单元先在隐藏的阶段数和微批数上在纸上检查你的
+# 顺序（`ddp_lab.pipeline.simulate`），再在 gloo rank 上用 send/recv 真正运行其中一种情况，并把
+# 梯度与单进程比较。GPipe 的顺序不能通过（它持有 m 个）；一开始就交替也不能通过（气泡更大）。
+
+# %% tags=["exercise"]
+def schedule_1f1b(stage, stages, micro):
+    ### BEGIN SOLUTION
+    warmup = min(stages - stage - 1, micro)
+    order = [("F", i) for i in range(warmup)]
+    for i in range(warmup, micro):
+        order += [("F", i), ("B", i - warmup)]
+    return order + [("B", i) for i in range(micro - warmup, micro)]
+    ### END SOLUTION
+
+
+# %% tags=["grade"] grade_id="12.one_f_one_b" points=3
+dl.grade("12.one_f_one_b", schedule_1f1b)
+
+# %% [markdown] lang="en"
+# ## Summary
+#
+# - Tensor parallelism splits each layer: column-parallel (output features) then
+#   row-parallel (input features), with two conjugate operators, `f` (identity / all-reduce
+#   backward) and `g` (all-reduce / identity backward); it matches one process, and sends
+#   the activations twice per layer and step. PyTorch's `ColwiseParallel`/`RowwiseParallel`
+#   do the same with `DTensor` placements on a `DeviceMesh`.
+# - 2D: TP's all-reduces stay in the "tp" groups, FSDP's all-gather and reduce-scatter in
+#   the "dp" groups.
+# - Pipeline parallelism puts layers on ranks; GPipe and 1F1B share the bubble
+#   (p-1)/(m+p-1), and 1F1B holds at most p - s micro-batches' activations instead of m.
+# - Choosing is arithmetic: state, activations, bytes, FLOPs and bubble per rank; counts can
+#   be predicted exactly, time needs a measured step; torch's fake process group answers
+#   the memory questions at 1,024 ranks in one process.
+
+# %% [markdown] lang="zh"
+# ## 小结
+#
+# - 张量并行切分每一层：先列并行（输出特征），再行并行（输入特征），用两个共轭算子 `f`（恒等 /
+#   反向全归约）和 `g`（全归约 / 反向恒等）；结果与单进程一致，每层每步要发送两次激活值。
+#   PyTorch 的 `ColwiseParallel`/`RowwiseParallel` 用 `DeviceMesh` 上 `DTensor` 的放置方式做同样
+#   的事。
+# - 二维：TP 的全归约留在 "tp" 组内，FSDP 的全收集和归约散发留在 "dp" 组内。
+# - 流水线并行把层放到不同的 rank 上；GPipe 和 1F1B 的气泡相同，都是 (p-1)/(m+p-1)，而 1F1B
+#   最多持有 p - s 个微批的激活值，而不是 m 个。
+# - 选择是一道算术题：每个 rank 的状态、激活值、字节数、FLOPs 和气泡；计数可以精确预测，时间
+#   需要实测一步；torch 的伪进程组能在一个进程里回答 1,024 个 rank 时的内存问题。
