@@ -146,9 +146,6 @@ for world in (2, 4):
 # 的做法相同），以及每次通信中最大张量的字节数。
 
 # %% tags=["lesson"]
-import warnings
-
-warnings.filterwarnings("ignore")
 res = dl.spawn(tpmod.torch_tp_and_2d, nprocs=4, backend="gloo")
 tp, two_d = res[0]["tp"], res[0]["2d"]
 print("TP, 4 ranks: output diff", f"{tp['output_diff']:.1e}", "| fc1.weight", tp["fc1.weight"])
@@ -253,8 +250,10 @@ for ax, name in zip(axes, ("gpipe", "1f1b"), strict=True):
 fig.tight_layout()
 
 # %% [markdown] lang="en" tags=["lesson"]
-# The measured bubble sits a little above the formula: each hop adds a send, a receive and
-# the load of this shared machine to the critical path, which the formula counts as free.
+# The measured bubble sits above the formula: each hop adds a send, a receive and a wake-up
+# of the next rank to the critical path, which the formula counts as free, and on a loaded
+# machine a rank that should start may wait for a core. 1F1B hops between neighbours more
+# often than GPipe, so it pays that more often.
 # Both schedules give the same gradients as one process (float64, to the last bit or
 # nearly) and the same bubble; 1F1B holds 4, 3, 2, 1 micro-batches' activations where GPipe
 # holds 8 on every stage. The bubble shrinks only with more micro-batches per stage (or with
@@ -265,8 +264,9 @@ fig.tight_layout()
 # before its first backward, the same order of passes as `one_f_one_b_order`.
 
 # %% [markdown] lang="zh" tags=["lesson"]
-# 实测的气泡比公式略大：每一跳都在关键路径上加了一次发送、一次接收，以及这台共享机器的负载，
-# 而公式把这些都算作零。两种调度得到的梯度都与单进程相同（float64，到最后一位或几乎如此），
+# 实测的气泡比公式大：每一跳都在关键路径上加了一次发送、一次接收和唤醒下一个 rank 的时间，而
+# 公式把这些都算作零；在负载高的机器上，本该开始计算的 rank 还可能要等一个空闲的核。1F1B 在相邻
+# rank 之间来回的次数比 GPipe 多，所以付出这部分代价的次数也多。两种调度得到的梯度都与单进程相同（float64，到最后一位或几乎如此），
 # 气泡也相同；1F1B 在各阶段分别持有 4、3、2、1 个微批的激活值，GPipe 在每个阶段都持有 8 个。
 # 只有每个阶段处理更多的微批（或者交错的阶段，即 Megatron 的虚拟流水线，本章不实现）才能让气泡
 # 变小。
@@ -307,10 +307,14 @@ for name, kw in choices.items():
           f"{r['sent'] / 1e6:9.1f}{r['flops'] / 1e9:8.1f}{r['bubble']:8.2f}")
 
 # %% [markdown] lang="en" tags=["lesson"]
-# Read it row by row: DP keeps the whole state (537 MB) on every rank; FSDP divides it by 8
-# and sends 1.5x DP's bytes; TP divides the state and the activations' hidden part, but sends
-# activations every layer, whose size grows with the batch, not the model; PP divides the
-# state and sends the least, but pays the bubble. Products combine the divisions. Which wins
+# Read it row by row (67 M parameters, 16 bytes each with AdamW): DP keeps the whole state,
+# 1,074 MB, on every rank; FSDP divides it by 8 and sends 1.5x DP's bytes (two all-gathers
+# and a reduce-scatter instead of an all-reduce); TP divides the state too, but every TP
+# rank sees the whole batch, so its activations are the largest, and it sends activations at
+# every layer, bytes that grow with the batch, not with the model; PP divides the state and
+# sends the least, but pays the bubble. The FLOPs per rank are the same in every row: the
+# work is divided 8 ways each time; what differs is what dividing it costs. Products combine
+# the divisions. Which wins
 # depends on where the bytes go: TP's sends are on the critical path of every layer (fast
 # links only), DP's and FSDP's overlap backward (chapter 07), PP's are small but its bubble
 # is idle time.
@@ -321,9 +325,12 @@ for name, kw in choices.items():
 # (`costs.gloo_cpu`) with alpha and beta measured here by ping-pong (`shaped_links.calibrate`).
 
 # %% [markdown] lang="zh" tags=["lesson"]
-# 逐行来看：DP 在每个 rank 上保存全部状态（537 MB）；FSDP 把它除以 8，发送的字节数是 DP 的
-# 1.5 倍；TP 把状态和激活值的隐藏层部分都分掉了，但每一层都要发送激活值，其大小随批增长，而不是
-# 随模型增长；PP 把状态分掉并且发送得最少，但要付出气泡的代价。组合方式把这些划分叠加起来。
+# 逐行来看（6,700 万个参数，用 AdamW 时每个 16 字节）：DP 在每个 rank 上保存全部状态，
+# 1,074 MB；FSDP 把它除以 8，发送的字节数是 DP 的 1.5 倍（两次全收集加一次归约散发，代替一次
+# 全归约）；TP 也把状态分掉了，但每个 TP rank 都要处理整批数据，所以它的激活值最大，而且每一层
+# 都要发送激活值，这些字节随批增长，而不是随模型增长；PP 把状态分掉并且发送得最少，但要付出
+# 气泡的代价。每一行中每个 rank 的 FLOPs 都相同：工作每次都被分成 8 份，不同的是分摊的代价。
+# 组合方式把这些划分叠加起来。
 # 哪种更好，取决于这些字节走在哪里：TP 的发送在每一层的关键路径上（只能用快速链路），DP 和 FSDP
 # 的发送与反向计算重叠（第 07 章），PP 的发送很少，但它的气泡是空闲时间。
 #
@@ -386,16 +393,18 @@ for name in ("fsdp", "fsdp x tp"):
           f"(Psi / 1024 = {predicted:.0f}); fc1.weight {f['fc1.weight']}")
 
 # %% [markdown] lang="en" tags=["lesson"]
-# 537 M parameters become about 524 K per rank either way: the prediction Psi / N holds, up
-# to FSDP's padding of each parameter to a multiple of the mesh size (the biases of 1,024 or
-# 4,096 elements; 2D pads fc2's bias on 128 ranks instead of 1,024). In bytes with float32
-# AdamW: 16 x 524 K = 8.4 MB of state per rank instead of 8.6 GB. What the fake group cannot
+# 537 M parameters become 524,368 per rank with FSDP on 1,024 ranks, exactly the prediction
+# Psi / N (every dimension here divides by 1,024). FSDP x TP holds 112 more: `RowwiseParallel`
+# keeps fc2's bias (4,096 elements) whole on every TP rank, so FSDP shards it over 128 ranks,
+# not 1,024: 4 blocks x (32 - 4) elements. In bytes with float32 AdamW: 16 x 524 K = 8.4 MB
+# of state per rank instead of 8.6 GB. What the fake group cannot
 # say is time: its collectives take none.
 
 # %% [markdown] lang="zh" tags=["lesson"]
-# 5.37 亿个参数在两种方式下都变成每个 rank 约 52.4 万个：预测 Psi / N 成立，差别只在 FSDP 把
-# 每个参数填充到网格大小的倍数（1,024 或 4,096 个元素的偏置；二维时 fc2 的偏置在 128 个 rank
-# 上填充，而不是 1,024 个）。换算成 float32 AdamW 的字节数：每个 rank 的状态是 16 x 52.4 万
+# 在 1,024 个 rank 上做 FSDP 时，5.37 亿个参数变成每个 rank 524,368 个，正好是预测的 Psi / N
+# （这里每个维度都能被 1,024 整除）。FSDP x TP 多持有 112 个：`RowwiseParallel` 让 fc2 的偏置
+# （4,096 个元素）在每个 TP rank 上保持完整，所以 FSDP 把它分到 128 个 rank 上，而不是 1,024 个：
+# 4 个块 x (32 - 4) 个元素。换算成 float32 AdamW 的字节数：每个 rank 的状态是 16 x 52.4 万
 # = 8.4 MB，而不是 8.6 GB。伪进程组回答不了的是时间：它的集合通信不花时间。
 
 # %% [markdown] lang="en" tags=["exercise"]

@@ -94,7 +94,9 @@ def matmul_flops_per_s(n: int = 256, reps: int = 20) -> float:
     return 2 * n**3 / best
 
 
-def measure_tp_step(rank: int, dim: int = 64, layers: int = 4, rows: int = 256, steps: int = 6) -> dict:
+def measure_tp_step(
+    rank: int, dim: int = 64, layers: int = 4, rows: int = 256, steps: int = 6
+) -> dict:
     """In each rank of a launch: ``layers`` TP MLP blocks, float32 AdamW, timed steps.
 
     Returns the median step time, the bytes of parameters + gradients + optimizer state this
@@ -108,8 +110,9 @@ def measure_tp_step(rank: int, dim: int = 64, layers: int = 4, rows: int = 256, 
     blocks = torch.nn.Sequential(*[TensorParallelMLP(MLP(dim, 4 * dim)) for _ in range(layers)])
     opt = torch.optim.AdamW(blocks.parameters(), lr=1e-3)
     x = torch.randn(rows, dim, requires_grad=True)  # as inside a deep model: f's backward runs
-    times, log = [], None
-    for step in range(steps):
+    times: list[float] = []
+    payloads: list[int] = []
+    for _ in range(steps):
         dist.barrier()
         t0 = time.perf_counter()
         with count_collectives() as log:
@@ -117,13 +120,13 @@ def measure_tp_step(rank: int, dim: int = 64, layers: int = 4, rows: int = 256, 
         opt.step()
         opt.zero_grad(set_to_none=False)
         times.append(time.perf_counter() - t0)
+        payloads = [b for _, _, b in log.calls]
     held = [p for p in blocks.parameters()] + [p.grad for p in blocks.parameters()]
     held += [v for s in opt.state.values() for v in s.values() if v.dim() > 0]
-    assert log is not None
     return {
         "step_s": sorted(times[1:])[len(times[1:]) // 2],
         "state_bytes": sum(t.numel() * t.element_size() for t in held),
-        "payloads": [b for _, _, b in log.calls],
+        "payloads": payloads,
         "flops_per_s": matmul_flops_per_s(),
     }
 
@@ -137,7 +140,11 @@ def fake_world(rank: int, world: int = 1024, dim: int = 4096, layers: int = 4, t
     """
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
-    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        RowwiseParallel,
+        parallelize_module,
+    )
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
     from ddp_lab.tensor_parallel import MLP
@@ -151,7 +158,9 @@ def fake_world(rank: int, world: int = 1024, dim: int = 4096, layers: int = 4, t
                 model = torch.nn.Sequential(*[MLP(dim, 4 * dim) for _ in range(layers)])
             if len(shape) == 2:
                 for block in model:
-                    parallelize_module(block, mesh["tp"], {"fc1": ColwiseParallel(), "fc2": RowwiseParallel()})
+                    parallelize_module(
+                        block, mesh["tp"], {"fc1": ColwiseParallel(), "fc2": RowwiseParallel()}
+                    )
             for block in model:
                 fully_shard(block, mesh=mesh["dp"])
             local = sum(p.to_local().numel() for p in model.parameters())

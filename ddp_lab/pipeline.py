@@ -88,7 +88,11 @@ def simulate(
             pos[s] += 1
             moved = True
         if not moved:
-            stuck = [f"stage {s} waits before {orders[s][pos[s]]}" for s in range(p) if pos[s] < len(orders[s])]
+            stuck = [
+                f"stage {s} waits before {orders[s][pos[s]]}"
+                for s in range(p)
+                if pos[s] < len(orders[s])
+            ]
             raise ScheduleError("deadlock: " + "; ".join(stuck))
     return events
 
@@ -122,7 +126,9 @@ def make_stages(stages: int, width: int = 16, seed: int = 0) -> list[nn.Module]:
     for _ in range(stages):
         lin = nn.Linear(width, width).double()
         with torch.no_grad():
-            lin.weight.copy_(torch.randn(width, width, generator=gen, dtype=torch.float64) / width**0.5)
+            lin.weight.copy_(
+                torch.randn(width, width, generator=gen, dtype=torch.float64) / width**0.5
+            )
             lin.bias.copy_(torch.randn(width, generator=gen, dtype=torch.float64) / 10)
         out.append(nn.Sequential(lin, nn.Tanh()))
     return out
@@ -173,7 +179,10 @@ def run_stage(
             time.sleep(f_delay)
             saved[i] = (x, y)
             peak = max(peak, len(saved))
-            held = sum(a.numel() * a.element_size() + b.numel() * b.element_size() for a, b in saved.values())
+            held = sum(
+                a.numel() * a.element_size() + b.numel() * b.element_size()
+                for a, b in saved.values()
+            )
             peak_bytes = max(peak_bytes, held)
             if rank < p - 1:
                 sends.append(dist.isend(y.detach().contiguous(), dst=rank + 1))
@@ -215,14 +224,21 @@ def pipeline_demo(
     ys = [torch.randn(4, width, generator=gen, dtype=torch.float64) for _ in range(micro)]
     stages = make_stages(p, width)
     out = run_stage(
-        stages[rank], make(rank, p, micro), xs if rank == 0 else None,
-        ys if rank == p - 1 else None, (4, width), f_delay=delay, b_delay=2 * delay,
+        stages[rank],
+        make(rank, p, micro),
+        xs if rank == 0 else None,
+        ys if rank == p - 1 else None,
+        (4, width),
+        f_delay=delay,
+        b_delay=2 * delay,
     )
     whole = nn.Sequential(*make_stages(p, width))
     loss = sum(nn.functional.mse_loss(whole(x), y) / micro for x, y in zip(xs, ys, strict=True))
     loss.backward()
     want = [q.grad for q in whole[rank].parameters()]
-    out["max_grad_diff"] = max((g - w).abs().max().item() for g, w in zip(out["grads"], want, strict=True))
+    out["max_grad_diff"] = max(
+        (g - w).abs().max().item() for g, w in zip(out["grads"], want, strict=True)
+    )
     del out["grads"]
     return out
 

@@ -214,9 +214,14 @@ class _FunctionalCommLog(torch.utils._python_dispatch.TorchDispatchMode):
         super().__init__()
         self.calls: list[tuple[str, int]] = []
 
-    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: Any = None) -> Any:
+    def __torch_dispatch__(
+        self, func: Any, types: Any, args: tuple = (), kwargs: Any = None
+    ) -> Any:
         name = func._schema.name
-        if name.startswith(("_c10d_functional::", "c10d_functional::", "c10d::")) and "wait" not in name:
+        if (
+            name.startswith(("_c10d_functional::", "c10d_functional::", "c10d::"))
+            and "wait" not in name
+        ):
             sizes = [a.numel() * a.element_size() for a in args if isinstance(a, torch.Tensor)]
             sizes += [t.numel() * t.element_size() for a in args if isinstance(a, list) for t in a
                       if isinstance(t, torch.Tensor)]  # fmt: skip
@@ -229,7 +234,11 @@ def torch_tp_mlp(rank: int, dim: int = 8, hidden: int = 16, batch: int = 4) -> d
     ``RowwiseParallel`` on ``fc2``) on a 1D ``DeviceMesh``, against the whole MLP; what it
     sends, op by op (the largest tensor of each collective, in bytes)."""
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        RowwiseParallel,
+        parallelize_module,
+    )
 
     world = dist.get_world_size()
     torch.manual_seed(0)
@@ -248,7 +257,11 @@ def torch_tp_mlp(rank: int, dim: int = 8, hidden: int = 16, batch: int = 4) -> d
     return {
         "output_diff": (got - want).abs().max().item(),
         "fc1_grad_diff": (w.grad.full_tensor() - whole.fc1.weight.grad).abs().max().item(),
-        "fc1.weight": (str(type(w).__name__), [str(p) for p in w.placements], list(w.to_local().shape)),
+        "fc1.weight": (
+            str(type(w).__name__),
+            [str(p) for p in w.placements],
+            list(w.to_local().shape),
+        ),
         "calls": log.calls,
     }
 
@@ -262,7 +275,11 @@ def fsdp_x_tp(rank: int, dim: int = 8, hidden: int = 16, batch: int = 4) -> dict
     """
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
-    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        RowwiseParallel,
+        parallelize_module,
+    )
 
     mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
     torch.manual_seed(0)
@@ -292,5 +309,18 @@ def fsdp_x_tp(rank: int, dim: int = 8, hidden: int = 16, batch: int = 4) -> dict
 
 
 def torch_tp_and_2d(rank: int) -> dict:
-    """Both of torch's runs in one launch of 4 ranks (DTensor's imports paid once)."""
-    return {"tp": torch_tp_mlp(rank), "2d": fsdp_x_tp(rank)}
+    """Both of torch's runs in one launch of 4 ranks (DTensor's imports paid once).
+
+    Two of torch's notices are silenced in the ranks: FSDP's warning that a module returned
+    a view (an in-place change of it would skip a hook; nothing here changes it), and
+    DTensor's note that ``full_tensor()`` of a 2D-sharded gradient takes two all-gathers
+    (used here only to compare with one process, outside what is counted).
+    """
+    import logging
+    import warnings
+
+    logging.getLogger("torch.distributed.tensor._redistribute").setLevel(logging.ERROR)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="FSDP2-wrapped module")
+        warnings.filterwarnings("ignore", message="Full backward hook")
+        return {"tp": torch_tp_mlp(rank), "2d": fsdp_x_tp(rank)}

@@ -43,7 +43,10 @@ def test_column_gather_output():
 
 def _indivisible(rank: int) -> list[str]:
     errors = []
-    for make in (lambda: ColumnParallelLinear(nn.Linear(4, 5)), lambda: RowParallelLinear(nn.Linear(5, 4))):
+    for make in (
+        lambda: ColumnParallelLinear(nn.Linear(4, 5)),
+        lambda: RowParallelLinear(nn.Linear(5, 4)),
+    ):
         try:
             make()
         except ValueError as exc:

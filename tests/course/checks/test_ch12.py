@@ -143,3 +143,12 @@ def test_schedule_checker_passes_correct_orders():
 )
 def test_schedule_checker_rejects_wrong_orders(wrong, words):
     assert words in verdict("12.one_f_one_b", wrong)
+
+
+def test_references_are_hidden_from_graded_ranks_and_flagged():
+    from ddp_lab.course import rankhost, scan
+
+    assert {"tensor_parallel.py", "pipeline_1f1b.py"} <= set(rankhost.HIDDEN)
+    assert "pipeline.py" not in rankhost.HIDDEN  # probe_run's runner: no answer in it
+    assert scan.findings("from ddp_lab.pipeline_1f1b import one_f_one_b_order")
+    assert scan.findings("import ddp_lab.tensor_parallel as t\nf = t.copy_to_parallel_region")

@@ -52,7 +52,14 @@ def _mlp_params(spec: dict) -> dict[str, torch.Tensor]:
     def rnd(*shape: int) -> torch.Tensor:
         return torch.randn(*shape, generator=gen, dtype=torch.float64)
 
-    return {"x": rnd(n, d), "w1": rnd(h, d), "b1": rnd(h), "w2": rnd(d, h), "b2": rnd(d), "c": rnd(n, d)}
+    return {
+        "x": rnd(n, d),
+        "w1": rnd(h, d),
+        "b1": rnd(h),
+        "w2": rnd(d, h),
+        "b2": rnd(d),
+        "c": rnd(n, d),
+    }
 
 
 def _tp_inputs(spec: dict, world: int) -> list[dict[str, Any]]:
@@ -126,10 +133,16 @@ def _tp_verdict(got: Any, spec: dict, world: int, label: str) -> None:
         }  # fmt: skip
         for key in TP_FIELDS:
             value, w = r[key], expected[key]
-            ok = isinstance(value, torch.Tensor) and value.shape == w.shape and value.dtype == w.dtype
+            ok = (
+                isinstance(value, torch.Tensor)
+                and value.shape == w.shape
+                and value.dtype == w.dtype
+            )
             if ok and (value - w).abs().max().item() <= 1e-9:
                 continue
-            if value is not None and not (isinstance(value, torch.Tensor) and value.shape == w.shape):
+            if value is not None and not (
+                isinstance(value, torch.Tensor) and value.shape == w.shape
+            ):
                 raise wrong_form(rank, key, _kind(value), label)
             hint = hints.get(key, hints["w"])
             raise fail(_t("rank {rank}, {what}: {hint}", rank=rank, what=key, hint=hint), label)
@@ -160,7 +173,12 @@ def probe_orders(rank: int, objects: tuple, mine: dict) -> list[list[Any]]:
     (schedule,) = objects
     out = []
     for p, m in mine["cases"]:
-        out.append([[list(op) if isinstance(op, tuple) else op for op in schedule(s, p, m)] for s in range(p)])
+        out.append(
+            [
+                [list(op) if isinstance(op, tuple) else op for op in schedule(s, p, m)]
+                for s in range(p)
+            ]
+        )
     return out
 
 
@@ -269,14 +287,23 @@ def check_one_f_one_b(rng: random.Random, learner: Any) -> Iterator[object]:
     inputs, want = _run_inputs(orders, rng.randint(3, 6), rng.randrange(10**6))
     grads = learner.ranks(probe_run, inputs, timeout=120)
     for s, (g, w) in enumerate(zip(grads, want["grads"], strict=True)):
-        if not isinstance(g, list) or len(g) != len(w) or not all(
-            isinstance(a, torch.Tensor) and a.shape == b.shape for a, b in zip(g, w, strict=True)
+        if (
+            not isinstance(g, list)
+            or len(g) != len(w)
+            or not all(
+                isinstance(a, torch.Tensor) and a.shape == b.shape
+                for a, b in zip(g, w, strict=True)
+            )
         ):
             raise wrong_form(s, "grads", _kind(g), label)
         diff = max((a - b).abs().max().item() for a, b in zip(g, w, strict=True))
         if diff > 1e-10:
             raise fail(
-                _t("stage {stage}: gradients differ from one process by {diff:.3g}", stage=s, diff=diff),
+                _t(
+                    "stage {stage}: gradients differ from one process by {diff:.3g}",
+                    stage=s,
+                    diff=diff,
+                ),
                 label,
             )
     yield label
