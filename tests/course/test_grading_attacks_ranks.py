@@ -488,3 +488,38 @@ def test_single_process_exercises_in_one_rank_without_the_oracle(
             passed, line = remote_verdict(grade_id, borrowed)
             assert not passed and "not available while grading" in line, line
             assert module in line, line
+
+
+# --- chapter 12: the references (tensor_parallel.py, pipeline_1f1b.py) hidden in the ranks ---
+
+
+def borrowed_copy(x: torch.Tensor) -> torch.Tensor:
+    from ddp_lab.tensor_parallel import copy_to_parallel_region
+
+    return copy_to_parallel_region(x)
+
+
+def borrowed_reduce(x: torch.Tensor) -> torch.Tensor:
+    from ddp_lab.tensor_parallel import reduce_from_parallel_region
+
+    return reduce_from_parallel_region(x)
+
+
+def borrowed_schedule(stage: int, stages: int, micro: int) -> Any:
+    from ddp_lab.pipeline_1f1b import one_f_one_b_order
+
+    return one_f_one_b_order(stage, stages, micro)
+
+
+CH12 = [("12.tp_pair", (borrowed_copy, borrowed_reduce)), ("12.one_f_one_b", (borrowed_schedule,))]
+
+
+@pytest.mark.parametrize(("grade_id", "borrowed"), CH12, ids=["tp_pair", "one_f_one_b"])
+def test_chapter_12_in_the_per_rank_form(grade_id: str, borrowed: tuple) -> None:
+    """The released answer passes in sandboxed ranks (12.one_f_one_b's run uses the
+    answer-free ``ddp_lab.pipeline``); the reference's module cannot be imported there."""
+    passed, line = remote_verdict(grade_id, *graded_solution(grade_id))
+    assert passed, line
+    if sandbox.available():
+        passed, line = remote_verdict(grade_id, *borrowed)
+        assert not passed and "not available while grading" in line, line
