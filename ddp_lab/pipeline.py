@@ -30,6 +30,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from ddp_lab.i18n import _t
+
 Op = tuple[str, int]  # ("F", micro-batch) or ("B", micro-batch)
 
 
@@ -47,13 +49,13 @@ def validate(orders: Sequence[Sequence[Op]], micro: int) -> None:
     for s, order in enumerate(orders):
         want = sorted([("F", i) for i in range(micro)] + [("B", i) for i in range(micro)])
         if sorted((k, i) for k, i in order) != want:
-            raise ScheduleError(f"stage {s}: not every F(i) and B(i) exactly once")
+            raise ScheduleError(_t("stage {stage}: not every F(i) and B(i) exactly once", stage=s))
         seen: set[int] = set()
         for kind, i in order:
             if kind == "F":
                 seen.add(i)
             elif i not in seen:
-                raise ScheduleError(f"stage {s}: B({i}) before F({i})")
+                raise ScheduleError(_t("stage {stage}: B({i}) before F({i})", stage=s, i=i))
 
 
 def simulate(
@@ -89,11 +91,15 @@ def simulate(
             moved = True
         if not moved:
             stuck = [
-                f"stage {s} waits before {orders[s][pos[s]]}"
+                _t(
+                    "stage {stage} waits before {op}",
+                    stage=s,
+                    op=f"{orders[s][pos[s]][0]}({orders[s][pos[s]][1]})",
+                )
                 for s in range(p)
                 if pos[s] < len(orders[s])
             ]
-            raise ScheduleError("deadlock: " + "; ".join(stuck))
+            raise ScheduleError(_t("deadlock: {where}", where="; ".join(stuck)))
     return events
 
 
