@@ -340,7 +340,7 @@ for name, kw in choices.items():
 # 测得。
 
 # %% tags=["lesson"]
-from ddp_lab.shaped_links import calibrate, fit
+from ddp_lab.labs.shaped_links import calibrate, fit
 
 cal = dl.spawn(calibrate, nprocs=2, backend="gloo")[0]
 alpha, beta = fit(cal["calibration"])

@@ -3,7 +3,7 @@
 ``per_step`` is a calculator for a stack of transformer-style MLP blocks (``dim`` ->
 ``4 dim`` -> ``dim``) trained with float32 AdamW on ``dp x tp x pp`` ranks. Its parts come
 from the course's models: parameters, gradients and optimizer state per rank from
-``memory_model.zero_bytes_per_rank`` (k = 8, 4-byte parameters and gradients), the bytes a
+``labs.memory_model.zero_bytes_per_rank`` (k = 8, 4-byte parameters and gradients), the bytes a
 rank sends from the ring algorithms of chapter 04/05 (an all-reduce sends ``2 (n-1)/n`` of
 its payload, an all-gather or a reduce-scatter ``(n-1)/n``), FLOPs as ``6 x parameters x
 rows`` (2 forward, 4 backward per parameter and row), the pipeline's bubble
@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 
 from ddp_lab.costs import gloo_cpu
-from ddp_lab.memory_model import zero_bytes_per_rank
+from ddp_lab.labs.memory_model import zero_bytes_per_rank
 from ddp_lab.pipeline import bubble_formula
 
 

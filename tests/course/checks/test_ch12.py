@@ -7,7 +7,7 @@ import torch
 import torch.distributed as dist
 
 from ddp_lab.course.grading import load_checkers, run_checker
-from ddp_lab.course.learner import LocalLearner
+from ddp_lab.course.grading.learner import LocalLearner
 from ddp_lab.pipeline import gpipe_order
 from ddp_lab.pipeline_1f1b import one_f_one_b_order
 from ddp_lab.tensor_parallel import copy_to_parallel_region, reduce_from_parallel_region
@@ -146,7 +146,7 @@ def test_schedule_checker_rejects_wrong_orders(wrong, words):
 
 
 def test_references_are_hidden_from_graded_ranks_and_flagged():
-    from ddp_lab.course import rankhost, scan
+    from ddp_lab.course.grading import rankhost, scan
 
     assert {"tensor_parallel.py", "pipeline_1f1b.py"} <= set(rankhost.HIDDEN)
     assert "pipeline.py" not in rankhost.HIDDEN  # probe_run's runner: no answer in it
