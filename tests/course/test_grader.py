@@ -381,7 +381,7 @@ def test_saved_note_says_when_the_file_was_saved_in_both_languages() -> None:
         "JupyterLab are not seen: save with Ctrl+S first."
     )
     note = grader.saved_note(Path("work/zh/05_ring.ipynb"), now - 205, "zh", now=now)
-    assert "work/zh/05_ring.ipynb" in note and "3 分钟前（12:04）" in note and "Ctrl+S" in note
+    assert "work/zh/05_ring.ipynb" in note and "3 分钟前，即 12:04" in note and "Ctrl+S" in note
     assert "12 s ago (12:07)" in grader.saved_note(Path("a"), now - 12, "en", now=now)
     assert "0 s ago" in grader.saved_note(Path("a"), now + 5, "en", now=now)  # clock skew
     assert "2 h ago (10:07)" in grader.saved_note(Path("a"), now - 7200, "en", now=now)
