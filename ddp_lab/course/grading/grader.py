@@ -521,8 +521,10 @@ def report_lines(results: list[Result], lang: str, markdown: bool = False) -> li
             f"- {r.grade_id}: " + lookup(MESSAGES, r.status, lang) + f", {r.points}/{r.max_points}"
         )
         if r.detail and r.status != "passed":
-            if markdown:
-                lines.append("\n" + report.code_block(r.detail) + "\n")
+            if markdown:  # indented inside the fence: no line of it starts like one of ours
+                block = report.code_block(r.detail).split("\n")
+                inner = ["  " + line for line in block[1:-1]]
+                lines.append("\n" + "\n".join([block[0], *inner, block[-1]]) + "\n")
             else:
                 lines.append("  " + report.clean(r.detail, newlines=True).replace("\n", "\n  "))
     total = _t(

@@ -35,6 +35,8 @@ from ddp_lab.i18n import _t
 
 MAX_BYTES = 20 * 2**20  # a chapter's notebook with its outputs is well under 1 MiB
 PARSE_TIMEOUT = 60.0
+MAX_DEPTH = 16  # folders below a student's folder
+MAX_ENTRIES = 10_000  # files and folders in one student's folder
 PARSE_MEMORY = 2 * 2**30  # address space of the parsing process
 
 
@@ -78,36 +80,9 @@ def find(paths: list[str], release_stem: str, lang: str) -> list[Submission]:
                 )
             by_id.setdefault(sub.identity, []).append(sub)
             continue
-        for dirpath, dirnames, filenames in os.walk(p, followlinks=False):
-            here = Path(dirpath)
-            rel_dir = here.relative_to(p).parts
-            dirnames[:] = sorted(d for d in dirnames if d != ".ipynb_checkpoints")
-            for d in list(dirnames):
-                if (here / d).is_symlink():  # os.walk lists it but does not enter it
-                    dirnames.remove(d)
-                    ident = rel_dir[0] if rel_dir else d
-                    sub = Submission(ident, p, (*rel_dir, d))
-                    sub.problem = _t(
-                        "{path} is a symbolic link (or lies in a linked folder): only regular "
-                        "files are graded; submit the notebook itself.",
-                        lang,
-                        path="/".join(sub.rel),
-                    )
-                    by_id.setdefault(ident, []).append(sub)
-            for name in sorted(filenames):
-                if not name.endswith(".ipynb"):
-                    continue
-                rel = (*rel_dir, name)
-                ident = rel[0] if len(rel) > 1 else Path(name).stem
-                sub = Submission(ident, p, rel)
-                if (here / name).is_symlink():
-                    sub.problem = _t(
-                        "{path} is a symbolic link (or lies in a linked folder): only regular "
-                        "files are graded; submit the notebook itself.",
-                        lang,
-                        path="/".join(rel),
-                    )
-                by_id.setdefault(ident, []).append(sub)
+        for ident, rel, problem in _folder(p, lang):
+            sub = Submission(ident, p, rel, problem=problem)
+            by_id.setdefault(ident, []).append(sub)
     out = []
     for ident, found in sorted(by_id.items()):
         seen: dict[str, Submission] = {}  # one file named twice (a folder and the file in it)
@@ -133,6 +108,111 @@ def find(paths: list[str], release_stem: str, lang: str) -> list[Submission]:
                 )
         out.append(chosen)
     return out
+
+
+def _linked(path: str, lang: str) -> str:
+    return _t(
+        "{path} is a symbolic link (or lies in a linked folder): only regular "
+        "files are graded; submit the notebook itself.",
+        lang,
+        path=path,
+    )
+
+
+def _folder(top: Path, lang: str) -> list[tuple[str, tuple[str, ...], str]]:
+    """(identity, path below ``top``, problem) of each notebook (or link) in the submissions
+    folder ``top``: the notebooks directly in it are booked under their names, each folder
+    directly in it is one identity, walked by ``_walk``; a folder that cannot be walked
+    (too deep, too many entries, unreadable) is that identity's error, never the class's."""
+    found: list[tuple[str, tuple[str, ...], str]] = []
+    with os.scandir(top) as it:
+        entries = sorted(it, key=lambda e: e.name)
+    for entry in entries:
+        name = entry.name
+        if entry.is_symlink():
+            if name.endswith(".ipynb") or entry.is_dir():
+                found.append(
+                    (
+                        Path(name).stem if name.endswith(".ipynb") else name,
+                        (name,),
+                        _linked(name, lang),
+                    )
+                )
+            continue
+        if entry.is_dir(follow_symlinks=False):
+            if name == ".ipynb_checkpoints":
+                continue
+            try:
+                for rel, linked in _walk(top, name, lang):
+                    found.append((name, rel, _linked("/".join(rel), lang) if linked else ""))
+            except _Unwalkable as exc:
+                found.append((name, (name,), str(exc)))
+            except OSError as exc:
+                why = _t("{path} could not be read: {error}", lang, path=name, error=exc.strerror)
+                found.append((name, (name,), why))
+        elif name.endswith(".ipynb"):
+            found.append((Path(name).stem, (name,), ""))
+    return found
+
+
+class _Unwalkable(Exception):
+    pass
+
+
+def _walk(top: Path, name: str, lang: str = "en") -> list[tuple[tuple[str, ...], bool]]:
+    """(path below ``top``, is a link) of each notebook, and of each linked folder, below
+    ``top/name``: iterative (no recursion limit), one directory file descriptor at a time
+    (``openat`` with ``O_NOFOLLOW``: no path grows past ``PATH_MAX``), at most ``MAX_DEPTH``
+    folders deep and ``MAX_ENTRIES`` entries in all."""
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+    out: list[tuple[tuple[str, ...], bool]] = []
+    stack: list[tuple[tuple[str, ...], int]] = [((name,), os.open(top / name, flags))]
+    seen = 0
+    try:
+        while stack:
+            rel, fd = stack.pop()
+            try:
+                with os.scandir(fd) as it:
+                    entries = sorted(it, key=lambda e: e.name)
+                seen += len(entries)
+                if seen > MAX_ENTRIES:
+                    raise _Unwalkable(
+                        _t(
+                            "{path} holds more than {n} files and folders: not graded; "
+                            "submit the notebook itself.",
+                            lang,
+                            path=name,
+                            n=MAX_ENTRIES,
+                        )
+                    )
+                subdirs = []
+                for entry in entries:
+                    if entry.is_symlink():
+                        if entry.name.endswith(".ipynb") or entry.is_dir():
+                            out.append(((*rel, entry.name), True))
+                    elif entry.is_dir(follow_symlinks=False):
+                        if entry.name != ".ipynb_checkpoints":
+                            subdirs.append(entry.name)
+                    elif entry.name.endswith(".ipynb"):
+                        out.append(((*rel, entry.name), False))
+                if subdirs and len(rel) >= MAX_DEPTH:
+                    raise _Unwalkable(
+                        _t(
+                            "{path} has folders more than {n} levels deep: not graded; "
+                            "submit the notebook itself.",
+                            lang,
+                            path=name,
+                            n=MAX_DEPTH,
+                        )
+                    )
+                for d in reversed(subdirs):
+                    stack.append(((*rel, d), os.open(d, flags, dir_fd=fd)))
+            finally:
+                os.close(fd)
+    finally:
+        for _, fd in stack:
+            os.close(fd)
+    return sorted(out)
 
 
 def read_bytes(root: Path, rel: tuple[str, ...], limit: int = MAX_BYTES) -> bytes:

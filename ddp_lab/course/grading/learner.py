@@ -29,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import json
+import re
 import types
 from collections.abc import Callable, Iterator
 from typing import IO, Any
@@ -44,6 +45,9 @@ class LearnerError(Exception):
     """
 
     def __init__(self, type_name: str, message: str, traceback: str = "") -> None:
+        # An exception's class name is the learner's to choose (newlines and all): only a
+        # dotted identifier of it is kept, so it can never write a line of its own.
+        type_name = ".".join(re.findall(r"\w+", str(type_name)))[:80] or "Exception"
         super().__init__(f"{type_name}: {message}")
         self.type_name, self.message, self.traceback = type_name, message, traceback
 
@@ -313,12 +317,20 @@ def _stub_code(nfree: int) -> types.CodeType:
     return namespace["outer"]().__code__
 
 
+def _refuse_function(target: types.FunctionType, saved: list) -> None:
+    for attr in ("__code__", "__defaults__", "__kwdefaults__"):
+        saved.append((target, attr, getattr(target, attr), True))
+    target.__code__ = _stub_code(len(target.__code__.co_freevars))
+    target.__defaults__ = target.__kwdefaults__ = None
+
+
 @contextlib.contextmanager
 def refuse(targets: dict[str, Any], allowed: str = "-") -> Iterator[None]:
     """Make each callable in ``targets`` (display name -> function or class) raise ``Refused``.
 
     A function's code object is swapped, so every alias the learner made of it (``from
-    torch.distributed import all_reduce as ar``) refuses too; a class refuses construction.
+    torch.distributed import all_reduce as ar``) refuses too; a class refuses construction,
+    and each of its own methods refuses (an instance made with ``object.__new__`` too).
     Restored on exit. The learner's process could undo it, but only on purpose, and the
     result still has to match the oracle computed in the grader.
     """
@@ -330,11 +342,17 @@ def refuse(targets: dict[str, Any], allowed: str = "-") -> Iterator[None]:
                 had = "__init__" in target.__dict__
                 saved.append((target, "__init__", target.__dict__.get("__init__"), had))
                 target.__init__ = _refusing_init  # type: ignore[misc]
+                # Every method refuses too: an instance made without ``__init__``
+                # (``object.__new__(cls)``, its attributes set by hand) gets nothing from it.
+                for value in list(vars(target).values()):
+                    if isinstance(value, staticmethod | classmethod):
+                        value = value.__func__
+                    elif isinstance(value, property):
+                        value = value.fget
+                    if isinstance(value, types.FunctionType) and value is not _refusing_init:
+                        _refuse_function(value, saved)
             elif isinstance(target, types.FunctionType):
-                for attr in ("__code__", "__defaults__", "__kwdefaults__"):
-                    saved.append((target, attr, getattr(target, attr), True))
-                target.__code__ = _stub_code(len(target.__code__.co_freevars))
-                target.__defaults__ = target.__kwdefaults__ = None
+                _refuse_function(target, saved)
             else:
                 raise TypeError(f"cannot refuse {name}")
         yield

@@ -2,9 +2,11 @@
 implementation and vs the other submissions, with ``copydetect`` (MOSS-like winnowing).
 
 The learner's code of an exercise is their code cells before its graded cell that differ from
-the release's (as ``course.scan`` reads it). Pairs at or above ``THRESHOLD`` of either side's
-fingerprinted tokens are listed in ``similarity.md`` in the grade's output folder. The report
-flags, it never changes a grade: copying is for the instructor to judge.
+the release's (as ``course.scan`` reads it), its graded cell found by the release's source
+(never by the submission's metadata). Pairs at or above ``THRESHOLD`` of either side's
+fingerprinted tokens are listed in ``similarity.md`` in the grade's output folder, every
+name and id as a Markdown code span (``report.code_span``). The report flags, it never
+changes a grade: copying is for the instructor to judge.
 
 Without copydetect installed (``pip install copydetect``) the report says so and lists nothing.
 """
@@ -36,19 +38,30 @@ REFERENCE = "(ddp_lab)"
 
 
 def exercise_code(release: nbformat.NotebookNode, sub: nbformat.NotebookNode) -> dict[str, str]:
-    """grade_id -> the learner's own code before its graded cell (cells unlike the release's)."""
-    released = {c.source for c in release.cells if c.cell_type == "code"}
+    """grade_id -> the learner's own code before its graded cell (cells unlike the release's).
+
+    The exercise ids come from the release: a cell of the submission is the graded cell of
+    ``grade_id`` when its source is the release's graded cell (whatever its metadata says:
+    the submission's metadata is the learner's to write)."""
+    graded = {
+        str(c.source): str(c.metadata.get("grade_id"))
+        for c in release.cells
+        if c.cell_type == "code" and c.metadata.get("grade_id")
+    }
+    released = {str(c.source) for c in release.cells if c.cell_type == "code"}
     out: dict[str, str] = {}
     mine: list[str] = []
     for cell in sub.cells:
         if cell.cell_type != "code":
             continue
-        grade_id = cell.metadata.get("grade_id")
+        source = str(cell.source)
+        grade_id = graded.get(source)
         if grade_id:
-            out[str(grade_id)] = "\n\n".join(mine)
+            if grade_id not in out:
+                out[grade_id] = "\n\n".join(mine)
             mine = []
-        elif cell.source not in released:
-            mine.append(cell.source)
+        elif source not in released:
+            mine.append(source)
     return out
 
 
@@ -144,7 +157,7 @@ def write_report(
         found = pairs(codes, threshold)
         if found:
             any_pair = True
-            lines += [f"## `{grade_id}`", ""]
+            lines += [f"## {code_span(grade_id, MAX_NAME)}", ""]
             lines += [
                 f"- {code_span(a, MAX_NAME)} ~ {code_span(b, MAX_NAME)}: {score:.0%}"
                 for a, b, score in found

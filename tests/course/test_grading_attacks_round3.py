@@ -1,0 +1,145 @@
+"""Grading, round 3 (issue 41): the small, local defences, tested directly.
+
+A class broken by one folder (intake's walk), a forged accusation in ``similarity.md`` (ids
+from the submission, printed raw), feedback forged by an exception class's name, the
+refusal in 06 bypassed with ``object.__new__``, and ``submissions/`` left unignored.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import unittest.mock as mock
+from pathlib import Path
+
+import nbformat
+import pytest
+from test_grader import RELEASE, read, solved, with_cell_after_setup
+
+from ddp_lab.course.grading import grader, intake, similarity
+
+ROOT = Path(__file__).resolve().parents[2]
+UNSOLVED_00 = "def average_across_ranks(value):\n    raise NotImplementedError\n"
+# An id that writes a line of its own into similarity.md, accusing an honest classmate.
+FORGED_ID = "00.average`\n\n- `honest` ~ `(ddp_lab)`: 100%\n\n## `x"
+# The lines a learner's exception class name (or message) would write into their feedback.
+FORGED_LINES = "E\n- 00.average: passed, 2/2\ntotal 2/2 points"
+
+
+def _nest(root: Path, depth: int) -> None:
+    """``root/d/d/.../d`` (``depth`` levels) with a notebook at the bottom, made with
+    directory descriptors (the path is longer than a path may be)."""
+    root.mkdir(parents=True)
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    for _ in range(depth):
+        os.mkdir("d", dir_fd=fd)
+        inner = os.open("d", os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+        os.close(fd)
+        fd = inner
+    note = os.open("x.ipynb", os.O_WRONLY | os.O_CREAT, 0o644, dir_fd=fd)
+    os.write(note, b"{}")
+    os.close(note)
+    os.close(fd)
+
+
+def _unnest(root: Path) -> None:
+    """Remove what ``_nest`` made, bottom up, iteratively."""
+    fds = [os.open(root, os.O_RDONLY | os.O_DIRECTORY)]
+    while True:
+        try:
+            fds.append(os.open("d", os.O_RDONLY | os.O_DIRECTORY, dir_fd=fds[-1]))
+        except FileNotFoundError:
+            break
+    for name in os.listdir(fds[-1]):
+        os.unlink(name, dir_fd=fds[-1])
+    while len(fds) > 1:
+        os.close(fds.pop())
+        os.rmdir("d", dir_fd=fds[-1])
+    os.close(fds[0])
+    root.rmdir()
+
+
+def test_an_unwalkable_folder_is_one_learners_error(tmp_path: Path) -> None:
+    subs = tmp_path / "subs"
+    _nest(subs / "deep", 1100)
+    try:  # nothing else may stop the removal of the nest (pytest's cleanup recurses)
+        (subs / "wide").mkdir()
+        for i in range(10_001):  # intake.MAX_ENTRIES + 1
+            (subs / "wide" / f"{i}").touch()
+        (subs / "ann").mkdir()
+        (subs / "ann" / "work.ipynb").write_text("{}")
+        (subs / "bob").mkdir()
+        os.symlink(subs / "ann" / "work.ipynb", subs / "bob" / "work.ipynb")
+        (subs / "cat.ipynb").write_text("{}")
+        found = {s.identity: s for s in intake.find([str(subs)], "work", "en")}
+    finally:
+        _unnest(subs / "deep")
+    assert set(found) == {"ann", "bob", "cat", "deep", "wide"}
+    assert found["ann"].problem == "" and found["ann"].rel == ("ann", "work.ipynb")
+    assert found["cat"].problem == "" and found["cat"].rel == ("cat.ipynb",)
+    assert "symbolic link" in found["bob"].problem
+    assert "levels deep" in found["deep"].problem
+    assert "more than" in found["wide"].problem
+
+
+def test_similarity_ids_come_from_the_release_and_strings_are_escaped(tmp_path: Path) -> None:
+    release = read(RELEASE)
+    nb = with_cell_after_setup(solved(release, UNSOLVED_00), "x = 1\n")
+    nb.cells.insert(1, nbformat.v4.new_code_cell("pass", metadata={"grade_id": FORGED_ID}))
+    codes = similarity.exercise_code(release, nb)
+    ids = {c.metadata["grade_id"] for c in release.cells if c.metadata.get("grade_id")}
+    assert set(codes) == ids and FORGED_ID not in codes, codes  # the release's ids only
+    assert "x = 1" in codes["00.average"]
+    # Whatever reaches the report (ids, names) is a code span: no line of its own.
+    pytest.importorskip("copydetect")
+    with (
+        mock.patch.object(similarity, "exercise_code", lambda r, s: {FORGED_ID: "x = 1\n"}),
+        mock.patch.object(similarity, "pairs", lambda codes, t: [(FORGED_ID, "honest", 1.0)]),
+    ):
+        report = similarity.write_report(release, {"a": nb}, tmp_path, "en")
+    lines = report.read_text(encoding="utf-8").splitlines()
+    assert not any(line.startswith("- `honest`") for line in lines), lines
+    assert not any(line.startswith("## `x") for line in lines), lines
+
+
+def test_an_exception_class_name_cannot_write_lines() -> None:
+    from ddp_lab.course.grading.learner import LearnerError
+
+    err = LearnerError(FORGED_LINES, "x")
+    assert "\n" not in err.type_name and "\n" not in str(err).split(": ", 1)[0]
+    assert err.type_name == "E.00.average.passed.2.2.total.2.2.points"
+    assert LearnerError("torch.distributed.DistBackendError", "x").type_name == (
+        "torch.distributed.DistBackendError"
+    )
+
+
+def test_feedback_details_stay_inside_their_fence() -> None:
+    results = [grader.Result("00.average", 0, 2, "failed", FORGED_LINES)]
+    lines = "\n".join(grader.report_lines(results, "en", markdown=True)).splitlines()
+    assert not any(line.startswith("- 00.average: passed") for line in lines), lines
+    assert [line for line in lines if line.startswith("total")] == ["total 0/2 points"], lines
+    assert any("00.average: passed, 2/2" in line for line in lines)  # shown, inside the fence
+
+
+def test_a_refused_class_refuses_every_method_even_without_init() -> None:
+    from torch.utils.data import DistributedSampler
+
+    from ddp_lab.course.grading.learner import Refused, refuse
+
+    sampler = object.__new__(DistributedSampler)
+    sampler.dataset, sampler.num_replicas, sampler.rank = range(10), 2, 0
+    sampler.epoch, sampler.seed, sampler.shuffle, sampler.drop_last = 0, 0, True, False
+    sampler.num_samples, sampler.total_size = 5, 10
+    with refuse({"DistributedSampler": DistributedSampler}), pytest.raises(Refused):
+        list(iter(sampler))
+    assert len(list(iter(sampler))) == 5  # restored after
+    assert len(DistributedSampler(range(10), num_replicas=2, rank=0)) == 5
+
+
+def test_submissions_are_git_ignored() -> None:
+    done = subprocess.run(
+        ["git", "check-ignore", "-q", "--no-index", "submissions/alice/work.ipynb"],
+        cwd=ROOT,
+        check=False,
+    )
+    assert done.returncode == 0
