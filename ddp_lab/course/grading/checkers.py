@@ -204,7 +204,7 @@ def _verdict(chk: Checker, learner: Any, lang: str | None) -> tuple[bool, str]:
         lang,
         grade_id=chk.grade_id,
         points=chk.points,
-        detail=detail[:1].upper() + detail[1:],  # a sentence after the full stop
+        detail=detail,
     )
 
 

@@ -258,7 +258,7 @@ def _judge(
             lang,
             grade_id=grade_id,
             points=chk.points,
-            detail=detail[:1].upper() + detail[1:],  # a sentence after the full stop
+            detail=detail,
         )
         return {"status": "failed", "detail": line}
     if time.monotonic() >= deadline:

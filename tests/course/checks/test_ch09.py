@@ -93,7 +93,8 @@ def _grade(grade_id: str, fn, seed: str, monkeypatch: pytest.MonkeyPatch) -> boo
     monkeypatch.setenv("DDP_LAB_GRADE_SEED", seed)
     try:
         dl.grade(grade_id, fn)
-    except AssertionError:
+    except AssertionError as failed:
+        print(failed)  # a failing graded cell shows its verdict line as the error
         return False
     return True
 
