@@ -66,6 +66,8 @@ WRONG: list[tuple[str, Any]] = [
     ("10.fsdp_reduce", all_reduce_grad),
     ("11.resume", make_resume("rng")),
     ("11.resume", make_resume("optimizer")),
+    # Concept checks: a wrong letter to question 1, the rest unanswered.
+    *[(f"{c:02d}.concepts", {1: "z"}) for c in range(12)],
 ]
 
 
