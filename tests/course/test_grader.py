@@ -142,7 +142,7 @@ def test_untouched_and_solved_notebooks_are_not_tampered() -> None:
     assert tampered(synthetic_release()) == {}
     assert tampered(synthetic_solved()) == {}
     found, bad = grader.locate(read(RELEASE), solved(read(RELEASE)))
-    assert bad == {} and list(found) == ["00.average"]
+    assert bad == {} and list(found) == ["00.average", "00.concepts"]
 
 
 def test_changed_deleted_moved_and_copied_graded_cells() -> None:
@@ -353,7 +353,8 @@ def test_grade_chapter00_submissions_in_one_call(tmp_path: Path) -> None:
     (subs / "broken.ipynb").write_text('{"cells": [', encoding="utf-8")
     out = tmp_path / "out"
     assert grade(RELEASE, subs, out, "--cell-timeout", "20", "--timeout", "400", "--jobs", "2") == 0
-    assert gradebook(out) == {
+    book = gradebook(out)
+    assert {k: v for k, v in book.items() if k[1] == "00.average"} == {
         ("broken", "00.average"): (0, 2, "invalid"),
         ("changed", "00.average"): (0, 2, "tampered-changed"),
         ("correct", "00.average"): (2, 2, "passed"),
@@ -363,6 +364,13 @@ def test_grade_chapter00_submissions_in_one_call(tmp_path: Path) -> None:
         ("runaway", "00.average"): (0, 2, "timeout"),
         ("wrong", "00.average"): (0, 2, "failed"),
     }
+    # The concept check: answered only in the solutions notebook ("changed" starts from it).
+    concepts = {k[0]: v for k, v in book.items() if k[1] == "00.concepts"}
+    assert concepts.pop("changed") == (2, 2, "passed")
+    assert concepts.pop("broken") == (0, 2, "invalid")
+    assert concepts.pop("exits") == (0, 2, "kernel-died")
+    assert concepts.pop("runaway") == (0, 2, "timeout")
+    assert concepts == {n: (0, 2, "failed") for n in ("correct", "deleted", "moved", "wrong")}
     feedback = (out / "feedback" / "wrong.md").read_text(encoding="utf-8")
     assert "FAIL 00.average" in feedback and "hidden case 1 of 3" in feedback
     assert "20 s" in (out / "feedback" / "runaway.md").read_text(encoding="utf-8")
@@ -395,7 +403,8 @@ def test_check_solution_passes_and_says_which_save_it_graded(tmp_path: Path, cap
     os.utime(mine, (time.time() - 200, time.time() - 200))
     assert cli.main(["check", str(mine)]) == 0
     out = capsys.readouterr().out
-    assert "00.average: passed, 2/2" in out and "total 2/2 points" in out
+    assert "00.average: passed, 2/2" in out and "00.concepts: passed, 2/2" in out
+    assert "total 4/4 points" in out
     note = out.splitlines()[0]  # said first: the learner can stop, save and check again
     assert note.startswith(f"Grading {mine} as saved 3 min ago (") and "Ctrl+S" in note, out
 
@@ -403,7 +412,8 @@ def test_check_solution_passes_and_says_which_save_it_graded(tmp_path: Path, cap
 def test_check_unsolved_exercise_fails_in_its_language(capsys) -> None:
     assert cli.main(["check", str(ROOT / "exercises" / "zh" / "00_quickstart.ipynb")]) == 1
     out = capsys.readouterr().out
-    assert "00.average: 未通过, 0/2" in out and "总分 0/2" in out
+    assert "00.average: 未通过, 0/2" in out and "00.concepts: 未通过, 0/2" in out
+    assert "总分 0/4" in out
     assert "NotImplementedError" in out
     assert "保存的版本" in out.splitlines()[0] and "Ctrl+S" in out.splitlines()[0], out
 
