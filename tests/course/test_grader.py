@@ -94,6 +94,14 @@ def gradebook(out: Path) -> dict[tuple[str, str], tuple[int, int, str]]:
     }
 
 
+def code_exercises(
+    book: dict[tuple[str, str], tuple[int, int, str]],
+) -> dict[tuple[str, str], tuple[int, int, str]]:
+    """``book`` without the concept checks' rows (``NN.concepts``: graded on their own, see
+    tests/course/test_learner_loop.py); the attacks in these tests aim at the code exercises."""
+    return {k: v for k, v in book.items() if not k[1].endswith(".concepts")}
+
+
 # --- synthetic releases: two exercises whose graded cells only print -----------------------
 
 

@@ -17,6 +17,7 @@ from test_grader import (
     RELEASE,
     SOLUTION,
     WRONG,
+    code_exercises,
     grade,
     gradebook,
     leftover_processes,
@@ -96,7 +97,7 @@ def test_a_class_with_every_attack_in_one_grading_run(tmp_path: Path) -> None:
     out = tmp_path / "out"
 
     assert grade(RELEASE, subs, out, "--cell-timeout", "90", "--jobs", "2") == 0
-    book = gradebook(out)
+    book = code_exercises(gradebook(out))
     for name in ("ann", "zoe", "'=2+5", "\\x1b[31mred\\x07", "caf\\xe9"):
         assert book.pop((name, "00.average")) == (2, 2, "passed"), name
     attacks = {name: book.pop((name, "00.average")) for name, _ in list(book)}

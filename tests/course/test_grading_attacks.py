@@ -17,6 +17,7 @@ import pytest
 from test_grader import (
     RELEASE,
     WRONG,
+    code_exercises,
     grade,
     gradebook,
     leftover_processes,
@@ -78,7 +79,7 @@ def test_cheats_get_zero_and_honest_work_full_points(tmp_path: Path) -> None:
     write(solved(release, ALWAYS_EQUAL), subs / "always_equal.ipynb")
     out = tmp_path / "out"
     assert grade(RELEASE, subs, out, "--cell-timeout", "60", "--jobs", "2") == 0
-    book = gradebook(out)
+    book = code_exercises(gradebook(out))
     assert book.pop(("honest", "00.average")) == (2, 2, "passed")
     assert book.pop(("print_and_exit", "00.average")) == (0, 2, "kernel-died")
     # It imports the grading machinery: course.scan flags it for the instructor, with 0 points.
@@ -147,7 +148,7 @@ def test_sandboxed_submissions_cannot_touch_the_host(tmp_path: Path) -> None:
         stop.set()
         thread.join()
         server.close()
-    book = gradebook(out)
+    book = code_exercises(gradebook(out))
     assert not target.exists()
     assert accepted == []
     assert "the-instructor-seed" not in "".join(

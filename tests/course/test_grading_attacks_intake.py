@@ -21,6 +21,7 @@ import pytest
 from test_grader import (
     RELEASE,
     WRONG,
+    code_exercises,
     grade,
     gradebook,
     leftover_processes,
@@ -120,7 +121,7 @@ def test_files_identities_and_reports_cannot_take_points_or_stop_the_class(
     (out / "feedback" / "diskfull.md").mkdir(parents=True)
 
     assert grade(release, subs, out, "--cell-timeout", "60", "--jobs", "2") == 0
-    book = gradebook(out)
+    book = code_exercises(gradebook(out))
     full = {"selftest.f": (1, 1, "passed"), "selftest.g": (2, 2, "passed")}
     honest_names = ["zoe", "'=2+5", "\\x1b[31mred\\x1b]0;title\\x07", "caf\\xe9"]
     honest_names += ["x" * 250 + "1", "x" * 250 + "2"]
@@ -302,7 +303,7 @@ def test_neighbours_cannot_starve_or_fill_the_machine(tmp_path: Path) -> None:
     free = shutil.disk_usage(tmp_path).free
     out = tmp_path / "out"
     assert grade(RELEASE, subs, out, "--cell-timeout", "90", "--jobs", "2") == 0
-    book = gradebook(out)
+    book = code_exercises(gradebook(out))
     # The bomb gets nothing: its wrong answer fails, or (on a loaded machine, its 500
     # processes waiting for a CPU) its own error.
     assert book.pop(("a-bomb", "00.average")) in {(0, 2, "failed"), (0, 2, "error")}

@@ -23,6 +23,7 @@ import torch
 from test_grader import (
     RELEASE,
     SOLUTION,
+    code_exercises,
     grade,
     gradebook,
     leftover_processes,
@@ -99,7 +100,7 @@ def test_attacks_on_the_protocol_get_nothing_and_honest_work_its_points(tmp_path
     write(flood, subs / "flood.ipynb")
     out = tmp_path / "out"
     assert grade(RELEASE, subs, out, "--cell-timeout", "60", "--jobs", "2") == 0
-    book = gradebook(out)
+    book = code_exercises(gradebook(out))
     assert book.pop(("honest", "00.average")) == (2, 2, "passed")
     assert book.pop(("unsolved", "00.average")) == (0, 2, "failed")
     assert book.pop(("patch", "00.average")) in [(0, 2, "failed"), (0, 2, "flagged")]
@@ -140,7 +141,7 @@ def test_the_reference_ring_is_not_importable_while_grading(tmp_path: Path) -> N
     write(cheat, subs / "import_reference.ipynb")
     out = tmp_path / "out"
     assert grade(RELEASE_05, subs, out, "--cell-timeout", "120", "--jobs", "2") == 0
-    book = gradebook(out)
+    book = code_exercises(gradebook(out))
     assert book[("honest", "05.ring")] == (5, 5, "passed")
     assert book[("unsolved", "05.ring")] == (0, 5, "failed")
     assert book[("import_reference", "05.ring")] == (0, 5, "flagged")
