@@ -867,7 +867,7 @@ dl.grade("01.diagnose", diagnose)
 # `dl.quiz` 会告诉你哪些答对了，并逐题解释，包括你选错的那个选项。数值题请先用本章的模型算出来，
 # 再运行任何代码。练习笔记本会对同样的答案评分（`01.concepts`，全部答对得 2 分）。
 #
-# **1.** `nvidia-smi` 显示“CUDA Version: 12.0”（驱动 525.60.13），`nvcc -V` 显示 11.8，torch 是 `2.5.1+cu124`。torch 用哪个 CUDA 运行时来运行它的 kernel？
+# **1.** `nvidia-smi` 显示“CUDA Version: 12.0”（驱动 525.60.13），`nvcc -V` 显示 11.8，torch 是 `2.5.1+cu124`。torch 用哪个 CUDA 运行时来运行它的核函数？
 #
 # - (a) 11.8，工具包的
 # - (b) 都不是：torch 在这里无法启动 CUDA
@@ -879,9 +879,9 @@ dl.grade("01.diagnose", diagnose)
 # - (a) 新工具包只以 PTX 形式提供、需要旧驱动即时编译的代码
 # - (b) `torch.cuda.is_available()`
 # - (c) `nvidia-smi`
-# - (d) 任何 CUDA kernel 都不行
+# - (d) 任何 CUDA 核函数都不行
 #
-# **3.** 某块 GPU 的计算能力不在 `torch.cuda.get_arch_list()` 里，也没有对应的 PTX。第一个 kernel 就报“no kernel image is available”。怎么修？
+# **3.** 某块 GPU 的计算能力不在 `torch.cuda.get_arch_list()` 里，也没有对应的 PTX。第一个核函数就报 `no kernel image is available`。怎么修？
 #
 # - (a) 换一个为这个架构编译的 torch wheel
 # - (b) 安装带 `nvcc` 的 CUDA 工具包

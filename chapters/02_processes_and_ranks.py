@@ -361,7 +361,7 @@ dl.grade("02.place", place)
 # - (c) 一块都没有
 # - (d) 全部 4 块
 #
-# **4.** 两个 torchrun agent 使用 `--rdzv-backend=c10d`；你给先启动的那个传 `--node_rank=1`，后一个传 `--node_rank=0`。先启动的那个会得到 `GROUP_RANK` 1 吗？
+# **4.** 两个 torchrun 代理使用 `--rdzv-backend=c10d`；你给先启动的那个传 `--node_rank=1`，后一个传 `--node_rank=0`。先启动的那个会得到 `GROUP_RANK` 1 吗？
 #
 # - (a) torchrun 拒绝启动
 # - (b) 两个都得到 0
