@@ -36,13 +36,17 @@ fi
 unset DDP_LAB_LANG  # each notebook picks its language from its folder
 export MPLBACKEND=agg
 .venv/bin/ruff check ddp_lab tests benchmarks
-# Unit tests, the launcher's nbval notebook, every lesson and every solution notebook
-# (both languages); exercises/ are checked by tests/course/test_exercises.py (graded cells must fail);
+# Unit tests, the launcher's nbval notebook, every lesson (both languages) and every solution
+# notebook (en: the zh solutions are the same code cells, tests/course/test_build.py); exercises/
+# are checked by tests/course/test_exercises.py (graded cells must fail);
 # tests/course/test_browser.py runs the widget chapters in JupyterLab in headless Chromium.
 # The nbcache plugin keeps each notebook that ran clean, with its outputs, in build/nb-cache
 # (keyed by a hash of the notebook), for the website below.
-.venv/bin/python -m pytest -p no:cacheprovider --nbval-lax --nbval-cell-timeout=300 \
-  -p ddp_lab.course.nbcache --nb-cache build/nb-cache tests notebooks solutions "$@"
+# DDP_LAB_STORED_RUNS=zh: the zh lessons show the stored runs of the cluster labs (chapters 04, 09,
+# 11); the en lessons run them live, and so does tests/cluster (ddp_lab/cluster/__init__.py).
+DDP_LAB_STORED_RUNS=zh .venv/bin/python -m pytest -p no:cacheprovider --nbval-lax \
+  --nbval-cell-timeout=300 -p ddp_lab.course.nbcache --nb-cache build/nb-cache \
+  tests notebooks solutions/en "$@"
 # The course website from those outputs (no lesson runs a second time: --missing fail), then
 # Chromium on it (tests/course/test_site.py). Only after a whole run: extra pytest arguments
 # may have left lessons out of the cache.

@@ -10,7 +10,30 @@ top of the package; ``ddp_lab.hosts`` and ``ddp_lab.slurm`` are old paths of the
 """
 
 import json
+import os
 from pathlib import Path
+
+# Set to "1" (every language) or to languages ("zh", "en,zh"): the labs of chapters 09 and 11 show
+# their stored runs in those languages instead of building hosts or Slurm. A quick read for a learner
+# who has root; test.sh sets "zh": the zh lessons run the same code as the en ones, which run live,
+# and tests/cluster runs each lab live too, so nothing live runs three times.
+STORED_RUNS = "DDP_LAB_STORED_RUNS"
+
+
+def stored_runs_asked() -> bool:
+    """Whether ``DDP_LAB_STORED_RUNS`` asks for the stored runs in the current language."""
+    from ddp_lab.i18n import get_language
+
+    wanted = {w.strip() for w in os.environ.get(STORED_RUNS, "").split(",") if w.strip()}
+    return bool(wanted & {"1", "all", get_language()})
+
+
+def lab_reason(unavailable: str | None) -> str | None:
+    """Why a lab shows its stored run: ``DDP_LAB_STORED_RUNS`` asked, or ``unavailable``."""
+    if stored_runs_asked():
+        return f"{STORED_RUNS}={os.environ[STORED_RUNS]}"
+    return unavailable
+
 
 # The checkout a record was made in: its absolute path says where the recorder happened to work,
 # not what a learner's run shows, so stored runs name files relative to the checkout
@@ -29,6 +52,12 @@ def load_record(path: Path, reason: str, slurm: bool = False) -> dict:
     from ddp_lab.i18n import _t
 
     stored = json.loads(path.read_text())
+    if stored_runs_asked():
+        print(_t(
+"{variable} is set: showing the stored output of a real run on {date} instead of a live one: "
+"{command}"
+, variable=f"{STORED_RUNS}={os.environ[STORED_RUNS]}", date=stored["date"], command=stored["command"]))  # fmt: skip
+        return stored
     # The reason is a sentence of its own ("... as root."), put in parentheses before a full
     # stop: without its own stop, so that the notice does not end in ".)." (or its zh form).
     reason = reason.strip().rstrip("." + chr(0x3002))  # a full stop, ASCII or ideographic

@@ -41,7 +41,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from ddp_lab.cluster import hosts, load_record, store_record
+from ddp_lab.cluster import hosts, lab_reason, load_record, store_record
 from ddp_lab.i18n import _t
 
 RECORD = Path(__file__).with_name("elastic_run.json")
@@ -220,7 +220,7 @@ class Runs:
     """Both scenarios, run one after the other in the background, or the stored runs."""
 
     def __init__(self, names: tuple[str, ...] = SCENARIOS) -> None:
-        self.reason = hosts.unavailable_reason()
+        self.reason = lab_reason(hosts.unavailable_reason())
         self.runs: dict[str, Future | Record] = {}
         if self.reason:
             stored = load_record(RECORD, self.reason)

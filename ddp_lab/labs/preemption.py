@@ -28,7 +28,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from ddp_lab.cluster import hosts, load_record, slurm, store_record
+from ddp_lab.cluster import hosts, lab_reason, load_record, slurm, store_record
 
 RECORD = Path(__file__).with_name("preemption_run.json")
 TRAIN = "--epochs 3 --threads 1 --step-sleep 0.1 --checkpoint-every 5 --preempt-signal USR1"
@@ -152,7 +152,7 @@ class Runs:
     """The run in the background on a fresh cluster, or the stored run."""
 
     def __init__(self) -> None:
-        self.reason = slurm.unavailable_reason()
+        self.reason = lab_reason(slurm.unavailable_reason())
         if self.reason:
             stored = load_record(RECORD, self.reason, slurm=True)
             self._run: Future | Record = Record(**stored["run"])

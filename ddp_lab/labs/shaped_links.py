@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from ddp_lab import costs
-from ddp_lab.cluster import hosts, load_record
+from ddp_lab.cluster import hosts, lab_reason, load_record
 from ddp_lab.i18n import _t
 
 RECORD = Path(__file__).with_name("shaped_links_run.json")
@@ -354,7 +354,9 @@ def stored() -> dict:
 def lab(rate_mbit: float = 100, sizes: Sequence[int] = (1 << 10, 16 << 10, 256 << 10),
         iters: int = 3) -> dict:  # fmt: skip
     """A small live run where hosts can be built; the stored run's run at that rate elsewhere."""
-    reason = hosts.unavailable_reason() or hosts.shaping_unavailable_reason(rate_mbit, None)
+    reason = lab_reason(
+        hosts.unavailable_reason() or hosts.shaping_unavailable_reason(rate_mbit, None)
+    )
     if not reason:
         return measure(rate_mbit, sizes, iters=iters)
     record = load_record(RECORD, reason)

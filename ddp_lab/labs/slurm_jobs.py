@@ -17,7 +17,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from ddp_lab.cluster import hosts, load_record, slurm, store_record
+from ddp_lab.cluster import hosts, lab_reason, load_record, slurm, store_record
 
 RECORD = Path(__file__).with_name("slurm_run.json")
 # The lines of a job's output each scenario is about: the chapter prints them, tests check them.
@@ -66,7 +66,7 @@ class Jobs:
     """Every job, run in the background on a fresh cluster, or the stored run."""
 
     def __init__(self) -> None:
-        self.reason = slurm.unavailable_reason()
+        self.reason = lab_reason(slurm.unavailable_reason())
         if self.reason:
             stored = load_record(RECORD, self.reason, slurm=True)
             jobs = {k: slurm.Job(**v) for k, v in stored["run"].pop("jobs").items()}

@@ -25,7 +25,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from ddp_lab.cluster import hosts, load_record, store_record
+from ddp_lab.cluster import hosts, lab_reason, load_record, store_record
 
 RECORD = Path(__file__).with_name("two_hosts_run.json")
 TRAIN_ARGS = ("--epochs", "2", "--threads", "1")
@@ -226,7 +226,7 @@ class Gallery:
     """Every scenario, started in the background (two at a time), or the stored run."""
 
     def __init__(self, names: tuple[str, ...] = tuple(EXPECT), workers: int = 2) -> None:
-        self.reason = hosts.unavailable_reason()
+        self.reason = lab_reason(hosts.unavailable_reason())
         self.runs: dict[str, Future | Scenario] = {}
         if self.reason:
             stored = load_record(RECORD, self.reason)

@@ -18,6 +18,7 @@ import atexit
 import inspect
 import linecache
 import os
+import random
 import select
 import shutil
 import signal
@@ -29,6 +30,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import cloudpickle
@@ -302,8 +304,35 @@ def shutdown() -> None:
 atexit.register(shutdown)
 
 
+def _ephemeral_range() -> tuple[int, int]:
+    """The ports Linux hands to ``bind(0)`` and to outgoing connections."""
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999  # Linux's default
+
+
 def free_port() -> int:
-    """A TCP port that is free right now on localhost (chosen by the OS, never fixed)."""
+    """A TCP port that is free right now on localhost, drawn at random (never fixed).
+
+    The port is free when we look, and rank 0 binds it a moment later. A port from ``bind(0)``
+    comes from the ephemeral range, where every outgoing connection on the machine also takes
+    its local port (gloo opens one per pair of ranks): on a busy machine one of them now and then
+    took the port in that moment, and rank 0 failed with EADDRINUSE. A port drawn below the
+    range is never handed out that way; only a program that binds it by number could take it.
+    """
+    low, _ = _ephemeral_range()
+    draw = random.SystemRandom()
+    if low > 2048:
+        for _ in range(64):
+            port = draw.randrange(1024 if low <= 10000 else 10000, low)
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+                try:
+                    s.bind(("127.0.0.1", port))
+                except OSError:
+                    continue
+                return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]

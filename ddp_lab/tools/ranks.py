@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -136,9 +135,9 @@ with open(os.path.join(os.environ["DDP_LAB_OUT"], os.environ["RANK"] + ".json"),
 
 
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    from ddp_lab.runtime.launcher import free_port
+
+    return free_port()
 
 
 def torchrun_assignment(

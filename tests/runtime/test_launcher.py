@@ -505,3 +505,17 @@ def test_official_ddp_tutorial_demo_runs_with_dl_spawn(capfd, no_leaks):
     run_demo(demo_basic, 2)
     out = capfd.readouterr().out
     assert "[rank 1] Finished running basic DDP example on rank 1." in out
+
+
+def test_free_port_is_free_and_outside_the_ephemeral_range() -> None:
+    """Outgoing connections (gloo opens one per pair of ranks) take their local port from the
+    ephemeral range: a port drawn below it cannot be taken that way before rank 0 binds it."""
+    import socket
+
+    low, high = launcher._ephemeral_range()
+    ports = {launcher.free_port() for _ in range(20)}
+    assert len(ports) > 1  # drawn, not fixed
+    for port in ports:
+        assert port < low
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", port))  # still free
