@@ -36,22 +36,39 @@ fi
 unset DDP_LAB_LANG  # each notebook picks its language from its folder
 export MPLBACKEND=agg
 .venv/bin/ruff check ddp_lab tests benchmarks
-# Unit tests, the launcher's nbval notebook, every lesson (both languages) and every solution
-# notebook (en: the zh solutions are the same code cells, tests/course/test_build.py); exercises/
-# are checked by tests/course/test_exercises.py (graded cells must fail);
-# tests/course/test_browser.py runs the widget chapters in JupyterLab in headless Chromium.
-# The nbcache plugin keeps each notebook that ran clean, with its outputs, in build/nb-cache
-# (keyed by a hash of the notebook), for the website below.
 # DDP_LAB_STORED_RUNS=zh: the zh lessons show the stored runs of the cluster labs (chapters 04, 09,
 # 11); the en lessons run them live, and so does tests/cluster (ddp_lab/cluster/__init__.py).
-DDP_LAB_STORED_RUNS=zh .venv/bin/python -m pytest -p no:cacheprovider --nbval-lax \
-  --nbval-cell-timeout=300 -p ddp_lab.course.nbcache --nb-cache build/nb-cache \
-  tests notebooks solutions/en "$@"
+export DDP_LAB_STORED_RUNS=zh
+# The nbcache plugin keeps each notebook that ran clean, with its outputs, in build/nb-cache
+# (keyed by a hash of the notebook), for the website below.
+pytest=(.venv/bin/python -m pytest -p no:cacheprovider --nbval-lax --nbval-cell-timeout=300
+  -p ddp_lab.course.nbcache --nb-cache build/nb-cache)
+if [ "$#" -gt 0 ]; then
+  "${pytest[@]}" tests notebooks solutions/en "$@"
+  exit
+fi
+status=0
+# 1. Unit tests and the launcher's nbval notebooks; exercises/ are checked by
+#    tests/course/test_exercises.py (graded cells must fail); tests/course/test_browser.py runs the
+#    widget chapters in JupyterLab in headless Chromium.
+"${pytest[@]}" tests || status=$?
+# 2. Every lesson (both languages) and every solution notebook (en: the zh solutions are the same
+#    code cells, tests/course/test_build.py), two runs side by side on the machine's cores; after
+#    the unit tests, some of which look for leftovers machine-wide. `set -m`: a job started with &
+#    in a script would ignore SIGINT, which a kernel's interrupt is.
+mkdir -p build
+set -m
+"${pytest[@]}" notebooks/zh solutions/en >build/test-zh.log 2>&1 &
+second=$!
+set +m
+"${pytest[@]}" notebooks/en || status=$?
+wait "$second" || status=$?
+echo "--- notebooks/zh solutions/en (run beside notebooks/en) ---"
+cat build/test-zh.log
+[ "$status" -eq 0 ] || exit "$status"
 # The course website from those outputs (no lesson runs a second time: --missing fail), then
 # Chromium on it (tests/course/test_site.py). Only after a whole run: extra pytest arguments
 # may have left lessons out of the cache.
-if [ "$#" -eq 0 ]; then
-  .venv/bin/ddp-lab site --out build/site --missing fail
-  DDP_LAB_SITE=build/site .venv/bin/python -m pytest -p no:cacheprovider \
-    tests/course/test_site.py::test_site_in_a_browser
-fi
+.venv/bin/ddp-lab site --out build/site --missing fail
+DDP_LAB_SITE=build/site .venv/bin/python -m pytest -p no:cacheprovider \
+  tests/course/test_site.py::test_site_in_a_browser

@@ -77,7 +77,15 @@ def test_nbval_with_the_shipped_sanitizer_passes_solved_and_fails_unsolved(tmp_p
     assert "NotImplementedError" in bad.stdout
 
 
-@pytest.mark.parametrize("path", EXERCISES, ids=lambda p: f"{p.parent.name}/{p.stem}")
+# Running an exercise notebook is the slow part. The zh notebooks are the en ones with zh stubs
+# (tests/course/test_build.py::test_code_identical_across_languages_and_kinds: the stub's text
+# is the only code that differs), so every en notebook runs, and of the zh ones chapters 00 and 05
+# (the ring, whose ranks' traffic is judged too): what the zh runs add is the language of the
+# messages, which the same code prints for every chapter.
+RUN = [p for p in EXERCISES if p.parent.name == "en" or p.stem.startswith(("00_", "05_"))]
+
+
+@pytest.mark.parametrize("path", RUN, ids=lambda p: f"{p.parent.name}/{p.stem}")
 def test_unsolved_graded_cells_fail(path):
     nb = nbformat.read(path, as_version=4)
     graded = [i for i, c in enumerate(nb.cells) if "grade" in c.metadata.get("tags", [])]
