@@ -10,50 +10,105 @@ How it differs from ``mp.spawn``:
 - a failure on one rank stops the others and raises one ``DistributedError``; a timeout
   says where each rank is stuck, a deadlock is found before the timeout (``_hang``); an
   interrupt stops every rank.
+
+The pieces live apart: ``_shipping`` (the zygote's handle, the job, pickling),
+``_supervise`` (following the ranks to the end) and ``_failures`` (the errors raised); this
+module is the entry point (``spawn``, the checks of its arguments, the zygote's life, the
+launch request) and re-exports their names, so ``launcher.X`` keeps working.
 """
 
 from __future__ import annotations
 
 import atexit
-import inspect
-import linecache
 import os
 import random
-import select
 import shutil
-import signal
 import socket
-import subprocess
 import sys
 import tempfile
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import cloudpickle
+from ddp_lab.i18n import _t
+from ddp_lab.runtime import _trace, device
+from ddp_lab.runtime._failures import (
+    DistributedDeadlockError,
+    DistributedError,
+    DistributedTimeoutError,
+    RankFailure,
+    _describe_status,
+    failure_from_error,
+    print_stacks,
+)
+from ddp_lab.runtime._shipping import (
+    IMPORT_TIME_ENV,
+    FunctionJob,
+    _env_key,
+    _explain_pickle_error,
+    _notebook_linecache,
+    _Zygote,
+    cell_names,
+    dumps_job,
+    dumps_named,
+)
+from ddp_lab.runtime._supervise import (
+    _GRACE_S,
+    _collect,
+    _dump_stacks,
+    _Output,
+    _read_result,
+    _stop_all,
+    _supervise,
+)
 
-from ddp_lab.i18n import _t, _tp
-from ddp_lab.runtime import _calls, _hang, _pickle, _trace, device
-from ddp_lab.runtime._hang import RanksInterrupted, format_stack
-from ddp_lab.runtime._zygote import read_msg, write_msg
+__all__ = [
+    "BACKENDS",
+    "DEFAULT_TIMEOUT",
+    "IMPORT_TIME_ENV",
+    "DistributedDeadlockError",
+    "DistributedError",
+    "DistributedTimeoutError",
+    "FunctionJob",
+    "RankFailure",
+    "cell_names",
+    "check_nprocs",
+    "cuda_device_count",
+    "dumps_job",
+    "dumps_named",
+    "failure_from_error",
+    "free_port",
+    "launch_message",
+    "max_nprocs",
+    "prestart",
+    "print_stacks",
+    "resolve_backend",
+    "run_payload",
+    "set_timeout",
+    "shutdown",
+    "shutdown_unlocked",
+    "spawn",
+    "traced",
+    "wait_warm",
+    # the internals other runtime modules and tests reach through the launcher
+    "_GRACE_S",
+    "_Output",
+    "_Zygote",
+    "_collect",
+    "_describe_status",
+    "_dump_stacks",
+    "_env_key",
+    "_explain_pickle_error",
+    "_notebook_linecache",
+    "_read_result",
+    "_stop_all",
+    "_supervise",
+]
 
 BACKENDS = ("gloo", "nccl", "mpi", "auto")
 DEFAULT_TIMEOUT = float(os.environ.get("DDP_LAB_TIMEOUT", "120"))
-# Environment variables that torch reads when it is imported: a zygote started under
-# other values would silently ignore the new ones, so it is restarted instead.
-IMPORT_TIME_ENV = (
-    "TORCH_CPP_LOG_LEVEL",
-    "TORCH_SHOW_CPP_STACKTRACES",
-    "OMP_NUM_THREADS",
-    "MKL_NUM_THREADS",
-    "LD_LIBRARY_PATH",
-    "LD_PRELOAD",
-    "PYTHONPATH",
-)
-_GRACE_S = 1.0  # between SIGTERM and SIGKILL
 
 
 def max_nprocs() -> int:
@@ -77,181 +132,8 @@ def _check_timeout(value: Any) -> float:
     return float(value)
 
 
-@dataclass
-class RankFailure:
-    """Why one rank failed: an exception, an exit code, a signal or a timeout."""
-
-    rank: int
-    reason: str
-    traceback: str = ""
-    exception: BaseException | None = None
-    stack: str = ""
-    call: str = ""  # a hung rank's torch.distributed call (``_calls.describe``)
-
-
-class DistributedError(RuntimeError):
-    """One or more ranks failed; ``failures`` lists them, the first to fail first."""
-
-    def __init__(
-        self,
-        summary: str,
-        failures: list[RankFailure] | None = None,
-        outputs: dict[int, tuple[str, str]] | None = None,
-        cells: dict[str, int | None] | None = None,
-    ) -> None:
-        super().__init__(summary)
-        self.summary = summary
-        self.failures = failures or []
-        self.outputs = outputs or {}
-        self.cells = cells if cells is not None else _hang.cell_numbers()
-
-    def __str__(self) -> str:
-        parts = [self.summary]
-        for f in self.failures:
-            if f.call:
-                parts.append(f"  - {f.call}")
-            elif not f.stack:  # a stack's header says the same
-                parts.append(f"  - {f.reason}")
-        for f in self.failures:
-            if f.traceback:
-                parts.append(
-                    "\n--- "
-                    + _t("traceback of rank {rank}", rank=f.rank)
-                    + f" ---\n{f.traceback.rstrip()}"
-                )
-            if f.stack:
-                stack = format_stack(f.stack, self.cells).rstrip()
-                parts.append(
-                    "\n--- "
-                    + _t("where rank {rank} was stuck (Python stack)", rank=f.rank)
-                    + f" ---\n{stack}"
-                )
-        return "\n".join(parts)
-
-    def _render_traceback_(self) -> list[str]:
-        # IPython shows this instead of the launcher's own (unhelpful) frames.
-        return [f"{type(self).__name__}: {self}"]
-
-    @property
-    def ranks(self) -> list[int]:
-        return [f.rank for f in self.failures]
-
-
-class DistributedTimeoutError(DistributedError, TimeoutError):
-    """The launch ran past its timeout; ``failures`` hold each running rank's stack."""
-
-
-class DistributedDeadlockError(DistributedTimeoutError):
-    """Every running rank waited in communication at the same place, moving no data and using
-    almost no CPU, for a few seconds (``_hang.DeadlockWatch``): stopped before the timeout, with each rank's stack."""
-
-
-class FunctionJob:
-    """Calls ``fn(rank, *args)``, after initialising the process group if asked to.
-
-    ``trace_dir``: run ``fn`` under ``torch.profiler`` and export the rank's trace there.
-    """
-
-    def __init__(
-        self,
-        fn: Callable,
-        args: tuple,
-        nprocs: int,
-        backend: str | None,
-        trace_dir: str | None = None,
-    ) -> None:
-        self.fn, self.args, self.nprocs, self.backend = fn, args, nprocs, backend
-        self.trace_dir = trace_dir
-
-    def __call__(self, rank: int) -> Any:
-        if self.backend:
-            from ddp_lab.runtime._rank import init_group
-
-            init_group(rank, self.nprocs, self.backend)
-        if self.trace_dir is None:
-            return self.fn(rank, *self.args)
-        with _trace.Profiled(rank, self.trace_dir):
-            return self.fn(rank, *self.args)
-
-
-class _Zygote:
-    """The parent's handle on the zygote process."""
-
-    def __init__(self, eager: bool = False) -> None:
-        """``eager``: preload DDP's modules before "ready" (see ``_zygote``), not after."""
-        env = dict(os.environ)
-        # The folder that holds the ddp_lab package (this file is ddp_lab/runtime/launcher.py).
-        root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
-        self.env_key = _env_key()
-        self.proc = subprocess.Popen(
-            [sys.executable, "-c", f"from ddp_lab.runtime._zygote import main; main({eager})"],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            env=env,
-            close_fds=True,
-            # Its own process group: Jupyter signals the kernel's group on interrupt and, at
-            # shutdown, SIGTERMs the children in it and waits for them to vanish; the zygote
-            # would linger as an unreaped zombie until the kernel is killed, before its atexit
-            # clean-up could run. Parent-death signals still end it with the kernel.
-            start_new_session=True,
-        )
-        self.in_fd = self.proc.stdin.fileno()
-        self.out_fd = self.proc.stdout.fileno()
-        self.ready = False
-
-    def wait_ready(self, timeout: float = 300.0) -> None:
-        if not self.ready:
-            msg = self.recv(timeout)
-            if not msg or msg.get("op") != "ready":
-                raise RuntimeError(
-                    _t(
-                        "The launcher's helper process died unexpectedly; it will be restarted "
-                        "on the next call."
-                    )
-                )
-            self.ready = True
-
-    def send(self, msg: dict) -> None:
-        write_msg(self.in_fd, msg)
-
-    def recv(self, timeout: float) -> dict | None:
-        """Next message, ``None`` after ``timeout`` seconds; raises if the zygote died."""
-        ready, _, _ = select.select([self.out_fd], [], [], max(0.0, timeout))
-        if not ready:
-            return None
-        msg = read_msg(self.out_fd)
-        if msg is None:
-            raise RuntimeError(
-                _t(
-                    "The launcher's helper process died unexpectedly; it will be restarted "
-                    "on the next call."
-                )
-            )
-        return msg
-
-    def alive(self) -> bool:
-        return self.proc.poll() is None
-
-    def close(self) -> None:
-        if self.alive():
-            self.proc.stdin.close()  # EOF: the zygote kills any ranks and exits
-            try:
-                self.proc.wait(5)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        for f in (self.proc.stdin, self.proc.stdout):
-            if f and not f.closed:
-                f.close()
-
-
 _zygote: _Zygote | None = None
 _lock = threading.Lock()
-
-
-def _env_key() -> tuple:
-    return tuple(os.environ.get(k) for k in IMPORT_TIME_ENV) + (sys.executable,)
 
 
 def _get_zygote() -> _Zygote:
@@ -399,85 +281,6 @@ def check_nprocs(nprocs: Any) -> int:
     return nprocs
 
 
-def _explain_pickle_error(fn: Callable, args: tuple, error: Exception) -> str:
-    """Find which captured name or argument cannot be pickled, for the error message."""
-    candidates: list[tuple[str, Any]] = []
-    for i, a in enumerate(args):
-        candidates.append((_t("argument {index} of args", index=i), a))
-    try:
-        cv = inspect.getclosurevars(fn)
-        for name, value in {**cv.globals, **cv.nonlocals}.items():
-            candidates.append((_t("the name {name!r}", name=name), value))
-    except TypeError:
-        pass
-    for what, value in candidates:
-        try:
-            _pickle.dumps(value)
-        except Exception as exc:  # noqa: BLE001
-            return _t(
-                "Cannot send {what} to the child processes: {error}. Every rank is a "
-                "separate process, so what the function uses must be picklable. Create "
-                "it inside the function instead.",
-                what=what,
-                error=f"{type(exc).__name__}: {exc}",
-            )
-    name = getattr(fn, "__qualname__", repr(fn))
-    return _t(
-        "Cannot send {what} to the child processes: {error}. Every rank is a "
-        "separate process, so what the function uses must be picklable. Create "
-        "it inside the function instead.",
-        what=_t("the function {name!r}", name=name),
-        error=f"{type(error).__name__}: {error}",
-    )
-
-
-def dumps_job(job: Any, fn: Callable, args: tuple) -> bytes:
-    """Pickle a job, or raise a ValueError that names what cannot be pickled."""
-    try:
-        return _pickle.dumps(job)
-    except Exception as exc:  # noqa: BLE001
-        raise ValueError(_explain_pickle_error(fn, args, exc)) from None
-
-
-def dumps_named(name: str, value: Any) -> bytes:
-    """Pickle a notebook value that a cell sends to the ranks, or say which name cannot go."""
-    try:
-        return _pickle.dumps(value)
-    except Exception as exc:  # noqa: BLE001
-        error = f"{type(exc).__name__}: {exc}"
-        raise ValueError(
-            _t(
-                "Cannot send {what} to the child processes: {error}. Every rank is a "
-                "separate process, so what the function uses must be picklable. Create "
-                "it inside the function instead.",
-                what=_t("the name {name!r}", name=name),
-                error=error,
-            )
-        ) from None
-
-
-def _notebook_linecache() -> dict:
-    # Cell sources, so that tracebacks inside ranks show the notebook's code lines.
-    return {
-        k: v
-        for k, v in linecache.cache.items()
-        if (k.startswith("<ipython-input") or "ipykernel_" in k) and len(v) == 4
-    }
-
-
-def cell_names() -> dict[str, str]:
-    """How ranks name each notebook cell's file: {"/tmp/ipykernel_1/ab.py": "Cell, line {line}"}.
-
-    A cell's file name changes with every kernel, and IPython's "Cell In[N]" with every
-    run of the cell (and is In[1] for every cell under nbval, which runs cells without
-    history); so the ranks say "Cell, line L" in warnings and tracebacks (the source line
-    and function name come with it), and a notebook's rank output is the same after a
-    restart and under nbval. ``{line}`` is left for the rank to fill in.
-    """
-    place = _t("Cell, line {line}", line="{line}")
-    return dict.fromkeys(_notebook_linecache(), place)
-
-
 def spawn(
     fn: Callable,
     args: tuple = (),
@@ -568,118 +371,6 @@ def traced(folder: str, nprocs: int, target: str, run: Callable, *args: Any, **k
     return result
 
 
-class _Output:
-    """Reads the ranks' capture files and prints them with ``[rank N]`` prefixes."""
-
-    def __init__(self, workdir: str, nprocs: int, quiet: bool = False) -> None:
-        self.workdir, self.nprocs, self.quiet = workdir, nprocs, quiet
-        self.offsets = {(r, s): 0 for r in range(nprocs) for s in ("out", "err")}
-        self.partial = {key: "" for key in self.offsets}
-
-    def _read_new(self, rank: int, stream: str) -> str:
-        path = os.path.join(self.workdir, f"{rank}.{stream}")
-        try:
-            with open(path, "rb") as f:
-                f.seek(self.offsets[rank, stream])
-                data = f.read()
-        except FileNotFoundError:
-            return ""
-        self.offsets[rank, stream] += len(data)
-        return data.decode("utf-8", errors="backslashreplace")
-
-    def _emit(self, rank: int, stream: str, final: bool) -> None:
-        text = self.partial[rank, stream] + self._read_new(rank, stream)
-        lines = text.split("\n")
-        self.partial[rank, stream] = "" if final else lines.pop()
-        if final and lines and lines[-1] == "":
-            lines.pop()
-        out = sys.stdout if stream == "out" else sys.stderr
-        if lines and not self.quiet:
-            out.write("".join(f"[rank {rank}] {line}\n" for line in lines))
-            out.flush()
-
-    def stream_new(self) -> None:
-        for r in range(self.nprocs):
-            for s in ("out", "err"):
-                self._emit(r, s, final=False)
-
-    def finish(self) -> None:
-        for s in ("out", "err"):
-            for r in range(self.nprocs):
-                self._emit(r, s, final=True)
-
-    def text(self, rank: int) -> tuple[str, str]:
-        result = []
-        for s in ("out", "err"):
-            try:
-                with open(
-                    os.path.join(self.workdir, f"{rank}.{s}"),
-                    encoding="utf-8",
-                    errors="backslashreplace",
-                ) as f:
-                    result.append(f.read())
-            except FileNotFoundError:
-                result.append("")
-        return result[0], result[1]
-
-
-def _describe_status(rank: int, status: int) -> str:
-    if os.WIFSIGNALED(status):
-        sig = os.WTERMSIG(status)
-        try:
-            name = signal.Signals(sig).name
-        except ValueError:
-            name = str(sig)
-        return _t("rank {rank} was killed by signal {signal}", rank=rank, signal=name)
-    return _t(
-        "rank {rank} exited with code {code} without raising an exception (os._exit or sys.exit?)",
-        rank=rank,
-        code=os.WEXITSTATUS(status),
-    )
-
-
-def failure_from_error(rank: int, info: dict) -> RankFailure:
-    """A rank's error record (type, message, traceback, pickled exception) -> RankFailure."""
-    exc = None
-    if info.get("exc"):
-        try:
-            exc = cloudpickle.loads(info["exc"])
-        except Exception:  # noqa: BLE001  # e.g. a class only the ranks know
-            exc = None
-    error = f"{info['type']}: {info['message']}" if info["message"] else info["type"]
-    return RankFailure(
-        rank,
-        _tp("rank_raised", "rank {rank} raised {error}", rank=rank, error=error),
-        info["traceback"],
-        exc,
-    )
-
-
-def print_stacks(ranks: list[int], stacks: dict[int, str]) -> None:
-    """Print where each stuck rank is, under a header per rank (ranks without a stack skipped)."""
-    cells = _hang.cell_numbers()
-    for r in ranks:
-        if stacks.get(r):
-            sys.stderr.write(
-                "--- "
-                + _t("where rank {rank} was stuck (Python stack)", rank=r)
-                + f" ---\n{format_stack(stacks[r], cells)}"
-            )
-
-
-def _read_result(workdir: str, rank: int) -> tuple[str, Any] | None:
-    try:
-        with open(os.path.join(workdir, f"{rank}.result"), "rb") as f:
-            return cloudpickle.loads(f.read())
-    except FileNotFoundError:
-        return None
-    except Exception as exc:  # noqa: BLE001  # e.g. a class the parent cannot import
-        return (
-            "error",
-            {"type": type(exc).__name__, "message": str(exc), "traceback": "", "exc": None},
-        )
-
-
 def run_payload(
     payload: bytes,
     nprocs: int,
@@ -698,7 +389,14 @@ def run_payload(
         workdir = tempfile.mkdtemp(prefix="ddp_lab_")
         try:
             return _supervise(
-                zygote, payload, nprocs, limit, stream and not quiet, workdir, quiet, watch
+                zygote,
+                launch_message(payload, nprocs, workdir),
+                nprocs,
+                limit,
+                stream and not quiet,
+                workdir,
+                quiet,
+                watch,
             )
         except BaseException:
             if not zygote.alive():
@@ -730,184 +428,3 @@ def launch_message(payload: bytes, nprocs: int, workdir: str, port: int | None =
         "linecache": _notebook_linecache(),
         "cell_names": cell_names(),
     }
-
-
-def _supervise(
-    zygote: _Zygote,
-    payload: bytes,
-    nprocs: int,
-    limit: float,
-    stream: bool,
-    workdir: str,
-    quiet: bool,
-    watch: bool = False,
-) -> list[Any]:
-    zygote.send(launch_message(payload, nprocs, workdir))
-    output = _Output(workdir, nprocs, quiet)
-    statuses: dict[int, int] = {}
-    exit_order: list[int] = []
-    stopping: set[int] = set()  # ranks the launcher itself is stopping
-    started = time.monotonic()
-    kill_at: float | None = None
-    timed_out = False
-    stacks: dict[int, str] = {}
-    calls: dict[int, str] = {}  # each hung rank's torch.distributed call, read before the stop
-    reader = _hang.StackReader(workdir, zygote.send)
-    watcher: _hang.DeadlockWatch | None = None
-    deadlock = 0.0  # seconds every rank waited, when a deadlock stopped them
-    try:
-        while True:
-            msg = zygote.recv(0.05 if stream or kill_at else 0.2)
-            now = time.monotonic()
-            if msg is not None:
-                if msg["op"] == "done":
-                    break
-                if msg["op"] == "started" and watch:
-                    watcher = _hang.DeadlockWatch(dict(msg["pids"]), reader)
-                if msg["op"] == "exit":
-                    rank, status = msg["rank"], msg["status"]
-                    statuses[rank] = status
-                    exit_order.append(rank)
-                    if status != 0 and kill_at is None:
-                        # One rank failed: the others would wait forever in collectives.
-                        stopping = set(range(nprocs)) - set(statuses)
-                        zygote.send({"op": "signal", "sig": signal.SIGTERM})
-                        kill_at = now + _GRACE_S
-            if stream:
-                output.stream_new()
-            live = [r for r in range(nprocs) if r not in statuses]
-            if kill_at is None and watcher is not None and watcher.check(live, now):
-                timed_out, deadlock = True, watcher.seconds
-                stopping, stacks = set(live), watcher.stacks
-                calls = _calls.report(workdir, sorted(stopping))
-                zygote.send({"op": "signal", "sig": signal.SIGTERM})
-                kill_at = time.monotonic() + _GRACE_S
-            elif kill_at is None and now - started > limit:
-                timed_out = True
-                stopping = set(range(nprocs)) - set(statuses)
-                stacks = reader.request(sorted(stopping))
-                calls = _calls.report(workdir, sorted(stopping))
-                zygote.send({"op": "signal", "sig": signal.SIGTERM})
-                kill_at = time.monotonic() + _GRACE_S
-            elif kill_at is not None and now > kill_at:
-                zygote.send({"op": "signal", "sig": signal.SIGKILL})
-                kill_at = float("inf")
-    except KeyboardInterrupt:
-        _stop_all(zygote)
-        output.finish()
-        raise RanksInterrupted() from None
-    output.finish()
-    return _collect(
-        workdir,
-        nprocs,
-        statuses,
-        exit_order,
-        stopping,
-        timed_out,
-        limit,
-        stacks,
-        output,
-        deadlock,
-        calls,
-    )
-
-
-def _stop_all(zygote: _Zygote) -> None:
-    """SIGTERM every rank, SIGKILL after a grace period, and wait for the zygote's 'done'."""
-    zygote.send({"op": "signal", "sig": signal.SIGTERM})
-    deadline = time.monotonic() + _GRACE_S
-    killed = False
-    while True:
-        try:
-            msg = zygote.recv(0.05)
-        except KeyboardInterrupt:
-            msg = None
-        if msg is not None and msg.get("op") == "done":
-            return
-        if not killed and time.monotonic() > deadline:
-            zygote.send({"op": "signal", "sig": signal.SIGKILL})
-            killed = True
-
-
-def _dump_stacks(zygote: _Zygote, workdir: str, ranks: set[int]) -> dict[int, str]:
-    """Ask hung ranks for their Python stacks (faulthandler on SIGUSR1) and read them."""
-    return _hang.StackReader(workdir, zygote.send).request(sorted(ranks))
-
-
-def _collect(
-    workdir: str,
-    nprocs: int,
-    statuses: dict[int, int],
-    exit_order: list[int],
-    stopping: set[int],
-    timed_out: bool,
-    limit: float,
-    stacks: dict[int, str],
-    output: _Output,
-    deadlock: float = 0.0,
-    calls: dict[int, str] | None = None,
-) -> list[Any]:
-    results: list[Any] = [None] * nprocs
-    failures: list[RankFailure] = []
-    for rank in exit_order:
-        record = _read_result(workdir, rank)
-        if record is not None and record[0] == "ok" and statuses[rank] == 0:
-            results[rank] = record[1]
-        elif record is not None and record[0] == "error":
-            failures.append(failure_from_error(rank, record[1]))
-        elif rank not in stopping or timed_out:
-            if not (timed_out and rank in stopping):
-                failures.append(RankFailure(rank, _describe_status(rank, statuses[rank])))
-    outputs = {r: output.text(r) for r in range(nprocs)}
-    if timed_out:
-        # The stacks go in the exception only: IPython shows it once, readably.
-        ranks = sorted(stopping)
-        hung = [
-            RankFailure(
-                r,
-                _t("where rank {rank} was stuck (Python stack)", rank=r),
-                stack=stacks.get(r, ""),
-                call=(calls or {}).get(r, ""),
-            )
-            for r in ranks
-        ]
-        names = ", ".join(map(str, ranks))
-        error = DistributedDeadlockError if deadlock else DistributedTimeoutError
-        summary = (
-            _t(
-                "Deadlock: for {seconds:.0f} s every running rank ({ranks}) has been "
-                "waiting in communication at the same place, moving no data and using "
-                "almost no CPU; they were "
-                "stopped. Usually the ranks wait for each other (e.g. every rank in a "
-                "blocking recv, or in send with no receiver yet) or call different "
-                "collectives. Where each rank waited:",
-                seconds=deadlock,
-                ranks=names,
-            )
-            if deadlock
-            else _t(
-                "Timed out after {timeout:g} s: ranks {ranks} were still running and "
-                "were stopped. A hang usually means the ranks called different "
-                "collectives, or one rank skipped one. Pass timeout=... (or %%ddp "
-                "--timeout S) if the work is just slow.",
-                timeout=limit,
-                ranks=names,
-            )
-        )
-        raise error(summary, [f for f in failures if f.rank not in stopping] + hung, outputs)
-    if failures:
-        own = [f for f in failures if f.rank not in stopping] or failures
-        summary = _t(
-            "{count} of {nprocs} ranks failed; the first to fail was rank {first}.",
-            count=len(own),
-            nprocs=nprocs,
-            first=own[0].rank,
-        )
-        stopped = sorted(stopping - {f.rank for f in own})
-        if stopped:
-            summary += "\n" + _t(
-                "ranks stopped by the launcher after the failure: {ranks}",
-                ranks=", ".join(map(str, stopped)),
-            )
-        raise DistributedError(summary, own, outputs)
-    return results
