@@ -18,6 +18,10 @@ its elastic and Slurm demos ``--timeout`` (the process group's), ``--step-sleep`
 
 How it differs from a production script: no mixed precision, no gradient clipping, only a
 linear LR warmup, no DataLoader workers (the whole data set is a 1 MB tensor).
+
+The command line lives in ``train_args.py``, the epoch checkpoints in ``train_checkpoint.py``
+and the process's start and end in ``train_process.py``; this module is the program itself
+(model, loop, evaluation, entry points) and re-exports their names.
 """
 
 from __future__ import annotations
@@ -43,9 +47,23 @@ from ddp_lab.i18n import _t
 from ddp_lab.runtime import device as device_rule
 from ddp_lab.tools import attempt_store
 from ddp_lab.tools.data import load_digits_split
-
-CHECKPOINT_NAME = "last.pt"
-PREEMPT_SIGNALS = ("USR1", "USR2", "TERM")
+from ddp_lab.tools.train_args import (
+    PREEMPT_SIGNALS,  # noqa: F401  # re-exported (as every name these imports bring)
+    check_args,
+    make_parser,
+    parse_args,
+)
+from ddp_lab.tools.train_checkpoint import (
+    CHECKPOINT_NAME,
+    load_checkpoint,
+    rescale_schedule,
+    save_checkpoint,
+)
+from ddp_lab.tools.train_process import (
+    _ensure_launcher_env,
+    exit_without_finalizing,
+    make_deterministic,
+)
 
 
 class SmallCNN(nn.Module):
@@ -61,204 +79,6 @@ class SmallCNN(nn.Module):
         x = F.relu(self.conv1(x))
         x = F.max_pool2d(F.relu(self.conv2(x)), 2)
         return self.fc(x.flatten(1))
-
-
-def make_parser() -> argparse.ArgumentParser:
-    """The command line of the training program."""
-    p = argparse.ArgumentParser(
-        prog="python -m ddp_lab.tools.train",
-        description="Train a small CNN on scikit-learn's 8x8 digits with DDP. Launch with "
-        "torchrun --nproc_per_node=N -m ddp_lab.tools.train [options].",
-    )
-    p.add_argument("--epochs", type=int, default=10, help="total epochs (default 10)")
-    p.add_argument(
-        "--batch-size",
-        type=int,
-        default=32,
-        help="samples per rank per step; global batch = this x world size",
-    )
-    p.add_argument(
-        "--lr",
-        type=float,
-        default=0.05,
-        help="learning rate for a global batch of --base-batch (default 0.05)",
-    )
-    p.add_argument(
-        "--base-batch",
-        type=int,
-        default=32,
-        help="global batch that --lr was tuned for (default 32)",
-    )
-    p.add_argument(
-        "--lr-scaling",
-        choices=("linear", "sqrt", "none"),
-        default="linear",
-        help="how the LR grows with the global batch (default linear)",
-    )
-    p.add_argument("--momentum", type=float, default=0.9)
-    p.add_argument("--seed", type=int, default=0, help="model init and shuffling seed")
-    p.add_argument(
-        "--backend",
-        choices=("auto", "gloo", "nccl"),
-        default="auto",
-        help="auto: cpu:gloo,cuda:nccl when every local rank has a GPU of its own, else gloo",
-    )
-    p.add_argument("--data-dir", default=None, help="where the prepared digits file goes")
-    p.add_argument(
-        "--checkpoint-dir",
-        default=None,
-        help=f"rank 0 writes {CHECKPOINT_NAME} here after every epoch",
-    )
-    p.add_argument(
-        "--resume",
-        nargs="?",
-        const="last",
-        default=None,
-        metavar="PATH",
-        help=f"continue from PATH (default: <checkpoint-dir>/{CHECKPOINT_NAME})",
-    )
-    p.add_argument(
-        "--threads",
-        type=int,
-        default=0,
-        help="CPU threads per rank (default: leave torch's / the launcher's choice)",
-    )
-    p.add_argument(
-        "--warmup-steps",
-        type=int,
-        default=0,
-        help="LR warmup: grow the LR linearly over this many steps (default 0: none)",
-    )
-    p.add_argument(
-        "--augment",
-        action="store_true",
-        help="shift each training image by a random pixel (draws from each rank's RNG)",
-    )
-    p.add_argument(
-        "--checkpoint-every",
-        type=int,
-        default=0,
-        metavar="K",
-        help="every K steps write a resumable checkpoint (ddp_lab.tools.resume) to "
-        "--checkpoint-dir; on start, resume from the latest complete one",
-    )
-    p.add_argument(
-        "--fail-at-step",
-        type=int,
-        default=0,
-        metavar="S",
-        help="the last rank kills itself (SIGKILL) after step S, once (for demonstrations)",
-    )
-    p.add_argument(
-        "--preempt-signal",
-        default=None,
-        metavar="SIG[,SIG]",
-        help="on one of these signals (USR1, USR2, TERM; TERM is always added: a preempted "
-        "or cancelled Slurm job and torchrun's shutdown send it), every rank finishes its "
-        "step, a checkpoint is written to --checkpoint-dir with a file 'preempted', and the "
-        "run exits",
-    )
-    p.add_argument(
-        "--timeout",
-        type=float,
-        default=0,
-        metavar="SECONDS",
-        help="process group timeout: a collective that waits longer fails (default: "
-        "torch's, 30 minutes for gloo)",
-    )
-    p.add_argument(
-        "--step-sleep",
-        type=float,
-        default=0,
-        metavar="SECONDS",
-        help="sleep after every step, as if the model were bigger (for demonstrations)",
-    )
-    p.add_argument(
-        "--deterministic",
-        action="store_true",
-        help="deterministic kernels on a GPU (cuDNN, cuBLAS, torch's own): two runs, or a run "
-        "and its resumed twin, end with the same parameters; slower (chapter 11)",
-    )
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
-    # torch.distributed.launch (deprecated) passes --local-rank=N; torchrun sets LOCAL_RANK.
-    p.add_argument("--local-rank", "--local_rank", type=int, default=None, help=argparse.SUPPRESS)
-    return p
-
-
-def check_args(args: argparse.Namespace) -> argparse.Namespace:
-    """Raise ValueError with a clear message for arguments that cannot work."""
-    for name in ("epochs", "batch_size", "base_batch", "lr"):
-        value = getattr(args, name)
-        if not (value > 0 and math.isfinite(value)):
-            raise ValueError(
-                _t(
-                    "{name} must be a positive number, got {value}.",
-                    name="--" + name.replace("_", "-"),
-                    value=value,
-                )
-            )
-    for name in ("threads", "warmup_steps", "checkpoint_every", "fail_at_step", "timeout",
-                 "step_sleep"):  # fmt: skip
-        if not (getattr(args, name) >= 0 and math.isfinite(getattr(args, name))):
-            raise ValueError(
-                _t(
-                    "{name} must be a positive number, got {value}.",
-                    name="--" + name.replace("_", "-"),
-                    value=getattr(args, name),
-                )
-            )
-    if (args.checkpoint_every or args.fail_at_step) and not args.checkpoint_dir:
-        raise ValueError(_t("--checkpoint-every and --fail-at-step need --checkpoint-dir."))
-    if args.preempt_signal is not None:
-        names = [n.strip().upper().removeprefix("SIG") for n in args.preempt_signal.split(",")]
-        if not names or any(n not in PREEMPT_SIGNALS for n in names):
-            raise ValueError(
-                _t(
-                    "--preempt-signal takes signals from {choices}, separated by commas; "
-                    "got {value}.",
-                    choices=", ".join(PREEMPT_SIGNALS),
-                    value=args.preempt_signal,
-                )
-            )
-        args.preempt_signal = ",".join(dict.fromkeys([*names, "TERM"]))
-    if args.preempt_signal and not (args.checkpoint_dir and args.checkpoint_every):
-        raise ValueError(_t("--preempt-signal needs --checkpoint-dir and --checkpoint-every."))
-    if (
-        args.checkpoint_dir
-        and Path(args.checkpoint_dir).exists()
-        and not Path(args.checkpoint_dir).is_dir()
-    ):
-        raise ValueError(
-            _t("--checkpoint-dir {path} exists and is not a folder.", path=args.checkpoint_dir)
-        )
-    if args.resume == "last":
-        if not args.checkpoint_dir:
-            raise ValueError(_t("--resume without a path needs --checkpoint-dir."))
-        args.resume = str(Path(args.checkpoint_dir) / CHECKPOINT_NAME)
-    if args.resume and not Path(args.resume).is_file():
-        raise ValueError(
-            _t(
-                "--resume: no checkpoint at {path}. Train once with --checkpoint-dir "
-                "first, or leave out --resume.",
-                path=args.resume,
-            )
-        )
-    if args.backend == "nccl" and not torch.cuda.is_available():
-        raise ValueError(_t("--backend nccl needs CUDA GPUs; this machine has none. Use gloo."))
-    if args.backend == "nccl":  # one GPU per rank on this node (runtime/device.py)
-        device_rule.check_nccl(int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
-    return args
-
-
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    """Parse and check the command line; a bad argument exits with usage and a message."""
-    parser = make_parser()
-    args = parser.parse_args(argv)
-    try:
-        return check_args(args)
-    except ValueError as exc:
-        parser.error(str(exc))  # exits with code 2, like argparse's own errors
-        raise  # unreachable
 
 
 def scaled_lr(lr: float, global_batch: int, base_batch: int, rule: str) -> float:
@@ -362,34 +182,6 @@ class Progress:
             self.stream.flush()
 
 
-def save_checkpoint(
-    path: Path,
-    model: DDP,
-    optimizer: torch.optim.Optimizer,
-    epoch: int,
-    history: dict[str, Any],
-    args: argparse.Namespace,
-) -> None:
-    """Rank 0 writes ``model.module``'s weights (not the wrapper's); then every rank waits."""
-    if dist.get_rank() == 0:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        state = {
-            "model": model.module.state_dict(),
-            "optimizer": optimizer.state_dict(),
-            "epoch": epoch,
-            "history": history,
-            "args": {k: v for k, v in vars(args).items() if k != "local_rank"},
-        }
-        torch.save(state, path.with_suffix(".tmp"))
-        os.replace(path.with_suffix(".tmp"), path)  # atomic: a reader never sees half a file
-    dist.barrier()  # nobody reads (or resumes from) the file before it is complete
-
-
-def load_checkpoint(path: str | Path, device: torch.device) -> dict[str, Any]:
-    """Read a checkpoint onto this rank's device (``map_location``), tensors only."""
-    return torch.load(path, map_location=device, weights_only=True)
-
-
 def pick_backend(choice: str) -> str:
     """``auto``: ``"cpu:gloo,cuda:nccl"`` when every local rank can have its own GPU, else
     gloo (``runtime/device.py``'s rule)."""
@@ -412,23 +204,6 @@ def augment(x: torch.Tensor) -> torch.Tensor:
 def warmup(steps: int):
     """The LR factor of a linear warmup over ``steps`` steps (LambdaLR's lambda)."""
     return lambda step: min(1.0, (step + 1) / steps) if steps else 1.0
-
-
-def rescale_schedule(
-    optimizer: torch.optim.Optimizer, scheduler: torch.optim.lr_scheduler.LambdaLR, lr: float
-) -> None:
-    """Give a restored ``LambdaLR`` the base LR ``lr``, at the step it had reached.
-
-    ``LRScheduler.load_state_dict`` puts back the checkpoint's ``base_lrs`` and
-    ``optimizer.load_state_dict`` its groups' ``lr``: the LR of the world that wrote the
-    checkpoint. Here every group gets ``lr * lambda(last_epoch)``, what ``LambdaLR`` itself
-    computes, so an unchanged world resumes with the very same floats.
-    """
-    scheduler.base_lrs = [lr] * len(optimizer.param_groups)
-    for group, fn in zip(optimizer.param_groups, scheduler.lr_lambdas, strict=True):
-        group["initial_lr"] = lr
-        group["lr"] = lr * fn(scheduler.last_epoch)
-    scheduler._last_lr = [group["lr"] for group in optimizer.param_groups]
 
 
 def train(args: argparse.Namespace) -> dict[str, Any]:
@@ -626,36 +401,6 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     return history
 
 
-def make_deterministic() -> None:
-    """Ask every GPU library for its deterministic algorithms (before CUDA starts).
-
-    ``CUBLAS_WORKSPACE_CONFIG=:4096:8`` makes cuBLAS use fixed workspaces (read when a
-    cuBLAS handle is created, so it is set before any CUDA call); cuDNN's ``deterministic``
-    and no ``benchmark`` (which times candidate algorithms and may pick another each run);
-    ``torch.use_deterministic_algorithms(True)`` makes torch's own kernels deterministic and
-    raises on an operation that has no deterministic version (``torch/__init__.py``).
-    """
-    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-    torch.backends.cudnn.deterministic = True
-    torch.backends.cudnn.benchmark = False
-    torch.use_deterministic_algorithms(True)
-
-
-def _ensure_launcher_env() -> None:
-    """Plain ``python -m ddp_lab.tools.train``: behave as a one-rank launch on a free port."""
-    if "RANK" not in os.environ:
-        from ddp_lab.runtime.launcher import free_port
-
-        os.environ.update(
-            RANK="0",
-            WORLD_SIZE="1",
-            LOCAL_RANK="0",
-            LOCAL_WORLD_SIZE="1",
-            MASTER_ADDR="127.0.0.1",
-            MASTER_PORT=str(free_port()),
-        )
-
-
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     """Entry point of every rank: parse, init the process group, train, shut down."""
     args = parse_args(argv)
@@ -688,25 +433,6 @@ def launch(argv: list[str], nprocs: int = 2, **spawn_kwargs: Any) -> list[dict[s
     except SystemExit:
         raise ValueError(f"bad arguments: {argv}") from None
     return spawn(spawn_main, args=(list(argv),), nprocs=nprocs, **spawn_kwargs)
-
-
-def exit_without_finalizing(code: int = 0) -> None:
-    """End a launched worker after ``main`` returned, skipping Python's finalization.
-
-    Why: ``destroy_process_group`` does not free a gloo group a DDP model used; its worker
-    threads live on (pytorch/pytorch#107298; ``tests/test_train.py`` shows it). Such a thread
-    may still be dropping the work of the last collective while the interpreter finalizes.
-    Dropping it releases tensors Python also saw, which needs the GIL, and Python 3.11 ends a
-    thread that asks for the GIL during finalization with ``pthread_exit``: its unwinding
-    through the work's destructor calls ``std::terminate``, and the worker dies with SIGABRT
-    ("terminate called without an active exception") after training finished. Seen here in 6
-    of 20 four-rank runs of a small loop, and as a FAILED Slurm job; the core dump shows that
-    stack. ``os._exit`` ends the process without finalizing: nothing asks for the GIL any more.
-    Output is flushed first, since ``os._exit`` does not.
-    """
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
 
 
 if __name__ == "__main__":
