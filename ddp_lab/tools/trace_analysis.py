@@ -24,118 +24,53 @@ The measures, per rank:
 
 How it differs from HTA: HTA reads GPU kernels per stream; here the "streams" are the
 rank's main thread (compute) and the backend's worker threads (communication).
+
+The trace is read in ``trace_read.py`` (``load``, the interval arithmetic) and drawn in
+``trace_draw.py``; this module measures it (``summarize``, ``collective_times``,
+``versus_model``), prints the tables and re-exports the names of both.
 """
 
 from __future__ import annotations
 
-import json
 import os
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 from ddp_lab.i18n import _t
+from ddp_lab.tools.trace_draw import KIND_COLOURS, draw
+from ddp_lab.tools.trace_read import (
+    COMM_PREFIXES,
+    Call,
+    Interval,
+    RankTrace,
+    intersect,
+    load,
+    subtract,
+    total,
+    union,
+)
 
-COMM_PREFIXES = ("gloo:", "nccl:")
-Interval = tuple[float, float]
-
-# One colour per kind of call, so the same collective looks the same in every chart.
-KIND_COLOURS = {
-    "all_reduce": "tab:blue",
-    "allreduce": "tab:blue",
-    "broadcast": "tab:orange",
-    "all_gather": "tab:green",
-    "all_gather_into_tensor": "tab:green",
-    "_allgather_base": "tab:green",
-    "reduce_scatter": "tab:red",
-    "reduce_scatter_tensor": "tab:red",
-    "_reduce_scatter_base": "tab:red",
-    "send": "tab:purple",
-    "recv": "tab:pink",
-    "barrier": "tab:gray",
-    "all_to_all": "tab:olive",
-    "reduce": "tab:cyan",
-    "gather": "tab:brown",
-    "scatter": "tab:brown",
-}
-
-
-# --- interval arithmetic (microseconds) -------------------------------------------------
-
-
-def union(intervals: Iterable[Interval]) -> list[Interval]:
-    """Merge overlapping or touching intervals into disjoint ones, sorted."""
-    out: list[Interval] = []
-    for start, end in sorted(i for i in intervals if i[1] > i[0]):
-        if out and start <= out[-1][1]:
-            out[-1] = (out[-1][0], max(out[-1][1], end))
-        else:
-            out.append((start, end))
-    return out
-
-
-def total(intervals: Iterable[Interval]) -> float:
-    """Length of the union of the intervals."""
-    return sum(end - start for start, end in union(intervals))
-
-
-def intersect(a: Iterable[Interval], b: Iterable[Interval]) -> list[Interval]:
-    """The times that lie in both unions, as disjoint sorted intervals."""
-    a, b = union(a), union(b)
-    out: list[Interval] = []
-    i = j = 0
-    while i < len(a) and j < len(b):
-        start, end = max(a[i][0], b[j][0]), min(a[i][1], b[j][1])
-        if end > start:
-            out.append((start, end))
-        if a[i][1] < b[j][1]:
-            i += 1
-        else:
-            j += 1
-    return out
-
-
-def subtract(a: Iterable[Interval], b: Iterable[Interval]) -> list[Interval]:
-    """The times in the union of ``a`` that are not in the union of ``b``."""
-    out: list[Interval] = []
-    cuts = union(b)
-    for start, end in union(a):
-        for cut_start, cut_end in cuts:
-            if cut_end <= start or cut_start >= end:
-                continue
-            if cut_start > start:
-                out.append((start, cut_start))
-            start = max(start, cut_end)
-        if end > start:
-            out.append((start, end))
-    return out
-
-
-# --- the trace -------------------------------------------------------------------------
-
-
-@dataclass
-class Call:
-    """One communication call as the backend recorded it on one rank (times in us)."""
-
-    kind: str
-    start: float
-    end: float
-    bytes: int = 0
-    peer: int | None = None
-    seq: int = 0
-
-
-@dataclass
-class RankTrace:
-    """What one rank did: its communication calls, compute intervals, own labelled ranges."""
-
-    rank: int
-    calls: list[Call] = field(default_factory=list)
-    compute: list[Interval] = field(default_factory=list)
-    ranges: list[tuple[str, float, float]] = field(default_factory=list)
-    # operators (copies, allocations) the backend's own threads ran, e.g. inside a collective
-    backend_ops: list[Interval] = field(default_factory=list)
+__all__ = [
+    "COMM_PREFIXES",
+    "KIND_COLOURS",
+    "Call",
+    "CollectiveTime",
+    "Interval",
+    "RankSummary",
+    "RankTrace",
+    "collective_times",
+    "draw",
+    "format_summary",
+    "format_versus_model",
+    "intersect",
+    "load",
+    "subtract",
+    "summarize",
+    "timeline",
+    "total",
+    "union",
+    "versus_model",
+]
 
 
 @dataclass
@@ -155,64 +90,6 @@ class RankSummary:
         if self.comm_us <= 0:
             return 0.0
         return 100.0 * (self.comm_us - self.exposed_us) / self.comm_us
-
-
-def load(source: str | os.PathLike | dict) -> dict[int, RankTrace]:
-    """Read a merged trace (a file name or the loaded JSON) into one ``RankTrace`` per rank."""
-    if isinstance(source, dict):
-        data = source
-    else:
-        with open(source, encoding="utf-8") as f:
-            data = json.load(f)
-    info = data.get("ddp_lab")
-    if not isinstance(info, dict) or "ranks" not in info:
-        raise ValueError(
-            _t(
-                "This is not a trace of ddp_lab's launcher (no 'ddp_lab' section): write one "
-                "with dl.spawn(..., trace='run.json') or %%ddp --trace run.json."
-            )
-        )
-    mains = {int(r): t["main_tid"] for r, t in info["ranks"].items()}
-    runs = {r: RankTrace(r) for r in sorted(mains)}
-    busy: dict[int, list[Interval]] = {r: [] for r in runs}
-    blocked: dict[int, list[Interval]] = {r: [] for r in runs}
-    kernels: dict[int, list[Interval]] = {r: [] for r in runs}
-    for e in data.get("traceEvents", []):
-        if e.get("ph") != "X" or e.get("pid") not in runs:
-            continue
-        rank, name = e["pid"], str(e.get("name", ""))
-        start = float(e["ts"])
-        end = start + float(e.get("dur", 0.0))
-        on_main = e.get("tid") == mains[rank]
-        if name.startswith(COMM_PREFIXES):
-            args = e.get("args", {})
-            runs[rank].calls.append(
-                Call(
-                    args.get("kind", name.split(":", 1)[1]),
-                    start,
-                    end,
-                    int(args.get("bytes", 0)),
-                    args.get("peer"),
-                    int(args.get("seq", 0)),
-                )
-            )
-            if on_main:
-                blocked[rank].append((start, end))
-        elif on_main and name.startswith("c10d::"):
-            blocked[rank].append((start, end))
-        elif e.get("cat") == "kernel":
-            if not name.lower().startswith("nccl"):  # ncclDevKernel_*: communication
-                kernels[rank].append((start, end))
-        elif on_main and e.get("cat") == "cpu_op":
-            busy[rank].append((start, end))
-        elif on_main and e.get("cat") == "user_annotation":
-            runs[rank].ranges.append((name, start, end))
-        elif not on_main and e.get("cat") == "cpu_op":
-            runs[rank].backend_ops.append((start, end))
-    for rank, run in runs.items():
-        run.calls.sort(key=lambda c: c.start)
-        run.compute = union(kernels[rank]) if kernels[rank] else subtract(busy[rank], blocked[rank])
-    return runs
 
 
 def summarize(runs: dict[int, RankTrace], within: str | None = None) -> list[RankSummary]:
@@ -416,59 +293,6 @@ def _width(text: str) -> int:
 
 def _pad(text: str, width: int) -> str:
     return " " * (width - _width(text)) + text
-
-
-def draw(
-    runs: dict[int, RankTrace],
-    ax: Any = None,
-    start_ms: float | None = None,
-    end_ms: float | None = None,
-) -> Any:
-    """Draw ranks as rows: compute (grey) above, communication coloured by kind below.
-
-    The rank's own ``record_function`` ranges are thin black bars on top, with their names.
-
-    Gaps are times when the rank neither computed nor communicated (Python, waiting on a
-    ``work.wait()``, the profiler itself). ``start_ms``/``end_ms`` zoom in.
-    """
-    import matplotlib.pyplot as plt
-    from matplotlib.patches import Patch
-
-    if ax is None:
-        _, ax = plt.subplots(figsize=(11, 0.9 + 0.8 * len(runs)))
-    kinds: dict[str, str] = {}
-    ticks, labels = [], []
-    for row, (rank, run) in enumerate(sorted(runs.items())):
-        y = -row * 1.2
-        compute = [(s / 1e3, (e - s) / 1e3) for s, e in run.compute]
-        ax.broken_barh(compute, (y + 0.05, 0.4), color="0.6")
-        for call in run.calls:
-            colour = KIND_COLOURS.get(call.kind, "tab:olive")
-            kinds.setdefault(call.kind, colour)
-            ax.broken_barh(
-                [(call.start / 1e3, (call.end - call.start) / 1e3)],
-                (y - 0.45, 0.4),
-                facecolor=colour,
-                edgecolor="black",
-                linewidth=0.3,
-            )
-        for name, start, end in run.ranges:  # the rank's own record_function ranges
-            ax.broken_barh([(start / 1e3, (end - start) / 1e3)], (y + 0.5, 0.08), color="black")
-            ax.text(start / 1e3, y + 0.62, name, fontsize=7, va="bottom", clip_on=True)
-        ticks += [y + 0.25, y - 0.25]
-        labels += [
-            _t("rank {rank} compute", rank=rank),
-            _t("rank {rank} communication", rank=rank),
-        ]
-    ax.set_yticks(ticks, labels)
-    ax.set_xlabel(_t("time since the run's first event (ms)"))
-    if start_ms is not None or end_ms is not None:
-        ax.set_xlim(start_ms, end_ms)
-    handles = [Patch(color="0.6", label=_t("compute"))]
-    handles += [Patch(color=c, label=k) for k, c in kinds.items()]
-    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
-    ax.figure.tight_layout()
-    return ax
 
 
 def timeline(
