@@ -4,20 +4,20 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
-
 import ddp_lab
 
 PACKAGE = Path(ddp_lab.__file__).parent
 LIMIT = 450
-# Split by the other helpers of issue 42's round (gpu: doctor, trace_analysis, checks/ch10;
-# restart: train; grading: rankhost, checks/ch05) or still to split (house: launcher,
-# _rank_group, grader, cluster/hosts, course/build); strict once they have landed.
-PENDING = (
-    "tools/doctor.py, tools/trace_analysis.py, tools/train.py, course/grading/rankhost.py, "
-    "course/grading/checks/ch05.py, course/grading/checks/ch10.py, runtime/launcher.py, "
-    "runtime/_rank_group.py, course/grading/grader.py, cluster/hosts.py, course/build.py"
-)
+# The only modules allowed over the limit: grading's, being reworked on their own (issue 41, and
+# the grading pipeline's layout, issue 42's second item); each is split when that work lands
+# and its line here goes with it. Any other module over 450 lines fails the test.
+ALLOWED = {
+    "course/grading/grader.py",
+    "course/grading/rankhost.py",
+    "course/grading/checks/concepts.py",
+    "course/grading/checks/ch05.py",
+    "course/grading/checks/ch10.py",
+}
 
 
 def long_modules() -> dict[str, int]:
@@ -33,6 +33,6 @@ def test_the_count_sees_a_long_module() -> None:
     assert len((PACKAGE / "__init__.py").read_text().splitlines()) < LIMIT
 
 
-@pytest.mark.xfail(reason=f"splits still pending: {PENDING}", strict=False)
 def test_no_module_is_over_450_lines() -> None:
-    assert long_modules() == {}
+    too_long = {name: n for name, n in long_modules().items() if name not in ALLOWED}
+    assert too_long == {}

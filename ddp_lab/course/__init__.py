@@ -1,7 +1,7 @@
 """The course machinery: building the notebooks and the website, and grading them.
 
-- ``build``, ``nbcache``, ``lab_contents``, ``site``, ``cli``: ``ddp-lab build / site / check /
-  grade / doctor``;
+- ``build`` (with ``cjk_breaks``), ``nbcache``, ``lab_contents``, ``site`` (with ``site_pages``),
+  ``cli``: ``ddp-lab build / site / check / grade / doctor``;
 - ``notebook``: ``dl.setup``, ``dl.tr``, ``dl.show_source``;
 - ``grading/``: ``dl.grade``, the hidden-case checkers (``grading/checks/chNN``) and the
   pipeline of ``ddp-lab check`` / ``ddp-lab grade`` (its ``__init__`` names the stages).
