@@ -235,7 +235,7 @@ def init_group(rank: int, nprocs: int, backend: str) -> Any:
 
 # The jobs that call the learner's code (``FunctionJob``, ``CellJob``): their ``__call__``
 # frames are left out of rank tracebacks like this module's (and they name this checkout).
-_DISPATCHERS = {os.path.join(os.path.dirname(__file__), n) for n in ("launcher.py", "magic.py")}
+_DISPATCHERS = {os.path.join(os.path.dirname(__file__), n) for n in ("_shipping.py", "magic.py")}
 
 
 def error_record(exc: BaseException, own_file: str = __file__) -> dict:

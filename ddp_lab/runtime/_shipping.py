@@ -73,7 +73,7 @@ class _Zygote:
     def __init__(self, eager: bool = False) -> None:
         """``eager``: preload DDP's modules before "ready" (see ``_zygote``), not after."""
         env = dict(os.environ)
-        # The folder that holds the ddp_lab package (this file is ddp_lab/runtime/launcher.py).
+        # The folder that holds the ddp_lab package (this file is ddp_lab/runtime/_shipping.py).
         root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
         self.env_key = _env_key()
