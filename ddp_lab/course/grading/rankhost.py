@@ -45,6 +45,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -169,6 +170,17 @@ def _in_network(cmd: list[str], holder_pid: int, masks: list[str]) -> list[str]:
     return [*enter, "--", *cmd]
 
 
+def _remove_folder(base: Path) -> None:
+    """Remove a pool's folder. A rank's sandboxed Python is killed with its bwrap
+    (``--die-with-parent``), a moment after the process we wait for: it may still write a
+    file while the folder goes, and the first try then leaves the folder behind."""
+    for _ in range(20):
+        shutil.rmtree(base, ignore_errors=True)
+        if not base.exists():
+            return
+        time.sleep(0.05)
+
+
 def _kill(proc: subprocess.Popen) -> None:
     try:
         os.killpg(proc.pid, signal.SIGKILL)
@@ -215,6 +227,9 @@ class RankPool:
         if self.base is None:
             self.base = Path(tempfile.mkdtemp(prefix="ddp-lab-ranks-"))
             self.base.chmod(0o755)
+            # A pool dropped without close() (an exception in its owner, the interpreter's
+            # exit) still removes its folder; close() does it at once.
+            self._remove = weakref.finalize(self, _remove_folder, self.base)
             if self.sandboxed:
                 self.holder, self.holder_pid = _start_network(self.base)
             else:
@@ -405,7 +420,7 @@ class RankPool:
         if self.holder is not None:
             _kill(self.holder)
         if self.base is not None:
-            shutil.rmtree(self.base, ignore_errors=True)
+            self._remove()
         self.procs, self.readers, self.holder, self.base = [], [], None, None
 
 
