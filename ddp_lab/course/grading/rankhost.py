@@ -11,9 +11,9 @@ runs ``RankPool`` here, in the verdict process:
 2. starts each rank (``python -m ddp_lab.course.grading.rankhost``) in a sandbox of its own
    (``course.sandbox.wrap``: its own PID, mount, IPC and UTS namespaces, its own writable folder
    and ``/tmp``), entered into the holder's network with ``nsenter``; its view of the package
-   hides the reference implementations of the exercises and the grading machinery
-   (``HIDDEN``: each file, and its cached bytecode, is replaced by a module that raises
-   ImportError);
+   is a rank's view (``course.grading.view``): the reference implementations of the
+   exercises, the checkers' oracles and the grading machinery (``HIDDEN``: each file, its
+   cached bytecode, any other copy) are modules that raise ImportError;
 3. writes rank r's request on rank r's stdin: the probe's name, its rank, the world size, the
    port, and **only rank r's input** (``course.wire`` data: never the seed, never another rank's
    data, never the checker's code);
@@ -49,41 +49,14 @@ import weakref
 from pathlib import Path
 from typing import Any
 
-from ddp_lab.course.grading import wire
+from ddp_lab.course.grading import view, wire
 from ddp_lab.course.grading.learner import RunnerGone
 from ddp_lab.i18n import _t
 
-# The package's files a rank may not import: the reference implementations of the exercises
-# (an import of one is also flagged by ``course.scan``) and the grading machinery.
-HIDDEN = (
-    "ring.py",
-    "parallel/balanced.py",
-    "ddp.py",
-    "bucketed_ddp.py",
-    "zero.py",
-    "comm_hooks.py",
-    "fsdp.py",
-    "tensor_parallel.py",  # 12.tp_pair's reference (copy_to/reduce_from_parallel_region)
-    "pipeline_1f1b.py",  # 12.one_f_one_b's reference; pipeline.py (the runner) is not hidden
-    "sampler.py",
-    "labs/evaluation.py",
-    "tools/ranks.py",  # 02.place's reference (``assign``)
-    # the checkers of the single-process exercises compute the answers from the inputs; their
-    # probes live in ``course/grading/checks/probes.py``, which a rank may import
-    "course/grading/checks/ch01.py",
-    "course/grading/checks/ch02.py",
-    "course/grading/checks/ch03.py",
-    "course/grading/checks/concepts.py",  # the concept checks' key
-    "course/grading/grader.py",
-    "course/grading/verdict.py",
-    "course/grading/runner.py",
-    "course/grading/sandbox.py",
-    "course/grading/export.py",
-    "course/cli.py",
-    "course/build.py",
-    "course/grading/scan.py",
-    "course/grading/similarity.py",
-)
+# The package's files a rank may not import (``course.grading.view``): the reference
+# implementations of the exercises whole, the checkers' oracles, the concept checks' key and
+# the grading machinery.
+HIDDEN = view.RANK_HIDDEN
 REQUEST_LIMIT = wire.MAX_BYTES + 4096  # one request line, read by the rank
 STARTUP_S = 300.0  # a rank's sandbox, Python and torch starting (the grader's time, not theirs)
 
@@ -93,37 +66,6 @@ STARTUP_S = 300.0  # a rank's sandbox, Python and torch starting (the grader's t
 
 class SandboxFailed(RunnerGone):
     """The grader could not start the ranks' sandboxes (the machine's fault, not the code's)."""
-
-
-def _package_dir() -> Path:
-    import ddp_lab
-
-    return Path(ddp_lab.__file__).resolve().parent
-
-
-def _mask_args(base: Path, lang: str) -> list[str]:
-    """bwrap arguments that replace each ``HIDDEN`` file (and its bytecode) in the rank's view."""
-    package = _package_dir()
-    args: list[str] = []
-    for rel in HIDDEN:
-        source = package / rel
-        if not source.exists():
-            continue
-        module = "ddp_lab." + rel.removesuffix(".py").replace("/", ".")
-        mask = base / f"hidden-{module}.py"
-        text = _t(
-            "{module} is not available while grading: write the exercise yourself",
-            lang,
-            module=module,
-        )
-        mask.write_text(f"raise ImportError({text!r})\n", encoding="utf-8")
-        mask.chmod(0o644)
-        args += ["--ro-bind", str(mask), str(source)]
-        cache = source.parent / "__pycache__"
-        if cache.is_dir():
-            for pyc in sorted(cache.glob(source.stem + ".*.pyc")):
-                args += ["--ro-bind", "/dev/null", str(pyc)]
-    return args
 
 
 def _start_network(base: Path) -> tuple[subprocess.Popen, int]:
@@ -161,9 +103,7 @@ def _start_network(base: Path) -> tuple[subprocess.Popen, int]:
 
 def _in_network(cmd: list[str], holder_pid: int, masks: list[str]) -> list[str]:
     """``sandbox.wrap``'s command, joined to the holder's network instead of a new one."""
-    cmd = [a for a in cmd if a != "--unshare-net"]
-    at = cmd.index("--chdir")
-    cmd = cmd[:at] + masks + cmd[at:]
+    cmd = view.insert([a for a in cmd if a != "--unshare-net"], masks)
     enter = ["nsenter", f"--net=/proc/{holder_pid}/ns/net"]
     if os.geteuid() != 0:  # the holder's network belongs to its user namespace
         enter += [f"--user=/proc/{holder_pid}/ns/user", "--preserve-credentials"]
@@ -213,6 +153,7 @@ class RankPool:
         self.holder: subprocess.Popen | None = None
         self.holder_pid = 0
         self.base: Path | None = None
+        self.view: list[str] | None = None  # the rank's view's bwrap arguments (course.view)
         self.ports: set[int] = set()
         # What the last ``run`` moved between the ranks, read by the grader from the ranks'
         # network namespace (``course.traffic``), or None with the reason in ``unobserved``.
@@ -234,7 +175,9 @@ class RankPool:
                 self.holder, self.holder_pid = _start_network(self.base)
             else:
                 sandbox.warn_unsandboxed(self.lang)
-        masks = _mask_args(self.base, self.lang) if self.sandboxed else []
+        if self.sandboxed and self.view is None:
+            self.view = view.args(self.base / "view", self.lang, rank=True)
+        masks = self.view or []
         env = {"DDP_LAB_LANG": self.lang, "MPLBACKEND": "agg", "OMP_NUM_THREADS": "1"}
         new = []
         for rank in range(len(self.procs), n):
@@ -422,6 +365,7 @@ class RankPool:
         if self.base is not None:
             self._remove()
         self.procs, self.readers, self.holder, self.base = [], [], None, None
+        self.view = None
 
 
 # --- in the rank's sandbox ------------------------------------------------------------------

@@ -30,7 +30,7 @@ from typing import Any
 
 import nbformat
 
-from ddp_lab.course.grading import sandbox, scan, wire
+from ddp_lab.course.grading import sandbox, scan, view, wire
 from ddp_lab.course.grading.learner import RemoteLearner, RunnerGone
 from ddp_lab.course.grading.rankhost import RankPool
 from ddp_lab.i18n import _t
@@ -103,6 +103,7 @@ def run(request: dict[str, Any]) -> dict[str, Any]:
         progress(_t("Running the notebook's {n} code cells in a sandbox ...", lang, n=n_cells))
     results: dict[str, dict[str, Any]] = {}
     work = Path(tempfile.mkdtemp(prefix="ddp-lab-sandbox-"))
+    masks = Path(tempfile.mkdtemp(prefix="ddp-lab-view-"))  # outside the runner's folder
     proc = None
     ended = "kernel-died"  # what the exercises not reached get
     try:
@@ -115,6 +116,8 @@ def run(request: dict[str, Any]) -> dict[str, Any]:
             job=int(request.get("job", 0)),
             env={"DDP_LAB_LANG": lang, "MPLBACKEND": "agg", **request.get("env", {})},
         )
+        if sandbox.available():  # the package without the answers (course.grading.view)
+            cmd = view.insert(cmd, view.args(masks, lang))
         proc = subprocess.Popen(
             cmd,
             env=env,
@@ -190,6 +193,7 @@ def run(request: dict[str, Any]) -> dict[str, Any]:
         if proc is not None:
             _kill(proc)
         shutil.rmtree(work, ignore_errors=True)
+        shutil.rmtree(masks, ignore_errors=True)
 
 
 def _progress_writer(fd: Any) -> Any:
