@@ -1,4 +1,4 @@
-"""Grading, round 3 (issue 41): no answer by another road.
+"""Grading, round 3 (issue 41): no answer by another road, no built-in collective by another road.
 
 A learner who reads every line of the package looks for the answer where the grader keeps it:
 the reference implementation's source (read from the installed package and ``exec``'d, then
@@ -10,6 +10,7 @@ unsolved one (nothing); the package view (``course.grading.view``) is also teste
 from __future__ import annotations
 
 import copy
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -137,7 +138,11 @@ def test_chapter_05_the_reference_read_and_execd_earns_nothing(tmp_path: Path) -
     subs = tmp_path / "subs"
     write(_with(release, marker, _solution_cell(solution, marker)), subs / "honest.ipynb")
     write(release, subs / "unsolved.ipynb")
-    attacks = {"exec_reference": EXEC_REFERENCE}
+    attacks = {
+        "exec_reference": EXEC_REFERENCE,
+        "group_method": GROUP_METHOD,
+        "backwards_group": BACKWARDS_GROUP,
+    }
     for name, source in attacks.items():
         write(_with(release, marker, source), subs / f"{name}.ipynb")
     out = tmp_path / "out"
@@ -147,6 +152,60 @@ def test_chapter_05_the_reference_read_and_execd_earns_nothing(tmp_path: Path) -
     assert book[("unsolved", "05.ring")][0] == 0
     got = {name: book[(name, "05.ring")] for name in attacks}
     assert all(points == 0 for points, _, _ in got.values()), got
+    for name in ("group_method", "backwards_group"):  # locked in the rank, whatever the road
+        feedback = (out / "feedback" / f"{name}.md").read_text(encoding="utf-8")
+        assert "asks you to build" in feedback, feedback
+    assert leftover_processes() == []
+
+
+# gloo's own all-reduce, through the process group's method (the guards wrap dist.* only).
+GROUP_METHOD = """\
+def ring_all_reduce(tensor):
+    dist.group.WORLD.allreduce([tensor]).wait()
+    return tensor
+"""
+# gloo's own all-reduce on a new group whose ranks are numbered backwards: it sends exactly
+# an honest ring's bytes to the right neighbour.
+BACKWARDS_GROUP = """\
+import torch.distributed as _d
+_groups = {}
+def ring_all_reduce(tensor):
+    n = _d.get_world_size()
+    if n not in _groups:
+        _groups[n] = _d.new_group(list(reversed(range(n))))
+    _groups[n].allreduce([tensor]).wait()
+    return tensor
+"""
+WORLD_ALL_REDUCE = """\
+def reduce_broadcast_all_reduce(tensor):
+    dist.group.WORLD.allreduce([tensor]).wait()
+    return tensor
+"""
+WORLD_ALL_GATHER = """\
+def send_recv_all_gather(tensor_list, tensor):
+    dist.group.WORLD.allgather([tensor_list], [tensor]).wait()
+"""
+
+
+@needs_sandbox
+def test_chapter_04_process_group_methods_are_not_a_way_around(tmp_path: Path) -> None:
+    path, release, solution = _exercise("04")
+    reduce_, gather = "def reduce_broadcast_all_reduce", "def send_recv_all_gather"
+    honest = _with(release, reduce_, _solution_cell(solution, reduce_))
+    honest = _with(honest, gather, _solution_cell(solution, gather))
+    subs = tmp_path / "subs"
+    write(honest, subs / "honest.ipynb")
+    write(release, subs / "unsolved.ipynb")
+    attack = _with(_with(release, reduce_, WORLD_ALL_REDUCE), gather, WORLD_ALL_GATHER)
+    write(attack, subs / "pg.ipynb")
+    out = tmp_path / "out"
+    assert grade(path, subs, out, "--cell-timeout", "120", "--jobs", "2") == 0
+    book = gradebook(out)
+    for exercise in ("04.all_reduce", "04.all_gather"):
+        assert book[("honest", exercise)][2] == "passed", book
+        assert book[("honest", exercise)][0] == book[("honest", exercise)][1] > 0
+        assert book[("unsolved", exercise)][0] == 0
+        assert book[("pg", exercise)][0] == 0, book
     assert leftover_processes() == []
 
 
@@ -172,3 +231,87 @@ def test_chapter_00_the_concept_key_is_not_within_reach(tmp_path: Path) -> None:
     assert book[("unsolved", "00.concepts")][0] == 0
     assert book[("key_reader", "00.concepts")][0] == 0, book
     assert leftover_processes() == []
+
+
+# --- built-in collectives, locked in a hand-written-collective rank -----------------------------
+
+LOCKED_RANK = """\
+import sys
+import torch
+import torch.distributed as dist
+import torch.distributed._functional_collectives as funcol
+from ddp_lab.course.grading.checks import lockdown
+
+rank = int(sys.argv[1])
+dist.init_process_group("gloo", init_method="file://" + sys.argv[2], rank=rank, world_size=2)
+lockdown.lock(frozenset(sys.argv[3].split(",")) - {""})
+t = torch.ones(4)
+roads = {
+    "dist.all_reduce": lambda: dist.all_reduce(t),
+    "dist.broadcast": lambda: dist.broadcast(t, 0),
+    "dist.all_gather_into_tensor": lambda: dist.all_gather_into_tensor(torch.zeros(8), t),
+    "WORLD.allreduce": lambda: dist.group.WORLD.allreduce([t]).wait(),
+    "WORLD.allgather": lambda: dist.group.WORLD.allgather([[t, t.clone()]], [t]).wait(),
+    "backwards_group": lambda: dist.all_reduce(t, group=dist.new_group([1, 0])),
+    "functional": lambda: funcol.all_reduce(t, "sum", dist.group.WORLD).wait(),
+    "backend": lambda: dist.group.WORLD._get_backend(torch.device("cpu")).allreduce([t]).wait(),
+}
+for name, road in roads.items():
+    try:
+        road()
+        print(name, "ran")
+    except lockdown.Forbidden:
+        print(name, "forbidden")
+    except Exception as exc:
+        print(name, type(exc).__name__, str(exc)[:200].replace(" ", "_"))
+if rank == 0:  # what a hand-written collective is built from still works
+    dist.send(torch.full((2,), 7.0), 1)
+else:
+    got = torch.zeros(2)
+    dist.recv(got, 0)
+    print("p2p", got.tolist() == [7.0, 7.0])
+dist.barrier()
+print("barrier", "ok")
+"""
+
+
+def _locked_world(tmp_path: Path, allowed: str) -> list[dict[str, str]]:
+    script = tmp_path / "rank.py"
+    script.write_text(LOCKED_RANK, encoding="utf-8")
+    store = tmp_path / "store"
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(script), str(rank), str(store), allowed],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},  # this package, not an installed one
+        )
+        for rank in range(2)
+    ]
+    outs = []
+    try:
+        for proc in procs:
+            out, err = proc.communicate(timeout=180)
+            assert proc.returncode == 0, out + err
+            outs.append(dict(line.split(" ", 1) for line in out.splitlines()))
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
+    return outs
+
+
+def test_no_built_in_collective_whatever_the_road(tmp_path: Path) -> None:
+    ranks = _locked_world(tmp_path, "")  # 05.ring, 04.all_gather: send/recv only
+    for got in ranks:
+        roads = {k: v for k, v in got.items() if k not in ("p2p", "barrier")}
+        assert len(roads) == 8 and set(roads.values()) == {"forbidden"}, got
+        assert got["barrier"] == "ok", got
+    assert ranks[1]["p2p"] == "True", ranks
+
+
+def test_the_lock_leaves_what_the_exercise_allows(tmp_path: Path) -> None:
+    for got in _locked_world(tmp_path, "broadcast_"):  # 04.all_reduce: reduce + broadcast
+        assert got["dist.broadcast"] == "ran", got
+        assert got["dist.all_reduce"] == got["WORLD.allreduce"] == "forbidden", got

@@ -406,6 +406,14 @@ def _serve(request: dict) -> dict:
     except Exception as exc:  # noqa: BLE001  # the grader's set-up, not the learner's code
         return {"error": {"type": type(exc).__name__, "message": str(exc)[:500]}, "setup": True}
     try:
+        allowed = getattr(probe, "collectives_allowed", None)
+        if allowed is not None:  # a hand-written-collective exercise: lock the others first
+            from ddp_lab.course.grading.checks import lockdown
+
+            lockdown.lock(allowed)
+    except Exception as exc:  # noqa: BLE001  # the grader's set-up, not the learner's code
+        return {"error": {"type": type(exc).__name__, "message": str(exc)[:500]}, "setup": True}
+    try:
         # The learner's code first runs here (a hidden module's import fails here).
         objects = pickle.loads(Path("blob.pkl").read_bytes())  # noqa: S301  # in the sandbox
         out = probe(rank, objects, data)

@@ -26,6 +26,7 @@ import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
 from ddp_lab.course.grading import checker, fail
+from ddp_lab.course.grading.checks.lockdown import Forbidden
 from ddp_lab.course.grading.learner import LearnerError, Refused, refuse
 from ddp_lab.i18n import _t
 
@@ -33,10 +34,6 @@ DTYPES = {"float32": torch.float32, "float64": torch.float64, "int64": torch.int
 DTYPES |= {"int32": torch.int32, "float16": torch.float16}
 # Seconds the ranks of one world size may run (a correct solution takes about one).
 CASE_TIMEOUT_S = 30.0
-
-
-class Forbidden(RuntimeError):
-    """Raised when the learner calls a collective the exercise asks them to rebuild."""
 
 
 @contextlib.contextmanager
@@ -79,7 +76,7 @@ def guarded(fn: Callable, args: tuple, banned: list[str]) -> tuple[Any, list[str
     try:
         with forbid(banned, called):
             return fn(*args), called
-    except (Forbidden, Refused):
+    except (Forbidden, Refused):  # Forbidden from the rank's lock too (checks/lockdown.py)
         return None, called or ["*"]
 
 
@@ -189,6 +186,10 @@ _ALL_GATHER_BANNED = [
     "gather_object",
 ]
 _ALL_GATHER_ALLOWED = "dist.send / dist.recv (or isend / irecv)"
+# The c10d operators a graded rank of each exercise may reach (``checks/lockdown.py``: every
+# other collective is locked before the learner's objects are loaded, whatever the road).
+ALL_REDUCE_OPERATORS = frozenset({"reduce_", "broadcast_"})
+POINT_TO_POINT_ONLY: frozenset[str] = frozenset()
 
 
 # --- probes: in the learner's process, on each rank; data only, no oracle ---------------
@@ -206,6 +207,9 @@ def probe_all_reduce(rank: int, objects: tuple, inputs: list[torch.Tensor]) -> l
         if called:
             break
     return out
+
+
+probe_all_reduce.collectives_allowed = ALL_REDUCE_OPERATORS  # type: ignore[attr-defined]
 
 
 def probe_all_gather(rank: int, objects: tuple, inputs: list[torch.Tensor]) -> list[dict]:
@@ -227,6 +231,9 @@ def probe_all_gather(rank: int, objects: tuple, inputs: list[torch.Tensor]) -> l
         if called:
             break
     return out
+
+
+probe_all_gather.collectives_allowed = POINT_TO_POINT_ONLY  # type: ignore[attr-defined]
 
 
 # --- oracles: real PyTorch, in the checker's process ----------------------------------------

@@ -1,0 +1,107 @@
+"""No built-in collective in the ranks of a hand-written-collective exercise, whatever the road.
+
+``ch04.forbid`` switches the ``torch.distributed`` functions off around the learner's call; a
+learner can still reach the same collectives by other roads: the process group's own methods
+(``dist.group.WORLD.allreduce``), a new group (``dist.new_group``), the functional collectives,
+the ``torch.ops.c10d`` operators, or the backend object itself (``pg._get_backend(...)``,
+``ProcessGroupGloo.allreduce``). Every one of the first four ends in one of the ``c10d::``
+operators of PyTorch's dispatcher (``torch/csrc/distributed/c10d/Ops.cpp``: the
+``ProcessGroup`` methods call them, and their kernels call the backend); the backend's own
+Python methods do not.
+
+``lock`` (run by ``course.grading.rankhost`` in a graded rank *before* the learner's objects are
+unpickled, so no learner code runs before it) therefore
+- registers a kernel that raises ``Forbidden`` over every ``c10d::`` operator the exercise does
+  not allow, for every device (``torch.library``; PyTorch warns that a kernel is overridden),
+- replaces every collective method of every backend class (``Backend`` and its subclasses:
+  ``ProcessGroupGloo``, ...) the exercise does not allow with one that raises ``Forbidden``.
+
+It lasts for the rank's life: a graded rank serves one exercise, then is killed. The original
+kernels live in C++ only: no Python object holds them for the learner to find.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+# The point-to-point operators every hand-written collective is built from, and the barrier
+# (it moves no data).
+POINT_TO_POINT = frozenset(
+    {"send", "recv_", "recv_any_source_", "barrier", "monitored_barrier_", "check_for_nan"}
+)
+# Backend methods that move data between ranks; a lock leaves those it allows.
+BACKEND_METHODS = (
+    "allreduce",
+    "allreduce_coalesced",
+    "allgather",
+    "allgather_coalesced",
+    "_allgather_base",
+    "allgather_into_tensor_coalesced",
+    "gather",
+    "scatter",
+    "reduce_scatter",
+    "_reduce_scatter_base",
+    "reduce_scatter_tensor_coalesced",
+    "alltoall",
+    "alltoall_base",
+    "broadcast",
+    "reduce",
+)
+DEVICES = ("CPU", "CUDA", "PrivateUse1", "Meta")
+
+_libraries: list[Any] = []  # the overriding registrations live as long as these objects
+
+
+class Forbidden(RuntimeError):
+    """A built-in collective the exercise asks the learner to build."""
+
+
+def _refusing(name: str) -> Any:
+    def refused(*args: object, **kwargs: object) -> None:
+        raise Forbidden(name)
+
+    return refused
+
+
+def c10d_operators() -> list[str]:
+    """The names of the ``c10d::`` operators registered in this process."""
+    import torch
+    import torch.distributed  # noqa: F401  # registers the operators
+
+    names = torch._C._dispatch_get_all_op_names()
+    return sorted({n.split("::", 1)[1].split(".")[0] for n in names if n.startswith("c10d::")})
+
+
+def lock(allowed: frozenset[str] | set[str]) -> list[str]:
+    """Make every ``c10d::`` operator not in ``allowed`` (operator names, e.g. ``reduce_``)
+    and every backend method not in ``allowed`` (method names, e.g. ``reduce``) raise
+    ``Forbidden``; the operators locked."""
+    import torch
+    from torch._C import _distributed_c10d as c10d
+
+    allowed = frozenset(allowed) | POINT_TO_POINT
+    if _libraries:  # locked already (a rank serves one exercise's cases one after the other)
+        return []
+    locked = [op for op in c10d_operators() if op not in allowed]
+    library = torch.library.Library("c10d", "IMPL")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "Overriding a previously registered kernel"
+        for op in locked:
+            for device in DEVICES:
+                try:
+                    library.impl(op, _refusing(op.strip("_")), device)
+                except (RuntimeError, ValueError):
+                    continue  # no such device in this build
+    _libraries.append(library)
+    backends = [
+        cls
+        for cls in vars(c10d).values()
+        if isinstance(cls, type) and issubclass(cls, c10d.Backend)
+    ]
+    names = {op.strip("_") for op in allowed}
+    for cls in backends:
+        for method in BACKEND_METHODS:
+            if method.strip("_") not in names and method in vars(cls):
+                setattr(cls, method, _refusing(method.strip("_")))
+    return locked
