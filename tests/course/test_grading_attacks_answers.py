@@ -140,6 +140,7 @@ def test_chapter_05_the_reference_read_and_execd_earns_nothing(tmp_path: Path) -
     write(release, subs / "unsolved.ipynb")
     attacks = {
         "exec_reference": EXEC_REFERENCE,
+        "magic_import": MAGIC_IMPORT,
         "group_method": GROUP_METHOD,
         "backwards_group": BACKWARDS_GROUP,
     }
@@ -152,6 +153,9 @@ def test_chapter_05_the_reference_read_and_execd_earns_nothing(tmp_path: Path) -
     assert book[("unsolved", "05.ring")][0] == 0
     got = {name: book[(name, "05.ring")] for name in attacks}
     assert all(points == 0 for points, _, _ in got.values()), got
+    # The scan reads the magic as IPython runs it, and sees the exec.
+    assert got["magic_import"][2] == "flagged", got
+    assert got["exec_reference"][2] == "flagged", got
     for name in ("group_method", "backwards_group"):  # locked in the rank, whatever the road
         feedback = (out / "feedback" / f"{name}.md").read_text(encoding="utf-8")
         assert "asks you to build" in feedback, feedback
@@ -315,3 +319,34 @@ def test_the_lock_leaves_what_the_exercise_allows(tmp_path: Path) -> None:
     for got in _locked_world(tmp_path, "broadcast_"):  # 04.all_reduce: reduce + broadcast
         assert got["dist.broadcast"] == "ran", got
         assert got["dist.all_reduce"] == got["WORLD.allreduce"] == "forbidden", got
+
+
+# --- the scan reads cells as IPython runs them -------------------------------------------------
+
+# An import the old scan never read (it blanked every line that starts with % or !).
+MAGIC_IMPORT = """\
+%time from ddp_lab.ring import ring_all_reduce as _theirs
+def ring_all_reduce(tensor):
+    return _theirs(tensor)
+"""
+
+
+def test_the_scan_reads_magics_as_ipython_runs_them() -> None:
+    from ddp_lab.course.grading import scan
+
+    assert scan.findings(MAGIC_IMPORT)
+    assert scan.findings("%%time\nfrom ddp_lab.zero import ShardedOptimizer\n")
+    assert scan.findings("%time %time import ddp_lab.fsdp")
+    assert scan.findings("%load some_file.py")
+    assert scan.findings("!cat somewhere")
+    assert scan.findings(EXEC_REFERENCE)
+    assert scan.findings("import importlib\nm = importlib.import_module('x')")
+    assert scan.findings("import ddp_lab\nopen(ddp_lab.__file__).read()")
+    assert scan.findings("import builtins\nbuiltins.exec('x = 1')")
+    assert scan.findings("f = compile('x = 1', 'x', 'exec')")
+    # What honest cells do is not flagged.
+    assert scan.findings("%time x = sum(range(10))") == []
+    assert scan.findings("%%ddp -n 2\nprint(rank)") == []
+    assert scan.findings("with open('data.txt') as f:\n    f.read()") == []
+    assert scan.findings("import re\npattern = re.compile('a+')") == []
+    assert scan.findings("import torch\nmodel = torch.compile(torch.nn.Linear(2, 2))") == []

@@ -6,7 +6,15 @@ graded cell
 - reaches for a reference implementation of an exercise (``ANSWERS``: an import of it, an
   attribute or a string of its name), or
 - looks at the grader's machinery from the inside (``INTROSPECTION``: frames, the garbage
-  collector's object lists, ``/proc/self/fd``, tracing hooks, ``ctypes``).
+  collector's object lists, ``/proc/self/fd``, tracing hooks, ``ctypes``), or
+- reads the package's files or runs text as code (``exec``, ``compile``, ``__import__``,
+  ``importlib``, ``runpy``, ``linecache``, ``open`` of a module's file, a file name of a
+  reference, magics that show or load a file's source, shell lines).
+
+A cell is read as IPython runs it: IPython's ``TransformerManager`` first turns ``%`` magics
+and ``!`` lines into Python (``%time from ddp_lab.ring import ...`` is a call whose text is
+read again, as the cell it runs). The scan is never the only defence: the package view of the
+learner's processes (``course.grading.view``) has no answers to find.
 
 Only the learner's code is read: a code cell identical to one of the release's is not. Nothing
 is run; the parser is Python's ``ast``. A finding is a reason to look, not a proof: the
@@ -22,6 +30,7 @@ from typing import Any
 import nbformat
 
 from ddp_lab._moved import MOVED
+from ddp_lab.course.grading import view
 from ddp_lab.i18n import _t
 
 # The package's reference implementations of the exercises: module -> the names that answer one.
@@ -74,14 +83,70 @@ MODULES = {"ctypes", "gc", "inspect", "ddp_lab.course"}  # imports flagged as su
 STRINGS = ("/proc/self", "/proc/", "/dev/fd", "ddp_lab.course", "ddp_lab/course")
 
 
-def findings(source: str) -> list[str]:
-    """What ``source`` (one code cell) uses that this module flags, as short descriptions."""
+# Calls that run or compile text as code, and modules that import by name: an honest solution
+# has no use for them; a learner who reads a reference's file and runs it does.
+RUNS_TEXT = {"exec", "compile", "__import__", "execfile"}
+# ``builtins.exec(...)``: an attribute call is flagged only on these (``re.compile`` and
+# ``torch.compile`` are not text run as code).
+BUILTINS = {"builtins", "__builtins__"}
+LOADERS = ("importlib", "runpy", "linecache", "imp", "zipimport", "pkgutil")
+# What finds or reads a module's file: with these, ``open`` and the like reach the package.
+LOCATES = {
+    "__file__",
+    "__path__",
+    "__spec__",
+    "__loader__",
+    "__cached__",
+    "origin",
+    "find_spec",
+    "getsource",
+    "getsourcelines",
+    "getsourcefile",
+    "getfile",
+    "get_source",
+    "get_data",
+    "get_code",
+    "getlines",
+}
+READS = {"open", "read_text", "read_bytes", "fdopen", "getlines", "getsource", "get_source"}
+# Magics that read or show a file's source, or run another program.
+READING_MAGICS = {
+    "load",
+    "loadpy",
+    "run",
+    "pycat",
+    "psource",
+    "pfile",
+    "pinfo",
+    "pinfo2",
+    "sx",
+    "system",
+    "sc",
+    "bash",
+    "sh",
+    "script",
+    "python",
+    "python2",
+    "python3",
+    "pypy",
+    "perl",
+    "ruby",
+}
+# File names of the package's reference implementations (``course.grading.view``).
+ANSWER_FILES = (*sorted({rel.rsplit("/", 1)[-1] for rel in view.REFERENCES}), "ddp_lab/")
+MAX_DEPTH = 8  # magics inside magics (``%time %time ...``)
+
+
+def findings(source: str, depth: int = 0) -> list[str]:
+    """What ``source`` (one code cell, read as IPython runs it: magics and ``!`` lines turned
+    into Python first) uses that this module flags, as short descriptions."""
     try:
-        tree = ast.parse(_without_magics(source))
-    except (SyntaxError, ValueError, RecursionError):
+        tree = ast.parse(_as_ipython_runs_it(source))
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
         return []
     found: list[str] = []
     answer_modules = set(ANSWERS)
+    locates = reads = False
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             for alias in node.names:
@@ -94,7 +159,21 @@ def findings(source: str) -> list[str]:
                     node.module in answer_modules and alias.name in ANSWERS[node.module]
                 ):
                     found.append(f"`{full}`")
+        elif isinstance(node, ast.Call):
+            found += _magic_findings(node, depth)
+            name = _called_name(node)
+            func = node.func
+            if (
+                name in RUNS_TEXT
+                and isinstance(func, ast.Attribute)
+                and isinstance(func.value, ast.Name)
+                and func.value.id in BUILTINS
+            ):
+                found.append(f"`{name}(...)`")
+            reads = reads or name in READS
+            locates = locates or name in LOCATES
         elif isinstance(node, ast.Attribute):
+            locates = locates or node.attr in LOCATES
             if node.attr in ANSWER_NAMES:
                 found.append(f"`.{node.attr}`")
             elif node.attr in INTROSPECTION or (
@@ -103,28 +182,83 @@ def findings(source: str) -> list[str]:
                 and node.value.id == "inspect"
             ):
                 found.append(f"`.{node.attr}`")
+        elif isinstance(node, ast.Name):
+            locates = locates or node.id in LOCATES
+            if node.id in RUNS_TEXT:
+                found.append(f"`{node.id}`")
         elif isinstance(node, ast.Constant) and isinstance(node.value, str):
             text = node.value
             if text in ANSWER_NAMES or any(m in text for m in answer_modules):
                 found.append(f"`{text[:60]!r}`")
-            elif any(s in text for s in STRINGS):
+            elif any(s in text for s in STRINGS) or any(f in text for f in ANSWER_FILES):
                 found.append(f"`{text[:60]!r}`")
+    if reads and locates:
+        found.append("`open(<a module's file>)`")
     return list(dict.fromkeys(found))
+
+
+def _called_name(node: ast.Call) -> str:
+    func = node.func
+    if isinstance(func, ast.Name):
+        return func.id
+    if isinstance(func, ast.Attribute):
+        return func.attr
+    return ""
+
+
+def _magic_findings(node: ast.Call, depth: int) -> list[str]:
+    """What a magic or shell line does, as IPython's transformers write it
+    (``get_ipython().run_line_magic(name, line)`` and the like): a magic that reads files or
+    runs another program is flagged; the Python a code magic runs (``%time``, ``%%ddp``, ...)
+    is read like a cell."""
+    func = node.func
+    if not (
+        isinstance(func, ast.Attribute)
+        and isinstance(func.value, ast.Call)
+        and _called_name(func.value) == "get_ipython"
+    ):
+        return []
+    texts = [a.value for a in node.args if isinstance(a, ast.Constant) and isinstance(a.value, str)]
+    if func.attr in ("system", "getoutput"):
+        return [f"`!{texts[0][:60] if texts else ''}`"]
+    if func.attr not in ("run_line_magic", "run_cell_magic") or not texts:
+        return []
+    name = texts[0]
+    if name in READING_MAGICS:
+        return [f"`%{name}`"]
+    found: list[str] = []
+    if depth < MAX_DEPTH:
+        for text in texts[1:]:
+            found += findings(text, depth + 1)
+    return found
+
+
+_transformer: Any = None
+
+
+def _as_ipython_runs_it(source: str) -> str:
+    """``source`` as the Python IPython runs for it (IPython's own ``TransformerManager``:
+    ``%`` magics, ``!`` shell lines, ``?`` help), or with those lines blanked without IPython."""
+    global _transformer
+    try:
+        if _transformer is None:
+            from IPython.core.inputtransformer2 import TransformerManager
+
+            _transformer = TransformerManager()
+        return _transformer.transform_cell(source)
+    except ImportError:
+        return "\n".join(
+            "" if line.lstrip().startswith(("%", "!")) else line for line in source.splitlines()
+        )
 
 
 def _module_findings(module: str, answer_modules: set[str]) -> list[str]:
     if module in answer_modules or any(module.startswith(m + ".") for m in answer_modules):
         return [f"`import {module}`"]
-    if module in MODULES or any(module.startswith(m + ".") for m in MODULES):
+    flagged = MODULES | set(LOADERS)
+    if module in flagged or any(module.startswith(m + ".") for m in flagged):
         return [f"`import {module}`"]
     return []
-
-
-def _without_magics(source: str) -> str:
-    """A cell without IPython's ``%`` and ``!`` lines (not Python), kept line for line."""
-    return "\n".join(
-        "" if line.lstrip().startswith(("%", "!")) else line for line in source.splitlines()
-    )
 
 
 def flags_by_exercise(
