@@ -355,11 +355,7 @@ def test_a_cgroup_limits_its_processes_and_leaves_nothing(tmp_path: Path) -> Non
     with isolation.Cgroup(f"ddp-lab-test-{os.getpid()}", limits) as group:
         argv = group.enter_argv([sys.executable, "-c", code])
         t0 = time.monotonic()
-        watch = isolation.Starvation(group, period=0.2)
         p = subprocess.run(argv, capture_output=True, text=True, timeout=120)
-        time.sleep(0.5)
-        assert watch.stop() < 0.5 * (time.monotonic() - t0) * 20  # sleeping is not waiting
-        assert watch.delays  # it saw the tasks
         assert "forked" in p.stdout and int(p.stdout.split()[1]) < 20, p.stdout + p.stderr
         assert "allocated" not in p.stdout  # killed by the memory limit, or refused
         assert group.pids() and group.cpu_seconds() > 0  # the sleeping children are in it
@@ -368,7 +364,7 @@ def test_a_cgroup_limits_its_processes_and_leaves_nothing(tmp_path: Path) -> Non
 
 
 def test_a_timeout_is_blamed_on_the_machine_only_when_the_code_waited_for_cpu() -> None:
-    # Seconds: run-queue wait of its tasks, CPU used, wall time of a 100 s run.
-    assert isolation.starved(waited=180.0, used=10.0, wall=100.0)  # runnable, no CPU
-    assert not isolation.starved(waited=180.0, used=90.0, wall=100.0)  # it used the time
-    assert not isolation.starved(waited=1.0, used=1.0, wall=100.0)  # sleeping or deadlocked
+    # (the grader's canary's waiting share, CPU seconds used, wall seconds of a 100 s run)
+    assert isolation.starved(busy=0.95, used=4.0, wall=100.0)  # runnable, no CPU
+    assert not isolation.starved(busy=0.95, used=90.0, wall=100.0)  # it used the time
+    assert not isolation.starved(busy=0.95, used=1.0, wall=100.0)  # sleeping or deadlocked

@@ -9,14 +9,25 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
+import time
 import unittest.mock as mock
 from pathlib import Path
 
 import nbformat
 import pytest
-from test_grader import RELEASE, read, solved, with_cell_after_setup
+from test_grader import (
+    RELEASE,
+    grade,
+    gradebook,
+    leftover_processes,
+    read,
+    solved,
+    with_cell_after_setup,
+    write,
+)
 
-from ddp_lab.course.grading import grader, intake, similarity
+from ddp_lab.course.grading import grader, intake, isolation, similarity
 
 ROOT = Path(__file__).resolve().parents[2]
 UNSOLVED_00 = "def average_across_ranks(value):\n    raise NotImplementedError\n"
@@ -143,3 +154,58 @@ def test_submissions_are_git_ignored() -> None:
         check=False,
     )
     assert done.returncode == 0
+
+
+# --- a forged busy machine: starvation is judged by the grader's canary ------------------------
+
+# Hundreds of sleepers waking on one clock tick (their summed run-queue waits exceed the wall
+# time), then a stall of the learner's own.
+SLEEPERS = """\
+import threading, time
+def _sleeper():
+    while True:
+        time.sleep(0.2 - time.time() % 0.2)
+for _ in range(300):
+    threading.Thread(target=_sleeper, daemon=True).start()
+time.sleep(3600)
+"""
+needs_cgroups = pytest.mark.skipif(
+    isolation.unavailable_reason() is not None, reason="no cgroups here"
+)
+
+
+def test_starvation_needs_a_starved_canary_and_a_submission_that_wanted_the_cpu() -> None:
+    # (share of its wanted CPU time the canary waited, CPU seconds used, wall seconds)
+    assert isolation.starved(0.9, 6.0, 100.0)  # a task got 10% of a core; it took 6%
+    assert not isolation.starved(0.9, 90.0, 100.0)  # it used the time
+    assert not isolation.starved(0.9, 0.5, 100.0)  # it wanted little: its own stall
+    assert not isolation.starved(0.1, 1.0, 100.0)  # the canary got its CPU: a free machine
+
+
+@needs_cgroups
+def test_the_learners_own_waits_do_not_move_the_canary() -> None:
+    code = SLEEPERS.replace("time.sleep(3600)", "time.sleep(6)")
+    with isolation.Cgroup(f"ddp-lab-test-canary-{os.getpid()}") as group:
+        canary = isolation.Canary(period=0.1)
+        t0 = time.monotonic()
+        subprocess.run(group.enter_argv([sys.executable, "-c", code]), timeout=60, check=True)
+        busy, wall, used = canary.stop(), time.monotonic() - t0, group.cpu_seconds()
+        assert canary.proc.poll() is not None  # stopped: nothing of the grader's left
+    assert not isolation.starved(busy, used, wall), (busy, used, wall)
+
+
+@needs_cgroups
+def test_chapter_00_a_forged_busy_machine_is_the_learners_timeout(tmp_path: Path) -> None:
+    release = read(RELEASE)
+    subs = tmp_path / "subs"
+    write(solved(release), subs / "honest.ipynb")
+    write(solved(release, UNSOLVED_00), subs / "unsolved.ipynb")
+    write(with_cell_after_setup(solved(release), SLEEPERS), subs / "sleepers.ipynb")
+    out = tmp_path / "out"
+    assert grade(RELEASE, subs, out, "--cell-timeout", "30", "--jobs", "2") == 0
+    book = gradebook(out)
+    assert book[("honest", "00.average")] == (2, 2, "passed")
+    assert book[("unsolved", "00.average")][0] == 0
+    # Its own stall, not a busy machine: the canary beside it got its CPU.
+    assert book[("sleepers", "00.average")] == (0, 2, "timeout"), book
+    assert leftover_processes() == []

@@ -339,7 +339,7 @@ def run_verdict(
         if progress:
             os.close(progress_w)
             shown = _show_progress(progress_r)
-        watch = isolation.Starvation(group) if group is not None else None
+        watch = isolation.Canary() if group is not None else None
         try:
             out, _ = proc.communicate(json.dumps(request).encode(), timeout=timeout + 60)
             answer = json.loads(out or b"{}")
@@ -353,7 +353,7 @@ def run_verdict(
             error = " ".join(tail)[-300:]
             answer = {"results": {g: {"status": "error", "detail": error} for g in found}}
         finally:  # no sandbox, zygote or rank may outlive the run
-            waited = watch.stop() if watch is not None else 0.0
+            busy = watch.stop() if watch is not None else 0.0
             if group is not None:
                 group.kill()
             kill_run(proc.pid, token)
@@ -366,7 +366,7 @@ def run_verdict(
             v.get("status") in ("timeout", "timeout-cell") for v in results.values()
         ):
             wall, used = time.monotonic() - started, group.cpu_seconds()
-            if isolation.starved(waited, used, wall):
+            if isolation.starved(busy, used, wall):
                 why = _t(
                     "the grading machine was too busy to give this notebook CPU time (it "
                     "used {used:.0f} s of CPU in {wall:.0f} s): not the notebook's fault; "

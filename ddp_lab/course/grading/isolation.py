@@ -14,9 +14,9 @@
   and removed after its processes are killed. Without either (not root, a container that
   does not delegate cgroups, not Linux) ``unavailable_reason`` says why and grading goes on
   without these limits.
-- ``Starvation`` and ``starved``: whether a run's timeout may be blamed on the learner's
-  code (it used the time, or slept) or on the machine (its tasks were runnable and waited
-  for a CPU that others had).
+- ``Canary`` and ``starved``: whether a run's timeout may be blamed on the learner's code
+  (it used the time, or slept) or on the machine (a small process of the grader's own,
+  beside it, waited for a CPU that others had).
 """
 
 from __future__ import annotations
@@ -275,45 +275,64 @@ class Cgroup:
                     time.sleep(0.05)
 
 
-class Starvation:
-    """How long a group's tasks waited for a CPU while runnable (the kernel's per-task
-    ``schedstat`` run-queue delay), sampled every ``period`` s by a thread until ``stop``:
-    the tasks' own sleeping or deadlock does not count, a CPU taken by others does."""
+# The canary: a process that wants a few milliseconds of CPU every ``period`` s and sleeps
+# otherwise (``-S``: nothing imported, it starts in milliseconds); it ends with its parent.
+CANARY_CODE = (
+    "import os, time\n"
+    "parent = os.getppid()\n"
+    "while os.getppid() == parent:\n"
+    "    time.sleep({period})\n"
+    "    t = time.thread_time()\n"
+    "    while time.thread_time() - t < {burst}:\n"
+    "        pass\n"
+)
 
-    def __init__(self, group: Cgroup, period: float = 1.0) -> None:
-        self.group, self.period = group, period
-        self.delays: dict[int, float] = {}  # task id -> run-queue delay so far (s)
-        self.done = threading.Event()
-        self.thread = threading.Thread(target=self._run, daemon=True)
-        self.thread.start()
 
-    def _tasks(self) -> list[int]:
-        tids: set[int] = set()
-        for pid in self.group.pids():
-            with contextlib.suppress(OSError):
-                tids.update(int(t) for t in os.listdir(f"/proc/{pid}/task"))
-        return sorted(tids)
+class Canary:
+    """How busy the machine was while a submission ran, judged from a process of the
+    grader's own: it runs beside the submission's code, outside its cgroup, and every
+    ``period`` s it wants ``burst`` s of CPU; ``stop`` gives the share of the time it wanted a
+    CPU that it spent waiting for one (its run-queue delay, the kernel's ``schedstat``).
 
-    def sample(self) -> None:
-        for tid in self._tasks():
-            with contextlib.suppress(OSError, ValueError, IndexError):
-                delay = int(Path(f"/proc/{tid}/schedstat").read_text().split()[1]) / 1e9
-                self.delays[tid] = max(delay, self.delays.get(tid, 0.0))
+    The learner's tasks cannot move it: their own waits (hundreds of sleepers waking on one
+    clock tick) are not counted, and their CPU use is held to the cgroup's share, beside
+    which the canary is a sibling of its own."""
 
-    def _run(self) -> None:
-        while not self.done.wait(self.period):
-            self.sample()
+    def __init__(self, period: float = 0.5, burst: float = 0.005) -> None:
+        import subprocess
+        import sys
+
+        code = CANARY_CODE.format(period=period, burst=burst)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-S", "-c", code],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
 
     def stop(self) -> float:
-        """Stop sampling; the total wait in seconds."""
-        self.done.set()
-        self.thread.join()
-        return sum(self.delays.values())
+        """Stop the canary; the share (0..1) of its wanted CPU time it spent waiting."""
+        ran = waited = 0.0
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            fields = Path(f"/proc/{self.proc.pid}/schedstat").read_text().split()
+            ran, waited = int(fields[0]) / 1e9, int(fields[1]) / 1e9
+        self.proc.kill()
+        self.proc.wait()
+        return waited / (ran + waited) if ran + waited > 0 else 0.0
 
 
-def starved(waited: float, used: float, wall: float) -> bool:
-    """Whether a submission that ran out of time was starved: its tasks waited for a CPU
-    (runnable, not running) for as long as the run in total, and it got less than a quarter
-    of a core. A submission that slept, deadlocked or kept a CPU busy is not. Either way it
-    gets no points: a starved one is an ``error`` to grade again, not a ``timeout``."""
-    return wall > 0 and waited >= wall and used < 0.25 * wall
+def starved(busy: float, used: float, wall: float) -> bool:
+    """Whether a submission that ran out of time was starved by the machine.
+
+    ``busy``: the share of the time the grader's canary (``Canary``) wanted a CPU that it
+    spent waiting for one; ``1 - busy`` is then the share of a core a task that wants one got
+    on this machine. Starved: that share was under a quarter, and the submission took at
+    least half of what such a task got (it wanted the CPU, as far as anyone could tell) yet
+    under a quarter of a core. A submission that slept, stalled or deadlocked used far less
+    than the machine would have given it (hundreds of sleepers waking on one clock tick
+    included: their own waits are not asked), and one that kept a CPU busy used more than a
+    quarter. Either way it gets no points: a starved one is an ``error`` to grade again, not
+    a ``timeout``."""
+    share = 1.0 - busy
+    return wall > 0 and share < 0.25 and 0.5 * share * wall <= used < 0.25 * wall
