@@ -209,3 +209,27 @@ def test_chapter_00_a_forged_busy_machine_is_the_learners_timeout(tmp_path: Path
     # Its own stall, not a busy machine: the canary beside it got its CPU.
     assert book[("sleepers", "00.average")] == (0, 2, "timeout"), book
     assert leftover_processes() == []
+
+
+def test_learners_results_carry_no_instructor_notes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import json
+
+    release = read(RELEASE)
+    subs = tmp_path / "subs"
+    write(solved(release), subs / "honest.ipynb")
+    write(solved(release, UNSOLVED_00), subs / "unsolved.ipynb")
+    # A machine without cgroups: the grader notes it for the instructor.
+    monkeypatch.setattr(isolation, "unavailable_reason", lambda: "a test's machine")
+    out = tmp_path / "out"
+    assert grade(RELEASE, subs, out, "--cell-timeout", "60", "--jobs", "2") == 0
+    book = gradebook(out)
+    assert book[("honest", "00.average")] == (2, 2, "passed")
+    assert book[("unsolved", "00.average")][0] == 0
+    for name in ("honest", "unsolved"):
+        doc = json.loads((out / "results" / f"{name}.json").read_text(encoding="utf-8"))
+        shown = json.dumps([doc["output"], doc["tests"]], ensure_ascii=False)
+        assert "cgroup" not in shown and "a test's machine" not in shown, shown
+        assert any("a test's machine" in n for n in doc["extra_data"]["notes"]), doc
+    assert leftover_processes() == []

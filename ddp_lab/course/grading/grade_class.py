@@ -160,7 +160,9 @@ def grade_main(args: argparse.Namespace) -> int:
     slots = isolation.Slots()
 
     def write_results(sub: intake.Submission, lang: str, results: list[Result], t: float) -> None:
-        doc = export.gradescope_results(results, lang, t, notes=notes, extra=extra)
+        # The notes on the grader's set-up are the instructor's: in extra_data (kept by
+        # Gradescope, not shown to the learner), never in the learner's output.
+        doc = export.gradescope_results(results, lang, t, extra={**extra, "notes": notes})
         name = report.file_name(sub.identity)
         report.write_text(out / "results" / f"{name}.json", json.dumps(doc, ensure_ascii=False))
         if gradescope and len(subs) == 1:
