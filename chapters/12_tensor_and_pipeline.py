@@ -536,3 +536,113 @@ dl.grade("12.one_f_one_b", schedule_1f1b)
 #   最多持有 p - s 个微批的激活值，而不是 m 个。
 # - 选择是一道算术题：每个 rank 的状态、激活值、字节数、FLOPs 和气泡；计数可以精确预测，时间
 #   需要实测一步；torch 的伪进程组能在一个进程里回答 1,024 个 rank 时的内存问题。
+
+
+# %% [markdown] lang="en"
+# ## Concept checks
+#
+# 7 questions on this chapter's ideas. Answer in the cell below, a letter for a choice and a
+# number where one is asked, then run it: `dl.quiz` says which answers are right and explains
+# each one, a wrong choice included. Work the numbers out from the chapter's models before you
+# run anything; a "what if" can then be checked by running it (`tp.fc1.copy = lambda x, group: x`
+# takes `f` out of a `TensorParallelMLP` `tp`, as `compare_with_one_process` builds one;
+# `plan.per_step` recomputes section 4's table). In the exercise notebook the same answers
+# are graded (`12.concepts`, 2 points when all are right).
+#
+# **1.** In `TensorParallelMLP` (fc1 column-parallel, fc2 row-parallel, 2 ranks), replace `f` by a plain identity (no all-reduce in backward) and keep `g` as it is. Compared with the whole MLP in one process:
+#
+# - (a) everything still matches: `g`'s all-reduce already gives every rank the same numbers
+# - (b) the output is already wrong in the forward pass
+# - (c) the output and this block's weight gradients still match, but the gradient of the block's input on each rank is only that rank's share of the sum
+# - (d) the ranks hang: each waits in an all-reduce the others never start
+#
+# **2.** One MLP block (dim 1,024 -> 4,096 -> 1,024) inside a deep model is split column-then-row over 4 TP ranks; the step has 2,048 rows (tokens), float32. With ring all-reduces (each sends 2(n-1)/n of its payload), how many MB (10^6 bytes) does each rank send for this block in one step, forward and backward? (a number)
+#
+# **3.** In section 4's table, the rows per step go from 4,096 to 8,192 (same model, same 8 ranks). The bytes each rank sends per step:
+#
+# - (a) double for "DP 8" and for "TP 8"
+# - (b) double for "TP 8", stay the same for "DP 8"
+# - (c) stay the same for "TP 8", double for "DP 8"
+# - (d) stay the same for both: the model did not change
+#
+# **4.** A pipeline of 4 stages and 8 micro-batches, every forward taking the same time and every backward too, switches from GPipe to 1F1B. What changes?
+#
+# - (a) the bubble shrinks, since each backward starts earlier; the activations held stay those of 8 micro-batches
+# - (b) both the bubble and the activations held shrink
+# - (c) nothing: the same bubble and the same activations, only the order of the passes differs
+# - (d) the bubble stays 3/11; stage 0 holds at most 4 micro-batches' activations instead of 8
+#
+# **5.** A pipeline of 4 stages, equal pass times. What is the smallest number of micro-batches per step that brings the bubble down to 10 % or less? (a number)
+#
+# **6.** Section 4's model (8 blocks of dim 1,024, float32 AdamW: 16 bytes per parameter) on 8 ranks as DP 4 x TP 2, plain DP (no FSDP). How many MB (10^6 bytes) of parameters, gradients and optimizer state does each rank hold? (a number)
+#
+# **7.** FSDP x TP on 2 nodes of 8 GPUs (NVLink inside a node, a slower network between the nodes), mesh 2 x 8. Which dimension should the 8 GPUs of one node form?
+#
+# - (a) "tp": TP's all-reduces sit on the critical path of every layer and grow with the activations, while FSDP's all-gathers and reduce-scatters can overlap computation
+# - (b) "dp": FSDP moves the whole model's state, so it needs the fast links
+# - (c) either: the bytes each rank sends are the same whichever way the mesh is laid out
+# - (d) neither: FSDP and TP cannot share one mesh
+
+
+# %% [markdown] lang="zh"
+# ## 概念检查
+#
+# 关于本章要点的 7 道题。在下面的单元里作答：选择题填字母，要求数值的填数字，然后运行它：
+# `dl.quiz` 会告诉你哪些答对了，并逐题解释，包括你选错的那个选项。数值题请先用本章的模型算出来，
+# 再运行任何代码；“如果……会怎样”的题目，算完之后可以自己运行验证（照 `compare_with_one_process`
+# 的做法建一个 `TensorParallelMLP` `tp`，`tp.fc1.copy = lambda x, group: x` 就去掉了其中的 `f`；
+# `plan.per_step` 可以重算第 4 节的表格）。练习笔记本会对同样的答案评分（`12.concepts`，全部
+# 答对得 2 分）。
+#
+# **1.** 在 `TensorParallelMLP`（fc1 列并行，fc2 行并行，2 个 rank）中，把 `f` 换成单纯的恒等映射（反向不做全归约），`g` 保持不变。与单进程中完整的 MLP 相比：
+#
+# - (a) 全都一致：`g` 的全归约已经让每个 rank 拿到相同的数值
+# - (b) 前向的输出就已经错了
+# - (c) 输出和这个块的权重梯度仍然一致，但每个 rank 上这个块输入的梯度只是总和中本 rank 的那一份
+# - (d) 各 rank 卡住：每个 rank 都在等一次其他 rank 永远不会发起的全归约
+#
+# **2.** 一个深层模型中的某个 MLP 块（dim 1,024 -> 4,096 -> 1,024）先列并行、后行并行地分到 4 个 TP rank 上；每步 2,048 行（token），float32。全归约用环形算法（每次发送其有效载荷的 2(n-1)/n），这个块在一步之内（前向加反向）每个 rank 发送多少 MB（10^6 字节）？（填一个数）
+#
+# **3.** 把第 4 节表格中每步的行数从 4,096 增加到 8,192（模型不变，仍是 8 个 rank）。每个 rank 每步发送的字节数：
+#
+# - (a) "DP 8" 和 "TP 8" 都翻倍
+# - (b) "TP 8" 翻倍，"DP 8" 不变
+# - (c) "TP 8" 不变，"DP 8" 翻倍
+# - (d) 都不变：模型没有变
+#
+# **4.** 一条 4 个阶段、8 个微批的流水线，每次前向耗时相同，每次反向也相同，从 GPipe 换成 1F1B。什么变了？
+#
+# - (a) 气泡变小，因为每个反向开始得更早；持有的激活值仍是 8 个微批的
+# - (b) 气泡和持有的激活值都变小
+# - (c) 什么都没变：气泡相同，激活值相同，只是计算的顺序不同
+# - (d) 气泡仍是 3/11；阶段 0 最多持有 4 个微批的激活值，而不是 8 个
+#
+# **5.** 一条 4 个阶段的流水线，各次计算耗时相同。每步至少要多少个微批，才能让气泡降到 10% 或以下？（填一个数）
+#
+# **6.** 第 4 节的模型（8 个 dim 为 1,024 的块，float32 AdamW：每个参数 16 字节）在 8 个 rank 上按 DP 4 x TP 2 训练，DP 是普通的数据并行（不用 FSDP）。每个 rank 持有的参数、梯度和优化器状态一共多少 MB（10^6 字节）？（填一个数）
+#
+# **7.** 在 2 个节点、每个节点 8 块 GPU（节点内是 NVLink，节点之间是较慢的网络）上做 FSDP x TP，网格为 2 x 8。一个节点的 8 块 GPU 应当组成哪一维？
+#
+# - (a) "tp"：TP 的全归约位于每一层的关键路径上，并随激活值增长；而 FSDP 的全收集和归约散发可以与计算重叠
+# - (b) "dp"：FSDP 要搬运整个模型的状态，所以需要快速链路
+# - (c) 哪一维都行：无论网格怎样排布，每个 rank 发送的字节数都相同
+# - (d) 都不行：FSDP 和 TP 不能共用一个网格
+
+
+# %%
+my_answers = {
+    ### BEGIN ANSWERS
+    1: "c",  # a letter
+    2: 25.17,  # a number
+    3: "b",  # a letter
+    4: "d",  # a letter
+    5: 27,  # a number
+    6: 537.3,  # a number
+    7: "a",  # a letter
+    ### END ANSWERS
+}
+dl.quiz("12", my_answers)
+
+
+# %% tags=["grade"] grade_id="12.concepts" points=2
+dl.grade("12.concepts", my_answers)
