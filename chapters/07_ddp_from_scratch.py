@@ -1053,11 +1053,15 @@ class MyDDP(nn.Module):
 
 # %% tags=["exercise"]
 # %%ddp -n 2
-torch.manual_seed(rank)
+torch.manual_seed(rank)  # every rank starts from another model
 m = MyDDP(nn.Linear(3, 1))
-m(torch.ones(2, 3)).sum().backward()
+m(torch.ones(2, 3) * (rank + 1)).sum().backward()  # rank r's gradient: 2 (r + 1) per weight
 m.sync_gradients()
-print(m.module.weight.flatten()[:2].tolist(), m.module.weight.grad.flatten()[:2].tolist())
+torch.manual_seed(0)
+want_weight = nn.Linear(3, 1).weight.detach()  # rank 0's model, on every rank
+want_grad = torch.full((1, 3), sum(2.0 * (r + 1) for r in range(world_size)) / world_size)  # the mean
+print("weight:", dl.compare(m.module.weight.detach(), want_weight),
+      "| grad:", m.module.weight.grad.tolist(), dl.compare(m.module.weight.grad, want_grad))
 
 # %% tags=["grade"] grade_id="07.naive_ddp" points=3
 dl.grade("07.naive_ddp", MyDDP)
@@ -1138,11 +1142,17 @@ class GradBuckets:
 # %%ddp -n 2
 torch.manual_seed(0)
 net = nn.Sequential(nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 1))
+x = torch.randn(4, 8)
 hooks = GradBuckets(net, bucket_cap_mb=1e-4)
-print("buckets:", len(hooks.buckets))
-net(torch.randn(4, 8) + rank).sum().backward()
+net(x + rank).sum().backward()  # rank r's data: x + r
 hooks.wait()
-print(net[2].weight.grad.flatten()[:3].tolist())
+want = 0  # the mean of every rank's gradient, each computed here without hooks
+for r in range(world_size):
+    torch.manual_seed(0)
+    ref = nn.Sequential(nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 1))
+    ref(x + r).sum().backward()
+    want = want + ref[2].weight.grad / world_size
+print("buckets:", len(hooks.buckets), "| last layer's grad:", dl.compare(net[2].weight.grad, want))
 
 # %% tags=["grade"] grade_id="07.bucketed" points=3
 dl.grade("07.bucketed", GradBuckets)
