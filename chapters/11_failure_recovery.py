@@ -703,7 +703,10 @@ print([w[1] for w in link.worlds()], link.returncodes)
 # the same warning with `scancel --signal=USR1 JOBID` once the job has written a checkpoint.
 # Slurm holds a requeued job for `cred_expire` seconds before it may start again (120 by
 # default, `AuthInfo` in `man slurm.conf`); the demo shortens the wait with
-# `scontrol update JobId=… StartTime=now`. It starts now and takes about two minutes.
+# `scontrol update JobId=… StartTime=now+2`. Not `now`: each node's slurmd refuses a credential
+# created in the same second as the revocation of the job's previous run (`ctime <= revoked`,
+# whole seconds, in `src/slurmd/slurmd/cred_context.c`), and the job would fail with "Job
+# credential revoked" now and then. It starts now and takes about two minutes.
 
 # %% [markdown] lang="zh" tags=["lesson"]
 # ## 6. Slurm 下的抢占：预警、检查点、重新排队
@@ -734,7 +737,10 @@ print([w[1] for w in link.worlds()], link.returncodes)
 # 气跑完，用来对比。演示不去等时间限制，而是在作业写出检查点之后，用
 # `scancel --signal=USR1 JOBID` 发出同样的预警。重新排队的作业要等 `cred_expire` 秒才能再次
 # 启动（默认 120 秒，见 `man slurm.conf` 中的 `AuthInfo`）；演示用
-# `scontrol update JobId=… StartTime=now` 省掉这段等待。它现在开始运行，大约需要两分钟。
+# `scontrol update JobId=… StartTime=now+2` 省掉这段等待。不用 `now`，是因为每个节点的 slurmd
+# 会拒绝与上一次运行的凭证被吊销处在同一秒内创建的凭证（`src/slurmd/slurmd/cred_context.c`
+# 中的 `ctime <= revoked`，以整秒计），作业偶尔会以“Job credential revoked”失败。
+# 它现在开始运行，大约需要两分钟。
 
 # %% tags=["lesson"]
 from ddp_lab.labs import preemption

@@ -127,8 +127,11 @@ def run(timeout: float = 400.0) -> Record:
                 if "Restarts=1" in shown and "JobState=PENDING" in shown:
                     when = re.findall(r"(SubmitTime=\S+|EligibleTime=\S+|Reason=\S+)", shown)
                     note(f"job {job.id} requeued, pending: {' '.join(when)}")
-                    c.run(["scontrol", "update", f"JobId={job.id}", "StartTime=now"])
-                    note(f"scontrol update JobId={job.id} StartTime=now")
+                    # Not "now": slurmd refuses a credential made in the second its previous
+                    # run's was revoked (ctime <= revoked, in seconds: src/slurmd/slurmd/
+                    # cred_context.c), and the job then fails with "Job credential revoked".
+                    c.run(["scontrol", "update", f"JobId={job.id}", "StartTime=now+2"])
+                    note(f"scontrol update JobId={job.id} StartTime=now+2")
                     break
                 time.sleep(0.5)
             out = c.folder / f"{job.name}-{job.id}.out"
