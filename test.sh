@@ -48,22 +48,25 @@ if [ "$#" -gt 0 ]; then
   exit
 fi
 status=0
-# 1. Unit tests and the launcher's nbval notebooks; exercises/ are checked by
-#    tests/course/test_exercises.py (graded cells must fail); tests/course/test_browser.py runs the
-#    widget chapters in JupyterLab in headless Chromium.
-"${pytest[@]}" tests || status=$?
-# 2. Every lesson (both languages) and every solution notebook (en: the zh solutions are the same
-#    code cells, tests/course/test_build.py), two runs side by side on the machine's cores; after
-#    the unit tests, some of which look for leftovers machine-wide. `set -m`: a job started with &
-#    in a script would ignore SIGINT, which a kernel's interrupt is.
+# 1. Unit tests and the launcher's nbval notebooks. Some of them look for leftovers machine-wide
+#    (/dev/shm, grading's temporary folders): they run alone.
+"${pytest[@]}" tests --ignore=tests/course/test_exercises.py --ignore=tests/course/test_browser.py \
+  || status=$?
+# 2. Two pytest runs side by side on the machine's cores, of what looks at nothing machine-wide:
+#    - every lesson in en, and tests/course/test_browser.py (the widget chapters in JupyterLab in
+#      headless Chromium);
+#    - every lesson in zh, every solution notebook in en (the zh solutions are the same code
+#      cells, tests/course/test_build.py), and tests/course/test_exercises.py (every graded cell
+#      of an unsolved exercise fails).
+#    `set -m`: a job started with & in a script would ignore SIGINT, which a kernel's interrupt is.
 mkdir -p build
 set -m
-"${pytest[@]}" notebooks/zh solutions/en >build/test-zh.log 2>&1 &
+"${pytest[@]}" notebooks/zh solutions/en tests/course/test_exercises.py >build/test-zh.log 2>&1 &
 second=$!
 set +m
-"${pytest[@]}" notebooks/en || status=$?
+"${pytest[@]}" notebooks/en tests/course/test_browser.py || status=$?
 wait "$second" || status=$?
-echo "--- notebooks/zh solutions/en (run beside notebooks/en) ---"
+echo "--- notebooks/zh solutions/en tests/course/test_exercises.py (run beside the above) ---"
 cat build/test-zh.log
 [ "$status" -eq 0 ] || exit "$status"
 # The course website from those outputs (no lesson runs a second time: --missing fail), then
