@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-from conftest import rank_processes, tcp_states
+from conftest import rank_processes, shm_files, shm_left, tcp_states
 
 import ddp_lab as dl
 from ddp_lab.runtime import launcher
@@ -365,7 +365,7 @@ def test_ranks_get_different_python_random_states(no_leaks):
 
 
 def test_fifty_launches_leave_nothing_behind(no_leaks):
-    shm_before = set(os.listdir("/dev/shm"))
+    shm_before = shm_files()
 
     def fn(rank):
         dist.init_process_group("gloo")
@@ -377,7 +377,7 @@ def test_fifty_launches_leave_nothing_behind(no_leaks):
     for _ in range(50):
         ports.update(dl.spawn(fn, nprocs=2))
         assert rank_processes() == set()
-    assert set(os.listdir("/dev/shm")) - shm_before == set()
+    assert shm_left(shm_before) == set()
     for port in ports:
         # TIME_WAIT (06) is the kernel's bookkeeping; nothing may listen or stay connected.
         assert not {"0A", "01"} & set(tcp_states(port)), port

@@ -14,7 +14,7 @@ import time
 
 import pytest
 import torch
-from conftest import tcp_states
+from conftest import shm_files, shm_left, tcp_states
 
 import ddp_lab as dl
 from ddp_lab.runtime import persistent
@@ -53,14 +53,14 @@ def _assert_gone(snap: dict) -> None:
 
 @pytest.fixture
 def group(capfd):
-    shm_before = set(os.listdir("/dev/shm"))
+    shm_before = shm_files()
     dl.start(2, backend="gloo", timeout=60)
     capfd.readouterr()
     snap = _snapshot()
     yield persistent.current()
     dl.stop()
     _assert_gone(snap)
-    assert set(os.listdir("/dev/shm")) - shm_before == set()
+    assert shm_left(shm_before) == set()
 
 
 def _lines(capfd) -> list[str]:

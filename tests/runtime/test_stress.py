@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import time
 
-from conftest import rank_processes, tcp_states
+from conftest import rank_processes, shm_files, shm_left, tcp_states
 
 import ddp_lab as dl
 from ddp_lab.runtime import launcher, persistent
@@ -77,7 +77,7 @@ grad = float(model.module.weight.grad.sum())
 
 
 def test_20_persistent_restarts_no_hang_no_leak(capfd):
-    shm_before = set(os.listdir("/dev/shm"))
+    shm_before = shm_files()
     dl.start(2, backend="gloo", timeout=HANG_S)
     group = persistent.current()
     zygote = group.zygote.proc.pid
@@ -107,4 +107,4 @@ def test_20_persistent_restarts_no_hang_no_leak(capfd):
         time.sleep(0.05)
     assert not [p for p in pids | {zygote} if alive(p)]
     assert _no_socket_on({port}) == [] and not os.path.exists(workdir)
-    assert set(os.listdir("/dev/shm")) - shm_before == set()
+    assert shm_left(shm_before) == set()
