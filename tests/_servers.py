@@ -22,6 +22,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -122,7 +123,18 @@ def jupyter(
                         f"{app} did not start:\n" + log_path.read_text()[-3000:]
                     ) from None
                 time.sleep(0.1)
-        server.api("GET", "/api/status")
+        # jupyter_server writes that file in start_app() but binds its port in a callback of its
+        # event loop, which starts after it (serverapp.py, init_httpserver: "binding sockets must
+        # be called from inside an event loop"): on a busy machine the port is not listening yet.
+        while True:
+            try:
+                server.api("GET", "/api/status")
+                break
+            except urllib.error.URLError as exc:
+                refused = isinstance(exc.reason, ConnectionRefusedError)
+                if not refused or proc.poll() is not None or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
         yield server
     finally:
         below = descendants(proc.pid)

@@ -338,6 +338,7 @@ def test_ring_a_built_in_collective_gets_nothing_at_the_first_case(ring_verdicts
     (``checks/lockdown.py``) stops it before any byte moves, at the first case."""
     passed, line = ring_verdicts["gloo_all_reduce"]
     assert not passed and " 0/5" in line and "hidden case 1 of" in line, line
+    assert "asks you to build" in line, line
 
 
 @pytest.mark.parametrize("missing", ["ss", "sandbox"])
