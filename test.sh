@@ -49,13 +49,12 @@ if [ "$#" -gt 0 ]; then
   exit
 fi
 status=0
-# 1. Unit tests and the launcher's nbval notebooks. Some of them look for leftovers machine-wide
-#    (/dev/shm, grading's temporary folders): they run alone.
-"${pytest[@]}" tests --ignore=tests/course/test_exercises.py --ignore=tests/course/test_browser.py \
-  || status=$?
+# 1. Unit tests, the launcher's nbval notebooks and tests/course/test_browser.py (the widget
+#    chapters in JupyterLab in headless Chromium). Some of them look for leftovers machine-wide
+#    (/dev/shm, grading's temporary folders), some wait on a browser: they run alone.
+"${pytest[@]}" tests --ignore=tests/course/test_exercises.py || status=$?
 # 2. Two pytest runs side by side on the machine's cores, of what looks at nothing machine-wide:
-#    - every lesson in en, and tests/course/test_browser.py (the widget chapters in JupyterLab in
-#      headless Chromium);
+#    - every lesson in en;
 #    - every lesson in zh, every solution notebook in en (the zh solutions are the same code
 #      cells, tests/course/test_build.py), and tests/course/test_exercises.py (every graded cell
 #      of an unsolved exercise fails).
@@ -65,7 +64,7 @@ set -m
 "${pytest[@]}" notebooks/zh solutions/en tests/course/test_exercises.py >build/test-zh.log 2>&1 &
 second=$!
 set +m
-"${pytest[@]}" notebooks/en tests/course/test_browser.py || status=$?
+"${pytest[@]}" notebooks/en || status=$?
 wait "$second" || status=$?
 echo "--- notebooks/zh solutions/en tests/course/test_exercises.py (run beside the above) ---"
 cat build/test-zh.log
