@@ -131,3 +131,17 @@ def print_stacks(ranks: list[int], stacks: dict[int, str]) -> None:
                 + _t("where rank {rank} was stuck (Python stack)", rank=r)
                 + f" ---\n{format_stack(stacks[r], cells)}"
             )
+
+
+def deadlock_summary(seconds: float, ranks: list[int]) -> str:
+    """The first line of a deadlock's error, the same for ``dl.spawn`` and a persistent group."""
+    return _t(
+        "Deadlock: for {seconds:.0f} s every running rank ({ranks}) has been "
+        "waiting in communication at the same place, moving no data and using "
+        "almost no CPU; they were "
+        "stopped. Usually the ranks wait for each other (e.g. every rank in a "
+        "blocking recv, or in send with no receiver yet) or call different "
+        "collectives. Where each rank waited:",
+        seconds=seconds,
+        ranks=", ".join(map(str, ranks)),
+    )

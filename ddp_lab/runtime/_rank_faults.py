@@ -16,6 +16,7 @@ from typing import Any, NoReturn
 
 from ddp_lab.i18n import _t
 from ddp_lab.runtime import _calls, _hang, launcher
+from ddp_lab.runtime._failures import deadlock_summary
 from ddp_lab.runtime.launcher import (
     DistributedDeadlockError,
     DistributedTimeoutError,
@@ -94,18 +95,8 @@ class GroupFaults:
             )
             for r in stuck
         ]
-        # The same words as dl.spawn's deadlock (launcher._collect), then what happened to
-        # the group.
-        summary = _t(
-            "Deadlock: for {seconds:.0f} s every running rank ({ranks}) has been "
-            "waiting in communication at the same place, moving no data and using "
-            "almost no CPU; they were "
-            "stopped. Usually the ranks wait for each other (e.g. every rank in a "
-            "blocking recv, or in send with no receiver yet) or call different "
-            "collectives. Where each rank waited:",
-            seconds=watcher.seconds,
-            ranks=", ".join(map(str, stuck)),
-        )
+        # The same words as dl.spawn's deadlock, then what happened to the group.
+        summary = deadlock_summary(watcher.seconds, stuck)
         self._restart_and_raise(DistributedDeadlockError, summary, failures)
 
     def _restart_and_raise(

@@ -25,6 +25,7 @@ from ddp_lab.runtime._failures import (
     DistributedTimeoutError,
     RankFailure,
     _describe_status,
+    deadlock_summary,
     failure_from_error,
 )
 from ddp_lab.runtime._hang import RanksInterrupted
@@ -243,16 +244,7 @@ def _collect(
         names = ", ".join(map(str, ranks))
         error = DistributedDeadlockError if deadlock else DistributedTimeoutError
         summary = (
-            _t(
-                "Deadlock: for {seconds:.0f} s every running rank ({ranks}) has been "
-                "waiting in communication at the same place, moving no data and using "
-                "almost no CPU; they were "
-                "stopped. Usually the ranks wait for each other (e.g. every rank in a "
-                "blocking recv, or in send with no receiver yet) or call different "
-                "collectives. Where each rank waited:",
-                seconds=deadlock,
-                ranks=names,
-            )
+            deadlock_summary(deadlock, ranks)
             if deadlock
             else _t(
                 "Timed out after {timeout:g} s: ranks {ranks} were still running and "

@@ -134,12 +134,6 @@ with open(os.path.join(os.environ["DDP_LAB_OUT"], os.environ["RANK"] + ".json"),
 """
 
 
-def _free_port() -> int:
-    from ddp_lab.runtime.launcher import free_port
-
-    return free_port()
-
-
 def torchrun_assignment(
     nproc_per_node: Sequence[int],
     cuda_visible_devices: Sequence[str | None] | None = None,
@@ -155,7 +149,9 @@ def torchrun_assignment(
     torchrun = shutil.which("torchrun", path=os.path.dirname(sys.executable)) or "torchrun"
     nnodes = len(nproc_per_node)
     cvds = list(cuda_visible_devices) if cuda_visible_devices is not None else [None] * nnodes
-    port = _free_port()
+    from ddp_lab.runtime.launcher import free_port
+
+    port = free_port()
     with tempfile.TemporaryDirectory(prefix="ddp_lab_torchrun_") as tmp:
         script = os.path.join(tmp, "worker.py")
         with open(script, "w") as f:

@@ -208,9 +208,9 @@ class RankPool:
 
     def _port(self) -> int:
         if not self.sandboxed:
-            from ddp_lab.tools.ranks import _free_port
+            from ddp_lab.runtime.launcher import free_port
 
-            return _free_port()
+            return free_port()
         while True:  # a network of the exercise's own: every port is free but those used
             port = random.SystemRandom().randrange(20000, 60000)
             if port not in self.ports:
