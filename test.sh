@@ -49,25 +49,33 @@ if [ "$#" -gt 0 ]; then
   exit
 fi
 status=0
-# 1. Unit tests, the launcher's nbval notebooks and tests/course/test_browser.py (the widget
-#    chapters in JupyterLab in headless Chromium). Some of them look for leftovers machine-wide
-#    (/dev/shm, grading's temporary folders), some wait on a browser: they run alone.
-"${pytest[@]}" tests --ignore=tests/course/test_exercises.py || status=$?
-# 2. Two pytest runs side by side on the machine's cores, of what looks at nothing machine-wide:
+# 1. tests/cluster and tests/course (without test_exercises.py), alone: some of them look for
+#    leftovers machine-wide (grading's temporary folders, cgroups, network namespaces, Slurm
+#    jobs), and tests/course/test_browser.py waits on Chromium (the widget chapters in JupyterLab).
+"${pytest[@]}" tests/cluster tests/course --ignore=tests/course/test_exercises.py || status=$?
+# 2. Three pytest runs side by side on the machine's cores, of what looks only at its own
+#    processes and files (a launch demo's processes by their marker, /dev/shm files that stay):
 #    - every lesson in en;
 #    - every lesson in zh, every solution notebook in en (the zh solutions are the same code
 #      cells, tests/course/test_build.py), and tests/course/test_exercises.py (every graded cell
-#      of an unsolved exercise fails).
+#      of an unsolved exercise fails);
+#    - the unit tests of the package (tests/runtime with the launcher's nbval notebooks,
+#      tests/parallel, tests/test_*.py).
 #    `set -m`: a job started with & in a script would ignore SIGINT, which a kernel's interrupt is.
 mkdir -p build
 set -m
 "${pytest[@]}" notebooks/zh solutions/en tests/course/test_exercises.py >build/test-zh.log 2>&1 &
 second=$!
+"${pytest[@]}" tests --ignore=tests/cluster --ignore=tests/course >build/test-unit.log 2>&1 &
+third=$!
 set +m
 "${pytest[@]}" notebooks/en || status=$?
 wait "$second" || status=$?
 echo "--- notebooks/zh solutions/en tests/course/test_exercises.py (run beside the above) ---"
 cat build/test-zh.log
+wait "$third" || status=$?
+echo "--- tests without tests/cluster and tests/course (run beside the above) ---"
+cat build/test-unit.log
 [ "$status" -eq 0 ] || exit "$status"
 # The course website from those outputs (no lesson runs a second time: --missing fail), then
 # Chromium on it (tests/course/test_site.py). Only after a whole run: extra pytest arguments

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import tempfile
 
 import pytest
@@ -13,17 +12,11 @@ from hypothesis import strategies as st
 from ddp_lab.labs import launch_demo as ld
 
 
-def _no_demo_processes() -> bool:
-    needle = ld.MARKER.encode() + b"="
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/environ", "rb") as f:
-                    if any(v.startswith(needle) for v in f.read().split(b"\0")):
-                        return False
-            except OSError:
-                continue
-    return True
+def _no_demo_processes(*results: ld.LaunchResult) -> bool:
+    """No process of these launches is alive (found by their markers, so that a lesson
+    running a launch demo beside the tests is not taken for a leak of theirs)."""
+    assert all(r.marker for r in results)
+    return not any(ld.marked_pids(r.marker) for r in results)
 
 
 def test_torchrun_sets_the_rank_variables(tmp_path, monkeypatch) -> None:
@@ -38,7 +31,7 @@ def test_torchrun_sets_the_rank_variables(tmp_path, monkeypatch) -> None:
     assert {rec["WORLD_SIZE"] for rec in recs} == {"2"}
     assert len({rec["pid"] for rec in recs}) == 2  # processes, not threads
     assert len({rec["nice"] for rec in recs}) == 1  # a rank is not a priority
-    assert _no_demo_processes()
+    assert _no_demo_processes(r)
 
 
 def test_two_agents_form_one_job_and_all_reduce() -> None:
@@ -50,7 +43,7 @@ def test_two_agents_form_one_job_and_all_reduce() -> None:
         rank = int(rec["GROUP_RANK"]) * int(rec["LOCAL_WORLD_SIZE"]) + int(rec["LOCAL_RANK"])
         assert rank == int(rec["RANK"]) and rec["WORLD_SIZE"] == "4"
         assert rec["all_reduce_sum"] == 0 + 1 + 2 + 3  # the four ranks form one group
-    assert _no_demo_processes()
+    assert _no_demo_processes(*results)
 
 
 def test_node_habits_break_on_the_second_node(tmp_path) -> None:
@@ -65,7 +58,7 @@ def test_node_habits_break_on_the_second_node(tmp_path) -> None:
     assert sorted(lines) == ["written by RANK 0", "written by RANK 2"]
     # torchrun's agent hosts the store; workers connect as clients
     assert {rec["TORCHELASTIC_USE_AGENT_STORE"] for rec in recs} == {"True"}
-    assert _no_demo_processes()
+    assert _no_demo_processes(*results)
 
 
 def test_legacy_launch_passes_local_rank_with_a_hyphen() -> None:
@@ -88,14 +81,14 @@ def test_mp_spawn_sets_no_environment() -> None:
 def test_timeout_leaves_nothing_running() -> None:
     r = ld.torchrun("sleep", nproc_per_node=2, timeout=15)
     assert r.timed_out
-    assert _no_demo_processes()
+    assert _no_demo_processes(r)
 
 
 def test_signal_reaches_the_agent_and_stops_the_workers() -> None:
     r = ld.signal_agent("sleep", timeout=120)
     assert len(r.records()) == 2
     assert "death signal" in r.stderr and r.returncode != 0
-    assert not r.timed_out and _no_demo_processes()
+    assert not r.timed_out and _no_demo_processes(r)
 
 
 @pytest.mark.parametrize("bad", [0, -1, 1.5, True, "2"])

@@ -72,6 +72,7 @@ class LaunchResult:
     seconds: float
     timed_out: bool = False
     leftovers: list[int] = field(default_factory=list)  # pids killed after the launch
+    marker: str = ""  # the value of MARKER in this launch's processes' environment
 
     def records(self) -> list[dict]:
         """The ``@rank`` lines the workers printed, sorted by (restart, RANK)."""
@@ -209,7 +210,14 @@ def finish(
     leftovers = kill_marked(marker)
     shutil.rmtree(tmpdir_of(marker), ignore_errors=True)
     return LaunchResult(
-        command, proc.returncode, out, err, time.monotonic() - started, timed_out, leftovers
+        command,
+        proc.returncode,
+        out,
+        err,
+        time.monotonic() - started,
+        timed_out,
+        leftovers,
+        marker,
     )
 
 
