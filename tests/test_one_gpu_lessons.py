@@ -81,3 +81,35 @@ def test_gpu_chapter_10s_hook_comparison_runs_with_the_gpus_hidden() -> None:
         rows = dl.spawn(compare_hooks, args=(None, 6), nprocs=2, backend="gloo")[0]
     assert {r["hook"] for r in rows} and all(r["bytes_per_step"] > 0 for r in rows)
     assert torch.cuda.is_available()  # the notebook's own view is unchanged
+
+
+def _lesson_cell(notebook: str, needle: str) -> str:
+    import json
+    from pathlib import Path
+
+    cells = json.loads((Path(__file__).parents[1] / notebook).read_text())["cells"]
+    (source,) = ["".join(c["source"]) for c in cells if needle in "".join(c["source"])]
+    return source
+
+
+@pytest.mark.parametrize("has_it", [True, False])
+def test_chapter_04s_all_to_all_cell_skips_it_on_a_torch_without_gloo_all_to_all(
+    capfd: pytest.CaptureFixture[str], has_it: bool
+) -> None:
+    """Issue 40 item 5: torch 2.11's gloo has no all_to_all; the cell's barrier half still runs."""
+    import time
+
+    import torch.distributed as dist
+
+    from ddp_lab.runtime.magic import run_cell
+
+    source = _lesson_cell("notebooks/en/04_collectives.ipynb", "dist.all_to_all(received")
+    assert source.startswith("%%ddp -n 4\n")
+    user_ns = {"torch": torch, "dist": dist, "time": time, "gloo_all_to_all": has_it}
+    run_cell(source.split("\n", 1)[1], user_ns, nprocs=4, backend="gloo")
+    lines = [ln for ln in capfd.readouterr().out.splitlines() if "all_to_all:" in ln]
+    assert len(lines) == 4
+    if has_it:  # piece i of every rank went to rank i
+        assert "all_to_all: [10.0, 20.0, 30.0, 40.0]" in lines[0]
+    else:
+        assert all("all_to_all: skipped | waited" in ln for ln in lines)
