@@ -469,13 +469,13 @@ def check_exercise(page, lab: Jupyter, lang: str) -> None:
     after = graded.locator(".jp-OutputArea-output").all_inner_texts()
     text = "\n".join(after)
     verdict_line = _t(
-        "FAIL {grade_id}: 0/{points} points. {detail}",
+        "NOT ATTEMPTED {grade_id}: 0/{points} points. {detail}",
         lang,
         grade_id="00.average",
         points=2,
         detail="",
     )
-    failed = verdict_line.split()[0]  # "FAIL" / "未通过"
+    failed = verdict_line.split(" 00.average")[0]  # "NOT ATTEMPTED" / "未作答"
     assert f"{failed} 00.average" in text, text[-2000:]
     stub = _t(
         "the exercise is not solved yet (NotImplementedError: replace the stub with your code).",

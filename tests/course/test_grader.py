@@ -378,7 +378,10 @@ def test_grade_chapter00_submissions_in_one_call(tmp_path: Path) -> None:
     assert concepts.pop("broken") == (0, 2, "invalid")
     assert concepts.pop("exits") == (0, 2, "kernel-died")
     assert concepts.pop("runaway") == (0, 2, "timeout")
-    assert concepts == {n: (0, 2, "failed") for n in ("correct", "deleted", "moved", "wrong")}
+    # none answered: not attempted (a status of its own, not "failed")
+    assert concepts == {
+        n: (0, 2, "not-attempted") for n in ("correct", "deleted", "moved", "wrong")
+    }
     feedback = (out / "feedback" / "wrong.md").read_text(encoding="utf-8")
     assert "FAIL 00.average" in feedback and "hidden case 1 of 3" in feedback
     assert "20 s" in (out / "feedback" / "runaway.md").read_text(encoding="utf-8")
@@ -420,7 +423,7 @@ def test_check_solution_passes_and_says_which_save_it_graded(tmp_path: Path, cap
 def test_check_unsolved_exercise_fails_in_its_language(capsys) -> None:
     assert cli.main(["check", str(ROOT / "exercises" / "zh" / "00_quickstart.ipynb")]) == 1
     out = capsys.readouterr().out
-    assert "00.average: 未通过, 0/2" in out and "00.concepts: 未通过, 0/2" in out
+    assert "00.average: 未作答, 0/2" in out and "00.concepts: 未作答, 0/2" in out
     assert "总分 0/4" in out
     assert "NotImplementedError" in out
     assert "保存的版本" in out.splitlines()[0] and "Ctrl+S" in out.splitlines()[0], out

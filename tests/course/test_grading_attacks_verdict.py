@@ -102,7 +102,7 @@ def test_attacks_on_the_protocol_get_nothing_and_honest_work_its_points(tmp_path
     assert grade(RELEASE, subs, out, "--cell-timeout", "60", "--jobs", "2") == 0
     book = code_exercises(gradebook(out))
     assert book.pop(("honest", "00.average")) == (2, 2, "passed")
-    assert book.pop(("unsolved", "00.average")) == (0, 2, "failed")
+    assert book.pop(("unsolved", "00.average")) == (0, 2, "not-attempted")
     assert book.pop(("patch", "00.average")) in [(0, 2, "failed"), (0, 2, "flagged")]
     # Reading /proc/self/fd and frames is flagged for the instructor, and earns nothing.
     assert book.pop(("forge", "00.average")) in [(0, 2, "flagged"), (0, 2, "kernel-died")]
@@ -143,7 +143,7 @@ def test_the_reference_ring_is_not_importable_while_grading(tmp_path: Path) -> N
     assert grade(RELEASE_05, subs, out, "--cell-timeout", "120", "--jobs", "2") == 0
     book = code_exercises(gradebook(out))
     assert book[("honest", "05.ring")] == (5, 5, "passed")
-    assert book[("unsolved", "05.ring")] == (0, 5, "failed")
+    assert book[("unsolved", "05.ring")] == (0, 5, "not-attempted")
     assert book[("import_reference", "05.ring")] == (0, 5, "flagged")
     report = (out / "similarity.md").read_text(encoding="utf-8")
     pairs = [line for line in report.splitlines() if line.startswith("- ")]

@@ -38,6 +38,11 @@ class CaseFailed(Exception):
     """A hidden case failed; the message is shown to the learner."""
 
 
+class NotAttempted(CaseFailed):
+    """Nothing was tried (e.g. no question of a concept check answered): the verdict is
+    ``not attempted``, not ``failed``; the message is shown to the learner."""
+
+
 @dataclass
 class Checker:
     grade_id: str
@@ -100,8 +105,19 @@ def mismatch(expected: Any, actual: Any) -> CaseFailed:
     )
 
 
+NOT_ATTEMPTED = "not-attempted"  # the stub still raises NotImplementedError: 0 points
+
+
 def run_checker(chk: Checker, learner: Any, lang: str | None = None) -> tuple[bool, str]:
-    """Run ``chk`` with every message (the checker's own too) in ``lang``; see ``_run``."""
+    """Run ``chk`` with every message (the checker's own too) in ``lang``; see ``judge``.
+    Returns (passed, the verdict line)."""
+    status, line = judge(chk, learner, lang)
+    return status == "passed", line
+
+
+def judge(chk: Checker, learner: Any, lang: str | None = None) -> tuple[str, str]:
+    """Like ``run_checker``, with the status: "passed", "failed" (a wrong answer) or
+    ``NOT_ATTEMPTED`` (the stub's NotImplementedError: nothing was tried)."""
     from ddp_lab import i18n
 
     if lang is None:
@@ -114,19 +130,34 @@ def run_checker(chk: Checker, learner: Any, lang: str | None = None) -> tuple[bo
         i18n.set_language(before)
 
 
-def _run(chk: Checker, learner: Any, lang: str | None) -> tuple[bool, str]:
+def _run(chk: Checker, learner: Any, lang: str | None) -> tuple[str, str]:
     """Run ``chk``'s hidden cases against ``learner`` (a ``course.learner`` handle).
 
-    Returns (passed, the verdict line in ``lang``, followed by the checker's ``note``s). The
-    checker draws the cases, computes the oracle and compares, here; the learner's code is
-    reached only through the handle. ``RunnerGone`` (the learner's process died or timed out)
-    propagates to the caller.
+    Returns (the status, the verdict line in ``lang``, followed by the checker's ``note``s).
+    The checker draws the cases, computes the oracle and compares, here; the learner's code
+    is reached only through the handle. ``RunnerGone`` (the learner's process died or timed
+    out) propagates to the caller.
     """
-    passed, line = _verdict(chk, learner, lang)
+    status, line = _verdict(chk, learner, lang)
     notes = getattr(learner, "notes", None)
     if notes:  # what the checker could not judge here (e.g. ``note`` in 05.ring)
         line += " " + " ".join(dict.fromkeys(notes))
-    return passed, line
+    return status, line
+
+
+def not_attempted_line(grade_id: str, points: int, lang: str | None) -> str:
+    """The verdict line of an exercise whose stub still raises NotImplementedError."""
+    detail = _t(
+        "the exercise is not solved yet (NotImplementedError: replace the stub with your code).",
+        lang,
+    )
+    return _t(
+        "NOT ATTEMPTED {grade_id}: 0/{points} points. {detail}",
+        lang,
+        grade_id=grade_id,
+        points=points,
+        detail=detail,
+    )
 
 
 def note(learner: Any, text: str) -> None:
@@ -137,7 +168,7 @@ def note(learner: Any, text: str) -> None:
         learner.notes = [text]
 
 
-def _verdict(chk: Checker, learner: Any, lang: str | None) -> tuple[bool, str]:
+def _verdict(chk: Checker, learner: Any, lang: str | None) -> tuple[str, str]:
     from ddp_lab.course.grading.learner import LearnerError, RunnerGone
 
     cases = chk.fn(rng_for(chk.grade_id), learner)
@@ -149,18 +180,18 @@ def _verdict(chk: Checker, learner: Any, lang: str | None) -> tuple[bool, str]:
     except RunnerGone:
         raise
     except NotImplementedError:
-        detail = _t(
-            "the exercise is not solved yet (NotImplementedError: replace the stub "
-            "with your code).",
+        return NOT_ATTEMPTED, not_attempted_line(chk.grade_id, chk.points, lang)
+    except NotAttempted as exc:  # e.g. a concept check with no answer given
+        return NOT_ATTEMPTED, _t(
+            "NOT ATTEMPTED {grade_id}: 0/{points} points. {detail}",
             lang,
+            grade_id=chk.grade_id,
+            points=chk.points,
+            detail=exc.args[0] if exc.args else "-",
         )
     except LearnerError as exc:
         if exc.not_implemented:
-            detail = _t(
-                "the exercise is not solved yet (NotImplementedError: replace the stub "
-                "with your code).",
-                lang,
-            )
+            return NOT_ATTEMPTED, not_attempted_line(chk.grade_id, chk.points, lang)
         else:
             why = _t("your code raised {error}", lang, error=f"{exc.type_name}: {exc.message}")
             detail = _t(
@@ -193,13 +224,13 @@ def _verdict(chk: Checker, learner: Any, lang: str | None) -> tuple[bool, str]:
             why=why,
         )
     else:
-        return True, _t(
+        return "passed", _t(
             "PASS {grade_id}: all hidden cases passed, {points}/{points} points",
             lang,
             grade_id=chk.grade_id,
             points=chk.points,
         )
-    return False, _t(
+    return "failed", _t(
         "FAIL {grade_id}: 0/{points} points. {detail}",
         lang,
         grade_id=chk.grade_id,

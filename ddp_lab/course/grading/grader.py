@@ -59,6 +59,7 @@ PACKAGE_PARENT = (
 MESSAGES = {
     "passed": N_("passed"),
     "failed": N_("failed"),
+    "not-attempted": N_("not attempted"),
     "tampered-changed": N_("graded cell changed"),
     "tampered-deleted": N_("graded cell deleted"),
     "tampered-moved": N_("graded cell moved"),
@@ -490,8 +491,8 @@ def score(
                     lang,
                 ),
             )
-        elif status == "failed":
-            results[grade_id] = Result(grade_id, 0, ex.points, "failed", detail)
+        elif status in ("failed", "not-attempted"):  # a wrong answer; the stub untouched
+            results[grade_id] = Result(grade_id, 0, ex.points, status, detail)
         elif status == "busy":  # the machine's fault, not the notebook's: grade it again
             results[grade_id] = Result(grade_id, 0, ex.points, "error", detail)
         elif status == "flagged":  # held for the instructor: no points until reviewed

@@ -284,7 +284,7 @@ def flags_by_exercise(
 def apply(result: dict[str, Any], flags: list[str] | None, lang: str) -> dict[str, Any]:
     """The verdict for an exercise with these findings: ``flagged`` (with the checker's line),
     or the verdict unchanged if there are none or the exercise earned nothing anyway."""
-    if not flags or result.get("status") not in ("passed", "failed"):
+    if not flags or result.get("status") not in ("passed", "failed", "not-attempted"):
         return result
     verdict = str(result.get("detail", "")) or result["status"]
     line = _t(

@@ -241,12 +241,14 @@ def _judge(
     deadline: float,
 ) -> dict[str, Any]:
     """One exercise's verdict, computed here; the learner's code is reached by probes only."""
-    from ddp_lab.course.grading.checkers import run_checker
+    from ddp_lab.course.grading.checkers import NOT_ATTEMPTED, judge, not_attempted_line
     from ddp_lab.course.grading.rankhost import SandboxFailed
 
     chk = registry.get(grade_id)
     if chk is None:
         return {"status": "error", "detail": f"no checker for {grade_id}"}
+    if error and str(error).startswith("NotImplementedError:"):  # the graded cell hit a stub
+        return {"status": NOT_ATTEMPTED, "detail": not_attempted_line(grade_id, chk.points, lang)}
     if error:
         why = _t("your code raised {error}", lang, error=error)
         detail = _t(
@@ -268,13 +270,13 @@ def _judge(
     if time.monotonic() >= deadline:
         return {"status": "timeout"}
     try:
-        passed, line = run_checker(chk, learner, lang)
+        status, line = judge(chk, learner, lang)
     except SandboxFailed as exc:  # the machine's fault: an error, not the learner's failure
         return {"status": "error", "detail": str(exc)}
     except RunnerGone as exc:
         timed_out = "timeout" in str(exc) or time.monotonic() >= deadline
         return {"status": "timeout" if timed_out else "kernel-died"}
-    return {"status": "passed" if passed else "failed", "detail": line}
+    return {"status": status, "detail": line}
 
 
 def _next_message(reader: wire.LineReader, proc: subprocess.Popen, until: float) -> dict | None:

@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from ddp_lab.course.grading.checkers import checker, fail
+from ddp_lab.course.grading.checkers import NotAttempted, checker, fail
 from ddp_lab.course.grading.checks.answers import probe_answers
 from ddp_lab.i18n import N_, _t
 
@@ -77,15 +77,15 @@ def _make(chapter: str) -> None:
                 parts.append(_t("not right yet: {numbers}", numbers=", ".join(wrong)))
             if blank:
                 parts.append(_t("not answered: {numbers}", numbers=", ".join(blank)))
-            raise fail(
-                _t(
-                    "{parts} (of {total}); dl.quiz({chapter!r}, my_answers) explains each answer",
-                    parts="; ".join(parts),
-                    total=len(verdicts),
-                    chapter=chapter,
-                ),
-                case,
+            text = _t(
+                "{parts} (of {total}); dl.quiz({chapter!r}, my_answers) explains each answer",
+                parts="; ".join(parts),
+                total=len(verdicts),
+                chapter=chapter,
             )
+            if not wrong and len(blank) == len(verdicts):  # nothing answered: not attempted
+                raise NotAttempted(text, case)
+            raise fail(text, case)
         yield case
 
 
