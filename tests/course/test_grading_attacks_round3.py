@@ -105,7 +105,9 @@ def test_similarity_ids_come_from_the_release_and_strings_are_escaped(tmp_path: 
     pytest.importorskip("copydetect")
     with (
         mock.patch.object(similarity, "exercise_code", lambda r, s: {FORGED_ID: "x = 1\n"}),
-        mock.patch.object(similarity, "pairs", lambda codes, t: [(FORGED_ID, "honest", 1.0)]),
+        mock.patch.object(
+            similarity, "compare", lambda by, t: ({FORGED_ID: [(FORGED_ID, "honest", 1.0)]}, {})
+        ),
     ):
         report = similarity.write_report(release, {"a": nb}, tmp_path, "en")
     lines = report.read_text(encoding="utf-8").splitlines()

@@ -8,6 +8,14 @@ fingerprinted tokens are listed in ``similarity.md`` in the grade's output folde
 name and id as a Markdown code span (``report.code_span``). The report flags, it never
 changes a grade: copying is for the instructor to judge.
 
+Its cost is bounded per learner: a learner's code past ``MAX_CHARS`` is not compared ("too
+large"); fingerprinting and comparing run in a child process (``python -m
+ddp_lab.course.grading.similarity``, text in and numbers out as JSON, under ``RLIMIT_AS``),
+where each learner's fingerprints get ``CPU_SECONDS`` of CPU (``RLIMIT_CPU``'s soft limit,
+moved before each learner; SIGXCPU cuts that learner alone) and the whole child a wall-clock
+limit. A learner cut is listed as "not compared"; the grader's own process never tokenizes a
+learner's text.
+
 Without copydetect installed (``pip install copydetect``) the report says so and lists nothing.
 """
 
@@ -15,7 +23,13 @@ from __future__ import annotations
 
 import inspect
 import io
+import json
+import resource
+import signal
+import subprocess
+import sys
 from pathlib import Path
+from typing import Any
 
 import nbformat
 
@@ -35,6 +49,11 @@ REFERENCES: dict[str, tuple[str, tuple[str, ...]]] = {
     "12.one_f_one_b": ("ddp_lab.pipeline_1f1b", ("one_f_one_b_order",)),
 }
 REFERENCE = "(ddp_lab)"
+MAX_CHARS = 200_000  # a learner's own code over all exercises; an honest one is a few KiB
+CPU_SECONDS = 5  # each learner's fingerprints, in the child
+MEMORY_BYTES = 2 * 2**30  # the child's address space
+WALL_SECONDS = 120.0  # the whole child (plus 1 s per learner); past it, no pairs at all
+TOO_LARGE, TOO_SLOW = "too large", "took too long"
 
 
 def exercise_code(release: nbformat.NotebookNode, sub: nbformat.NotebookNode) -> dict[str, str]:
@@ -80,18 +99,43 @@ def reference_code(grade_id: str) -> str:
 
 
 def pairs(codes: dict[str, str], threshold: float = THRESHOLD) -> list[tuple[str, str, float]]:
-    """(a, b, similarity) for every pair of ``codes`` at or above ``threshold``."""
-    from copydetect import CodeFingerprint, compare_files
+    """(a, b, similarity) for every pair of ``codes`` at or above ``threshold``, here, with
+    no bound (``compare`` is the bounded road the report takes)."""
+    return _pairs(_fingerprints(codes, None)[0], threshold)
 
-    prints = {}
+
+def _fingerprints(codes: dict[str, str], cpu: float | None) -> tuple[dict, list[str]]:
+    """name -> copydetect fingerprint of ``codes``; with ``cpu``, each name gets that many
+    seconds of CPU (``RLIMIT_CPU``, SIGXCPU); the names cut are returned too."""
+    from copydetect import CodeFingerprint
+
+    prints, cut = {}, []
     for name, text in codes.items():
-        if text.strip():
-            try:
-                prints[name] = CodeFingerprint(
-                    "code.py", K, WINDOW, language="python", fp=io.StringIO(text)
-                )
-            except Exception:  # noqa: BLE001, S112  # code the tokenizer cannot read: skip it
-                continue
+        if not text.strip():
+            continue
+        if cpu is not None:
+            used = resource.getrusage(resource.RUSAGE_SELF)
+            spent = used.ru_utime + used.ru_stime
+            _, hard = resource.getrlimit(resource.RLIMIT_CPU)
+            soft = int(spent + cpu) + 1
+            resource.setrlimit(resource.RLIMIT_CPU, (soft if hard < 0 else min(soft, hard), hard))
+        try:
+            prints[name] = CodeFingerprint(
+                "code.py", K, WINDOW, language="python", fp=io.StringIO(text)
+            )
+        except _OverBudget:
+            cut.append(name)
+        except Exception:  # noqa: BLE001, S112  # code the tokenizer cannot read: skip it
+            continue
+        finally:
+            if cpu is not None:
+                resource.setrlimit(resource.RLIMIT_CPU, (hard, hard))
+    return prints, cut
+
+
+def _pairs(prints: dict, threshold: float) -> list[tuple[str, str, float]]:
+    from copydetect import compare_files
+
     names = sorted(prints)
     found = []
     for i, a in enumerate(names):
@@ -103,6 +147,80 @@ def pairs(codes: dict[str, str], threshold: float = THRESHOLD) -> list[tuple[str
             if score >= threshold:
                 found.append((a, b, score))
     return sorted(found, key=lambda p: -p[2])
+
+
+class _OverBudget(Exception):
+    pass
+
+
+def _over_budget(signum: int, frame: Any) -> None:
+    raise _OverBudget
+
+
+def compare(
+    by_exercise: dict[str, dict[str, str]],
+    threshold: float = THRESHOLD,
+    max_chars: int = MAX_CHARS,
+    cpu_seconds: float = CPU_SECONDS,
+) -> tuple[dict[str, list[tuple[str, str, float]]], dict[str, str]]:
+    """Pairs per exercise (``by_exercise``: grade_id -> name -> code) and the learners not
+    compared (name -> ``TOO_LARGE`` / ``TOO_SLOW``), computed in a child process with each
+    learner's cost bounded (see the module docstring). A child that fails or runs past its
+    wall-clock limit gives no pairs and every learner ``TOO_SLOW``."""
+    size: dict[str, int] = {}
+    for codes in by_exercise.values():
+        for name, text in codes.items():
+            size[name] = size.get(name, 0) + len(text)
+    cut = {name: TOO_LARGE for name, n in size.items() if n > max_chars and name != REFERENCE}
+    kept = {
+        grade_id: {n: t for n, t in codes.items() if n not in cut}
+        for grade_id, codes in by_exercise.items()
+    }
+    request = {"codes": kept, "threshold": threshold, "cpu_seconds": cpu_seconds}
+    learners = [n for n in size if n not in cut and n != REFERENCE]
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "ddp_lab.course.grading.similarity"],
+            input=json.dumps(request).encode(),
+            capture_output=True,
+            timeout=WALL_SECONDS + len(learners),
+            start_new_session=True,
+        )
+        answer = json.loads(done.stdout) if done.returncode == 0 else None
+    except (subprocess.TimeoutExpired, ValueError):
+        answer = None
+    if not isinstance(answer, dict):
+        return {}, {**cut, **dict.fromkeys(learners, TOO_SLOW)}
+    found = {
+        str(g): [(str(a), str(b), float(x)) for a, b, x in rows]
+        for g, rows in answer.get("pairs", {}).items()
+    }
+    for name in answer.get("cut", []):
+        cut[str(name)] = TOO_SLOW
+    return found, cut
+
+
+def _child() -> int:
+    """The child's side of ``compare``: JSON request on stdin, JSON answer on stdout."""
+    resource.setrlimit(resource.RLIMIT_AS, (MEMORY_BYTES, MEMORY_BYTES))  # before any input
+    signal.signal(signal.SIGXCPU, _over_budget)
+    request = json.load(sys.stdin)
+    cpu = float(request["cpu_seconds"])
+    by_exercise: dict[str, dict[str, str]] = request["codes"]
+    cut: set[str] = set()
+    found: dict[str, list] = {}
+    for grade_id in sorted(by_exercise):
+        codes = {n: t for n, t in by_exercise[grade_id].items() if n not in cut}
+        prints, over = _fingerprints(codes, cpu)
+        cut.update(over)
+        for name in over:  # a learner cut in one exercise is cut in all
+            for other in found.values():
+                other[:] = [p for p in other if name not in p[:2]]
+        rows = _pairs({n: f for n, f in prints.items() if n not in cut}, request["threshold"])
+        if rows:
+            found[grade_id] = [list(r) for r in rows]
+    json.dump({"pairs": found, "cut": sorted(cut)}, sys.stdout)
+    return 0
 
 
 def write_report(
@@ -148,13 +266,14 @@ def write_report(
     for name, nb in subs.items():
         for grade_id, text in exercise_code(release, nb).items():
             by_exercise.setdefault(grade_id, {})[name] = text
-    any_pair = False
-    for grade_id in sorted(by_exercise):
-        codes = dict(by_exercise[grade_id])
+    for grade_id in by_exercise:
         reference = reference_code(grade_id)
         if reference:
-            codes[REFERENCE] = reference
-        found = pairs(codes, threshold)
+            by_exercise[grade_id][REFERENCE] = reference
+    all_found, cut = compare(by_exercise, threshold)
+    any_pair = False
+    for grade_id in sorted(all_found):
+        found = all_found[grade_id]
         if found:
             any_pair = True
             lines += [f"## {code_span(grade_id, MAX_NAME)}", ""]
@@ -165,5 +284,17 @@ def write_report(
             lines.append("")
     if not any_pair:
         lines += [_t("No pair above the threshold.", lang), ""]
+    if cut:
+        lines += ["## " + _t("Not compared", lang), ""]
+        why = {
+            TOO_LARGE: _t("not compared (too large)", lang),
+            TOO_SLOW: _t("not compared (took too long)", lang),
+        }
+        lines += [f"- {code_span(n, MAX_NAME)}: {why[r]}" for n, r in sorted(cut.items())]
+        lines.append("")
     path.write_text("\n".join(lines), encoding="utf-8")
     return path
+
+
+if __name__ == "__main__":
+    sys.exit(_child())
