@@ -65,23 +65,59 @@ def _classroom(args: argparse.Namespace) -> int:
 
     import nbformat
 
-    from ddp_lab.course.grading import export, grader
+    from ddp_lab.course.grading import classroom, export, grader
 
     release = Path(args.release)
     if not release.is_file():
         print(f"no such file: {release}", file=sys.stderr)
         return 2
     exercises = grader.exercises_of(nbformat.read(release, as_version=4))
-    text = export.classroom_workflow(
-        release, args.notebook or str(release), exercises, args.torch_index
-    )
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(text, encoding="utf-8")
-    print(f"wrote {args.out}")
-    # The template repository is where the workflow goes (.github/workflows/ in it).
-    template = Path(args.out).resolve().parent.parent.parent
+    notebook = args.notebook or str(release)
+    if args.target == "github-classroom":
+        print(
+            _t(
+                "note: GitHub Classroom is being retired (its deprecation notice, "
+                "github/gh-classroom#119, 2026-07-14); courses move to Classroom 50: "
+                "ddp-lab classroom --target classroom50.",
+            ),
+            file=sys.stderr,
+        )
+        out = Path(args.out or ".github/workflows/classroom.yml")
+        text = export.classroom_workflow(release, notebook, exercises, args.torch_index)
+        # The template repository is where the workflow goes (.github/workflows/ in it).
+        template = out.resolve().parent.parent.parent
+    else:
+        folder = Path(args.out or "autograder")
+        out = folder / "autograder.py"
+        text = classroom.classroom50_autograder(
+            release, notebook, exercises, args.package, args.torch_index
+        )
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / release.name).write_bytes(release.read_bytes())  # graded against this copy
+        template = Path.cwd()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text, encoding="utf-8")
+    print(f"wrote {out}")
+    if args.target == "classroom50":
+        print(
+            _t(
+                "Put the files of {folder} in CLASSROOM/autograders/ASSIGNMENT/ of your "
+                "classroom50 repository; the assignment's runtime needs Python 3.11 and the "
+                "apt packages bubblewrap and iproute2 (docs/INSTRUCTORS.md).",
+                folder=str(out.parent),
+            )
+        )
+        if args.package == ".":
+            print(
+                _t(
+                    "note: the autograder installs ddp-lab from the learner's own checkout "
+                    "(--package .): a learner can change what grades them. Pass --package "
+                    "with your course repository at a commit (git+https://...@COMMIT).",
+                ),
+                file=sys.stderr,
+            )
     leaks = [d for d in ("solutions", "chapters") if (template / d).is_dir()]
-    if leaks:
+    if leaks and args.target == "github-classroom":
         print(
             _t(
                 "warning: this template repository has {folders}: both hold the "
@@ -229,10 +265,31 @@ def make_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(func=_gradescope)
 
-    p = sub.add_parser("classroom", help="write a GitHub Classroom autograding workflow")
+    p = sub.add_parser(
+        "classroom",
+        help="write a Classroom 50 autograder (or the GitHub Classroom workflow, being retired)",
+    )
     p.add_argument("--release", required=True, help="the released exercise notebook")
     p.add_argument("--notebook", help="the notebook's path in the learners' repository")
-    p.add_argument("--out", default=".github/workflows/classroom.yml")
+    p.add_argument(
+        "--target",
+        choices=["classroom50", "github-classroom"],
+        default="classroom50",
+        help="classroom50 (default): autograder.py writing result.json; github-classroom: "
+        "the old workflow (GitHub Classroom is being retired)",
+    )
+    p.add_argument(
+        "--out",
+        default=None,
+        help="classroom50: a folder (default: autograder/); github-classroom: the workflow "
+        "file (default: .github/workflows/classroom.yml)",
+    )
+    p.add_argument(
+        "--package",
+        default=".",
+        help="classroom50: pip spec the autograder installs ddp-lab from (default: '.', the "
+        "learner's checkout; better your course repository at a commit)",
+    )
     p.add_argument(
         "--torch-index",
         default="https://download.pytorch.org/whl/cpu",

@@ -17,10 +17,12 @@ def test_classroom_warns_about_solutions_in_the_template(tmp_path, capsys, folde
     for name in folders:
         (tmp_path / name).mkdir()
     out = tmp_path / ".github" / "workflows" / "classroom.yml"
-    assert cli.main(["classroom", "--release", str(RELEASE), "--out", str(out)]) == 0
+    args = ["classroom", "--target", "github-classroom", "--release", str(RELEASE)]
+    assert cli.main([*args, "--out", str(out)]) == 0
     assert out.is_file()
     err = capsys.readouterr().err
+    assert "being retired" in err and "classroom50" in err  # the old product says so
     if folders:
         assert "warning" in err and all(name in err for name in folders)
     else:
-        assert err == ""
+        assert "warning" not in err

@@ -74,7 +74,8 @@ def test_autograder_zip(tmp_path: Path) -> None:
 
 def test_classroom_workflow(tmp_path: Path) -> None:
     out = tmp_path / "classroom.yml"
-    args = ["classroom", "--release", str(RELEASE), "--notebook", "07.ipynb", "--out", str(out)]
+    args = ["classroom", "--target", "github-classroom", "--release", str(RELEASE)]
+    args += ["--notebook", "07.ipynb", "--out", str(out)]
     assert cli.main(args) == 0
     wf = yaml.safe_load(out.read_text(encoding="utf-8"))
     steps = wf["jobs"]["run-autograding-tests"]["steps"]

@@ -171,6 +171,12 @@ if [ -z "$sub" ]; then
   echo '{{"score": 0, "output": "No .ipynb notebook was submitted."}}' >/autograder/results/results.json
   exit 0
 fi
+# The container's memory and CPUs first: too small, results.json says so and nothing is graded
+# (course/grading/gradescope.py; the settings: docs/INSTRUCTORS.md).
+if ! /autograder/venv/bin/python -m ddp_lab.course.grading.gradescope --need-memory-mib {memory} \
+    --need-cpus {cpus} --lang {lang} --results /autograder/results/results.json; then
+  exit 0
+fi
 export DDP_LAB_GRADE_SEED={seed}
 /autograder/venv/bin/ddp-lab grade --release /autograder/source/{release} "$sub" \\
   --out /tmp/ddp-lab-grades --gradescope /autograder/results/results.json
@@ -202,7 +208,17 @@ def write_gradescope_zip(
         index = f"--index-url {shlex.quote(torch_index)} " if torch_index else ""
         setup = SETUP_SH.format(torch=shlex.quote(torch_spec), torch_index=index)
         add(z, "setup.sh", setup, executable=True)
-        run = RUN_AUTOGRADER.format(seed=shlex.quote(seed), release=shlex.quote(release.name))
+        from ddp_lab.course.grading.gradescope import need_for
+
+        memory, cpus = need_for(release.name)
+        lang = release.parent.name if release.parent.name in ("en", "zh") else "en"
+        run = RUN_AUTOGRADER.format(
+            seed=shlex.quote(seed),
+            release=shlex.quote(release.name),
+            memory=memory,
+            cpus=cpus,
+            lang=lang,
+        )
         add(z, "run_autograder", run, executable=True)
         z.write(release, release.name)
         for name in ("pyproject.toml", "README.md"):
