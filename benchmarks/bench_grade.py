@@ -1,7 +1,7 @@
 """Time ``ddp-lab grade`` on a class of chapter 00 and 05 submissions: this tree vs another.
 
     python benchmarks/bench_grade.py [--n 30] [--jobs 2] [--repeat 1] [--chapters 00 05]
-                                     [--old CHECKOUT]
+                                     [--old CHECKOUT | --old-rev REV]
 
 Writes N submissions per chapter (half the solution, half the unsolved exercise), grades
 them with this checkout (``after``: sandbox, a cgroup and a user-id slot per submission,
@@ -9,7 +9,11 @@ tmpfs folders, intake in a separate process) and, with ``--old``, with another c
 ``ddp-lab grade`` (``before``, e.g. main), alternating the two ``--repeat`` times on the same
 submissions; without ``--old`` the second mode is this tree with ``DDP_LAB_CGROUPS=0``. Prints
 per chapter and mode the total wall time and the median time per submission (Gradescope's
-``execution_time`` of each results/NAME.json), and the ratio after / before of the medians.
+``execution_time`` of each results/NAME.json), and the ratios after / before of the medians
+(per submission and of the totals), with the load average before and after: the issue's goal
+"no slower than 1.1x" is the ratio of the totals. ``--old-rev REV`` grades ``before`` with
+this repository at REV (a temporary git worktree, removed at the end; it runs with this
+tree's Python environment and ``PYTHONPATH`` at the worktree).
 """
 
 from __future__ import annotations
@@ -60,7 +64,23 @@ def main() -> None:
     p.add_argument("--repeat", type=int, default=1)
     p.add_argument("--chapters", nargs="+", default=["00", "05"])
     p.add_argument("--old", type=Path, default=None, help="another checkout (before)")
+    p.add_argument("--old-rev", default=None, help="this repository at REV (before)")
     args = p.parse_args()
+    if args.old_rev:
+        with tempfile.TemporaryDirectory() as t:
+            old = Path(t) / "before"
+            git = ["git", "-C", str(ROOT), "worktree"]
+            subprocess.run([*git, "add", "-q", "--detach", str(old), args.old_rev], check=True)
+            try:
+                args.old = old
+                run(args)
+            finally:
+                subprocess.run([*git, "remove", "--force", str(old)], check=False)
+        return
+    run(args)
+
+
+def run(args: argparse.Namespace) -> None:
     modes = {"after": ({}, ROOT)}
     if args.old:
         modes["before"] = ({}, args.old.resolve())
@@ -68,6 +88,7 @@ def main() -> None:
         modes["no-cgroups"] = ({"DDP_LAB_CGROUPS": "0"}, ROOT)
     base = "before" if args.old else "no-cgroups"
     print(f"--jobs {args.jobs}, {os.cpu_count()} cores, {args.n} submissions per chapter")
+    print(f"load average before: {os.getloadavg()[0]:.1f}")
     with tempfile.TemporaryDirectory() as tmp:
         for chapter in args.chapters:
             subs = Path(tmp) / f"subs{chapter}"
@@ -86,6 +107,9 @@ def main() -> None:
                 )
             ratio = statistics.median(each["after"]) / statistics.median(each[base])
             print(f"chapter {chapter} after / {base} (median per submission): {ratio:.2f}x")
+            ratio = statistics.median(totals["after"]) / statistics.median(totals[base])
+            print(f"chapter {chapter} after / {base} (median total): {ratio:.2f}x")
+            print(f"load average now: {os.getloadavg()[0]:.1f}")
 
 
 if __name__ == "__main__":

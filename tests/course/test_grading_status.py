@@ -40,7 +40,7 @@ def test_unsolved_wrong_and_honest_in_one_class_run(tmp_path: Path) -> None:
     zh_feedback = (out / "feedback" / "unsolved_zh.md").read_text(encoding="utf-8")
     assert "- 00.average: 未作答, 0/2" in zh_feedback and "未作答 00.average" in zh_feedback
     wrong = (out / "feedback" / "wrong.md").read_text(encoding="utf-8")
-    assert "- 00.average: failed, 0/2" in wrong and "not attempted" not in wrong
+    assert "- 00.average: failed, 0/2" in wrong and "NOT ATTEMPTED 00.average" not in wrong
     doc = json.loads((out / "results" / "unsolved.json").read_text(encoding="utf-8"))
     test = next(t for t in doc["tests"] if t["name"] == "00.average")
     # Gradebook tools know passed/failed only; the output says which kind of failure.
