@@ -203,5 +203,5 @@ def test_unsolved_stub_fails(capsys):
 
     before = set(Path(tempfile.gettempdir()).glob("ddp_lab_ch08_*"))
     out = _grade(fit, capsys)
-    assert out.startswith("FAIL") and "not solved" in out
+    assert out.startswith("NOT ATTEMPTED 08.fit") and "not solved" in out
     assert set(Path(tempfile.gettempdir()).glob("ddp_lab_ch08_*")) == before  # removed all the same
