@@ -202,6 +202,9 @@ def compare(
 
 def _child() -> int:
     """The child's side of ``compare``: JSON request on stdin, JSON answer on stdout."""
+    from ddp_lab.runtime._process import set_parent_death_signal
+
+    set_parent_death_signal(signal.SIGKILL)  # a grader killed takes this child along
     resource.setrlimit(resource.RLIMIT_AS, (MEMORY_BYTES, MEMORY_BYTES))  # before any input
     signal.signal(signal.SIGXCPU, _over_budget)
     request = json.load(sys.stdin)
