@@ -7,12 +7,20 @@ unsolved) in a folder named after its language; ``--solved`` puts the solution's
 it instead (graded cells untouched). Prints each mode's median wall time and their ratio.
 Goal: the default under 10 s on 2 cores.
 
+Each run also reports the CPU seconds that all its processes used (sandboxes and ranks
+included: the run lives in a cgroup of its own where cgroups work, ``course.isolation``) and
+the load average when it ended. On a shared machine the wall time grows with the load; the CPU
+time does not, and on 2 idle cores a run cannot take less than CPU/2 seconds of wall time.
+``--modes needed`` runs the default mode alone.
+
     .venv/bin/python benchmarks/bench_check.py [--chapter 05] [--lang en] [--rounds 5] [--solved]
+        [--modes all,needed]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shutil
 import statistics
@@ -42,15 +50,27 @@ def learner_copy(chapter: str, lang: str, solved: bool, folder: Path) -> Path:
     return path
 
 
-def one(path: Path, all_cells: bool) -> tuple[float, int, str]:
+def one(path: Path, all_cells: bool) -> tuple[float, float | None, int, str]:
+    """(wall s, CPU s of every process of the run or None without cgroups, exit code, the
+    verdict's last line)."""
+    from ddp_lab.course.grading import isolation
+
     cmd = [sys.executable, "-m", "ddp_lab.course.cli", "check", str(path)]
     if all_cells:
         cmd.append("--all-cells")
     if shutil.which("taskset"):
         cmd = ["taskset", "-c", "0,1", *cmd]
-    start = time.perf_counter()
-    done = subprocess.run(cmd, capture_output=True, text=True, cwd=path.parent, check=False)
-    return time.perf_counter() - start, done.returncode, done.stdout.strip().splitlines()[-2]
+    group = None
+    if isolation.unavailable_reason() is None:
+        group = isolation.Cgroup(f"bench-check-{os.getpid()}-{time.monotonic_ns()}")
+    with group or contextlib.nullcontext():
+        if group is not None:
+            cmd = group.enter_argv(cmd)
+        start = time.perf_counter()
+        done = subprocess.run(cmd, capture_output=True, text=True, cwd=path.parent, check=False)
+        wall = time.perf_counter() - start
+        cpu = group.cpu_seconds() if group is not None else None
+    return wall, cpu, done.returncode, done.stdout.strip().splitlines()[-2]
 
 
 def main() -> None:
@@ -59,21 +79,38 @@ def main() -> None:
     p.add_argument("--lang", default="en")
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--solved", action="store_true")
+    p.add_argument("--modes", default="all,needed", help="all,needed (default) or needed")
     args = p.parse_args()
+    modes = [f"{m} cells" for m in args.modes.split(",")]
     folder = Path(tempfile.mkdtemp(prefix="bench-check-"))
     try:
         path = learner_copy(args.chapter, args.lang, args.solved, folder)
-        times: dict[str, list[float]] = {"all cells": [], "needed cells": []}
+        times: dict[str, list[float]] = {m: [] for m in modes}
+        cpus: dict[str, list[float]] = {m: [] for m in modes}
+        loads = []
         for r in range(args.rounds):
             for mode in times:
-                wall, rc, last = one(path, mode == "all cells")
+                wall, cpu, rc, last = one(path, mode == "all cells")
                 times[mode].append(wall)
-                print(f"round {r + 1} {mode:12s} {wall:6.1f} s  rc={rc}  {last}", flush=True)
-        print(f"load average {os.getloadavg()[0]:.1f}, cores {os.cpu_count()}")
+                if cpu is not None:
+                    cpus[mode].append(cpu)
+                loads.append(os.getloadavg()[0])
+                used = f"cpu {cpu:5.1f} s" if cpu is not None else "cpu ?"
+                print(
+                    f"round {r + 1} {mode:12s} {wall:6.1f} s  {used}  load {loads[-1]:4.1f}"
+                    f"  rc={rc}  {last}",
+                    flush=True,
+                )
+        print(
+            f"load average {min(loads):.1f}-{max(loads):.1f} (median "
+            f"{statistics.median(loads):.1f}), cores {os.cpu_count()}"
+        )
         med = {m: statistics.median(t) for m, t in times.items()}
         for mode, m in med.items():
-            print(f"median {mode:12s} {m:6.1f} s  (of {args.rounds})")
-        print(f"ratio all/needed {med['all cells'] / med['needed cells']:.1f}x")
+            cpu_med = f", cpu {statistics.median(cpus[mode]):.1f} s" if cpus[mode] else ""
+            print(f"median {mode:12s} {m:6.1f} s{cpu_med}  (of {args.rounds})")
+        if len(med) == 2:
+            print(f"ratio all/needed {med['all cells'] / med['needed cells']:.1f}x")
     finally:
         shutil.rmtree(folder, ignore_errors=True)
 

@@ -120,6 +120,8 @@ def conf_py(lang: str, repo_url: str) -> str:
         "templates_path": [str(THEME / "templates")],
         "html_static_path": [str(THEME / "static")],
         "html_css_files": ["ddp-lab-site.css"],
+        # search snippets start at the page's content, not at the article header's buttons
+        "html_js_files": ["ddp-lab-search.js"],
         "html_copy_source": True,  # the header's download button offers the page's notebook
         "html_show_sourcelink": False,
         "html_last_updated_fmt": None,
