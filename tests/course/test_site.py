@@ -148,6 +148,51 @@ def test_without_the_site_tools_a_clear_error(monkeypatch, tmp_path, capsys):
 
 
 @pytest.fixture(scope="module")
+def small_site(tmp_path_factory) -> Path:
+    """Two pages built with the site's Sphinx configuration (``site.conf_py``): seconds, not
+    the course's build."""
+    pytest.importorskip("sphinx_book_theme")
+    src, out = tmp_path_factory.mktemp("small-src"), tmp_path_factory.mktemp("small-html")
+    (src / "conf.py").write_text(site.conf_py("en", ""), encoding="utf-8")
+    (src / "index.md").write_text("# Home\n\n```{toctree}\npage\n```\n", encoding="utf-8")
+    (src / "page.md").write_text(
+        "# Gradient buckets\n\nBuckets let the all-reduce overlap the backward pass.\n",
+        encoding="utf-8",
+    )
+    subprocess.run(
+        [sys.executable, "-m", "sphinx", "-b", "html", "-q", str(src), str(out)],
+        check=True,
+        timeout=300,
+        capture_output=True,
+    )
+    return out
+
+
+@pytest.mark.browser
+def test_search_snippet_starts_at_the_content(small_site, tmp_path):
+    # Sphinx takes a snippet from the page's first [role=main]: the theme's <main>, which
+    # also holds the article header's buttons (theme switcher, download, search)
+    with static_site(small_site) as url, chromium(tmp_path) as browser:
+        pg = browser.new_page()
+        errors: list[str] = []
+        pg.on("pageerror", lambda err: errors.append(str(err)))
+        page = "Gradient buckets Buckets let the all-reduce overlap the backward pass."
+        home = "Home Gradient buckets"  # its title and its table of contents
+        # in a title (before: "...System Settings Light Dark Gradient buckets..."); further in
+        for word, want in (("gradient", [page, home]), ("overlap", [page])):
+            pg.goto(f"{url}/search.html?q={word}")
+            pg.wait_for_function(  # every result listed, and each one's snippet fetched
+                "() => document.querySelector('#search-results .search-summary')?.innerText"
+                " && document.querySelectorAll('#search-results ul.search li').length"
+                " === document.querySelectorAll('#search-results ul.search li p.context').length",
+                timeout=60_000,
+            )
+            snippets = pg.locator("#search-results ul.search li p.context").all_inner_texts()
+            assert sorted(snippets) == sorted(want), (word, snippets)
+        assert not errors, errors
+
+
+@pytest.fixture(scope="module")
 def site_url():
     if not SITE:
         pytest.skip(
