@@ -11,10 +11,11 @@ Each run also reports the CPU seconds that all its processes used (sandboxes and
 included: the run lives in a cgroup of its own where cgroups work, ``course.isolation``) and
 the load average when it ended. On a shared machine the wall time grows with the load; the CPU
 time does not, and on 2 idle cores a run cannot take less than CPU/2 seconds of wall time.
-``--modes needed`` runs the default mode alone.
+``--modes needed`` runs the default mode alone; ``--before PYTHON`` also runs each mode with
+another checkout's interpreter (e.g. ``../main/.venv/bin/python``), alternating, side by side.
 
     .venv/bin/python benchmarks/bench_check.py [--chapter 05] [--lang en] [--rounds 5] [--solved]
-        [--modes all,needed]
+        [--modes all,needed] [--before PYTHON]
 """
 
 from __future__ import annotations
@@ -50,12 +51,14 @@ def learner_copy(chapter: str, lang: str, solved: bool, folder: Path) -> Path:
     return path
 
 
-def one(path: Path, all_cells: bool) -> tuple[float, float | None, int, str]:
+def one(
+    path: Path, all_cells: bool, python: str = sys.executable
+) -> tuple[float, float | None, int, str]:
     """(wall s, CPU s of every process of the run or None without cgroups, exit code, the
     verdict's last line)."""
     from ddp_lab.course.grading import isolation
 
-    cmd = [sys.executable, "-m", "ddp_lab.course.cli", "check", str(path)]
+    cmd = [python, "-m", "ddp_lab.course.cli", "check", str(path)]
     if all_cells:
         cmd.append("--all-cells")
     if shutil.which("taskset"):
@@ -80,8 +83,16 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--solved", action="store_true")
     p.add_argument("--modes", default="all,needed", help="all,needed (default) or needed")
+    p.add_argument("--before", help="another checkout's python, run alternately as 'before'")
     args = p.parse_args()
-    modes = [f"{m} cells" for m in args.modes.split(",")]
+    runs = {f"{m} cells": (sys.executable, m == "all") for m in args.modes.split(",")}
+    if args.before:
+        runs = {
+            f"{when} {mode}": (py, all_cells)
+            for mode, (_, all_cells) in runs.items()
+            for when, py in (("before", args.before), ("after", sys.executable))
+        }
+    modes = list(runs)
     folder = Path(tempfile.mkdtemp(prefix="bench-check-"))
     try:
         path = learner_copy(args.chapter, args.lang, args.solved, folder)
@@ -90,14 +101,14 @@ def main() -> None:
         loads = []
         for r in range(args.rounds):
             for mode in times:
-                wall, cpu, rc, last = one(path, mode == "all cells")
+                wall, cpu, rc, last = one(path, runs[mode][1], runs[mode][0])
                 times[mode].append(wall)
                 if cpu is not None:
                     cpus[mode].append(cpu)
                 loads.append(os.getloadavg()[0])
                 used = f"cpu {cpu:5.1f} s" if cpu is not None else "cpu ?"
                 print(
-                    f"round {r + 1} {mode:12s} {wall:6.1f} s  {used}  load {loads[-1]:4.1f}"
+                    f"round {r + 1} {mode:19s} {wall:6.1f} s  {used}  load {loads[-1]:4.1f}"
                     f"  rc={rc}  {last}",
                     flush=True,
                 )
@@ -108,8 +119,8 @@ def main() -> None:
         med = {m: statistics.median(t) for m, t in times.items()}
         for mode, m in med.items():
             cpu_med = f", cpu {statistics.median(cpus[mode]):.1f} s" if cpus[mode] else ""
-            print(f"median {mode:12s} {m:6.1f} s{cpu_med}  (of {args.rounds})")
-        if len(med) == 2:
+            print(f"median {mode:19s} {m:6.1f} s{cpu_med}  (of {args.rounds})")
+        if set(med) == {"all cells", "needed cells"}:
             print(f"ratio all/needed {med['all cells'] / med['needed cells']:.1f}x")
     finally:
         shutil.rmtree(folder, ignore_errors=True)
