@@ -13,9 +13,13 @@ the load average when it ended. On a shared machine the wall time grows with the
 time does not, and on 2 idle cores a run cannot take less than CPU/2 seconds of wall time.
 ``--modes needed`` runs the default mode alone; ``--before PYTHON`` also runs each mode with
 another checkout's interpreter (e.g. ``../main/.venv/bin/python``), alternating, side by side.
+``--weight W`` gives each run's cgroup that CPU weight (cgroup v2 ``cpu.weight``, v1
+``cpu.shares`` = 10.24 W; default 100, a plain process's): on a machine others keep busy, a
+large weight (10000) lets the run take the 2 cores nearly as if they were idle, so that its
+wall time shows its own critical path instead of the others' load (it slows them meanwhile).
 
     .venv/bin/python benchmarks/bench_check.py [--chapter 05] [--lang en] [--rounds 5] [--solved]
-        [--modes all,needed] [--before PYTHON]
+        [--modes all,needed] [--before PYTHON] [--weight 100]
 """
 
 from __future__ import annotations
@@ -52,7 +56,7 @@ def learner_copy(chapter: str, lang: str, solved: bool, folder: Path) -> Path:
 
 
 def one(
-    path: Path, all_cells: bool, python: str = sys.executable
+    path: Path, all_cells: bool, python: str = sys.executable, weight: int = 100
 ) -> tuple[float, float | None, int, str]:
     """(wall s, CPU s of every process of the run or None without cgroups, exit code, the
     verdict's last line)."""
@@ -65,7 +69,10 @@ def one(
         cmd = ["taskset", "-c", "0,1", *cmd]
     group = None
     if isolation.unavailable_reason() is None:
-        group = isolation.Cgroup(f"bench-check-{os.getpid()}-{time.monotonic_ns()}")
+        group = isolation.Cgroup(
+            f"bench-check-{os.getpid()}-{time.monotonic_ns()}",
+            isolation.CgroupLimits(cpu_weight=weight),
+        )
     with group or contextlib.nullcontext():
         if group is not None:
             cmd = group.enter_argv(cmd)
@@ -84,6 +91,7 @@ def main() -> None:
     p.add_argument("--solved", action="store_true")
     p.add_argument("--modes", default="all,needed", help="all,needed (default) or needed")
     p.add_argument("--before", help="another checkout's python, run alternately as 'before'")
+    p.add_argument("--weight", type=int, default=100, help="the runs' cgroup CPU weight")
     args = p.parse_args()
     runs = {f"{m} cells": (sys.executable, m == "all") for m in args.modes.split(",")}
     if args.before:
@@ -101,7 +109,7 @@ def main() -> None:
         loads = []
         for r in range(args.rounds):
             for mode in times:
-                wall, cpu, rc, last = one(path, runs[mode][1], runs[mode][0])
+                wall, cpu, rc, last = one(path, runs[mode][1], runs[mode][0], args.weight)
                 times[mode].append(wall)
                 if cpu is not None:
                     cpus[mode].append(cpu)
@@ -114,7 +122,7 @@ def main() -> None:
                 )
         print(
             f"load average {min(loads):.1f}-{max(loads):.1f} (median "
-            f"{statistics.median(loads):.1f}), cores {os.cpu_count()}"
+            f"{statistics.median(loads):.1f}), cores {os.cpu_count()}, CPU weight {args.weight}"
         )
         med = {m: statistics.median(t) for m, t in times.items()}
         for mode, m in med.items():
