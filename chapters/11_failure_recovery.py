@@ -239,6 +239,34 @@ print("same parameters, bit for bit:",
 # 工作区；具体慢多少取决于模型（自己量一下：分别打开和关闭 `--deterministic`）。
 
 # %% [markdown] lang="en" tags=["lesson"]
+# On three ranks or more, one more order must stay the same: that of DDP's buckets. DDP
+# all-reduces gradients in buckets. Its first step puts every parameter into one bucket, in
+# reverse order (`compute_bucket_size_limits` in `torch/nn/parallel/distributed.py`); after
+# that step it rebuilds the buckets in the order the gradients arrived
+# (`Reducer::should_rebuild_buckets` in `torch/csrc/distributed/c10d/reducer.hpp`). A resumed
+# process builds a new DDP model, so its first step all-reduces in the first layout where the
+# uninterrupted run used the rebuilt one. A ring all-reduce adds each element's values in an
+# order set by where the element sits in the bucket. With two ranks that changes nothing
+# (a + b = b + a). With three, (a + b) + c and a + (b + c) can differ in the last bit, and from
+# then on so do the parameters. A checkpoint cannot hold the layout, so keep it fixed:
+# `recovery.resumable_loop` in the exercise below passes `find_unused_parameters=True`, with
+# which DDP never rebuilds (`should_rebuild_buckets` is false), at the cost of one walk over the
+# autograd graph per step. The runs above use two ranks.
+
+# %% [markdown] lang="zh" tags=["lesson"]
+# 在三个或更多 rank 上，还有一个顺序必须保持不变：DDP 的桶（bucket）。DDP 按桶对梯度做
+# all-reduce。第一步时它把所有参数按逆序放进同一个桶（`torch/nn/parallel/distributed.py` 中的
+# `compute_bucket_size_limits`）；这一步之后，它按梯度到达的顺序重建各个桶
+# （`torch/csrc/distributed/c10d/reducer.hpp` 中的 `Reducer::should_rebuild_buckets`）。恢复后的进程
+# 新建了一个 DDP 模型，所以它的第一步用的是最初的布局，而不间断的那次运行此时用的已经是重建后的
+# 布局。环形 all-reduce 把每个元素各 rank 上的值相加，相加的顺序取决于这个元素在桶中的位置。两个
+# rank 时这没有影响（a + b = b + a）；三个 rank 时，(a + b) + c 和 a + (b + c) 的最后一位可能不同，
+# 此后参数也就不同了。检查点存不下这个布局，那就让它固定不变：下面练习里的
+# `recovery.resumable_loop` 给 DDP 传了 `find_unused_parameters=True`，这样 DDP 就不会重建桶
+# （`should_rebuild_buckets` 返回 false），代价是每一步要多遍历一次 autograd 图。上面的运行用的是
+# 两个 rank。
+
+# %% [markdown] lang="en" tags=["lesson"]
 # ## 2. Complete or absent: atomic writes
 #
 # A worker can die while it writes. A half-written file under the checkpoint's name is worse

@@ -156,7 +156,7 @@ def checkpoint_cost(rank: int, folder: str, steps: int = 20, rounds: int = 5) ->
     x, y = train_set.tensors
     torch.manual_seed(0)
     model = SmallCNN()
-    ddp = DDP(model)
+    ddp = DDP(model, find_unused_parameters=True)
     optimizer = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
     gen = torch.Generator().manual_seed(rank)
 
@@ -272,7 +272,12 @@ def resumable_loop(
     if case.get("resume"):
         step = load_state(folder, model, optimizer, scheduler, sampler)
         resumed = True
-    ddp = DDP(model)
+    # find_unused_parameters=True: DDP then keeps its first bucket layout for good. By default it
+    # rebuilds the buckets after the first step, in the order the gradients arrived
+    # (Reducer::should_rebuild_buckets, torch/csrc/distributed/c10d/reducer.hpp), so a resumed
+    # process's first step all-reduces in another layout than the uninterrupted run's, and on
+    # 3 ranks or more a ring adds some elements in another order: last-bit differences.
+    ddp = DDP(model, find_unused_parameters=True)
     # The DataLoader draws its base seed from this generator, not from the global one.
     loader = DataLoader(
         dataset, batch_size=case["batch_size"], sampler=sampler, generator=torch.Generator()

@@ -119,3 +119,36 @@ def test_one_hidden_case_stops_on_the_last_step_of_an_epoch(seed):
         ends.append(case["stop_at"] == per_epoch)
         assert 2 <= case["stop_at"] <= 2 * per_epoch - 1
     assert ends.count(True) == 1
+
+
+def _world_three_cases(count: int) -> list[dict]:
+    """The checker's own hidden cases of world size 3 (its make_cases, seeds in order)."""
+    found = []
+    for seed in range(1000):
+        world, case = ch11.make_cases(random.Random(seed))[1]
+        if world == 3:
+            found.append(case)
+        if len(found) == count:
+            return found
+    raise AssertionError("make_cases gave too few world-3 cases")
+
+
+@pytest.mark.parametrize("case", _world_three_cases(2), ids=lambda c: f"stop_at={c['stop_at']}")
+def test_a_complete_resume_is_bit_for_bit_on_three_ranks(case):
+    """DDP rebuilds its buckets after the first step; a resumed process starts from the first
+    layout again. On 3 ranks a ring then adds in another order (on 2, a + b = b + a): the
+    loop keeps one layout (find_unused_parameters=True), or an honest resume would fail here."""
+    from ddp_lab.course.grading.learner import LocalLearner
+
+    save, load = make_resume()
+    learner = LocalLearner((save, load))
+    folder = f"ddp_lab_ch11_test_{random.randrange(10**9)}"
+    own = [{"case": case, "folder": folder} for _ in range(3)]
+    stopped = learner.ranks(ch11.probe_stop, own, timeout=120, fresh=True)
+    files = ch11.checkpoint_files(stopped, "test")
+    own = [{**o, "files": files} for o in own]
+    resumed = learner.ranks(ch11.probe_resume, own, timeout=120, fresh=True)
+    from ddp_lab.runtime.launcher import spawn
+
+    reference = spawn(ch11._oracle, args=(case,), nprocs=3, backend="gloo", quiet=True)
+    ch11.verify(stopped, resumed, reference, case)  # raises at the first difference
