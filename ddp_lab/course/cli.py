@@ -65,13 +65,14 @@ def _classroom(args: argparse.Namespace) -> int:
 
     import nbformat
 
-    from ddp_lab.course.grading import classroom, export, grader
+    from ddp_lab.course.grading import classroom, export
+    from ddp_lab.course.grading.release import exercises_of
 
     release = Path(args.release)
     if not release.is_file():
         print(f"no such file: {release}", file=sys.stderr)
         return 2
-    exercises = grader.exercises_of(nbformat.read(release, as_version=4))
+    exercises = exercises_of(nbformat.read(release, as_version=4))
     notebook = args.notebook or str(release)
     if args.target == "github-classroom":
         print(

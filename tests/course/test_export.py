@@ -12,8 +12,9 @@ import pytest
 import yaml
 
 from ddp_lab.course import cli
-from ddp_lab.course.grading import export, grader
-from ddp_lab.course.grading.grader import Result
+from ddp_lab.course.grading import export
+from ddp_lab.course.grading.judge import Result
+from ddp_lab.course.grading.release import exercises_of
 
 ROOT = Path(__file__).resolve().parents[2]
 RELEASE = ROOT / "exercises" / "en" / "07_ddp_from_scratch.ipynb"
@@ -80,7 +81,7 @@ def test_classroom_workflow(tmp_path: Path) -> None:
     wf = yaml.safe_load(out.read_text(encoding="utf-8"))
     steps = wf["jobs"]["run-autograding-tests"]["steps"]
     graders = [s for s in steps if "autograding-command-grader" in s.get("uses", "")]
-    exercises = grader.exercises_of(nbformat.read(RELEASE, as_version=4))
+    exercises = exercises_of(nbformat.read(RELEASE, as_version=4))
     assert [s["with"]["test-name"] for s in graders] == [e.grade_id for e in exercises]
     assert [s["with"]["max-score"] for s in graders] == [e.points for e in exercises]
     assert all("--only" in s["with"]["command"] for s in graders)

@@ -1,4 +1,4 @@
-"""Tests of ``ddp-lab check`` and ``ddp-lab grade`` (ddp_lab/course/grading/grader.py).
+"""Tests of ``ddp-lab check`` and ``ddp-lab grade`` (ddp_lab/course/grading/: the pipeline).
 
 The slow tests grade real submissions end to end (sandbox, runner, probes, verdict):
 chapter 00's released exercise notebook with its real checker (the oracle is
@@ -25,7 +25,8 @@ from hypothesis import strategies as st
 
 from ddp_lab.course import cli
 from ddp_lab.course.build import grade_pass_line
-from ddp_lab.course.grading import grader, intake
+from ddp_lab.course.grading import execute, grader, intake
+from ddp_lab.course.grading.release import locate
 from ddp_lab.i18n import set_language
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -72,7 +73,7 @@ def solved(release: nbformat.NotebookNode, code: str = SOLUTION) -> nbformat.Not
 
 def leftover_processes(grader_pid: int | None = None) -> list[int]:
     """Processes started by the grading runs of a process (this one) that are still alive."""
-    prefix = f"{grader.TOKEN_VAR}={grader_pid or os.getpid()}-".encode()
+    prefix = f"{execute.TOKEN_VAR}={grader_pid or os.getpid()}-".encode()
     pids = []
     for entry in Path("/proc").glob("[0-9]*"):
         try:
@@ -140,7 +141,7 @@ def synthetic_solved() -> nbformat.NotebookNode:
 
 
 def tampered(nb: nbformat.NotebookNode) -> dict[str, str]:
-    return grader.locate(synthetic_release(), nb)[1]
+    return locate(synthetic_release(), nb)[1]
 
 
 # --- tampering, without running anything ----------------------------------------------------
@@ -149,7 +150,7 @@ def tampered(nb: nbformat.NotebookNode) -> dict[str, str]:
 def test_untouched_and_solved_notebooks_are_not_tampered() -> None:
     assert tampered(synthetic_release()) == {}
     assert tampered(synthetic_solved()) == {}
-    found, bad = grader.locate(read(RELEASE), solved(read(RELEASE)))
+    found, bad = locate(read(RELEASE), solved(read(RELEASE)))
     assert bad == {} and list(found) == ["00.average", "00.concepts"]
 
 
@@ -178,7 +179,7 @@ def test_changed_deleted_moved_and_copied_graded_cells() -> None:
 def test_graded_cell_found_by_its_code_when_metadata_was_dropped() -> None:
     nb = synthetic_solved()
     nb.cells[3].metadata = {}
-    found, bad = grader.locate(synthetic_release(), nb)
+    found, bad = locate(synthetic_release(), nb)
     assert bad == {} and found == {"selftest.f": 3, "selftest.g": 5}
 
 

@@ -56,10 +56,17 @@ try:
 except ImportError:
     print("stub")
 print(len((p / "course" / "grading" / "checks" / "ch02.py").read_text()) < 300)
+print(len((p / "course" / "grading" / "checks" / "concept_key" / "ch12.py").read_text()) < 300)
 print(all(f.stat().st_size == 0 for f in (p / "__pycache__").glob("ring.*.pyc")))
 from ddp_lab import ring
 print(ring.chunk_bounds(10, 2) == [(0, 5), (5, 10)])
-for name in ("course.grading.checks.concepts", "course.grading.checks.ch01", "course.grading.grader"):
+for name in (
+    "course.grading.checks.concepts",
+    "course.grading.checks.concept_key.ch04_07",
+    "course.grading.checks.ch01",
+    "course.grading.grader",
+    "course.grading.judge",
+):
     try:
         __import__("ddp_lab." + name)
         print("imported")
@@ -69,13 +76,21 @@ import ddp_lab.course.grading.checks.ch05, ddp_lab.course.grading.runner
 print("probes")
 """
 RANK_LOOKS = """\
-for name in ("ring", "tensor_parallel", "course.grading.runner", "course.grading.checks.concepts"):
+for name in (
+    "ring",
+    "tensor_parallel",
+    "course.grading.runner",
+    "course.grading.checks.concepts",
+    "course.grading.checks.concept_key.ch00_03",
+):
     try:
         __import__("ddp_lab." + name)
         print("imported")
     except ImportError:
         print("hidden")
-import ddp_lab.course.grading.rankhost, ddp_lab.course.grading.checks.probes, ddp_lab.pipeline
+import ddp_lab.course.grading.rankhost, ddp_lab.course.grading.rankserve
+import ddp_lab.course.grading.checks.probes, ddp_lab.course.grading.checks.ch10_fsdp
+import ddp_lab.pipeline
 print("rankhost")
 """
 
@@ -96,10 +111,27 @@ def test_the_package_view_has_no_answers_for_the_runner_or_the_ranks(tmp_path: P
     # cells), the oracles, the key and the machinery hidden, the caches empty; its own
     # modules and the checkers' probes import.
     runner = _in_view(RUNNER_LOOKS, tmp_path, rank=False)
-    assert runner == ["stub", "True", "True", "True", "hidden", "hidden", "hidden", "probes"]
+    assert runner == ["stub", "True", "True", "True", "True", *["hidden"] * 5, "probes"]
     # A rank: the reference modules and the runner hidden whole; rankhost (which imports the
     # view module), the probes and the modules the probes run import.
-    assert _in_view(RANK_LOOKS, tmp_path, rank=True) == ["hidden"] * 4 + ["rankhost"]
+    assert _in_view(RANK_LOOKS, tmp_path, rank=True) == ["hidden"] * 5 + ["rankhost"]
+
+
+def test_the_key_and_the_stages_are_in_the_hidden_list() -> None:
+    # Every file of the concept key's package, and every stage that runs in the grader's
+    # process, is hidden wherever learner code runs; a module added there must be listed.
+    package = view.package_dir()
+    key = {
+        str(p.relative_to(package))
+        for p in (package / "course/grading/checks/concept_key").glob("*.py")
+    }
+    assert key and key <= set(view.HIDDEN) and key <= set(view.RANK_HIDDEN)
+    stages = {
+        f"course/grading/{m}.py" for m in ("grader", "release", "execute", "judge", "feedback")
+    }
+    assert stages <= set(view.HIDDEN)
+    for rel in view.HIDDEN:
+        assert (package / rel).is_file(), rel  # a moved module's old path would hide nothing
 
 
 def test_the_stripped_module_keeps_everything_but_the_answers() -> None:

@@ -33,7 +33,8 @@ from test_grader import (
     write,
 )
 
-from ddp_lab.course.grading import export, grader, intake, isolation, report, sandbox
+from ddp_lab.course.grading import export, intake, isolation, report, sandbox
+from ddp_lab.course.grading.release import locate
 
 
 def cgroups_left() -> list[str]:
@@ -210,9 +211,9 @@ def test_report_escapes_learner_text() -> None:
 def test_a_comment_on_a_graded_line_is_not_tampering() -> None:
     nb = synthetic_solved()
     nb.cells[3].source += "  # done!"
-    assert grader.locate(synthetic_release(), nb)[1] == {}
+    assert locate(synthetic_release(), nb)[1] == {}
     nb.cells[3].source = 'dl.grade("selftest.f", f) ; print("A 1")'
-    assert grader.locate(synthetic_release(), nb)[1] == {"selftest.f": "changed"}
+    assert locate(synthetic_release(), nb)[1] == {"selftest.f": "changed"}
 
 
 def test_gradescope_refuses_to_grade_unsandboxed(tmp_path: Path, monkeypatch, capsys) -> None:

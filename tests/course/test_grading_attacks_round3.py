@@ -27,7 +27,9 @@ from test_grader import (
     write,
 )
 
-from ddp_lab.course.grading import grader, intake, isolation, similarity
+from ddp_lab.course.grading import intake, isolation, similarity
+from ddp_lab.course.grading.feedback import report_lines
+from ddp_lab.course.grading.judge import Result
 
 ROOT = Path(__file__).resolve().parents[2]
 UNSOLVED_00 = "def average_across_ranks(value):\n    raise NotImplementedError\n"
@@ -127,8 +129,8 @@ def test_an_exception_class_name_cannot_write_lines() -> None:
 
 
 def test_feedback_details_stay_inside_their_fence() -> None:
-    results = [grader.Result("00.average", 0, 2, "failed", FORGED_LINES)]
-    lines = "\n".join(grader.report_lines(results, "en", markdown=True)).splitlines()
+    results = [Result("00.average", 0, 2, "failed", FORGED_LINES)]
+    lines = "\n".join(report_lines(results, "en", markdown=True)).splitlines()
     assert not any(line.startswith("- 00.average: passed") for line in lines), lines
     assert [line for line in lines if line.startswith("total")] == ["total 0/2 points"], lines
     assert any("00.average: passed, 2/2" in line for line in lines)  # shown, inside the fence

@@ -34,9 +34,9 @@ from test_grader import (
 )
 
 from ddp_lab.course.grading import sandbox, scan, wire
-from ddp_lab.course.grading.grader import exercises_of
 from ddp_lab.course.grading.learner import LearnerError, RemoteLearner
 from ddp_lab.course.grading.rankhost import RankPool
+from ddp_lab.course.grading.release import exercises_of
 from ddp_lab.runtime import _pickle
 
 ROOT = Path(__file__).resolve().parents[2]

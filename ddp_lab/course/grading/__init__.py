@@ -1,10 +1,21 @@
 """Grading: a submission's way from files to a report, one stage after another.
 
-``ddp-lab grade`` / ``ddp-lab check`` find and read the submissions (``intake``), isolate each
-one (``isolation``: a uid slot and a cgroup; ``sandbox``: bubblewrap), run it (``runner`` in
-the sandbox, ``rankhost`` for per-rank exercises), judge it (``verdict`` runs the checkers of
-``checks/`` through ``learner``/``wire``; ``scan`` reads the learner's own cells) and report
-(``report``, ``export``, ``similarity``). ARCHITECTURE.md draws the pipeline.
+``ddp-lab grade`` (``grade_class``) and ``ddp-lab check`` (``grader``) pass each submission
+through the stages in this order, each handing the next a value, none calling back
+(``grader.grade_one`` runs stages 1-5 for one submission; each stage is entered once):
+
+1. find and read: ``intake`` (``find`` -> a list of ``Submission``, ``read`` -> ``Read``);
+2. match: ``release`` (``match`` -> ``Match``: the graded cells found, the tampered ones);
+3. isolate: ``isolation`` (a user-id slot, a cgroup, the starvation canary);
+4. run: ``execute`` (``run`` -> verdicts: the ``verdict`` process, which runs the submission
+   in the sandbox with ``sandbox``, ``view``, ``runner``, ``needed``, ``rankhost`` and
+   ``rankserve``, ``learner``, ``wire``, ``traffic``, reads its cells with ``scan`` and judges
+   each exercise with ``checkers`` and ``checks/``);
+5. judge: ``judge`` (``judge`` -> a list of ``Result``);
+6. report: ``feedback`` (a submission's lines), ``report`` (escaping, the gradebook),
+   ``export`` (Gradescope, Classroom), ``similarity``.
+
+ARCHITECTURE.md draws the pipeline ("Grading: one pipeline").
 
 The checker API (``checker``, ``fail``, ``run_checker``, ``dl.grade``...) lives in
 ``checkers`` and is re-exported here: a checker module writes

@@ -36,14 +36,14 @@ def gradescope_results(
     notes: list[str] | None = None,
     extra: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Gradescope's results.json for one submission (``results``: ``grader.Result``s).
+    """Gradescope's results.json for one submission (``results``: ``judge.Result``s).
 
     Outputs are Markdown: the status is the grader's, each detail (which quotes the
     learner's code and output) is in a fenced block, never markup. ``notes``: the
     grader's own lines for the top output (e.g. that it ran without a sandbox).
     """
     from ddp_lab.course.grading import report
-    from ddp_lab.course.grading.grader import MESSAGES as msg
+    from ddp_lab.course.grading.judge import MESSAGES as msg
 
     tests = []
     for number, r in enumerate(results, 1):

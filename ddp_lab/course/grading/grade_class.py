@@ -2,12 +2,14 @@
 
 - submissions and identities from ``course.intake`` (the folder the instructor's layout
   gives, never a name the learner chose; duplicates reported);
-- each submission scored by ``course.grader.score`` with a slot (user id) no other running
-  submission holds and a cgroup of its own (``course.isolation``);
+- each submission through the stages (``grader.grade_one``: read, match, isolate, run, judge)
+  with a slot (user id) no other running submission holds and a cgroup of its own
+  (``isolation``), then reported (``feedback``, ``export``);
 - no submission can stop the class: an error while scoring or reporting one is that
   submission's ``error``; its feedback (``feedback/NAME.md``) and Gradescope-style
   ``results/NAME.json`` are written as soon as it is graded, ``gradebook.csv`` and
-  ``totals.csv`` at the end, always (``course.report`` makes learner text harmless).
+  ``totals.csv`` at the end, always (``report`` makes learner text harmless), then the
+  similarity report from the notebooks stage 1 read (no submission is read twice).
 """
 
 from __future__ import annotations
@@ -25,17 +27,11 @@ from pathlib import Path
 
 import nbformat
 
-from ddp_lab.course.grading import export, intake, isolation, report
-from ddp_lab.course.grading.grader import (
-    Result,
-    _cli_lang,
-    _positive,
-    exercises_of,
-    kill_all_runs,
-    language_of,
-    report_lines,
-    score,
-)
+from ddp_lab.course.grading import export, feedback, intake, isolation, report
+from ddp_lab.course.grading.execute import kill_all_runs
+from ddp_lab.course.grading.grader import _cli_lang, _positive, grade_one
+from ddp_lab.course.grading.judge import Result
+from ddp_lab.course.grading.release import exercises_of, language_of
 from ddp_lab.i18n import _t
 
 
@@ -171,18 +167,12 @@ def grade_main(args: argparse.Namespace) -> int:
 
     def write_feedback(sub: intake.Submission, sub_lang: str, results: list[Result]) -> None:
         title = titles.get(sub_lang) or next(iter(titles.values()))
-        student = report.code_span(sub.identity, report.MAX_NAME)
-        text = [
-            ("# " + _t("Feedback for {student}: {title}", sub_lang, student=student, title=title)),
-            "",
-            *report_lines(results, sub_lang, markdown=True),
-            "",
-        ]
-        if sub.others and not sub.problem:
-            files = ", ".join(report.code_span(f, report.MAX_NAME) for f in sub.others)
-            text += [_t("also found, not graded: {files}", sub_lang, files=files), ""]
+        others = sub.others if not sub.problem else []
+        text = feedback.feedback_markdown(sub.identity, title, results, sub_lang, others)
         name = report.file_name(sub.identity)
-        report.write_text(out / "feedback" / f"{name}.md", "\n".join(text))
+        report.write_text(out / "feedback" / f"{name}.md", text)
+
+    notebooks: dict[int, nbformat.NotebookNode] = {}  # stage 1's, for the similarity report
 
     def one(i: int) -> tuple[str, list[Result]]:
         sub = subs[i]
@@ -191,11 +181,14 @@ def grade_main(args: argparse.Namespace) -> int:
         try:
             job = slots.acquire()
             try:
-                sub_lang, results = score(
+                graded = grade_one(
                     release, sub, args.cell_timeout, args.timeout, job=job, limits=limits
                 )
             finally:
                 slots.release(job)
+            sub_lang, results = graded.lang, graded.results
+            if graded.notebook is not None:
+                notebooks[i] = graded.notebook
         except Exception as exc:  # noqa: BLE001  # a bug here must not stop the other gradings
             why = _t(
                 "the notebook could not be run: {error}", lang, error=f"{type(exc).__name__}: {exc}"
@@ -216,7 +209,7 @@ def grade_main(args: argparse.Namespace) -> int:
         with contextlib.suppress(Exception):
             progress.done(
                 sub.identity,
-                report_lines(results, lang)[-1],
+                feedback.report_lines(results, lang)[-1],
                 all(r.status != "passed" for r in results),
             )
         return sub.identity, results
@@ -235,22 +228,18 @@ def grade_main(args: argparse.Namespace) -> int:
         signal.signal(signal.SIGTERM, previous)
     for path in report.write_gradebook(out, graded):
         print(_t("wrote {path}", lang, path=report.shown(path, report.MAX_TEXT)))
-    _similarity(release, subs, out, lang)
+    _similarity(release, {subs[i].identity: nb for i, nb in sorted(notebooks.items())}, out, lang)
     return 0
 
 
 def _similarity(
-    release: nbformat.NotebookNode, subs: list[intake.Submission], out: Path, lang: str
+    release: nbformat.NotebookNode, read: dict[str, nbformat.NotebookNode], out: Path, lang: str
 ) -> None:
-    """``out/similarity.md`` (course.similarity): for the instructor; never a grade's cause."""
+    """``out/similarity.md`` (``similarity``): for the instructor; never a grade's cause.
+    ``read``: identity -> the notebook stage 1 read (an unread one is graded as its error)."""
     from ddp_lab.course.grading import similarity
 
-    notebooks = {}
-    for sub in subs:
-        if sub.problem:
-            continue  # unreadable: graded (and reported) as its error
-        with contextlib.suppress(Exception):  # the same limited reading as for grading
-            notebooks[report.clean(sub.identity, report.MAX_NAME)] = intake.load(sub.root, sub.rel)
+    notebooks = {report.clean(ident, report.MAX_NAME): nb for ident, nb in read.items()}
     try:
         path = similarity.write_report(release, notebooks, out, lang)
     except Exception as exc:  # noqa: BLE001  # the report is extra: never fail the class on it

@@ -1,4 +1,5 @@
-"""Submissions in: which files, whose they are, and their notebooks read without trusting them.
+"""Stage 1 of grading, find and read: which files, whose they are, and their notebooks read
+without trusting them (``find`` for a class, ``read`` for one submission).
 
 A submission's file is learner-controlled data, read before any sandbox, so:
 - only regular files count: a symlink anywhere below the submissions folder (to the
@@ -336,6 +337,37 @@ def parse(data: bytes, timeout: float = PARSE_TIMEOUT, memory: int = PARSE_MEMOR
     if out.startswith('{"error": '):
         raise ValueError(json.loads(out)["error"])
     return out
+
+
+@dataclass
+class Read:
+    """Stage 1's value for one submission: its notebook (every output removed), or why it
+    was not read: ``status`` (``error``, ``duplicate``, ``invalid``) and ``why``."""
+
+    notebook: nbformat.NotebookNode | None
+    status: str = ""
+    why: str = ""
+
+
+def read(source: Path | Submission | nbformat.NotebookNode, lang: str) -> Read:
+    """Stage 1 for one submission: ``source`` read without trusting it (``load``).
+
+    ``source``: a notebook file (given by the instructor, or a learner's own), a found
+    ``Submission`` (its ``problem`` is its reason not to be read), or a notebook already read
+    by ``load``. ``lang``: the language of the reason when it is not a notebook."""
+    if isinstance(source, nbformat.NotebookNode):
+        return Read(source)
+    try:
+        if isinstance(source, Submission):
+            if source.problem:
+                raise BadFile(source.problem)
+            return Read(load(source.root, source.rel))
+        return Read(load(source.parent, (source.name,)))
+    except BadFile as exc:
+        return Read(None, source.status if isinstance(source, Submission) else "error", str(exc))
+    except Exception as exc:  # noqa: BLE001  # any unreadable file scores 0, the rest go on
+        error = f"{type(exc).__name__}: {str(exc)[:200]}"
+        return Read(None, "invalid", _t("not a valid notebook: {error}", lang, error=error))
 
 
 def load(root: Path, rel: tuple[str, ...], limit: int = MAX_BYTES) -> nbformat.NotebookNode:

@@ -8,7 +8,7 @@ runs ``RankPool`` here, in the verdict process:
 1. starts a *network holder*: a bubblewrap sandbox with a network namespace of its own (only a
    loopback) that runs nothing; it exists so that the exercise's ranks can share that network
    and nothing else;
-2. starts each rank (``python -m ddp_lab.course.grading.rankhost``) in a sandbox of its own
+2. starts each rank (``python -m ddp_lab.course.grading.rankserve``) in a sandbox of its own
    (``course.sandbox.wrap``: its own PID, mount, IPC and UTS namespaces, its own writable folder
    and ``/tmp``), entered into the holder's network with ``nsenter``; its view of the package
    is a rank's view (``course.grading.view``): the reference implementations of the
@@ -21,10 +21,10 @@ runs ``RankPool`` here, in the verdict process:
    returns the replies as data; the first error (or a hang, or a rank that died) becomes a
    ``LearnerError``.
 
-In the rank, the learner's code runs only after the request is read: the blob is loaded after
-``init_process_group``, so that an import of a hidden module fails there, as the learner's error.
-A result that needs the other ranks' inputs (an all-reduce) is then proof that the ranks
-communicated. What a rank reports about *how* it communicated (the ring's sends and batches) is
+In the rank (``rankserve``), the learner's code runs only after the request is read: the blob
+is loaded after ``init_process_group``, so that an import of a hidden module fails there, as
+the learner's error. A result that needs the other ranks' inputs (an all-reduce) is then proof
+that the ranks communicated. What a rank reports about *how* it communicated (the ring's sends and batches) is
 its own account: the checkers keep it as a hint for feedback, not as proof. What the ranks
 sent each other is observed here instead, from outside them: around each case ``run`` reads
 the kernel's counters of the holder's network (``course.traffic``) and leaves the bytes per
@@ -51,13 +51,13 @@ from typing import Any
 
 from ddp_lab.course.grading import view, wire
 from ddp_lab.course.grading.learner import RunnerGone
+from ddp_lab.course.grading.rankserve import REQUEST_LIMIT
 from ddp_lab.i18n import _t
 
 # The package's files a rank may not import (``course.grading.view``): the reference
 # implementations of the exercises whole, the checkers' oracles, the concept checks' key and
 # the grading machinery.
 HIDDEN = view.RANK_HIDDEN
-REQUEST_LIMIT = wire.MAX_BYTES + 4096  # one request line, read by the rank
 STARTUP_S = 300.0  # a rank's sandbox, Python and torch starting (the grader's time, not theirs)
 
 
@@ -184,7 +184,7 @@ class RankPool:
             folder = self.base / f"rank{rank}"
             folder.mkdir()
             (folder / "blob.pkl").write_bytes(self.blob)
-            argv = [sys.executable, "-m", "ddp_lab.course.grading.rankhost"]
+            argv = [sys.executable, "-m", "ddp_lab.course.grading.rankserve"]
             cmd, run_env = sandbox.wrap(argv, folder, job=self.job, env=env)
             if self.sandboxed:
                 cmd = _in_network(cmd, self.holder_pid, masks)
@@ -366,98 +366,3 @@ class RankPool:
             self._remove()
         self.procs, self.readers, self.holder, self.base = [], [], None, None
         self.view = None
-
-
-# --- in the rank's sandbox ------------------------------------------------------------------
-
-
-def _serve(request: dict) -> dict:
-    """Run the probe on this rank's input; the reply (data or the error)."""
-    import datetime
-    import pickle
-
-    import torch.distributed as dist
-
-    from ddp_lab import i18n
-    from ddp_lab.course.grading.learner import error_of, resolve_probe
-
-    rank, world_size = int(request["rank"]), int(request["world_size"])
-    i18n.set_language(str(request.get("lang", "en")))
-    data = wire.loads(request["data"])
-    probe = resolve_probe(str(request["probe"]))
-    os.environ.update(
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(int(request["port"])),
-        RANK=str(rank),
-        LOCAL_RANK=str(rank),
-        WORLD_SIZE=str(world_size),
-    )
-    try:
-        if dist.is_initialized():  # the previous case's group: every rank has answered it
-            dist.destroy_process_group()
-        dist.init_process_group(
-            "gloo",
-            rank=rank,
-            world_size=world_size,
-            # Past the verdict's patience: a hang is then the verdict's TimeoutError (killed
-            # ranks), not a gloo error in whichever rank gave up first.
-            timeout=datetime.timedelta(seconds=float(request.get("timeout", 60)) + 30),
-        )
-    except Exception as exc:  # noqa: BLE001  # the grader's set-up, not the learner's code
-        return {"error": {"type": type(exc).__name__, "message": str(exc)[:500]}, "setup": True}
-    try:
-        allowed = getattr(probe, "collectives_allowed", None)
-        if allowed is not None:  # a hand-written-collective exercise: lock the others first
-            from ddp_lab.course.grading.checks import lockdown
-
-            lockdown.lock(allowed)
-    except Exception as exc:  # noqa: BLE001  # the grader's set-up, not the learner's code
-        return {"error": {"type": type(exc).__name__, "message": str(exc)[:500]}, "setup": True}
-    try:
-        # The learner's code first runs here (a hidden module's import fails here).
-        objects = pickle.loads(Path("blob.pkl").read_bytes())  # noqa: S301  # in the sandbox
-        out = probe(rank, objects, data)
-        return {"ok": wire.dumps(out)}
-    except Exception as exc:  # noqa: BLE001  # the learner's code raised
-        err = error_of(exc)
-        return {"error": {"type": err.type_name, "message": err.message[:500]}}
-
-
-def main() -> int:
-    from ddp_lab.runtime._process import set_parent_death_signal
-    from ddp_lab.runtime._rank import keep_process_groups
-
-    set_parent_death_signal(signal.SIGKILL)
-    reader = wire.LineReader(0, REQUEST_LIMIT)
-    proto_out = os.dup(1)
-    log = os.open("output.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-    os.dup2(log, 1)
-    os.dup2(log, 2)
-    sys.stdout = os.fdopen(1, "w", buffering=1, encoding="utf-8", closefd=False)
-    sys.stderr = os.fdopen(2, "w", buffering=1, encoding="utf-8", closefd=False)
-    import torch.distributed  # noqa: F401  # before "ready": the import is the grader's time
-
-    import ddp_lab  # noqa: F401
-
-    keep_process_groups()  # gloo groups are dropped without destructors (see _rank)
-
-    def send(reply: dict) -> None:
-        data = memoryview(json.dumps(reply).encode() + b"\n")
-        while data:
-            data = data[os.write(proto_out, data) :]
-
-    send({"ready": "null"})
-    # Serve requests until the verdict kills us (rank 0 hosts the store of each case).
-    while True:
-        try:
-            line = reader.readline(3600)
-        except EOFError:
-            break
-        if line is None:
-            break
-        send(_serve(json.loads(line)))
-    os._exit(0)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -111,7 +111,7 @@ def write_text(path: Path, text: str) -> None:
 
 def write_gradebook(out: Path, rows: list[tuple[str, list]]) -> list[Path]:
     """``gradebook.csv`` (one row per student and exercise) and ``totals.csv`` (one row per
-    student: total and maximum). ``rows``: (identity, ``grader.Result``s)."""
+    student: total and maximum). ``rows``: (identity, ``judge.Result``s)."""
     book = out / "gradebook.csv"
     totals = out / "totals.csv"
     lines: list[list[object]] = [["student", "exercise", "points", "max_points", "status"]]

@@ -1,8 +1,8 @@
 """The grader's side: verdicts computed in a process the learner's code never ran in.
 
-``score`` (``ddp-lab grade`` and ``ddp-lab check``) calls ``run`` in a fresh process of its
-own (``python -m ddp_lab.course.grading.verdict``, request and answer as JSON on stdin/stdout). That
-process
+Stage 4 of grading (``execute.run_verdict``, for ``ddp-lab grade`` and ``ddp-lab check``) calls
+``run`` in a fresh process of its own (``python -m ddp_lab.course.grading.verdict``, request
+and answer as JSON on stdin/stdout). That process
 1. writes the submission's code cells into a job for ``course.runner``, the released code in
    place of each graded cell, and starts the runner in the sandbox (``course.sandbox``);
 2. follows the runner through the notebook: at each graded cell it runs that exercise's
@@ -51,7 +51,7 @@ def build_job(
 
     ``needed_only`` (``ddp-lab check``): only the cells the graded cells need
     (``course.grading.needed``), or every cell where that cannot be known."""
-    from ddp_lab.course.grading.grader import exercises_of
+    from ddp_lab.course.grading.release import exercises_of
 
     by_pos = {found[ex.grade_id]: ex for ex in exercises_of(release) if ex.grade_id in found}
     cells = []

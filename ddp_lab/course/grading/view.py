@@ -59,15 +59,27 @@ REFERENCES: dict[str, tuple[str, ...]] = {
     "tools/ranks.py": ("assign", "torchrun_assignment"),  # 02.place
     "collectives.py": ("run_op",),  # 04's reference collectives
 }
+# The concept checks' key: every file of its package (``checks/concept_key/``).
+CONCEPT_KEY = tuple(
+    f"course/grading/checks/concept_key/{name}.py"
+    for name in ("__init__", "ch00_03", "ch04_07", "ch08_11", "ch12")
+)
 # Whole modules that raise ImportError wherever learner code runs: the checkers of the
 # single-process exercises (their oracles compute the answers from the inputs; their probes
-# live in ``checks/probes.py``), the concept checks' key, and the grading machinery.
+# live in ``checks/probes.py``), the concept checks and their key, and the grading machinery
+# (the stages that run in the grader's process: ``release``, ``execute``, ``judge``,
+# ``feedback``, and what drives them).
 HIDDEN = (
     "course/grading/checks/ch01.py",
     "course/grading/checks/ch02.py",
     "course/grading/checks/ch03.py",
     "course/grading/checks/concepts.py",
+    *CONCEPT_KEY,
     "course/grading/grader.py",
+    "course/grading/release.py",
+    "course/grading/execute.py",
+    "course/grading/judge.py",
+    "course/grading/feedback.py",
     "course/grading/grade_class.py",
     "course/grading/verdict.py",
     "course/grading/sandbox.py",
@@ -119,7 +131,7 @@ def stripped(source: str, names: tuple[str, ...], module: str, lang: str = "en")
 
 
 def _module_name(rel: str) -> str:
-    return "ddp_lab." + rel.removesuffix(".py").replace("/", ".")
+    return "ddp_lab." + rel.removesuffix(".py").removesuffix("/__init__").replace("/", ".")
 
 
 def _masked_caches(source: Path) -> list[str]:

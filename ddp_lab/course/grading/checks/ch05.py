@@ -26,10 +26,11 @@ feedback (a rank could undo the guards on purpose, or call the process group's o
 which no Python wrapper sees). The oracle (what ``dist.all_reduce`` leaves on every rank,
 ``ch04.summed``), the comparison, the send limit and the NCCL replay run in the checker.
 
-The way itself is observed from outside the ranks when grading (``judge_traffic``): the
-grader counts the bytes each rank sent each other rank in the ranks' private network
-(``course.traffic``), and a right sum sent the wrong way (a gather and broadcast, an
-all_gather and a local sum, the whole buffer around the ring, gloo's own all_reduce) fails.
+The way itself is observed from outside the ranks when grading (``judge_traffic``, in
+``ch05_traffic``): the grader counts the bytes each rank sent each other rank in the ranks'
+private network (``course.traffic``), and a right sum sent the wrong way (a gather and
+broadcast, an all_gather and a local sum, the whole buffer around the ring, gloo's own
+all_reduce) fails.
 Where that cannot be counted (self-study, no sandbox, no ``ss``/``nsenter``) the rank's own
 account is all there is, and a graded verdict says so.
 """
@@ -49,6 +50,7 @@ import torch.distributed.distributed_c10d as c10d
 from ddp_lab.course.grading import checker, fail, note
 from ddp_lab.course.grading.checks import ch04
 from ddp_lab.course.grading.checks.ch04 import guarded, same, short, shown, summed
+from ddp_lab.course.grading.checks.ch05_traffic import judge_traffic, ring_bytes  # noqa: F401
 from ddp_lab.i18n import N_, _t, lookup
 
 _BANNED = [
@@ -367,116 +369,6 @@ def judge_ring_case(
                 ),
                 case,
             )
-
-
-# --- the way, observed from outside the ranks (grading only) ----------------------------------
-#
-# ``course.traffic`` gives the payload bytes each rank sent each other rank during one world
-# size's case (all its tensors), read by the grader from the kernel's counters of the ranks'
-# private network. A ring sends each rank's data only to its right neighbour (r -> r+1):
-# 2(N-1) chunks per tensor. The bounds below come from calibration (``ddp-lab`` sandboxes,
-# gloo over loopback, N = 3 and 4, 1 to 100000 float32 elements; numbers in
-# docs/INSTRUCTORS.md): an honest ring sent its payload plus about 96 bytes of gloo headers per
-# message to the right and about 48 bytes per message (gloo's "ready to receive") to the left;
-# a new group costs 8 bytes per pair; nothing else moved.
-#
-# - Upper bound to the right: a ring's payload (``ring_bytes``: 2(N-1) chunks of at most
-#   ceil(numel/N)) times RIGHT_SLACK, plus OVERHEAD_PER_MESSAGE per message the ring needs and
-#   OVERHEAD_PER_CASE. A ring that passes the whole buffer sends N/2 times the payload (1.5 at
-#   N = 3), so the slack must stay under 1.5, and the case's large tensor
-#   (``cases_for``) keeps the headers' share far below the gap. It lets a ring split each chunk
-#   into segments of 1 KiB or more (gloo's ~96 bytes per message stay under 10 % of them);
-#   segments under about 500 bytes pass the 20 % and fail, with the bytes in the feedback.
-# - Lower bound to the right: in each phase a ring sends every chunk but one, so at least
-#   2(numel - ceil(numel/N)) elements leave each rank for its right neighbour (``ring_bytes``).
-#   Data that takes a way the grader cannot see (a socket that is not TCP) is missing here.
-# - Everything else (to the left, to non-neighbours): gloo's control messages only, bounded by
-#   OTHER_SLACK of the payload plus OVERHEAD_PER_MESSAGE per message. A gather to rank 0 and a
-#   broadcast, an all_gather and a local sum, and gloo's own all_reduce (a ring to the *left*)
-#   each send whole chunks or buffers there.
-# - Bytes no open socket explains (UDP, a TCP connection opened and closed within the case),
-#   on a socket shared by two ranks, or through the TCPStore past its rendezvous (STORE_BYTES):
-#   at most HIDDEN_SLACK of the payload plus a constant.
-RIGHT_SLACK = 1.2
-OTHER_SLACK = 0.1
-HIDDEN_SLACK = 0.05
-OVERHEAD_PER_MESSAGE = 256  # measured: ~96 to the right, ~48 to the left
-OVERHEAD_PER_CASE = 1024  # measured: 8 per pair for a new group
-# The TCPStore (the rendezvous, on rank 0) carries init_process_group's keys: measured 1.8 to
-# 9.4 KB per case at N <= 4. Data passed through it (store.set/get) counts as unseen past this.
-STORE_BYTES = 32 * 1024
-
-
-def ring_bytes(tensors: list[torch.Tensor], n: int) -> tuple[int, int, int]:
-    """(least, most) payload bytes a ring sends to its right neighbour for ``tensors`` on ``n``
-    ranks, and the messages it needs (one per step with data)."""
-    low = high = messages = 0
-    for t in tensors:
-        numel, size, chunk = t.numel(), t.element_size(), math.ceil(t.numel() / n)
-        low += 2 * max(numel - chunk, 0) * size
-        high += 2 * (n - 1) * chunk * size
-        messages += 2 * (n - 1)
-    return low, high, messages
-
-
-def judge_traffic(traffic: Any, tensors: list[torch.Tensor], n: int, case: str) -> None:
-    """Fail ``case`` if what the grader saw move between the ranks is not a ring's.
-
-    ``traffic``: ``course.traffic.Traffic`` of the case (every tensor of one world size);
-    ``tensors``: the case's inputs of one rank (their sizes and dtypes are every rank's).
-    """
-    low, high, messages = ring_bytes(tensors, n)
-    right_most = int(RIGHT_SLACK * high) + OVERHEAD_PER_MESSAGE * messages + OVERHEAD_PER_CASE
-    other_most = int(OTHER_SLACK * high) + OVERHEAD_PER_MESSAGE * messages + OVERHEAD_PER_CASE
-    for rank in range(n):  # first what went elsewhere: it names the pattern best
-        right = (rank + 1) % n
-        for peer in range(n):
-            if peer in (rank, right) or traffic.sent(rank, peer) <= other_most:
-                continue
-            raise fail(
-                _t(
-                    "the grader saw rank {rank} send {sent} bytes to rank {peer}, which is "
-                    "not its right neighbour (rank {right}); in a ring each rank sends only "
-                    "to its right neighbour (a gather to one rank, an all_gather or gloo's "
-                    "own all_reduce send elsewhere).",
-                    rank=rank,
-                    sent=traffic.sent(rank, peer),
-                    peer=peer,
-                    right=right,
-                ),
-                case,
-            )
-    for rank in range(n):
-        right = (rank + 1) % n
-        sent = traffic.sent(rank, right)
-        if sent > right_most or sent < low:
-            raise fail(
-                _t(
-                    "the grader saw rank {rank} send {sent} bytes to its right neighbour "
-                    "(rank {right}) for these tensors on {n} ranks; a ring sends it between "
-                    "{low} and {high} bytes of data (2(N-1) chunks of about numel/N), plus "
-                    "a little for each message. Send one chunk per step, to the right only.",
-                    rank=rank,
-                    right=right,
-                    sent=sent,
-                    n=n,
-                    low=low,
-                    high=high,
-                ),
-                case,
-            )
-    rendezvous = max(traffic.store - STORE_BYTES, 0)
-    unseen = traffic.hidden + traffic.unattributed + rendezvous
-    if unseen > int(HIDDEN_SLACK * high) + OVERHEAD_PER_CASE:
-        raise fail(
-            _t(
-                "the grader saw {unseen} bytes move between the ranks outside their "
-                "process group's connections (another socket, or the rendezvous store); "
-                "a ring sends only through its process group.",
-                unseen=unseen,
-            ),
-            case,
-        )
 
 
 def cases_for(rng: random.Random, n: int) -> list:

@@ -29,7 +29,8 @@ carried); the gradients must equal those under torch's ``bf16_compress_hook`` (o
 grader's ranks) bit for bit, and the collectives must carry bfloat16, 2 bytes per gradient
 element.
 
-10.fsdp_reduce: the learner's ``reduce_grad(flat_grad)`` replaces the reduce-scatter of
+10.fsdp_reduce (in ``ch10_fsdp``; the forms of the ranks' results all three check are in
+``ch10_forms``): the learner's ``reduce_grad(flat_grad)`` replaces the reduce-scatter of
 FSDP's machinery (``ddp_lab.fsdp_base.FullyShardedBase``, ``probe_fsdp``, which returns the
 trained state and, per call, the gradient's size, the result's shape and the first
 collective other than a reduce-scatter that it called); training must equal single-process
@@ -47,44 +48,10 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ddp_lab.course.grading import checker, fail, wrong_form
+from ddp_lab.course.grading import checker, fail
+from ddp_lab.course.grading.checks import ch10_fsdp  # noqa: F401  # registers 10.fsdp_reduce
+from ddp_lab.course.grading.checks.ch10_forms import _bad, _flat, _like, _load, _ranks, _spawn
 from ddp_lab.i18n import _t
-
-
-def _kind(value: Any) -> str:
-    """A short, language-neutral description of what came back."""
-    if isinstance(value, torch.Tensor):
-        return f"Tensor{tuple(value.shape)} {str(value.dtype).removeprefix('torch.')}"
-    return type(value).__name__
-
-
-def _bad(rank: object, field: str, value: Any, label: str) -> Exception:
-    return wrong_form(rank, field, _kind(value), label)
-
-
-def _ranks(got: Any, world: int, fields: tuple[str, ...], label: str) -> list[dict]:
-    """The probe's per-rank results: a list of ``world`` dicts with ``fields``."""
-    if not isinstance(got, list) or len(got) != world:
-        raise _bad("-", "ranks", got, label)
-    for rank, r in enumerate(got):
-        if not isinstance(r, dict) or not all(k in r for k in fields):
-            raise _bad(rank, "result", r, label)
-    return got
-
-
-def _like(value: Any, want: torch.Tensor) -> bool:
-    return (
-        isinstance(value, torch.Tensor)
-        and value.shape == want.shape
-        and (value.dtype == want.dtype)
-    )
-
-
-def _spawn(fn: Callable, args: tuple, world_size: int) -> list[Any]:
-    from ddp_lab.runtime.launcher import spawn
-
-    return spawn(fn, args=args, nprocs=world_size, backend="gloo", quiet=True, timeout=120)
-
 
 # ----- 10.sharded_optimizer ---------------------------------------------------------------
 
@@ -122,19 +89,6 @@ def _recording_adamw(log: list[list[int]], index: dict[int, int]) -> type:
 def _tied_model(spec: dict) -> nn.Module:
     torch.manual_seed(spec["seed"])
     return TiedModel(spec["vocab"], spec["dim"], spec["hidden"]).double()
-
-
-def _flat(params: Any) -> torch.Tensor:
-    return torch.cat([p.detach().reshape(-1) for p in params])
-
-
-def _load(params: Any, init: torch.Tensor) -> None:
-    """In the rank: set ``params`` (in order) from the flat ``init``."""
-    at = 0
-    with torch.no_grad():
-        for p in params:
-            p.copy_(init[at : at + p.numel()].reshape(p.shape))
-            at += p.numel()
 
 
 def _batches(spec: dict, world: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
@@ -436,184 +390,4 @@ def check_bf16_hook(rng: random.Random, learner: Any) -> Iterator[object]:
                     ),
                     label,
                 )
-        yield label
-
-
-# ----- 10.fsdp_reduce ---------------------------------------------------------------------
-
-# Collectives that hand every rank the whole gradient (or every rank's): not a reduce-scatter.
-WHOLE = ("all_reduce", "all_gather", "all_gather_single", "all_gather_into_tensor")
-
-
-def _fsdp_net(spec: dict) -> nn.Module:
-    torch.manual_seed(spec["seed"])
-    return _fsdp_layers(spec["widths"])
-
-
-def _fsdp_layers(widths: list[int]) -> nn.Module:
-    layers: list[nn.Module] = []
-    for a, b in zip(widths[:-1], widths[1:], strict=True):
-        layers += [nn.Linear(a, b), nn.Tanh()]
-    return nn.Sequential(*layers[:-1]).double()
-
-
-def _fsdp_batches(spec: dict, world: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    gen = torch.Generator().manual_seed(spec["data_seed"])
-    widths = spec["widths"]
-    for _ in range(3):
-        x = torch.randn(world * 3, widths[0], generator=gen, dtype=torch.float64)
-        y = torch.randn(world * 3, widths[-1], generator=gen, dtype=torch.float64)
-        yield x, y
-
-
-def _fsdp_inputs(spec: dict, world: int) -> list[dict[str, Any]]:
-    """Rank r's input: the widths, the starting parameters (the same on every rank) and rank
-    r's own part of each batch (never a seed or another rank's data)."""
-    with torch.random.fork_rng(devices=[]):
-        init = _flat(_fsdp_net(spec).parameters())
-    batches = list(_fsdp_batches(spec, world))
-    return [
-        {
-            "widths": spec["widths"],
-            "init": init,
-            "batches": [[x[r * 3 : r * 3 + 3], y[r * 3 : r * 3 + 3]] for x, y in batches],
-        }
-        for r in range(world)
-    ]
-
-
-def probe_fsdp(rank: int, objects: tuple, mine: dict) -> dict[str, Any]:
-    """In the learner's rank: FSDP's machinery (``ddp_lab.fsdp_base``: ``ddp_lab.fsdp``, which
-    holds the reference reduce-scatter, is hidden here) trains this rank's part of each batch,
-    the only data it receives (``_fsdp_inputs``), with their ``reduce_grad``.
-
-    Returns, per call of ``reduce_grad``, the gradient's size, the result's shape (None if
-    not a tensor) and the first all-reduce or all-gather it called ('' if none: the rank's own
-    account); the full state after three steps, or the error that stopped training (a wrong
-    result makes the machinery raise).
-    """
-    from ddp_lab.comm_debug import count_collectives
-    from ddp_lab.fsdp_base import FullyShardedBase
-
-    (reduce_grad,) = objects
-    calls: list[list] = []
-
-    def recorded(flat: torch.Tensor) -> torch.Tensor:
-        with count_collectives(WHOLE) as log:
-            out = reduce_grad(flat)
-        shape = list(out.shape) if isinstance(out, torch.Tensor) else None
-        calls.append([flat.numel(), shape, log.calls[0][0] if log.calls else ""])
-        return out
-
-    net = _fsdp_layers(mine["widths"])
-    _load(net.parameters(), mine["init"])
-    model = FullyShardedBase(net, reduce_grad=recorded)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    try:
-        for x, y in mine["batches"]:
-            opt.zero_grad()
-            nn.functional.mse_loss(model(x), y).backward()
-            opt.step()
-    except NotImplementedError:
-        raise
-    except Exception as exc:  # noqa: BLE001  # reported with what reduce_grad returned
-        error = f"{type(exc).__name__}: {str(exc).strip()[:200]}"
-        return {"calls": calls, "error": error, "state": None}
-    state = {k: v.clone() for k, v in model.full_state_dict().items()}
-    return {"calls": calls, "error": None, "state": state}
-
-
-def _sgd_full_batch(spec: dict, world: int) -> dict[str, torch.Tensor]:
-    """The oracle: plain SGD, one process, on the whole batch of every step."""
-    with torch.random.fork_rng(devices=[]):
-        net = _fsdp_net(spec)
-    opt = torch.optim.SGD(net.parameters(), lr=0.1)
-    for x, y in _fsdp_batches(spec, world):
-        opt.zero_grad()
-        nn.functional.mse_loss(net(x), y).backward()
-        opt.step()
-    return {k: v.detach().clone() for k, v in net.state_dict().items()}
-
-
-def _fsdp_verdict(got: Any, spec: dict, world: int, label: str) -> None:
-    from ddp_lab.course.grading.learner import LearnerError
-
-    results = _ranks(got, world, ("calls", "error", "state"), label)
-    for rank, r in enumerate(results):
-        calls = r["calls"]
-        if not isinstance(calls, list) or not all(
-            isinstance(c, list)
-            and len(c) == 3
-            and type(c[0]) is int
-            and (c[1] is None or isinstance(c[1], list) and all(type(s) is int for s in c[1]))
-            and type(c[2]) is str
-            and c[2] in ("", *WHOLE)
-            for c in calls
-        ):
-            raise _bad(rank, "calls", calls, label)
-        for _, _, called in calls:
-            if called:
-                raise fail(
-                    _t(
-                        "reduce_grad called dist.{name}: every rank received the whole gradient "
-                        "(or every rank's) although it keeps only its shard; use "
-                        "dist.reduce_scatter_single (reduce-scatter)",
-                        name=called,
-                    ),
-                    label,
-                )
-        for n, shape, _ in calls:
-            if shape != [n // world]:
-                got_shape = tuple(shape) if shape is not None else None
-                raise fail(
-                    _t(
-                        "reduce_grad returned shape {got} for a gradient of {n} elements on "
-                        "{world} ranks; expected this rank's shard, shape ({want},)",
-                        got=got_shape,
-                        n=n,
-                        world=world,
-                        want=n // world,
-                    ),
-                    label,
-                )
-    for rank, r in enumerate(results):
-        if r["error"] is not None:
-            if not isinstance(r["error"], str):
-                raise _bad(rank, "error", r["error"], label)
-            type_name, _, message = r["error"].partition(": ")
-            raise LearnerError(type_name[:100], message[:300])
-    want = _sgd_full_batch(spec, world)
-    for rank, r in enumerate(results):
-        state = r["state"]
-        if not isinstance(state, dict) or sorted(state) != sorted(want):
-            raise _bad(rank, "state", state, label)
-        for k, v in want.items():
-            if not _like(state[k], v):
-                raise _bad(rank, f"state[{k!r}]", state[k], label)
-        diff = max((state[k] - v).abs().max().item() for k, v in want.items())
-        if not diff <= 1e-10:
-            raise fail(
-                _t(
-                    "rank {rank}: parameters differ from single-process training on the full "
-                    "batch by {diff:.3g} (return the average over the ranks, not the sum)",
-                    rank=rank,
-                    diff=diff,
-                ),
-                label,
-            )
-
-
-@checker("10.fsdp_reduce", points=2)
-def check_fsdp_reduce(rng: random.Random, learner: Any) -> Iterator[object]:
-    worlds = [2, 3]
-    yield len(worlds)
-    for world in worlds:
-        spec = {
-            "seed": rng.randrange(10**6),
-            "data_seed": rng.randrange(10**6),
-            "widths": [rng.randint(2, 9) for _ in range(rng.randint(3, 4))],
-        }
-        label = _t("world_size={world}, uneven shards", world=world)
-        got = learner.ranks(probe_fsdp, _fsdp_inputs(spec, world), timeout=120)
-        _fsdp_verdict(got, spec, world, label)
         yield label

@@ -1,0 +1,125 @@
+"""Chapter 05's ring, graded: the way it sent its bytes, observed from outside the ranks.
+
+``judge_traffic`` is called by ``ch05.check_ring`` when grading (per-rank sandboxes in a
+network of their own, ``course.grading.rankhost``): the bytes each rank sent each other rank,
+read by the grader from the kernel's counters (``course.grading.traffic``), must be a ring's.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from ddp_lab.course.grading import fail
+from ddp_lab.i18n import _t
+
+# --- the way, observed from outside the ranks (grading only) ----------------------------------
+#
+# ``course.traffic`` gives the payload bytes each rank sent each other rank during one world
+# size's case (all its tensors), read by the grader from the kernel's counters of the ranks'
+# private network. A ring sends each rank's data only to its right neighbour (r -> r+1):
+# 2(N-1) chunks per tensor. The bounds below come from calibration (``ddp-lab`` sandboxes,
+# gloo over loopback, N = 3 and 4, 1 to 100000 float32 elements; numbers in
+# docs/INSTRUCTORS.md): an honest ring sent its payload plus about 96 bytes of gloo headers per
+# message to the right and about 48 bytes per message (gloo's "ready to receive") to the left;
+# a new group costs 8 bytes per pair; nothing else moved.
+#
+# - Upper bound to the right: a ring's payload (``ring_bytes``: 2(N-1) chunks of at most
+#   ceil(numel/N)) times RIGHT_SLACK, plus OVERHEAD_PER_MESSAGE per message the ring needs and
+#   OVERHEAD_PER_CASE. A ring that passes the whole buffer sends N/2 times the payload (1.5 at
+#   N = 3), so the slack must stay under 1.5, and the case's large tensor
+#   (``cases_for``) keeps the headers' share far below the gap. It lets a ring split each chunk
+#   into segments of 1 KiB or more (gloo's ~96 bytes per message stay under 10 % of them);
+#   segments under about 500 bytes pass the 20 % and fail, with the bytes in the feedback.
+# - Lower bound to the right: in each phase a ring sends every chunk but one, so at least
+#   2(numel - ceil(numel/N)) elements leave each rank for its right neighbour (``ring_bytes``).
+#   Data that takes a way the grader cannot see (a socket that is not TCP) is missing here.
+# - Everything else (to the left, to non-neighbours): gloo's control messages only, bounded by
+#   OTHER_SLACK of the payload plus OVERHEAD_PER_MESSAGE per message. A gather to rank 0 and a
+#   broadcast, an all_gather and a local sum, and gloo's own all_reduce (a ring to the *left*)
+#   each send whole chunks or buffers there.
+# - Bytes no open socket explains (UDP, a TCP connection opened and closed within the case),
+#   on a socket shared by two ranks, or through the TCPStore past its rendezvous (STORE_BYTES):
+#   at most HIDDEN_SLACK of the payload plus a constant.
+RIGHT_SLACK = 1.2
+OTHER_SLACK = 0.1
+HIDDEN_SLACK = 0.05
+OVERHEAD_PER_MESSAGE = 256  # measured: ~96 to the right, ~48 to the left
+OVERHEAD_PER_CASE = 1024  # measured: 8 per pair for a new group
+# The TCPStore (the rendezvous, on rank 0) carries init_process_group's keys: measured 1.8 to
+# 9.4 KB per case at N <= 4. Data passed through it (store.set/get) counts as unseen past this.
+STORE_BYTES = 32 * 1024
+
+
+def ring_bytes(tensors: list[torch.Tensor], n: int) -> tuple[int, int, int]:
+    """(least, most) payload bytes a ring sends to its right neighbour for ``tensors`` on ``n``
+    ranks, and the messages it needs (one per step with data)."""
+    low = high = messages = 0
+    for t in tensors:
+        numel, size, chunk = t.numel(), t.element_size(), math.ceil(t.numel() / n)
+        low += 2 * max(numel - chunk, 0) * size
+        high += 2 * (n - 1) * chunk * size
+        messages += 2 * (n - 1)
+    return low, high, messages
+
+
+def judge_traffic(traffic: Any, tensors: list[torch.Tensor], n: int, case: str) -> None:
+    """Fail ``case`` if what the grader saw move between the ranks is not a ring's.
+
+    ``traffic``: ``course.traffic.Traffic`` of the case (every tensor of one world size);
+    ``tensors``: the case's inputs of one rank (their sizes and dtypes are every rank's).
+    """
+    low, high, messages = ring_bytes(tensors, n)
+    right_most = int(RIGHT_SLACK * high) + OVERHEAD_PER_MESSAGE * messages + OVERHEAD_PER_CASE
+    other_most = int(OTHER_SLACK * high) + OVERHEAD_PER_MESSAGE * messages + OVERHEAD_PER_CASE
+    for rank in range(n):  # first what went elsewhere: it names the pattern best
+        right = (rank + 1) % n
+        for peer in range(n):
+            if peer in (rank, right) or traffic.sent(rank, peer) <= other_most:
+                continue
+            raise fail(
+                _t(
+                    "the grader saw rank {rank} send {sent} bytes to rank {peer}, which is "
+                    "not its right neighbour (rank {right}); in a ring each rank sends only "
+                    "to its right neighbour (a gather to one rank, an all_gather or gloo's "
+                    "own all_reduce send elsewhere).",
+                    rank=rank,
+                    sent=traffic.sent(rank, peer),
+                    peer=peer,
+                    right=right,
+                ),
+                case,
+            )
+    for rank in range(n):
+        right = (rank + 1) % n
+        sent = traffic.sent(rank, right)
+        if sent > right_most or sent < low:
+            raise fail(
+                _t(
+                    "the grader saw rank {rank} send {sent} bytes to its right neighbour "
+                    "(rank {right}) for these tensors on {n} ranks; a ring sends it between "
+                    "{low} and {high} bytes of data (2(N-1) chunks of about numel/N), plus "
+                    "a little for each message. Send one chunk per step, to the right only.",
+                    rank=rank,
+                    right=right,
+                    sent=sent,
+                    n=n,
+                    low=low,
+                    high=high,
+                ),
+                case,
+            )
+    rendezvous = max(traffic.store - STORE_BYTES, 0)
+    unseen = traffic.hidden + traffic.unattributed + rendezvous
+    if unseen > int(HIDDEN_SLACK * high) + OVERHEAD_PER_CASE:
+        raise fail(
+            _t(
+                "the grader saw {unseen} bytes move between the ranks outside their "
+                "process group's connections (another socket, or the rendezvous store); "
+                "a ring sends only through its process group.",
+                unseen=unseen,
+            ),
+            case,
+        )

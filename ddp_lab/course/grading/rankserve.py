@@ -1,0 +1,115 @@
+"""One rank of a graded exercise, in its sandbox: the rank's side of ``rankhost.RankPool``.
+
+Started by ``RankPool`` as ``python -m ddp_lab.course.grading.rankserve`` in a sandbox of its
+own, with a rank's view of the package (``course.grading.view``: no reference implementation,
+no oracle, no concept key, no grading machinery). It imports torch, says ``ready``, then
+serves one request per case from its stdin: the probe's name, its rank, the world size, the
+port and only this rank's input (``course.wire`` data). It joins the case's gloo group, locks
+the collectives a hand-written-collective exercise may not use (``checks.lockdown``), and only
+then loads the learner's objects (the blob the runner handed out) and runs the probe; the reply
+is data, or the error. The verdict process kills it after the exercise.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+from pathlib import Path
+
+from ddp_lab.course.grading import wire
+
+REQUEST_LIMIT = wire.MAX_BYTES + 4096  # one request line, read by the rank
+
+
+def _serve(request: dict) -> dict:
+    """Run the probe on this rank's input; the reply (data or the error)."""
+    import datetime
+    import pickle
+
+    import torch.distributed as dist
+
+    from ddp_lab import i18n
+    from ddp_lab.course.grading.learner import error_of, resolve_probe
+
+    rank, world_size = int(request["rank"]), int(request["world_size"])
+    i18n.set_language(str(request.get("lang", "en")))
+    data = wire.loads(request["data"])
+    probe = resolve_probe(str(request["probe"]))
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(int(request["port"])),
+        RANK=str(rank),
+        LOCAL_RANK=str(rank),
+        WORLD_SIZE=str(world_size),
+    )
+    try:
+        if dist.is_initialized():  # the previous case's group: every rank has answered it
+            dist.destroy_process_group()
+        dist.init_process_group(
+            "gloo",
+            rank=rank,
+            world_size=world_size,
+            # Past the verdict's patience: a hang is then the verdict's TimeoutError (killed
+            # ranks), not a gloo error in whichever rank gave up first.
+            timeout=datetime.timedelta(seconds=float(request.get("timeout", 60)) + 30),
+        )
+    except Exception as exc:  # noqa: BLE001  # the grader's set-up, not the learner's code
+        return {"error": {"type": type(exc).__name__, "message": str(exc)[:500]}, "setup": True}
+    try:
+        allowed = getattr(probe, "collectives_allowed", None)
+        if allowed is not None:  # a hand-written-collective exercise: lock the others first
+            from ddp_lab.course.grading.checks import lockdown
+
+            lockdown.lock(allowed)
+    except Exception as exc:  # noqa: BLE001  # the grader's set-up, not the learner's code
+        return {"error": {"type": type(exc).__name__, "message": str(exc)[:500]}, "setup": True}
+    try:
+        # The learner's code first runs here (a hidden module's import fails here).
+        objects = pickle.loads(Path("blob.pkl").read_bytes())  # noqa: S301  # in the sandbox
+        out = probe(rank, objects, data)
+        return {"ok": wire.dumps(out)}
+    except Exception as exc:  # noqa: BLE001  # the learner's code raised
+        err = error_of(exc)
+        return {"error": {"type": err.type_name, "message": err.message[:500]}}
+
+
+def main() -> int:
+    from ddp_lab.runtime._process import set_parent_death_signal
+    from ddp_lab.runtime._rank import keep_process_groups
+
+    set_parent_death_signal(signal.SIGKILL)
+    reader = wire.LineReader(0, REQUEST_LIMIT)
+    proto_out = os.dup(1)
+    log = os.open("output.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    os.dup2(log, 1)
+    os.dup2(log, 2)
+    sys.stdout = os.fdopen(1, "w", buffering=1, encoding="utf-8", closefd=False)
+    sys.stderr = os.fdopen(2, "w", buffering=1, encoding="utf-8", closefd=False)
+    import torch.distributed  # noqa: F401  # before "ready": the import is the grader's time
+
+    import ddp_lab  # noqa: F401
+
+    keep_process_groups()  # gloo groups are dropped without destructors (see _rank)
+
+    def send(reply: dict) -> None:
+        data = memoryview(json.dumps(reply).encode() + b"\n")
+        while data:
+            data = data[os.write(proto_out, data) :]
+
+    send({"ready": "null"})
+    # Serve requests until the verdict kills us (rank 0 hosts the store of each case).
+    while True:
+        try:
+            line = reader.readline(3600)
+        except EOFError:
+            break
+        if line is None:
+            break
+        send(_serve(json.loads(line)))
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
