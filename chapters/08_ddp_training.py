@@ -54,41 +54,42 @@ print(torch.__version__, "| GPUs:", torch.cuda.device_count())
 # %% [markdown] lang="en"
 # ## What a real DDP program contains
 #
-# | step | in `ddp_lab/tools/train.py` |
-# | --- | --- |
-# | start one process per rank | the **launcher** (`torchrun`, `dl.spawn`) sets `RANK`, `WORLD_SIZE`, `LOCAL_RANK`, `MASTER_ADDR`, `MASTER_PORT` |
-# | join the **process group** | `dist.init_process_group(backend)`, no other arguments |
-# | prepare data once per node | `data.zero_first()` around the preparation |
-# | give each rank its own **shard** | `DistributedSampler` + `set_epoch(epoch)` |
-# | the same initial model, wrapped | `torch.manual_seed(seed)`, then `DDP(model)` |
-# | batch and **learning rate** | per-rank batch × world size = global batch; LR scaled to it |
-# | log the loss of every rank | `all_reduce` of (sum, count) |
-# | evaluate on every rank | `all_gather`, then drop the sampler's **padding** |
-# | progress on rank 0 only | `Progress(enabled=rank == 0)` |
-# | **checkpoint** | rank 0 saves `model.module.state_dict()`, then `dist.barrier()`; load with `map_location` |
-# | resume, shut down | `--resume`; `dist.destroy_process_group()` in `finally` |
+# | step | where | how |
+# | --- | --- | --- |
+# | start one process per rank | the **launcher** (`torchrun`, `dl.spawn`) | sets `RANK`, `WORLD_SIZE`, `LOCAL_RANK`, `MASTER_ADDR`, `MASTER_PORT` |
+# | join the **process group** | `ddp_lab/tools/train.py` | `dist.init_process_group(backend)`, no other arguments |
+# | prepare data once per node | `ddp_lab/tools/data.py` | `zero_first()` around the preparation |
+# | give each rank its own **shard** | `ddp_lab/tools/train.py` | `DistributedSampler` + `set_epoch(epoch)` |
+# | the same initial model, wrapped | `ddp_lab/tools/train.py` | `torch.manual_seed(seed)`, then `DDP(model)` |
+# | batch and **learning rate** | `ddp_lab/tools/train.py` | per-rank batch × world size = global batch; LR scaled to it |
+# | log the loss of every rank | `ddp_lab/tools/train.py` | `all_reduce` of (sum, count) |
+# | evaluate on every rank | `ddp_lab/tools/train.py` | `all_gather`, then drop the sampler's **padding** |
+# | progress on rank 0 only | `ddp_lab/tools/train.py` | `Progress(enabled=rank == 0)` |
+# | **checkpoint** | `ddp_lab/tools/train_checkpoint.py` | rank 0 saves `model.module.state_dict()`, then `dist.barrier()`; load with `map_location` |
+# | resume, shut down | `ddp_lab/tools/train_args.py`, `ddp_lab/tools/train.py` | the `--resume` option; `dist.destroy_process_group()` in `finally` |
 #
-# The same file is a command-line program. Here is its `--help`, and the commands that run
-# it on one node and on two nodes:
+# `train.py` is also a command-line program (its options are defined in `train_args.py`). Here
+# is its `--help`, and the commands that run it on one node and on two nodes:
 
 # %% [markdown] lang="zh"
 # ## 一个真实的 DDP 程序包含什么
 #
-# | 步骤 | `ddp_lab/tools/train.py` 中的做法 |
-# | --- | --- |
-# | 每个 rank（进程编号）启动一个进程 | **启动器**（launcher，例如 `torchrun`、`dl.spawn`）设置 `RANK`、`WORLD_SIZE`、`LOCAL_RANK`、`MASTER_ADDR`、`MASTER_PORT` |
-# | 加入**进程组**（process group） | `dist.init_process_group(backend)`，不需要其他参数 |
-# | 每个节点（node）只准备一次数据 | 用 `data.zero_first()` 包住准备数据的代码 |
-# | 每个 rank 拿到自己的**分片**（shard） | `DistributedSampler` + `set_epoch(epoch)` |
-# | 各 rank 的初始模型相同，再包装 | `torch.manual_seed(seed)`，然后 `DDP(model)` |
-# | 批（batch）与**学习率**（learning rate） | 每个 rank 的批大小 × world size（进程总数）= 全局批大小；学习率随之缩放 |
-# | 记录所有 rank 的损失（loss） | 对（总和，个数）做 `all_reduce` |
-# | 每个 rank 都参与评估 | `all_gather`，再去掉采样器（sampler）的**填充**（padding） |
-# | 只在 rank 0 显示进度 | `Progress(enabled=rank == 0)` |
-# | **检查点**（checkpoint） | rank 0 保存 `model.module.state_dict()`，然后 `dist.barrier()`；加载时用 `map_location` |
-# | 恢复训练、退出 | `--resume`；在 `finally` 中调用 `dist.destroy_process_group()` |
+# | 步骤 | 位置 | 做法 |
+# | --- | --- | --- |
+# | 每个 rank（进程编号）启动一个进程 | **启动器**（launcher，例如 `torchrun`、`dl.spawn`） | 设置 `RANK`、`WORLD_SIZE`、`LOCAL_RANK`、`MASTER_ADDR`、`MASTER_PORT` |
+# | 加入**进程组**（process group） | `ddp_lab/tools/train.py` | `dist.init_process_group(backend)`，不需要其他参数 |
+# | 每个节点（node）只准备一次数据 | `ddp_lab/tools/data.py` | 用 `zero_first()` 包住准备数据的代码 |
+# | 每个 rank 拿到自己的**分片**（shard） | `ddp_lab/tools/train.py` | `DistributedSampler` + `set_epoch(epoch)` |
+# | 各 rank 的初始模型相同，再包装 | `ddp_lab/tools/train.py` | `torch.manual_seed(seed)`，然后 `DDP(model)` |
+# | 批（batch）与**学习率**（learning rate） | `ddp_lab/tools/train.py` | 每个 rank 的批大小 × world size（进程总数）= 全局批大小；学习率随之缩放 |
+# | 记录所有 rank 的损失（loss） | `ddp_lab/tools/train.py` | 对（总和，个数）做 `all_reduce` |
+# | 每个 rank 都参与评估 | `ddp_lab/tools/train.py` | `all_gather`，再去掉采样器（sampler）的**填充**（padding） |
+# | 只在 rank 0 显示进度 | `ddp_lab/tools/train.py` | `Progress(enabled=rank == 0)` |
+# | **检查点**（checkpoint） | `ddp_lab/tools/train_checkpoint.py` | rank 0 保存 `model.module.state_dict()`，然后 `dist.barrier()`；加载时用 `map_location` |
+# | 恢复训练、退出 | `ddp_lab/tools/train_args.py`、`ddp_lab/tools/train.py` | `--resume` 选项；在 `finally` 中调用 `dist.destroy_process_group()` |
 #
-# 同一个文件也是命令行程序。下面是它的 `--help`，以及在一个节点和两个节点上运行它的命令：
+# `train.py` 同时也是命令行程序（它的选项定义在 `train_args.py` 中）。下面是它的 `--help`，以及在一个
+# 节点和两个节点上运行它的命令：
 
 # %%
 train.make_parser().print_help()

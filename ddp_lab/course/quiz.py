@@ -8,9 +8,11 @@ A chapter ends with its questions (markdown, both languages) and one code cell::
 ``dl.quiz`` (self-study, in the learner's kernel) says for each question whether the answer is
 right and explains it: for a wrong choice, why that choice is wrong. The exercise notebook's
 graded cell ``dl.grade("05.concepts", answers)`` counts them as their own graded item. The key
-and the explanations live in ``course/grading/checks/concepts.py``: ``ddp-lab check`` and ``ddp-lab
-grade`` compare there, in the grader's process, the answers a sandboxed rank sends back as data
-(``course/grading/checks/answers.py``); the ranks cannot import the key (``course.grading.rankhost.HIDDEN``).
+and the explanations live in ``course/grading/checks/concept_key/``, gathered by
+``course/grading/checks/concepts.py``: ``ddp-lab check`` and ``ddp-lab grade`` compare there, in
+the grader's process, the answers the learner's process sends back as data
+(``course/grading/checks/answers.py``); no process that runs learner code can import the key
+(``course.grading.view.HIDDEN``).
 
 How it differs from nbgrader's multiple-choice cells: the answers are a plain dict in a code
 cell (diffable, no widget state to lose), and numbers are compared with a tolerance.

@@ -1,7 +1,8 @@
 """The probe of the concept checks (``NN.concepts``): the learner's answers, as data.
 
-It holds no key: the key is in ``course/grading/checks/concepts.py``, imported by the grader (and by
-``dl.quiz`` in the learner's own kernel, for self-study) and hidden from graded ranks. The probe
+It holds no key: the key is in ``course/grading/checks/concept_key/`` (gathered by
+``concepts.py``), imported by the grader (and by ``dl.quiz`` in the learner's own kernel, for
+self-study) and hidden from every process that runs learner code while grading. The probe
 runs in the learner's process (``learner.call``): what it returns is only what the learner
 claims to have answered, compared with the key in the grader's process.
 """
