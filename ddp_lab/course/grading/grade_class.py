@@ -31,7 +31,7 @@ from ddp_lab.course.grading import export, feedback, intake, isolation, report
 from ddp_lab.course.grading.execute import kill_all_runs
 from ddp_lab.course.grading.grader import _cli_lang, _positive, grade_one
 from ddp_lab.course.grading.judge import Result
-from ddp_lab.course.grading.release import exercises_of, language_of
+from ddp_lab.course.grading.release import Release, exercises_of, language_of
 from ddp_lab.i18n import _t
 
 
@@ -130,7 +130,8 @@ def grade_main(args: argparse.Namespace) -> int:
     (out / "feedback").mkdir(parents=True, exist_ok=True)
     (out / "results").mkdir(exist_ok=True)
     titles = release_titles(release_path, release)
-    exercises = exercises_of(release)
+    graded_against = Release.of(release)  # the release, known once for every submission
+    exercises = graded_against.exercises
     limits = isolation.CgroupLimits(
         memory_gb=getattr(args, "memory_gb", None) or isolation.CgroupLimits.memory_gb,
         pids=getattr(args, "pids", None) or isolation.CgroupLimits.pids,
@@ -182,7 +183,7 @@ def grade_main(args: argparse.Namespace) -> int:
             job = slots.acquire()
             try:
                 graded = grade_one(
-                    release, sub, args.cell_timeout, args.timeout, job=job, limits=limits
+                    graded_against, sub, args.cell_timeout, args.timeout, job=job, limits=limits
                 )
             finally:
                 slots.release(job)

@@ -70,7 +70,7 @@ class Graded:
 
 
 def grade_one(
-    release_nb: nbformat.NotebookNode,
+    release_nb: nbformat.NotebookNode | release.Release,
     source: Path | intake.Submission | intake.Read | nbformat.NotebookNode,
     cell_timeout: float,
     timeout: float,
@@ -79,23 +79,24 @@ def grade_one(
     needed_only: bool = False,
     progress: bool = False,
 ) -> Graded:
-    """Grade one submission against the release ``release_nb``, stages 1 to 5 in order.
+    """Grade one submission against the release, stages 1 to 5 in order, each once.
 
-    ``source``: a notebook file (given by the instructor), a found ``intake.Submission``, or
-    stage 1's value when the caller read it first (``ddp-lab check`` needs the notebook to
-    know its release). ``job``: a slot no other running grading holds (``isolation.Slots``);
-    ``limits``: its cgroup's; ``needed_only``, ``progress``: ``ddp-lab check``'s (see
-    ``execute.run``). A file that is not read gives every exercise ``error`` (or
-    ``duplicate``), one that is not a notebook ``invalid``, with the reason.
+    ``release_nb``: the released exercise notebook, or its ``release.Release`` (a class's
+    driver makes it once for all its submissions). ``source``: a notebook file (given by the
+    instructor), a found ``intake.Submission``, or stage 1's value when the caller read it first
+    (``ddp-lab check`` needs the notebook to know its release). ``job``: a slot no other
+    running grading holds (``isolation.Slots``); ``limits``: its cgroup's; ``needed_only``,
+    ``progress``: ``ddp-lab check``'s (see ``execute.run``). A file that is not read gives
+    every exercise ``error`` (or ``duplicate``), one that is not a notebook ``invalid``, with
+    the reason.
     """
-    exercises = release.exercises_of(release_nb)
-    lang = release.language_of(release_nb)
-    read = source if isinstance(source, intake.Read) else intake.read(source, lang)  # 1
+    rel = release_nb if isinstance(release_nb, release.Release) else release.Release.of(release_nb)
+    read = source if isinstance(source, intake.Read) else intake.read(source, rel.lang)  # 1
     if read.notebook is None:
-        return Graded(lang, judge.unread(exercises, read.status, read.why), None)
-    matched = release.match(release_nb, read.notebook)  # 2
-    verdicts = execute.run(  # 3, 4
-        release_nb,
+        return Graded(rel.lang, judge.unread(rel.exercises, read.status, read.why), None)
+    matched = release.match(rel, read.notebook)  # 2
+    verdicts = execute.run(  # 3 (the slot ``job``, a cgroup in ``run_verdict``), 4
+        rel.notebook,
         read.notebook,
         matched.found,
         matched.lang,
@@ -106,12 +107,12 @@ def grade_one(
         needed_only,
         progress,
     )
-    results = judge.judge(exercises, matched, verdicts, cell_timeout, timeout)  # 5
+    results = judge.judge(rel.exercises, matched, verdicts, cell_timeout, timeout)  # 5
     return Graded(matched.lang, results, read.notebook)
 
 
 def score(
-    release_nb: nbformat.NotebookNode,
+    release_nb: nbformat.NotebookNode | release.Release,
     source: Path | intake.Submission | nbformat.NotebookNode,
     cell_timeout: float,
     timeout: float,
@@ -232,7 +233,7 @@ def check_main(args: argparse.Namespace) -> int:
     job = slots.acquire()
     try:
         graded = grade_one(
-            ref,
+            release.Release.of(ref),
             read,
             args.cell_timeout,
             args.timeout,

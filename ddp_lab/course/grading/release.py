@@ -28,6 +28,20 @@ class Exercise:
 
 
 @dataclass
+class Release:
+    """What a class is graded against, known before any submission is read: the released
+    exercise notebook, its language and its graded cells (``Release.of``)."""
+
+    notebook: nbformat.NotebookNode
+    lang: str
+    exercises: list[Exercise]
+
+    @classmethod
+    def of(cls, notebook: nbformat.NotebookNode) -> Release:
+        return cls(notebook, language_of(notebook), exercises_of(notebook))
+
+
+@dataclass
 class Match:
     """Stage 2's value: the submission's language, each graded cell found (grade_id -> its
     position in the submission) and each one tampered with (grade_id -> reason key)."""
@@ -75,10 +89,10 @@ def language_of(nb: nbformat.NotebookNode, default: str = "en") -> str:
     return lang if lang in ("en", "zh") else default
 
 
-def match(release: nbformat.NotebookNode, sub: nbformat.NotebookNode) -> Match:
+def match(release: Release, sub: nbformat.NotebookNode) -> Match:
     """Stage 2: the submission's language and where its graded cells are (``locate``)."""
-    found, tampered = locate(release, sub)
-    return Match(language_of(sub, language_of(release)), found, tampered)
+    found, tampered = locate(release.notebook, sub)
+    return Match(language_of(sub, release.lang), found, tampered)
 
 
 def locate(
