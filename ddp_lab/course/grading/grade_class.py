@@ -182,14 +182,14 @@ def grade_main(args: argparse.Namespace) -> int:
         try:
             job = slots.acquire()
             try:
-                graded = grade_one(
+                outcome = grade_one(
                     graded_against, sub, args.cell_timeout, args.timeout, job=job, limits=limits
                 )
             finally:
                 slots.release(job)
-            sub_lang, results = graded.lang, graded.results
-            if graded.notebook is not None:
-                notebooks[i] = graded.notebook
+            sub_lang, results = outcome.lang, outcome.results
+            if outcome.notebook is not None:
+                notebooks[i] = outcome.notebook
         except Exception as exc:  # noqa: BLE001  # a bug here must not stop the other gradings
             why = _t(
                 "the notebook could not be run: {error}", lang, error=f"{type(exc).__name__}: {exc}"
