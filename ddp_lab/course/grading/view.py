@@ -84,6 +84,8 @@ HIDDEN = (
     "course/grading/verdict.py",
     "course/grading/sandbox.py",
     "course/grading/export.py",
+    "course/grading/classroom.py",
+    "course/grading/gradescope.py",
     "course/grading/scan.py",
     "course/grading/similarity.py",
     "course/grading/report.py",
