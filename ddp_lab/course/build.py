@@ -77,9 +77,20 @@ def kernel_guard_source() -> str:
 
 
 def target_line(grade_id: str, points: int, lang: str) -> str:
-    """The stored output of a graded cell in an exercise notebook: the pass line, labelled
-    as what the cell prints once solved (so that it reads as no verdict)."""
-    return _t("when solved, this cell prints: ", lang) + grade_pass_line(grade_id, points, lang)
+    """The stored output of a graded cell in an exercise notebook: what the cell prints once
+    solved, labelled as such (so that it reads as no verdict)."""
+    return _t("when solved, this cell prints: ", lang) + notebook_pass_output(
+        grade_id, points, lang
+    )
+
+
+def notebook_pass_output(grade_id: str, points: int, lang: str) -> str:
+    """What a graded cell (``dl.grade``) prints when every case passed: the pass line and,
+    for an exercise of code, that its cases were the public ones."""
+    from ddp_lab.course.grading.checkers import public_cases_note
+
+    note = public_cases_note(grade_id, lang)
+    return grade_pass_line(grade_id, points, lang) + (f"\n{note}" if note else "")
 
 
 def sanitize_config() -> str:
@@ -227,7 +238,7 @@ def render(nb: nbformat.NotebookNode, src: str, lang: str, kind: str) -> nbforma
                 line = (
                     target_line(grade_id, points, lang)
                     if kind == "exercises"
-                    else grade_pass_line(grade_id, points, lang)
+                    else notebook_pass_output(grade_id, points, lang)
                 )
                 new.outputs = [nbformat.v4.new_output("stream", name="stdout", text=line + "\n")]
                 new.execution_count = 1  # nbval ignores outputs of cells never run

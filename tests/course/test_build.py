@@ -245,3 +245,15 @@ def test_graded_cells_match_registered_checkers(src):
             assert gid in registry, gid
             assert registry[gid].points == cell.metadata["points"], gid
             assert f'dl.grade("{gid}"' in cell.source
+
+
+def test_a_graded_cell_says_its_cases_were_the_public_ones_except_a_concept_check():
+    """Issue 41 point 10: dl.grade runs the public seed's cases; the pass line alone would
+    read as the instructor's verdict. A concept check's questions are everyone's."""
+    from ddp_lab.course import build
+
+    for lang, words in (("en", "public cases"), ("zh", "公开测试用例")):
+        code = build.notebook_pass_output("05.ring", 5, lang).splitlines()
+        assert code[0] == build.grade_pass_line("05.ring", 5, lang) and words in code[1]
+        concepts = build.notebook_pass_output("05.concepts", 2, lang)
+        assert concepts == build.grade_pass_line("05.concepts", 2, lang)

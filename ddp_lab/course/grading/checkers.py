@@ -258,6 +258,18 @@ def grade(grade_id: str, *objects: Any) -> None:
     if not passed:
         raise GradeFailed(line)
     print(line)
+    note = public_cases_note(grade_id)
+    if note:
+        print(note)
+
+
+def public_cases_note(grade_id: str, lang: str | None = None) -> str:
+    """The line after a self-check's pass line: the cases came from the public seed, and an
+    instructor's ``ddp-lab grade`` draws others. Empty for a concept check (its questions
+    are the same for everyone)."""
+    if grade_id.endswith(".concepts"):
+        return ""
+    return _t("Checked with the public cases; your instructor grades with other cases.", lang)
 
 
 class GradeFailed(AssertionError):
