@@ -251,7 +251,9 @@ print("same parameters, bit for bit:",
 # then on so do the parameters. A checkpoint cannot hold the layout, so keep it fixed:
 # `recovery.resumable_loop` in the exercise below passes `find_unused_parameters=True`, with
 # which DDP never rebuilds (`should_rebuild_buckets` is false), at the cost of one walk over the
-# autograd graph per step. The runs above use two ranks.
+# autograd graph per step. The runs above use two ranks: `ddp_lab.tools.train` keeps DDP's
+# default, and with `--nproc-per-node=3` its killed-and-resumed run ends with another digest
+# than the straight one.
 
 # %% [markdown] lang="zh" tags=["lesson"]
 # 在三个或更多 rank 上，还有一个顺序必须保持不变：DDP 的桶（bucket）。DDP 按桶对梯度做
@@ -259,12 +261,13 @@ print("same parameters, bit for bit:",
 # `compute_bucket_size_limits`）；这一步之后，它按梯度到达的顺序重建各个桶
 # （`torch/csrc/distributed/c10d/reducer.hpp` 中的 `Reducer::should_rebuild_buckets`）。恢复后的进程
 # 新建了一个 DDP 模型，所以它的第一步用的是最初的布局，而不间断的那次运行此时用的已经是重建后的
-# 布局。环形 all-reduce 把每个元素各 rank 上的值相加，相加的顺序取决于这个元素在桶中的位置。两个
-# rank 时这没有影响（a + b = b + a）；三个 rank 时，(a + b) + c 和 a + (b + c) 的最后一位可能不同，
+# 布局。环形 all-reduce 把各 rank 上同一个元素的值相加，加法的先后顺序取决于这个元素在桶中的
+# 位置。两个 rank 时这没有影响（a + b = b + a）；三个 rank 时，(a + b) + c 和 a + (b + c) 的最后一位可能不同，
 # 此后参数也就不同了。检查点存不下这个布局，那就让它固定不变：下面练习里的
 # `recovery.resumable_loop` 给 DDP 传了 `find_unused_parameters=True`，这样 DDP 就不会重建桶
 # （`should_rebuild_buckets` 返回 false），代价是每一步要多遍历一次 autograd 图。上面的运行用的是
-# 两个 rank。
+# 两个 rank：`ddp_lab.tools.train` 沿用 DDP 的默认做法，换成 `--nproc-per-node=3` 时，中途被杀再
+# 恢复的那次运行，最终参数的摘要和一口气跑完的不一样。
 
 # %% [markdown] lang="en" tags=["lesson"]
 # ## 2. Complete or absent: atomic writes
