@@ -86,8 +86,9 @@ def test_balanced_not_implemented_fails(capsys: pytest.CaptureFixture) -> None:
 
     with pytest.raises(AssertionError) as failed:
         dl.grade("03.balanced_chunks", stub)
-    # A failing graded cell shows the verdict line as its error, nothing else.
-    assert str(failed.value).startswith("FAIL 03.balanced_chunks")
+    # A failing graded cell shows the verdict line as its error, nothing else; the stub's
+    # NotImplementedError reads as not attempted (a wrong answer reads FAIL).
+    assert str(failed.value).startswith("NOT ATTEMPTED 03.balanced_chunks: 0/2 points")
 
 
 @pytest.mark.parametrize(
