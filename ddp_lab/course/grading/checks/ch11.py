@@ -370,26 +370,29 @@ def make_cases(rng: random.Random) -> list[tuple[int, dict[str, Any]]]:
 
 @checker("11.resume", points=5)
 def check_resume(rng: random.Random, learner: Any) -> Iterator[object]:
-    from ddp_lab.runtime.launcher import spawn
-
     cases = make_cases(rng)
     yield len(cases)
     for world, case in cases:
-        shuffle = case["shuffle"]
-        label = f"world_size={world}, shuffle={shuffle}, stop_at={case['stop_at']}"
-        folder = f"ddp_lab_ch11_{uuid.uuid4().hex}"  # in each rank's /tmp
-        own = [{"case": case, "folder": folder} for _ in range(world)]
-        stopped = learner.ranks(probe_stop, own, timeout=120, fresh=True)
-        stopped = _validate(stopped, world, case, label)
-        files = checkpoint_files(stopped, label)
-        own = [{"case": case, "folder": folder, "files": files} for _ in range(world)]
-        resumed = learner.ranks(probe_resume, own, timeout=120, fresh=True)
-        resumed = _validate(resumed, world, case, label)
-        for rank, r in enumerate(resumed):
-            if type(r.get("loaded_step")) is not int:
-                raise wrong_form(rank, "loaded_step", "?", label)
-        reference = spawn(
-            _oracle, args=(case,), nprocs=world, backend="gloo", quiet=True, timeout=120
-        )
-        verify(stopped, resumed, reference, case)
-        yield label
+        yield grade_case(learner, world, case)
+
+
+def grade_case(learner: Any, world: int, case: dict[str, Any]) -> str:
+    """One hidden case: stop on ``world`` ranks, resume in fresh ones, compare with an
+    uninterrupted run of the grader's own; returns the case's label, raises CaseFailed."""
+    from ddp_lab.runtime.launcher import spawn
+
+    label = f"world_size={world}, shuffle={case['shuffle']}, stop_at={case['stop_at']}"
+    folder = f"ddp_lab_ch11_{uuid.uuid4().hex}"  # in each rank's /tmp
+    own = [{"case": case, "folder": folder} for _ in range(world)]
+    stopped = learner.ranks(probe_stop, own, timeout=120, fresh=True)
+    stopped = _validate(stopped, world, case, label)
+    files = checkpoint_files(stopped, label)
+    own = [{"case": case, "folder": folder, "files": files} for _ in range(world)]
+    resumed = learner.ranks(probe_resume, own, timeout=120, fresh=True)
+    resumed = _validate(resumed, world, case, label)
+    for rank, r in enumerate(resumed):
+        if type(r.get("loaded_step")) is not int:
+            raise wrong_form(rank, "loaded_step", "?", label)
+    reference = spawn(_oracle, args=(case,), nprocs=world, backend="gloo", quiet=True, timeout=120)
+    verify(stopped, resumed, reference, case)
+    return label
