@@ -49,13 +49,25 @@ if [ "$#" -gt 0 ]; then
   exit
 fi
 status=0
-# 1. tests/cluster and tests/course (without test_exercises.py), alone: some of them look for
-#    leftovers machine-wide (grading's temporary folders, cgroups, network namespaces, Slurm
-#    jobs), and tests/course/test_browser.py waits on Chromium (the widget chapters in JupyterLab).
-"${pytest[@]}" tests/cluster tests/course --ignore=tests/course/test_exercises.py || status=$?
+# 1. Alone: tests/cluster and the grading tests that start sandboxes and verdict processes.
+#    Some look for leftovers machine-wide (grading's temporary folders, cgroups, sandbox users'
+#    processes, network namespaces, Slurm jobs), the grader's starvation canary reads other
+#    runs' load as "the grading machine was too busy", and tests/course/test_browser.py waits
+#    on Chromium (the widget chapters in JupyterLab).
+alone=(tests/cluster tests/course/test_grader.py tests/course/test_grading_*.py
+  tests/course/test_sandbox.py tests/course/test_export.py tests/course/test_browser.py)
+"${pytest[@]}" "${alone[@]}" || status=$?
+# The rest of tests/course (the checkers with a local learner, the build, the website's pages,
+# the terminology ...): it looks only at its own processes and files, so it runs in phase 2.
+course=()
+for f in tests/course/checks tests/course/test_*.py; do
+  case " ${alone[*]} tests/course/test_exercises.py " in *" $f "*) continue ;; esac
+  course+=("$f")
+done
 # 2. Three pytest runs side by side on the machine's cores, of what looks only at its own
-#    processes and files (a launch demo's processes by their marker, /dev/shm files that stay):
-#    - every lesson in en;
+#    processes and files (a launch demo's processes by their marker, /dev/shm files that stay,
+#    a checker's own temporary folders):
+#    - every lesson in en, and the rest of tests/course (above);
 #    - every lesson in zh, every solution notebook in en (the zh solutions are the same code
 #      cells, tests/course/test_build.py), and tests/course/test_exercises.py (every graded cell
 #      of an unsolved exercise fails);
@@ -69,7 +81,7 @@ second=$!
 "${pytest[@]}" tests --ignore=tests/cluster --ignore=tests/course >build/test-unit.log 2>&1 &
 third=$!
 set +m
-"${pytest[@]}" notebooks/en || status=$?
+"${pytest[@]}" notebooks/en "${course[@]}" || status=$?
 wait "$second" || status=$?
 echo "--- notebooks/zh solutions/en tests/course/test_exercises.py (run beside the above) ---"
 cat build/test-zh.log

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import atexit
+import importlib
 import os
 import shutil
 import tempfile
+import uuid
 from pathlib import Path
 
 import pytest
@@ -116,6 +118,31 @@ def no_leaks():
         time.sleep(0.05)
     assert rank_processes() == set()
     assert shm_left(shm_before) == set()
+
+
+@pytest.fixture
+def checker_folders(monkeypatch):
+    """Record the names of the temporary folders a checker module draws with ``uuid.uuid4``.
+
+    A test that checks a checker removed its folders looks for these names only: other
+    test runs on the same machine (test.sh runs three side by side) make folders with the
+    same prefix at the same time, so a glob of the prefix would see theirs.
+    """
+
+    def record(module: str) -> list[str]:
+        checker = importlib.import_module(f"ddp_lab.course.grading.checks.{module}")
+        made: list[str] = []
+        real = uuid.uuid4
+
+        def uuid4() -> uuid.UUID:
+            value = real()
+            made.append(f"ddp_lab_{module}_{value.hex}")
+            return value
+
+        monkeypatch.setattr(checker.uuid, "uuid4", uuid4)
+        return made
+
+    return record
 
 
 @pytest.fixture(autouse=True)
