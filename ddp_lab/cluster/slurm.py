@@ -56,12 +56,15 @@ def unavailable_reason() -> str | None:
 
 # --- job scripts ------------------------------------------------------------------------
 
+# --time=5 (minutes): each job takes about 30 s on an idle 2-core machine; with a 2-minute limit a
+# loaded one (load average 13, a website build beside other runs) ended extra_agents as TIMEOUT
+# before its ranks had printed. The partition's MaxTime is 10 (slurm.conf below).
 _HEAD = """#!/bin/bash
 #SBATCH --job-name={name}
 #SBATCH --nodes=2
 #SBATCH --ntasks-per-node={tasks}
 #SBATCH --cpus-per-task={cpus}
-#SBATCH --time=2
+#SBATCH --time=5
 #SBATCH --output={folder}/%x-%j.out
 """
 # The first node of the allocation hosts the rendezvous; the port is derived from the job id,
