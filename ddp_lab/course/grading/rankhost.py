@@ -30,6 +30,16 @@ sent each other is observed here instead, from outside them: around each case ``
 the kernel's counters of the holder's network (``course.traffic``) and leaves the bytes per
 rank pair in ``traffic`` (None where they cannot be read, and why in ``unobserved``).
 
+For a probe that calls the learner's code once per input (``per_call``: 05.ring), the ranks
+run in lockstep with this process (``rankserve``'s ``steps``): once every rank has joined the
+case's group, and before any of the learner's code runs, the counters are read and the
+group's connections noted (``traffic.group_of``: one new connection per pair of ranks); then
+each call's bytes are read after every rank has finished that call and before any starts the
+next. ``traffic`` is then a list, one ``Traffic`` per call, counting on the group's
+connections only (what else moved between the ranks is ``outside``). When the ranks say
+``joined`` or ``done`` is theirs to say, and only that: the bytes are the kernel's, and a
+rank that says it too early or too late only puts its own bytes in the wrong window.
+
 Without a sandbox (see ``course.sandbox.available``) the ranks run as plain processes on the
 host's loopback, each still with only its own input, and the package is not hidden.
 """
@@ -127,6 +137,20 @@ def _kill(proc: subprocess.Popen) -> None:
     except OSError:
         pass
     proc.wait()
+
+
+def _per_call(probe: str, inputs: list) -> bool:
+    """Whether ``probe`` calls the learner's code once per input (``per_call``), and every
+    rank has the same number of inputs."""
+    from ddp_lab.course.grading.learner import resolve_probe
+
+    try:
+        found = resolve_probe(probe)
+    except (ImportError, AttributeError, ValueError):
+        return False
+    if getattr(found, "per_call", False) is not True:
+        return False
+    return all(isinstance(x, list) for x in inputs) and len({len(x) for x in inputs}) == 1
 
 
 class _SetupFailed(Exception):
@@ -242,6 +266,7 @@ class RankPool:
             self._start(n)
             port = self._port()
             before = self._snapshot()
+            steps = before is not None and _per_call(probe, inputs)
             for rank in range(n):
                 request = {
                     "rank": rank,
@@ -250,6 +275,7 @@ class RankPool:
                     "probe": probe,
                     "timeout": timeout,
                     "lang": self.lang,
+                    "steps": steps,
                     "data": wire.dumps(inputs[rank]),
                 }
                 stdin = self.procs[rank].stdin
@@ -259,6 +285,8 @@ class RankPool:
                     stdin.flush()
                 except OSError:
                     pass  # it died: its missing answer says so below
+            if steps:
+                return self._run_steps(before, port, n, len(inputs[0]), timeout)
             replies = self._collect(list(range(n)), timeout + 10, "ok")
             if before is not None:
                 self._observe(before, port, n)
@@ -266,6 +294,47 @@ class RankPool:
         except BaseException:
             self.close()
             raise
+
+    def _run_steps(self, before: Any, port: int, n: int, calls: int, timeout: float) -> list:
+        """The ranks in lockstep: the group's connections noted before the learner's code
+        runs, then each call's bytes on them (see the module's docstring)."""
+        from ddp_lab.course.grading import traffic
+
+        ranks = list(range(n))
+        until = time.monotonic() + timeout + 10
+        self._collect(ranks, timeout + 10, "joined")  # set-up errors: _SetupFailed
+        roots = {proc.pid: rank for rank, proc in enumerate(self.procs[:n])}
+        shot = self._snapshot()
+        group = None
+        if shot is not None:
+            try:
+                group = traffic.group_of(before, shot, roots, port, n)
+            except traffic.GroupUnclear as exc:  # not the learner's: no code of theirs ran yet
+                raise _SetupFailed("GroupUnclear", str(exc)[:500]) from None
+        seen: list | None = [] if group is not None else None
+        for _ in range(calls):
+            self._go(ranks)
+            self._collect(ranks, max(until - time.monotonic(), 0.0), "done", timeout + 10)
+            after = self._snapshot() if seen is not None else None
+            if seen is not None and after is not None:
+                seen.append(traffic.difference(shot, after, roots, port, group))
+                shot = after
+            else:
+                seen = None  # unreadable: ``unobserved`` says why
+        self._go(ranks)
+        replies = self._collect(ranks, max(until - time.monotonic(), 0.0), "ok", timeout + 10)
+        self.traffic = seen
+        return [replies[r] for r in range(n)]
+
+    def _go(self, ranks: list[int]) -> None:
+        for rank in ranks:
+            stdin = self.procs[rank].stdin
+            assert stdin is not None
+            try:
+                stdin.write(b"go\n")
+                stdin.flush()
+            except OSError:
+                pass  # it died: its missing answer says so
 
     def _snapshot(self) -> Any:
         """The ranks' namespace's counters (``course.traffic``), or None (and why) where they
@@ -295,9 +364,12 @@ class RankPool:
         roots = {proc.pid: rank for rank, proc in enumerate(self.procs[:n])}
         self.traffic = traffic.difference(before, after, roots, port)
 
-    def _collect(self, ranks: list[int], patience: float, key: str) -> dict[int, Any]:
+    def _collect(
+        self, ranks: list[int], patience: float, key: str, shown: float | None = None
+    ) -> dict[int, Any]:
         """One ``key`` reply from each of ``ranks``, read with bounded reads; the first error,
-        a rank's death or the end of ``patience`` raises ``LearnerError``."""
+        a rank's death or the end of ``patience`` raises ``LearnerError`` (saying ``shown``
+        seconds, the whole patience, where ``patience`` is what is left of it)."""
         import select
 
         from ddp_lab.course.grading.learner import LearnerError
@@ -349,7 +421,10 @@ class RankPool:
                     raise SandboxFailed(f"the grading sandboxes did not start in {patience:.0f} s")
                 raise LearnerError(
                     "TimeoutError",
-                    _t("the ranks did not answer within {seconds:.0f} s", seconds=patience),
+                    _t(
+                        "the ranks did not answer within {seconds:.0f} s",
+                        seconds=patience if shown is None else shown,
+                    ),
                 )
             waiting = [self.readers[r] for r in ranks if r not in replies]
             ready, _, _ = select.select(waiting, [], [], min(left, 1.0))

@@ -8,6 +8,14 @@ port and only this rank's input (``course.wire`` data). It joins the case's gloo
 the collectives a hand-written-collective exercise may not use (``checks.lockdown``), and only
 then loads the learner's objects (the blob the runner handed out) and runs the probe; the reply
 is data, or the error. The verdict process kills it after the exercise.
+
+A request with ``steps`` (the grader counts the ranks' bytes, ``course.grading.traffic``, and the
+probe runs the learner's code once per input: ``per_call``) runs in lockstep with the grader:
+the rank says ``joined`` once its group is set up and waits for ``go`` before any of the
+learner's code runs (the grader then notes the group's connections, from outside), and after
+each call of the learner's code it says ``done`` and waits for ``go`` again (the grader then
+counts what that call moved). What the rank says is only *when* to look: the counts are the
+kernel's.
 """
 
 from __future__ import annotations
@@ -16,6 +24,7 @@ import json
 import os
 import signal
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from ddp_lab.course.grading import wire
@@ -23,8 +32,9 @@ from ddp_lab.course.grading import wire
 REQUEST_LIMIT = wire.MAX_BYTES + 4096  # one request line, read by the rank
 
 
-def _serve(request: dict) -> dict:
-    """Run the probe on this rank's input; the reply (data or the error)."""
+def _serve(request: dict, send: Callable[[dict], None], reader: wire.LineReader) -> dict:
+    """Run the probe on this rank's input; the reply (data or the error). With ``steps``,
+    in lockstep with the grader (``send`` a step, wait for its ``go`` on ``reader``)."""
     import datetime
     import pickle
 
@@ -65,14 +75,37 @@ def _serve(request: dict) -> dict:
             lockdown.lock(allowed)
     except Exception as exc:  # noqa: BLE001  # the grader's set-up, not the learner's code
         return {"error": {"type": type(exc).__name__, "message": str(exc)[:500]}, "setup": True}
+    steps = request.get("steps") is True and isinstance(data, list)
+    if steps:
+        send({"joined": "null"})
+        _wait_go(reader)
     try:
         # The learner's code first runs here (a hidden module's import fails here).
         objects = pickle.loads(Path("blob.pkl").read_bytes())  # noqa: S301  # in the sandbox
-        out = probe(rank, objects, data)
+        if not steps:
+            return {"ok": wire.dumps(probe(rank, objects, data))}
+        out = []
+        for k, item in enumerate(data):  # one call of the learner's code per step
+            out.extend(probe(rank, objects, [item]))
+            send({"done": wire.dumps(k)})
+            _wait_go(reader)
         return {"ok": wire.dumps(out)}
     except Exception as exc:  # noqa: BLE001  # the learner's code raised
         err = error_of(exc)
         return {"error": {"type": err.type_name, "message": err.message[:500]}}
+
+
+def _wait_go(reader: wire.LineReader) -> None:
+    """Wait for the grader's ``go``; end the rank if the grader is gone."""
+    while True:
+        try:
+            line = reader.readline(3600)
+        except EOFError:
+            os._exit(0)
+        if line is None:
+            os._exit(0)
+        if line.strip() == b"go":
+            return
 
 
 def main() -> int:
@@ -107,7 +140,7 @@ def main() -> int:
             break
         if line is None:
             break
-        send(_serve(json.loads(line)))
+        send(_serve(json.loads(line), send, reader))
     os._exit(0)
 
 

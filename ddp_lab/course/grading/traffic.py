@@ -12,6 +12,14 @@ connections on that namespace's loopback. The verdict process reads, before and 
 - the loopback's own byte count (``/proc/<holder>/net/dev``), which counts every packet of the
   namespace, TCP or not, whichever socket sent it, closed or open.
 
+The bytes are tied to the connections of the process group the grader set up for the case
+(``group_of``): the TCP connections between two ranks that appeared while the ranks joined
+the case's group, before any of the learner's code ran in them, read here from outside, one
+per pair of ranks. Per direction, only what crossed those connections counts as sent; bytes
+between the ranks on any other connection (a new group's, an earlier case's group's, a socket
+of the learner's own) are ``outside``. ``course.grading.rankhost`` reads the counters between
+the learner's calls (the ranks wait for the grader there), so each call's bytes are its own.
+
 Nothing here runs in a rank, and nothing a rank reports is used: the counters are the
 kernel's. What is left unseen: data that does not travel as IP packets (an abstract unix
 socket in the shared namespace); the bytes sent per pair are then too *low*, which is why the
@@ -62,6 +70,7 @@ class Traffic:
     store: int = 0  # bytes to and from the TCPStore (the rendezvous), not between ranks
     unattributed: int = 0  # on an open socket that is not one rank's
     hidden: int = 0  # loopback bytes that no open socket's counters explain
+    outside: int = 0  # between ranks, on a connection that is not the case's group's
 
     def sent(self, a: int, b: int) -> int:
         return self.pairs.get((a, b), 0)
@@ -182,13 +191,57 @@ def _port(address: str) -> int:
         return -1
 
 
-def difference(before: Snapshot, after: Snapshot, roots: dict[int, int], store: int) -> Traffic:
+class GroupUnclear(RuntimeError):
+    """The case's group is not one new connection per pair of ranks."""
+
+
+Group = dict[tuple[str, str], tuple[int, int]]  # (local, peer) of an end -> (its rank, peer's)
+
+
+def group_of(before: Snapshot, joined: Snapshot, roots: dict[int, int], store: int, n: int) -> Group:
+    """The connections of the group the ranks joined between ``before`` and ``joined``.
+
+    Every TCP connection that is new in ``joined``, is not the TCPStore's (port ``store``),
+    and whose two ends are held by two different ranks (``roots``: the host pid of each rank's
+    sandbox -> its rank): gloo's full mesh, one connection per pair of the ``n`` ranks. Both
+    ends of each, keyed by (local, peer) address. Anything else (no connection for a pair, or
+    two) raises ``GroupUnclear``: the grader cannot tell the group's bytes from others'.
+    """
+    ends = {k: e for k, e in joined.ends.items() if k not in before.ends}
+    by_pair = {(e.local, e.peer): e for e in ends.values()}
+    group: Group = {}
+    for end in ends.values():
+        if store in (_port(end.local), _port(end.peer)):
+            continue
+        other = by_pair.get((end.peer, end.local))
+        if other is None:
+            continue
+        a = {rank_of(p, roots) for p in end.pids}
+        b = {rank_of(p, roots) for p in other.pids}
+        if len(a) != 1 or len(b) != 1 or None in a | b or a == b:
+            continue
+        group[(end.local, end.peer)] = (a.pop(), b.pop())
+    pairs = sorted(group.values())
+    want = sorted((a, b) for a in range(n) for b in range(n) if a != b)
+    if pairs != want:
+        raise GroupUnclear(f"connections between ranks {pairs}, expected one per pair")
+    return group
+
+
+def difference(
+    before: Snapshot,
+    after: Snapshot,
+    roots: dict[int, int],
+    store: int,
+    group: Group | None = None,
+) -> Traffic:
     """What moved between the two snapshots, per ordered rank pair.
 
     ``roots``: the host pid of each rank's sandbox -> its rank; ``store``: the TCPStore's port
     (its connections are the rendezvous, counted apart). A connection's bytes from a to b are
     what b's end received (``bytes_sent`` also counts retransmissions, which a busy machine
-    makes even on loopback).
+    makes even on loopback). With ``group`` (``group_of``), only the group's connections count
+    in ``pairs``; bytes between ranks on any other connection are ``outside``.
     """
     owner: dict[tuple[str, str, int], int | None] = {}
     for key, end in after.ends.items():
@@ -216,6 +269,9 @@ def difference(before: Snapshot, after: Snapshot, roots: dict[int, int], store: 
         old_other = before.ends.get(other)  # type: ignore[arg-type]
         got = other_end.received - (old_other.received if old_other else 0)
         if got <= 0:
+            continue
+        if group is not None and group.get((end.local, end.peer)) != (a, b):
+            traffic.outside += got
             continue
         traffic.pairs[(a, b)] = traffic.pairs.get((a, b), 0) + got
         segs = end.segs_out - (old.segs_out if old else 0)

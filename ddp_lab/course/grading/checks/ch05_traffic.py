@@ -41,8 +41,14 @@ from ddp_lab.i18n import _t
 #   broadcast, an all_gather and a local sum, and gloo's own all_reduce (a ring to the *left*)
 #   each send whole chunks or buffers there.
 # - Bytes no open socket explains (UDP, a TCP connection opened and closed within the case),
-#   on a socket shared by two ranks, or through the TCPStore past its rendezvous (STORE_BYTES):
-#   at most HIDDEN_SLACK of the payload plus a constant.
+#   on a socket shared by two ranks, through the TCPStore past its rendezvous (STORE_BYTES),
+#   or between ranks on a connection that is not the case's group's (``Traffic.outside``: a
+#   new group, an earlier case's group, a socket of the learner's own): at most HIDDEN_SLACK
+#   of the payload plus a constant.
+#
+# When grading, each call of the learner's ring is counted on its own (``rankhost``'s
+# lockstep), on the connections of the group the ranks were given (``traffic.group_of``), so
+# every bound holds per call and per direction, not only summed over a case.
 RIGHT_SLACK = 1.2
 OTHER_SLACK = 0.1
 HIDDEN_SLACK = 0.05
@@ -65,11 +71,16 @@ def ring_bytes(tensors: list[torch.Tensor], n: int) -> tuple[int, int, int]:
     return low, high, messages
 
 
-def judge_traffic(traffic: Any, tensors: list[torch.Tensor], n: int, case: str) -> None:
+def judge_traffic(
+    traffic: Any, tensors: list[torch.Tensor], n: int, case: str, store_bytes: int = STORE_BYTES
+) -> None:
     """Fail ``case`` if what the grader saw move between the ranks is not a ring's.
 
-    ``traffic``: ``course.traffic.Traffic`` of the case (every tensor of one world size);
-    ``tensors``: the case's inputs of one rank (their sizes and dtypes are every rank's).
+    ``traffic``: ``course.traffic.Traffic`` of one call of the learner's ring (``tensors``:
+    its one input), counted on the case's group's connections, or of a whole case (every
+    tensor of one world size); ``tensors``: the inputs of one rank (their sizes and dtypes are
+    every rank's); ``store_bytes``: the TCPStore's bytes that are the rendezvous (none in a
+    call's count: the ranks joined their group before it).
     """
     low, high, messages = ring_bytes(tensors, n)
     right_most = int(RIGHT_SLACK * high) + OVERHEAD_PER_MESSAGE * messages + OVERHEAD_PER_CASE
@@ -111,8 +122,8 @@ def judge_traffic(traffic: Any, tensors: list[torch.Tensor], n: int, case: str) 
                 ),
                 case,
             )
-    rendezvous = max(traffic.store - STORE_BYTES, 0)
-    unseen = traffic.hidden + traffic.unattributed + rendezvous
+    rendezvous = max(traffic.store - store_bytes, 0)
+    unseen = traffic.hidden + traffic.unattributed + rendezvous + getattr(traffic, "outside", 0)
     if unseen > int(HIDDEN_SLACK * high) + OVERHEAD_PER_CASE:
         raise fail(
             _t(
