@@ -3,7 +3,8 @@
 Runs several all-reduce patterns as graded submissions of 05.ring (``probe_ring`` in the
 grader's per-rank sandboxes, ``course.rankhost.RankPool``) and prints, per world size and
 tensor size, the payload bytes the grader counted from each rank to each other rank
-(``course.traffic``), the TCPStore's bytes and the bytes no socket explains. The patterns:
+(``course.traffic``: one call, on the connections of the group the ranks were given), the
+TCPStore's bytes and the bytes outside the group's connections or that no socket explains. The patterns:
 the released solution (an honest ring), then ``tests/_ring_ways.py``: a gather to rank 0 and a
 broadcast, an all_gather and a local sum, a ring that passes the whole buffer, and gloo's own
 all_reduce (through the process group's own methods, so that the probe's guards do not stop
@@ -56,16 +57,17 @@ def main() -> None:
                 for numel in map(int, args.sizes.split(",")):
                     inputs = [[torch.full((numel,), float(r + 1))] for r in range(n)]
                     pool.run(probe_name(probe_ring), inputs, 60)
-                    seen = pool.traffic
+                    (seen,) = pool.traffic  # one call: one count, on the group's connections
                     pairs = " ".join(f"{a}>{b}:{seen.sent(a, b)}" for a, b in sorted(seen.pairs))
                     try:
-                        judge_traffic(seen, inputs[0], n, "-")
+                        judge_traffic(seen, inputs[0], n, "-", store_bytes=0)
                         verdict = "ring"
                     except CaseFailed:
                         verdict = "NOT a ring"
+                    unseen = seen.hidden + seen.unattributed + seen.outside
                     print(
                         f"{fn.__name__:17} N={n} numel={numel:<7} {pairs} store={seen.store} "
-                        f"unseen={seen.hidden + seen.unattributed} -> {verdict}",
+                        f"unseen={unseen} -> {verdict}",
                         flush=True,
                     )
         finally:

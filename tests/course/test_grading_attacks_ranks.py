@@ -27,7 +27,7 @@ from _solutions import graded_solution
 from torch import nn
 
 from ddp_lab.buckets import assign_buckets
-from ddp_lab.course.grading import load_checkers, run_checker, sandbox
+from ddp_lab.course.grading import load_checkers, run_checker, sandbox, traffic
 from ddp_lab.course.grading.learner import LocalLearner, RemoteLearner
 from ddp_lab.course.grading.rankhost import RankPool
 from ddp_lab.runtime import _pickle
@@ -303,11 +303,96 @@ def test_resume_in_the_per_rank_form_passes_the_solution_in_fresh_ranks() -> Non
 # nothing; only the bytes the grader counts in the ranks' network namespace tell them from a ring.
 
 
+def _unlock() -> None:
+    """Undo the ranks' lockdown from the learner's code: it runs in their process, in reach
+    (its registrations are dropped; the original kernels come back)."""
+    lock = sys.modules.get("ddp_lab.course.grading.checks.lockdown")
+    if lock is not None:
+        for library in lock._libraries:
+            library._destroy()
+        lock._libraries.clear()
+
+
+_GROUPS: dict = {}
+
+
+def backwards_group(tensor: torch.Tensor) -> torch.Tensor:
+    """The issue's attack: gloo's own all-reduce on a group whose ranks are numbered backwards
+    (built by hand: ``dist.new_group`` sorts its ranks), with the lockdown undone first. Its
+    ring runs to the right neighbour in the world's numbering: the bytes per neighbour of an
+    honest ring, on connections of its own."""
+    import datetime
+
+    from torch._C._distributed_c10d import ProcessGroup, ProcessGroupGloo
+
+    _unlock()
+    rank, n = dist.get_rank(), dist.get_world_size()
+    if n not in _GROUPS:
+        store = dist.PrefixStore(f"backwards{n}", dist.distributed_c10d._get_default_store())
+        gloo = ProcessGroupGloo(store, n - 1 - rank, n, datetime.timedelta(seconds=60))
+        group = ProcessGroup(store, n - 1 - rank, n)
+        group._set_default_backend(ProcessGroup.BackendType.GLOO)
+        group._register_backend(torch.device("cpu"), ProcessGroup.BackendType.GLOO, gloo)
+        _GROUPS[n] = group
+    _GROUPS[n].allreduce([tensor]).wait()
+    return tensor
+
+
+_SOCKETS: dict = {}
+
+
+def socket_ring(tensor: torch.Tensor) -> torch.Tensor:
+    """A ring over TCP sockets of the learner's own between the ranks (they share a network):
+    a ring's bytes to the right, and no call of the process group at all (the rank's report:
+    nothing sent, no batch, nothing an NCCL replay could fault)."""
+    import os
+    import socket
+    import time
+
+    rank, n = dist.get_rank(), dist.get_world_size()
+    key = (os.environ["MASTER_PORT"], n)
+    if key not in _SOCKETS:
+        base = int(os.environ["MASTER_PORT"]) + 1
+        server = socket.socket()
+        server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        server.bind(("127.0.0.1", base + rank))
+        server.listen(1)
+        while True:
+            try:
+                right = socket.create_connection(("127.0.0.1", base + (rank + 1) % n))
+                break
+            except ConnectionRefusedError:
+                time.sleep(0.01)
+        _SOCKETS[key] = (server.accept()[0], right)
+    left, right = _SOCKETS[key]
+    chunks = list(torch.tensor_split(tensor.view(-1), n))
+
+    def step(out: torch.Tensor, into: torch.Tensor) -> torch.Tensor:
+        right.sendall(out.numpy().tobytes())
+        want, got = into.numel() * into.element_size(), bytearray()
+        while len(got) < want:
+            got += left.recv(want - len(got))
+        return torch.frombuffer(got, dtype=into.dtype) if want else into.new_empty(0)
+
+    for s in range(n - 1):  # reduce-scatter, then all-gather, each step to the right
+        into = chunks[(rank - s - 1) % n]
+        into += step(chunks[(rank - s) % n], into)
+    for s in range(n - 1):
+        into = chunks[(rank - s) % n]
+        into.copy_(step(chunks[(rank - s + 1) % n], into))
+    return tensor
+
+
+def unsolved_ring(tensor: torch.Tensor) -> torch.Tensor:
+    raise NotImplementedError
+
+
 @pytest.fixture(scope="module")
 def ring_verdicts() -> dict[str, tuple[bool, str]]:
     """Each 05.ring submission graded once, the grader's way (shared by the tests below)."""
     verdicts = {"solution": remote_verdict("05.ring", *graded_solution("05.ring"))}
-    return verdicts | {fn.__name__: remote_verdict("05.ring", fn) for fn in WRONG_WAYS}
+    ways = [*WRONG_WAYS, backwards_group, socket_ring, unsolved_ring]
+    return verdicts | {fn.__name__: remote_verdict("05.ring", fn) for fn in ways}
 
 
 def test_ring_observed_an_honest_ring_gets_full_points(ring_verdicts: dict) -> None:
@@ -341,6 +426,32 @@ def test_ring_a_built_in_collective_gets_nothing_at_the_first_case(ring_verdicts
     assert "asks you to build" in line, line
 
 
+observed = pytest.mark.skipif(
+    not sandbox.available() or traffic.tools() is None,
+    reason="the grader counts the ranks' bytes with a sandbox, ss and nsenter",
+)
+
+
+@observed
+@pytest.mark.parametrize("name", ["backwards_group", "socket_ring"])
+def test_ring_bytes_count_only_on_the_connections_of_the_group_given(
+    ring_verdicts: dict, name: str
+) -> None:
+    """A ring's bytes to the right neighbour, sent on connections other than those of the
+    group the ranks were given (gloo's all-reduce on a group numbered backwards with the
+    lockdown undone; sockets of the learner's own), get nothing at the first case: the grader
+    noted the group's connections before the learner's code ran and counts each call's bytes
+    on them only. Both got 5/5 when bytes were counted per neighbour over every connection.
+    Beside them, in the same runs: the honest ring 5/5, the unsolved stub 0."""
+    passed, line = ring_verdicts[name]
+    assert not passed and " 0/5" in line and "hidden case 1 of" in line, line
+    assert "outside their process group's connections" in line, line
+    passed, line = ring_verdicts["solution"]
+    assert passed and "5/5" in line, line
+    passed, line = ring_verdicts["unsolved_ring"]
+    assert not passed and " 0/5" in line and "NOT ATTEMPTED" in line, line
+
+
 @pytest.mark.parametrize("missing", ["ss", "sandbox"])
 def test_ring_unobserved_falls_back_to_the_report_and_says_so(
     monkeypatch: pytest.MonkeyPatch, missing: str
@@ -348,8 +459,6 @@ def test_ring_unobserved_falls_back_to_the_report_and_says_so(
     """Without ss/nsenter, or without a sandbox (``DDP_LAB_SANDBOX=0``: the ranks share the
     host's network), the attack is graded as before the observation (it passes: the attack
     is real), and the verdict says that the way was not observed."""
-    from ddp_lab.course.grading import traffic
-
     if missing == "ss":
         monkeypatch.setattr(traffic, "tools", lambda: None)
     else:
@@ -361,7 +470,6 @@ def test_ring_unobserved_falls_back_to_the_report_and_says_so(
 def test_ring_counters_that_cannot_be_read_fail_the_case(monkeypatch: pytest.MonkeyPatch) -> None:
     """A count that fails (ranks that open sockets by the thousand) is no way around it: the
     case fails, rather than falling back to the ranks' own report."""
-    from ddp_lab.course.grading import traffic
 
     def flooded(holder_pid: int) -> traffic.Snapshot:
         raise traffic.Unreadable("ss wrote too much")

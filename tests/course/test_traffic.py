@@ -113,3 +113,54 @@ def test_snapshot_reads_a_namespace_and_refuses_a_flood(monkeypatch: pytest.Monk
         monkeypatch.setattr(traffic, "MAX_SS_BYTES", 10)
         with pytest.raises(traffic.Unreadable):
             traffic.snapshot(os.getpid())
+
+
+def _end(local: str, peer: str, pid: int, sent: int = 0, received: int = 0) -> traffic.End:
+    return traffic.End(local, peer, hash((local, peer)) & 0xFFFF, (pid,), sent, received, 0)
+
+
+def _shot(*ends: traffic.End) -> traffic.Snapshot:
+    return traffic.Snapshot({(e.local, e.peer, e.inode): e for e in ends}, 0, 0)
+
+
+def test_group_of_and_bytes_outside_the_groups_connections() -> None:
+    """The group's connections are those that appeared while the ranks joined it (one per
+    pair); bytes between the same ranks on any other connection are ``outside``, not sent."""
+    roots = {100: 0, 101: 1}
+    store = _end("127.0.0.1:5000", "127.0.0.1:40000", 100)  # the TCPStore: not the group's
+    old = [
+        _end("127.0.0.1:41000", "127.0.0.1:41001", 100),
+        _end("127.0.0.1:41001", "127.0.0.1:41000", 101),
+    ]
+    before = _shot(*old)
+    pair = [
+        _end("127.0.0.1:42000", "127.0.0.1:42001", 100),
+        _end("127.0.0.1:42001", "127.0.0.1:42000", 101),
+    ]
+    joined = _shot(*old, store, *pair)
+    group = traffic.group_of(before, joined, roots, 5000, 2)
+    assert group == {
+        ("127.0.0.1:42000", "127.0.0.1:42001"): (0, 1),
+        ("127.0.0.1:42001", "127.0.0.1:42000"): (1, 0),
+    }
+    # A call: 700 bytes 0 -> 1 on the group's connection, 500 on an earlier group's, 300 on a
+    # new socket of the learner's own; only the first is "sent".
+    mine = [
+        _end("127.0.0.1:43000", "127.0.0.1:43001", 100, 300),
+        _end("127.0.0.1:43001", "127.0.0.1:43000", 101, 0, 300),
+    ]
+    after = _shot(
+        _end("127.0.0.1:41000", "127.0.0.1:41001", 100, 500), _end("127.0.0.1:41001", "127.0.0.1:41000", 101, 0, 500),
+        _end("127.0.0.1:42000", "127.0.0.1:42001", 100, 700), _end("127.0.0.1:42001", "127.0.0.1:42000", 101, 0, 700),
+        *mine,
+    )  # fmt: skip
+    seen = traffic.difference(joined, after, roots, 5000, group)
+    assert seen.pairs == {(0, 1): 700} and seen.outside == 800, seen
+    assert traffic.difference(joined, after, roots, 5000).pairs == {(0, 1): 1500}  # no group
+    with pytest.raises(CaseFailed, match="outside their process group"):
+        judge_traffic(traffic.Traffic(pairs=HONEST[3], outside=30000), TENSORS, 3, "case")
+    # No connection for a pair, or two: the grader cannot tell the group's bytes from others'.
+    with pytest.raises(traffic.GroupUnclear):
+        traffic.group_of(before, _shot(*old, store), roots, 5000, 2)
+    with pytest.raises(traffic.GroupUnclear):
+        traffic.group_of(before, _shot(*old, store, *pair, *mine), roots, 5000, 2)

@@ -198,7 +198,9 @@ class GroupUnclear(RuntimeError):
 Group = dict[tuple[str, str], tuple[int, int]]  # (local, peer) of an end -> (its rank, peer's)
 
 
-def group_of(before: Snapshot, joined: Snapshot, roots: dict[int, int], store: int, n: int) -> Group:
+def group_of(
+    before: Snapshot, joined: Snapshot, roots: dict[int, int], store: int, n: int
+) -> Group:
     """The connections of the group the ranks joined between ``before`` and ``joined``.
 
     Every TCP connection that is new in ``joined``, is not the TCPStore's (port ``store``),

@@ -85,6 +85,20 @@ def judge_traffic(
     low, high, messages = ring_bytes(tensors, n)
     right_most = int(RIGHT_SLACK * high) + OVERHEAD_PER_MESSAGE * messages + OVERHEAD_PER_CASE
     other_most = int(OTHER_SLACK * high) + OVERHEAD_PER_MESSAGE * messages + OVERHEAD_PER_CASE
+    # First what went outside the group's connections: a ring on sockets of its own sends
+    # nothing on them, which would read as too few bytes to the right.
+    rendezvous = max(traffic.store - store_bytes, 0)
+    unseen = traffic.hidden + traffic.unattributed + rendezvous + getattr(traffic, "outside", 0)
+    if unseen > int(HIDDEN_SLACK * high) + OVERHEAD_PER_CASE:
+        raise fail(
+            _t(
+                "the grader saw {unseen} bytes move between the ranks outside their "
+                "process group's connections (another socket, or the rendezvous store); "
+                "a ring sends only through its process group.",
+                unseen=unseen,
+            ),
+            case,
+        )
     for rank in range(n):  # first what went elsewhere: it names the pattern best
         right = (rank + 1) % n
         for peer in range(n):
@@ -122,15 +136,3 @@ def judge_traffic(
                 ),
                 case,
             )
-    rendezvous = max(traffic.store - store_bytes, 0)
-    unseen = traffic.hidden + traffic.unattributed + rendezvous + getattr(traffic, "outside", 0)
-    if unseen > int(HIDDEN_SLACK * high) + OVERHEAD_PER_CASE:
-        raise fail(
-            _t(
-                "the grader saw {unseen} bytes move between the ranks outside their "
-                "process group's connections (another socket, or the rendezvous store); "
-                "a ring sends only through its process group.",
-                unseen=unseen,
-            ),
-            case,
-        )
