@@ -50,7 +50,11 @@ import torch.distributed.distributed_c10d as c10d
 from ddp_lab.course.grading import checker, fail, note
 from ddp_lab.course.grading.checks import ch04
 from ddp_lab.course.grading.checks.ch04 import guarded, same, short, shown, summed
-from ddp_lab.course.grading.checks.ch05_traffic import judge_traffic, ring_bytes  # noqa: F401
+from ddp_lab.course.grading.checks.ch05_traffic import (  # noqa: F401
+    judge_calls,
+    judge_traffic,
+    ring_bytes,
+)
 from ddp_lab.i18n import N_, _t, lookup
 
 _BANNED = [
@@ -412,8 +416,7 @@ def check_ring(rng: random.Random, learner: Any) -> Iterator[object]:
             )
         observed = getattr(learner, "traffic", None)
         if isinstance(observed, list):  # one count per call, on the group's connections
-            for call, tensor in zip(observed, inputs[0], strict=True):
-                judge_traffic(call, [tensor], n, case, store_bytes=0)
+            judge_calls(observed, inputs[0], n, case)
         elif observed is not None:
             judge_traffic(observed, inputs[0], n, case)
         elif getattr(learner, "unobserved", "") == "unreadable":  # not a way around the count

@@ -71,8 +71,24 @@ def ring_bytes(tensors: list[torch.Tensor], n: int) -> tuple[int, int, int]:
     return low, high, messages
 
 
+def judge_calls(calls: list, tensors: list[torch.Tensor], n: int, case: str) -> None:
+    """``judge_traffic`` for each call of the learner's ring (``calls[k]``: the count of the
+    call on ``tensors[k]``), one kind of problem at a time over every call: first bytes
+    outside the group's connections, then bytes to a rank that is not the right neighbour,
+    then the bytes to the right; so the verdict names the pattern (a gather sends a small
+    tensor's few bytes elsewhere too, which first reads as too few to the right)."""
+    for phase in ("outside", "elsewhere", "right"):
+        for call, tensor in zip(calls, tensors, strict=True):
+            judge_traffic(call, [tensor], n, case, store_bytes=0, phases=(phase,))
+
+
 def judge_traffic(
-    traffic: Any, tensors: list[torch.Tensor], n: int, case: str, store_bytes: int = STORE_BYTES
+    traffic: Any,
+    tensors: list[torch.Tensor],
+    n: int,
+    case: str,
+    store_bytes: int = STORE_BYTES,
+    phases: tuple[str, ...] = ("outside", "elsewhere", "right"),
 ) -> None:
     """Fail ``case`` if what the grader saw move between the ranks is not a ring's.
 
@@ -89,7 +105,7 @@ def judge_traffic(
     # nothing on them, which would read as too few bytes to the right.
     rendezvous = max(traffic.store - store_bytes, 0)
     unseen = traffic.hidden + traffic.unattributed + rendezvous + getattr(traffic, "outside", 0)
-    if unseen > int(HIDDEN_SLACK * high) + OVERHEAD_PER_CASE:
+    if "outside" in phases and unseen > int(HIDDEN_SLACK * high) + OVERHEAD_PER_CASE:
         raise fail(
             _t(
                 "the grader saw {unseen} bytes move between the ranks outside their "
@@ -99,7 +115,7 @@ def judge_traffic(
             ),
             case,
         )
-    for rank in range(n):  # first what went elsewhere: it names the pattern best
+    for rank in range(n if "elsewhere" in phases else 0):  # it names the pattern best
         right = (rank + 1) % n
         for peer in range(n):
             if peer in (rank, right) or traffic.sent(rank, peer) <= other_most:
@@ -117,7 +133,7 @@ def judge_traffic(
                 ),
                 case,
             )
-    for rank in range(n):
+    for rank in range(n if "right" in phases else 0):
         right = (rank + 1) % n
         sent = traffic.sent(rank, right)
         if sent > right_most or sent < low:
