@@ -26,11 +26,12 @@ feedback (a rank could undo the guards on purpose, or call the process group's o
 which no Python wrapper sees). The oracle (what ``dist.all_reduce`` leaves on every rank,
 ``ch04.summed``), the comparison, the send limit and the NCCL replay run in the checker.
 
-The way itself is observed from outside the ranks when grading (``judge_traffic``, in
-``ch05_traffic``): the grader counts the bytes each rank sent each other rank in the ranks'
-private network (``course.traffic``), and a right sum sent the wrong way (a gather and
-broadcast, an all_gather and a local sum, the whole buffer around the ring, gloo's own
-all_reduce) fails.
+The way itself is observed from outside the ranks when grading (``judge_calls``, in
+``ch05_traffic``): the grader counts, call by call, the bytes each rank sent each other rank
+on the connections of the group it was given, in the ranks' private network
+(``course.traffic``), and a right sum sent the wrong way (a gather and broadcast, an
+all_gather and a local sum, the whole buffer around the ring, gloo's own all_reduce, a group
+or sockets of the learner's own) fails.
 Where that cannot be counted (self-study, no sandbox, no ``ss``/``nsenter``) the rank's own
 account is all there is, and a graded verdict says so.
 """
