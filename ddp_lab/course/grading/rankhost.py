@@ -131,30 +131,6 @@ def _remove_folder(base: Path) -> None:
         time.sleep(0.05)
 
 
-def _last_line(path: Path, limit: int = 200) -> str:
-    """The last non-empty line of a rank's output (its last 4 KiB), at most ``limit``
-    characters, white space collapsed; "" if there is none. The rank made that file: a
-    symbolic link, a FIFO or a hard link to another file is not read."""
-    import stat
-
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    except OSError:
-        return ""
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode) or info.st_nlink != 1:
-            return ""
-        tail = os.pread(fd, 4096, max(info.st_size - 4096, 0)).decode("utf-8", "replace")
-    except OSError:
-        return ""
-    finally:
-        os.close(fd)
-    lines = [" ".join(line.split()) for line in tail.splitlines()]
-    lines = [line for line in lines if line]
-    return lines[-1][:limit] if lines else ""
-
-
 def _kill(proc: subprocess.Popen) -> None:
     try:
         os.killpg(proc.pid, signal.SIGKILL)
@@ -456,8 +432,8 @@ class RankPool:
 
     def _ended(self, rank: int) -> str:
         """Why rank ``rank`` ended without an answer, for the learner: how its process ended
-        (bwrap passes on its exit status, 128 + the signal for a killed one) and the last line
-        it printed (its own output, quoted as data)."""
+        (bwrap passes on its exit status, 128 + the signal for a killed one). What it printed
+        stays in its sandbox's private folder, out of the grader's reach."""
         proc = self.procs[rank]
         try:
             code = proc.wait(timeout=5)
@@ -477,9 +453,6 @@ class RankPool:
             )
         else:
             text = _t("rank {rank} ended without an answer", rank=rank)
-        last = _last_line(self.base / f"rank{rank}" / "output.log") if self.base else ""
-        if last:
-            text += _t("; the last line it printed: {line}", line=last)
         return text
 
     def close(self) -> None:
