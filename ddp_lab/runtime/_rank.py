@@ -83,37 +83,46 @@ def use_cell_names() -> None:
 
 # Process groups that destroy_process_group() dropped, kept alive until the process ends.
 KEPT_GROUPS: list[Any] = []
-_DEFAULT_STORE: list[Any] = []  # the destroyed default group's store, for finish_together
+# The destroyed default group's store and size, for finish_together.
+_DEFAULT_STORE: list[tuple[Any, int]] = []
 _FINISHED_KEY = "ddp_lab_finished"
+_ALL_FINISHED_KEY = "ddp_lab_all_finished"
 FINISH_WAIT_S = 10.0
 
 
 def finish_together(rank: int) -> None:
-    """Rank 0 waits (at most ``FINISH_WAIT_S``) until every rank has finished its function.
+    """Every rank waits (at most ``FINISH_WAIT_S``) until every rank has finished its function.
 
-    Why: rank 0 hosts the store of an ``env://`` group (MASTER_ADDR/MASTER_PORT). A rank
+    Why rank 0: it hosts the store of an ``env://`` group (MASTER_ADDR/MASTER_PORT). A rank
     whose function returns right after ``init_process_group`` would otherwise exit, and take
     the store down, while a slower rank is still inside ``init_process_group`` using it
-    ("Connection reset by peer"). A counter in the store is no collective, so it cannot get
-    mixed up with the program's own communication.
+    ("Connection reset by peer").
+    Why the others too: a rank that exits closes its gloo connections. A peer still inside
+    ``init_process_group`` (or ``new_group``), in gloo's ``connectFullMesh``, then reads the
+    end of the connection before it has finished connecting, and fails with "Gloo
+    connectFullMesh failed with ... Connection closed by peer" (gloo/transport/tcp/pair.cc,
+    ``Pair::read``; the wait in ``Pair::waitUntilConnected`` rethrows it). On a busy machine
+    rank 1 of a function that does no collective after ``init_process_group`` finished before
+    rank 0 had connected. A counter and a key in the store are no collective, so they cannot
+    get mixed up with the program's own communication; ``store.wait`` blocks in the store's
+    server instead of polling it.
     """
-    import time
+    from datetime import timedelta
 
     import torch.distributed as dist
 
-    store = _DEFAULT_STORE[0] if _DEFAULT_STORE else None
+    store, world = _DEFAULT_STORE[0] if _DEFAULT_STORE else (None, 0)
     if store is None and dist.is_available() and dist.is_initialized():
         store = dist.distributed_c10d._get_default_store()
+        world = dist.get_world_size()
     if store is None:
         return
     try:
-        world = int(os.environ.get("WORLD_SIZE", "1"))
-        done = store.add(_FINISHED_KEY, 1)
-        deadline = time.monotonic() + FINISH_WAIT_S
-        while rank == 0 and done < world and time.monotonic() < deadline:
-            time.sleep(0.002)
-            done = store.add(_FINISHED_KEY, 0)
-    except Exception:  # noqa: BLE001, S110  # a store that is gone: nothing to wait for
+        if store.add(_FINISHED_KEY, 1) >= world:
+            store.set(_ALL_FINISHED_KEY, "1")
+        else:
+            store.wait([_ALL_FINISHED_KEY], timedelta(seconds=FINISH_WAIT_S))
+    except Exception:  # noqa: BLE001, S110  # a store that is gone, or the wait ran out
         pass
 
 
@@ -145,7 +154,7 @@ def keep_process_groups() -> None:
         KEPT_GROUPS.extend(groups)
         default = c10d._world.default_pg
         if default is not None and default in groups:
-            _DEFAULT_STORE[:] = [c10d._world.pg_map[default][1]]
+            _DEFAULT_STORE[:] = [(c10d._world.pg_map[default][1], default.size())]
         original(group)
 
     destroy_process_group._ddp_lab_keeps = True  # type: ignore[attr-defined]
@@ -214,6 +223,52 @@ def _setup_process(rank: int, msg: dict, close_fds: tuple[int, ...]) -> None:
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // nprocs))
 
 
+_HOSTED_STORE: list[Any] = []  # rank 0's store server, alive as long as the rank
+
+
+def host_store(rank: int, msg: dict) -> None:
+    """Rank 0 serves the launch's store from the socket the zygote bound for it.
+
+    Why: a port that is only checked free and bound later (``launcher.free_port``) can be
+    drawn by another launch in that moment; the ranks of two launches then meet on one
+    store, under the same keys, and fail with gloo errors ("Connection reset by peer") or
+    EADDRINUSE. The zygote binds 127.0.0.1:0 before it forks the ranks and rank 0 inherits
+    the bound socket, so from before any rank exists until rank 0 exits no other program can
+    bind that port. ``TCPStore(..., master_listen_fd=...)`` serves on it, and
+    ``multi_tenant=True`` registers the server under its port: the ``TCPStore`` that
+    ``init_process_group`` (``env://``, ``_create_c10d_store`` in
+    ``torch/distributed/rendezvous.py``) makes on rank 0 for MASTER_PORT is this server
+    (``TCPServer::start`` in ``torch/csrc/distributed/c10d/TCPStore.cpp``).
+    """
+    fd = msg.get("store_fd")
+    if fd is None:
+        return
+    if rank != 0:
+        os.close(fd)
+        return
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    try:
+        if not dist.is_available():
+            raise RuntimeError("torch.distributed is not available")
+        server = dist.TCPStore(
+            "127.0.0.1",
+            msg["port"],
+            None,
+            True,
+            timedelta(minutes=30),
+            wait_for_workers=False,
+            multi_tenant=True,
+            master_listen_fd=fd,
+        )
+    except (RuntimeError, TypeError):  # an older torch: init_process_group binds the port itself
+        os.close(fd)
+        return
+    _HOSTED_STORE.append(server)
+
+
 def init_group(rank: int, nprocs: int, backend: str) -> Any:
     """Initialise the default process group for a launch that asked for a backend."""
     import torch
@@ -273,6 +328,7 @@ def _write(path: str, obj: object) -> None:
 def main(rank: int, msg: dict, close_fds: tuple[int, ...] = ()) -> int:
     """Run one rank of a launch; return the process exit code."""
     _setup_process(rank, msg, close_fds)
+    host_store(rank, msg)
     result_path = os.path.join(msg["workdir"], f"{rank}.result")
     code = 0
     try:

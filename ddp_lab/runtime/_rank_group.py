@@ -107,9 +107,9 @@ class RankGroup(GroupFaults):
         try:
             listener.bind(path)
             listener.listen(self.nprocs)
-            self.port = launcher.free_port()
+            self.port: int | None = None  # the zygote's "started" message says which
             payload = _pickle.dumps(LoopJob(path, self.nprocs, self.backend))
-            self.zygote.send(launcher.launch_message(payload, self.nprocs, self.workdir, self.port))
+            self.zygote.send(launcher.launch_message(payload, self.nprocs, self.workdir))
             self._accept(listener)
         except BaseException:
             self._kill()
@@ -177,6 +177,8 @@ class RankGroup(GroupFaults):
                 return lost
             if msg["op"] == "done":
                 self.done = True
+            elif msg["op"] == "started":
+                self.port = msg.get("port")
             elif msg["op"] == "exit":
                 rank, status = msg["rank"], msg["status"]
                 record = launcher._read_result(self.workdir, rank)

@@ -30,6 +30,7 @@ import os
 import pickle
 import select
 import signal
+import socket
 import struct
 
 from ddp_lab.runtime._process import set_parent_death_signal
@@ -85,17 +86,29 @@ def _launch(msg: dict, in_fd: int, out_fd: int, close_fds: tuple[int, ...] = ())
     """Fork the ranks of one launch and report their exits. False when the parent is gone."""
     from ddp_lab.runtime import _rank
 
+    store_socket = None
+    if msg.get("port") is None:
+        # The rendezvous port, bound here and handed to rank 0 (see ``_rank.host_store``).
+        store_socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        store_socket.bind(("127.0.0.1", 0))
+        store_socket.listen(128)
+        msg = {**msg, "port": store_socket.getsockname()[1], "store_fd": store_socket.fileno()}
     alive: dict[int, int] = {}
-    for rank in range(msg["nprocs"]):
-        pid = os.fork()
-        if pid == 0:
-            code = 70
-            try:
-                code = _rank.main(rank, msg, close_fds=(in_fd, out_fd, *close_fds))
-            finally:
-                os._exit(code)
-        alive[pid] = rank
-    write_msg(out_fd, {"op": "started", "pids": {r: p for p, r in alive.items()}})
+    try:
+        for rank in range(msg["nprocs"]):
+            pid = os.fork()
+            if pid == 0:
+                code = 70
+                try:
+                    code = _rank.main(rank, msg, close_fds=(in_fd, out_fd, *close_fds))
+                finally:
+                    os._exit(code)
+            alive[pid] = rank
+    finally:
+        if store_socket is not None:
+            store_socket.close()  # rank 0 holds its own copy
+    started = {"op": "started", "pids": {r: p for p, r in alive.items()}, "port": msg["port"]}
+    write_msg(out_fd, started)
     parent_alive = True
     while alive:
         ready, _, _ = select.select([in_fd], [], [], 0.005)

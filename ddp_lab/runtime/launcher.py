@@ -414,13 +414,17 @@ def shutdown_unlocked() -> None:
 
 
 def launch_message(payload: bytes, nprocs: int, workdir: str, port: int | None = None) -> dict:
-    """The zygote's 'launch' request: the job, where output goes, and the parent's context."""
+    """The zygote's 'launch' request: the job, where output goes, and the parent's context.
+
+    ``port``: None (the default) lets the zygote bind a port for the launch's store and hand
+    it to rank 0 (``_rank.host_store``); a number is used as MASTER_PORT as it is.
+    """
     return {
         "op": "launch",
         "nprocs": nprocs,
         "payload": payload,
         "workdir": workdir,
-        "port": port or free_port(),
+        "port": port,
         "env": dict(os.environ),
         "cwd": os.getcwd(),
         "sys_path": list(sys.path),

@@ -383,6 +383,46 @@ def test_fifty_launches_leave_nothing_behind(no_leaks):
         assert not {"0A", "01"} & set(tcp_states(port)), port
 
 
+def test_no_rank_exits_while_another_is_still_in_its_function(no_leaks):
+    """Rank 1 returns at once; rank 0 is slow (as inside ``init_process_group`` on a busy
+    machine). A rank that exits closes its gloo connections, and a peer still connecting
+    fails with "Gloo connectFullMesh failed ... Connection closed by peer" (seen in CI)."""
+    from ddp_lab.runtime._rank_group import alive
+
+    def fn(rank):
+        dist.init_process_group("gloo")
+        store = dist.distributed_c10d._get_default_store()
+        store.set(f"pid{rank}", str(os.getpid()))
+        if rank > 0:
+            return None
+        time.sleep(1.0)
+        return [alive(int(store.get(f"pid{r}"))) for r in (1, 2)]
+
+    assert dl.spawn(fn, nprocs=3) == [[True, True], None, None]
+
+
+def test_a_launch_never_meets_the_store_of_another_launch(monkeypatch, no_leaks):
+    """Another launch's store on the very port this launch would draw: what two launches in
+    different processes got when both drew one port between ``free_port``'s check and rank
+    0's bind (forced here). The launch's own ranks must meet each other, and nothing of
+    theirs may reach the other store."""
+    from datetime import timedelta
+
+    other = dist.TCPStore("127.0.0.1", 0, None, True, timedelta(seconds=30), wait_for_workers=False)
+    other.set("other_launch", "1")
+    monkeypatch.setattr(launcher, "free_port", lambda: other.port)
+
+    def fn(rank):
+        t = torch.tensor([float(rank + 1)])
+        dist.all_reduce(t)
+        return int(os.environ["MASTER_PORT"]), t.item()
+
+    results = dl.spawn(fn, nprocs=2, backend="gloo", quiet=True)
+    assert [r[1] for r in results] == [3.0, 3.0]
+    assert results[0][0] == results[1][0] != other.port
+    assert other.num_keys() == 1, "a rank wrote into another launch's store"
+
+
 def test_zygote_restarts_after_being_killed(no_leaks):
     dl.spawn(lambda rank: None, nprocs=1)
     os.kill(launcher._zygote.proc.pid, signal.SIGKILL)
