@@ -118,6 +118,12 @@ def no_leaks():
         time.sleep(0.05)
     assert rank_processes() == set()
     assert shm_left(shm_before) == set()
+    # The launches' folders of rank files and traces (ddp_lab/runtime/_workdirs.py).
+    pid = os.getpid()
+    left = [
+        p for k in ("", "trace_") for p in Path(tempfile.gettempdir()).glob(f"ddp_lab_{k}{pid}_*")
+    ]
+    assert left == []
 
 
 @pytest.fixture

@@ -21,14 +21,12 @@ from __future__ import annotations
 
 import os
 import select
-import shutil
 import socket
-import tempfile
 import time
 from typing import Any
 
 from ddp_lab.i18n import _t
-from ddp_lab.runtime import _hang, _pickle, launcher
+from ddp_lab.runtime import _hang, _pickle, _workdirs, launcher
 from ddp_lab.runtime._rank_faults import (
     _AFTER_FAILURE_S,
     _INTERRUPT_GRACE_S,
@@ -45,7 +43,6 @@ from ddp_lab.runtime.launcher import (
 )
 
 __all__ = [
-    "PREFIX",
     "RANK_NAMES",
     "GroupFaults",
     "RankGroup",
@@ -57,7 +54,6 @@ __all__ = [
 ]
 
 _START_TIMEOUT_S = 120.0
-PREFIX = "ddp_lab_ranks_"  # + the notebook's pid: stale folders can be recognised
 RANK_NAMES = {"rank", "world_size", "device", "torch", "dist"}
 
 
@@ -99,7 +95,7 @@ class RankGroup(GroupFaults):
         self.defined: dict[int, set[str]] = {r: set(RANK_NAMES) for r in range(self.nprocs)}
         self.sent_lines: set[str] = set()
         self.done = False
-        self.workdir = tempfile.mkdtemp(prefix=f"{PREFIX}{os.getpid()}_")
+        self.workdir = _workdirs.make("ranks_")  # removed by the next launch if we are killed
         self.output = launcher._Output(self.workdir, self.nprocs)
         self.stacks = _hang.StackReader(self.workdir, self.zygote.send)
         path = os.path.join(self.workdir, "ctl")
@@ -198,7 +194,7 @@ class RankGroup(GroupFaults):
         for conn in self.conns.values():
             conn.close()
         self.conns = {}
-        shutil.rmtree(self.workdir, ignore_errors=True)
+        _workdirs.remove(self.workdir)
 
     def _restart(self) -> None:
         self._kill()

@@ -22,10 +22,8 @@ from __future__ import annotations
 import atexit
 import os
 import random
-import shutil
 import socket
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -33,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from ddp_lab.i18n import _t
-from ddp_lab.runtime import _trace, device
+from ddp_lab.runtime import _trace, _workdirs, device
 from ddp_lab.runtime._failures import (
     DistributedDeadlockError,
     DistributedError,
@@ -333,7 +331,7 @@ def spawn(
         payload = dumps_job(FunctionJob(fn, args, nprocs, backend), fn, args)
         return run_payload(payload, nprocs, limit, stream, quiet, watch=timeout == -1)
     target = _trace.check_target(trace)
-    folder = tempfile.mkdtemp(prefix="ddp_lab_trace_")
+    folder = _workdirs.make("trace_")
     try:
         payload = dumps_job(FunctionJob(fn, args, nprocs, backend, folder), fn, args)
         return traced(
@@ -349,7 +347,7 @@ def spawn(
             watch=timeout == -1,
         )
     finally:
-        shutil.rmtree(folder, ignore_errors=True)
+        _workdirs.remove(folder)
 
 
 def traced(folder: str, nprocs: int, target: str, run: Callable, *args: Any, **kw: Any) -> Any:
@@ -386,7 +384,7 @@ def run_payload(
     with _lock:
         zygote = _get_zygote()
         zygote.wait_ready()
-        workdir = tempfile.mkdtemp(prefix="ddp_lab_")
+        workdir = _workdirs.make()  # named after this process, removed if it is killed
         try:
             return _supervise(
                 zygote,
@@ -403,7 +401,7 @@ def run_payload(
                 shutdown_unlocked()
             raise
         finally:
-            shutil.rmtree(workdir, ignore_errors=True)
+            _workdirs.remove(workdir)
 
 
 def shutdown_unlocked() -> None:

@@ -14,12 +14,10 @@ value with cloudpickle. Output, errors, timeouts and cleanup are those of
 from __future__ import annotations
 
 import ast
-import shutil
-import tempfile
 from typing import Any
 
 from ddp_lab.i18n import _t, pair
-from ddp_lab.runtime import _trace, launcher
+from ddp_lab.runtime import _trace, _workdirs, launcher
 from ddp_lab.runtime._cell import SKIP as _SKIP
 from ddp_lab.runtime._cell import used_names
 
@@ -86,7 +84,7 @@ def run_cell(
         launcher.run_payload(payload, nprocs, limit, stream, watch=timeout == -1)
         return
     target = _trace.check_target(trace)
-    folder = tempfile.mkdtemp(prefix="ddp_lab_trace_")
+    folder = _workdirs.make("trace_")
     try:
         job = CellJob(source, filename, namespace, nprocs, backend, folder)
         payload = launcher.dumps_job(job, run_cell, ())
@@ -102,7 +100,7 @@ def run_cell(
             watch=timeout == -1,
         )
     finally:
-        shutil.rmtree(folder, ignore_errors=True)
+        _workdirs.remove(folder)
 
 
 def register(ipython: Any) -> None:

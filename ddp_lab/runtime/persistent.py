@@ -24,17 +24,15 @@ from __future__ import annotations
 import ast
 import atexit
 import os
-import shutil
-import tempfile
 import unicodedata
 from typing import Any
 
 import cloudpickle
 
 from ddp_lab.i18n import _t
-from ddp_lab.runtime import _pickle, _trace, launcher
+from ddp_lab.runtime import _pickle, _trace, _workdirs, launcher
 from ddp_lab.runtime._cell import SKIP, used_names
-from ddp_lab.runtime._rank_group import PREFIX, RANK_NAMES, RankGroup, alive, errors
+from ddp_lab.runtime._rank_group import RANK_NAMES, RankGroup, errors
 from ddp_lab.runtime.launcher import DistributedError
 
 _group: RankGroup | None = None
@@ -50,22 +48,6 @@ def current() -> RankGroup:
             )
         )
     return _group
-
-
-def _clean_stale() -> None:
-    """Remove the folders of groups whose notebook was killed before it could clean up."""
-    root = tempfile.gettempdir()
-    for name in os.listdir(root):
-        if not name.startswith(PREFIX):
-            continue
-        pid = name[len(PREFIX) :].split("_")[0]
-        path = os.path.join(root, name)
-        try:
-            mine = os.stat(path).st_uid == os.getuid()
-        except OSError:
-            continue
-        if mine and pid.isdigit() and int(pid) != os.getpid() and not alive(int(pid)):
-            shutil.rmtree(path, ignore_errors=True)
 
 
 def start(nprocs: int = 2, backend: str = "auto", timeout: float | None = -1) -> None:
@@ -92,7 +74,6 @@ def start(nprocs: int = 2, backend: str = "auto", timeout: float | None = -1) ->
                 nprocs=old,
             )
         )
-    _clean_stale()
     _group = RankGroup(nprocs, backend, limit, watch=timeout == -1)
     print(
         _t(
@@ -187,7 +168,7 @@ def _traced_request(
     target: str,
 ) -> dict[int, dict]:
     """``group.request`` with the cell traced on ``targets``; the ranks' traces merged."""
-    folder = tempfile.mkdtemp(prefix="ddp_lab_trace_")
+    folder = _workdirs.make("trace_")
     # Each cell counts its ranks under its own store key (start_together).
     msg["trace"] = {"folder": folder, "key": f"ddp_lab_cell_{group.cells}", "count": len(targets)}
     try:
@@ -206,7 +187,7 @@ def _traced_request(
         if not _trace.collect(folder, group.nprocs, target, targets):
             raise RuntimeError(_t("No rank wrote a trace; {path} was not written.", path=target))
     finally:
-        shutil.rmtree(folder, ignore_errors=True)
+        _workdirs.remove(folder)
     return replies
 
 

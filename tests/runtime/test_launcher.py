@@ -18,7 +18,7 @@ import torch.distributed as dist
 from conftest import rank_processes, shm_files, shm_left, tcp_states
 
 import ddp_lab as dl
-from ddp_lab.runtime import launcher
+from ddp_lab.runtime import _workdirs, launcher
 
 
 def _sum_ranks(rank: int, offset: float) -> float:
@@ -221,7 +221,7 @@ def test_timeout_names_each_ranks_call_and_the_last_one_completed(monkeypatch, n
         made.append(original(**kw))
         return made[-1]
 
-    monkeypatch.setattr(launcher.tempfile, "mkdtemp", mkdtemp)
+    monkeypatch.setattr(_workdirs.tempfile, "mkdtemp", mkdtemp)
     with pytest.raises(dl.DistributedTimeoutError) as info:
         dl.spawn(_skips_an_all_reduce, nprocs=2, timeout=3)
     text = str(info.value)
@@ -498,6 +498,56 @@ def test_parent_killed_takes_ranks_with_it(tmp_path):
     while any(os.path.exists(f"/proc/{p}") for p in pids) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not any(os.path.exists(f"/proc/{p}") for p in pids), "orphaned rank processes"
+
+
+def test_a_killed_callers_folder_is_removed_by_the_next_launch(tmp_path, monkeypatch):
+    """SIGKILL skips ``run_payload``'s ``finally``: the folder of the rank files stays. It is
+    named after its owner and locked by it; the next launch (any process) removes it."""
+    private = tmp_path / "tmp"
+    private.mkdir()
+    script = tmp_path / "orphan.py"
+    script.write_text(SCRIPT)
+    marker = tmp_path / "pid"
+    env = {**os.environ, "TMPDIR": str(private)}
+    proc = subprocess.Popen([sys.executable, str(script), str(marker)], env=env)
+    deadline = time.monotonic() + 60
+    while not all(_read(tmp_path / f"pid.{r}") for r in range(2)):
+        assert time.monotonic() < deadline and proc.poll() is None
+        time.sleep(0.05)
+    folders = list(private.glob(f"ddp_lab_{proc.pid}_*"))
+    assert len(folders) == 1 and (folders[0] / "0.out").exists()
+    proc.kill()
+    proc.wait()
+    # A folder of an older launcher (no owner recorded), written long ago, no file open.
+    legacy = private / "ddp_lab_8isax8vv"
+    legacy.mkdir()
+    for name in ("0.out", "0.err", "0.calls", "0.stack"):
+        (legacy / name).write_text("")
+        os.utime(legacy / name, (time.time() - 3600,) * 2)
+    os.utime(legacy, (time.time() - 3600,) * 2)
+    other = private / "ddp_lab_data"  # not a launch's folder: left alone
+    other.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(private))
+    assert dl.spawn(lambda rank: rank, nprocs=2) == [0, 1]
+    assert sorted(p.name for p in private.glob("ddp_lab_*")) == ["ddp_lab_data"]
+
+
+def test_a_live_owners_folder_is_kept(tmp_path, monkeypatch):
+    """The lock decides, not the pid: a folder whose owner lives (even a reused pid would
+    not hold the lock) stays; one whose lock nobody holds goes."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    mine = _workdirs.make()
+    try:
+        assert _workdirs.remove_stale() == []
+        assert os.path.isdir(mine)
+        # Another process's pid in the name, lock held by nobody: stale.
+        forged = tmp_path / f"ddp_lab_{os.getppid()}_abcdefgh"
+        forged.mkdir()
+        (forged / ".owner").write_text("")
+        assert _workdirs.remove_stale() == [str(forged)]
+    finally:
+        _workdirs.remove(mine)
+    assert not os.path.exists(mine)
 
 
 def test_official_ddp_tutorial_demo_runs_with_dl_spawn(capfd, no_leaks):

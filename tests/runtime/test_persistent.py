@@ -17,7 +17,7 @@ import torch
 from conftest import shm_files, shm_left, tcp_states
 
 import ddp_lab as dl
-from ddp_lab.runtime import persistent
+from ddp_lab.runtime import _workdirs, persistent
 from ddp_lab.runtime._rank_group import alive
 
 run = persistent.run_cell
@@ -339,7 +339,7 @@ def test_kernel_exit_or_kill_leaves_nothing(tmp_path, how):
         proc.kill()
     proc.wait(60)
     if how == "kill":
-        persistent._clean_stale()
+        _workdirs.remove_stale()
     _assert_gone(snap)
 
 
