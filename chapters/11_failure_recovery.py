@@ -251,9 +251,17 @@ print("same parameters, bit for bit:",
 # then on so do the parameters. A checkpoint cannot hold the layout, so keep it fixed:
 # `recovery.resumable_loop` in the exercise below passes `find_unused_parameters=True`, with
 # which DDP never rebuilds (`should_rebuild_buckets` is false), at the cost of one walk over the
-# autograd graph per step. The runs above use two ranks: `ddp_lab.tools.train` keeps DDP's
-# default, and with `--nproc-per-node=3` its killed-and-resumed run ends with another digest
-# than the straight one.
+# autograd graph and one small all-reduce of the used-parameter map per step
+# (`Reducer::all_reduce_local_used_map` in `reducer.cpp`), and a warning from torch that it
+# found no unused parameter. `ddp_lab.tools.train` keeps the layout fixed another way
+# (`fixed_buckets` in `ddp_lab/tools/train_process.py`): with `bucket_cap_mb_list=[0]` DDP
+# uses the same limits for the first layout and for the rebuild ("Case 1" of
+# `compute_bucket_size_limits`), and a limit of 0 bytes closes each bucket after one
+# parameter. Each gradient is then all-reduced on its own in both layouts; the rebuild only
+# changes which bucket goes first. The cost: one all-reduce per parameter tensor (6 for this
+# model) instead of one per step. Checked with the command above and `--nproc-per-node=3`:
+# the straight and the killed-and-resumed run both end with the digest `a0188c55...`; with
+# DDP's default buckets they ended with `4a3e00ef...` and `2b8240aa...`.
 
 # %% [markdown] lang="zh" tags=["lesson"]
 # 在三个或更多 rank 上，还有一个顺序必须保持不变：DDP 的桶（bucket）。DDP 按桶对梯度做
@@ -265,9 +273,15 @@ print("same parameters, bit for bit:",
 # 位置。两个 rank 时这没有影响（a + b = b + a）；三个 rank 时，(a + b) + c 和 a + (b + c) 的最后一位可能不同，
 # 此后参数也就不同了。检查点存不下这个布局，那就让它固定不变：下面练习里的
 # `recovery.resumable_loop` 给 DDP 传了 `find_unused_parameters=True`，这样 DDP 就不会重建桶
-# （`should_rebuild_buckets` 返回 false），代价是每一步要多遍历一次 autograd 图。上面的运行用的是
-# 两个 rank：`ddp_lab.tools.train` 沿用 DDP 的默认做法，换成 `--nproc-per-node=3` 时，中途被杀再
-# 恢复的那次运行，最终参数的摘要和一口气跑完的不一样。
+# （`should_rebuild_buckets` 返回 false），代价是每一步要多遍历一次 autograd 图，再对“哪些参数用到了”
+# 这张表做一次小的 all-reduce（`reducer.cpp` 中的 `Reducer::all_reduce_local_used_map`），torch 还会
+# 警告说没有发现未使用的参数。`ddp_lab.tools.train` 换了一种办法固定布局（见
+# `ddp_lab/tools/train_process.py` 中的 `fixed_buckets`）：传入 `bucket_cap_mb_list=[0]` 后，DDP 在最初
+# 分桶和重建时使用同一组上限（`compute_bucket_size_limits` 中的 “Case 1”），而 0 字节的上限意味着
+# 每放进一个参数就封一个桶。这样在两种布局下，每个梯度都单独做 all-reduce，重建只改变各个桶的先后
+# 顺序。代价是每一步从一次 all-reduce 变成每个参数张量一次（这个模型有 6 个）。用上面的命令加上
+# `--nproc-per-node=3` 验证过：一口气跑完和中途被杀再恢复的两次运行，最终摘要都是 `a0188c55...`；
+# 沿用 DDP 默认分桶时，两者分别是 `4a3e00ef...` 和 `2b8240aa...`。
 
 # %% [markdown] lang="en" tags=["lesson"]
 # ## 2. Complete or absent: atomic writes

@@ -62,6 +62,7 @@ from ddp_lab.tools.train_checkpoint import (
 from ddp_lab.tools.train_process import (
     _ensure_launcher_env,
     exit_without_finalizing,
+    fixed_buckets,
     make_deterministic,
 )
 
@@ -278,7 +279,9 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
                 ),
                 flush=True,
             )
-    ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
+    ddp = DDP(
+        model, device_ids=[device.index] if device.type == "cuda" else None, **fixed_buckets()
+    )
 
     # A generator of its own: a DataLoader iterator draws a seed from it at every epoch,
     # which would otherwise come from (and move) the global torch RNG the training uses.

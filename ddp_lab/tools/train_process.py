@@ -1,16 +1,21 @@
 """The training program's process: how it starts and how it ends, around the training.
 
-Deterministic GPU libraries (set before CUDA starts), a one-rank launcher environment on a
-free port when it runs without a launcher, and an exit that skips Python's finalization
+Deterministic GPU libraries (set before CUDA starts), a DDP bucket layout that stays the
+same at every step (``fixed_buckets``: bit-for-bit resume on 3 ranks or more), a one-rank
+launcher environment on a free port when it runs without a launcher, and an exit that skips Python's finalization
 (which could abort a finished worker). ``tools/train.py`` re-exports these names.
 """
 
 from __future__ import annotations
 
+import inspect
 import os
 import sys
+import warnings
+from typing import Any
 
 import torch
+from torch.nn.parallel import DistributedDataParallel as DDP
 
 
 def make_deterministic() -> None:
@@ -60,3 +65,35 @@ def exit_without_finalizing(code: int = 0) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
+
+
+_NO_UNUSED = "find_unused_parameters=True was specified in DDP constructor, but did not find"
+
+
+def fixed_buckets() -> dict[str, Any]:
+    """DDP arguments under which its bucket layout is the same at every step.
+
+    Why: a resumed run must all-reduce every gradient the way the uninterrupted run did, or
+    on 3 ranks or more its parameters differ in the last bit. DDP's first step puts every
+    parameter into one bucket (``compute_bucket_size_limits`` in
+    ``torch/nn/parallel/distributed.py``: ``[sys.maxsize]``) and rebuilds the buckets after it
+    in the order the gradients arrived (``Reducer::should_rebuild_buckets``,
+    ``torch/csrc/distributed/c10d/reducer.hpp``); a resumed process starts with a new DDP, so
+    its first step uses the first layout where the uninterrupted run used the rebuilt one,
+    and a ring all-reduce adds an element's values in an order set by its place in the bucket.
+
+    ``bucket_cap_mb_list=[0]``: given a list, DDP uses the same limits for the first layout
+    and for the rebuild (``compute_bucket_size_limits``, "Case 1"), and a limit of 0 bytes
+    closes each bucket after one parameter. Every gradient is then all-reduced alone in
+    both layouts; the rebuild only changes which bucket goes first. Cost: one all-reduce
+    per parameter tensor (6 for ``SmallCNN``) instead of one for the whole model.
+    A torch whose DDP lacks ``bucket_cap_mb_list``: ``find_unused_parameters=True``, with
+    which DDP never rebuilds (``should_rebuild_buckets`` is false), at the cost of a walk over
+    the autograd graph and an all-reduce of the used-parameter map per step; torch then
+    warns once that it found no unused parameter, which is true and expected here, so that
+    one warning is filtered.
+    """
+    if "bucket_cap_mb_list" in inspect.signature(DDP).parameters:
+        return {"bucket_cap_mb_list": [0]}
+    warnings.filterwarnings("ignore", message=_NO_UNUSED, category=UserWarning)
+    return {"find_unused_parameters": True}
