@@ -470,16 +470,15 @@ def check_exercise(page, lab: Jupyter, lang: str) -> None:
     after = graded.locator(".jp-OutputArea-output").all_inner_texts()
     text = "\n".join(after)
     verdict_line = _t(
-        "NOT ATTEMPTED {grade_id}: 0/{points} points. {detail}",
+        "NOT ATTEMPTED {grade_id}: 0/{points} points.",
         lang,
         grade_id="00.average",
         points=2,
-        detail="",
     )
     failed = verdict_line.split(" 00.average")[0]  # "NOT ATTEMPTED" / "未作答"
     assert f"{failed} 00.average" in text, text[-2000:]
     stub = _t(
-        "the exercise is not solved yet (NotImplementedError: replace the stub with your code).",
+        "The exercise is not solved yet (NotImplementedError: replace the stub with your code).",
         lang,
     )
     assert stub[:12] in text, text[-2000:]

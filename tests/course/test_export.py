@@ -21,7 +21,7 @@ RELEASE = ROOT / "exercises" / "en" / "07_ddp_from_scratch.ipynb"
 
 RESULTS = [
     Result("07.naive_ddp", 3, 3, "passed", "PASS 07.naive_ddp"),
-    Result("07.bucketed", 0, 3, "failed", "FAIL 07.bucketed: hidden case 2 of 3 ..."),
+    Result("07.bucketed", 0, 3, "failed", "FAIL 07.bucketed: 0/3 points. Hidden case 2 of 3 ..."),
 ]
 
 

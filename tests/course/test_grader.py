@@ -384,7 +384,7 @@ def test_grade_chapter00_submissions_in_one_call(tmp_path: Path) -> None:
         n: (0, 2, "not-attempted") for n in ("correct", "deleted", "moved", "wrong")
     }
     feedback = (out / "feedback" / "wrong.md").read_text(encoding="utf-8")
-    assert "FAIL 00.average" in feedback and "hidden case 1 of 3" in feedback
+    assert "FAIL 00.average" in feedback and "Hidden case 1 of 3" in feedback
     assert "20 s" in (out / "feedback" / "runaway.md").read_text(encoding="utf-8")
     assert "valid notebook" in (out / "feedback" / "broken.md").read_text(encoding="utf-8")
     assert "moved" in (out / "feedback" / "moved.md").read_text(encoding="utf-8")

@@ -231,10 +231,10 @@ def test_per_rank_form_passes_honest_work_and_not_a_rank_that_reads_the_others(
     passed, line = remote_verdict(grade_id, *graded_solution(grade_id))
     assert passed, line
     passed, line = remote_verdict(grade_id, attack)
-    assert not passed and "hidden case 1 of" in line and " 0/" in line, line
+    assert not passed and "Hidden case 1 of" in line and " 0/" in line, line
     # Where a frame holds every rank's input, the same attack gets past the first case.
     _, line = run_checker(load_checkers()[grade_id], LocalLearner((attack,)), "en")
-    assert "hidden case 1 of" not in line, line
+    assert "Hidden case 1 of" not in line, line
 
 
 def test_a_case_whose_process_group_fails_to_set_up_runs_again_on_fresh_ranks(
@@ -259,7 +259,7 @@ def test_a_case_whose_process_group_fails_to_set_up_runs_again_on_fresh_ranks(
     assert passed and bad["left"] == 0, line
     bad["left"] = 10**6  # every try: the second failure is reported, as the set-up's error
     passed, line = remote_verdict(grade_id, *graded_solution(grade_id))
-    assert not passed and "hidden case 1 of" in line, line
+    assert not passed and "Hidden case 1 of" in line, line
 
 
 def stash_save(folder, model, optimizer, scheduler, sampler, step):  # noqa: ANN001, ANN201
@@ -295,7 +295,7 @@ def test_resume_in_the_per_rank_form_passes_the_solution_in_fresh_ranks() -> Non
     passed, line = remote_verdict("11.resume", *graded_solution("11.resume"))
     assert passed, line
     passed, line = remote_verdict("11.resume", stash_save, stash_load)
-    assert not passed and "hidden case 1 of" in line and "_ddp_lab_stash" in line, line
+    assert not passed and "Hidden case 1 of" in line and "_ddp_lab_stash" in line, line
 
 
 # --- 05.ring: the way, observed by the grader in the ranks' network ---------------------------
@@ -415,14 +415,14 @@ def test_ring_observed_a_right_sum_sent_the_wrong_way_gets_nothing(
     bytes fails them (at N = 2 every one of them is a ring, so case 2, N = 3, fails)."""
     passed, line = ring_verdicts[name]
     assert not passed and " 0/5" in line and "the grader saw rank" in line, line
-    assert words in line and "hidden case 2 of" in line, line
+    assert words in line and "Hidden case 2 of" in line, line
 
 
 def test_ring_a_built_in_collective_gets_nothing_at_the_first_case(ring_verdicts: dict) -> None:
     """gloo's own all-reduce through the group's method: the ranks' lockdown
     (``checks/lockdown.py``) stops it before any byte moves, at the first case."""
     passed, line = ring_verdicts["gloo_all_reduce"]
-    assert not passed and " 0/5" in line and "hidden case 1 of" in line, line
+    assert not passed and " 0/5" in line and "Hidden case 1 of" in line, line
     assert "asks you to build" in line, line
 
 
@@ -556,7 +556,7 @@ def test_chapter_10_in_the_per_rank_form(grade_id: str, lonely: Any, borrowed: A
     passed, line = remote_verdict(grade_id, *graded_solution(grade_id))
     assert passed, line
     passed, line = remote_verdict(grade_id, lonely)
-    assert not passed and "hidden case 1 of" in line and " 0/" in line, line
+    assert not passed and "Hidden case 1 of" in line and " 0/" in line, line
     if sandbox.available():
         passed, line = remote_verdict(grade_id, borrowed)
         assert not passed and "not available while grading" in line, line

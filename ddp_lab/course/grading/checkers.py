@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from ddp_lab.i18n import _t
+from ddp_lab.i18n import N_, _t
 
 DEFAULT_SEED = 20261122
 # Extra modules that register checkers (ddp_lab.course.grading.checks.* are always loaded).
@@ -141,23 +141,54 @@ def _run(chk: Checker, learner: Any, lang: str | None) -> tuple[str, str]:
     status, line = _verdict(chk, learner, lang)
     notes = getattr(learner, "notes", None)
     if notes:  # what the checker could not judge here (e.g. ``note`` in 05.ring)
-        line += " " + " ".join(dict.fromkeys(notes))
+        line = sentences(lang, line, *dict.fromkeys(notes))
     return status, line
+
+
+# Where a sentence ends: ".", "!", "?" and their ideographic / full-width forms.
+_ENDS = (".", "!", "?", chr(0x3002), chr(0xFF01), chr(0xFF1F))
+
+
+def sentence(text: str) -> str:
+    """``text`` as a sentence of a verdict line: its first letter capitalised when it is a
+    lowercase letter ("hidden case ..." -> "Hidden case ..."; "05.ring: ...", Chinese and
+    an empty text unchanged)."""
+    return text[:1].upper() + text[1:] if text[:1].islower() else text
+
+
+def sentences(lang: str | None, *parts: str) -> str:
+    """One verdict line from ``parts``: the first (the head, "FAIL 05.ring: 0/4 points.") as
+    it is, each other one a sentence (``sentence``). A part that does not end a sentence gets
+    a full stop before the next ("." and a space in English, the ideographic full stop and no
+    space in Chinese). Every verdict line is built here, so none reads "points. hidden ..."."""
+    from ddp_lab import i18n
+
+    zh = (lang or i18n.get_language()) == "zh"
+    stop, gap = (chr(0x3002), "") if zh else (".", " ")
+    texts = [p.strip() for p in parts if p and p.strip()]
+    out = ""
+    for i, text in enumerate(texts):
+        text = sentence(text) if i else text  # the first is the head ("FAIL 05.ring: ...")
+        if out:
+            out += ("" if out.endswith(_ENDS) else stop) + gap
+        out += text
+    return out
+
+
+def verdict_line(head: str, lang: str | None, grade_id: str, points: int, *details: str) -> str:
+    """``head`` (a msgid such as "FAIL {grade_id}: 0/{points} points.") in ``lang``, then
+    ``details`` as sentences (``sentences``)."""
+    return sentences(lang, _t(head, lang, grade_id=grade_id, points=points), *details)
 
 
 def not_attempted_line(grade_id: str, points: int, lang: str | None) -> str:
     """The verdict line of an exercise whose stub still raises NotImplementedError."""
     detail = _t(
-        "the exercise is not solved yet (NotImplementedError: replace the stub with your code).",
+        "The exercise is not solved yet (NotImplementedError: replace the stub with your code).",
         lang,
     )
-    return _t(
-        "NOT ATTEMPTED {grade_id}: 0/{points} points. {detail}",
-        lang,
-        grade_id=grade_id,
-        points=points,
-        detail=detail,
-    )
+    head = N_("NOT ATTEMPTED {grade_id}: 0/{points} points.")
+    return verdict_line(head, lang, grade_id, points, detail)
 
 
 def note(learner: Any, text: str) -> None:
@@ -182,12 +213,12 @@ def _verdict(chk: Checker, learner: Any, lang: str | None) -> tuple[str, str]:
     except NotImplementedError:
         return NOT_ATTEMPTED, not_attempted_line(chk.grade_id, chk.points, lang)
     except NotAttempted as exc:  # e.g. a concept check with no answer given
-        return NOT_ATTEMPTED, _t(
-            "NOT ATTEMPTED {grade_id}: 0/{points} points. {detail}",
+        return NOT_ATTEMPTED, verdict_line(
+            N_("NOT ATTEMPTED {grade_id}: 0/{points} points."),
             lang,
-            grade_id=chk.grade_id,
-            points=chk.points,
-            detail=exc.args[0] if exc.args else "-",
+            chk.grade_id,
+            chk.points,
+            exc.args[0] if exc.args else "-",
         )
     except LearnerError as exc:
         if exc.not_implemented:
@@ -195,7 +226,7 @@ def _verdict(chk: Checker, learner: Any, lang: str | None) -> tuple[str, str]:
         else:
             why = _t("your code raised {error}", lang, error=f"{exc.type_name}: {exc.message}")
             detail = _t(
-                "hidden case {index} of {total} ({case}) failed: {why}",
+                "Hidden case {index} of {total} ({case}) failed: {why}",
                 lang,
                 index=index + 1,
                 total=total,
@@ -204,7 +235,7 @@ def _verdict(chk: Checker, learner: Any, lang: str | None) -> tuple[str, str]:
             )
     except CaseFailed as exc:
         detail = _t(
-            "hidden case {index} of {total} ({case}) failed: {why}",
+            "Hidden case {index} of {total} ({case}) failed: {why}",
             lang,
             index=index + 1,
             total=total,
@@ -216,7 +247,7 @@ def _verdict(chk: Checker, learner: Any, lang: str | None) -> tuple[str, str]:
             "your code raised {error}", lang, error=f"{type(exc).__name__}: {_first_line(exc)}"
         )
         detail = _t(
-            "hidden case {index} of {total} ({case}) failed: {why}",
+            "Hidden case {index} of {total} ({case}) failed: {why}",
             lang,
             index=index + 1,
             total=total,
@@ -230,12 +261,8 @@ def _verdict(chk: Checker, learner: Any, lang: str | None) -> tuple[str, str]:
             grade_id=chk.grade_id,
             points=chk.points,
         )
-    return "failed", _t(
-        "FAIL {grade_id}: 0/{points} points. {detail}",
-        lang,
-        grade_id=chk.grade_id,
-        points=chk.points,
-        detail=detail,
+    return "failed", verdict_line(
+        N_("FAIL {grade_id}: 0/{points} points."), lang, chk.grade_id, chk.points, detail
     )
 
 

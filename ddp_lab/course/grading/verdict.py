@@ -33,7 +33,7 @@ import nbformat
 from ddp_lab.course.grading import sandbox, scan, view, wire
 from ddp_lab.course.grading.learner import RemoteLearner, RunnerGone
 from ddp_lab.course.grading.rankhost import RankPool
-from ddp_lab.i18n import _t
+from ddp_lab.i18n import N_, _t
 
 PROTOCOL_LIMIT = wire.MAX_BYTES + 4096  # one line from the runner; past it, the runner is killed
 BLOB_LIMIT = wire.BLOB_LIMIT  # the pickled objects of one graded cell
@@ -241,7 +241,12 @@ def _judge(
     deadline: float,
 ) -> dict[str, Any]:
     """One exercise's verdict, computed here; the learner's code is reached by probes only."""
-    from ddp_lab.course.grading.checkers import NOT_ATTEMPTED, judge, not_attempted_line
+    from ddp_lab.course.grading.checkers import (
+        NOT_ATTEMPTED,
+        judge,
+        not_attempted_line,
+        verdict_line,
+    )
     from ddp_lab.course.grading.rankhost import SandboxFailed
 
     chk = registry.get(grade_id)
@@ -252,20 +257,15 @@ def _judge(
     if error:
         why = _t("your code raised {error}", lang, error=error)
         detail = _t(
-            "hidden case {index} of {total} ({case}) failed: {why}",
+            "Hidden case {index} of {total} ({case}) failed: {why}",
             lang,
             index=1,
             total="?",
             case="-",
             why=why,
         )
-        line = _t(
-            "FAIL {grade_id}: 0/{points} points. {detail}",
-            lang,
-            grade_id=grade_id,
-            points=chk.points,
-            detail=detail,
-        )
+        head = N_("FAIL {grade_id}: 0/{points} points.")
+        line = verdict_line(head, lang, grade_id, chk.points, detail)
         return {"status": "failed", "detail": line}
     if time.monotonic() >= deadline:
         return {"status": "timeout"}

@@ -98,7 +98,7 @@ def test_checker_rejects_typical_wrong_solutions(
     monkeypatch.setenv("DDP_LAB_GRADE_SEED", seed)
     passed, line = _verdict(wrong)
     assert not passed
-    assert "FAIL 01.diagnose" in line and "hidden case" in line
+    assert "FAIL 01.diagnose: 0/" in line and "points. Hidden case" in line
     assert "expected" in line or "return a tuple" in line
 
 
@@ -114,7 +114,7 @@ def test_checker_rejects_stub() -> None:
         raise NotImplementedError
 
     passed, line = _verdict(stub)
-    assert not passed and "not solved yet" in line
+    assert not passed and "points. The exercise is not solved yet" in line, line
 
 
 class _EqualStr(str):

@@ -190,7 +190,7 @@ def _results(n, **change):
 )
 def test_results_that_are_not_the_probes_data_fail_cleanly(make):
     passed, line = grading.run_checker(grading.load_checkers()["08.fit"], Answers(make), "en")
-    assert not passed and line.startswith("FAIL 08.fit") and "hidden case 1 of 2" in line
+    assert not passed and line.startswith("FAIL 08.fit") and "Hidden case 1 of 2" in line
     assert "wrong form" in line or "WireError" in line, line
 
 

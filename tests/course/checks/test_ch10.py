@@ -204,5 +204,5 @@ class Answers:
 )
 def test_results_that_are_not_the_probes_data_fail_cleanly(grade_id, make):
     passed, line = run_checker(load_checkers()[grade_id], Answers(make), "en")
-    assert not passed and line.startswith(f"FAIL {grade_id}") and "hidden case 1 of" in line
+    assert not passed and line.startswith(f"FAIL {grade_id}") and "Hidden case 1 of" in line
     assert "wrong form" in line or "WireError" in line, line

@@ -72,7 +72,9 @@ def _make(chapter: str) -> None:
                 parts.append(_t("not answered: {numbers}", numbers=", ".join(blank)))
             text = _t(
                 "{parts} (of {total}); dl.quiz({chapter!r}, my_answers) explains each answer",
-                parts="; ".join(parts),
+                parts=parts[0]
+                if len(parts) == 1
+                else _t("{one}; {other}", one=parts[0], other=parts[1]),
                 total=len(verdicts),
                 chapter=chapter,
             )
