@@ -319,6 +319,12 @@ def make_parser() -> argparse.ArgumentParser:
         help="a lesson not in the cache: run it (default), fail, or show it without outputs",
     )
     p.add_argument("--jobs", type=int, default=2, help="lessons run at a time (default: 2)")
+    p.add_argument(
+        "--live-labs",
+        action="store_true",
+        help="run the cluster labs of chapters 04, 09, 11 live (hosts, Slurm; needs root) "
+        "instead of showing their stored runs (the default unless DDP_LAB_STORED_RUNS is set)",
+    )
     p.set_defaults(func=_site)
 
     p = sub.add_parser("doctor", help="check the GPU driver, CUDA, PyTorch and NCCL setup")

@@ -32,6 +32,7 @@ from pathlib import Path
 
 import nbformat
 
+from ddp_lab.cluster import STORED_RUNS
 from ddp_lab.course import build, nbcache
 from ddp_lab.course.site_pages import (
     THEME,
@@ -68,12 +69,44 @@ __all__ = [
 CELL_TIMEOUT = 300
 
 
-def _execute(page: Page, root: Path) -> nbformat.NotebookNode:
-    """Run a lesson as the tests do: in its folder, with the course's kernel."""
+def _tree_cpu(pid: int | None) -> float | None:
+    """CPU seconds of process ``pid`` and every process under it, those it waited for
+    included (a rank that ended and was reaped); None without psutil or the process."""
+    try:
+        import psutil
+    except ImportError:
+        return None
+    try:
+        top = psutil.Process(pid)
+        procs = [top, *top.children(recursive=True)]
+    except (psutil.Error, TypeError, ValueError):
+        return None
+    total = 0.0
+    for proc in procs:
+        try:
+            t = proc.cpu_times()
+        except psutil.Error:  # ended meanwhile: its parent's children_* count it
+            continue
+        total += t.user + t.system + t.children_user + t.children_system
+    return total
+
+
+def _execute(page: Page, root: Path) -> tuple[nbformat.NotebookNode, float | None]:
+    """Run a lesson as the tests do: in its folder, with the course's kernel. Returns the
+    notebook and the CPU seconds its kernel and the kernel's processes used (None where
+    that cannot be read)."""
     from nbclient import NotebookClient
 
+    class Client(NotebookClient):
+        cpu_s: float | None = None
+
+        async def _async_cleanup_kernel(self) -> None:
+            process = getattr(getattr(self.km, "provisioner", None), "process", None)
+            self.cpu_s = _tree_cpu(getattr(process, "pid", None))  # before it shuts down
+            await super()._async_cleanup_kernel()
+
     nb = nbformat.reads(page.text, as_version=4)
-    NotebookClient(
+    client = Client(
         nb,
         timeout=CELL_TIMEOUT,
         kernel_name=build.KERNEL_NAME,
@@ -81,8 +114,9 @@ def _execute(page: Page, root: Path) -> nbformat.NotebookNode:
         # kernel listens on 127.0.0.1 for this build only; the warning alarms and tells nothing.
         extra_arguments=["--IPKernelApp.log_level=ERROR"],
         resources={"metadata": {"path": str(root / page.kind / page.lang)}},
-    ).execute()
-    return nb
+    )
+    client.execute()
+    return nb, client.cpu_s
 
 
 def conf_py(lang: str, repo_url: str) -> str:
@@ -177,11 +211,14 @@ def build_site(
     missing: str = "run",
     jobs: int = 2,
     log=None,
+    live_labs: bool = False,
 ) -> dict[str, float]:
     """Build the site into ``out``; return timings (seconds) and counts.
 
     Lessons missing from the cache run ``jobs`` at a time (each in its own kernel); the two
-    languages' Sphinx builds run side by side.
+    languages' Sphinx builds run side by side. The cluster labs of chapters 04, 09 and 11
+    (local hosts, Slurm) show their stored real runs, as their pages say, unless
+    ``live_labs`` or ``DDP_LAB_STORED_RUNS`` is set (``ddp_lab.cluster``).
     """
     import functools
     import tempfile
@@ -197,9 +234,16 @@ def build_site(
     tmp.mkdir(parents=True, exist_ok=True)
     saved_tmp = os.environ.get("TMPDIR"), tempfile.tempdir
     os.environ["TMPDIR"], tempfile.tempdir = str(tmp), str(tmp)
+    # A page shows what a lab printed; building hosts or a Slurm cluster for it costs a first
+    # build minutes (and root), and the stored run is a real one, dated, with its command.
+    stored = None if live_labs or STORED_RUNS in os.environ else "1"
+    if stored:
+        os.environ[STORED_RUNS] = stored
     try:
         return _build_site(out, cache, work, root, repo_url, missing, jobs, log, t0, threading)
     finally:
+        if stored:
+            os.environ.pop(STORED_RUNS, None)
         if saved_tmp[0] is None:
             os.environ.pop("TMPDIR", None)
         else:
@@ -231,7 +275,7 @@ def _build_site(out, cache, work, root, repo_url, missing, jobs, log, t0, thread
     if todo:
         from concurrent.futures import ThreadPoolExecutor
 
-        lock, started = threading.Lock(), [0]
+        lock, started, cpu_total = threading.Lock(), [0], [0.0]
 
         def run(i: int) -> None:
             p = all_pages[i]
@@ -240,10 +284,14 @@ def _build_site(out, cache, work, root, repo_url, missing, jobs, log, t0, thread
                 k = started[0]
             log(f"[{k}/{len(todo)}] running notebooks/{p.lang}/{p.stem}.ipynb ...")
             t_one = time.monotonic()
-            runs[i] = _execute(p, root)
+            runs[i], cpu_s = _execute(p, root)
             nbcache.store(cache, p.text, runs[i])
+            cpu = "" if cpu_s is None else f", {cpu_s:.0f} s CPU"
+            with lock:
+                cpu_total[0] += cpu_s or 0.0
             log(
-                f"[{k}/{len(todo)}] notebooks/{p.lang}/{p.stem}.ipynb: {time.monotonic() - t_one:.0f} s"
+                f"[{k}/{len(todo)}] notebooks/{p.lang}/{p.stem}.ipynb: "
+                f"{time.monotonic() - t_one:.0f} s{cpu}"
             )
 
         backend = os.environ.pop("MPLBACKEND", None)  # a learner's kernel draws inline
@@ -254,6 +302,7 @@ def _build_site(out, cache, work, root, repo_url, missing, jobs, log, t0, thread
             if backend is not None:
                 os.environ["MPLBACKEND"] = backend
         stats["executed"] = len(todo)
+        stats["execute_cpu_s"] = round(cpu_total[0], 1)
     stats["execute_s"] = round(time.monotonic() - t, 1)
 
     procs = {}
@@ -360,9 +409,12 @@ def site_main(args) -> int:
         repo_url=default_repo_url() if args.repo_url is None else args.repo_url,
         missing=args.missing,
         jobs=args.jobs,
+        live_labs=args.live_labs,
     )
+    cpu = f", {stats['execute_cpu_s']} s CPU" if stats.get("execute_cpu_s") else ""
     print(
         f"wrote {out}/index.html ({stats['cached']} lessons from the cache, "
-        f"{stats['executed']} run in {stats['execute_s']} s; {stats['total_s']} s in all)"
+        f"{stats['executed']} run in {stats['execute_s']} s{cpu}; Sphinx {stats['sphinx_s']} s; "
+        f"{stats['total_s']} s in all)"
     )
     return 0

@@ -26,6 +26,7 @@ import nbformat
 import pytest
 from _servers import chromium, static_site
 
+from ddp_lab.cluster import STORED_RUNS as STORED
 from ddp_lab.course import build, nbcache, site
 from ddp_lab.i18n import _t
 
@@ -140,6 +141,37 @@ def test_without_the_site_tools_a_clear_error(monkeypatch, tmp_path, capsys):
     assert rc == 2
     assert "sphinx, myst_nb" in capsys.readouterr().err
     assert not (tmp_path / "out").exists() and not (tmp_path / "c").exists()
+
+
+def test_a_lesson_run_reports_the_cpu_of_its_kernel_and_its_processes(tmp_path):
+    # The build logs each lesson's CPU seconds (a first build's time on an idle machine is
+    # about the CPU time over the cores): the kernel's, and its child's that it waited for.
+    nb = nbformat.v4.new_notebook()
+    burn = "import time; t = time.process_time(); exec('while time.process_time() - t < 1.5: pass')"
+    nb.cells = [
+        nbformat.v4.new_code_cell("import os, subprocess, sys\nprint(os.getcwd())"),
+        nbformat.v4.new_code_cell(f"subprocess.run([sys.executable, '-c', {burn!r}], check=True)"),
+    ]
+    (tmp_path / "notebooks" / "en").mkdir(parents=True)
+    page = site.Page("en", "00_t", "notebooks", "t", nb, nbformat.writes(nb))
+    ran, cpu_s = site._execute(page, tmp_path)
+    assert ran.cells[0].outputs[0]["text"].strip() == str(tmp_path / "notebooks" / "en")
+    assert cpu_s is not None and 1.5 <= cpu_s < 60, cpu_s
+
+
+def test_the_site_shows_the_cluster_labs_stored_runs_unless_asked(monkeypatch, tmp_path):
+    seen = []
+    monkeypatch.setattr(site, "_build_site", lambda *a: seen.append(os.environ.get(STORED)))
+    monkeypatch.delenv(STORED, raising=False)
+    site.build_site(tmp_path / "out", tmp_path / "cache", tmp_path / "work")
+    site.build_site(tmp_path / "out", tmp_path / "cache", tmp_path / "work", live_labs=True)
+    monkeypatch.setenv(STORED, "zh")  # test.sh's: the learner's own setting is kept
+    site.build_site(tmp_path / "out", tmp_path / "cache", tmp_path / "work")
+    assert seen == ["1", None, "zh"]
+    assert os.environ[STORED] == "zh"
+    monkeypatch.delenv(STORED)
+    site.build_site(tmp_path / "out", tmp_path / "cache", tmp_path / "work")
+    assert STORED not in os.environ  # set for the build's kernels only
 
 
 # --------------------------------------------------------------------------------------
