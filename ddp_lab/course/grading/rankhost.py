@@ -47,9 +47,7 @@ host's loopback, each still with only its own input, and the package is not hidd
 from __future__ import annotations
 
 import json
-import os
 import random
-import shutil
 import signal
 import subprocess
 import sys
@@ -61,6 +59,7 @@ from typing import Any
 
 from ddp_lab.course.grading import view, wire
 from ddp_lab.course.grading.learner import RunnerGone
+from ddp_lab.course.grading.ranknet import join_network, kill_group, remove_folder, start_holder
 from ddp_lab.course.grading.rankserve import REQUEST_LIMIT
 from ddp_lab.i18n import _t
 
@@ -76,67 +75,6 @@ STARTUP_S = 300.0  # a rank's sandbox, Python and torch starting (the grader's t
 
 class SandboxFailed(RunnerGone):
     """The grader could not start the ranks' sandboxes (the machine's fault, not the code's)."""
-
-
-def _start_network(base: Path) -> tuple[subprocess.Popen, int]:
-    """A sandbox that holds a network namespace with only a loopback; (process, its pid)."""
-    from ddp_lab.course.grading import sandbox
-
-    bwrap = sandbox.bwrap_path()
-    assert bwrap is not None
-    read, write = os.pipe()
-    cmd = [bwrap, "--unshare-net", "--unshare-pid", "--die-with-parent", "--new-session"]
-    if os.geteuid() != 0:
-        cmd.append("--unshare-user")
-    cmd += ["--ro-bind", "/", "/", "--info-fd", str(write), "--", "sleep", "infinity"]
-    holder = subprocess.Popen(
-        cmd,
-        pass_fds=[write],
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
-    os.close(write)
-    reader = wire.LineReader(read, 4096)
-    info = b""
-    try:
-        while not info.rstrip().endswith(b"}"):  # bwrap writes one small JSON object
-            line = reader.readline(20)
-            if line is None:
-                raise RuntimeError("bubblewrap did not start the network holder")
-            info += line + b"\n"
-    finally:
-        os.close(read)
-    return holder, int(json.loads(info)["child-pid"])
-
-
-def _in_network(cmd: list[str], holder_pid: int, masks: list[str]) -> list[str]:
-    """``sandbox.wrap``'s command, joined to the holder's network instead of a new one."""
-    cmd = view.insert([a for a in cmd if a != "--unshare-net"], masks)
-    enter = ["nsenter", f"--net=/proc/{holder_pid}/ns/net"]
-    if os.geteuid() != 0:  # the holder's network belongs to its user namespace
-        enter += [f"--user=/proc/{holder_pid}/ns/user", "--preserve-credentials"]
-    return [*enter, "--", *cmd]
-
-
-def _remove_folder(base: Path) -> None:
-    """Remove a pool's folder. A rank's sandboxed Python is killed with its bwrap
-    (``--die-with-parent``), a moment after the process we wait for: it may still write a
-    file while the folder goes, and the first try then leaves the folder behind."""
-    for _ in range(20):
-        shutil.rmtree(base, ignore_errors=True)
-        if not base.exists():
-            return
-        time.sleep(0.05)
-
-
-def _kill(proc: subprocess.Popen) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except OSError:
-        pass
-    proc.wait()
 
 
 def _per_call(probe: str, inputs: list) -> bool:
@@ -194,9 +132,9 @@ class RankPool:
             self.base.chmod(0o755)
             # A pool dropped without close() (an exception in its owner, the interpreter's
             # exit) still removes its folder; close() does it at once.
-            self._remove = weakref.finalize(self, _remove_folder, self.base)
+            self._remove = weakref.finalize(self, remove_folder, self.base)
             if self.sandboxed:
-                self.holder, self.holder_pid = _start_network(self.base)
+                self.holder, self.holder_pid = start_holder(self.base)
             else:
                 sandbox.warn_unsandboxed(self.lang)
         if self.sandboxed and self.view is None:
@@ -211,7 +149,7 @@ class RankPool:
             argv = [sys.executable, "-m", "ddp_lab.course.grading.rankserve"]
             cmd, run_env = sandbox.wrap(argv, folder, job=self.job, env=env)
             if self.sandboxed:
-                cmd = _in_network(cmd, self.holder_pid, masks)
+                cmd = join_network(cmd, self.holder_pid, masks)
             proc = subprocess.Popen(
                 cmd,
                 env=run_env,
@@ -457,9 +395,9 @@ class RankPool:
 
     def close(self) -> None:
         for proc in self.procs:
-            _kill(proc)
+            kill_group(proc)
         if self.holder is not None:
-            _kill(self.holder)
+            kill_group(self.holder)
         if self.base is not None:
             self._remove()
         self.procs, self.readers, self.holder, self.base = [], [], None, None
