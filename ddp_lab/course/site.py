@@ -45,6 +45,7 @@ from ddp_lab.course.site_pages import (
     root_index,
     run_this_chapter,
 )
+from ddp_lab.course.site_run import CELL_TIMEOUT, execute_lesson
 from ddp_lab.i18n import _t
 
 __all__ = [
@@ -65,58 +66,6 @@ __all__ = [
     "site_main",
     "_static",
 ]
-
-CELL_TIMEOUT = 300
-
-
-def _tree_cpu(pid: int | None) -> float | None:
-    """CPU seconds of process ``pid`` and every process under it, those it waited for
-    included (a rank that ended and was reaped); None without psutil or the process."""
-    try:
-        import psutil
-    except ImportError:
-        return None
-    try:
-        top = psutil.Process(pid)
-        procs = [top, *top.children(recursive=True)]
-    except (psutil.Error, TypeError, ValueError):
-        return None
-    total = 0.0
-    for proc in procs:
-        try:
-            t = proc.cpu_times()
-        except psutil.Error:  # ended meanwhile: its parent's children_* count it
-            continue
-        total += t.user + t.system + t.children_user + t.children_system
-    return total
-
-
-def _execute(page: Page, root: Path) -> tuple[nbformat.NotebookNode, float | None]:
-    """Run a lesson as the tests do: in its folder, with the course's kernel. Returns the
-    notebook and the CPU seconds its kernel and the kernel's processes used (None where
-    that cannot be read)."""
-    from nbclient import NotebookClient
-
-    class Client(NotebookClient):
-        cpu_s: float | None = None
-
-        async def _async_cleanup_kernel(self) -> None:
-            process = getattr(getattr(self.km, "provisioner", None), "process", None)
-            self.cpu_s = _tree_cpu(getattr(process, "pid", None))  # before it shuts down
-            await super()._async_cleanup_kernel()
-
-    nb = nbformat.reads(page.text, as_version=4)
-    client = Client(
-        nb,
-        timeout=CELL_TIMEOUT,
-        kernel_name=build.KERNEL_NAME,
-        # ipykernel warns "Kernel is running over TCP without encryption" at every start: the
-        # kernel listens on 127.0.0.1 for this build only; the warning alarms and tells nothing.
-        extra_arguments=["--IPKernelApp.log_level=ERROR"],
-        resources={"metadata": {"path": str(root / page.kind / page.lang)}},
-    )
-    client.execute()
-    return nb, client.cpu_s
 
 
 def conf_py(lang: str, repo_url: str) -> str:
@@ -284,7 +233,7 @@ def _build_site(out, cache, work, root, repo_url, missing, jobs, log, t0, thread
                 k = started[0]
             log(f"[{k}/{len(todo)}] running notebooks/{p.lang}/{p.stem}.ipynb ...")
             t_one = time.monotonic()
-            runs[i], cpu_s = _execute(p, root)
+            runs[i], cpu_s = execute_lesson(p, root)
             nbcache.store(cache, p.text, runs[i])
             cpu = "" if cpu_s is None else f", {cpu_s:.0f} s CPU"
             with lock:

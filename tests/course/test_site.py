@@ -16,7 +16,9 @@ machine. ``DDP_LAB_SCREENSHOTS=docs/screenshots`` also saves screenshots there.
 
 from __future__ import annotations
 
+import asyncio
 import os
+import queue
 import re
 import subprocess
 import sys
@@ -27,7 +29,7 @@ import pytest
 from _servers import chromium, static_site
 
 from ddp_lab.cluster import STORED_RUNS as STORED
-from ddp_lab.course import build, nbcache, site
+from ddp_lab.course import build, nbcache, site, site_run
 from ddp_lab.i18n import _t
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -154,9 +156,37 @@ def test_a_lesson_run_reports_the_cpu_of_its_kernel_and_its_processes(tmp_path):
     ]
     (tmp_path / "notebooks" / "en").mkdir(parents=True)
     page = site.Page("en", "00_t", "notebooks", "t", nb, nbformat.writes(nb))
-    ran, cpu_s = site._execute(page, tmp_path)
+    ran, cpu_s = site_run.execute_lesson(page, tmp_path)
     assert ran.cells[0].outputs[0]["text"].strip() == str(tmp_path / "notebooks" / "en")
     assert cpu_s is not None and 1.5 <= cpu_s < 60, cpu_s
+
+
+def test_a_missed_wake_up_costs_one_slice_not_the_cell_timeout(monkeypatch):
+    # A lost wake-up: the poll sees nothing until its timeout fires, then finds the message
+    # (zmq.asyncio's poll looks again with poll(0) then). Unsliced, that is the whole timeout.
+    monkeypatch.setattr(site_run, "POLL_SLICE_S", 0.01)
+    asked: list[float | None] = []
+
+    async def lost_wake_up(timeout=None):
+        asked.append(timeout)
+        await asyncio.sleep(0)
+        if len(asked) < 3:
+            raise queue.Empty
+        return {"msg": "reply"}
+
+    got = asyncio.run(site_run._sliced(lost_wake_up)(timeout=300))
+    assert got == {"msg": "reply"} and len(asked) == 3
+    assert all(t is not None and t <= 0.01 for t in asked), asked  # never the cell's 300 s
+    asked.clear()
+    assert asyncio.run(site_run._sliced(lost_wake_up)(timeout=None)) == {"msg": "reply"}
+    assert all(t is not None and t <= 0.01 for t in asked), asked  # no timeout: slices too
+
+    async def never(timeout=None):
+        asked.append(timeout)
+        raise queue.Empty
+
+    with pytest.raises(queue.Empty):  # a real timeout still ends the wait
+        asyncio.run(site_run._sliced(never)(timeout=0.05))
 
 
 def test_the_site_shows_the_cluster_labs_stored_runs_unless_asked(monkeypatch, tmp_path):
