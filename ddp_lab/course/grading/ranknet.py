@@ -73,6 +73,7 @@ def remove_folder(base: Path) -> None:
 
 
 def kill_group(proc: subprocess.Popen) -> None:
+    """Kill a sandbox: bwrap's death takes its PID namespace (everything in it) along."""
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except OSError:

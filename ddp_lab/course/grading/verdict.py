@@ -33,6 +33,7 @@ import nbformat
 from ddp_lab.course.grading import sandbox, scan, view, wire
 from ddp_lab.course.grading.learner import RemoteLearner, RunnerGone
 from ddp_lab.course.grading.rankhost import RankPool
+from ddp_lab.course.grading.ranknet import kill_group
 from ddp_lab.i18n import N_, _t
 
 PROTOCOL_LIMIT = wire.MAX_BYTES + 4096  # one line from the runner; past it, the runner is killed
@@ -140,7 +141,7 @@ def run(request: dict[str, Any]) -> dict[str, Any]:
                 ended = "timeout" if time.monotonic() >= deadline else "timeout-cell"
                 break
             if msg.get("flood"):  # a line past the limit: the runner is killed, not read
-                _kill(proc)
+                kill_group(proc)
                 ended = "kernel-died"
                 break
             if msg.get("eof"):  # its output ended: the learner's process died (or exited)
@@ -164,7 +165,7 @@ def run(request: dict[str, Any]) -> dict[str, Any]:
                     grade_id,
                     proc.stdin,
                     reader,
-                    functools.partial(_kill, proc),
+                    functools.partial(kill_group, proc),
                     _blob(msg),
                     lang,
                     int(request.get("job", 0)),
@@ -191,7 +192,7 @@ def run(request: dict[str, Any]) -> dict[str, Any]:
         return {"results": results}
     finally:
         if proc is not None:
-            _kill(proc)
+            kill_group(proc)
         shutil.rmtree(work, ignore_errors=True)
         shutil.rmtree(masks, ignore_errors=True)
 
@@ -304,17 +305,6 @@ def _next_message(reader: wire.LineReader, proc: subprocess.Popen, until: float)
             continue  # not the protocol's: ignore
         if isinstance(msg, dict) and not msg.get("eof") and not msg.get("flood"):
             return msg
-
-
-def _kill(proc: subprocess.Popen) -> None:
-    """Kill the sandbox: bwrap's death takes its PID namespace (everything in it) along."""
-    import signal
-
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except OSError:
-        pass
-    proc.wait()
 
 
 def main() -> int:
