@@ -173,11 +173,13 @@ def run(scenario: str = "agent", timeout: float = 240.0) -> Record:
                 with lock:
                     rec.lines.append(Line(round(time.monotonic() - t0, 1), "lab", text))
 
-            def until(pattern: str, count: int = 1, within: float = timeout) -> bool:
+            def until(pattern: str, count: int = 1, within: float = timeout, host: str = "") -> bool:
                 end = min(deadline, time.monotonic() + within)
                 while time.monotonic() < end:
                     with lock:
-                        if len([ln for ln in rec.lines if re.search(pattern, ln.text)]) >= count:
+                        found = [ln for ln in rec.lines
+                                 if re.search(pattern, ln.text) and ln.host.startswith(host)]  # fmt: skip
+                        if len(found) >= count:
                             return True
                     time.sleep(0.1)
                 return False
@@ -198,7 +200,10 @@ def run(scenario: str = "agent", timeout: float = 240.0) -> Record:
             if scenario == "link":
                 note("host1's link up again")
                 subprocess.run(["ip", "-n", c[1].netns, "link", "set", "eth0", "up"], check=True)
-                if not until(r"^world size 2", count=2, within=REJOIN_S):
+                # Rejoined: host1's agent is in a round of 2 again (its second "group_world_size=2").
+                # Not the program's "world size 2": on a busy machine the restarted workers can
+                # take 20 s and more to start, and host1 would be killed after it had rejoined.
+                if not until(r"group_world_size=2", count=2, within=REJOIN_S, host="host1"):
                     note(f"host1 is not back {REJOIN_S} s later: we kill what is left on it "
                          "and start a fresh torchrun there, as an operator would")  # fmt: skip
                     hosts.kill_in(c[1].netns)
