@@ -173,7 +173,9 @@ def run(scenario: str = "agent", timeout: float = 240.0) -> Record:
                 with lock:
                     rec.lines.append(Line(round(time.monotonic() - t0, 1), "lab", text))
 
-            def until(pattern: str, count: int = 1, within: float = timeout, host: str = "") -> bool:
+            def until(
+                pattern: str, count: int = 1, within: float = timeout, host: str = ""
+            ) -> bool:
                 end = min(deadline, time.monotonic() + within)
                 while time.monotonic() < end:
                     with lock:

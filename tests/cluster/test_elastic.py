@@ -67,7 +67,8 @@ def test_host1_leaves_and_rejoins_nothing_left_behind(scenario: str) -> None:
     check(rec)
     if scenario == "agent":
         assert rec.returncodes["host1 #1"] == -9  # killed with its host
-        assert rec.grep(r"^\[rank0\]: RuntimeError: .*by peer", "host0")  # at once: the peer is gone
+        # at once: the peer is gone
+        assert rec.grep(r"^\[rank0\]: RuntimeError: .*by peer", "host0"), explain(rec)
     else:  # no peer to say it is gone: host0's collective waits out the process group's timeout
         assert rec.grep(r"Timed out waiting \d+ms", "host0"), explain(rec)
     assert not [n for n in hosts.namespaces() if n in rec.netns]
