@@ -202,10 +202,14 @@ def run(scenario: str = "agent", timeout: float = 240.0) -> Record:
             if scenario == "link":
                 note("host1's link up again")
                 subprocess.run(["ip", "-n", c[1].netns, "link", "set", "eth0", "up"], check=True)
-                # Rejoined: host1's agent is in a round of 2 again (its second "group_world_size=2").
-                # Not the program's "world size 2": on a busy machine the restarted workers can
-                # take 20 s and more to start, and host1 would be killed after it had rejoined.
-                if not until(r"group_world_size=2", count=2, within=REJOIN_S, host="host1"):
+                # Back: host1's agent reaches the store again. While the link was down it sat in
+                # a store call (its loop asks how many nodes wait, api.py `_invoke_run`); the call
+                # returns when TCP retransmits, and its next look finds the worker that timed out:
+                # "Worker group FAILED", after which it rejoins on its own within a round. Not the
+                # program's "world size 2": on a busy machine the restarted workers can take 20 s
+                # and more to start, and host1 would be killed after it had rejoined (seen at load
+                # 12: host0's worker then failed a second time).
+                if not until(r"Worker group FAILED", within=REJOIN_S, host="host1"):
                     note(f"host1 is not back {REJOIN_S} s later: we kill what is left on it "
                          "and start a fresh torchrun there, as an operator would")  # fmt: skip
                     hosts.kill_in(c[1].netns)
