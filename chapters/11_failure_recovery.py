@@ -694,8 +694,9 @@ print("exit codes:", agent.returncodes)
 # and joins the next round, and host0's agent restarts its workers for it. How soon depends
 # on TCP: while the link is down, the kernel retransmits the agent's pending request at
 # growing intervals, so the next attempt may come many seconds after the link is back. If
-# host1 has not rejoined within 40 s, we kill what is left on it and start a fresh torchrun,
-# as an operator (or the scheduler) would; the timeline says which happened. Once its worker
+# host1's agent has not reached the store within 40 s (its "Worker group FAILED" line is the
+# sign), we kill what is left on it and start a fresh torchrun, as an operator (or the
+# scheduler) would; the timeline says which happened. Once its worker
 # ends, each agent waits for the others at an exit barrier ("Waiting 300 seconds for other
 # agents to finish": `_exit_barrier`, same file).
 
@@ -707,8 +708,8 @@ print("exit codes:", agent.returncodes)
 # 能连上 host0 上的 store：它自己的 worker 也已经超时失败，于是它用掉一次重启，加入下一轮会
 # 合，host0 的代理再为它重启自己的 worker。多久能回来取决于 TCP：链路断开期间，内核按越来越长
 # 的间隔重传代理尚未送达的请求，所以下一次重传可能在链路恢复好几秒之后才发生。如果 40 秒内
-# host1 还没有重新加入，我们就像运维人员（或调度器）那样，杀掉它上面剩下的进程，重新启动一个
-# torchrun；时间线会说明实际发生的是哪一种。worker 结束后，每个代理都在退出屏障处等待其他代理
+# host1 的代理还没有重新连上 store（标志是它打出的那行“Worker group FAILED”），我们就像运维人员
+# （或调度器）那样，杀掉它上面剩下的进程，重新启动一个 torchrun；时间线会说明实际发生的是哪一种。worker 结束后，每个代理都在退出屏障处等待其他代理
 # （`Waiting 300 seconds for other agents to finish`：同一文件中的 `_exit_barrier`）。
 
 # %% tags=["lesson"]
