@@ -118,6 +118,11 @@ def where() -> None:
     rec = {"host": socket.gethostname(), **{k: os.environ.get(k) for k in keys},
            "group_size": dist.get_world_size()}  # fmt: skip
     os.write(1, ("@rank " + json.dumps(rec) + "\n").encode())  # one write: no interleaving
+    # No rank leaves before every rank has joined: a rank that exits closes its gloo connections,
+    # and a slower peer still connecting inside init_process_group then fails with "Gloo
+    # connectFullMesh failed ... Connection closed by peer" (seen under load in the n_by_n job;
+    # ddp_lab/runtime/_rank.py's finish_together says why).
+    dist.barrier()
     dist.destroy_process_group()
 
 

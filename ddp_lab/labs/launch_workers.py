@@ -63,6 +63,7 @@ def worker_init() -> None:
     try:
         dist.init_process_group("gloo", timeout=timedelta(seconds=20))
         outcome = f"ok: rank {dist.get_rank()} of {dist.get_world_size()}"
+        dist.barrier()  # nobody exits while a peer still connects (ddp_lab/cluster/slurm.py where)
         dist.destroy_process_group()
     except ValueError as exc:
         outcome = f"ValueError: {exc}"
