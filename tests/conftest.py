@@ -161,6 +161,25 @@ def _close_figures():
         sys.modules["matplotlib.pyplot"].close("all")
 
 
+_CLUSTER_TESTS = Path(__file__).parent / "cluster"
+
+
+@pytest.fixture(autouse=True)
+def _cluster_labs_run_live(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """tests/cluster runs every cluster lab live, whatever ``DDP_LAB_STORED_RUNS`` says.
+
+    test.sh sets ``DDP_LAB_STORED_RUNS=1`` for the lessons: their cluster labs print the stored
+    runs, and tests/cluster is where those labs run for real (hosts in namespaces, Slurm, the
+    elastic and preemption runs), once per CI run. A test there that wants the stored runs sets
+    the variable itself (``monkeypatch.setenv``). (Not a conftest.py of its own: tests import
+    this one as ``conftest``.)
+    """
+    if _CLUSTER_TESTS in Path(str(request.node.path)).parents:
+        from ddp_lab.cluster import STORED_RUNS
+
+        monkeypatch.delenv(STORED_RUNS, raising=False)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Tests marked ``gpu`` are skipped, with the reason, where torch sees no CUDA GPU."""
     marked = [item for item in items if item.get_closest_marker("gpu")]
