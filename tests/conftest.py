@@ -180,6 +180,18 @@ def _cluster_labs_run_live(request: pytest.FixtureRequest, monkeypatch: pytest.M
         monkeypatch.delenv(STORED_RUNS, raising=False)
 
 
+# --- the grading tests' shared classes (tests/course/graded_classes.py) -----------------------
+# Here, not in a tests/course/conftest.py: tests import this module as ``conftest``.
+
+
+@pytest.fixture(scope="session")
+def chapter05_class(tmp_path_factory: pytest.TempPathFactory):
+    """The chapter-05 class of the grading tests, graded once (tests/course/graded_classes.py)."""
+    from graded_classes import grade_chapter05
+
+    return grade_chapter05(tmp_path_factory.mktemp("chapter05_class"))
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Tests marked ``gpu`` are skipped, with the reason, where torch sees no CUDA GPU."""
     marked = [item for item in items if item.get_closest_marker("gpu")]

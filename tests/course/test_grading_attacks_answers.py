@@ -164,34 +164,22 @@ ring_all_reduce = _ns["ring_" + "all_reduce"]
 
 
 @needs_sandbox
-def test_chapter_05_the_reference_read_and_execd_earns_nothing(tmp_path: Path) -> None:
-    path, release, solution = _exercise("05")
-    marker = "def ring_all_reduce"
-    subs = tmp_path / "subs"
-    write(_with(release, marker, _solution_cell(solution, marker)), subs / "honest.ipynb")
-    write(release, subs / "unsolved.ipynb")
-    attacks = {
-        "exec_reference": EXEC_REFERENCE,
-        "magic_import": MAGIC_IMPORT,
-        "group_method": GROUP_METHOD,
-        "backwards_group": BACKWARDS_GROUP,
-    }
-    for name, source in attacks.items():
-        write(_with(release, marker, source), subs / f"{name}.ipynb")
-    out = tmp_path / "out"
-    assert grade(path, subs, out, "--cell-timeout", "120", "--jobs", "2") == 0
-    book = gradebook(out)
+def test_chapter_05_the_reference_read_and_execd_earns_nothing(chapter05_class) -> None:
+    # graded_classes.py: the chapter-05 class, the attacks below in place of the ring's cell.
+    graded = chapter05_class
+    book = graded.book
     assert book[("honest", "05.ring")] == (5, 5, "passed")
     assert book[("unsolved", "05.ring")][0] == 0
-    got = {name: book[(name, "05.ring")] for name in attacks}
+    attacks = ("exec_reference", "magic_import", "group_method", "backwards_group")
+    got = graded.rows(*attacks, exercise="05.ring")
     assert all(points == 0 for points, _, _ in got.values()), got
     # The scan reads the magic as IPython runs it, and sees the exec.
     assert got["magic_import"][2] == "flagged", got
     assert got["exec_reference"][2] == "flagged", got
     for name in ("group_method", "backwards_group"):  # locked in the rank, whatever the road
-        feedback = (out / "feedback" / f"{name}.md").read_text(encoding="utf-8")
+        feedback = graded.feedback(name)
         assert "asks you to build" in feedback, feedback
-    assert leftover_processes() == []
+    assert graded.leftovers == [] and leftover_processes() == []
 
 
 # gloo's own all-reduce, through the process group's method (the guards wrap dist.* only).

@@ -10,14 +10,12 @@ tested directly: rank r receives only its own input.
 
 from __future__ import annotations
 
-import copy
 import os
 import sys
 import tempfile
 from pathlib import Path
 
 import cloudpickle
-import nbformat
 import pytest
 import torch
 from test_grader import (
@@ -115,46 +113,31 @@ def test_attacks_on_the_protocol_get_nothing_and_honest_work_its_points(tmp_path
     assert leftover_processes() == []
 
 
-SOLUTION_05 = ROOT / "solutions" / "en" / "05_ring_allreduce.ipynb"
-RELEASE_05 = ROOT / "exercises" / "en" / "05_ring_allreduce.ipynb"
-
-
-def _ring_cell(nb: nbformat.NotebookNode) -> int:
-    return next(i for i, c in enumerate(nb.cells) if "def ring_all_reduce" in c.source)
+# The package's reference ring, imported in place of the learner's (chapter 05's class,
+# graded_classes.py).
+IMPORT_REFERENCE = (
+    "from ddp_lab.ring import ring_all_reduce as _theirs\n"
+    "def ring_all_reduce(tensor):\n    return _theirs(tensor)\n"
+)
 
 
 @pytest.mark.skipif(not sandbox.available(), reason="no bubblewrap/user namespaces here")
-def test_the_reference_ring_is_not_importable_while_grading(tmp_path: Path) -> None:
-    release = read(RELEASE_05)
-    subs = tmp_path / "subs"
-    honest = copy.deepcopy(release)
-    honest.cells[_ring_cell(honest)].source = (
-        read(SOLUTION_05).cells[_ring_cell(read(SOLUTION_05))].source
-    )
-    write(honest, subs / "honest.ipynb")
-    write(release, subs / "unsolved.ipynb")
-    cheat = copy.deepcopy(release)
-    cheat.cells[_ring_cell(cheat)].source = (
-        "from ddp_lab.ring import ring_all_reduce as _theirs\n"
-        "def ring_all_reduce(tensor):\n    return _theirs(tensor)\n"
-    )
-    write(cheat, subs / "import_reference.ipynb")
-    out = tmp_path / "out"
-    assert grade(RELEASE_05, subs, out, "--cell-timeout", "120", "--jobs", "2") == 0
-    book = code_exercises(gradebook(out))
-    assert book[("honest", "05.ring")] == (5, 5, "passed")
-    assert book[("unsolved", "05.ring")] == (0, 5, "not-attempted")
-    assert book[("import_reference", "05.ring")] == (0, 5, "flagged")
-    report = (out / "similarity.md").read_text(encoding="utf-8")
+def test_the_reference_ring_is_not_importable_while_grading(chapter05_class) -> None:
+    graded = chapter05_class
+    book = graded.rows("honest", "unsolved", "import_reference", exercise="05.ring")
+    assert book["honest"] == (5, 5, "passed")
+    assert book["unsolved"] == (0, 5, "not-attempted")
+    assert book["import_reference"] == (0, 5, "flagged")
+    report = (graded.out / "similarity.md").read_text(encoding="utf-8")
     pairs = [line for line in report.splitlines() if line.startswith("- ")]
     assert not any("(ddp_lab)" in line for line in pairs), report  # the honest ring is its own
-    feedback = (out / "feedback" / "import_reference.md").read_text(encoding="utf-8")
+    feedback = graded.feedback("import_reference")
     assert "ddp_lab.ring" in feedback and "not available while grading" in feedback, feedback
     # The released solution's ring passes the bytes the grader counts (course/grading/traffic.py),
     # counted in the verdict process as ddp-lab grade runs it.
-    feedback = (out / "feedback" / "honest.md").read_text(encoding="utf-8")
+    feedback = graded.feedback("honest")
     assert "could not observe" not in feedback, feedback
-    assert leftover_processes() == []
+    assert graded.leftovers == [] and leftover_processes() == []
 
 
 # --- the per-rank mechanism, directly ---------------------------------------------------------
