@@ -11,7 +11,6 @@ from __future__ import annotations
 import inspect
 import os
 import sys
-import warnings
 from typing import Any
 
 import torch
@@ -67,7 +66,7 @@ def exit_without_finalizing(code: int = 0) -> None:
     os._exit(code)
 
 
-_NO_UNUSED = "find_unused_parameters=True was specified in DDP constructor, but did not find"
+ONE_BYTE_MB = 1 / 2**20  # a bucket limit of one byte, in MiB (exact: a power of two)
 
 
 def fixed_buckets() -> dict[str, Any]:
@@ -82,18 +81,22 @@ def fixed_buckets() -> dict[str, Any]:
     its first step uses the first layout where the uninterrupted run used the rebuilt one,
     and a ring all-reduce adds an element's values in an order set by its place in the bucket.
 
-    ``bucket_cap_mb_list=[0]``: given a list, DDP uses the same limits for the first layout
-    and for the rebuild (``compute_bucket_size_limits``, "Case 1"), and a limit of 0 bytes
-    closes each bucket after one parameter. Every gradient is then all-reduced alone in
-    both layouts; the rebuild only changes which bucket goes first. Cost: one all-reduce
-    per parameter tensor (6 for ``SmallCNN``) instead of one for the whole model.
+    ``bucket_cap_mb_list=[ONE_BYTE_MB]``: given a list, DDP uses the same limits for the
+    first layout and for the rebuild (torch 2.13: ``compute_bucket_size_limits``, "Case 1";
+    torch 2.11: ``bucket_bytes_cap_list`` in ``_ddp_init_helper``), and a limit of one byte
+    closes each bucket after one parameter. Not 0: torch 2.11 takes the list's largest value
+    as ``bucket_cap_mb`` and raises "bucket_cap_mb should be set by now" when it is 0
+    (``DistributedDataParallel.__init__``; torch 2.13 accepts 0). Every gradient is then
+    all-reduced alone in both layouts; the rebuild only changes which bucket goes first.
+    Cost: one all-reduce per parameter tensor (6 for ``SmallCNN``) instead of one for the
+    whole model.
     A torch whose DDP lacks ``bucket_cap_mb_list``: ``find_unused_parameters=True``, with
     which DDP never rebuilds (``should_rebuild_buckets`` is false), at the cost of a walk over
-    the autograd graph and an all-reduce of the used-parameter map per step; torch then
-    warns once that it found no unused parameter, which is true and expected here, so that
-    one warning is filtered.
+    the autograd graph and an all-reduce of the used-parameter map per step. torch then
+    prints once on stderr that it found no unused parameter, which is true and expected
+    here. Python's ``warnings`` cannot hide it: it is ``TORCH_WARN_ONCE`` in ``reducer.cpp``,
+    written by the C++ warning handler (seen with torch 2.11 and 2.13).
     """
     if "bucket_cap_mb_list" in inspect.signature(DDP).parameters:
-        return {"bucket_cap_mb_list": [0]}
-    warnings.filterwarnings("ignore", message=_NO_UNUSED, category=UserWarning)
+        return {"bucket_cap_mb_list": [ONE_BYTE_MB]}
     return {"find_unused_parameters": True}
