@@ -360,23 +360,37 @@ def test_torch_that_lacks_the_courses_apis_is_named_with_its_chapters() -> None:
     assert line.zh and "2.13" in line.zh
 
 
+def _this_torch_is_older() -> bool:
+    """Whether this torch predates the course's (the GPU machine's 2.11 does)."""
+    import torch
+
+    return tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2]) < (2, 13)
+
+
 def test_this_torch_has_every_feature_and_a_missing_one_is_seen(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     import torch.distributed as dist
 
-    assert dr.torch_features() == dict.fromkeys(dr.TORCH_FEATURES, True)
+    found = dr.torch_features()
+    if _this_torch_is_older():  # torch 2.11 lacks all four (its source has none of them)
+        assert not any(found.values()), found
+        pytest.skip(f"this torch predates {dr.MIN_TORCH}; it lacks {sorted(found)}")
+    assert found == dict.fromkeys(dr.TORCH_FEATURES, True)
     monkeypatch.delattr(dist, "all_gather_single")
     assert dr.torch_features()["dist.all_gather_single"] is False
 
 
 def test_chapter_00s_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    every = dict.fromkeys(dr.TORCH_FEATURES, True)
+    monkeypatch.setattr(dr, "torch_features", lambda: every)
     assert dr.torch_check().startswith("all the APIs the course uses")
     monkeypatch.setattr(dr, "torch_features", lambda: {"gloo all_to_all": False})
     assert "lacks gloo all_to_all" in dr.torch_check() and "-> " in dr.torch_check()
 
 
 def test_a_lesson_cell_skips_with_one_line(monkeypatch, capsys) -> None:
+    monkeypatch.setattr(dr, "torch_features", lambda: {"gloo all_to_all": True})
     assert dr.has("gloo all_to_all") and capsys.readouterr().out == ""
     monkeypatch.setattr(dr, "torch_features", lambda: {"gloo all_to_all": False})
     assert not dr.has("gloo all_to_all")

@@ -27,7 +27,11 @@ def _buckets(rank: int) -> tuple[list[int], list[int], int]:
     for _ in range(3):  # the rebuild happens in forward 2, the logger sees it in forward 3
         model(torch.randn(2, 1, 8, 8)).sum().backward()
     data = model._get_ddp_logging_data()
-    return built, data.get("rebuilt_bucket_sizes", data["bucket_sizes"]), data["has_rebuilt_buckets"]
+    return (
+        built,
+        data.get("rebuilt_bucket_sizes", data["bucket_sizes"]),
+        data["has_rebuilt_buckets"],
+    )
 
 
 def _sizes(text: str | list[int]) -> list[int]:
