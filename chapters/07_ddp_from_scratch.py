@@ -461,8 +461,8 @@ dl.spawn(ddp_vs_accumulation, nprocs=2, backend="gloo")
 # - with `find_unused_parameters=True` the buckets are never rebuilt: the construction plan
 #   stays, walked in **definition** order and reversed, so its 1 MiB bucket holds the
 #   **input** layers and is reduced last;
-# - torch 2.13 adds two arguments here: `bucket_cap_mb_list` gives each bucket its own cap
-#   in MiB, and `batched_grad_copy=True` defers the per-parameter copy and division until
+# - two newer arguments: `bucket_cap_mb_list` (torch 2.11 has it) gives each bucket its own
+#   cap in MiB, and `batched_grad_copy=True` (torch 2.13; not in 2.11) defers the per-parameter copy and division until
 #   the bucket is ready, then does them as one `_foreach_copy_` and one `div_` (fewer
 #   kernel launches for many small parameters; the default is `False`).
 #
@@ -496,8 +496,8 @@ dl.spawn(ddp_vs_accumulation, nprocs=2, backend="gloo")
 # - 显式给出 `bucket_cap_mb`（哪怕是 `25`）时，每个桶都用这个上限，不再有 1 MiB 的桶；
 # - 设置 `find_unused_parameters=True` 时，桶永远不会重建：构造时的分法保持不变，即按**定义**
 #   顺序遍历再反转，所以其中 1 MiB 的那个桶装的是**输入**层，最后才被归约；
-# - torch 2.13 在这里新增了两个参数：`bucket_cap_mb_list` 给每个桶单独设上限（单位 MiB）；
-#   `batched_grad_copy=True` 把逐个参数的复制和除法推迟到桶就绪时，合并成一次 `_foreach_copy_`
+# - 还有两个较新的参数：`bucket_cap_mb_list`（torch 2.11 已有）给每个桶单独设上限（单位 MiB）；
+#   `batched_grad_copy=True`（torch 2.13 才有，2.11 没有）把逐个参数的复制和除法推迟到桶就绪时，合并成一次 `_foreach_copy_`
 #   和一次 `div_`（参数又多又小时，能少启动很多核函数；默认为 `False`）。
 #
 # 下面的单元先数一数模型的大小，再在 2 个 rank 上读出 torch 的 DDP 实际的分法（通过原型阶段的

@@ -254,10 +254,10 @@ print("same parameters, bit for bit:",
 # autograd graph and one small all-reduce of the used-parameter map per step
 # (`Reducer::all_reduce_local_used_map` in `reducer.cpp`), and a warning from torch that it
 # found no unused parameter. `ddp_lab.tools.train` keeps the layout fixed another way
-# (`fixed_buckets` in `ddp_lab/tools/train_process.py`): with `bucket_cap_mb_list=[0]` DDP
-# uses the same limits for the first layout and for the rebuild ("Case 1" of
-# `compute_bucket_size_limits`), and a limit of 0 bytes closes each bucket after one
-# parameter. Each gradient is then all-reduced on its own in both layouts; the rebuild only
+# (`fixed_buckets` in `ddp_lab/tools/train_process.py`): with a `bucket_cap_mb_list` of one
+# byte (`[2**-20]` MiB) DDP uses the same limits for the first layout and for the rebuild
+# ("Case 1" of `compute_bucket_size_limits`), and a one-byte limit closes each bucket after
+# one parameter (not 0: torch 2.11 rejects a largest limit of 0). Each gradient is then all-reduced on its own in both layouts; the rebuild only
 # changes which bucket goes first. The cost: one all-reduce per parameter tensor (6 for this
 # model) instead of one per step. Checked with the command above and `--nproc-per-node=3`:
 # the straight and the killed-and-resumed run both end with the digest `a0188c55...`; with
@@ -276,9 +276,9 @@ print("same parameters, bit for bit:",
 # （`should_rebuild_buckets` 返回 false），代价是每一步要多遍历一次 autograd 图，再对“哪些参数用到了”
 # 这张表做一次小的 all-reduce（`reducer.cpp` 中的 `Reducer::all_reduce_local_used_map`），torch 还会
 # 警告说没有发现未使用的参数。`ddp_lab.tools.train` 换了一种办法固定布局（见
-# `ddp_lab/tools/train_process.py` 中的 `fixed_buckets`）：传入 `bucket_cap_mb_list=[0]` 后，DDP 在最初
-# 分桶和重建时使用同一组上限（`compute_bucket_size_limits` 中的 “Case 1”），而 0 字节的上限意味着
-# 每放进一个参数就封一个桶。这样在两种布局下，每个梯度都单独做 all-reduce，重建只改变各个桶的先后
+# `ddp_lab/tools/train_process.py` 中的 `fixed_buckets`）：把 `bucket_cap_mb_list` 设为一个字节
+# （`[2**-20]` MiB）后，DDP 在最初分桶和重建时使用同一组上限（`compute_bucket_size_limits` 中的
+# “Case 1”），而一个字节的上限意味着每放进一个参数就封一个桶（不用 0：torch 2.11 不接受最大上限为 0）。这样在两种布局下，每个梯度都单独做 all-reduce，重建只改变各个桶的先后
 # 顺序。代价是每一步从一次 all-reduce 变成每个参数张量一次（这个模型有 6 个）。用上面的命令加上
 # `--nproc-per-node=3` 验证过：一口气跑完和中途被杀再恢复的两次运行，最终摘要都是 `a0188c55...`；
 # 沿用 DDP 默认分桶时，两者分别是 `4a3e00ef...` 和 `2b8240aa...`。
