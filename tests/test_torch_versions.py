@@ -5,6 +5,8 @@ torch takes are reached by hiding the newer API (monkeypatch), as tests/test_one
 from __future__ import annotations
 
 import inspect
+import os
+import socket
 import warnings
 
 import pytest
@@ -67,3 +69,59 @@ def test_fixed_buckets_on_a_ddp_without_bucket_cap_mb_list(
         before = list(warnings.filters)
         assert train_process.fixed_buckets() == {"find_unused_parameters": True}
         assert warnings.filters == before
+
+
+def _bound_socket() -> tuple[int, int]:
+    """A listening socket on a port the kernel picked, as the zygote makes for rank 0."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(16)
+    port = sock.getsockname()[1]
+    return sock.detach(), port
+
+
+def test_rank_0_serves_the_store_on_the_inherited_socket() -> None:
+    """This torch's TCPStore takes ``master_listen_fd`` (2.11 and 2.13): a client on the port
+    reaches rank 0's store."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from ddp_lab.runtime import _rank
+
+    fd, port = _bound_socket()
+    _rank.host_store(0, {"store_fd": fd, "port": port})
+    try:
+        assert len(_rank._HOSTED_STORE) == 1
+        client = dist.TCPStore("127.0.0.1", port, None, False, timedelta(seconds=10))
+        client.set("k", "v")
+        assert _rank._HOSTED_STORE[0].get("k") == b"v"
+    finally:
+        _rank._HOSTED_STORE.clear()
+
+
+def test_a_torch_without_master_listen_fd_leaves_the_port_to_init_process_group(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Rank 0 closes the inherited socket, so the store ``init_process_group`` makes can bind
+    the port itself."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from ddp_lab.runtime import _rank
+
+    real = dist.TCPStore
+
+    def older(*args: object, master_listen_fd: int | None = None, **kwargs: object) -> None:
+        raise TypeError("__init__(): incompatible constructor arguments")  # pybind11's words
+
+    fd, port = _bound_socket()
+    monkeypatch.setattr(dist, "TCPStore", older)
+    _rank.host_store(0, {"store_fd": fd, "port": port})
+    assert _rank._HOSTED_STORE == []
+    with pytest.raises(OSError):
+        os.fstat(fd)  # closed
+    server = real("127.0.0.1", port, 1, True, timedelta(seconds=10))  # the port is free again
+    server.set("k", "v")
+    assert server.get("k") == b"v"
