@@ -86,8 +86,9 @@ timeout 1200 "$PY" -m pytest -p no:cacheprovider -q -rfE \
   tests/test_cuda_compat.py tests/test_doctor.py tests/test_train.py tests/test_resume.py \
   tests/test_resume_device.py tests/test_ddp.py tests/test_fsdp.py tests/test_zero.py \
   tests/test_comm_hooks.py tests/test_collectives.py tests/test_bucketed_ddp.py \
-  tests/test_trace_analysis.py tests/test_one_gpu_lessons.py tests/runtime/test_device.py \
-  tests/runtime/test_launcher.py tests/runtime/test_trace.py > "$OUT/unit.log" 2>&1
+  tests/test_trace_analysis.py tests/test_one_gpu_lessons.py tests/test_torch_versions.py \
+  tests/runtime/test_device.py tests/runtime/test_launcher.py tests/runtime/test_persistent.py \
+  tests/runtime/test_magic.py tests/runtime/test_trace.py > "$OUT/unit.log" 2>&1
 note "$( [ $? = 0 ] && echo PASS || echo FAIL ) unit tests: $(tail -1 "$OUT/unit.log")"
 grep -E '^(FAILED|ERROR)' "$OUT/unit.log" | head -40 >> "$SUMMARY"
 
