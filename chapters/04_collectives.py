@@ -562,7 +562,7 @@ else:
 # The documented table of PyTorch 2.x for all three backends (`?` for MPI on GPU: it
 # depends on whether your MPI was built with CUDA support), and the cells where that old
 # table is out of date. Gloo on CPU now has `reduce_scatter` and `all_to_all` (your probe
-# just ran them), Gloo on GPU gained most collectives, and NCCL has `scatter`. The table in
+# just ran them; torch 2.11's gloo still raises "does not support alltoall"), Gloo on GPU gained most collectives, and NCCL has `scatter`. The table in
 # `docs/source/distributed.rst` of your release is the one to trust; that file's history on
 # GitHub shows when each cell changed. Besides these three, torch 2.13 has `xccl`, the backend for Intel GPUs (`xpu` devices),
 # and `ucc` and `fake`; the last lines of the cell list them.
@@ -570,7 +570,8 @@ else:
 # %% [markdown] lang="zh"
 # 下面是 PyTorch 2.x 文档中三个后端的支持表（MPI 在 GPU 上为 `?`：取决于你的 MPI 编译时
 # 是否支持 CUDA），以及那张旧表中已经过时的格子。Gloo 在 CPU 上现在支持
-# `reduce_scatter` 和 `all_to_all`（你的探测刚刚运行过它们），Gloo 在 GPU 上增加了大部分
+# `reduce_scatter` 和 `all_to_all`（你的探测刚刚运行过它们；torch 2.11 的 gloo 仍会报
+# “does not support alltoall”），Gloo 在 GPU 上增加了大部分
 # 集合通信操作，NCCL 也支持了 `scatter`。可信的是你所用版本的 `docs/source/distributed.rst`；
 # 每一格在哪个版本改变，可以在 GitHub 上查看这个文件的历史。除了这三个，torch 2.13 还内置了
 # 面向 Intel GPU（`xpu` 设备）的 `xccl`，

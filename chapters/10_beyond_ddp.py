@@ -1261,7 +1261,9 @@ def reduce_grad(flat_grad):
     ### BEGIN SOLUTION
     world = dist.get_world_size()
     out = torch.empty(flat_grad.numel() // world, dtype=flat_grad.dtype)
-    dist.reduce_scatter_single(out, flat_grad / world)
+    # torch before 2.13 (ddp-lab doctor): the same collective under its old name
+    reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+    reduce_scatter(out, flat_grad / world)
     return out
     ### END SOLUTION
 

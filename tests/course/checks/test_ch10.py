@@ -115,9 +115,14 @@ def test_hook_checker_rejects_wrong_hooks(wrong, words):
 # ----- 10.fsdp_reduce ---------------------------------------------------------------------------
 
 
+def _reduce_scatter():
+    """dist.reduce_scatter_single, under its old name on torch before 2.13 (2.11 lacks it)."""
+    return getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
+
 def reduce_scatter_grad(flat):
     out = torch.empty(flat.numel() // dist.get_world_size(), dtype=flat.dtype)
-    dist.reduce_scatter_single(out, flat / dist.get_world_size())
+    _reduce_scatter()(out, flat / dist.get_world_size())
     return out
 
 
@@ -129,7 +134,7 @@ def all_reduce_grad(flat):
 
 def summing_grad(flat):
     out = torch.empty(flat.numel() // dist.get_world_size(), dtype=flat.dtype)
-    dist.reduce_scatter_single(out, flat)
+    _reduce_scatter()(out, flat)
     return out
 
 
