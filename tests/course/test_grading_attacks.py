@@ -9,23 +9,9 @@ grader guarantees and what it does not.
 
 from __future__ import annotations
 
-import socket
-import threading
-from pathlib import Path
-
 import pytest
-from test_grader import (
-    RELEASE,
-    WRONG,
-    code_exercises,
-    grade,
-    gradebook,
-    leftover_processes,
-    read,
-    solved,
-    with_cell_after_setup,
-    write,
-)
+from graded_classes import HONEST, Graded
+from test_grader import leftover_processes
 
 from ddp_lab.course.build import grade_pass_line
 from ddp_lab.course.grading import sandbox
@@ -70,91 +56,37 @@ def average_across_ranks(value: torch.Tensor):
 """
 
 
-def test_cheats_get_zero_and_honest_work_full_points(tmp_path: Path) -> None:
-    release = read(RELEASE)
-    subs = tmp_path / "subs"
-    write(solved(release), subs / "honest.ipynb")
-    for name, cell in CHEATS.items():
-        write(with_cell_after_setup(solved(release, WRONG), cell), subs / f"{name}.ipynb")
-    write(solved(release, ALWAYS_EQUAL), subs / "always_equal.ipynb")
-    out = tmp_path / "out"
-    assert grade(RELEASE, subs, out, "--cell-timeout", "60", "--jobs", "2") == 0
-    book = code_exercises(gradebook(out))
-    assert book.pop(("honest", "00.average")) == (2, 2, "passed")
-    assert book.pop(("print_and_exit", "00.average")) == (0, 2, "kernel-died")
+def test_cheats_get_zero_and_honest_work_full_points(chapter00_class: Graded) -> None:
+    graded = chapter00_class  # graded_classes.py: these students sit in the chapter-00 class
+    book = graded.rows(HONEST, *CHEATS, "always_equal")
+    assert book.pop(HONEST) == (2, 2, "passed")
+    assert book.pop("print_and_exit") == (0, 2, "kernel-died")
     # It imports the grading machinery: course.scan flags it for the instructor, with 0 points.
-    assert book.pop(("patch_checker", "00.average")) == (0, 2, "flagged")
+    assert book.pop("patch_checker") == (0, 2, "flagged")
     assert book == {
-        (name, "00.average"): (0, 2, "failed")
+        name: (0, 2, "failed")
         for name in [*CHEATS, "always_equal"]
         if name not in ("print_and_exit", "patch_checker")
     }
-    wrong = (out / "feedback" / "patch_grade.md").read_text(encoding="utf-8")
+    wrong = graded.feedback("patch_grade")
     assert "the mean over ranks is" in wrong  # the real checker's feedback, not the cheat's
-    assert "not a tensor" in (out / "feedback" / "always_equal.md").read_text(encoding="utf-8")
-    assert leftover_processes() == []
+    assert "not a tensor" in graded.feedback("always_equal")
+    assert graded.leftovers == [] and leftover_processes() == []
 
 
 @pytest.mark.skipif(not sandbox.available(), reason="no bubblewrap/user namespaces here")
-def test_sandboxed_submissions_cannot_touch_the_host(tmp_path: Path) -> None:
-    release = read(RELEASE)
-    subs = tmp_path / "subs"
-    target = tmp_path / "instructor" / "pwned.txt"
-    target.parent.mkdir()
-    secret = tmp_path / "instructor" / "seed.txt"
-    secret.write_text("the-instructor-seed")
-    accepted: list[object] = []
-    server = socket.socket()
-    server.bind(("127.0.0.1", 0))
-    server.listen()
-    server.settimeout(0.5)
-    port = server.getsockname()[1]
-
-    def serve() -> None:
-        while not stop.is_set():
-            try:
-                accepted.append(server.accept()[0])
-            except OSError:
-                pass
-
-    stop = threading.Event()
-    thread = threading.Thread(target=serve, daemon=True)
-    thread.start()
-    attacks = {
-        "writer": f"open({str(target)!r}, 'w').write('pwned')",
-        "reader": f"print(open({str(secret)!r}).read())",
-        "network": (
-            "import socket\n"
-            f"socket.create_connection(('127.0.0.1', {port}), timeout=3).sendall(b'hello')"
-        ),
-        "forkbomb": (
-            "import os, time\n"
-            "try:\n"
-            "    while True:\n"
-            "        if os.fork() == 0:\n"
-            "            time.sleep(600)\n"
-            "            os._exit(0)\n"
-            "except OSError:\n"
-            "    pass\n"
-        ),
-    }
-    for name, cell in attacks.items():
-        write(with_cell_after_setup(solved(release), cell), subs / f"{name}.ipynb")
-    write(solved(release), subs / "bystander.ipynb")
-    out = tmp_path / "out"
-    try:
-        assert grade(RELEASE, subs, out, "--cell-timeout", "60", "--jobs", "2") == 0
-    finally:
-        stop.set()
-        thread.join()
-        server.close()
-    book = code_exercises(gradebook(out))
-    assert not target.exists()
-    assert accepted == []
-    assert "the-instructor-seed" not in "".join(
-        p.read_text(encoding="utf-8") for p in (out / "feedback").iterdir()
+def test_sandboxed_submissions_cannot_touch_the_host(chapter00_class: Graded) -> None:
+    # graded_classes.py: the class holds a writer to the instructor's file, a reader of the
+    # instructor's seed, a client of a server this process listens with during the run, and
+    # a fork bomb, each in a cell after dl.setup() of an honest solution.
+    graded = chapter00_class
+    assert graded.sandboxed
+    assert not graded.target.exists()
+    assert graded.accepted == []
+    assert graded.secret not in "".join(
+        p.read_text(encoding="utf-8") for p in (graded.out / "feedback").iterdir()
     )
     # The attacks failed inside their own sandbox; honest work around them is graded as usual.
-    for name in ("writer", "reader", "network", "bystander"):
-        assert book[(name, "00.average")] == (2, 2, "passed"), name
-    assert leftover_processes() == []
+    for name in ("writer", "reader", "network", HONEST):
+        assert graded.book[(name, "00.average")] == (2, 2, "passed"), name
+    assert graded.leftovers == [] and leftover_processes() == []

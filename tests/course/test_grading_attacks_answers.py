@@ -245,20 +245,15 @@ my_answers = {i: q.key for i, q in enumerate(_key.QUIZZES["00"], 1)}
 
 
 @needs_sandbox
-def test_chapter_00_the_concept_key_is_not_within_reach(tmp_path: Path) -> None:
-    path, release, solution = _exercise("00")
-    marker = "my_answers = {"
-    subs = tmp_path / "subs"
-    write(_with(release, marker, _solution_cell(solution, marker)), subs / "honest.ipynb")
-    write(release, subs / "unsolved.ipynb")
-    write(_with(release, marker, KEY_READER), subs / "key_reader.ipynb")
-    out = tmp_path / "out"
-    assert grade(path, subs, out, "--cell-timeout", "120", "--jobs", "2") == 0
-    book = gradebook(out)
-    assert book[("honest", "00.concepts")] == (2, 2, "passed")
-    assert book[("unsolved", "00.concepts")][0] == 0
-    assert book[("key_reader", "00.concepts")][0] == 0, book
-    assert leftover_processes() == []
+def test_chapter_00_the_concept_key_is_not_within_reach(chapter00_class) -> None:
+    # graded_classes.py: "concepts" is the release with the solution's answers, "key_reader" with
+    # KEY_READER in their place, "unsolved" the release.
+    graded = chapter00_class
+    book = graded.rows("concepts", "unsolved", "key_reader", exercise="00.concepts")
+    assert book["concepts"] == (2, 2, "passed")
+    assert book["unsolved"][0] == 0
+    assert book["key_reader"][0] == 0, book
+    assert graded.leftovers == [] and leftover_processes() == []
 
 
 # --- built-in collectives, locked in a hand-written-collective rank -----------------------------

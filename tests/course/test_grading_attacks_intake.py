@@ -14,22 +14,17 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 from pathlib import Path
 
 import pytest
 from test_grader import (
     RELEASE,
-    WRONG,
     code_exercises,
     grade,
     gradebook,
     leftover_processes,
-    read,
-    solved,
     synthetic_release,
     synthetic_solved,
-    with_cell_after_setup,
     write,
 )
 
@@ -292,30 +287,26 @@ needs_sandbox_and_cgroups = pytest.mark.skipif(
 
 
 @needs_sandbox_and_cgroups
-def test_neighbours_cannot_starve_or_fill_the_machine(tmp_path: Path) -> None:
-    release = read(RELEASE)
-    subs = tmp_path / "subs"
-    # With --jobs 2 the bomb (first) still runs when the honest one (third) starts: under
-    # "BASE_UID + i % jobs" they shared a user id, and its fork failed.
-    write(with_cell_after_setup(solved(release, WRONG), BOMB), subs / "a-bomb.ipynb")
-    (subs / "b-broken.ipynb").write_text("{", encoding="utf-8")
-    write(solved(release), subs / "c-honest.ipynb")
-    write(with_cell_after_setup(solved(release, FILLER_SOLUTION), FILLER), subs / "d-filler.ipynb")
-    free = shutil.disk_usage(tmp_path).free
-    out = tmp_path / "out"
-    assert grade(RELEASE, subs, out, "--cell-timeout", "90", "--jobs", "2") == 0
-    book = code_exercises(gradebook(out))
+def test_neighbours_cannot_starve_or_fill_the_machine(chapter00_class) -> None:
+    # graded_classes.py: "a-bomb" (BOMB after a wrong answer), "a-broken" (not JSON), the honest one
+    # and "filler" (FILLER, with FILLER_SOLUTION) sit in the chapter-00 class, graded with
+    # --jobs 2 in the order of the names: the honest one starts while the bomb still runs
+    # (under "BASE_UID + i % jobs" they shared a user id, and its fork failed).
+    from graded_classes import HONEST
+
+    graded = chapter00_class
+    book = graded.rows("a-bomb", "a-broken", HONEST, "filler")
     # The bomb gets nothing: its wrong answer fails, or (on a loaded machine, its 500
     # processes waiting for a CPU) its own error.
-    assert book.pop(("a-bomb", "00.average")) in {(0, 2, "failed"), (0, 2, "error")}
+    assert book.pop("a-bomb") in {(0, 2, "failed"), (0, 2, "error")}
     assert book == {
-        ("b-broken", "00.average"): (0, 2, "invalid"),
-        ("c-honest", "00.average"): (2, 2, "passed"),
-        ("d-filler", "00.average"): (0, 2, "failed"),
+        "a-broken": (0, 2, "invalid"),
+        HONEST: (2, 2, "passed"),
+        "filler": (0, 2, "failed"),
     }
-    assert shutil.disk_usage(tmp_path).free > free - 200 * 2**20
-    assert leftover_processes() == [] and sandbox_user_processes() == []
-    assert cgroups_left() == []
+    assert graded.free_after > graded.free_before - 200 * 2**20
+    assert graded.leftovers == [] and graded.sandbox_users == []
+    assert graded.cgroups == [] and cgroups_left() == []
 
 
 def test_slots_are_unique_across_graders(tmp_path: Path) -> None:

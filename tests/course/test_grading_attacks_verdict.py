@@ -18,18 +18,8 @@ from pathlib import Path
 import cloudpickle
 import pytest
 import torch
-from test_grader import (
-    RELEASE,
-    SOLUTION,
-    code_exercises,
-    grade,
-    gradebook,
-    leftover_processes,
-    read,
-    solved,
-    with_cell_after_setup,
-    write,
-)
+from graded_classes import HONEST, Graded
+from test_grader import leftover_processes, read
 
 from ddp_lab.course.grading import sandbox, scan, wire
 from ddp_lab.course.grading.learner import LearnerError, RemoteLearner
@@ -86,31 +76,26 @@ for name in os.listdir('/proc/self/fd'):
 UNSOLVED = "def average_across_ranks(value):\n    raise NotImplementedError\n"
 
 
-def test_attacks_on_the_protocol_get_nothing_and_honest_work_its_points(tmp_path: Path) -> None:
-    release = read(RELEASE)
-    subs = tmp_path / "subs"
-    write(solved(release), subs / "honest.ipynb")
-    write(solved(release, UNSOLVED), subs / "unsolved.ipynb")
-    write(with_cell_after_setup(solved(release, UNSOLVED), FORGE), subs / "forge.ipynb")
-    write(with_cell_after_setup(solved(release, UNSOLVED), PATCH_PROBES), subs / "patch.ipynb")
-    write(solved(release, PEEK), subs / "peek.ipynb")
-    flood = solved(release, SOLUTION + "\n" + FLOOD)  # floods right before the graded cell
-    write(flood, subs / "flood.ipynb")
-    out = tmp_path / "out"
-    assert grade(RELEASE, subs, out, "--cell-timeout", "60", "--jobs", "2") == 0
-    book = code_exercises(gradebook(out))
-    assert book.pop(("honest", "00.average")) == (2, 2, "passed")
-    assert book.pop(("unsolved", "00.average")) == (0, 2, "not-attempted")
-    assert book.pop(("patch", "00.average")) in [(0, 2, "failed"), (0, 2, "flagged")]
+def test_attacks_on_the_protocol_get_nothing_and_honest_work_its_points(
+    chapter00_class: Graded,
+) -> None:
+    # graded_classes.py: "stub" is solved(release, UNSOLVED); "forge" and "patch" are that with FORGE
+    # and PATCH_PROBES after dl.setup(), "peek" is PEEK, "flood" SOLUTION with FLOOD after it.
+    graded = chapter00_class
+    book = graded.rows(HONEST, "stub", "unsolved", "forge", "patch", "peek", "flood")
+    assert book.pop(HONEST) == (2, 2, "passed")
+    assert book.pop("stub") == (0, 2, "not-attempted")
+    assert book.pop("unsolved") == (0, 2, "not-attempted")
+    assert book.pop("patch") in [(0, 2, "failed"), (0, 2, "flagged")]
     # Reading /proc/self/fd and frames is flagged for the instructor, and earns nothing.
-    assert book.pop(("forge", "00.average")) in [(0, 2, "flagged"), (0, 2, "kernel-died")]
-    assert book.pop(("peek", "00.average")) == (0, 2, "flagged")
-    assert book.pop(("flood", "00.average"))[0] == 0
+    assert book.pop("forge") in [(0, 2, "flagged"), (0, 2, "kernel-died")]
+    assert book.pop("peek") == (0, 2, "flagged")
+    assert book.pop("flood")[0] == 0
     assert book == {}
-    assert "Similarity report" in (out / "similarity.md").read_text(encoding="utf-8")
-    peek = (out / "feedback" / "peek.md").read_text(encoding="utf-8")
+    assert "Similarity report" in (graded.out / "similarity.md").read_text(encoding="utf-8")
+    peek = graded.feedback("peek")
     assert "_getframe" in peek and "the mean over ranks is" in peek, peek
-    assert leftover_processes() == []
+    assert graded.leftovers == [] and leftover_processes() == []
 
 
 # The package's reference ring, imported in place of the learner's (chapter 05's class,

@@ -1,53 +1,46 @@
 """``not attempted`` is a status of its own (issue 41): an exercise whose stub still raises
 NotImplementedError reads ``not attempted`` in the gradebook, the results and the learner's
-feedback, a wrong answer ``failed``, an honest one ``passed``, in the same class run."""
+feedback, a wrong answer ``failed``, an honest one ``passed``, in the same class run (the
+chapter-00 class of graded_classes.py)."""
 
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
-from test_grader import RELEASE, WRONG, grade, gradebook, leftover_processes, read, solved, write
+from graded_classes import HONEST, Graded
+from test_grader import leftover_processes
 
 from ddp_lab.course.grading import checkers, load_checkers
 from ddp_lab.course.grading.learner import LearnerError, LocalLearner
 
-ROOT = Path(__file__).resolve().parents[2]
 
-
-def test_unsolved_wrong_and_honest_in_one_class_run(tmp_path: Path) -> None:
-    release = read(RELEASE)
-    subs = tmp_path / "subs"
-    write(solved(release), subs / "honest.ipynb")
-    write(solved(release, WRONG), subs / "wrong.ipynb")
-    write(release, subs / "unsolved.ipynb")  # the released exercise, untouched
-    zh = read(ROOT / "exercises" / "zh" / "00_quickstart.ipynb")
-    write(zh, subs / "unsolved_zh.ipynb")
-    out = tmp_path / "out"
-    assert grade(RELEASE, subs, out, "--cell-timeout", "120", "--jobs", "2") == 0
-    book = gradebook(out)
-    assert {k: v for k, v in book.items() if k[1] == "00.average"} == {
-        ("honest", "00.average"): (2, 2, "passed"),
-        ("wrong", "00.average"): (0, 2, "failed"),
-        ("unsolved", "00.average"): (0, 2, "not-attempted"),
-        ("unsolved_zh", "00.average"): (0, 2, "not-attempted"),
+def test_unsolved_wrong_and_honest_in_one_class_run(chapter00_class: Graded) -> None:
+    # graded_classes.py: "unsolved" and "unsolved_zh" are the released exercises, untouched.
+    graded = chapter00_class
+    names = (HONEST, "wrong", "unsolved", "unsolved_zh")
+    assert graded.rows(*names) == {
+        HONEST: (2, 2, "passed"),
+        "wrong": (0, 2, "failed"),
+        "unsolved": (0, 2, "not-attempted"),
+        "unsolved_zh": (0, 2, "not-attempted"),
     }
     # No concept question answered in any of them: not attempted either.
-    assert {v for k, v in book.items() if k[1] == "00.concepts"} == {(0, 2, "not-attempted")}
-    feedback = (out / "feedback" / "unsolved.md").read_text(encoding="utf-8")
+    concepts = graded.rows(*names, exercise="00.concepts")
+    assert set(concepts.values()) == {(0, 2, "not-attempted")}
+    feedback = graded.feedback("unsolved")
     assert "- 00.average: not attempted, 0/2" in feedback, feedback
     assert "NOT ATTEMPTED 00.average: 0/2 points" in feedback and "failed" not in feedback
-    zh_feedback = (out / "feedback" / "unsolved_zh.md").read_text(encoding="utf-8")
+    zh_feedback = graded.feedback("unsolved_zh")
     assert "- 00.average: 未作答, 0/2" in zh_feedback and "未作答 00.average" in zh_feedback
-    wrong = (out / "feedback" / "wrong.md").read_text(encoding="utf-8")
+    wrong = graded.feedback("wrong")
     assert "- 00.average: failed, 0/2" in wrong and "NOT ATTEMPTED 00.average" not in wrong
-    doc = json.loads((out / "results" / "unsolved.json").read_text(encoding="utf-8"))
+    doc = json.loads((graded.out / "results" / "unsolved.json").read_text(encoding="utf-8"))
     test = next(t for t in doc["tests"] if t["name"] == "00.average")
     # Gradebook tools know passed/failed only; the output says which kind of failure.
     assert test["status"] == "failed" and test["output"].startswith("not attempted")
-    totals = (out / "totals.csv").read_text(encoding="utf-8")
+    totals = (graded.out / "totals.csv").read_text(encoding="utf-8")
     assert "not-attempted" in totals
-    assert leftover_processes() == []
+    assert graded.leftovers == [] and leftover_processes() == []
 
 
 def test_the_stub_in_the_ranks_or_the_cell_is_not_attempted_any_other_error_failed() -> None:
