@@ -11,9 +11,11 @@ See docs/INSTRUCTORS.md, "What grading guarantees".
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
+import signal
 from pathlib import Path
 
 import pytest
@@ -353,6 +355,39 @@ def test_a_cgroup_limits_its_processes_and_leaves_nothing(tmp_path: Path) -> Non
         assert group.pids() and group.cpu_seconds() > 0  # the sleeping children are in it
         assert time.monotonic() - t0 < 60
     assert group.pids() == [] and cgroups_left() == []
+
+
+@pytest.mark.skipif(isolation.unavailable_reason() is not None, reason="no cgroups here")
+def test_groups_of_a_grader_that_is_gone_are_swept_with_what_runs_in_them() -> None:
+    """A grader killed with SIGKILL (or one that gave up on a busy group) leaves its groups; the
+    next ``Cgroup`` removes them, and kills what still runs there, but not a live grader's."""
+    import subprocess
+    import sys
+
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)  # fmt: skip
+    dead_pid = int(gone.stdout)
+    layout = isolation._layout()
+    assert not isinstance(layout, str), layout
+    parents = set(layout[1].values())
+    stale = [p / f"ddp-lab-{dead_pid}-left" for p in parents]
+    live = [p / f"ddp-lab-test-{os.getpid()}-live" for p in parents]
+    for d in stale + live:
+        d.mkdir()
+    orphan = subprocess.Popen(["sleep", "300"])
+    try:
+        for d in stale:
+            (d / "cgroup.procs").write_text(str(orphan.pid))
+        with isolation.Cgroup(f"ddp-lab-test-{os.getpid()}-next"):
+            assert not [d for d in stale if d.exists()]
+            assert orphan.wait(timeout=30) == -signal.SIGKILL  # what ran in it is killed
+            assert all(d.exists() for d in live)  # its grader still runs
+    finally:
+        orphan.kill()
+        for d in stale + live:
+            with contextlib.suppress(OSError):
+                d.rmdir()
+    assert cgroups_left() == []
 
 
 def test_a_timeout_is_blamed_on_the_machine_only_when_the_code_waited_for_cpu() -> None:

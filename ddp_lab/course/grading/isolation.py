@@ -11,7 +11,8 @@
   v2), so 300 busy processes in one submission get the CPU of one submission. cgroup v2 is
   used where its memory, pids and cpu controllers can be enabled, else v1's ``memory``,
   ``pids``, ``cpu`` and ``cpuacct`` hierarchies; the group is created below the grader's own
-  and removed after its processes are killed. Without either (not root, a container that
+  and removed after its processes are killed; groups of a grader process that no longer runs
+  (killed before it could remove them) are swept by the next one (``sweep_stale``). Without either (not root, a container that
   does not delegate cgroups, not Linux) ``unavailable_reason`` says why and grading goes on
   without these limits.
 - ``Canary`` and ``starved``: whether a run's timeout may be blamed on the learner's code
@@ -26,6 +27,7 @@ import errno
 import fcntl
 import functools
 import os
+import re
 import signal
 import tempfile
 import threading
@@ -194,6 +196,7 @@ class Cgroup:
         self.limits = limits
 
     def __enter__(self) -> Cgroup:
+        sweep_stale({d.parent for d in self.dirs.values()})
         for d in dict.fromkeys(self.dirs.values()):
             d.mkdir()
         try:
@@ -252,7 +255,8 @@ class Cgroup:
         if self.version == "v2":
             with contextlib.suppress(OSError):
                 (self.dirs[""] / "cgroup.kill").write_text("1")
-        for _ in range(100):
+        end = time.monotonic() + KILL_PATIENCE_S
+        while time.monotonic() < end:
             pids = self.pids()
             if not pids:
                 return
@@ -265,14 +269,59 @@ class Cgroup:
         """Kill what is left, then remove the group from every hierarchy."""
         self.kill()
         for d in dict.fromkeys(self.dirs.values()):
-            for _ in range(50):  # the kernel frees a group shortly after its last process
+            end = time.monotonic() + KILL_PATIENCE_S
+            while True:  # the kernel frees a group shortly after its last process
                 try:
                     d.rmdir()
                     break
                 except FileNotFoundError:
                     break
                 except OSError:
+                    if time.monotonic() > end:
+                        break  # left for sweep_stale once this process has ended
                     time.sleep(0.05)
+
+
+# How long kill and remove keep at it. On a loaded machine (a fork bomb in the group, load 150)
+# 5 s of kills and 2.5 s of rmdir were not always enough: groups of graders long gone were found
+# in the pids and cpu hierarchies (their memory group removed, the others busy until then).
+KILL_PATIENCE_S = 20.0
+_STALE = re.compile(r"ddp-lab-(?:test-)?(\d+)-")
+
+
+def sweep_stale(parents: set[Path]) -> list[Path]:
+    """Kill what is left in, and remove, the groups of grader processes that no longer run.
+
+    A group is named after the grader process that made it (``ddp-lab-<pid>-<token>``,
+    execute.py); one whose process is gone was left by a grader that was killed (SIGKILL gives
+    no time for ``remove``) or that gave up on a busy group. A pid the system reused for another
+    process keeps its groups until that process ends too.
+    """
+    removed = []
+    for parent in parents:
+        with contextlib.suppress(OSError):
+            for d in parent.iterdir():
+                m = _STALE.match(d.name)
+                if not (m and d.is_dir()) or _alive(int(m.group(1))):
+                    continue
+                group = Cgroup.__new__(Cgroup)
+                group.version, group.dirs = "v1", {"": d}
+                if (d / "cgroup.kill").exists():
+                    group.version = "v2"
+                group.remove()
+                if not d.exists():
+                    removed.append(d)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 # The canary: a process that wants a few milliseconds of CPU every ``period`` s and sleeps
