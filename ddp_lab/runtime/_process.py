@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import os
 import sys
 
 
@@ -14,3 +15,14 @@ def set_parent_death_signal(sig: int) -> None:
             libc.prctl(1, int(sig), 0, 0, 0)  # 1 == PR_SET_PDEATHSIG
         except OSError:
             pass
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether a process with this pid exists (one of another user's counts: EPERM)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

@@ -22,6 +22,8 @@ import shutil
 import tempfile
 import time
 
+from ddp_lab.runtime._process import pid_alive
+
 _OWNER = ".owner"
 # What this module names (and only that: other ddp_lab_* folders are not ours to remove).
 _NAME = re.compile(r"^ddp_lab_(?:trace_|ranks_)?(\d+)_[a-z0-9_]{8}$")
@@ -61,7 +63,7 @@ def _owner_gone(path: str, pid: int) -> bool:
         fd = os.open(os.path.join(path, _OWNER), os.O_RDONLY)
     except FileNotFoundError:
         # Not locked yet (made a moment ago), or its owner died before it locked it.
-        return not _alive(pid)
+        return not pid_alive(pid)
     except OSError:
         return False
     try:
@@ -70,16 +72,6 @@ def _owner_gone(path: str, pid: int) -> bool:
         return False  # held: the owner lives
     finally:
         os.close(fd)
-    return True
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
     return True
 
 

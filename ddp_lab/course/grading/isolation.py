@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ddp_lab.i18n import _t
+from ddp_lab.runtime._process import pid_alive
 
 V1_CONTROLLERS = ("memory", "pids", "cpu", "cpuacct")
 
@@ -302,7 +303,7 @@ def sweep_stale(parents: set[Path]) -> list[Path]:
         with contextlib.suppress(OSError):
             for d in parent.iterdir():
                 m = _STALE.match(d.name)
-                if not (m and d.is_dir()) or _alive(int(m.group(1))):
+                if not (m and d.is_dir()) or pid_alive(int(m.group(1))):
                     continue
                 group = Cgroup.__new__(Cgroup)
                 group.version, group.dirs = "v1", {"": d}
@@ -312,16 +313,6 @@ def sweep_stale(parents: set[Path]) -> list[Path]:
                 if not d.exists():
                     removed.append(d)
     return removed
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 # The canary: a process that wants a few milliseconds of CPU every ``period`` s and sleeps
