@@ -87,10 +87,11 @@ KEPT_GROUPS: list[Any] = []
 _DEFAULT_STORE: list[tuple[Any, int]] = []
 _FINISHED_KEY = "ddp_lab_finished"
 _ALL_FINISHED_KEY = "ddp_lab_all_finished"
+_RELEASED_KEY = "ddp_lab_released_"  # + the rank: it has its answer, rank 0 may go
 FINISH_WAIT_S = 10.0
 
 
-def finish_together(rank: int) -> None:
+def finish_together(rank: int, store: Any = None, world: int = 0) -> None:
     """Every rank waits (at most ``FINISH_WAIT_S``) until every rank has finished its function.
 
     Why rank 0: it hosts the store of an ``env://`` group (MASTER_ADDR/MASTER_PORT). A rank
@@ -106,22 +107,35 @@ def finish_together(rank: int) -> None:
     rank 0 had connected. A counter and a key in the store are no collective, so they cannot
     get mixed up with the program's own communication; ``store.wait`` blocks in the store's
     server instead of polling it.
+    Why rank 0 leaves last: the store's server lives in rank 0. ``TCPStore.set`` only sends
+    (no reply; torch/csrc/distributed/c10d/TCPStore.cpp), so a rank 0 that sets the last key
+    and exits can take the server down before it has told the ranks waiting on that key: their
+    ``wait`` fails, and torch's C++ prints "recvValueWithTimeout failed ... Connection reset
+    by peer" with a stack into the rank's output (seen in a ``%%ddp`` cell under load). So each
+    other rank says it has its answer (``add``, which has a reply), and rank 0 waits for all.
+    ``store`` and ``world``: the default group's unless given (tests).
     """
     from datetime import timedelta
 
     import torch.distributed as dist
 
-    store, world = _DEFAULT_STORE[0] if _DEFAULT_STORE else (None, 0)
+    if store is None:
+        store, world = _DEFAULT_STORE[0] if _DEFAULT_STORE else (None, 0)
     if store is None and dist.is_available() and dist.is_initialized():
         store = dist.distributed_c10d._get_default_store()
         world = dist.get_world_size()
     if store is None:
         return
+    patience = timedelta(seconds=FINISH_WAIT_S)
     try:
         if store.add(_FINISHED_KEY, 1) >= world:
             store.set(_ALL_FINISHED_KEY, "1")
         else:
-            store.wait([_ALL_FINISHED_KEY], timedelta(seconds=FINISH_WAIT_S))
+            store.wait([_ALL_FINISHED_KEY], patience)
+        if rank != 0:
+            store.add(f"{_RELEASED_KEY}{rank}", 1)
+        elif world > 1:
+            store.wait([f"{_RELEASED_KEY}{r}" for r in range(1, world)], patience)
     except Exception:  # noqa: BLE001, S110  # a store that is gone, or the wait ran out
         pass
 
