@@ -38,7 +38,7 @@ export MPLBACKEND=agg
 .venv/bin/ruff check ddp_lab tests benchmarks
 # DDP_LAB_STORED_RUNS=1: the lessons (both languages) show the stored runs of the cluster labs
 # (chapters 04, 09, 11); tests/cluster runs every one of those labs live, once
-# (tests/cluster/conftest.py unsets the variable there; ddp_lab/cluster/__init__.py).
+# (tests/conftest.py unsets the variable there; ddp_lab/cluster/__init__.py).
 export DDP_LAB_STORED_RUNS=1
 # The nbcache plugin keeps each notebook that ran clean, with its outputs, in build/nb-cache
 # (keyed by a hash of the notebook), for the website below.

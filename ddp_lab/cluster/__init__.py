@@ -16,7 +16,7 @@ from pathlib import Path
 # Set to "1" (every language) or to languages ("zh", "en,zh"): the labs of chapters 04, 09, 11 show
 # their stored runs in those languages instead of building hosts or Slurm. A quick read for a learner
 # who has root; test.sh sets "1": the lessons show the stored runs, and tests/cluster (which unsets
-# it, tests/cluster/conftest.py) runs each lab live once, with the assertions the chapters rely on.
+# it, tests/conftest.py) runs each lab live once, with the assertions the chapters rely on.
 STORED_RUNS = "DDP_LAB_STORED_RUNS"
 
 
