@@ -12,9 +12,9 @@
   used where its memory, pids and cpu controllers can be enabled, else v1's ``memory``,
   ``pids``, ``cpu`` and ``cpuacct`` hierarchies; the group is created below the grader's own
   and removed after its processes are killed; groups of a grader process that no longer runs
-  (killed before it could remove them) are swept by the next one (``sweep_stale``). Without either (not root, a container that
-  does not delegate cgroups, not Linux) ``unavailable_reason`` says why and grading goes on
-  without these limits.
+  (killed before it could remove them) are swept by the next one (``sweep_stale``). Without
+  either (not root, a container that does not delegate cgroups, not Linux)
+  ``unavailable_reason`` says why and grading goes on without these limits.
 - ``Canary`` and ``starved``: whether a run's timeout may be blamed on the learner's code
   (it used the time, or slept) or on the machine (a small process of the grader's own,
   beside it, waited for a CPU that others had).
@@ -197,7 +197,7 @@ class Cgroup:
         self.limits = limits
 
     def __enter__(self) -> Cgroup:
-        sweep_stale({d.parent for d in self.dirs.values()})
+        sweep_stale(self.version, {d.parent for d in self.dirs.values()})
         for d in dict.fromkeys(self.dirs.values()):
             d.mkdir()
         try:
@@ -288,29 +288,33 @@ class Cgroup:
 # in the pids and cpu hierarchies (their memory group removed, the others busy until then).
 KILL_PATIENCE_S = 20.0
 _STALE = re.compile(r"ddp-lab-(?:test-)?(\d+)-")
+# Stale groups this process tried and failed to remove: not tried again at every submission's
+# Cgroup (each try may take KILL_PATIENCE_S).
+_UNREMOVABLE: set[Path] = set()
 
 
-def sweep_stale(parents: set[Path]) -> list[Path]:
+def sweep_stale(version: str, parents: set[Path]) -> list[Path]:
     """Kill what is left in, and remove, the groups of grader processes that no longer run.
 
     A group is named after the grader process that made it (``ddp-lab-<pid>-<token>``,
     execute.py); one whose process is gone was left by a grader that was killed (SIGKILL gives
     no time for ``remove``) or that gave up on a busy group. A pid the system reused for another
-    process keeps its groups until that process ends too.
+    process keeps its groups until that process ends too. ``version``: the layout's ("v1",
+    "v2"), as ``Cgroup.version``.
     """
     removed = []
     for parent in parents:
         with contextlib.suppress(OSError):
             for d in parent.iterdir():
                 m = _STALE.match(d.name)
-                if not (m and d.is_dir()) or pid_alive(int(m.group(1))):
+                if not (m and d.is_dir()) or d in _UNREMOVABLE or pid_alive(int(m.group(1))):
                     continue
-                group = Cgroup.__new__(Cgroup)
-                group.version, group.dirs = "v1", {"": d}
-                if (d / "cgroup.kill").exists():
-                    group.version = "v2"
+                group = Cgroup.__new__(Cgroup)  # an existing group: no limits to write
+                group.version, group.dirs = version, {"": d}
                 group.remove()
-                if not d.exists():
+                if d.exists():
+                    _UNREMOVABLE.add(d)
+                else:
                     removed.append(d)
     return removed
 
