@@ -364,7 +364,10 @@ def _this_torch_is_older() -> bool:
     """Whether this torch predates the course's (the GPU machine's 2.11 does)."""
     import torch
 
-    return tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2]) < (2, 13)
+    from ddp_lab.tools.cuda_compat import parse_version
+
+    this = parse_version(torch.__version__.split("+")[0])  # "2.11.0+cu130" -> (2, 11, 0)
+    return this < parse_version(dr.MIN_TORCH)
 
 
 def test_this_torch_has_every_feature_and_a_missing_one_is_seen(

@@ -155,8 +155,9 @@ def grade_chapter00(tmp: Path) -> Graded:
 
     target = tmp / "instructor" / "pwned.txt"
     target.parent.mkdir(parents=True)
+    seed = "the-instructor-seed"
     secret = tmp / "instructor" / "seed.txt"
-    secret.write_text("the-instructor-seed")
+    secret.write_text(seed)
     server = socket.socket()
     server.bind(("127.0.0.1", 0))
     server.listen()
@@ -228,7 +229,7 @@ def grade_chapter00(tmp: Path) -> Graded:
         sandbox_users=sandbox_user_processes(),
         cgroups=cgroups_left(),
         target=target,
-        secret="the-instructor-seed",
+        secret=seed,
         accepted=accepted,
     )
 
