@@ -196,6 +196,10 @@ def _buffer_sync(rank: int, kwargs: dict) -> list[bool]:
 )
 def test_buffer_sync_follows_torch_2_13(kwargs):
     # forward_sync_buffers=False still syncs at construction; broadcast_buffers=False not.
+    from ddp_lab.tools.doctor import torch_features
+
+    if "forward_sync_buffers" in kwargs and not torch_features()["DDP(forward_sync_buffers=)"]:
+        pytest.skip(f"torch {torch.__version__}'s DDP has no forward_sync_buffers to compare with")
     for torch_ddp, naive, bucketed in dl.spawn(
         _buffer_sync, args=(kwargs,), nprocs=2, backend="gloo"
     ):

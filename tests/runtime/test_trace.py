@@ -133,3 +133,28 @@ def test_the_merge_writes_the_same_trace_with_orjson_or_json(run, tmp_path, monk
     fast, slow = (json.loads((tmp_path / n).read_text()) for n in ("fast.json", "json.json"))
     assert fast == slow
     assert len(fast["traceEvents"]) > 10
+
+
+def cuda_matmuls(rank):
+    """Item 9's run: three 2048x2048 matmuls on the GPU, started after the profiler is on."""
+    x = torch.randn(2048, 2048, device="cuda")
+    for _ in range(3):
+        x = x @ x / 2048
+    t = torch.ones(256)
+    dist.all_reduce(t)
+    return str(x.device)
+
+
+@pytest.mark.gpu
+def test_gpu_a_traced_rank_records_its_kernels_and_the_summary_counts_them(tmp_path, capfd):
+    """Issue 40 item 9: on the first GPU run the trace held CUDA runtime calls but no kernel,
+    and the summary said 0 us of compute; the profiler's warning reached the learner."""
+    path = tmp_path / "gpu.json"
+    assert dl.spawn(cuda_matmuls, nprocs=1, backend="gloo", trace=str(path)) == ["cuda:0"]
+    data = json.loads(path.read_text())
+    kernels = [e for e in data["traceEvents"] if e.get("ph") == "X" and e.get("cat") == "kernel"]
+    assert len(kernels) >= 3, sorted({e.get("cat") for e in data["traceEvents"]} - {None})
+    [row] = ta.summarize(ta.load(data))
+    matmuls = [e["dur"] for e in kernels if not e["name"].startswith("nccl")]  # cuBLAS's names vary
+    assert row.compute_us >= max(matmuls) > 0
+    assert "clears events at the end of each cycle" not in capfd.readouterr().err
