@@ -25,7 +25,7 @@
 #   LANGS    the notebooks' languages (default "en"; the code cells of zh are the same).
 #   BACKEND  the training pair's backend (default nccl). BACKEND=gloo on a machine without a GPU
 #            rehearses the script itself (docs/gpu-verified.md, "rehearsal").
-#   PYTHON   the interpreter (default python3).
+#   PYTHON   the interpreter (default: setup.sh's .venv where there is one, else python3).
 # Record each run in docs/gpu-verified.md: GPU, driver, torch, date, what passed.
 set -u
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -34,7 +34,7 @@ WHEELS=${WHEELS:+$(realpath -m "$WHEELS")}
 BUDGET_S=${BUDGET_S:-480}
 BACKEND=${BACKEND:-nccl}
 JOBS=${JOBS:-$(( $(nproc) / 2 > 8 ? 8 : ($(nproc) / 2 > 0 ? $(nproc) / 2 : 1) ))}
-PY=${PYTHON:-python3}
+PY=${PYTHON:-$( [ -x "$ROOT/.venv/bin/python" ] && echo "$ROOT/.venv/bin/python" || echo python3 )}
 T0=$(date +%s)
 export DEADLINE=$((T0 + BUDGET_S))
 mkdir -p "$OUT"
@@ -142,8 +142,8 @@ within 240 "$PY" -m pytest -p no:cacheprovider -q -rfEs -m gpu "${XDIST[@]}" "${
   -k "not nccl_resumed_run_equals" > "$OUT/gpu_tests.log" 2>&1
 note "$(verdict $?) pytest -m gpu: $(tail -1 "$OUT/gpu_tests.log")"
 
-step unit_tests   # -rfE names what failed
-within 400 "$PY" -m pytest -p no:cacheprovider -q -rfE "${XDIST[@]}" \
+step unit_tests   # -rfE names what failed; the gpu tests ran above
+within "$BUDGET_S" "$PY" -m pytest -p no:cacheprovider -q -rfE -m "not gpu" "${XDIST[@]}" \
   tests/test_cuda_compat.py tests/test_doctor.py tests/test_train.py tests/test_resume.py \
   tests/test_resume_device.py tests/test_ddp.py tests/test_fsdp.py tests/test_zero.py \
   tests/test_comm_hooks.py tests/test_collectives.py tests/test_bucketed_ddp.py \
