@@ -130,16 +130,21 @@ def test_matches_torch_fully_shard(world: int) -> None:
 def _collectives(rank: int) -> dict[str, object]:
     calls: list[tuple[str, torch.dtype, int]] = []
     patched = {}
-    for name in ("all_reduce", "all_gather_single", "reduce_scatter_single", "broadcast"):
-        real = getattr(dist, name)
+    # Recorded under torch 2.13's names; a torch without them (2.11) runs the old ones.
+    names = {"all_reduce": "all_reduce", "broadcast": "broadcast",
+             "all_gather_single": "all_gather_into_tensor",
+             "reduce_scatter_single": "reduce_scatter_tensor"}  # fmt: skip
+    for name, old_name in names.items():
+        attr = name if hasattr(dist, name) else old_name
+        real = getattr(dist, attr)
 
         def watch(*args: object, _real: object = real, _name: str = name, **kw: object) -> object:
             t = args[0] if _name in ("all_reduce", "broadcast") else args[1]
             calls.append((_name, t.dtype, t.numel()))
             return _real(*args, **kw)
 
-        patched[name] = real
-        setattr(dist, name, watch)
+        patched[attr] = real
+        setattr(dist, attr, watch)
     try:
         torch.manual_seed(0)
         model = FullyShardedDP(mlp([6, 8, 4]), compute_dtype=torch.bfloat16)
