@@ -80,13 +80,15 @@ export JUPYTER_PATH="$WORK/kp/share/jupyter"
 TORCHRUN=$(command -v torchrun || echo "$PY -m torch.distributed.run")
 
 step notebooks   # in the background from the start: they take longest
-# Slowest first (measured in the rehearsal), so the last to start are short ones.
+# Slowest first (as the rehearsal measured them), so the last to start are short ones; then
+# any notebook SLOW does not name.
 set -m   # the notebooks' job gets a process group of its own: finish() ends all of it
-SLOW="11_ 10_ 04_ 09_ 12_ 08_ 07_ 05_ 03_ 06_ 02_ 00_ 01_"
+SLOW="10_ 11_ 09_ 07_ 05_ 08_ 04_ 12_ 03_ 06_ 02_ 00_ 01_"
 (
   cd "$ROOT"
-  for p in $SLOW; do for l in ${LANGS:-en}; do ls notebooks/"$l"/$p*.ipynb solutions/"$l"/$p*.ipynb; done; done \
-    2>/dev/null | xargs -P "$JOBS" -I{} bash -c '
+  { for p in $SLOW; do for l in ${LANGS:-en}; do ls notebooks/"$l"/$p*.ipynb solutions/"$l"/$p*.ipynb; done; done
+    for l in ${LANGS:-en}; do ls notebooks/"$l"/*.ipynb solutions/"$l"/*.ipynb; done; } 2>/dev/null \
+    | awk '!seen[$0]++' | xargs -P "$JOBS" -I{} bash -c '
       nb={}; name=$(echo "$nb" | tr / _); log="$1/nb/$name.log"
       t=$((DEADLINE - $(date +%s))); t=$(( t < 600 ? t : 600 ))
       if [ "$t" -lt 10 ]; then echo "rc=cut (no time left to start)" > "$log"; else
