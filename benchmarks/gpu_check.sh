@@ -56,12 +56,13 @@ note() { echo "$1" | tee -a "$SUMMARY"; }
 step() { echo; echo "##### [$(( $(date +%s) - T0 ))s] $*"; }
 # left CAP: seconds a step may take: CAP, or less where the budget has less left.
 left() { local t=$((DEADLINE - $(date +%s))); echo $(( t < $1 ? t : $1 )); }
+export -f left  # for the notebooks' shells
 # within CAP CMD...: CMD cut at left CAP; 124 (timeout's code) where nothing is left.
 within() { local t; t=$(left "$1"); shift; [ "$t" -ge 5 ] || return 124; timeout -k 5 "$t" "$@"; }
 verdict() { case $1 in 0) echo PASS ;; 124|137) echo "FAIL (cut at the budget)" ;; *) echo FAIL ;; esac; }
 
 step install
-{
+{ # a group, not a subshell: the exports below hold for the whole check
   if [ -n "$WHEELS" ]; then
     "$PY" -m pip install -q --no-index --no-deps --no-compile --target "$WORK/site" "$WHEELS"/*.whl \
       || echo "FAIL install"
@@ -75,8 +76,6 @@ step install
   chmod +x "$WORK/site/bin/ddp-lab"
 } > "$OUT/setup.log" 2>&1
 grep -q "^FAIL install" "$OUT/setup.log" && note "FAIL install (setup.log)"
-export PYTHONPATH="$WORK/site:$ROOT${PYTHONPATH:+:$PYTHONPATH}" PATH="$WORK/site/bin:$PATH"
-export JUPYTER_PATH="$WORK/kp/share/jupyter"
 TORCHRUN=$(command -v torchrun || echo "$PY -m torch.distributed.run")
 
 step notebooks   # in the background from the start: they take longest
@@ -90,7 +89,7 @@ SLOW="10_ 11_ 09_ 07_ 05_ 08_ 04_ 12_ 03_ 06_ 02_ 00_ 01_"
     for l in ${LANGS:-en}; do ls notebooks/"$l"/*.ipynb solutions/"$l"/*.ipynb; done; } 2>/dev/null \
     | awk '!seen[$0]++' | xargs -P "$JOBS" -I{} bash -c '
       nb={}; name=$(echo "$nb" | tr / _); log="$1/nb/$name.log"
-      t=$((DEADLINE - $(date +%s))); t=$(( t < 600 ? t : 600 ))
+      t=$(left 600)
       if [ "$t" -lt 10 ]; then echo "rc=cut (no time left to start)" > "$log"; else
         timeout -k 5 "$t" "$2" -m pytest -p no:cacheprovider -q -rfE --nbval-lax \
           --nbval-cell-timeout=300 "$nb" > "$log" 2>&1
