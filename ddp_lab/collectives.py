@@ -21,6 +21,7 @@ import torch
 import torch.distributed as dist
 
 from ddp_lab.i18n import _t
+from ddp_lab.tools.doctor_facts import collective
 
 OPS = (
     "send_recv",
@@ -209,9 +210,9 @@ def timed_collectives(
     from torch.profiler import record_function
 
     n = dist.get_world_size()
-    # torch before 2.13 has the same collectives under their old names (doctor.TORCH_FEATURES)
-    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-    scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+    # dist.all_gather_single, or on torch before 2.13 its old name (doctor_facts.collective)
+    gather = collective("all_gather_single")
+    scatter = collective("reduce_scatter_single")
     calls = {
         "all_reduce": lambda x, out: dist.all_reduce(x),
         "broadcast": lambda x, out: dist.broadcast(x, src=ROOT),

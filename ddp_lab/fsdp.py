@@ -41,7 +41,6 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
 from ddp_lab.fsdp_base import (
     FSDPTimeline,
@@ -52,14 +51,14 @@ from ddp_lab.fsdp_base import (
     _Unit,
 )
 from ddp_lab.i18n import _t
+from ddp_lab.tools.doctor_facts import collective
 
 __all__ = ["FSDPTimeline", "FullyShardedDP", "plot_fsdp_timeline"]
 __all__ += ["_all_gather", "_default_units"]  # the machinery's helpers, ddp_lab.fsdp_base's
 
 
 def _reduce_scatter(out: torch.Tensor, inp: torch.Tensor, group: Any) -> Any:
-    fn = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
-    return fn(out, inp, group=group, async_op=True)
+    return collective("reduce_scatter_single")(out, inp, group=group, async_op=True)
 
 
 class FullyShardedDP(FullyShardedBase):

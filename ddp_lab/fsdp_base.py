@@ -23,11 +23,11 @@ from torch import nn
 from torch.autograd import Variable
 
 from ddp_lab.i18n import _t
+from ddp_lab.tools.doctor_facts import collective
 
 
 def _all_gather(out: torch.Tensor, inp: torch.Tensor, group: Any) -> None:
-    fn = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-    fn(out, inp, group=group)
+    collective("all_gather_single")(out, inp, group=group)
 
 
 @dataclass

@@ -13,6 +13,7 @@ from torch import nn
 
 from ddp_lab.fsdp import FullyShardedDP
 from ddp_lab.runtime.launcher import spawn
+from ddp_lab.tools.doctor_facts import OLD_COLLECTIVE_NAMES
 
 
 class Block(nn.Module):
@@ -131,9 +132,7 @@ def _collectives(rank: int) -> dict[str, object]:
     calls: list[tuple[str, torch.dtype, int]] = []
     patched = {}
     # Recorded under torch 2.13's names; a torch without them (2.11) runs the old ones.
-    names = {"all_reduce": "all_reduce", "broadcast": "broadcast",
-             "all_gather_single": "all_gather_into_tensor",
-             "reduce_scatter_single": "reduce_scatter_tensor"}  # fmt: skip
+    names = {"all_reduce": "all_reduce", "broadcast": "broadcast", **OLD_COLLECTIVE_NAMES}
     for name, old_name in names.items():
         attr = name if hasattr(dist, name) else old_name
         real = getattr(dist, attr)

@@ -9,6 +9,7 @@ import torch.distributed as dist
 from ddp_lab.comm_hooks import my_bf16_hook
 from ddp_lab.course.grading import load_checkers, run_checker
 from ddp_lab.course.grading.learner import LearnerError, LocalLearner
+from ddp_lab.tools.doctor_facts import collective
 from ddp_lab.zero import ShardedOptimizer
 
 
@@ -117,7 +118,7 @@ def test_hook_checker_rejects_wrong_hooks(wrong, words):
 
 def _reduce_scatter():
     """dist.reduce_scatter_single, under its old name on torch before 2.13 (2.11 lacks it)."""
-    return getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+    return collective("reduce_scatter_single")
 
 
 def reduce_scatter_grad(flat):
