@@ -62,8 +62,9 @@ print(torch.__version__)
 # - `g` = `reduce_from_parallel_region`: all-reduce forward (the partial products);
 #   identity backward.
 #
-# Megatron-LM writes them in `megatron/core/tensor_parallel/mappings.py`; here they are in
-# `ddp_lab/tensor_parallel.py`:
+# Megatron-LM writes them as `copy_to_tensor_model_parallel_region` and
+# `reduce_from_tensor_model_parallel_region` in `megatron/core/tensor_parallel/mappings.py`;
+# the course's shorter names are in `ddp_lab/tensor_parallel.py`:
 
 # %% [markdown] lang="zh" tags=["lesson"]
 # ## 1. 从零实现张量并行
@@ -78,8 +79,9 @@ print(torch.__version__)
 #   都用了完整的 `x`，所以它的梯度是所有 rank 的贡献之和）；
 # - `g` = `reduce_from_parallel_region`：前向做一次全归约（把部分积加起来）；反向是恒等映射。
 #
-# Megatron-LM 在 `megatron/core/tensor_parallel/mappings.py` 中实现它们；本课程的版本在
-# `ddp_lab/tensor_parallel.py`：
+# Megatron-LM 在 `megatron/core/tensor_parallel/mappings.py` 中实现它们，名字是
+# `copy_to_tensor_model_parallel_region` 和 `reduce_from_tensor_model_parallel_region`；本课程
+# 用的是更短的名字，代码在 `ddp_lab/tensor_parallel.py`：
 
 # %% tags=["lesson"]
 from ddp_lab import tensor_parallel as tpmod
@@ -104,82 +106,105 @@ dl.show_source(tpmod.RowParallelLinear.forward)
 for world in (2, 4):
     out = dl.spawn(tpmod.compare_with_one_process, nprocs=world, backend="gloo")
     worst = max(max(r["diffs"].values()) for r in out)
+    act = out[0]["activations"]
     print(f"world {world}: largest difference {worst:.1e}; rank 0 sent {out[0]['calls']}; "
-          f"parameters per rank {out[0]['params']} of 280")
+          f"parameters per rank {out[0]['params']} of 280; activation elements (input, hidden, "
+          f"output) {act['this rank']} of {act['one process']}")
 
 # %% [markdown] lang="en" tags=["lesson"]
 # A common claim is that TP "divides the memory of a layer by the number of ranks". The
-# parameters nearly are (fc2's bias stays whole on every rank: 76 = (280 - 8) / 4 + 8), but
-# every rank still holds the whole input and output activations of the block (`batch x dim`),
-# and sends them twice per step, on every layer: TP trades memory for communication on the
-# critical path, which is why it stays inside a node, on the fastest links.
+# parameters nearly are (fc2's bias stays whole on every rank: 76 = (280 - 8) / 4 + 8), and
+# so is the hidden activation, but every rank still holds the whole input and output
+# activations of the block (`batch x dim`: the last numbers of each line above), and
+# all-reduces a tensor of that size twice per step, on every layer (the output forward, the
+# input's gradient backward): TP trades memory for communication on the critical path,
+# which is why it stays inside a node, on the fastest links.
 #
 # ## 2. The same with PyTorch: `parallelize_module` on a `DeviceMesh`
 #
 # PyTorch does not write `f` and `g`. `ColwiseParallel` and `RowwiseParallel`
 # (`torch/distributed/tensor/parallel/style.py`) turn the weights into `DTensor`s sharded on
-# dim 0 (`Shard(0)`, rows) or dim 1 (columns) of a `DeviceMesh`; `RowwiseParallel`'s output
-# is `Partial()` (each rank holds a summand), and turning it into `Replicate()` is the
-# all-reduce (`torch/distributed/tensor/_redistribute.py`). The cell runs it on 4 gloo ranks
-# and then **2D**: a 2 x 2 mesh with TP on one dimension ("tp") and FSDP's `fully_shard` on
-# the other ("dp"). Each rank lists the collectives torch dispatched (a
-# `TorchDispatchMode` that sees the functional collectives, as torch's `CommDebugMode`
-# in `torch/distributed/tensor/debug/_comm_mode.py` does) with the bytes of the largest
-# tensor of each.
+# dim 0 (`Shard(0)`, rows) or dim 1 (columns) of a `DeviceMesh`, and the communication
+# comes from changing placements. `g`: `RowwiseParallel`'s output is `Partial()` (each rank
+# holds a summand); turning it into `Replicate()` is the all-reduce
+# (`redistribute_local_tensor` in `torch/distributed/tensor/_redistribute.py`), and its
+# backward sends nothing, because `_redistribute_backward` keeps a `Replicate` gradient as
+# it is instead of making it `Partial` again. `f`: `ColwiseParallel` wraps its input with
+# `DTensor.from_local(x, mesh, [Replicate()])`; the input's gradient comes back `Partial`,
+# and `from_local`'s backward (`_FromTorchTensor` in `torch/distributed/tensor/_api.py`)
+# redistributes it to `Replicate`: an all-reduce, sent only when the input needs a gradient.
+# (Between placements in general: `Partial` -> `Replicate` is an all-reduce, `Shard` ->
+# `Replicate` an all-gather, `Partial` -> `Shard` a reduce-scatter.) The cell runs it on 4
+# gloo ranks, with an input that needs its gradient as inside a deep model, and then **2D**:
+# a 2 x 2 mesh with TP on one dimension ("tp") and FSDP's `fully_shard` on the other ("dp").
+# Each rank lists the collectives torch dispatched, forward and backward apart (a
+# `TorchDispatchMode` that sees the functional collectives, as torch's `CommDebugMode` in
+# `torch/distributed/tensor/debug/_comm_mode.py` does), with the bytes of the largest tensor
+# of each.
 
 # %% [markdown] lang="zh" tags=["lesson"]
 # 一种常见说法是：TP“把一层的内存除以了 rank 数”。参数差不多是这样（fc2 的偏置在每个 rank 上
-# 都是完整的：76 = (280 - 8) / 4 + 8），但每个 rank 仍然持有这个块完整的输入和输出激活值
-# （`batch x dim`），并且每一步、每一层都要把它们发送两次：TP 用关键路径上的通信换内存，所以它
-# 总是放在一个节点内部、最快的链路上。
+# 都是完整的：76 = (280 - 8) / 4 + 8），隐藏层的激活值也是，但每个 rank 仍然持有这个块完整的
+# 输入和输出激活值（`batch x dim`，见上面每行最后的几个数），而且每一步、每一层都要对这么大的
+# 张量做两次全归约（前向是输出，反向是输入的梯度）：TP 是用关键路径上的通信换内存，所以它通常
+# 放在一个节点内部、最快的链路上。
 #
 # ## 2. 用 PyTorch 做同样的事：`DeviceMesh` 上的 `parallelize_module`
 #
 # PyTorch 并不手写 `f` 和 `g`。`ColwiseParallel` 和 `RowwiseParallel`
 # （`torch/distributed/tensor/parallel/style.py`）把权重变成在 `DeviceMesh` 上按第 0 维
-# （`Shard(0)`，行）或第 1 维（列）分片的 `DTensor`；`RowwiseParallel` 的输出是 `Partial()`
-# （每个 rank 持有一个加数），把它变成 `Replicate()` 的过程就是那次全归约
-# （`torch/distributed/tensor/_redistribute.py`）。下面的单元先在 4 个 gloo rank 上运行它，再做
-# **二维**（2D）：一个 2 x 2 的网格，一维（"tp"）上做 TP，另一维（"dp"）上做 FSDP 的
-# `fully_shard`。每个 rank 列出 torch 发出的集合通信（用一个能看到函数式集合通信的
-# `TorchDispatchMode`，与 torch 的 `CommDebugMode`，`torch/distributed/tensor/debug/_comm_mode.py`
-# 的做法相同），以及每次通信中最大张量的字节数。
+# （`Shard(0)`，行）或第 1 维（列）分片的 `DTensor`，通信则来自放置方式（placement）的转换。
+# 先看 `g`：`RowwiseParallel` 的输出是 `Partial()`（每个 rank 持有一个加数），把它转成
+# `Replicate()` 就是那次全归约（`torch/distributed/tensor/_redistribute.py` 中的
+# `redistribute_local_tensor`）；它的反向什么也不发送，因为 `_redistribute_backward` 让
+# `Replicate` 的梯度保持原样，不再转回 `Partial`。再看 `f`：`ColwiseParallel` 用
+# `DTensor.from_local(x, mesh, [Replicate()])` 包装输入；输入的梯度回来时是 `Partial`，
+# `from_local` 的反向（`torch/distributed/tensor/_api.py` 中的 `_FromTorchTensor`）把它转成
+# `Replicate`，这就是一次全归约，只有输入需要梯度时才会发生。（一般来说，`Partial` -> `Replicate`
+# 是全归约，`Shard` -> `Replicate` 是全收集，`Partial` -> `Shard` 是归约散发。）下面的单元先在
+# 4 个 gloo rank 上运行它，输入像在深层模型中那样需要梯度；再做**二维**（2D）：一个 2 x 2 的
+# 网格，一维（"tp"）上做 TP，另一维（"dp"）上做 FSDP 的 `fully_shard`。每个 rank 分前向、反向
+# 列出 torch 发出的集合通信，以及每次通信中最大张量的字节数（用一个能看到函数式集合通信的
+# `TorchDispatchMode`，做法与 torch 的 `CommDebugMode` 相同，见
+# `torch/distributed/tensor/debug/_comm_mode.py`）。
 
 # %% tags=["lesson"]
 res = dl.spawn(tpmod.torch_tp_and_2d, nprocs=4, backend="gloo")
 tp, two_d = res[0]["tp"], res[0]["2d"]
-print("TP, 4 ranks: output diff", f"{tp['output_diff']:.1e}", "| fc1.weight", tp["fc1.weight"])
-print("  collectives:", tp["calls"])
+print(f"TP, 4 ranks: output diff {tp['output_diff']:.1e}, input grad diff {tp['x_grad_diff']:.1e}, "
+      f"fc1.weight {tp['fc1.weight']}")
+print("  forward:", tp["forward"], "| backward:", tp["backward"])
 for r, x in enumerate(res):
     d = x["2d"]
     print(f"2D rank {r}: dp group {d['groups']['dp']}, tp group {d['groups']['tp']}, "
           f"placements {d['placements']}, local {d['local_shape']}, grad diff {d['grad_diff']:.1e}")
-print("  collectives:", two_d["calls"])
+print("  forward:", two_d["forward"], "| backward:", two_d["backward"])
 
 # %% [markdown] lang="en" tags=["lesson"]
-# What goes over which dimension: the all-reduce of 128 bytes (4 x 8 float32, the
-# activation) runs inside a TP group ({0, 1} or {2, 3}); the all-gather and the reduce-scatter
-# of 576 bytes (fc1's and fc2's weights and biases on each TP rank after TP's split,
-# (64 + 8 + 64 + 8) x 4 bytes) run inside a DP group ({0, 2} or {1, 3}), once forward (gather) and once
-# backward (reduce-scatter: gloo's reduce-scatter is an all-reduce of the whole input,
-# chapter 10). `_wrap_tensor_autograd` is the wait of the functional all-reduce, not a second
-# collective; there is no backward all-reduce (`f`'s) because the input needs no gradient.
-# fc1's weight is `_StridedShard` on "dp" and `Shard(0)` on "tp": each of the 4
-# ranks holds 4 of its 16 rows. The gradients equal the whole MLP's on the whole batch
-# (float32: about 1e-8).
+# TP alone sends what the hand-written version sends: one all-reduce of the activation
+# forward (`g`) and one backward (`f`), 128 bytes each (4 x 8 float32). In 2D, what goes
+# over which dimension: the all-reduce runs inside a TP group ({0, 1} or {2, 3}); the
+# all-gather and the reduce-scatter of 576 bytes (fc1's and fc2's weights and biases on each
+# TP rank after TP's split, (64 + 8 + 64 + 8) x 4 bytes) run inside a DP group ({0, 2} or
+# {1, 3}), the gather forward, the reduce-scatter backward (gloo's reduce-scatter is an
+# all-reduce of the whole input, chapter 10). Here the input needs no gradient, so the
+# backward has no all-reduce of `f`'s. fc1's weight is `_StridedShard` on "dp" and
+# `Shard(0)` on "tp": each of the 4 ranks holds 4 of its 16 rows. The gradients equal the
+# whole MLP's on the whole batch (float32: about 1e-8).
 #
 # On GPUs the same placement matters more: the "tp" dimension should be ranks of one node
 # (NVLink), the "dp" dimension crosses nodes. Measuring that needs two nodes with GPUs; not
 # run here.
 
 # %% [markdown] lang="zh" tags=["lesson"]
-# 哪些通信走哪一维：128 字节（4 x 8 个 float32，即激活值）的全归约发生在一个 TP 组内（{0, 1}
-# 或 {2, 3}）；576 字节（fc1 和 fc2 的权重与偏置在 TP 切分之后，每个 TP rank 上 (64 + 8 + 64 + 8)
-# x 4 字节）的全收集（all-gather）和归约散发（reduce-scatter）发生在一个 DP 组内（{0, 2} 或
-# {1, 3}），前向一次（全收集），反向一次（归约散发：gloo 的归约散发是对整个输入做一次全归约，
-# 见第 10 章）。`_wrap_tensor_autograd` 是函数式全归约的等待，不是第二次集合通信；没有反向的全归约（`f` 的那次），因为输入不需要梯度。fc1 的权重在
-# "dp" 上是 `_StridedShard`，在 "tp" 上是 `Shard(0)`：4 个 rank 各持有它 16 行中的 4 行。梯度与
-# 完整 MLP 在整批数据上的梯度相同（float32：约 1e-8）。
+# 单独做 TP 时，发送的内容与手写版本完全一样：前向一次激活值的全归约（`g`），反向一次（`f`），
+# 各 128 字节（4 x 8 个 float32）。二维时，哪些通信走哪一维：全归约发生在一个 TP 组内（{0, 1}
+# 或 {2, 3}）；576 字节（TP 切分之后每个 TP rank 上 fc1 和 fc2 的权重与偏置，
+# (64 + 8 + 64 + 8) x 4 字节）的全收集（all-gather）和归约散发（reduce-scatter）发生在一个 DP
+# 组内（{0, 2} 或 {1, 3}），前向做全收集，反向做归约散发（gloo 的归约散发是对整个输入做一次
+# 全归约，见第 10 章）。这里输入不需要梯度，所以反向没有 `f` 的那次全归约。fc1 的权重在 "dp"
+# 上是 `_StridedShard`，在 "tp" 上是 `Shard(0)`：4 个 rank 各持有它 16 行中的 4 行。梯度与完整
+# MLP 在整批数据上的梯度相同（float32：约 1e-8）。
 #
 # 在 GPU 上这种摆放更重要："tp" 这一维应当是同一节点内的 rank（NVLink），"dp" 这一维跨节点。
 # 要实测这一点需要两个带 GPU 的节点；这里不运行。
@@ -191,8 +216,9 @@ print("  collectives:", two_d["calls"])
 # **micro-batches**; forward passes flow from rank s to s+1 (`send`/`recv` of the
 # activation), backward passes flow back (the activation's gradient). A **schedule** is each
 # stage's order of passes. **GPipe** runs every forward, then every backward; **1F1B**
-# (one forward, one backward) starts each backward as early as it can. With equal pass times,
-# both leave every stage idle the same fraction of the step, the **bubble**
+# (one forward, one backward) starts each backward as early as it can. When every forward
+# takes the same time and every backward too, both leave every stage idle the same fraction
+# of the step, the **bubble**
 # (p-1)/(m+p-1) for p stages and m micro-batches. What differs is memory: GPipe holds m
 # micro-batches' activations at its peak, 1F1B at most p - s on stage s. On paper
 # (`ddp_lab.pipeline.simulate`, forward 1, backward 2 time units):
@@ -203,8 +229,8 @@ print("  collectives:", two_d["calls"])
 # 模型的第 s 个阶段（stage，这里是一个 Linear + tanh 块）放在 rank s 上。一批数据被切成 m 个
 # **微批**（micro-batch）；前向从 rank s 流向 s+1（`send`/`recv` 激活值），反向再流回来（激活值
 # 的梯度）。**调度**（schedule）就是每个阶段执行各次计算的顺序。**GPipe** 先做完所有前向，再做
-# 所有反向；**1F1B**（一次前向、一次反向交替）让每个反向尽早开始。当每次计算耗时相同时，两者让
-# 每个阶段空闲的比例相同，这就是**气泡**：p 个阶段、m 个微批时为 (p-1)/(m+p-1)。不同的是内存：
+# 所有反向；**1F1B**（一次前向、一次反向交替）让每个反向尽早开始。只要每次前向耗时相同、每次
+# 反向耗时也相同，两者让每个阶段空闲的比例就相同，这就是**气泡**：p 个阶段、m 个微批时为 (p-1)/(m+p-1)。不同的是内存：
 # GPipe 在峰值时持有 m 个微批的激活值，1F1B 在第 s 个阶段最多持有 p - s 个。先在纸上推演
 # （`ddp_lab.pipeline.simulate`，前向 1 个时间单位，反向 2 个）：
 
@@ -224,16 +250,17 @@ for p, m in ((4, 8), (4, 4), (8, 8)):
 # model's in one process. Each pass also sleeps (20 ms forward, 40 ms backward): 4 ranks
 # that computed on this machine's 2 cores would compete for them, and the timeline would
 # show the machine, not the schedule; a sleeping rank leaves its core free, as a rank whose
-# GPU computes does. Sends are `isend` (never blocking: two neighbours that send to each
-# other at once would otherwise wait for each other), receives are blocking `recv`. The
+# GPU computes does. Sends are `isend` (never blocking: with a blocking `send`, two
+# neighbours that send to each other at once could wait for each other, since a send may not
+# complete before its receive is posted), receives are blocking `recv`. The
 # bubble is measured from the bars: 1 - (time in passes) / (4 x the whole span).
 
 # %% [markdown] lang="zh" tags=["lesson"]
 # 现在真正运行：4 个 gloo rank，8 个微批，每个阶段的梯度都与单进程中完整模型的梯度对照。每次
 # 计算还会休眠一段时间（前向 20 ms，反向 40 ms）：4 个 rank 若在这台机器的 2 个核上真正计算，
 # 会互相争抢核，时间线显示的将是机器而不是调度；休眠的 rank 会让出它的核，就像 GPU 在计算的
-# rank 那样。发送用 `isend`（从不阻塞：否则两个相邻的 rank 同时互相发送时会互相等待），接收用
-# 阻塞的 `recv`。气泡从图中的条形实测：1 - （计算时间之和）/（4 x 整段时间）。
+# rank 那样。发送用 `isend`，从不阻塞：发送可能要等到对方发起接收后才能完成，如果用阻塞的
+# `send`，两个相邻的 rank 同时向对方发送时就可能互相等待。接收用阻塞的 `recv`。气泡从图中的条形实测：1 - （计算时间之和）/（4 x 整段时间）。
 
 # %% tags=["lesson"]
 import matplotlib.pyplot as plt
@@ -250,30 +277,40 @@ for ax, name in zip(axes, ("gpipe", "1f1b"), strict=True):
 fig.tight_layout()
 
 # %% [markdown] lang="en" tags=["lesson"]
-# The measured bubble sits above the formula: each hop adds a send, a receive and a wake-up
-# of the next rank to the critical path, which the formula counts as free, and on a loaded
-# machine a rank that should start may wait for a core. 1F1B hops between neighbours more
-# often than GPipe, so it pays that more often.
-# Both schedules give the same gradients as one process (float64, to the last bit or
-# nearly) and the same bubble; 1F1B holds 4, 3, 2, 1 micro-batches' activations where GPipe
-# holds 8 on every stage. The bubble shrinks only with more micro-batches per stage (or with
-# interleaved stages, Megatron's virtual pipeline, not built here).
+# Both schedules give the same gradients as one process (float64: a difference of the order
+# of 1e-17, rounding), and 1F1B holds 4, 3, 2, 1 micro-batches' activations where GPipe holds
+# 8 on every stage. The measured bubbles sit a few hundredths above the formula, which
+# counts communication as free: every pass whose input comes from a neighbour also waits for
+# a send, a receive and the wake-up of a sleeping rank, and on a loaded machine for a free
+# core. The two measured numbers need not be equal either: how much each schedule pays for
+# those waits depends on where they fall on its critical path and on the machine, and the
+# formula models neither; read each against the formula. With one stage per rank the bubble shrinks only with more
+# micro-batches per step; schedules that put several stages on each rank (interleaved 1F1B,
+# Megatron's virtual pipeline) or split each backward into its input-gradient and
+# weight-gradient halves (the zero-bubble schedules) shrink it further; none is built here.
 #
-# PyTorch's twin is `torch.distributed.pipelining`: `PipelineStage` (`stage.py`) and
-# `ScheduleGPipe`/`Schedule1F1B` (`schedules.py`); its 1F1B runs `min(m, p - s)` forwards
-# before its first backward, the same order of passes as `one_f_one_b_order`.
+# PyTorch's twin is `torch.distributed.pipelining`: `PipelineStage` (`stage.py`) and, in
+# `schedules.py`, `ScheduleGPipe` and `Schedule1F1B` (and, for the schedules above,
+# `ScheduleInterleaved1F1B`, `ScheduleInterleavedZeroBubble`, `ScheduleZBVZeroBubble`). Its
+# 1F1B (`Schedule1F1B._step_microbatches`) runs `min(m, p - s)` forwards before its first
+# backward, then alternates starting with a backward: the same order of passes as
+# `one_f_one_b_order`.
 
 # %% [markdown] lang="zh" tags=["lesson"]
-# 实测的气泡比公式大：每一跳都在关键路径上加了一次发送、一次接收和唤醒下一个 rank 的时间，而
-# 公式把这些都算作零；在负载高的机器上，本该开始计算的 rank 还可能要等一个空闲的核。1F1B 在相邻
-# rank 之间来回的次数比 GPipe 多，所以付出这部分代价的次数也多。两种调度得到的梯度都与单进程相同（float64，到最后一位或几乎如此），
-# 气泡也相同；1F1B 在各阶段分别持有 4、3、2、1 个微批的激活值，GPipe 在每个阶段都持有 8 个。
-# 只有每个阶段处理更多的微批（或者交错的阶段，即 Megatron 的虚拟流水线，本章不实现）才能让气泡
-# 变小。
+# 两种调度得到的梯度都与单进程一致（float64，差异在 1e-17 量级，只是舍入误差）；1F1B 在各阶段
+# 分别只持有 4、3、2、1 个微批的激活值，GPipe 则每个阶段都持有 8 个。实测的气泡比公式高出百分之
+# 几，因为公式把通信算作零开销：凡是输入来自相邻 rank 的计算，还要等一次发送、一次接收，以及
+# 唤醒一个正在休眠的 rank；机器负载高时，还得等到空闲的核。两种调度的实测值也不一定相等：每种
+# 调度为这些等待多付多少，取决于它们落在关键路径的哪些位置，也取决于机器，而公式对这两点都
+# 不建模。所以请分别拿它们和公式比较。每个 rank 只放一个阶段时，只有增加每步的微批数才能缩小气泡；让每个 rank 承担多个阶段
+# 的调度（交错式 1F1B，即 Megatron 的虚拟流水线），或者把每次反向拆成输入梯度和权重梯度两半的
+# 调度（零气泡调度），还能进一步缩小气泡。本章都不实现。
 #
-# PyTorch 中对应的实现是 `torch.distributed.pipelining`：`PipelineStage`（`stage.py`）和
-# `ScheduleGPipe`/`Schedule1F1B`（`schedules.py`）；它的 1F1B 在第一次反向之前做
-# `min(m, p - s)` 次前向，计算顺序与 `one_f_one_b_order` 相同。
+# PyTorch 中对应的实现是 `torch.distributed.pipelining`：`PipelineStage`（`stage.py`），以及
+# `schedules.py` 中的 `ScheduleGPipe` 和 `Schedule1F1B`（上面提到的几种调度对应
+# `ScheduleInterleaved1F1B`、`ScheduleInterleavedZeroBubble`、`ScheduleZBVZeroBubble`）。它的
+# 1F1B（`Schedule1F1B._step_microbatches`）在第一次反向之前做 `min(m, p - s)` 次前向，之后从
+# 一次反向开始交替进行，计算顺序与 `one_f_one_b_order` 相同。
 
 # %% [markdown] lang="en" tags=["lesson"]
 # ## 4. The arithmetic of choosing
@@ -291,7 +328,7 @@ fig.tight_layout()
 # `ddp_lab.parallel_plan.per_step` 把课程中的各个模型组合起来，计算一个 MLP 块堆叠（dim ->
 # 4 dim -> dim）在 dp x tp x pp 个 rank 上用 float32 AdamW 训练时的：每个 rank 的参数、梯度和
 # 优化器状态（第 10 章的 ZeRO 模型）、激活值、每个 rank 每步发送的字节数（环形算法：全归约发送
-# 其数据量的 2(n-1)/n，全收集或归约散发发送 (n-1)/n）、FLOPs（每个参数每行 6 次：前向 2 次，
+# 其有效载荷（payload）的 2(n-1)/n，全收集或归约散发发送 (n-1)/n）、FLOPs（每个参数每行 6 次：前向 2 次，
 # 反向 4 次）以及气泡。8 个 dim 为 1024 的块，每步 4,096 行（token），8 个 rank：
 
 # %% tags=["lesson"]
@@ -312,8 +349,9 @@ for name, kw in choices.items():
 # and a reduce-scatter instead of an all-reduce); TP divides the state too, but every TP
 # rank sees the whole batch, so its activations are the largest, and it sends activations at
 # every layer, bytes that grow with the batch, not with the model; PP divides the state and
-# sends the least, but pays the bubble. The FLOPs per rank are the same in every row: the
-# work is divided 8 ways each time; what differs is what dividing it costs. Products combine
+# sends the least, but pays the bubble. The FLOPs per rank are nearly the same in every row
+# (TP's whole fc2 biases add a little): the work is divided 8 ways each time; what differs is
+# what dividing it costs. Products combine
 # the divisions. Which wins
 # depends on where the bytes go: TP's sends are on the critical path of every layer (fast
 # links only), DP's and FSDP's overlap backward (chapter 07), PP's are small but its bubble
@@ -329,7 +367,8 @@ for name, kw in choices.items():
 # 1,074 MB；FSDP 把它除以 8，发送的字节数是 DP 的 1.5 倍（两次全收集加一次归约散发，代替一次
 # 全归约）；TP 也把状态分掉了，但每个 TP rank 都要处理整批数据，所以它的激活值最大，而且每一层
 # 都要发送激活值，这些字节随批增长，而不是随模型增长；PP 把状态分掉并且发送得最少，但要付出
-# 气泡的代价。每一行中每个 rank 的 FLOPs 都相同：工作每次都被分成 8 份，不同的是分摊的代价。
+# 气泡的代价。每一行中每个 rank 的 FLOPs 几乎相同（TP 中完整的 fc2 偏置会多出一点）：工作每次
+# 都被分成 8 份，不同的是分摊的代价。
 # 组合方式把这些划分叠加起来。
 # 哪种更好，取决于这些字节走在哪里：TP 的发送在每一层的关键路径上（只能用快速链路），DP 和 FSDP
 # 的发送与反向计算重叠（第 07 章），PP 的发送很少，但它的气泡是空闲时间。
@@ -365,10 +404,13 @@ print(f"MFU (model FLOPs / (time x this rank's matmul rate)): {mfu:.0%}")
 # ## 5. 1,024 ranks in one process: torch's fake process group
 #
 # `torch.testing._internal.distributed.fake_pg` provides `FakeStore` and registers the
-# backend `"fake"`: a process group of any size whose collectives return at once and leave
-# their tensors as they were. Values are meaningless, but shapes, placements and sharding are
-# real: enough to ask what each rank would hold. The model is built on the `meta` device (no
-# memory at all), then FSDP on 1,024 ranks, and FSDP x TP on a 128 x 8 mesh, as rank 17:
+# backend `"fake"` (`FakeProcessGroup`, in `torch/csrc/distributed/c10d/FakeProcessGroup.hpp`
+# of PyTorch's sources): a process group of any size whose collectives return at once
+# without communicating. An all-reduce leaves its tensor as it was, an all-gather copies this
+# rank's own input into every slot (the cell's first line shows both). Values are
+# meaningless, but shapes, placements and sharding are real: enough to ask what each rank
+# would hold. The model is built on the `meta` device (no memory at all), then FSDP on 1,024
+# ranks, and FSDP x TP on a 128 x 8 mesh, as rank 17:
 
 # %% [markdown] lang="zh" tags=["lesson"]
 # 计数完全一致：状态精确到字节，8 次 64 KiB 的全归约（每个块前向一次、反向一次）。时间则不一致，
@@ -378,14 +420,17 @@ print(f"MFU (model FLOPs / (time x this rank's matmul rate)): {mfu:.0%}")
 #
 # ## 5. 一个进程里的 1,024 个 rank：torch 的伪进程组
 #
-# `torch.testing._internal.distributed.fake_pg` 提供 `FakeStore`，并注册后端 `"fake"`：一个
-# 任意大小的进程组，其集合通信立即返回，张量保持原样。数值没有意义，但形状、放置方式和分片
-# 都是真实的：足以回答每个 rank 会持有什么。模型建在 `meta` 设备上（完全不占内存），然后作为
-# rank 17，分别做 1,024 个 rank 的 FSDP，以及 128 x 8 网格上的 FSDP x TP：
+# `torch.testing._internal.distributed.fake_pg` 提供 `FakeStore`，并注册后端 `"fake"`（即
+# PyTorch 源码中 `torch/csrc/distributed/c10d/FakeProcessGroup.hpp` 里的 `FakeProcessGroup`）：
+# 这是一个大小任意的进程组，集合通信不做任何通信，立即返回。全归约让张量保持原样，全收集把本
+# rank 自己的输入复制到每一个位置上（单元输出的第一行同时展示了这两点）。数值没有意义，但形状、
+# 放置方式和分片都是真实的，足以回答每个 rank 会持有什么。模型建在 `meta` 设备上（完全不占
+# 内存），然后以 rank 17 的身份，分别做 1,024 个 rank 的 FSDP，以及 128 x 8 网格上的 FSDP x TP：
 
 # %% tags=["lesson"]
 fake = dl.spawn(plan.fake_world, nprocs=1)[0]
-print(f"world size {fake['world']}, this rank {fake['rank']}, model {fake['params'] / 1e6:.0f} M parameters")
+print(f"world size {fake['world']}, this rank {fake['rank']}, model {fake['params'] / 1e6:.0f} M parameters; "
+      f"all_reduce(1.0) gave {fake['all_reduce']}, all_gather of the rank gave {fake['all_gather']}")
 for name in ("fsdp", "fsdp x tp"):
     f = fake[name]
     predicted = fake["params"] / 1024
@@ -551,9 +596,9 @@ dl.grade("12.one_f_one_b", schedule_1f1b)
 #
 # **1.** In `TensorParallelMLP` (fc1 column-parallel, fc2 row-parallel, 2 ranks), replace `f` by a plain identity (no all-reduce in backward) and keep `g` as it is. Compared with the whole MLP in one process:
 #
-# - (a) everything still matches: `g`'s all-reduce already gives every rank the same numbers
+# - (a) everything still matches: `g`'s all-reduce already gives every rank the same numbers, forward and backward
 # - (b) the output is already wrong in the forward pass
-# - (c) the output and this block's weight gradients still match, but the gradient of the block's input on each rank is only that rank's share of the sum
+# - (c) the output and the weight gradients match; the input's gradient on each rank is only that rank's share
 # - (d) the ranks hang: each waits in an all-reduce the others never start
 #
 # **2.** One MLP block (dim 1,024 -> 4,096 -> 1,024) inside a deep model is split column-then-row over 4 TP ranks; the step has 2,048 rows (tokens), float32. With ring all-reduces (each sends 2(n-1)/n of its payload), how many MB (10^6 bytes) does each rank send for this block in one step, forward and backward? (a number)
@@ -578,8 +623,8 @@ dl.grade("12.one_f_one_b", schedule_1f1b)
 #
 # **7.** FSDP x TP on 2 nodes of 8 GPUs (NVLink inside a node, a slower network between the nodes), mesh 2 x 8. Which dimension should the 8 GPUs of one node form?
 #
-# - (a) "tp": TP's all-reduces sit on the critical path of every layer and grow with the activations, while FSDP's all-gathers and reduce-scatters can overlap computation
-# - (b) "dp": FSDP moves the whole model's state, so it needs the fast links
+# - (a) "tp": TP's all-reduces hold up every layer; FSDP's collectives can overlap computation
+# - (b) "dp": FSDP moves the whole model's parameters and gradients every step, more bytes than TP's activations, so it needs the fast links
 # - (c) either: the bytes each rank sends are the same whichever way the mesh is laid out
 # - (d) neither: FSDP and TP cannot share one mesh
 
@@ -596,9 +641,9 @@ dl.grade("12.one_f_one_b", schedule_1f1b)
 #
 # **1.** 在 `TensorParallelMLP`（fc1 列并行，fc2 行并行，2 个 rank）中，把 `f` 换成单纯的恒等映射（反向不做全归约），`g` 保持不变。与单进程中完整的 MLP 相比：
 #
-# - (a) 全都一致：`g` 的全归约已经让每个 rank 拿到相同的数值
+# - (a) 全都一致：无论前向还是反向，`g` 的全归约都已经让每个 rank 拿到相同的数值
 # - (b) 前向的输出就已经错了
-# - (c) 输出和这个块的权重梯度仍然一致，但每个 rank 上这个块输入的梯度只是总和中本 rank 的那一份
+# - (c) 输出和权重梯度一致；每个 rank 上输入的梯度只是总和中本 rank 的那一份
 # - (d) 各 rank 卡住：每个 rank 都在等一次其他 rank 永远不会发起的全归约
 #
 # **2.** 一个深层模型中的某个 MLP 块（dim 1,024 -> 4,096 -> 1,024）先列并行、后行并行地分到 4 个 TP rank 上；每步 2,048 行（token），float32。全归约用环形算法（每次发送其有效载荷的 2(n-1)/n），这个块在一步之内（前向加反向）每个 rank 发送多少 MB（10^6 字节）？（填一个数）
@@ -623,8 +668,8 @@ dl.grade("12.one_f_one_b", schedule_1f1b)
 #
 # **7.** 在 2 个节点、每个节点 8 块 GPU（节点内是 NVLink，节点之间是较慢的网络）上做 FSDP x TP，网格为 2 x 8。一个节点的 8 块 GPU 应当组成哪一维？
 #
-# - (a) "tp"：TP 的全归约位于每一层的关键路径上，并随激活值增长；而 FSDP 的全收集和归约散发可以与计算重叠
-# - (b) "dp"：FSDP 要搬运整个模型的状态，所以需要快速链路
+# - (a) "tp"：TP 的全归约卡在每一层的关键路径上；FSDP 的集合通信可以与计算重叠
+# - (b) "dp"：FSDP 每一步都要搬运整个模型的参数和梯度，字节数比 TP 的激活值还多，所以需要快速链路
 # - (c) 哪一维都行：无论网格怎样排布，每个 rank 发送的字节数都相同
 # - (d) 都不行：FSDP 和 TP 不能共用一个网格
 

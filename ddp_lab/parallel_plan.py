@@ -135,8 +135,11 @@ def fake_world(rank: int, world: int = 1024, dim: int = 4096, layers: int = 4, t
     """One process as rank 17 of ``world``: torch's fake process group, a 2D mesh, and the
     local shards of a model built on the meta device (no memory) under
     ``fully_shard`` x ``parallelize_module`` (torch: ``torch/testing/_internal/distributed/
-    fake_pg.py``, ``FakeStore``; the ``fake`` backend answers every collective at once and
-    leaves its tensors as they are: shapes and placements are real, values are not).
+    fake_pg.py``, ``FakeStore``; the ``fake`` backend, ``FakeProcessGroup`` in
+    ``torch/csrc/distributed/c10d/FakeProcessGroup.hpp``, answers every collective at once
+    without communicating: an all-reduce leaves its tensor as it was, an all-gather copies
+    this rank's input into every slot; shapes and placements are real, values are not). Also
+    returns what one all-reduce and one all-gather gave, to show it.
     """
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
@@ -152,6 +155,12 @@ def fake_world(rank: int, world: int = 1024, dim: int = 4096, layers: int = 4, t
     dist.init_process_group("fake", store=FakeStore(), rank=17, world_size=world)
     try:
         out: dict[str, Any] = {"world": dist.get_world_size(), "rank": dist.get_rank()}
+        ones = torch.ones(1)
+        dist.all_reduce(ones)  # a real one would give 1,024
+        slots = [torch.zeros(1) for _ in range(world)]
+        dist.all_gather(slots, torch.tensor([float(dist.get_rank())]))
+        out["all_reduce"] = ones.item()
+        out["all_gather"] = sorted({t.item() for t in slots})
         for name, shape in (("fsdp", (world,)), ("fsdp x tp", (world // tp, tp))):
             mesh = init_device_mesh("cpu", shape, mesh_dim_names=("dp", "tp")[: len(shape)])
             with torch.device("meta"):

@@ -12,10 +12,12 @@ holds at most ``p - s``. Both leave the same idle fraction, the *bubble*
 
 How this differs from PyTorch's ``torch.distributed.pipelining`` (``schedules.py``:
 ``ScheduleGPipe``, ``Schedule1F1B``; ``stage.py``: ``PipelineStage``): torch splits a model
-with ``pipeline()`` or takes one stage module per rank, infers the shapes it sends, batches
-its sends and receives with ``batch_isend_irecv`` and splits the loss over micro-batches with
-``loss_fn``; this runner takes one ``nn.Module`` per stage, knows the shapes from the first
-micro-batch (``shape`` argument), sends with ``isend`` (never blocking: two neighbours that
+with ``pipeline()`` or takes one stage module per rank, infers the shapes it sends, posts
+its sends and receives through ``_batch_p2p`` (plain ``isend``/``irecv``, or
+``batch_isend_irecv`` when one batch mixes sends and receives, such as a forward's send with
+the next backward's receive) and computes the loss per micro-batch with ``loss_fn``; this
+runner takes one ``nn.Module`` per stage, knows the shapes from the first micro-batch
+(``shape`` argument), sends with ``isend`` (never blocking: two neighbours that
 send to each other at once would otherwise wait for each other) and receives with ``recv``.
 ``simulate`` is the same pipeline on paper: unit-free times, no ranks.
 """

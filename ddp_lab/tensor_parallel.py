@@ -20,9 +20,15 @@ conjugate (Megatron-LM's ``megatron/core/tensor_parallel/mappings.py``):
 How this differs from PyTorch's: torch's ``ColwiseParallel``/``RowwiseParallel``
 (``torch/distributed/tensor/parallel/style.py``) do not write these operators by hand: they
 turn the weights into ``DTensor``s with ``Shard(0)``/``Shard(1)`` placements on a
-``DeviceMesh``, and the redistribution from ``Partial()`` to ``Replicate()`` issues the
-all-reduce (``torch/distributed/tensor/_redistribute.py``); the backward all-reduce of ``f``
-comes from the same redistribution run in reverse. The arithmetic is the same. This module
+``DeviceMesh``. ``g``'s forward all-reduce is ``RowwiseParallel``'s output turned from
+``Partial()`` into ``Replicate()`` (``redistribute_local_tensor`` in
+``torch/distributed/tensor/_redistribute.py``, then ``Partial._reduce_value`` in
+``placement_types.py``); its backward is the identity because ``_redistribute_backward`` keeps
+a ``Replicate`` gradient as it is rather than making it ``Partial`` again. ``f``'s backward
+all-reduce comes from ``ColwiseParallel``'s input: ``DTensor.from_local(x, mesh,
+[Replicate()])`` (``_FromTorchTensor`` in ``torch/distributed/tensor/_api.py``) gets the input's
+gradient back as ``Partial`` and redistributes it to ``Replicate``, only when the input
+needs a gradient. The arithmetic is the same. This module
 uses the eager ``torch.distributed.all_reduce`` (what chapter 04's counters see); widths must
 divide by the world size (Megatron's ``divide`` asserts the same).
 """
@@ -176,7 +182,9 @@ def compare_with_one_process(rank: int, dim: int = 8, hidden: int = 16, batch: i
 
     Every rank builds the same MLP (same seed) and the same batch; the whole MLP is the
     oracle. Returns the largest differences of the output, the input's gradient and this
-    rank's weight-gradient slices, and the collectives' bytes (chapter 10's counter).
+    rank's weight-gradient slices, the collectives' bytes (chapter 10's counter), and the
+    elements of the block's input, hidden and output activations on this rank and in the
+    whole MLP.
     """
     from ddp_lab.comm_debug import count_collectives
 
@@ -191,6 +199,8 @@ def compare_with_one_process(rank: int, dim: int = 8, hidden: int = 16, batch: i
     with count_collectives() as log:
         got = tp(x2)
         got.square().sum().backward()
+    with torch.no_grad():
+        hidden_here, hidden_whole = tp.fc1(x).numel(), mlp.fc1(x).numel()
     part, cols = hidden // world, slice(rank * hidden // world, (rank + 1) * hidden // world)
     assert mlp.fc1.weight.grad is not None and mlp.fc2.weight.grad is not None
     diffs = {
@@ -204,11 +214,21 @@ def compare_with_one_process(rank: int, dim: int = 8, hidden: int = 16, batch: i
         "shard": part,
         "calls": [(n, b) for n, _, b in log.calls],
         "params": sum(p.numel() for p in tp.parameters()),
+        "activations": {
+            "this rank": (x2.numel(), hidden_here, got.numel()),
+            "one process": (x1.numel(), hidden_whole, want.numel()),
+        },
     }
 
 
 class _FunctionalCommLog(torch.utils._python_dispatch.TorchDispatchMode):
-    """Each collective op DTensor or FSDP dispatches: (op name, bytes of its largest tensor)."""
+    """Each collective op DTensor or FSDP dispatches: (op name, bytes of its largest tensor).
+
+    Left out, as torch's ``CommDebugMode`` leaves them out: ``wait_tensor`` (the wait of an
+    async functional collective) and ``_wrap_tensor_autograd`` (wraps a result in an
+    ``AsyncCollectiveTensor``: ``torch/distributed/_functional_collectives.py``); neither
+    sends anything.
+    """
 
     def __init__(self) -> None:
         super().__init__()
@@ -221,6 +241,7 @@ class _FunctionalCommLog(torch.utils._python_dispatch.TorchDispatchMode):
         if (
             name.startswith(("_c10d_functional::", "c10d_functional::", "c10d::"))
             and "wait" not in name
+            and "_wrap_tensor_autograd" not in name
         ):
             sizes = [a.numel() * a.element_size() for a in args if isinstance(a, torch.Tensor)]
             sizes += [t.numel() * t.element_size() for a in args if isinstance(a, list) for t in a
@@ -232,7 +253,9 @@ class _FunctionalCommLog(torch.utils._python_dispatch.TorchDispatchMode):
 def torch_tp_mlp(rank: int, dim: int = 8, hidden: int = 16, batch: int = 4) -> dict:
     """In each rank: torch's ``parallelize_module`` (``ColwiseParallel`` on ``fc1``,
     ``RowwiseParallel`` on ``fc2``) on a 1D ``DeviceMesh``, against the whole MLP; what it
-    sends, op by op (the largest tensor of each collective, in bytes)."""
+    sends, op by op, forward and backward apart (the largest tensor of each collective, in
+    bytes). The input needs a gradient, as inside a deep model, so that ``f``'s backward
+    all-reduce shows."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor.parallel import (
         ColwiseParallel,
@@ -248,21 +271,26 @@ def torch_tp_mlp(rank: int, dim: int = 8, hidden: int = 16, batch: int = 4) -> d
     mesh = init_device_mesh("cpu", (world,))
     parallelize_module(tp, mesh, {"fc1": ColwiseParallel(), "fc2": RowwiseParallel()})
     x = torch.randn(batch, dim)
-    want = whole(x)
+    x1, x2 = x.clone().requires_grad_(), x.clone().requires_grad_()
+    want = whole(x1)
     want.square().sum().backward()
-    with _FunctionalCommLog() as log:
-        got = tp(x)
+    with _FunctionalCommLog() as forward:
+        got = tp(x2)
+    with _FunctionalCommLog() as backward:
         got.square().sum().backward()
     w = tp.fc1.weight
+    assert x1.grad is not None and x2.grad is not None
     return {
         "output_diff": (got - want).abs().max().item(),
+        "x_grad_diff": (x2.grad - x1.grad).abs().max().item(),
         "fc1_grad_diff": (w.grad.full_tensor() - whole.fc1.weight.grad).abs().max().item(),
         "fc1.weight": (
             str(type(w).__name__),
             [str(p) for p in w.placements],
             list(w.to_local().shape),
         ),
-        "calls": log.calls,
+        "forward": forward.calls,
+        "backward": backward.calls,
     }
 
 
@@ -271,7 +299,7 @@ def fsdp_x_tp(rank: int, dim: int = 8, hidden: int = 16, batch: int = 4) -> dict
 
     Each DP group gets its own half of the batch; the gradients are compared with the whole
     MLP trained on the whole batch in one process. Returns the weight's placements and
-    local shape, and the collectives each mesh dimension carried.
+    local shape, and the collectives of the forward and of the backward.
     """
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
@@ -292,8 +320,10 @@ def fsdp_x_tp(rank: int, dim: int = 8, hidden: int = 16, batch: int = 4) -> dict
     whole(x).square().mean().backward()
     dp_rank = mesh["dp"].get_local_rank()
     mine = x[dp_rank * batch : (dp_rank + 1) * batch]
-    with _FunctionalCommLog() as log:
-        model(mine).square().mean().backward()
+    with _FunctionalCommLog() as forward:
+        loss = model(mine).square().mean()
+    with _FunctionalCommLog() as backward:
+        loss.backward()
     w = model.fc1.weight
     groups = {
         "dp": sorted(dist.get_process_group_ranks(mesh["dp"].get_group())),
@@ -304,7 +334,8 @@ def fsdp_x_tp(rank: int, dim: int = 8, hidden: int = 16, batch: int = 4) -> dict
         "placements": [str(p) for p in w.placements],
         "local_shape": list(w.to_local().shape),
         "grad_diff": (w.grad.full_tensor() - whole.fc1.weight.grad).abs().max().item(),
-        "calls": log.calls,
+        "forward": forward.calls,
+        "backward": backward.calls,
     }
 
 

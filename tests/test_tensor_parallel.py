@@ -27,6 +27,33 @@ def test_tp_mlp_matches_one_process(world):
     whole = sum(p.numel() for p in MLP(8, 16).parameters())
     # fc1's weight and bias and fc2's weight are split; fc2's bias is whole on every rank
     assert out[0]["params"] == (whole - 8) // world + 8
+    # the hidden activation is split, the block's input and output are not (the lesson's
+    # answer to "TP divides a layer's memory by the number of ranks")
+    assert out[0]["activations"] == {
+        "this rank": (3 * 8, 3 * 16 // world, 3 * 8),
+        "one process": (3 * 8, 3 * 16, 3 * 8),
+    }
+
+
+def test_torch_tp_sends_what_f_and_g_send_and_2d_splits_the_dimensions():
+    from ddp_lab.tensor_parallel import torch_tp_and_2d
+
+    out = spawn(torch_tp_and_2d, nprocs=4, backend="gloo", quiet=True)
+    tp = out[0]["tp"]
+    assert max(tp["output_diff"], tp["x_grad_diff"], tp["fc1_grad_diff"]) < 1e-5, tp
+    # RowwiseParallel's Partial -> Replicate forward (g), ColwiseParallel's input gradient
+    # Partial -> Replicate backward (f): one all-reduce of 4 x 8 float32 each way
+    assert tp["forward"] == [("all_reduce", 128)] and tp["backward"] == [("all_reduce", 128)]
+    for rank, r in enumerate(out):
+        d = r["2d"]
+        assert d["groups"] == {
+            "dp": [rank % 2, rank % 2 + 2],
+            "tp": [rank // 2 * 2, rank // 2 * 2 + 1],
+        }
+        assert d["grad_diff"] < 1e-5 and d["local_shape"] == [4, 8]
+        # the input needs no gradient: no backward all-reduce, only FSDP's reduce-scatter
+        assert d["forward"] == [("_allgather_base_", 576), ("all_reduce", 128)]
+        assert d["backward"] == [("_reduce_scatter_base_", 576)]
 
 
 def _gathered_column(rank: int) -> float:
