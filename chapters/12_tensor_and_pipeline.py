@@ -116,7 +116,7 @@ for world in (2, 4):
 # parameters nearly are (fc2's bias stays whole on every rank: 76 = (280 - 8) / 4 + 8), and
 # so is the hidden activation, but every rank still holds the whole input and output
 # activations of the block (`batch x dim`: the last numbers of each line above), and
-# all-reduces a tensor of that size twice per step, on every layer (the output forward, the
+# all-reduces a tensor of that size twice per step, in every block (the output forward, the
 # input's gradient backward): TP trades memory for communication on the critical path,
 # which is why it stays inside a node, on the fastest links.
 #
@@ -145,7 +145,7 @@ for world in (2, 4):
 # %% [markdown] lang="zh" tags=["lesson"]
 # 一种常见说法是：TP“把一层的内存除以了 rank 数”。参数差不多是这样（fc2 的偏置在每个 rank 上
 # 都是完整的：76 = (280 - 8) / 4 + 8），隐藏层的激活值也是，但每个 rank 仍然持有这个块完整的
-# 输入和输出激活值（`batch x dim`，见上面每行最后的几个数），而且每一步、每一层都要对这么大的
+# 输入和输出激活值（`batch x dim`，见上面每行最后的几个数），而且每一步、每个块都要对这么大的
 # 张量做两次全归约（前向是输出，反向是输入的梯度）：TP 是用关键路径上的通信换内存，所以它通常
 # 放在一个节点内部、最快的链路上。
 #
@@ -559,12 +559,13 @@ dl.grade("12.one_f_one_b", schedule_1f1b)
 # - Tensor parallelism splits each layer: column-parallel (output features) then
 #   row-parallel (input features), with two conjugate operators, `f` (identity / all-reduce
 #   backward) and `g` (all-reduce / identity backward); it matches one process, and sends
-#   the activations twice per layer and step. PyTorch's `ColwiseParallel`/`RowwiseParallel`
-#   do the same with `DTensor` placements on a `DeviceMesh`.
+#   the activations twice per block (a column-parallel layer and its row-parallel partner)
+#   and step. PyTorch's `ColwiseParallel`/`RowwiseParallel` do the same with `DTensor`
+#   placements on a `DeviceMesh`.
 # - 2D: TP's all-reduces stay in the "tp" groups, FSDP's all-gather and reduce-scatter in
 #   the "dp" groups.
-# - Pipeline parallelism puts layers on ranks; GPipe and 1F1B share the bubble
-#   (p-1)/(m+p-1), and 1F1B holds at most p - s micro-batches' activations instead of m.
+# - Pipeline parallelism puts layers on ranks; with equal forward times and equal backward
+#   times GPipe and 1F1B share the bubble (p-1)/(m+p-1), and 1F1B holds at most p - s micro-batches' activations instead of m.
 # - Choosing is arithmetic: state, activations, bytes, FLOPs and bubble per rank; counts can
 #   be predicted exactly, time needs a measured step; torch's fake process group answers
 #   the memory questions at 1,024 ranks in one process.
@@ -573,11 +574,12 @@ dl.grade("12.one_f_one_b", schedule_1f1b)
 # ## 小结
 #
 # - 张量并行切分每一层：先列并行（输出特征），再行并行（输入特征），用两个共轭算子 `f`（恒等 /
-#   反向全归约）和 `g`（全归约 / 反向恒等）；结果与单进程一致，每层每步要发送两次激活值。
-#   PyTorch 的 `ColwiseParallel`/`RowwiseParallel` 用 `DeviceMesh` 上 `DTensor` 的放置方式做同样
+#   反向全归约）和 `g`（全归约 / 反向恒等）；结果与单进程一致，每个块（一个列并行层加上与之
+#   配对的行并行层）每步要发送两次激活值。PyTorch 的 `ColwiseParallel`/`RowwiseParallel` 用 `DeviceMesh` 上 `DTensor` 的放置方式做同样
 #   的事。
 # - 二维：TP 的全归约留在 "tp" 组内，FSDP 的全收集和归约散发留在 "dp" 组内。
-# - 流水线并行把层放到不同的 rank 上；GPipe 和 1F1B 的气泡相同，都是 (p-1)/(m+p-1)，而 1F1B
+# - 流水线并行把层放到不同的 rank 上；各次前向耗时相同、各次反向耗时也相同时，GPipe 和 1F1B
+#   的气泡相同，都是 (p-1)/(m+p-1)，而 1F1B
 #   最多持有 p - s 个微批的激活值，而不是 m 个。
 # - 选择是一道算术题：每个 rank 的状态、激活值、字节数、FLOPs 和气泡；计数可以精确预测，时间
 #   需要实测一步；torch 的伪进程组能在一个进程里回答 1,024 个 rank 时的内存问题。
