@@ -107,15 +107,15 @@ for world in (2, 4):
     out = dl.spawn(tpmod.compare_with_one_process, nprocs=world, backend="gloo")
     worst = max(max(r["diffs"].values()) for r in out)
     act = out[0]["activations"]
-    print(f"world {world}: largest difference {worst:.1e}; rank 0 sent {out[0]['calls']}; "
-          f"parameters per rank {out[0]['params']} of 280; activation elements (input, hidden, "
-          f"output) {act['this rank']} of {act['one process']}")
+    print(f"world {world}: largest difference {worst:.1e}; rank 0 sent {out[0]['calls']}")
+    print(f"  per rank: {out[0]['params']} of 280 parameters; activations (input, hidden, "
+          f"output) {act['this rank']} of {act['one process']} elements")
 
 # %% [markdown] lang="en" tags=["lesson"]
 # A common claim is that TP "divides the memory of a layer by the number of ranks". The
 # parameters nearly are (fc2's bias stays whole on every rank: 76 = (280 - 8) / 4 + 8), and
 # so is the hidden activation, but every rank still holds the whole input and output
-# activations of the block (`batch x dim`: the last numbers of each line above), and
+# activations of the block (`batch x dim`: the "per rank" lines above), and
 # all-reduces a tensor of that size twice per step, in every block (the output forward, the
 # input's gradient backward): TP trades memory for communication on the critical path,
 # which is why it stays inside a node, on the fastest links.
@@ -145,7 +145,7 @@ for world in (2, 4):
 # %% [markdown] lang="zh" tags=["lesson"]
 # 一种常见说法是：TP“把一层的内存除以了 rank 数”。参数差不多是这样（fc2 的偏置在每个 rank 上
 # 都是完整的：76 = (280 - 8) / 4 + 8），隐藏层的激活值也是，但每个 rank 仍然持有这个块完整的
-# 输入和输出激活值（`batch x dim`，见上面每行最后的几个数），而且每一步、每个块都要对这么大的
+# 输入和输出激活值（`batch x dim`，见上面 "per rank" 那几行），而且每一步、每个块都要对这么大的
 # 张量做两次全归约（前向是输出，反向是输入的梯度）：TP 是用关键路径上的通信换内存，所以它通常
 # 放在一个节点内部、最快的链路上。
 #
@@ -325,11 +325,12 @@ fig.tight_layout()
 # %% [markdown] lang="zh" tags=["lesson"]
 # ## 4. 选择的算术
 #
-# `ddp_lab.parallel_plan.per_step` 把课程中的各个模型组合起来，计算一个 MLP 块堆叠（dim ->
-# 4 dim -> dim）在 dp x tp x pp 个 rank 上用 float32 AdamW 训练时的：每个 rank 的参数、梯度和
-# 优化器状态（第 10 章的 ZeRO 模型）、激活值、每个 rank 每步发送的字节数（环形算法：全归约发送
-# 其有效载荷（payload）的 2(n-1)/n，全收集或归约散发发送 (n-1)/n）、FLOPs（每个参数每行 6 次：前向 2 次，
-# 反向 4 次）以及气泡。8 个 dim 为 1024 的块，每步 4,096 行（token），8 个 rank：
+# `ddp_lab.parallel_plan.per_step` 把课程里已有的几个模型拼在一起。模型是若干个 MLP 块
+# （dim -> 4 dim -> dim）叠成的，在 dp x tp x pp 个 rank 上用 float32 AdamW 训练；它算出每个
+# rank 每步的这几项：参数、梯度和优化器状态（第 10 章的 ZeRO 模型），激活值，发送的字节数（按
+# 环形算法：全归约发送其有效载荷（payload）的 2(n-1)/n，全收集或归约散发发送 (n-1)/n），FLOPs
+# （每个参数每行 6 次：前向 2 次，反向 4 次），以及气泡。下面是 8 个 dim 为 1024 的块、每步
+# 4,096 行（token）、8 个 rank 的结果：
 
 # %% tags=["lesson"]
 from ddp_lab import parallel_plan as plan
