@@ -256,8 +256,17 @@ def measured_bubble(results: Sequence[dict[str, Any]]) -> float:
     return bubble([tuple(e) for r in results for e in r["events"]])
 
 
-def plot_timeline(results: Sequence[dict[str, Any]], title: str = "", ax: Any = None) -> Any:
-    """Each rank's passes as bars (F light, B dark, the micro-batch written on each)."""
+def plot_timeline(
+    results: Sequence[dict[str, Any]],
+    title: str = "",
+    ax: Any = None,
+    formula: float | None = None,
+) -> Any:
+    """Each rank's passes as bars (F light, B dark, the micro-batch written on each).
+
+    With ``formula`` (the bubble (p-1)/(m+p-1)) the title also gives the measured bubble
+    next to it, in the learner's language.
+    """
     import matplotlib.pyplot as plt
 
     if ax is None:
@@ -267,9 +276,16 @@ def plot_timeline(results: Sequence[dict[str, Any]], title: str = "", ax: Any = 
             color = "#9ecae1" if kind == "F" else "#3182bd"
             ax.barh(rank, end - start, left=start, color=color, edgecolor="black", height=0.8)
             ax.text((start + end) / 2, rank, f"{kind}{i}", ha="center", va="center", fontsize=7)
-    ax.set_yticks(range(len(results)), [f"stage {r}" for r in range(len(results))])
+    ax.set_yticks(range(len(results)), [_t("stage {stage}", stage=r) for r in range(len(results))])
     ax.invert_yaxis()
     ax.set_xlabel("s")
+    if formula is not None:
+        title = _t(
+            "{name}: measured bubble {measured:.2f}, formula {formula:.2f}",
+            name=title,
+            measured=measured_bubble(results),
+            formula=formula,
+        )
     ax.set_title(title)
     return ax
 

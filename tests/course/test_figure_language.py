@@ -129,3 +129,22 @@ def test_benchmark_plot(zh):
     assert english_words(ax.figure) == []
     legend = [t.get_text() for t in ax.get_legend().get_texts()]
     assert legend[0] == "手写环形，N=2"
+
+
+def _pipeline_timeline():
+    from ddp_lab import pipeline as pp
+
+    events = pp.simulate([pp.gpipe_order(s, 2, 2) for s in range(2)], 2)
+    results = [{"events": [list(e) for e in events if e[0] == r]} for r in range(2)]
+    ax = pp.plot_timeline(results, "GPipe", formula=pp.bubble_formula(2, 2))
+    # the pass labels (F0, B1) and the schedule's name stay as written in both languages
+    return set(english_words(ax.figure)) - {"GPipe", "F0", "F1", "B0", "B1"}
+
+
+def test_pipeline_timeline(zh):
+    assert _pipeline_timeline() == set()
+
+
+def test_pipeline_timeline_in_english_keeps_its_words():
+    assert {"stage", "measured", "bubble", "formula"} <= _pipeline_timeline()
+    plt.close("all")
