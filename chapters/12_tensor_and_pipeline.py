@@ -338,7 +338,8 @@ from ddp_lab import parallel_plan as plan
 choices = {"DP 8": {"dp": 8}, "FSDP 8": {"dp": 8, "fsdp": True}, "TP 8": {"tp": 8},
            "PP 8, m=32": {"pp": 8, "micro": 32}, "FSDP 2 x TP 4": {"dp": 2, "tp": 4, "fsdp": True},
            "DP 2 x PP 4, m=8": {"dp": 2, "pp": 4, "micro": 8}}
-print(f"{'':18}{'state MB':>9}{'activ. MB':>10}{'sent MB':>9}{'GFLOP':>8}{'bubble':>8}")
+print(" " * 18 + dl.tr(en=f"{'state MB':>9}{'activ. MB':>10}{'sent MB':>9}{'GFLOP':>8}{'bubble':>8}",
+                      zh="  状态 MB 激活值 MB  发送 MB   GFLOP    气泡"))
 for name, kw in choices.items():
     r = plan.per_step(1024, 8, 4096, **kw)
     print(f"{name:18}{r['params+grads+optim'] / 1e6:9.1f}{r['activations'] / 1e6:10.1f}"
@@ -374,7 +375,7 @@ for name, kw in choices.items():
 # 哪种更好，取决于这些字节走在哪里：TP 的发送在每一层的关键路径上（只能用快速链路），DP 和 FSDP
 # 的发送与反向计算重叠（第 07 章），PP 的发送很少，但它的气泡是空闲时间。
 #
-# **预测与实测并列。**用同一个计算器算一次这台机器能跑的训练：2 个 TP rank，4 个 dim 为 64 的
+# **预测与实测并列**。用同一个计算器算一次这台机器能跑的训练：2 个 TP rank，4 个 dim 为 64 的
 # 块，256 行；计算时间用这台机器实测的矩阵乘法速率（每个 rank 一个线程），全归约用第 04 章的
 # gloo 模型（`costs.gloo_cpu`），其中 alpha 和 beta 由这里的乒乓测试（`shaped_links.calibrate`）
 # 测得。
