@@ -309,6 +309,9 @@ def fsdp_x_tp(rank: int, dim: int = 8, hidden: int = 16, batch: int = 4) -> dict
         parallelize_module,
     )
 
+    # "cpu" meshes and an explicit mesh for fully_shard: a "cuda" mesh sets cuda:LOCAL_RANK
+    # (device_mesh.py, _setup_world_group_and_device) and fully_shard's default mesh is the
+    # accelerator's (_fsdp_init.py, _init_default_mesh); one GPU has no cuda:1
     mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
     torch.manual_seed(0)
     whole = MLP(dim, hidden)
