@@ -11,6 +11,13 @@ asks this module, so that a lesson runs the same on CPU, on one GPU and on many:
   tensors go through nccl, CPU tensors through gloo: ``torch/distributed/distributed_c10d.py``,
   ``BackendConfig``), else ``"gloo"``.
 
+Local ranks are not every rank on this machine: the lab's two "hosts" (network namespaces,
+a Slurm cluster of namespaces) or ``torchrun --nnodes=2`` twice on one machine each have one
+local rank, and on a one-GPU machine both would take ``cuda:0``, where NCCL refuses them
+("Duplicate GPU detected"). ``settle_gpu`` checks that across the group once it exists:
+``auto`` (nccl only initialises at its first CUDA collective) then computes on CPU, through
+gloo; ``nccl`` is a clear error.
+
 ``cuda:LOCAL_RANK`` alone (what many scripts do, and what torch's ``DeviceMesh`` does when
 ``LOCAL_RANK`` is set: ``torch/distributed/device_mesh.py``, ``_setup_world_group_and_device``)
 asks for a GPU that a one-GPU machine does not have once there are two ranks.
@@ -117,6 +124,65 @@ def this_rank_device(backend: Any = None, use_gpu: bool = True) -> Any:
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", str(local_rank + 1)))
     return rank_device(local_rank, local_ranks, backend, use_gpu=use_gpu)
+
+
+def shared_gpu(uuids: list[str | None]) -> tuple[int, int] | None:
+    """The first two ranks whose devices are the same physical GPU (same UUID), or None."""
+    first: dict[str, int] = {}
+    for rank, uuid in enumerate(uuids):
+        if uuid is None:
+            continue
+        if uuid in first:
+            return first[uuid], rank
+        first[uuid] = rank
+    return None
+
+
+def decide_shared(device: Any, backend: Any, uuids: list[str | None]) -> Any:
+    """``device`` if no two ranks' GPUs are one physical GPU; else CPU for ``auto``'s mixed
+    backend, and a DeviceError for nccl alone."""
+    import torch
+
+    pair = shared_gpu(uuids)
+    if pair is None:
+        return device
+    if str(backend) == MIXED:
+        return torch.device("cpu")
+    raise DeviceError(
+        _t(
+            "Ranks {a} and {b} would use the same GPU ({uuid}): NCCL needs a GPU of its own "
+            "for every rank (several nodes on one machine share its GPUs). Use "
+            "backend='gloo' or 'auto'.",
+            a=pair[0],
+            b=pair[1],
+            uuid=uuids[pair[0]],
+        )
+    )
+
+
+def settle_gpu(device: Any, backend: Any = None) -> Any:
+    """This rank's device once the process group exists, checked across every rank.
+
+    A collective of the whole group (on CPU: the object collectives of a mixed group go
+    through gloo, ``_get_object_coll_device`` in ``torch/distributed/distributed_c10d.py``),
+    so every rank must call it. Ranks of other nodes on this same machine see its GPUs too:
+    where two ranks would share a GPU, ``decide_shared`` says what to do.
+    """
+    import torch
+    import torch.distributed as dist
+
+    backend = dist.get_backend() if backend is None else backend
+    if not uses_nccl(backend):
+        return device
+    uuid = None
+    if getattr(device, "type", None) == "cuda":
+        uuid = str(torch.cuda.get_device_properties(device).uuid)
+        if str(backend) != MIXED:
+            # nccl alone gathers objects on the current GPU: this rank's, not cuda:0.
+            torch.cuda.set_device(device)
+    uuids: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(uuids, uuid)
+    return decide_shared(device, backend, uuids)
 
 
 @contextmanager

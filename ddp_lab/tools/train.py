@@ -96,20 +96,26 @@ def scaled_lr(lr: float, global_batch: int, base_batch: int, rule: str) -> float
     return lr * {"linear": k, "sqrt": math.sqrt(k), "none": 1.0}[rule]
 
 
-def comm_device() -> torch.device:
-    """Where tensors for collectives must live: nccl only reduces CUDA tensors."""
+def comm_device(device: torch.device | None = None) -> torch.device:
+    """Where tensors for collectives must live: nccl only reduces CUDA tensors.
+
+    ``device``: this rank's compute device; with ``"cpu:gloo,cuda:nccl"`` a CPU rank's
+    tensors go through gloo (``device_rule.settle_gpu`` may have kept the rank on CPU).
+    """
     if device_rule.uses_nccl(dist.get_backend()):
+        if device is not None:
+            return device
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
 
 
-def mean_across_ranks(total: float, count: int) -> float:
+def mean_across_ranks(total: float, count: int, device: torch.device | None = None) -> float:
     """The mean over every rank's samples, from each rank's local sum and count.
 
     Each rank's loss is its own; this is the number to log. Weighting by ``count`` keeps
     it right when ranks saw different numbers of samples.
     """
-    t = torch.tensor([float(total), float(count)], dtype=torch.float64, device=comm_device())
+    t = torch.tensor([float(total), float(count)], dtype=torch.float64, device=comm_device(device))
     dist.all_reduce(t)  # SUM: the total over ranks and the number of samples
     return (t[0] / t[1]).item()
 
@@ -215,6 +221,9 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     # The one device rule (runtime/device.py): nccl -> this local rank's own GPU; gloo: CPU.
     uses_gpu = device_rule.uses_nccl(dist.get_backend())
     device = device_rule.this_rank_device(dist.get_backend(), use_gpu=uses_gpu)
+    # Other nodes on this machine (the lab's namespaces, two torchruns) see its GPUs too:
+    # where two ranks would share one, auto computes on CPU and nccl alone is an error.
+    device = device_rule.settle_gpu(device)
     if device.type == "cuda":
         torch.cuda.set_device(device)
     if args.threads:
@@ -301,7 +310,11 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         )
     if rng is not None:
         resume.set_rng_state(rng)  # last: nothing above may draw after this
-    stop = resume.StopOnSignal(args.preempt_signal, comm_device()) if args.preempt_signal else None
+    stop = (
+        resume.StopOnSignal(args.preempt_signal, comm_device(device))
+        if args.preempt_signal
+        else None
+    )
     if args.preempt_signal and rank == 0:
         (Path(args.checkpoint_dir) / "preempted").unlink(missing_ok=True)
     run_start = time.perf_counter()
@@ -362,9 +375,9 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
                 history.update(preempted=step, world_size=world, rank=rank, steps=step)
                 return history
         sampler.start = 0
-        elapsed = torch.tensor([time.perf_counter() - t0], device=comm_device())
+        elapsed = torch.tensor([time.perf_counter() - t0], device=comm_device(device))
         dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)  # an epoch lasts as long as its slowest rank
-        history["train_loss"].append(mean_across_ranks(total, count))
+        history["train_loss"].append(mean_across_ranks(total, count, device))
         test_loss, test_acc = evaluate(ddp.module, test_set, 256, device)
         history["test_loss"].append(test_loss)
         history["test_acc"].append(test_acc)

@@ -110,6 +110,49 @@ def _device_of_rank(rank: int) -> tuple[str, str]:
     return str(device.this_rank_device(dist.get_backend(), use_gpu=False)), dist.get_backend()
 
 
+def test_shared_gpu_finds_the_first_pair() -> None:
+    assert device.shared_gpu(["a", "b", None, None]) is None
+    assert device.shared_gpu(["a", "b", "c", "b", "a"]) == (1, 3)
+
+
+def test_two_nodes_on_one_gpu_compute_on_cpu_with_auto_and_fail_with_nccl() -> None:
+    """torchrun --nnodes=2 --nproc-per-node=1 twice on a one-GPU machine (the lab's "hosts"):
+    each node's one local rank takes cuda:0, where NCCL would refuse the second
+    ("Duplicate GPU detected")."""
+    gpu = torch.device("cuda", 0)
+    assert device.decide_shared(gpu, device.MIXED, ["GPU-1", "GPU-1"]) == torch.device("cpu")
+    assert device.decide_shared(gpu, device.MIXED, ["GPU-1", "GPU-2"]) == gpu
+    with pytest.raises(device.DeviceError, match="Ranks 0 and 1 would use the same GPU"):
+        device.decide_shared(gpu, "nccl", ["GPU-1", "GPU-1"])
+
+
+@pytest.mark.parametrize(
+    ("backend", "uuids", "want"),
+    [
+        (device.MIXED, ["GPU-0", "GPU-0"], ["cpu", "cpu"]),
+        (device.MIXED, ["GPU-0", "GPU-1"], ["cuda:0", "cuda:1"]),
+        ("nccl", ["GPU-0", "GPU-0"], ["DeviceError", "DeviceError"]),
+        ("gloo", ["GPU-0", "GPU-0"], ["cuda:0", "cuda:1"]),  # gloo ranks may share
+    ],
+)
+def test_settle_gpu_agrees_across_the_group(backend: str, uuids: list, want: list) -> None:
+    import ddp_lab as dl
+
+    assert dl.spawn(_settled, args=(backend, uuids), nprocs=2, backend="gloo") == want
+
+
+def _settled(rank: int, backend: str, uuids: list) -> str:
+    from types import SimpleNamespace
+
+    # This rank's torch, faked as if each rank had the GPU named in ``uuids``.
+    torch.cuda.get_device_properties = lambda d: SimpleNamespace(uuid=uuids[rank])
+    torch.cuda.set_device = lambda d: None
+    try:
+        return str(device.settle_gpu(torch.device("cuda", rank), backend))
+    except device.DeviceError:
+        return "DeviceError"
+
+
 # ----- on a real GPU ----------------------------------------------------------------------
 
 
