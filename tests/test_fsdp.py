@@ -97,17 +97,34 @@ def test_awkward_shapes(widths: list[int], world: int) -> None:
     assert max(diffs) < 1e-12
 
 
-def _vs_fully_shard(rank: int, world: int) -> float:
+def _as_if_one_gpu() -> None:
+    """This rank's torch answers as on a one-GPU machine (what fully_shard's default mesh
+    and DeviceMesh ask: ``torch/distributed/fsdp/_fully_shard/_fsdp_init.py``,
+    ``_init_default_mesh``; ``torch/distributed/device_mesh.py``)."""
+    torch.cuda.is_available = lambda: True
+    torch.cuda.device_count = lambda: 1
+    torch._C._get_accelerator = lambda: torch.device("cuda")
+
+
+def _vs_fully_shard(rank: int, world: int, one_gpu: bool = False) -> float:
+    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
+    from ddp_lab.runtime.device import this_rank_device
+
+    if one_gpu:
+        _as_if_one_gpu()
+    # The ranks compute on CPU (the one rule); fully_shard's default mesh would be the
+    # accelerator's, and DeviceMesh would then set cuda:LOCAL_RANK, a GPU rank 1 lacks.
+    mesh = init_device_mesh(this_rank_device("gloo", use_gpu=False).type, (world,))
     torch.manual_seed(0)
     net = mlp([5, 7, 3, 2])
     theirs = copy.deepcopy(net)
     ours = FullyShardedDP(net)
     for layer in theirs:
         if isinstance(layer, nn.Linear):
-            fully_shard(layer)
-    fully_shard(theirs)
+            fully_shard(layer, mesh=mesh)
+    fully_shard(theirs, mesh=mesh)
     opts = [torch.optim.AdamW(m.parameters(), lr=0.05, weight_decay=0.1) for m in (ours, theirs)]
     gen = torch.Generator().manual_seed(1)
     for _ in range(3):
@@ -121,11 +138,10 @@ def _vs_fully_shard(rank: int, world: int) -> float:
     return max((full[n] - p.full_tensor()).abs().max().item() for n, p in theirs.named_parameters())
 
 
-@pytest.mark.parametrize("world", [2, 3])
-def test_matches_torch_fully_shard(world: int) -> None:
-    assert (
-        max(spawn(_vs_fully_shard, args=(world,), nprocs=world, backend="gloo", quiet=True)) < 1e-6
-    )
+@pytest.mark.parametrize(("world", "one_gpu"), [(2, False), (3, False), (2, True)])
+def test_matches_torch_fully_shard(world: int, one_gpu: bool) -> None:
+    diffs = spawn(_vs_fully_shard, args=(world, one_gpu), nprocs=world, backend="gloo", quiet=True)
+    assert max(diffs) < 1e-6
 
 
 def _collectives(rank: int) -> dict[str, object]:
