@@ -82,6 +82,7 @@ def compare_hooks(
     from ddp_lab.tools.data import build_digits
 
     hooks = hooks or hook_choices()
+    _check_powersgd_on_cpu(hooks)
     data = build_digits()
     world = dist.get_world_size()
     rows, plain = [], None
@@ -116,6 +117,27 @@ def compare_hooks(
             }
         )
     return rows
+
+
+def _check_powersgd_on_cpu(hooks: dict[str, tuple[Callable[[], Any], Callable]]) -> None:
+    """A clear error before training where PowerSGD would fail on this CPU model.
+
+    ``powerSGD_hook``'s and ``batched_powerSGD_hook``'s ``decompress`` call
+    ``torch.cuda.synchronize(device)`` whenever ``torch.cuda.is_available()``, also for a CPU
+    bucket, which raises "Expected a cuda device, but got: cpu" (``powerSGD_hook.py``).
+    """
+    from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powersgd
+
+    power = (powersgd.powerSGD_hook, powersgd.batched_powerSGD_hook)
+    if torch.cuda.is_available() and any(hook in power for _, hook in hooks.values()):
+        raise RuntimeError(
+            _t(
+                "PowerSGD cannot train this CPU model where CUDA is available: its "
+                "decompress calls torch.cuda.synchronize(device) for a CPU bucket too "
+                "(powerSGD_hook.py). Launch the ranks under dl.gpus_hidden(), as chapter "
+                "10 does."
+            )
+        )
 
 
 def format_table(rows: list[dict[str, Any]]) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -10,11 +11,13 @@ from ddp_lab.comm_hooks import (
     compare_hooks,
     count_collectives,
     digits_mlp,
+    hook_choices,
     my_bf16_hook,
 )
 from ddp_lab.labs.ddp_knobs import measure_knobs
 from ddp_lab.labs.memory_model import measure_memory, paper_example, worst_rank
-from ddp_lab.runtime.launcher import spawn
+from ddp_lab.runtime.device import gpus_hidden
+from ddp_lab.runtime.launcher import DistributedError, spawn
 
 
 def _hook_vs_builtin(rank: int) -> dict[str, object]:
@@ -40,7 +43,8 @@ def test_hand_written_bf16_hook_equals_torchs() -> None:
 
 
 def test_compare_hooks_bytes_and_accuracy() -> None:
-    rows = spawn(compare_hooks, args=(None, 30), nprocs=2, backend="gloo", quiet=True)[0]
+    with gpus_hidden():  # a CPU model: PowerSGD would synchronize CUDA on a GPU machine
+        rows = spawn(compare_hooks, args=(None, 30), nprocs=2, backend="gloo", quiet=True)[0]
     by = {r["hook"]: r for r in rows}
     plain = by["allreduce (plain DDP)"]
     assert plain["bytes_per_step"] == 4 * sum(p.numel() for p in digits_mlp().parameters())
@@ -48,6 +52,16 @@ def test_compare_hooks_bytes_and_accuracy() -> None:
     assert by["bf16_compress_hook"]["bytes_per_step"] * 2 == plain["bytes_per_step"]
     assert by["PowerSGD rank 1"]["bytes_per_step"] < plain["bytes_per_step"] / 10
     assert all(r["accuracy"] > 0.6 for r in rows)
+
+
+def _powersgd_where_cuda_is_available(rank: int) -> None:
+    torch.cuda.is_available = lambda: True  # this rank's torch, as on a GPU machine
+    compare_hooks(rank, {k: v for k, v in hook_choices().items() if "PowerSGD" in k}, steps=3)
+
+
+def test_compare_hooks_says_to_hide_the_gpus_before_powersgd_fails() -> None:
+    with pytest.raises(DistributedError, match=r"gpus_hidden\(\)"):
+        spawn(_powersgd_where_cuda_is_available, nprocs=2, backend="gloo", quiet=True)
 
 
 def test_knobs_table_shows_bucket_view_and_rebuild() -> None:
