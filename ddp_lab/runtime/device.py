@@ -42,8 +42,13 @@ class DeviceError(ValueError):
 def visible_gpus() -> int:
     """CUDA devices this process sees (``CUDA_VISIBLE_DEVICES`` applied); 0 without CUDA.
 
-    ``torch.cuda.is_available`` and ``device_count`` do not initialise CUDA (they ask NVML
-    where they can: ``torch/cuda/__init__.py``), so a parent that calls this can still fork.
+    Neither call initialises torch's CUDA (``torch.cuda.is_initialized()`` stays False), but
+    ``is_available`` runs ``cudaGetDeviceCount`` (the driver's ``cuInit``: from then on this
+    process keeps the ``CUDA_VISIBLE_DEVICES`` it had), and that call marks the process for
+    fork (``poison_fork`` in ``torch/csrc/cuda/Module.cpp``): a child forked after it cannot
+    use CUDA. Only ``PYTORCH_NVML_BASED_CUDA_CHECK=1`` makes it ask NVML instead
+    (``torch/cuda/__init__.py``). So the launcher may call this in the notebook, and ranks are
+    forked from the zygote, which never does.
     """
     import torch
 
