@@ -758,15 +758,22 @@ except TypeError as err:
 #
 # The next cell runs PyTorch's own `scatter`, `replicate`, `parallel_apply`, `gather` and
 # `nn.DataParallel` and compares them with ours. Without two GPUs it says so and skips.
+# On a GPU, cuDNN runs float32 convolutions in TF32 by default (a 10-bit mantissa:
+# `torch.backends.cudnn.allow_tf32`, on since PyTorch 1.7), which differs from float32
+# by about 1e-3; the cell turns it off so that both sides compute in float32.
 
 # %% [markdown] lang="zh"
 # ## 在有两块或更多 GPU 的机器上
 #
 # 下一个单元会运行 PyTorch 自己的 `scatter`、`replicate`、`parallel_apply`、`gather` 和
 # `nn.DataParallel`，并与我们的版本比较。没有两块 GPU 时，它会说明原因并跳过。
+# 在 GPU 上，cuDNN 默认用 TF32 计算 float32 卷积（尾数只有 10 位：
+# `torch.backends.cudnn.allow_tf32`，从 PyTorch 1.7 起默认开启），与 float32 的结果相差约
+# 1e-3；所以这个单元先把它关掉，让两边都按 float32 计算。
 
 # %%
 if N_GPUS >= 2:
+    tf32, torch.backends.cudnn.allow_tf32 = torch.backends.cudnn.allow_tf32, False
     gpu_model = make_cnn().float().cuda(0)
     xg = images[:50].float()
     theirs = tp.gather(tp.parallel_apply(tp.replicate(gpu_model, [0, 1]),
@@ -778,6 +785,7 @@ if N_GPUS >= 2:
     print("same outputs:", torch.allclose(theirs.cpu(), ours, atol=1e-5))
     print("nn.DataParallel same:", torch.allclose(
         nn.DataParallel(gpu_model, [0, 1])(xg.cuda(0)).cpu(), ours, atol=1e-5))
+    torch.backends.cudnn.allow_tf32 = tf32
 else:
     print(dl.tr(en=f"Skipped: this machine has {N_GPUS} GPU(s); torch.nn.parallel needs 2.",
                 zh=f"已跳过：这台机器有 {N_GPUS} 块 GPU，torch.nn.parallel 需要 2 块。"))
