@@ -58,6 +58,20 @@ def test_rng_state_is_restored_from_a_cpu_byte_tensor(monkeypatch: pytest.Monkey
     assert torch.equal(torch.rand(3), want)
 
 
+def test_cuda_states_of_gpus_this_process_lacks_are_left_out(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A checkpoint written where 2 GPUs were visible, resumed where 1 is."""
+    restored: list[list[torch.Tensor]] = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "set_rng_state_all", restored.append)
+    state = resume.rng_state()
+    gpu0, gpu1 = torch.full((8,), 1, dtype=torch.uint8), torch.full((8,), 2, dtype=torch.uint8)
+    resume.set_rng_state({**state, "cuda": [gpu0, gpu1]})
+    assert len(restored) == 1 and [t.tolist() for t in restored[0]] == [gpu0.tolist()]
+
+
 def test_deterministic_sets_every_flag(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
     before = (

@@ -120,7 +120,11 @@ def set_rng_state(state: dict[str, Any]) -> None:
     np.random.set_state(state["numpy"])
     random.setstate(state["python"])
     if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all([_cpu_bytes(s) for s in state["cuda"]])
+        # One state per GPU the saving process saw; a resume that sees fewer (another
+        # CUDA_VISIBLE_DEVICES, a smaller node) restores those it has: set_rng_state_all
+        # would index a GPU that is not there.
+        states = [_cpu_bytes(s) for s in state["cuda"]][: torch.cuda.device_count()]
+        torch.cuda.set_rng_state_all(states)
 
 
 def _cpu_bytes(state: torch.Tensor) -> torch.Tensor:

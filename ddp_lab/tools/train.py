@@ -223,7 +223,15 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     device = device_rule.this_rank_device(dist.get_backend(), use_gpu=uses_gpu)
     # Other nodes on this machine (the lab's namespaces, two torchruns) see its GPUs too:
     # where two ranks would share one, auto computes on CPU and nccl alone is an error.
-    device = device_rule.settle_gpu(device)
+    wanted, device = device, device_rule.settle_gpu(device)
+    if wanted != device and rank == 0 and not args.quiet:
+        print(
+            _t(
+                "some ranks of this job would share a GPU (several nodes on one machine): "
+                "every rank computes on CPU, through gloo"
+            ),
+            flush=True,
+        )
     if device.type == "cuda":
         torch.cuda.set_device(device)
     if args.threads:
