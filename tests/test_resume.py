@@ -162,6 +162,9 @@ def _torchrun(tmp_path: Path, *extra: str, nprocs: int = 2) -> subprocess.Comple
         "ddp_lab.tools.train",
         *("--epochs", "2", "--batch-size", "64", "--threads", "1", "--augment"),
         *("--warmup-steps", "5", "--data-dir", str(tmp_path / "data"), *extra),
+        # auto puts the ranks on GPUs where each can have its own: bit for bit there needs
+        # deterministic cuDNN and cuBLAS (on CPU it changes nothing: test_resume_device.py).
+        "--deterministic",
     ]
     return subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=300)
 

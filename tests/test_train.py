@@ -201,7 +201,8 @@ def test_digits_prepared_once_and_identical_on_every_rank(tmp_path):
 
 
 def test_training_checkpoint_and_resume_equal_an_uninterrupted_run(tmp_path):
-    common = ["--threads", "1", "--quiet", "--data-dir", str(tmp_path / "data")]
+    # --deterministic: where each rank has a GPU (auto: nccl) cuDNN may pick other kernels.
+    common = ["--threads", "1", "--quiet", "--deterministic", "--data-dir", str(tmp_path / "data")]
     a, b = str(tmp_path / "a"), str(tmp_path / "b")
     straight = train.launch(
         [*common, "--epochs", "3", "--checkpoint-dir", a], nprocs=2, quiet=True, timeout=300
