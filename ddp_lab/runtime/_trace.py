@@ -107,15 +107,30 @@ class Profiled:
         prof, self.prof = self.prof, None
         if prof is None:
             return False
-        import torch
-
-        if torch.cuda.is_available() and torch.cuda.is_initialized():
-            # Kernels run after their launch returns; the profiler records only those that
-            # finished before it stops, so wait for them.
-            torch.cuda.synchronize()
+        # Kernels run after their launch returns; the profiler records only those that
+        # finished before it stops, so wait for them.
+        synchronize_used_gpus()
         prof.stop()
         prof.export_chrome_trace(rank_file(self.folder, self.rank))
         return False
+
+
+def synchronize_used_gpus() -> list[int]:
+    """Wait for the kernels of every GPU this process has used; the GPUs waited for.
+
+    ``torch.cuda.synchronize()`` waits for the current device only: a gloo rank that computes
+    on ``cuda:(r % gpus)`` (``runtime/device.py``) without ``set_device`` would wait for
+    GPU 0 (making a context there) and miss its own kernels. A GPU this process used holds
+    memory of its caching allocator; asking for that creates no context.
+    """
+    import torch
+
+    if not (torch.cuda.is_available() and torch.cuda.is_initialized()):
+        return []
+    used = [d for d in range(torch.cuda.device_count()) if torch.cuda.memory_reserved(d)]
+    for d in used or [torch.cuda.current_device()]:
+        torch.cuda.synchronize(d)
+    return used or [torch.cuda.current_device()]
 
 
 START_KEY = "ddp_lab_trace_started"

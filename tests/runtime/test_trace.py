@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 
 import ddp_lab as dl
-from ddp_lab.runtime import magic
+from ddp_lab.runtime import _trace, magic
 from ddp_lab.tools import trace_analysis as ta
 
 
@@ -133,6 +133,20 @@ def test_the_merge_writes_the_same_trace_with_orjson_or_json(run, tmp_path, monk
     fast, slow = (json.loads((tmp_path / n).read_text()) for n in ("fast.json", "json.json"))
     assert fast == slow
     assert len(fast["traceEvents"]) > 10
+
+
+@pytest.mark.parametrize(("reserved", "want"), [({1}, [1]), ({0, 2}, [0, 2]), (set(), [0])])
+def test_a_traced_rank_waits_for_the_gpus_it_used(monkeypatch, reserved, want):
+    """Many GPUs: a gloo rank on cuda:(r % gpus) without set_device; one GPU: GPU 0."""
+    waited = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 3)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda d: 512 if d in reserved else 0)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda d=None: waited.append(d))
+    assert _trace.synchronize_used_gpus() == want
+    assert waited == want
 
 
 def cuda_matmuls(rank):
