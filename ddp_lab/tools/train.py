@@ -64,6 +64,7 @@ from ddp_lab.tools.train_process import (
     exit_without_finalizing,
     fixed_buckets,
     make_deterministic,
+    pick_device,
 )
 
 
@@ -102,11 +103,9 @@ def comm_device(device: torch.device | None = None) -> torch.device:
     ``device``: this rank's compute device; with ``"cpu:gloo,cuda:nccl"`` a CPU rank's
     tensors go through gloo (``device_rule.settle_gpu`` may have kept the rank on CPU).
     """
-    if device_rule.uses_nccl(dist.get_backend()):
-        if device is not None:
-            return device
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
+    if not device_rule.uses_nccl(dist.get_backend()):
+        return torch.device("cpu")
+    return device or torch.device("cuda", torch.cuda.current_device())
 
 
 def mean_across_ranks(total: float, count: int, device: torch.device | None = None) -> float:
@@ -219,21 +218,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
 
     rank, world = dist.get_rank(), dist.get_world_size()
     # The one device rule (runtime/device.py): nccl -> this local rank's own GPU; gloo: CPU.
-    uses_gpu = device_rule.uses_nccl(dist.get_backend())
-    device = device_rule.this_rank_device(dist.get_backend(), use_gpu=uses_gpu)
-    # Other nodes on this machine (the lab's namespaces, two torchruns) see its GPUs too:
-    # where two ranks would share one, auto computes on CPU and nccl alone is an error.
-    wanted, device = device, device_rule.settle_gpu(device)
-    if wanted != device and rank == 0 and not args.quiet:
-        print(
-            _t(
-                "some ranks of this job would share a GPU (several nodes on one machine): "
-                "every rank computes on CPU, through gloo"
-            ),
-            flush=True,
-        )
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
+    device = pick_device(rank, args.quiet)
     if args.threads:
         # Two ranks x two threads on two cores fight for them; a busy machine makes it worse.
         torch.set_num_threads(args.threads)
@@ -318,11 +303,8 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         )
     if rng is not None:
         resume.set_rng_state(rng)  # last: nothing above may draw after this
-    stop = (
-        resume.StopOnSignal(args.preempt_signal, comm_device(device))
-        if args.preempt_signal
-        else None
-    )
+    comm = comm_device(device)
+    stop = resume.StopOnSignal(args.preempt_signal, comm) if args.preempt_signal else None
     if args.preempt_signal and rank == 0:
         (Path(args.checkpoint_dir) / "preempted").unlink(missing_ok=True)
     run_start = time.perf_counter()
@@ -383,7 +365,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
                 history.update(preempted=step, world_size=world, rank=rank, steps=step)
                 return history
         sampler.start = 0
-        elapsed = torch.tensor([time.perf_counter() - t0], device=comm_device(device))
+        elapsed = torch.tensor([time.perf_counter() - t0], device=comm)
         dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)  # an epoch lasts as long as its slowest rank
         history["train_loss"].append(mean_across_ranks(total, count, device))
         test_loss, test_acc = evaluate(ddp.module, test_set, 256, device)

@@ -1,6 +1,7 @@
 """The training program's process: how it starts and how it ends, around the training.
 
-Deterministic GPU libraries (set before CUDA starts), a DDP bucket layout that stays the
+This rank's device (``pick_device``: the one rule, checked across nodes), deterministic GPU
+libraries (set before CUDA starts), a DDP bucket layout that stays the
 same at every step (``fixed_buckets``: bit-for-bit resume on 3 ranks or more), a one-rank
 launcher environment on a free port when it runs without a launcher, and an exit that skips Python's finalization
 (which could abort a finished worker). ``tools/train.py`` re-exports these names.
@@ -15,6 +16,33 @@ from typing import Any
 
 import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+def pick_device(rank: int, quiet: bool) -> torch.device:
+    """This rank's device by the one rule (``runtime/device.py``), made current on a GPU.
+
+    nccl (alone or in auto's mixed group): this local rank's own GPU, unless ranks of other
+    nodes on this same machine would share it (``settle_gpu``); gloo: CPU.
+    """
+    import torch.distributed as dist
+
+    from ddp_lab.i18n import _t
+    from ddp_lab.runtime import device as rule
+
+    backend = dist.get_backend()
+    wanted = rule.this_rank_device(backend, use_gpu=rule.uses_nccl(backend))
+    device = rule.settle_gpu(wanted, backend)
+    if wanted != device and rank == 0 and not quiet:
+        print(
+            _t(
+                "some ranks of this job would share a GPU (several nodes on one machine): "
+                "every rank computes on CPU, through gloo"
+            ),
+            flush=True,
+        )
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    return device
 
 
 def make_deterministic() -> None:
