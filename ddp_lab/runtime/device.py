@@ -197,7 +197,10 @@ def gpus_hidden() -> Iterator[None]:
     For CPU-only code that torch runs differently when CUDA is available (chapter 10:
     ``powerSGD_hook``'s ``decompress`` calls ``torch.cuda.synchronize(device)`` whenever
     ``torch.cuda.is_available()``, and that raises for a CPU bucket). This process asks
-    for its GPUs first: CUDA reads the variable once per process, so its own view stays.
+    for its GPUs first: the driver reads the variable once, at ``cuInit``, so its own GPUs
+    stay; only ``torch.cuda.device_count()`` inside the ``with``, before torch has
+    initialised CUDA here, reads it again (it counts through NVML: ``torch/cuda/__init__.py``)
+    and says 0.
     """
     visible_gpus()
     before = os.environ.get("CUDA_VISIBLE_DEVICES")
