@@ -15,8 +15,8 @@ Local ranks are not every rank on this machine: the lab's two "hosts" (network n
 a Slurm cluster of namespaces) or ``torchrun --nnodes=2`` twice on one machine each have one
 local rank, and on a one-GPU machine both would take ``cuda:0``, where NCCL refuses them
 ("Duplicate GPU detected"). ``settle_gpu`` checks that across the group once it exists:
-``auto`` (nccl only initialises at its first CUDA collective) then computes on CPU, through
-gloo; ``nccl`` is a clear error.
+``auto`` (a group made without ``device_id`` starts nccl at its first CUDA collective) then
+computes on CPU, through gloo; ``nccl`` alone is a clear error.
 
 ``cuda:LOCAL_RANK`` alone (what many scripts do, and what torch's ``DeviceMesh`` does when
 ``LOCAL_RANK`` is set: ``torch/distributed/device_mesh.py``, ``_setup_world_group_and_device``)
