@@ -189,8 +189,11 @@ print("  forward:", two_d["forward"], "| backward:", two_d["backward"])
 # {1, 3}), the gather forward, the reduce-scatter backward (gloo's reduce-scatter is an
 # all-reduce of the whole input, chapter 10). Here the input needs no gradient, so the
 # backward has no all-reduce of `f`'s. fc1's weight is `_StridedShard` on "dp" and
-# `Shard(0)` on "tp": each of the 4 ranks holds 4 of its 16 rows. The gradients equal the
-# whole MLP's on the whole batch (float32: about 1e-8).
+# `Shard(0)` on "tp": each of the 4 ranks holds 4 of its 16 rows. Strided, because FSDP
+# split what TP had split already: the rank at (dp d, tp t) holds rows 8t + 4d to
+# 8t + 4d + 3, where `Shard(0)` on both dimensions would mean that "dp" splits first
+# (`_StridedShard` in `torch/distributed/tensor/placement_types.py`). The gradients equal
+# the whole MLP's on the whole batch (float32: about 1e-8).
 #
 # On GPUs the same placement matters more: the "tp" dimension should be ranks of one node
 # (NVLink), the "dp" dimension crosses nodes. Measuring that needs two nodes with GPUs; not
@@ -208,8 +211,11 @@ print("  forward:", two_d["forward"], "| backward:", two_d["backward"])
 # (64 + 8 + 64 + 8) x 4 字节）的全收集（all-gather）和归约散发（reduce-scatter）发生在一个 DP
 # 组内（{0, 2} 或 {1, 3}），前向做全收集，反向做归约散发（gloo 的归约散发是对整个输入做一次
 # 全归约，见第 10 章）。这里输入不需要梯度，所以反向没有 `f` 的那次全归约。fc1 的权重在 "dp"
-# 上是 `_StridedShard`，在 "tp" 上是 `Shard(0)`：4 个 rank 各持有它 16 行中的 4 行。梯度与完整
-# MLP 在整批数据上的梯度相同（float32：约 1e-8）。
+# 上是 `_StridedShard`，在 "tp" 上是 `Shard(0)`：4 个 rank 各持有它 16 行中的 4 行。之所以是
+# “跨步”的分片，是因为 FSDP 切的是 TP 已经切过的那一块：位于 (dp d, tp t) 的 rank 持有第
+# 8t + 4d 到 8t + 4d + 3 行；如果两维都写成 `Shard(0)`，意思就成了 "dp" 先切（见
+# `torch/distributed/tensor/placement_types.py` 中的 `_StridedShard`）。梯度与完整 MLP 在整批
+# 数据上的梯度相同（float32：约 1e-8）。
 #
 # 在 GPU 上这种摆放更重要："tp" 这一维应当是同一节点内的 rank（NVLink），"dp" 这一维跨节点。
 # 要实测这一点需要两个带 GPU 的节点；这里不运行。本章的网格都是 `"cpu"` 网格，每次调用
