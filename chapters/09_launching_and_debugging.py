@@ -464,35 +464,57 @@ else:
 # ### GPUs and `CUDA_VISIBLE_DEVICES`
 #
 # A command often copied runs `CUDA_VISIBLE_DEVICES=0,1,2,3 ... --nproc_per_node=8`: local
-# ranks 4-7 then ask for GPUs that are not visible and fail with `invalid device ordinal`.
-# Another habit sets
-# `CUDA_VISIBLE_DEVICES` inside the script after start: it only works before the process's
-# first CUDA call, `torch.cuda.device_count()` included (it reads the device list and keeps
-# it while `torch.cuda.is_initialized()` is still `False`); set it on the command line
-# instead.
+# ranks 4-7 then ask for GPUs that are not visible and fail with `invalid device ordinal`
+# (the first run below, in small: one GPU visible, local rank 1).
+#
+# Another habit sets `CUDA_VISIBLE_DEVICES` inside the script, after start. The CUDA driver
+# reads the variable once, when the process initialises CUDA (`cuInit`), so a late setting
+# counts only if nothing has touched CUDA yet. `torch.cuda.is_available()` already has: it
+# calls `cudaGetDeviceCount`, which runs `cuInit` (unless `PYTORCH_NVML_BASED_CUDA_CHECK=1`
+# is set), and so does any CUDA tensor. `torch.cuda.device_count()` alone has not: until
+# torch initialises CUDA it counts through NVML and reads the variable again at every call
+# (`torch/cuda/__init__.py`: `is_available`, `device_count`, `_device_count_nvml`). After a
+# late change the two can disagree, as the second run shows. Set the variable on the command
+# line instead.
 
 # %% [markdown] lang="zh" tags=["lesson"]
 # ### GPU 与 `CUDA_VISIBLE_DEVICES`
 #
 # 一条常被照抄的命令是 `CUDA_VISIBLE_DEVICES=0,1,2,3 ... --nproc_per_node=8`：本地 rank（local
-# rank）4～7 会请求看不见的 GPU，并以 `invalid device ordinal` 失败。另一种习惯是在脚本启动之后才在脚
-# 本里设置 `CUDA_VISIBLE_DEVICES`：只有在该进程第一次调用 CUDA 之前才有效，`torch.cuda.device_count()` 也算一次调用（它读取设备列表并记住，而这时 `torch.cuda.is_initialized()` 仍是 `False`）；应该在命令行上设
-# 置。
+# rank）4～7 会请求看不见的 GPU，并以 `invalid device ordinal` 失败（下面第一次运行是它的缩小版：
+# 只有一块 GPU 可见，本地 rank 为 1）。
+#
+# 另一种习惯是在脚本启动之后才在脚本里设置 `CUDA_VISIBLE_DEVICES`。CUDA 驱动只在进程初始化 CUDA
+# （`cuInit`）时读一次这个变量，所以晚设的值只有在此之前还没碰过 CUDA 才算数。而
+# `torch.cuda.is_available()` 已经碰过了：它调用 `cudaGetDeviceCount`，后者会执行 `cuInit`（除非设
+# 置了 `PYTORCH_NVML_BASED_CUDA_CHECK=1`）；创建任何 CUDA 张量也一样。单独调用
+# `torch.cuda.device_count()` 则不会：在 torch 初始化 CUDA 之前，它通过 NVML 计数，每次调用都重新
+# 读取这个变量（`torch/cuda/__init__.py` 中的 `is_available`、`device_count`、
+# `_device_count_nvml`）。所以晚改之后，两者可能对不上，第二次运行就是这样。正确的做法是在命令行上
+# 设置。
 
 # %% tags=["lesson"]
 if torch.cuda.is_available():
-    probe = ("import os, torch; n = torch.cuda.device_count(); "
-             "os.environ['CUDA_VISIBLE_DEVICES'] = '0'; print('after setting it late:', "
-             "torch.cuda.device_count(), 'of', n); torch.cuda.set_device(n)")
-    r = ld.run([sys.executable, "-c", probe], timeout=60)
-    print(r.stdout)
-    errors.explain(r, "invalid_ordinal")
+    # 1. The copied command in small: one GPU visible, local rank 1.
+    copied = ld.run([sys.executable, "-c",
+                     "import os, torch; torch.cuda.set_device(int(os.environ['LOCAL_RANK']))"],
+                    env={"CUDA_VISIBLE_DEVICES": "0", "LOCAL_RANK": "1"}, timeout=60)
+    errors.explain(copied, "invalid_ordinal")
+    # 2. Set late: is_available() has started CUDA, then every GPU is hidden.
+    late = ("import os, torch; torch.cuda.is_available(); "
+            "os.environ['CUDA_VISIBLE_DEVICES'] = ''; "
+            "print('device_count() after hiding every GPU late:', torch.cuda.device_count()); "
+            "print('yet a tensor lands on', torch.ones(1, device='cuda').device)")
+    print(ld.run([sys.executable, "-c", late], timeout=60).stdout)
 else:
-    print(dl.tr(en="Skipped: no GPU here. On a GPU machine with 4 visible GPUs, local ranks "
-                   "4-7 fail in torch.cuda.set_device with 'CUDA error: invalid device "
-                   "ordinal'.",
-                zh="已跳过：这里没有 GPU。在有 GPU 的机器上，只有 4 块可见 GPU 时，本地 rank 4～7 在 "
-                   "torch.cuda.set_device 处以“CUDA error: invalid device ordinal”失败。"))
+    print(dl.tr(en="Skipped: no GPU here. On a GPU machine: local rank 1 with one visible GPU "
+                   "fails in torch.cuda.set_device with 'CUDA error: invalid device ordinal'; "
+                   "and once torch.cuda.is_available() has run, hiding every GPU makes "
+                   "torch.cuda.device_count() say 0 while a tensor still lands on cuda:0.",
+                zh="已跳过：这里没有 GPU。在有 GPU 的机器上：只有一块 GPU 可见时，本地 rank 1 在 "
+                   "torch.cuda.set_device 处以“CUDA error: invalid device ordinal”失败；而在 "
+                   "torch.cuda.is_available() 运行之后再隐藏所有 GPU，torch.cuda.device_count() "
+                   "会说 0，张量却照样放在 cuda:0 上。"))
 
 # %% [markdown] lang="en" tags=["lesson"]
 # ## 4. Init methods and timeouts

@@ -7,7 +7,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -228,13 +227,11 @@ def test_every_finding_not_ok_has_a_fix_in_both_languages() -> None:
             assert f.en and f.zh, f
 
 
-def test_gather_on_this_machine_is_fast_and_consistent() -> None:
+def test_gather_on_this_machine_is_consistent() -> None:
     import torch
     import torch.distributed as dist
 
-    start = time.perf_counter()
     facts = dr.gather()
-    assert time.perf_counter() - start < 15
     assert facts.torch_version == torch.__version__
     assert facts.backends["gloo"] == dist.is_gloo_available()
     assert facts.loopback == ""  # gloo works over loopback on this machine
