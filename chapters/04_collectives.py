@@ -798,8 +798,8 @@ plt.show()
 # | `all_gather_single` | `gloo::allgather`（`gloo/allgather.cc`）：环形；每个 rank 的那一块分成两半传输，同时有两条消息在途 | `ring_all_gather`：2(N-1)α + (N-1)Sβ（S 为一个 rank 的输入） |
 # | `reduce_scatter_single` | `reduce_scatter_tensor_coalesced`（`torch/csrc/distributed/c10d/ProcessGroupGloo.cpp`）：复制整个输入，对副本做全归约，再把属于自己的那一块拷贝出来；追踪记录里它叫 `gloo:all_reduce` | 整个输入做全归约的模型：字节数是环形归约散发（(N-1)/N·S）的两倍 |
 #
-# 表中各列：**追踪 ms** 是上面定义的时间（Gloo 在它自己的线程上完成的工作）；**算子 ms（含于追踪）**
-# 是追踪 ms 中的一部分：编号最小的 rank 上，Gloo 的线程在这次调用内执行 PyTorch 算子的时间（在
+# 表中各列：**追踪 ms** 是上面定义的时间（Gloo 在它自己的线程上完成的工作）；
+# **算子 ms（含于追踪）**：追踪 ms 中的一部分，即编号最小的 rank 上，Gloo 的线程在这次调用内执行 PyTorch 算子的时间（在
 # 它自己的缓冲区和你的张量之间拷贝数据，不是通信）；**Python ms** 是最慢的 rank 上用 `perf_counter` 包住整个调用测得的
 # 时间（包含调用的分发和等待）；然后是**模型 ms** 和**追踪/模型**。这个单元会启动三轮 rank
 # （其中两轮带追踪），要跑好几秒，机器忙时更久。

@@ -74,6 +74,44 @@ def test_generated_zh_markdown_has_no_typed_space_between_cjk(path):
     assert found == [], f"{len(found)} spaces between CJK characters: {found[:5]}"
 
 
+def emphasis_faults(markdown: str) -> list[str]:
+    """Where CommonMark (markdown-it, what MyST renders the site with) does not pair
+    ``markdown``'s bold and italics as written: a ``**`` left as text, or one taken as the
+    opener of a second, nested bold. A closing ``**`` after Chinese punctuation and before
+    a Chinese letter (``**预测与实测并列。**用``) is not right-flanking, so it does not close."""
+    from markdown_it import MarkdownIt
+
+    html = MarkdownIt("commonmark").enable("table").render(markdown)
+    html = re.sub(r"(?s)<pre>.*?</pre>|<code>.*?</code>", "", html)
+    depth, found = 0, []
+    for m in re.finditer(r"</?(?:strong|em)>|\*\*", html):
+        if m.group(0).startswith("</"):
+            depth -= 1
+            continue
+        depth += 1
+        if m.group(0) == "**" or depth > 1:
+            found.append(html[max(0, m.start() - 30) : m.end() + 10].replace("\n", " "))
+    return found
+
+
+def test_emphasis_rule():
+    assert emphasis_faults("**预测与实测并列。**用") != []  # literal asterisks
+    assert emphasis_faults("；**算子 ms（含于追踪）**是追踪，**Python ms** 是") != []  # nested
+    assert emphasis_faults("**预测与实测并列**。用 `a**b` 与 **算子（追踪）**：是") == []
+
+
+@pytest.mark.parametrize("path", _zh_notebooks(), ids=lambda p: f"{p.parent.parent.name}/{p.name}")
+def test_generated_zh_markdown_renders_its_emphasis_as_written(path):
+    nb = nbformat.read(path, as_version=4)
+    found = [
+        (i, s)
+        for i, cell in enumerate(nb.cells)
+        if cell.cell_type == "markdown"
+        for s in emphasis_faults(cell.source)
+    ]
+    assert found == [], f"{len(found)} bold/italic markers CommonMark pairs otherwise: {found[:5]}"
+
+
 def test_typed_space_rule():
     assert typed_spaces("**为什么要并行？** 要么") == ["？** 要"]
     assert typed_spaces("每个 rank 一块 GPU，`x` 的值") == []
