@@ -165,13 +165,18 @@ def decide_shared(device: Any, backend: Any, uuids: list[str | None]) -> Any:
     )
 
 
+_UUID_KEY = "ddp_lab_gpu_uuid_"  # + the rank, in the default group's store
+
+
 def settle_gpu(device: Any, backend: Any = None) -> Any:
     """This rank's device once the process group exists, checked across every rank.
 
-    A collective of the whole group (on CPU: the object collectives of a mixed group go
-    through gloo, ``_get_object_coll_device`` in ``torch/distributed/distributed_c10d.py``),
-    so every rank must call it. Ranks of other nodes on this same machine see its GPUs too:
-    where two ranks would share a GPU, ``decide_shared`` says what to do.
+    Every rank must call it: each writes its GPU's UUID to the default group's store and
+    reads the others'. Ranks of other nodes on this same machine see its GPUs too: where two
+    ranks would share a GPU, ``decide_shared`` says what to do. The store, not a collective:
+    with nccl alone an object collective runs on the ranks' GPUs, and the first NCCL call of
+    two ranks on one GPU fails inside NCCL ("Duplicate GPU detected") before the clear error
+    could be raised.
     """
     import torch
     import torch.distributed as dist
@@ -179,15 +184,13 @@ def settle_gpu(device: Any, backend: Any = None) -> Any:
     backend = dist.get_backend() if backend is None else backend
     if not uses_nccl(backend):
         return device
-    uuid = None
+    uuid = ""
     if getattr(device, "type", None) == "cuda":
         uuid = str(torch.cuda.get_device_properties(device).uuid)
-        if str(backend) != MIXED:
-            # nccl alone gathers objects on the current GPU: this rank's, not cuda:0.
-            torch.cuda.set_device(device)
-    uuids: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(uuids, uuid)
-    return decide_shared(device, backend, uuids)
+    store = dist.distributed_c10d._get_default_store()
+    store.set(f"{_UUID_KEY}{dist.get_rank()}", uuid)
+    got = [store.get(f"{_UUID_KEY}{r}").decode() for r in range(dist.get_world_size())]
+    return decide_shared(device, backend, [u or None for u in got])
 
 
 @contextmanager

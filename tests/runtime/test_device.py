@@ -144,9 +144,17 @@ def test_settle_gpu_agrees_across_the_group(backend: str, uuids: list, want: lis
 def _settled(rank: int, backend: str, uuids: list) -> str:
     from types import SimpleNamespace
 
+    import torch.distributed as dist
+
     # This rank's torch, faked as if each rank had the GPU named in ``uuids``.
     torch.cuda.get_device_properties = lambda d: SimpleNamespace(uuid=uuids[rank])
     torch.cuda.set_device = lambda d: None
+
+    def no_collective(*args: object, **kw: object) -> None:
+        # with nccl alone, NCCL itself would fail first on two ranks of one GPU
+        raise AssertionError("settle_gpu ran a collective")
+
+    dist.all_gather_object = dist.all_gather = no_collective
     try:
         return str(device.settle_gpu(torch.device("cuda", rank), backend))
     except device.DeviceError:
