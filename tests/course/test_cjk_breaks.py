@@ -40,15 +40,16 @@ def _zh_notebooks():
     return sorted(p for kind in build.KINDS for p in (build.ROOT / kind / "zh").glob("*.ipynb"))
 
 
+def _found_in_markdown(path, find) -> list[tuple[int, str]]:
+    """``find(source)``'s findings in each markdown cell of the notebook, with the cell's index."""
+    nb = nbformat.read(path, as_version=4)
+    cells = [(i, c.source) for i, c in enumerate(nb.cells) if c.cell_type == "markdown"]
+    return [(i, found) for i, source in cells for found in find(source)]
+
+
 @pytest.mark.parametrize("path", _zh_notebooks(), ids=lambda p: f"{p.parent.parent.name}/{p.name}")
 def test_generated_zh_markdown_has_no_stray_breaks(path):
-    nb = nbformat.read(path, as_version=4)
-    stray = [
-        (i, s)
-        for i, cell in enumerate(nb.cells)
-        if cell.cell_type == "markdown"
-        for s in stray_breaks(cell.source)
-    ]
+    stray = _found_in_markdown(path, stray_breaks)
     assert stray == [], f"{len(stray)} soft breaks between CJK characters (rebuild?): {stray[:5]}"
 
 
@@ -67,10 +68,7 @@ def typed_spaces(markdown: str) -> list[str]:
 
 @pytest.mark.parametrize("path", _zh_notebooks(), ids=lambda p: f"{p.parent.parent.name}/{p.name}")
 def test_generated_zh_markdown_has_no_typed_space_between_cjk(path):
-    nb = nbformat.read(path, as_version=4)
-    found = [
-        s for cell in nb.cells if cell.cell_type == "markdown" for s in typed_spaces(cell.source)
-    ]
+    found = _found_in_markdown(path, typed_spaces)
     assert found == [], f"{len(found)} spaces between CJK characters: {found[:5]}"
 
 
@@ -102,13 +100,7 @@ def test_emphasis_rule():
 
 @pytest.mark.parametrize("path", _zh_notebooks(), ids=lambda p: f"{p.parent.parent.name}/{p.name}")
 def test_generated_zh_markdown_renders_its_emphasis_as_written(path):
-    nb = nbformat.read(path, as_version=4)
-    found = [
-        (i, s)
-        for i, cell in enumerate(nb.cells)
-        if cell.cell_type == "markdown"
-        for s in emphasis_faults(cell.source)
-    ]
+    found = _found_in_markdown(path, emphasis_faults)
     assert found == [], f"{len(found)} bold/italic markers CommonMark pairs otherwise: {found[:5]}"
 
 
