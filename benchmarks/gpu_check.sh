@@ -150,7 +150,8 @@ within "$BUDGET_S" "$PY" -m pytest -p no:cacheprovider -q -rfE -m "not gpu" "${X
   tests/test_comm_hooks.py tests/test_collectives.py tests/test_bucketed_ddp.py \
   tests/test_trace_analysis.py tests/test_one_gpu_lessons.py tests/test_torch_versions.py \
   tests/runtime/test_device.py tests/runtime/test_launcher.py tests/runtime/test_persistent.py \
-  tests/runtime/test_magic.py tests/runtime/test_trace.py > "$OUT/unit.log" 2>&1
+  tests/runtime/test_magic.py tests/runtime/test_trace.py tests/test_tensor_parallel.py \
+  > "$OUT/unit.log" 2>&1
 note "$(verdict $?) unit tests: $(tail -1 "$OUT/unit.log")"
 grep -E '^(FAILED|ERROR)' "$OUT/unit.log" | head -40 >> "$SUMMARY"
 
