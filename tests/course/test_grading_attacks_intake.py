@@ -6,7 +6,7 @@ the machine. Each attack below must end with 0 points or its own ``error`` for t
 the honest submissions next to it keep their full points, the gradebook is complete, and
 nothing is left behind (processes, cgroups). Attacks are grouped in as few ``grade`` runs as
 possible: most need no code to run, the others use the self-test checkers (no ranks).
-See docs/INSTRUCTORS.md, "What grading guarantees".
+See docs/INSTRUCTORS.md, "What the grader guarantees".
 """
 
 from __future__ import annotations
