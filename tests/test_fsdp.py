@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
+from collections.abc import Iterator
 
 import pytest
 import torch
@@ -97,13 +99,23 @@ def test_awkward_shapes(widths: list[int], world: int) -> None:
     assert max(diffs) < 1e-12
 
 
-def _as_if_one_gpu() -> None:
+@contextlib.contextmanager
+def _as_if_one_gpu(on: bool) -> Iterator[None]:
     """This rank's torch answers as on a one-GPU machine (what fully_shard's default mesh
     and DeviceMesh ask: ``torch/distributed/fsdp/_fully_shard/_fsdp_init.py``,
-    ``_init_default_mesh``; ``torch/distributed/device_mesh.py``)."""
-    torch.cuda.is_available = lambda: True
-    torch.cuda.device_count = lambda: 1
-    torch._C._get_accelerator = lambda: torch.device("cuda")
+    ``_init_default_mesh``; ``torch/distributed/device_mesh.py``) while the meshes and
+    ``fully_shard`` are set up, and no longer: an optimizer's step then asks the real CUDA
+    (``Optimizer._accelerator_graph_capture_health_check``), which a CUDA build of torch on a
+    machine without a driver cannot answer."""
+    saved = (torch.cuda.is_available, torch.cuda.device_count, torch._C._get_accelerator)
+    if on:
+        torch.cuda.is_available = lambda: True
+        torch.cuda.device_count = lambda: 1
+        torch._C._get_accelerator = lambda: torch.device("cuda")
+    try:
+        yield
+    finally:
+        torch.cuda.is_available, torch.cuda.device_count, torch._C._get_accelerator = saved
 
 
 def _vs_fully_shard(rank: int, world: int, one_gpu: bool = False) -> float:
@@ -112,19 +124,18 @@ def _vs_fully_shard(rank: int, world: int, one_gpu: bool = False) -> float:
 
     from ddp_lab.runtime.device import this_rank_device
 
-    if one_gpu:
-        _as_if_one_gpu()
-    # The ranks compute on CPU (the one rule); fully_shard's default mesh would be the
-    # accelerator's, and DeviceMesh would then set cuda:LOCAL_RANK, a GPU rank 1 lacks.
-    mesh = init_device_mesh(this_rank_device("gloo", use_gpu=False).type, (world,))
     torch.manual_seed(0)
     net = mlp([5, 7, 3, 2])
     theirs = copy.deepcopy(net)
     ours = FullyShardedDP(net)
-    for layer in theirs:
-        if isinstance(layer, nn.Linear):
-            fully_shard(layer, mesh=mesh)
-    fully_shard(theirs, mesh=mesh)
+    with _as_if_one_gpu(one_gpu):
+        # The ranks compute on CPU (the one rule); fully_shard's default mesh would be the
+        # accelerator's, and DeviceMesh would then set cuda:LOCAL_RANK, a GPU rank 1 lacks.
+        mesh = init_device_mesh(this_rank_device("gloo", use_gpu=False).type, (world,))
+        for layer in theirs:
+            if isinstance(layer, nn.Linear):
+                fully_shard(layer, mesh=mesh)
+        fully_shard(theirs, mesh=mesh)
     opts = [torch.optim.AdamW(m.parameters(), lr=0.05, weight_decay=0.1) for m in (ours, theirs)]
     gen = torch.Generator().manual_seed(1)
     for _ in range(3):
