@@ -112,7 +112,15 @@ def finish_together(rank: int, store: Any = None, world: int = 0) -> None:
     and exits can take the server down before it has told the ranks waiting on that key: their
     ``wait`` fails, and torch's C++ prints "recvValueWithTimeout failed ... Connection reset
     by peer" with a stack into the rank's output (seen in a ``%%ddp`` cell under load). So each
-    other rank says it has its answer (``add``, which has a reply), and rank 0 waits for all.
+    other rank says it has its answer, and rank 0 waits for all.
+    Why that is a ``set``, not an ``add``: after it, the rank must expect nothing more from the
+    server. The server wakes the clients waiting on a key before it answers the ``add`` that
+    made the key (``LibUVStoreDaemon::add`` calls ``wakeupWaitingClients``, then
+    ``parse_add_command`` writes the reply; torch/csrc/distributed/c10d/
+    TCPStoreLibUvBackend.cpp), so a woken rank 0 could exit while the adder still waited for
+    its reply: "recvValue failed ... Failed to recv, got 0 bytes" from ``PrefixStore::add``,
+    about once in six 4-rank launches of chapter 12's ``torch_tp_and_2d`` on a busy machine.
+    A ``set`` has no reply to lose, and rank 0 only wakes once the server has read it.
     ``store`` and ``world``: the default group's unless given (tests).
     """
     from datetime import timedelta
@@ -133,7 +141,7 @@ def finish_together(rank: int, store: Any = None, world: int = 0) -> None:
         else:
             store.wait([_ALL_FINISHED_KEY], patience)
         if rank != 0:
-            store.add(f"{_RELEASED_KEY}{rank}", 1)
+            store.set(f"{_RELEASED_KEY}{rank}", "1")
         elif world > 1:
             store.wait([f"{_RELEASED_KEY}{r}" for r in range(1, world)], patience)
     except Exception:  # noqa: BLE001, S110  # a store that is gone, or the wait ran out
