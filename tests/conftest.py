@@ -200,6 +200,20 @@ def chapter05_class(tmp_path_factory: pytest.TempPathFactory):
     return grade_chapter05(tmp_path_factory.mktemp("chapter05_class"))
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """Make the test run interruptible, as a terminal's is, however it was started.
+
+    A shell's background job without job control (``bash test.sh &`` in a script, ``nohup``)
+    starts pytest with SIGINT ignored, and Python keeps an inherited SIG_IGN, as do the
+    processes the tests start: the tests of what an interrupt does (tests/runtime) then wait
+    for their timeouts. A hook, not import-time code: rank processes import this module too,
+    and a rank ignores SIGINT while it waits (runtime/_rank_loop.py)."""
+    import signal
+
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Tests marked ``gpu`` are skipped, with the reason, where torch sees no CUDA GPU.
 
