@@ -91,6 +91,8 @@ def test_20_persistent_restarts_no_hang_no_leak(capfd):
             assert dl.pull("preloaded") == [True, True], f"round {i}: no preload"
             grads = dl.pull("grad")
             assert grads[0] == grads[1], f"round {i}: DDP did not average the gradients"
+            out, err = capfd.readouterr()  # a restart and a cell show nothing of torch's C++
+            assert "Exception raised from" not in out + err, f"round {i}:\n{out}{err}"
             if i == RESTARTS:
                 break
             old = {"pids": set(group.pids.values()), "port": group.port, "dir": group.workdir}
