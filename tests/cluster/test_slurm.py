@@ -46,7 +46,10 @@ def explain(job: slurm.Job, lines: int = 60) -> str:
 
 def test_missing_slurm_says_so_in_both_languages(monkeypatch: pytest.MonkeyPatch) -> None:
     real = shutil.which
-    monkeypatch.setattr(shutil, "which", lambda t: None if t == "slurmd" else real(t))
+    # Every other tool there (faked where this machine lacks it too): the reason names slurmd.
+    monkeypatch.setattr(
+        shutil, "which", lambda t: None if t == "slurmd" else real(t) or f"/usr/bin/{t}"
+    )
     en, zh = pair(
         "A Slurm cluster needs the `{tool}` command (Debian: apt-get install {package}).",
         tool="slurmd",
