@@ -193,7 +193,7 @@ def _setup_process(rank: int, msg: dict, close_fds: tuple[int, ...]) -> None:
     from ddp_lab.runtime._process import set_parent_death_signal
 
     os.setpgid(0, 0)
-    set_parent_death_signal(signal.SIGKILL)
+    set_parent_death_signal(signal.SIGKILL, parent=msg.get("zygote"))
     signal.signal(signal.SIGINT, signal.default_int_handler)
     for fd in close_fds:
         os.close(fd)

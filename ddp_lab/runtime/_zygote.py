@@ -39,6 +39,7 @@ _HEADER = struct.Struct("!I")
 # What the first DDP construction (and its first backward) imports beyond torch.distributed.
 PRELOAD = ("torch._dynamo", "torch.nn.parallel.distributed")
 _HANDOVER = b"H"
+_ARMED = b"A"  # the successor will die with the zygote (see _fork_successor)
 
 
 def write_msg(fd: int, obj: object) -> None:
@@ -93,6 +94,7 @@ def _launch(msg: dict, in_fd: int, out_fd: int, close_fds: tuple[int, ...] = ())
         store_socket.bind(("127.0.0.1", 0))
         store_socket.listen(128)
         msg = {**msg, "port": store_socket.getsockname()[1], "store_fd": store_socket.fileno()}
+    msg = {**msg, "zygote": os.getpid()}  # each rank's parent, for its parent-death signal
     alive: dict[int, int] = {}
     try:
         for rank in range(msg["nprocs"]):
@@ -190,8 +192,15 @@ def _serve(in_fd: int, out_fd: int, successor: tuple[int, int, int] | None = Non
             write_msg(out_fd, {"op": "pong", "pid": os.getpid()})
 
 
-def _fork_successor(in_fd: int, out_fd: int) -> tuple[int, int, int]:
-    """Fork a copy of this zygote that preloads, then waits to be told to take over."""
+def _fork_successor(in_fd: int, out_fd: int) -> tuple[int, int, int] | None:
+    """Fork a copy of this zygote that preloads, then waits to be told to take over.
+
+    Returns once the copy will die with this zygote (None if it died first). Why wait: the
+    zygote stops its successor while ranks run (``_pause``), and a successor stopped before it
+    had set its parent-death signal outlived a zygote killed during a launch, stopped for ever,
+    holding the launcher's pipes open, so that the launcher waited for the launch's timeout.
+    """
+    zygote = os.getpid()
     ready_r, ready_w = os.pipe()
     go_r, go_w = os.pipe()
     pid = os.fork()
@@ -200,7 +209,9 @@ def _fork_successor(in_fd: int, out_fd: int) -> tuple[int, int, int]:
         try:
             os.close(ready_r)
             os.close(go_w)
-            set_parent_death_signal(signal.SIGKILL)  # dies with the zygote, before a handover too
+            # Dies with the zygote, before a handover too.
+            set_parent_death_signal(signal.SIGKILL, parent=zygote)
+            os.write(ready_w, _ARMED)
             preload()
             os.write(ready_w, _HANDOVER)
             os.close(ready_w)
@@ -213,6 +224,11 @@ def _fork_successor(in_fd: int, out_fd: int) -> tuple[int, int, int]:
             os._exit(code)
     os.close(ready_w)
     os.close(go_r)
+    if os.read(ready_r, 1) != _ARMED:  # b"": it died before it was armed
+        os.waitpid(pid, 0)
+        os.close(ready_r)
+        os.close(go_w)
+        return None
     return pid, ready_r, go_w
 
 

@@ -430,6 +430,62 @@ def test_zygote_restarts_after_being_killed(no_leaks):
     assert dl.spawn(lambda rank: rank, nprocs=2) == [0, 1]
 
 
+# The zygote's parent-death signal set 1 s late in its successor: a successor not yet armed
+# when the zygote stops it (during a launch) would stay stopped for ever once the zygote dies.
+_SLOW_ARMING = """import time
+from ddp_lab.runtime import _zygote
+_real = _zygote.set_parent_death_signal
+_zygote.set_parent_death_signal = lambda *a, **k: (time.sleep(1), _real(*a, **k))
+"""
+
+
+def _gone(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+def test_a_zygote_killed_mid_launch_takes_its_stopped_successor_along(monkeypatch, no_leaks):
+    from conftest import descendants
+
+    from ddp_lab.runtime import _shipping
+
+    real = subprocess.Popen
+
+    def slow_arming(args, **kwargs):
+        if "_zygote import main" in args[-1]:
+            args = [*args[:-1], _SLOW_ARMING + args[-1]]
+        return real(args, **kwargs)
+
+    launcher.shutdown()
+    monkeypatch.setattr(_shipping.subprocess, "Popen", slow_arming)
+    errors: list[BaseException] = []
+
+    def launch() -> None:
+        try:
+            dl.spawn(lambda rank: time.sleep(60), nprocs=1, timeout=120, quiet=True)
+        except BaseException as exc:  # noqa: BLE001  # the zygote's death, expected
+            errors.append(exc)
+
+    thread = threading.Thread(target=launch)
+    thread.start()
+    deadline = time.monotonic() + 60
+    while launcher._zygote is None or len(descendants(launcher._zygote.proc.pid)) < 2:
+        assert time.monotonic() < deadline, "the launch never started"
+        time.sleep(0.05)
+    zygote = launcher._zygote.proc.pid
+    children = descendants(zygote)  # the successor (stopped while ranks run) and the rank
+    os.kill(zygote, signal.SIGKILL)
+    thread.join(60)
+    assert errors, "the launch did not fail with its zygote"
+    deadline = time.monotonic() + 10
+    while not all(_gone(p) for p in children) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert [p for p in children if not _gone(p)] == [], "outlived the zygote"
+    launcher.shutdown()
+
+
 def _read(path: Path) -> str:
     try:
         return path.read_text().strip()
