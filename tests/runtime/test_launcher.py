@@ -439,17 +439,11 @@ _zygote.set_parent_death_signal = lambda *a, **k: (time.sleep(1), _real(*a, **k)
 """
 
 
-def _gone(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
-    except FileNotFoundError:
-        return True
-
-
 def test_a_zygote_killed_mid_launch_takes_its_stopped_successor_along(monkeypatch, no_leaks):
     from conftest import descendants
 
     from ddp_lab.runtime import _shipping
+    from ddp_lab.runtime._rank_group import alive
 
     real = subprocess.Popen
 
@@ -480,9 +474,9 @@ def test_a_zygote_killed_mid_launch_takes_its_stopped_successor_along(monkeypatc
     thread.join(60)
     assert errors, "the launch did not fail with its zygote"
     deadline = time.monotonic() + 10
-    while not all(_gone(p) for p in children) and time.monotonic() < deadline:
+    while any(alive(p) for p in children) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert [p for p in children if not _gone(p)] == [], "outlived the zygote"
+    assert [p for p in children if alive(p)] == [], "outlived the zygote"
     launcher.shutdown()
 
 
