@@ -42,9 +42,10 @@ export MPLBACKEND=agg
 export DDP_LAB_STORED_RUNS=1
 # The nbcache plugin keeps each notebook that ran clean, with its outputs, in build/nb-cache
 # (keyed by a hash of the notebook), for the website below.
+# The nbtraces plugin fails a cell that shows torch's C++ stack trace where it did not mean to.
 # --durations: each run ends with its slowest tests, what to look at when the suite grows.
 pytest=(.venv/bin/python -m pytest -p no:cacheprovider --nbval-lax --nbval-cell-timeout=300
-  -p ddp_lab.course.nbcache --nb-cache build/nb-cache --durations=15)
+  -p ddp_lab.course.nbcache --nb-cache build/nb-cache -p ddp_lab.course.nbtraces --durations=15)
 if [ "$#" -gt 0 ]; then
   "${pytest[@]}" tests notebooks solutions/en "$@"
   exit

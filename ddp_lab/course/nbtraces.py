@@ -1,0 +1,50 @@
+"""A lesson cell that shows torch's C++ stack trace fails its test, unless it means to.
+
+A run that works can still print a C++ error: a rank whose store connection closed under it, a
+warning of ProcessGroupGloo's as a process leaves. The cell's result is right, nbval (which runs
+every lesson, lax: only errors fail a cell) passes it, and the learner reads a stack of C++
+frames under a cell that claims all went well. This module is a pytest plugin,
+
+    pytest -p ddp_lab.course.nbtraces --nbval-lax notebooks
+
+that fails such a cell once nbval ran it. torch's C++ errors carry the line ``Exception raised
+from <function> at <file>:<line>`` (``c10::Error``'s message, c10/util/Exception.cpp; the
+frames follow it), in whichever process printed them: the kernel, or a rank whose output the
+launcher shows in the cell. A cell that shows a failing run on purpose, and may show its C++
+error, says so with the tag ``shows-cpp-error`` in its chapter source.
+"""
+
+from __future__ import annotations
+
+import pytest  # nbval's, a dependency of the package
+
+MARKER = "Exception raised from "
+TAG = "shows-cpp-error"
+
+
+def cpp_trace(outputs) -> str | None:
+    """The first line of a C++ stack trace in a cell's outputs (nbval's ``test_outputs``), or None."""
+    for out in outputs or ():
+        texts = [out.get("text", "")]
+        data = out.get("data") or {}
+        texts += [data.get("text/plain", ""), data.get("text/html", "")]
+        for text in texts:
+            text = "".join(text) if isinstance(text, list) else str(text)
+            at = text.find(MARKER)
+            if at >= 0:
+                return text[at:].splitlines()[0][:300]
+    return None
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):
+    result = yield
+    if type(item).__name__ == "IPyNbCell" and TAG not in item.cell.metadata.get("tags", []):
+        line = cpp_trace(getattr(item, "test_outputs", None))
+        if line is not None:
+            raise AssertionError(
+                f"the cell printed a C++ stack trace ({line!r}): a learner reads it under a cell "
+                f"that worked. Find its cause, or tag the cell {TAG!r} in its chapter source "
+                "where it shows a failing run on purpose (course/nbtraces.py)"
+            )
+    return result
