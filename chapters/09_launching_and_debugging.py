@@ -1025,7 +1025,9 @@ gallery.show("look", limit=8)
 # ，准确率也相同。
 
 # %% tags=["lesson"]
-one, two = gallery.show("one_host"), gallery.show("static")
+gallery.show("one_host")
+gallery.show("static")
+one, two = gallery["one_host"], gallery["static"]
 print("one host:", one.nodes[0].accuracy(), "% / two hosts:", two.nodes[0].accuracy(), "%")
 assert one.nodes[0].accuracy() == two.nodes[0].accuracy()
 
@@ -1040,7 +1042,8 @@ assert one.nodes[0].accuracy() == two.nodes[0].accuracy()
 # 正确解析时，两者都不需要。
 
 # %% tags=["lesson"]
-c10d = gallery.show("c10d")
+gallery.show("c10d")
+c10d = gallery["c10d"]
 assert c10d.nodes[0].accuracy() == two.nodes[0].accuracy()
 
 # %% [markdown] lang="en" tags=["lesson"]

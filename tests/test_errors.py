@@ -143,6 +143,17 @@ def test_expect_fails_when_nothing_fails_or_the_error_differs() -> None:
             raise KeyboardInterrupt
 
 
+def test_explain_prints_the_diagnosis_and_returns_nothing(capsys) -> None:
+    """A lesson cell ends with ``errors.explain(...)``: its lines, and no entry repr after them."""
+    text = "torchrun: error: unrecognized arguments: --master_adderss=10.0.0.1"
+    assert errors.explain(text, "bad_flag", "en") is None
+    out = capsys.readouterr().out
+    assert out.splitlines()[0] == f"message: {text}"
+    assert errors.get("bad_flag").fix["en"] in out
+    with pytest.raises(AssertionError, match="different one"):
+        errors.explain(text, "env_not_set")
+
+
 def test_unknown_key_gives_a_clear_error() -> None:
     with pytest.raises(ValueError, match="Unknown error key"):
         errors.get("nope")

@@ -253,10 +253,11 @@ class Gallery:
         """Every namespace the runs used (all removed by now)."""
         return [n for name in self.runs for n in self[name].netns]
 
-    def show(self, name: str, limit: int = 3) -> Scenario:
-        scenario = self[name]
-        scenario.show(limit)
-        return scenario
+    def show(self, name: str, limit: int = 3) -> None:
+        """Print what scenario ``name`` did (waiting for it). It returns nothing, so that a cell
+        ending with it shows only these lines, not the scenario's whole logs as its result;
+        ``gallery[name]`` is the scenario."""
+        self[name].show(limit)
 
 
 def record(path: Path = RECORD, names: tuple[str, ...] = tuple(EXPECT)) -> dict:

@@ -274,8 +274,11 @@ def diagnose(error: Any) -> list[KnownError]:
     return [e for e in TABLE if e.matches(text)]
 
 
-def explain(error: Any, key: str, lang: str | None = None) -> KnownError:
-    """Check that ``error`` is the ``key`` entry and print its message, cause and fix."""
+def explain(error: Any, key: str, lang: str | None = None) -> None:
+    """Check that ``error`` is the ``key`` entry and print its message, cause and fix.
+
+    It returns nothing, so that a lesson cell ending with it shows these three lines and not
+    the entry's repr as its result (``get(key)`` is the entry)."""
     entry = get(key)
     text = error if isinstance(error, str) else text_of(error)
     lang = _lang(lang)
@@ -292,7 +295,6 @@ def explain(error: Any, key: str, lang: str | None = None) -> KnownError:
     print(_t("message", lang) + f": {entry.first_line(text)}")
     print(_t("cause", lang) + f": {entry.cause[lang]}")
     print(_t("fix", lang) + f": {entry.fix[lang]}")
-    return entry
 
 
 class expect:  # noqa: N801  # used like a function: `with expect("key"):`
