@@ -774,18 +774,20 @@ except TypeError as err:
 # %%
 if N_GPUS >= 2:
     tf32, torch.backends.cudnn.allow_tf32 = torch.backends.cudnn.allow_tf32, False
-    gpu_model = make_cnn().float().cuda(0)
-    xg = images[:50].float()
-    theirs = tp.gather(tp.parallel_apply(tp.replicate(gpu_model, [0, 1]),
-                                         tp.scatter(xg.cuda(0), [0, 1])), 0)
-    ours = P.gather(P.parallel_apply(P.replicate(copy.deepcopy(gpu_model).cpu(), [0, 1]),
-                                     P.scatter(xg, [0, 1])), 0)
-    print("torch chunks:", [c.shape[0] for c in tp.scatter(xg.cuda(0), [0, 1])],
-          "| ours:", [c.shape[0] for c in P.scatter(xg, [0, 1])])
-    print("same outputs:", torch.allclose(theirs.cpu(), ours, atol=1e-5))
-    print("nn.DataParallel same:", torch.allclose(
-        nn.DataParallel(gpu_model, [0, 1])(xg.cuda(0)).cpu(), ours, atol=1e-5))
-    torch.backends.cudnn.allow_tf32 = tf32
+    try:
+        gpu_model = make_cnn().float().cuda(0)
+        xg = images[:50].float()
+        theirs = tp.gather(tp.parallel_apply(tp.replicate(gpu_model, [0, 1]),
+                                             tp.scatter(xg.cuda(0), [0, 1])), 0)
+        ours = P.gather(P.parallel_apply(P.replicate(copy.deepcopy(gpu_model).cpu(), [0, 1]),
+                                         P.scatter(xg, [0, 1])), 0)
+        print("torch chunks:", [c.shape[0] for c in tp.scatter(xg.cuda(0), [0, 1])],
+              "| ours:", [c.shape[0] for c in P.scatter(xg, [0, 1])])
+        print("same outputs:", torch.allclose(theirs.cpu(), ours, atol=1e-5))
+        print("nn.DataParallel same:", torch.allclose(
+            nn.DataParallel(gpu_model, [0, 1])(xg.cuda(0)).cpu(), ours, atol=1e-5))
+    finally:  # the setting is the kernel's: give it back even if a comparison fails
+        torch.backends.cudnn.allow_tf32 = tf32
 else:
     print(dl.tr(en=f"Skipped: this machine has {N_GPUS} GPU(s); torch.nn.parallel needs 2.",
                 zh=f"已跳过：这台机器有 {N_GPUS} 块 GPU，torch.nn.parallel 需要 2 块。"))

@@ -325,7 +325,7 @@ def naive_vs_torch(rank, steps=5):
             print(f"{name:13s} {before:20.4f} {after:14.1e} {diff:15.1e}")
 
 
-dl.spawn(naive_vs_torch, nprocs=2, backend="gloo")
+dl.spawn(naive_vs_torch, nprocs=2, backend="gloo");
 
 # %% [markdown] lang="en"
 # The replicas differ before wrapping, are bitwise identical after five steps, and
@@ -418,7 +418,7 @@ def ddp_vs_accumulation(rank, world_size=2, per_rank=8):
                   + (" ".join(f"{n.split('.')[-1]} differs by {d:.3g}" for n, d in stats.items()) or ""))
 
 
-dl.spawn(ddp_vs_accumulation, nprocs=2, backend="gloo")
+dl.spawn(ddp_vs_accumulation, nprocs=2, backend="gloo");
 
 # %% [markdown] lang="en"
 # So the claim holds for a deterministic model with a mean loss and the same data split.
@@ -810,7 +810,7 @@ def four_facts(rank, ckpt):
 ckpt = str(dl.scratch("ch07") / "linear.pt")
 torch.manual_seed(42)
 torch.save(nn.Linear(4, 1).state_dict(), ckpt)
-dl.spawn(four_facts, args=(ckpt,), nprocs=2, backend="gloo")
+dl.spawn(four_facts, args=(ckpt,), nprocs=2, backend="gloo");
 
 
 # %% tags=["lesson"]
@@ -924,7 +924,7 @@ def sync_bn_by_hand(rank, world_size=2, eps=1e-5):
         print(f"gathered statistics vs global-batch BN: {(synced - reference).abs().max():.1e}")
 
 
-dl.spawn(sync_bn_by_hand, nprocs=2, backend="gloo")
+dl.spawn(sync_bn_by_hand, nprocs=2, backend="gloo");
 
 # %% tags=["lesson"]
 if torch.cuda.device_count() >= 2:

@@ -272,7 +272,7 @@ def local_loss(rank):
     print(f"local loss {loss.item():.4f}, mean over ranks {logged.item() / 2:.4f}")
 
 
-dl.spawn(local_loss, nprocs=2, backend="gloo")
+dl.spawn(local_loss, nprocs=2, backend="gloo");
 
 # %% [markdown] lang="en"
 # A helper often copied is `reduce_value(value, average=True)`, called as
@@ -699,7 +699,7 @@ def run_buggy(rank, folder):
     print(f"losses {[round(v, 3) for v in losses]} | checkpoint keys {keys}")
 
 
-dl.spawn(run_buggy, args=(str(workdir / "data"),), nprocs=2, backend="gloo")
+dl.spawn(run_buggy, args=(str(workdir / "data"),), nprocs=2, backend="gloo");
 
 # %% [markdown] lang="en" tags=["exercise"]
 # ## Exercise: fix the training function (5 points)

@@ -503,7 +503,7 @@ def zero_vs_torch(rank, steps=4):
           f"optimizer-state elements here: {state}")
 
 
-dl.spawn(zero_vs_torch, nprocs=2, backend="gloo")
+dl.spawn(zero_vs_torch, nprocs=2, backend="gloo");
 
 # %% [markdown] lang="en"
 # **Memory per rank, counted.** `measure_memory` counts the bytes of the tensors each rank

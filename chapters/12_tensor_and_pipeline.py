@@ -282,12 +282,12 @@ for p, m in ((4, 8), (4, 4), (8, 8)):
 import matplotlib.pyplot as plt
 
 runs = dl.spawn(pp.pipeline_runs, nprocs=4, backend="gloo")
+formula = pp.bubble_formula(4, 8)
 fig, axes = plt.subplots(2, 1, figsize=(10, 4.5), sharex=True)
 for ax, name in zip(axes, ("gpipe", "1f1b"), strict=True):
     res = [r[name] for r in runs]
-    measured = pp.measured_bubble(res)
-    pp.plot_timeline(res, name, ax, formula=pp.bubble_formula(4, 8))
-    print(f"{name}: measured bubble {measured:.3f}, formula {pp.bubble_formula(4, 8):.3f}; "
+    pp.plot_timeline(res, name, ax, formula=formula)
+    print(f"{name}: measured bubble {pp.measured_bubble(res):.3f}, formula {formula:.3f}; "
           f"gradient diff {max(r['max_grad_diff'] for r in res):.0e}; activations held "
           f"{[r['peak'] for r in res]} micro-batches ({[r['peak_bytes'] for r in res]} bytes)")
 fig.tight_layout()

@@ -48,6 +48,7 @@ def test_nbcache_keeps_what_nbval_ran(tmp_path):
         nbformat.v4.new_markdown_cell("# t"),
         nbformat.v4.new_code_cell("print(6 * 7)"),
         nbformat.v4.new_code_cell("6 * 7"),
+        nbformat.v4.new_code_cell("[6, 7];"),  # a learner's kernel shows no result
     ]
     bad = nbformat.v4.new_notebook()
     bad.cells = [nbformat.v4.new_code_cell("print(1)"), nbformat.v4.new_code_cell("1 / 0")]
@@ -71,7 +72,8 @@ def test_nbcache_keeps_what_nbval_ran(tmp_path):
     code = [c for c in ran.cells if c.cell_type == "code"]
     assert code[0].outputs[0]["text"] == "42\n"
     assert code[1].outputs[0]["data"]["text/plain"] == "42"
-    assert [c.execution_count for c in code] == [1, 2]
+    assert code[2].outputs == []  # nbval received [6, 7] (course/nbcache.py, _quiet)
+    assert [c.execution_count for c in code] == [1, 2, 3]
     assert sorted(p.name for p in cache.iterdir()) == [
         f"{nbcache.key(good_path.read_text())}.ipynb"
     ]
