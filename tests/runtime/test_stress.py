@@ -63,7 +63,12 @@ def test_100_ddp_launches_no_hang_no_leak(no_leaks, capfd):
         assert results[0][2] == results[1][2], f"launch {i}: the ranks' weights differ after a step"
         assert rank_processes() == set(), f"launch {i} left rank processes"
         ports.add(results[0][1])
-    assert len(ports) == LAUNCHES  # a fresh port every launch (never a fixed one)
+    # A port drawn for every launch, never a fixed one. The zygote's bind(0) draws from the
+    # kernel's ephemeral range (about 28,000 ports; a port left in TIME_WAIT is skipped), so 100
+    # draws repeat one now and then by chance alone (the birthday bound: about one run in six
+    # once a run outlasts TIME_WAIT's 60 s, as it does on a loaded machine): a few repeats are
+    # chance, many are a port that is not drawn.
+    assert len(ports) >= LAUNCHES - 5, sorted(ports)
     deadline = time.monotonic() + 10
     while _no_socket_on(ports) and time.monotonic() < deadline:
         time.sleep(0.05)
