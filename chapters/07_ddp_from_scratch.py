@@ -530,7 +530,7 @@ def ddp_buckets(rank):
     for kwargs in [{}, {"bucket_cap_mb": 1}, {"bucket_cap_mb": 25}, {"find_unused_parameters": True}]:
         torch.manual_seed(0)
         with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # find_unused_parameters=True with none unused
+            warnings.simplefilter("ignore")  # meant to hide DDP's warning (see below)
             model = DDP(wide_mlp(), **kwargs)
             first = model._get_ddp_logging_data()["bucket_sizes"]
             for _ in range(3):  # rebuilt before forward 2, logged in forward 3
@@ -554,15 +554,32 @@ for kwargs, first, rebuilt in dl.spawn(ddp_buckets, nprocs=2, backend="gloo")[0]
 # rebuild, bucket 0 is `11 10 9 8` (the last two layers, the first > 1 MiB in arrival
 # order) and the rest share one 25 MiB bucket. `bucket_cap_mb=25` keeps everything in one
 # bucket; `find_unused_parameters=True` keeps the construction plan, whose small bucket is
-# the first layers' (sizes in the order they are reduced). Move the slider to see which
-# parameters share a bucket for other caps.
+# the first layers' (sizes in the order they are reduced).
+#
+# Each rank also printed a warning: `find_unused_parameters=True` found no unused parameter,
+# so the flag only costs an extra walk over the autograd graph every iteration. A common
+# claim is that `warnings.simplefilter("ignore")` silences a library's warnings; the cell
+# ran DDP inside exactly that, and the line still came. DDP's C++ reducer issues it
+# (`TORCH_WARN_ONCE` in `Reducer::search_unused_parameters`,
+# `torch/csrc/distributed/c10d/reducer.cpp`, once per process), and c10 writes it to the
+# process's stderr itself: Python's `warnings` module never sees it.
+#
+# Move the slider to see which parameters share a bucket for other caps.
 
 # %% [markdown] lang="zh"
 # 读一下结果：默认情况下，第一次迭代只有一个桶，装下全部 4.28 MiB；重建之后，桶 0 是
 # `11 10 9 8`（最后两层：按到达顺序累加，第一次超过 1 MiB 时封口），其余参数共用一个 25 MiB 的
 # 桶。`bucket_cap_mb=25` 让所有参数都在同一个桶里；`find_unused_parameters=True` 保留构造时的
-# 分法，其中那个小桶装的是最前面几层（各桶的大小按归约顺序列出）。拖动滑块，看看换成其他上限
-# 时哪些参数共用一个桶。
+# 分法，其中那个小桶装的是最前面几层（各桶的大小按归约顺序列出）。
+#
+# 每个 rank 还打印了一条警告：`find_unused_parameters=True` 没有找到未使用的参数，所以这个开关
+# 只会让每次迭代白白多遍历一次 autograd 图。常见的说法是 `warnings.simplefilter("ignore")` 能
+# 屏蔽库发出的警告；上面的单元正是在它的作用范围内运行 DDP 的，这行警告照样出现。它来自 DDP 的
+# C++ reducer（`torch/csrc/distributed/c10d/reducer.cpp` 中 `Reducer::search_unused_parameters`
+# 里的 `TORCH_WARN_ONCE`，每个进程一次），由 c10 直接写到进程的 stderr，Python 的 `warnings`
+# 模块根本看不到它。
+#
+# 拖动滑块，看看换成其他上限时哪些参数共用一个桶。
 
 # %%
 bucket_widget(wide_mlp(), caps_mb=(0.5, 1, 2, 4, 25))

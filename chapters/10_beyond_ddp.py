@@ -109,6 +109,8 @@ print(format_knob_table(knobs))
 #   never rebuilt: they keep the construction plan, the **reverse** of the definition
 #   order, not the order gradients arrive in, so less communication overlaps backward.
 #   Turn it on only for a model that really skips parameters (chapter 07, section 5).
+#   DDP says as much: with no parameter unused, each rank printed the reducer's warning
+#   above the table (chapter 07, section 4: why `warnings` filters do not hide it).
 
 # %% [markdown] lang="zh"
 # 表格说明了什么，以及 torch 在哪里做出这些决定（`torch/nn/parallel/distributed.py`）：
@@ -127,7 +129,8 @@ print(format_knob_table(knobs))
 # - **`find_unused_parameters=True`** 在每次前向之后从输出出发遍历 autograd 图（开销随
 #   autograd 节点数增长），而且桶永远不会重建：它们保持构造时的分法，即定义顺序的**逆序**，
 #   而不是梯度到达的顺序，所以与反向计算重叠的通信更少。只有当模型确实会跳过某些参数时才
-#   打开它（第 07 章第 5 节）。
+#   打开它（第 07 章第 5 节）。DDP 自己也会提醒：没有未使用的参数时，每个 rank 都在表格上方打印
+#   了 reducer 的那条警告（为什么 `warnings` 的过滤器挡不住它，见第 07 章第 4 节）。
 
 # %% [markdown] lang="en"
 # **Activation checkpointing under DDP.** `torch.utils.checkpoint.checkpoint(fn, x,
