@@ -178,7 +178,7 @@ def checkpointing_under_ddp(rank):
         ref, model = copy.deepcopy(net), DDP(net, **kwargs)
         try:
             with warnings.catch_warnings():
-                warnings.simplefilter("ignore")  # find_unused_parameters=True with none unused
+                warnings.simplefilter("ignore")  # Python's only: DDP's C++ warning is not (ch. 07, 4)
                 for step in range(3):
                     xs = torch.randn(2, 4, 8, generator=torch.Generator().manual_seed(step))
                     model.zero_grad()
