@@ -64,10 +64,11 @@ def test_100_ddp_launches_no_hang_no_leak(no_leaks, capfd):
         assert rank_processes() == set(), f"launch {i} left rank processes"
         ports.add(results[0][1])
     # A port drawn for every launch, never a fixed one. The zygote's bind(0) draws from the
-    # kernel's ephemeral range (about 28,000 ports; a port left in TIME_WAIT is skipped), so 100
-    # draws repeat one now and then by chance alone (the birthday bound: about one run in six
-    # once a run outlasts TIME_WAIT's 60 s, as it does on a loaded machine): a few repeats are
-    # chance, many are a port that is not drawn.
+    # kernel's ephemeral range (28,232 ports by default, of which bind may keep to one half), so
+    # 100 draws repeat one by chance alone: 1 - exp(-100*99/2/N), 16% for N = 28,232, more for
+    # half of it. A port still in TIME_WAIT is not drawn again, so only a run that outlasts
+    # TIME_WAIT's 60 s (a loaded machine) sees repeats. A few are chance; a port that is not
+    # drawn gives ~100.
     assert len(ports) >= LAUNCHES - 5, sorted(ports)
     deadline = time.monotonic() + 10
     while _no_socket_on(ports) and time.monotonic() < deadline:
