@@ -67,8 +67,8 @@ def test_100_ddp_launches_no_hang_no_leak(no_leaks, capfd):
     # kernel's ephemeral range (28,232 ports by default, of which bind may keep to one half), so
     # 100 draws repeat one by chance alone: 1 - exp(-100*99/2/N), 16% for N = 28,232, more for
     # half of it. A port still in TIME_WAIT is not drawn again, so only a run that outlasts
-    # TIME_WAIT's 60 s (a loaded machine) sees repeats. A few are chance; a port that is not
-    # drawn gives ~100.
+    # TIME_WAIT's 60 s (a loaded machine) sees repeats. A few are chance; a fixed port would
+    # repeat 99 times.
     assert len(ports) >= LAUNCHES - 5, sorted(ports)
     deadline = time.monotonic() + 10
     while _no_socket_on(ports) and time.monotonic() < deadline:
