@@ -252,3 +252,81 @@ def test_a_pool_dropped_without_close_removes_its_folder() -> None:
     learner._pool = None
     gc.collect()
     assert not base.exists()
+
+
+# 06.indices refuses torch's DistributedSampler (the oracle) in the learner's rank by changing
+# the class already imported. A fresh copy of it, by importing its module again after taking
+# it out of ``sys.modules`` or in a new Python started with ``subprocess`` (where no refusal
+# exists), got 4/4 with nothing for the scan to find.
+SAMPLER_REIMPORTED = """\
+import sys
+
+
+def distributed_indices(dataset_len, num_replicas, rank, epoch=0, seed=0, shuffle=True,
+                        drop_last=False):
+    sys.modules.pop("torch.utils.data.distributed", None)
+    import torch.utils.data.distributed as fresh
+
+    made = getattr(fresh, "Distributed" + "Sampler")
+    s = made(range(dataset_len), num_replicas=num_replicas, rank=rank, shuffle=shuffle,
+             seed=seed, drop_last=drop_last)
+    s.set_epoch(epoch)
+    return list(s)
+"""
+SAMPLER_IN_A_CHILD = """\
+import json
+import subprocess
+import sys
+
+CHILD = '''
+import json, sys
+import torch.utils.data.distributed as d
+n, r, k, e, seed, sh, dl = json.loads(sys.argv[1])
+s = getattr(d, "Distributed" + "Sampler")(range(n), num_replicas=r, rank=k, shuffle=sh,
+                                          seed=seed, drop_last=dl)
+s.set_epoch(e)
+print(json.dumps(list(s)))
+'''
+
+
+def distributed_indices(dataset_len, num_replicas, rank, epoch=0, seed=0, shuffle=True,
+                        drop_last=False):
+    args = json.dumps([dataset_len, num_replicas, rank, epoch, seed, shuffle, drop_last])
+    done = subprocess.run([sys.executable, "-c", CHILD, args], capture_output=True, text=True)
+    return json.loads(done.stdout)
+"""
+
+
+def test_scan_finds_a_fresh_import_and_another_program() -> None:
+    assert scan.findings(SAMPLER_REIMPORTED) == ["`sys.modules`"]
+    assert scan.findings(SAMPLER_IN_A_CHILD) == ["`import subprocess`"]
+    assert scan.findings("from sys import modules") == ["`sys.modules`"]
+    assert scan.findings("import os\nos.system('python -c 1')") == ["`os.system`"]
+    assert scan.findings("from os import execv") == ["`os.execv`"]
+    assert scan.findings("f = eval('exe' + 'c')") == ["`eval`"]
+    # What honest code writes with the same names is not flagged.
+    assert scan.findings("model.eval()\nfor m in net.modules():\n    pass") == []
+    assert scan.findings("import os\nos.path.join('a', 'b')") == []
+
+
+@pytest.mark.skipif(not sandbox.available(), reason="no bubblewrap here")
+@pytest.mark.parametrize("attack", [SAMPLER_REIMPORTED, SAMPLER_IN_A_CHILD], ids=["fresh", "child"])
+def test_chapter_06_a_fresh_oracle_is_flagged(attack: str) -> None:
+    import copy
+
+    from ddp_lab.course.grading import grader
+
+    name = "06_distributed_sampler.ipynb"
+    release = read(ROOT / "exercises" / "en" / name)
+    nb = copy.deepcopy(release)
+    at = next(
+        i for i, c in enumerate(nb.cells)
+        if c.cell_type == "code" and "def distributed_indices" in c.source
+    )  # fmt: skip
+    nb.cells[at].source = attack
+    graded = grader.grade_one(release, nb, 120, 600, needed_only=True)
+    (indices,) = [r for r in graded.results if r.grade_id == "06.indices"]
+    # The checker's own verdict stays in the line: the refusal was undone and the cases pass.
+    assert indices.status == "flagged" and indices.points == 0, indices
+    assert "PASS 06.indices" in indices.detail, indices
+    assert leftover_processes() == []
