@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import cloudpickle
@@ -22,7 +23,7 @@ from graded_classes import HONEST, Graded
 from test_grader import leftover_processes, read
 
 from ddp_lab.course.grading import sandbox, scan, wire
-from ddp_lab.course.grading.learner import LearnerError, RemoteLearner
+from ddp_lab.course.grading.learner import LearnerError, RemoteLearner, RunnerGone
 from ddp_lab.course.grading.rankhost import RankPool
 from ddp_lab.course.grading.release import exercises_of
 from ddp_lab.runtime import _pickle
@@ -329,4 +330,51 @@ def test_chapter_06_a_fresh_oracle_is_flagged(attack: str) -> None:
     # The checker's own verdict stays in the line: the refusal was undone and the cases pass.
     assert indices.status == "flagged" and indices.points == 0, indices
     assert "PASS 06.indices" in indices.detail, indices
+    assert leftover_processes() == []
+
+
+# A protocol line nested deeper than the JSON parser's recursion limit: json.loads raises
+# RecursionError, not ValueError. The verdict process died of it, and every exercise of the
+# submission (00.average's final "passed" too) became "error", the grader's fault.
+DEEP = b"[" * 50_000 + b"\n"  # under a pipe's 64 KiB: written before it is read
+DEEP_AFTER_GRADING = "import os\nos.write(4, b'[' * 100_000 + b'\\n')  # the runner's protocol fd"
+
+
+class _Alive:
+    def poll(self) -> None:
+        return None
+
+
+def test_a_line_nested_past_the_parser_is_not_the_protocols() -> None:
+    from ddp_lab.course.grading import verdict
+
+    read_fd, write_fd = os.pipe()
+    try:
+        os.write(write_fd, DEEP + b'{"cell": 3}\n')
+        reader = wire.LineReader(read_fd)
+        assert verdict._next_message(reader, _Alive(), time.monotonic() + 10) == {"cell": 3}
+        os.write(write_fd, DEEP)
+        handle = RemoteLearner("00.average", open(os.devnull, "wb"), reader, lambda: None)
+        with pytest.raises(RunnerGone, match="garbage"):
+            handle.call(scan.findings)  # any module-level function of ddp_lab names a probe
+    finally:
+        os.close(read_fd)
+        os.close(write_fd)
+
+
+@pytest.mark.skipif(not sandbox.available(), reason="no bubblewrap here")
+def test_a_deep_line_after_a_graded_cell_leaves_its_verdict_final() -> None:
+    import nbformat
+    from test_grader import SOLUTION, solved
+
+    from ddp_lab.course.grading import grader
+
+    release = read(ROOT / "exercises" / "en" / "00_quickstart.ipynb")
+    nb = solved(release, SOLUTION)
+    at = next(i for i, c in enumerate(nb.cells) if c.metadata.get("grade_id") == "00.average")
+    nb.cells.insert(at + 1, nbformat.v4.new_code_cell(DEEP_AFTER_GRADING))
+    graded = grader.grade_one(release, nb, 120, 600)
+    by_id = {r.grade_id: r for r in graded.results}
+    assert by_id["00.average"].status == "passed", by_id
+    assert by_id["00.concepts"].status == "not-attempted", by_id
     assert leftover_processes() == []

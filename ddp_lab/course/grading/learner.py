@@ -224,7 +224,7 @@ class RemoteLearner:
         line = self._read_line(timeout + 30)
         try:
             reply = json.loads(line)
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: a line nested past the parser
             raise RunnerGone("the learner's process answered garbage") from None
         if not isinstance(reply, dict):
             raise RunnerGone("the learner's process answered garbage")
