@@ -378,3 +378,37 @@ def test_a_deep_line_after_a_graded_cell_leaves_its_verdict_final() -> None:
     assert by_id["00.average"].status == "passed", by_id
     assert by_id["00.concepts"].status == "not-attempted", by_id
     assert leftover_processes() == []
+
+
+# A cell that IPython's own transformer fails on (IndexError in its assignment-magic rule):
+# the scan reads cells through that transformer, and the error killed the verdict process,
+# so every exercise became "error" (a flagged cheat's finding unseen, final verdicts lost).
+TRANSFORMER_BREAKER = '""""""=%\\'
+
+
+def test_the_scan_reads_a_cell_ipython_cannot_transform() -> None:
+    assert scan.findings(TRANSFORMER_BREAKER) == []
+    assert scan.findings(TRANSFORMER_BREAKER + "\nimport sys\nsys.modules.pop('x')") == []
+    assert scan.findings("%time import subprocess") == ["`import subprocess`"]
+
+
+@pytest.mark.skipif(not sandbox.available(), reason="no bubblewrap here")
+@pytest.mark.parametrize("needed_only", [False, True], ids=["grade", "check"])
+def test_a_cell_ipython_cannot_transform_leaves_the_verdicts_to_the_checker(
+    needed_only: bool,
+) -> None:
+    """``ddp-lab grade`` (the scan) and ``ddp-lab check`` (the scan, and the cells the graded
+    cells need: ``course.grading.needed`` reads cells the same way)."""
+    import nbformat
+    from test_grader import SOLUTION, solved
+
+    from ddp_lab.course.grading import grader
+
+    release = read(ROOT / "exercises" / "en" / "00_quickstart.ipynb")
+    nb = solved(release, SOLUTION)
+    at = next(i for i, c in enumerate(nb.cells) if c.metadata.get("grade_id") == "00.average")
+    nb.cells.insert(at - 1, nbformat.v4.new_code_cell(TRANSFORMER_BREAKER))
+    graded = grader.grade_one(release, nb, 120, 600, needed_only=needed_only)
+    by_id = {r.grade_id: r for r in graded.results}
+    assert by_id["00.average"].status == "passed", by_id
+    assert leftover_processes() == []

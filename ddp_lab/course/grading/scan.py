@@ -265,7 +265,14 @@ _transformer: Any = None
 
 def _as_ipython_runs_it(source: str) -> str:
     """``source`` as the Python IPython runs for it (IPython's own ``TransformerManager``:
-    ``%`` magics, ``!`` shell lines, ``?`` help), or with those lines blanked without IPython."""
+    ``%`` magics, ``!`` shell lines, ``?`` help), or with those lines blanked without IPython
+    or where IPython's transformer fails on it.
+
+    The transformer raises on some learner text (``\"\"\"\"\"\"=%\\`` gives an IndexError
+    in its assignment-magic rule); that escaped the verdict process, which died, and every
+    exercise of the submission became "error" (a flagged one too, its finding unseen). IPython
+    cannot run such a cell either (its ``run_cell`` uses the same transformer), so the
+    blanked text is read instead."""
     global _transformer
     try:
         if _transformer is None:
@@ -273,7 +280,7 @@ def _as_ipython_runs_it(source: str) -> str:
 
             _transformer = TransformerManager()
         return _transformer.transform_cell(source)
-    except ImportError:
+    except Exception:  # noqa: BLE001  # ImportError (no IPython), or IPython's own failure
         return "\n".join(
             "" if line.lstrip().startswith(("%", "!")) else line for line in source.splitlines()
         )
