@@ -369,3 +369,40 @@ def test_the_scan_reads_magics_as_ipython_runs_them() -> None:
     assert scan.findings("with open('data.txt') as f:\n    f.read()") == []
     assert scan.findings("import re\npattern = re.compile('a+')") == []
     assert scan.findings("import torch\nmodel = torch.compile(torch.nn.Linear(2, 2))") == []
+
+
+# 08.fit's probe runs in the runner, which imports the checker's module for it: the oracle
+# that module held (torch's DDP used correctly, with fit's very signature) was one attribute
+# path away, with no import and no string the scan reads.
+FIT_FROM_THE_ORACLE = """\
+import ddp_lab
+import torch
+import torch.distributed as dist
+
+
+def fit(model, dataset, epochs, batch_size, lr, checkpoint_path):
+    checks = ddp_lab.course.grading.checks
+    oracle = getattr(checks, "ch08_oracle", checks.ch08).reference_fit
+    losses, _ = oracle(model, dataset, epochs, batch_size, lr)
+    if dist.get_rank() == 0:
+        torch.save(model.state_dict(), checkpoint_path)
+    dist.barrier()
+    return losses
+"""
+
+
+@needs_sandbox
+def test_chapter_08_the_checkers_oracle_is_not_within_reach() -> None:
+    from ddp_lab.course.grading import grader
+
+    _, release, solution = _exercise("08")
+    marker = "def fit(model"
+    for source, passes in ((_solution_cell(solution, marker), True), (FIT_FROM_THE_ORACLE, False)):
+        graded = grader.grade_one(release, _with(release, marker, source), 120, 600,
+                                  needed_only=True)  # fmt: skip
+        (fit,) = [r for r in graded.results if r.grade_id == "08.fit"]
+        assert (fit.status == "passed") is passes, fit
+        assert (fit.points == fit.max_points) is passes, fit
+        if not passes:
+            assert "no attribute 'reference_fit'" in fit.detail, fit
+    assert leftover_processes() == []

@@ -664,3 +664,78 @@ def test_chapter_12_in_the_per_rank_form(grade_id: str, borrowed: tuple) -> None
     if sandbox.available():
         passed, line = remote_verdict(grade_id, *borrowed)
         assert not passed and "not available while grading" in line, line
+
+
+# --- torch's own answer to the exercise, the checker's oracle: refused in the ranks ----------
+
+
+class TorchDDP(nn.Module):
+    """07.naive_ddp: torch's DistributedDataParallel does the broadcast and the averaging."""
+
+    def __init__(self, module: nn.Module) -> None:
+        from torch.nn.parallel import DistributedDataParallel
+
+        super().__init__()
+        self.module = module
+        self.inner = DistributedDataParallel(module)
+
+    def forward(self, *args: Any) -> Any:
+        return self.inner(*args)
+
+    def sync_gradients(self) -> None:
+        pass
+
+
+class TorchZero:
+    """10.sharded_optimizer: torch's ZeroRedundancyOptimizer shards largest-first too."""
+
+    def __init__(self, params: Any, optimizer_class: Any, **defaults: Any) -> None:
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+
+        self.params = list(params)
+        self.inner = ZeroRedundancyOptimizer(self.params, optimizer_class, **defaults)
+
+    def zero_grad(self) -> None:
+        for p in self.params:
+            p.grad = None
+
+    def step(self) -> None:
+        self.inner.step()
+
+
+def torch_bf16_hook(process_group, bucket):  # noqa: ANN001, ANN201
+    """10.bf16_hook: the checker's oracle itself."""
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import bf16_compress_hook
+
+    return bf16_compress_hook(process_group, bucket)
+
+
+def torch_bf16_wrapper(process_group, bucket):  # noqa: ANN001, ANN201
+    """10.bf16_hook: the same steps, as torch's wrapper around its plain all-reduce hook."""
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+    hook = default_hooks.bf16_compress_wrapper(default_hooks.allreduce_hook)
+    return hook(process_group, bucket)
+
+
+READY_MADE = [
+    ("07.naive_ddp", TorchDDP, "DistributedDataParallel"),
+    ("10.sharded_optimizer", TorchZero, "ZeroRedundancyOptimizer"),
+    ("10.bf16_hook", torch_bf16_hook, "bf16_compress_hook"),
+    ("10.bf16_hook", torch_bf16_wrapper, "bf16_compress_wrapper"),
+]
+
+
+@pytest.mark.parametrize(
+    ("grade_id", "ready_made", "name"), READY_MADE, ids=[c[2] for c in READY_MADE]
+)
+def test_torch_ready_made_answer_is_refused_in_the_ranks(
+    grade_id: str, ready_made: Any, name: str
+) -> None:
+    """A wrapper around torch's own implementation of the exercise (the checker's oracle, or
+    the same algorithm) got full points: in the grader's ranks and in self-study it is now
+    refused (``course.learner.refusing``), and the honest answer still passes."""
+    passed, line = remote_verdict(grade_id, ready_made)
+    assert not passed and "Refused" in line and name in line and " 0/" in line, line
+    passed, line = run_checker(load_checkers()[grade_id], LocalLearner((ready_made,)), "en")
+    assert not passed and "Refused" in line and name in line, line

@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import cloudpickle
@@ -22,7 +23,7 @@ from graded_classes import HONEST, Graded
 from test_grader import leftover_processes, read
 
 from ddp_lab.course.grading import sandbox, scan, wire
-from ddp_lab.course.grading.learner import LearnerError, RemoteLearner
+from ddp_lab.course.grading.learner import LearnerError, RemoteLearner, RunnerGone
 from ddp_lab.course.grading.rankhost import RankPool
 from ddp_lab.course.grading.release import exercises_of
 from ddp_lab.runtime import _pickle
@@ -252,3 +253,162 @@ def test_a_pool_dropped_without_close_removes_its_folder() -> None:
     learner._pool = None
     gc.collect()
     assert not base.exists()
+
+
+# 06.indices refuses torch's DistributedSampler (the oracle) in the learner's rank by changing
+# the class already imported. A fresh copy of it, by importing its module again after taking
+# it out of ``sys.modules`` or in a new Python started with ``subprocess`` (where no refusal
+# exists), got 4/4 with nothing for the scan to find.
+SAMPLER_REIMPORTED = """\
+import sys
+
+
+def distributed_indices(dataset_len, num_replicas, rank, epoch=0, seed=0, shuffle=True,
+                        drop_last=False):
+    sys.modules.pop("torch.utils.data.distributed", None)
+    import torch.utils.data.distributed as fresh
+
+    made = getattr(fresh, "Distributed" + "Sampler")
+    s = made(range(dataset_len), num_replicas=num_replicas, rank=rank, shuffle=shuffle,
+             seed=seed, drop_last=drop_last)
+    s.set_epoch(epoch)
+    return list(s)
+"""
+SAMPLER_IN_A_CHILD = """\
+import json
+import subprocess
+import sys
+
+CHILD = '''
+import json, sys
+import torch.utils.data.distributed as d
+n, r, k, e, seed, sh, dl = json.loads(sys.argv[1])
+s = getattr(d, "Distributed" + "Sampler")(range(n), num_replicas=r, rank=k, shuffle=sh,
+                                          seed=seed, drop_last=dl)
+s.set_epoch(e)
+print(json.dumps(list(s)))
+'''
+
+
+def distributed_indices(dataset_len, num_replicas, rank, epoch=0, seed=0, shuffle=True,
+                        drop_last=False):
+    args = json.dumps([dataset_len, num_replicas, rank, epoch, seed, shuffle, drop_last])
+    done = subprocess.run([sys.executable, "-c", CHILD, args], capture_output=True, text=True)
+    return json.loads(done.stdout)
+"""
+
+
+def test_scan_finds_a_fresh_import_and_another_program() -> None:
+    assert scan.findings(SAMPLER_REIMPORTED) == ["`sys.modules`"]
+    assert scan.findings(SAMPLER_IN_A_CHILD) == ["`import subprocess`"]
+    assert scan.findings("from sys import modules") == ["`sys.modules`"]
+    assert scan.findings("import os\nos.system('python -c 1')") == ["`os.system`"]
+    assert scan.findings("from os import execv") == ["`os.execv`"]
+    assert scan.findings("f = eval('exe' + 'c')") == ["`eval`"]
+    # What honest code writes with the same names is not flagged.
+    assert scan.findings("model.eval()\nfor m in net.modules():\n    pass") == []
+    assert scan.findings("import os\nos.path.join('a', 'b')") == []
+
+
+@pytest.mark.skipif(not sandbox.available(), reason="no bubblewrap here")
+@pytest.mark.parametrize("attack", [SAMPLER_REIMPORTED, SAMPLER_IN_A_CHILD], ids=["fresh", "child"])
+def test_chapter_06_a_fresh_oracle_is_flagged(attack: str) -> None:
+    import copy
+
+    from ddp_lab.course.grading import grader
+
+    name = "06_distributed_sampler.ipynb"
+    release = read(ROOT / "exercises" / "en" / name)
+    nb = copy.deepcopy(release)
+    at = next(
+        i for i, c in enumerate(nb.cells)
+        if c.cell_type == "code" and "def distributed_indices" in c.source
+    )  # fmt: skip
+    nb.cells[at].source = attack
+    graded = grader.grade_one(release, nb, 120, 600, needed_only=True)
+    (indices,) = [r for r in graded.results if r.grade_id == "06.indices"]
+    # The checker's own verdict stays in the line: the refusal was undone and the cases pass.
+    assert indices.status == "flagged" and indices.points == 0, indices
+    assert "PASS 06.indices" in indices.detail, indices
+    assert leftover_processes() == []
+
+
+# A protocol line nested deeper than the JSON parser's recursion limit: json.loads raises
+# RecursionError, not ValueError. The verdict process died of it, and every exercise of the
+# submission (00.average's final "passed" too) became "error", the grader's fault.
+DEEP = b"[" * 50_000 + b"\n"  # under a pipe's 64 KiB: written before it is read
+DEEP_AFTER_GRADING = "import os\nos.write(4, b'[' * 100_000 + b'\\n')  # the runner's protocol fd"
+
+
+class _Alive:
+    def poll(self) -> None:
+        return None
+
+
+def test_a_line_nested_past_the_parser_is_not_the_protocols() -> None:
+    from ddp_lab.course.grading import verdict
+
+    read_fd, write_fd = os.pipe()
+    try:
+        os.write(write_fd, DEEP + b'{"cell": 3}\n')
+        reader = wire.LineReader(read_fd)
+        assert verdict._next_message(reader, _Alive(), time.monotonic() + 10) == {"cell": 3}
+        os.write(write_fd, DEEP)
+        handle = RemoteLearner("00.average", open(os.devnull, "wb"), reader, lambda: None)
+        with pytest.raises(RunnerGone, match="garbage"):
+            handle.call(scan.findings)  # any module-level function of ddp_lab names a probe
+    finally:
+        os.close(read_fd)
+        os.close(write_fd)
+
+
+@pytest.mark.skipif(not sandbox.available(), reason="no bubblewrap here")
+def test_a_deep_line_after_a_graded_cell_leaves_its_verdict_final() -> None:
+    import nbformat
+    from test_grader import SOLUTION, solved
+
+    from ddp_lab.course.grading import grader
+
+    release = read(ROOT / "exercises" / "en" / "00_quickstart.ipynb")
+    nb = solved(release, SOLUTION)
+    at = next(i for i, c in enumerate(nb.cells) if c.metadata.get("grade_id") == "00.average")
+    nb.cells.insert(at + 1, nbformat.v4.new_code_cell(DEEP_AFTER_GRADING))
+    graded = grader.grade_one(release, nb, 120, 600)
+    by_id = {r.grade_id: r for r in graded.results}
+    assert by_id["00.average"].status == "passed", by_id
+    assert by_id["00.concepts"].status == "not-attempted", by_id
+    assert leftover_processes() == []
+
+
+# A cell that IPython's own transformer fails on (IndexError in its assignment-magic rule):
+# the scan reads cells through that transformer, and the error killed the verdict process,
+# so every exercise became "error" (a flagged cheat's finding unseen, final verdicts lost).
+TRANSFORMER_BREAKER = '""""""=%\\'
+
+
+def test_the_scan_reads_a_cell_ipython_cannot_transform() -> None:
+    assert scan.findings(TRANSFORMER_BREAKER) == []
+    assert scan.findings(TRANSFORMER_BREAKER + "\nimport sys\nsys.modules.pop('x')") == []
+    assert scan.findings("%time import subprocess") == ["`import subprocess`"]
+
+
+@pytest.mark.skipif(not sandbox.available(), reason="no bubblewrap here")
+@pytest.mark.parametrize("needed_only", [False, True], ids=["grade", "check"])
+def test_a_cell_ipython_cannot_transform_leaves_the_verdicts_to_the_checker(
+    needed_only: bool,
+) -> None:
+    """``ddp-lab grade`` (the scan) and ``ddp-lab check`` (the scan, and the cells the graded
+    cells need: ``course.grading.needed`` reads cells the same way)."""
+    import nbformat
+    from test_grader import SOLUTION, solved
+
+    from ddp_lab.course.grading import grader
+
+    release = read(ROOT / "exercises" / "en" / "00_quickstart.ipynb")
+    nb = solved(release, SOLUTION)
+    at = next(i for i, c in enumerate(nb.cells) if c.metadata.get("grade_id") == "00.average")
+    nb.cells.insert(at - 1, nbformat.v4.new_code_cell(TRANSFORMER_BREAKER))
+    graded = grader.grade_one(release, nb, 120, 600, needed_only=needed_only)
+    by_id = {r.grade_id: r for r in graded.results}
+    assert by_id["00.average"].status == "passed", by_id
+    assert leftover_processes() == []

@@ -334,7 +334,7 @@ class RankPool:
                     continue
                 try:
                     reply = json.loads(line)
-                except ValueError:
+                except (ValueError, RecursionError):  # nested past the parser: not ours either
                     continue  # not the protocol's: ignore
                 if not isinstance(reply, dict):
                     continue

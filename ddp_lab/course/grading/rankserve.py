@@ -30,6 +30,7 @@ from pathlib import Path
 from ddp_lab.course.grading import wire
 
 REQUEST_LIMIT = wire.MAX_BYTES + 4096  # one request line, read by the rank
+_REFUSING: dict = {}  # probe name -> its refusals, entered once and never left (``_serve``)
 
 
 def _serve(request: dict, send: Callable[[dict], None], reader: wire.LineReader) -> dict:
@@ -41,7 +42,7 @@ def _serve(request: dict, send: Callable[[dict], None], reader: wire.LineReader)
     import torch.distributed as dist
 
     from ddp_lab import i18n
-    from ddp_lab.course.grading.learner import error_of, resolve_probe
+    from ddp_lab.course.grading.learner import error_of, refusing, resolve_probe
 
     rank, world_size = int(request["rank"]), int(request["world_size"])
     i18n.set_language(str(request.get("lang", "en")))
@@ -73,6 +74,13 @@ def _serve(request: dict, send: Callable[[dict], None], reader: wire.LineReader)
             from ddp_lab.course.grading.checks import lockdown
 
             lockdown.lock(allowed)
+        if request["probe"] not in _REFUSING:
+            # torch's own answer to the exercise (its DDP, ZeRO optimizer, bf16 hook), the
+            # checker's oracle: off before any learner code runs (the blob's unpickling
+            # included), for the rank's life (a graded rank serves one exercise, whose
+            # checker may use several probes: each one's refusals, once).
+            _REFUSING[str(request["probe"])] = refusing(probe)
+            _REFUSING[str(request["probe"])].__enter__()
     except Exception as exc:  # noqa: BLE001  # the grader's set-up, not the learner's code
         return {"error": {"type": type(exc).__name__, "message": str(exc)[:500]}, "setup": True}
     steps = request.get("steps") is True and isinstance(data, list)

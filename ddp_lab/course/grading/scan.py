@@ -9,7 +9,10 @@ graded cell
   collector's object lists, ``/proc/self/fd``, tracing hooks, ``ctypes``), or
 - reads the package's files or runs text as code (``exec``, ``compile``, ``__import__``,
   ``importlib``, ``runpy``, ``linecache``, ``open`` of a module's file, a file name of a
-  reference, magics that show or load a file's source, shell lines).
+  reference, magics that show or load a file's source, shell lines), or
+- gets a fresh copy of what an exercise refuses (``sys.modules``, ``sys.meta_path``: a module
+  imported again; ``subprocess``, ``os.system``, ``os.exec*``: another program, a new Python
+  without the refusal).
 
 A cell is read as IPython runs it: IPython's ``TransformerManager`` first turns ``%`` magics
 and ``!`` lines into Python (``%time from ddp_lab.ring import ...`` is a call whose text is
@@ -85,7 +88,24 @@ STRINGS = ("/proc/self", "/proc/", "/dev/fd", "ddp_lab.course", "ddp_lab/course"
 
 # Calls that run or compile text as code, and modules that import by name: an honest solution
 # has no use for them; a learner who reads a reference's file and runs it does.
-RUNS_TEXT = {"exec", "compile", "__import__", "execfile"}
+RUNS_TEXT = {"exec", "eval", "compile", "__import__", "execfile"}
+# The import system's own tables: deleting a module from ``sys.modules`` and importing it
+# again gives a fresh copy of a function or class that an exercise refuses
+# (``course.learner.refuse`` changes the objects already imported), e.g. torch's
+# ``DistributedSampler`` in 06.indices.
+IMPORT_TABLES = {"modules", "meta_path", "path_hooks", "path_importer_cache"}
+# Starting another program (a fresh Python has none of an exercise's refusals): what ``!`` lines
+# and ``%%bash``/``%%python`` do, written as Python.
+PROGRAMS = {"subprocess", "pty"}  # modules
+OS_PROGRAMS = {
+    "system",
+    "popen",
+    "fexecve",
+    "posix_spawn",
+    "posix_spawnp",
+    *(f"exec{s}" for s in ("l", "le", "lp", "lpe", "v", "ve", "vp", "vpe")),
+    *(f"spawn{s}" for s in ("l", "le", "lp", "lpe", "v", "ve", "vp", "vpe")),
+}
 # ``builtins.exec(...)``: an attribute call is flagged only on these (``re.compile`` and
 # ``torch.compile`` are not text run as code).
 BUILTINS = {"builtins", "__builtins__"}
@@ -134,6 +154,8 @@ READING_MAGICS = {
 }
 # File names of the package's reference implementations (``course.grading.view``).
 ANSWER_FILES = (*sorted({rel.rsplit("/", 1)[-1] for rel in view.REFERENCES}), "ddp_lab/")
+# (module, name) pairs flagged as ``module.name`` or ``from module import name``.
+_FROM_FLAGGED = {("sys", n) for n in IMPORT_TABLES} | {("os", n) for n in OS_PROGRAMS}
 MAX_DEPTH = 8  # magics inside magics (``%time %time ...``)
 
 
@@ -154,6 +176,8 @@ def findings(source: str, depth: int = 0) -> list[str]:
         elif isinstance(node, ast.ImportFrom) and node.module:
             found += _module_findings(node.module, answer_modules)
             for alias in node.names:
+                if (node.module, alias.name) in _FROM_FLAGGED:
+                    found.append(f"`{node.module}.{alias.name}`")
                 full = f"{node.module}.{alias.name}"
                 if full in answer_modules or (
                     node.module in answer_modules and alias.name in ANSWERS[node.module]
@@ -174,7 +198,10 @@ def findings(source: str, depth: int = 0) -> list[str]:
             locates = locates or name in LOCATES
         elif isinstance(node, ast.Attribute):
             locates = locates or node.attr in LOCATES
-            if node.attr in ANSWER_NAMES:
+            owner = node.value.id if isinstance(node.value, ast.Name) else ""
+            if (owner, node.attr) in _FROM_FLAGGED:
+                found.append(f"`{owner}.{node.attr}`")
+            elif node.attr in ANSWER_NAMES:
                 found.append(f"`.{node.attr}`")
             elif node.attr in INTROSPECTION or (
                 node.attr in INSPECT_FRAMES
@@ -238,7 +265,14 @@ _transformer: Any = None
 
 def _as_ipython_runs_it(source: str) -> str:
     """``source`` as the Python IPython runs for it (IPython's own ``TransformerManager``:
-    ``%`` magics, ``!`` shell lines, ``?`` help), or with those lines blanked without IPython."""
+    ``%`` magics, ``!`` shell lines, ``?`` help), or with those lines blanked without IPython
+    or where IPython's transformer fails on it.
+
+    The transformer raises on some learner text (``\"\"\"\"\"\"=%\\`` gives an IndexError
+    in its assignment-magic rule); that escaped the verdict process, which died, and every
+    exercise of the submission became "error" (a flagged one too, its finding unseen). IPython
+    cannot run such a cell either (its ``run_cell`` uses the same transformer), so the
+    blanked text is read instead."""
     global _transformer
     try:
         if _transformer is None:
@@ -246,7 +280,7 @@ def _as_ipython_runs_it(source: str) -> str:
 
             _transformer = TransformerManager()
         return _transformer.transform_cell(source)
-    except ImportError:
+    except Exception:  # noqa: BLE001  # ImportError (no IPython), or IPython's own failure
         return "\n".join(
             "" if line.lstrip().startswith(("%", "!")) else line for line in source.splitlines()
         )
@@ -255,7 +289,7 @@ def _as_ipython_runs_it(source: str) -> str:
 def _module_findings(module: str, answer_modules: set[str]) -> list[str]:
     if module in answer_modules or any(module.startswith(m + ".") for m in answer_modules):
         return [f"`import {module}`"]
-    flagged = MODULES | set(LOADERS)
+    flagged = MODULES | set(LOADERS) | PROGRAMS
     if module in flagged or any(module.startswith(m + ".") for m in flagged):
         return [f"`import {module}`"]
     return []

@@ -301,8 +301,11 @@ def _next_message(reader: wire.LineReader, proc: subprocess.Popen, until: float)
             continue
         try:
             msg = json.loads(line)
-        except ValueError:
-            continue  # not the protocol's: ignore
+        except (ValueError, RecursionError):
+            # Not the protocol's: ignore. A line nested deeper than the parser's recursion
+            # limit ("[" * 100000) raises RecursionError, which crashed this process before:
+            # every verdict of the submission, the final ones too, became "error".
+            continue
         if isinstance(msg, dict) and not msg.get("eof") and not msg.get("flood"):
             return msg
 

@@ -66,13 +66,15 @@ CONCEPT_KEY = tuple(
 )
 # Whole modules that raise ImportError wherever learner code runs: the checkers of the
 # single-process exercises (their oracles compute the answers from the inputs; their probes
-# live in ``checks/probes.py``), the concept checks and their key, and the grading machinery
+# live in ``checks/probes.py``), 08.fit's oracle (its probe runs in the runner), the concept
+# checks and their key, and the grading machinery
 # (the stages that run in the grader's process: ``release``, ``execute``, ``judge``,
 # ``feedback``, and what drives them).
 HIDDEN = (
     "course/grading/checks/ch01.py",
     "course/grading/checks/ch02.py",
     "course/grading/checks/ch03.py",
+    "course/grading/checks/ch08_oracle.py",
     "course/grading/checks/concepts.py",
     *CONCEPT_KEY,
     "course/grading/grader.py",

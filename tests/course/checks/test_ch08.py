@@ -16,7 +16,7 @@ from torch.utils.data import DataLoader, DistributedSampler
 
 import ddp_lab as dl
 from ddp_lab.course import grading
-from ddp_lab.course.grading.checks import ch08
+from ddp_lab.course.grading.checks import ch08, ch08_oracle
 from ddp_lab.course.grading.learner import LearnerError
 
 
@@ -85,7 +85,7 @@ def test_loss_averaged_over_samples_is_accepted_too(capsys):
 
 def _oracle_case(rank, case):
     x, y, model = ch08.make_case(case)
-    ch08.reference_fit(
+    ch08_oracle.reference_fit(
         model, torch.utils.data.TensorDataset(x, y), case["epochs"], case["batch_size"], case["lr"]
     )
     return [p.detach() for p in model.parameters()]

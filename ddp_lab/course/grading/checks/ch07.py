@@ -220,6 +220,18 @@ def probe_naive_ddp(rank: int, objects: tuple, mine: dict) -> torch.Tensor:
     return _states(model)
 
 
+def _torch_ddp() -> tuple[dict[str, Any], str]:
+    """torch's own DistributedDataParallel: the oracle of the BatchNorm case, and what the
+    exercise asks the learner to write (a wrapper around it passed every case)."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    refused = {"torch.nn.parallel.DistributedDataParallel": DistributedDataParallel}
+    return refused, "dist.broadcast, dist.all_reduce"
+
+
+probe_naive_ddp.refuses = _torch_ddp  # type: ignore[attr-defined]  # course.learner.refusing
+
+
 @checker("07.naive_ddp", points=3)
 def check_naive_ddp(rng: random.Random, learner: Any) -> Iterator[object]:
     cases = [(2, "shifted"), (2, "bn"), (rng.choice([3, 4]), "shifted")]

@@ -8,7 +8,8 @@ the files in the checkpoint's folder and the checkpoint's tensors (loaded with
 judges here, against torch's ``DistributedSampler`` with ``set_epoch`` and a correct run of
 torch's DDP from the same initial model (on ranks of the grader's own): one file, a plain
 model's ``state_dict``, saved by rank 0 only; parameters identical on every rank and equal
-to the oracle's; the same mean loss on every rank; the saved model as accurate.
+to the oracle's; the same mean loss on every rank; the saved model as accurate. The oracle
+is in ``ch08_oracle``, hidden from the runner, which imports this module for the probe.
 """
 
 from __future__ import annotations
@@ -23,10 +24,8 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch import nn
-from torch.nn.parallel import DistributedDataParallel as DDP
-from torch.utils.data import DataLoader, Dataset, DistributedSampler
+from torch.utils.data import Dataset, DistributedSampler
 
 from ddp_lab.course.grading import checker, fail, wrong_form
 from ddp_lab.i18n import _t
@@ -60,35 +59,6 @@ def make_case(case: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor, nn.Modu
         nn.Linear(case["hidden"], case["classes"]),
     )
     return x, y, model
-
-
-def reference_fit(
-    model: nn.Module, dataset: Dataset, epochs: int, batch_size: int, lr: float
-) -> tuple[list[float], list[float]]:
-    """The oracle: torch's DDP and DistributedSampler used correctly (no checkpoint).
-
-    Returns two logs of the epoch loss, both averaged over ranks: the mean of the batch
-    losses (what the exercise asks) and the mean over samples (also accepted).
-    """
-    ddp = DDP(model)
-    optimizer = torch.optim.SGD(ddp.parameters(), lr=lr, momentum=0.9)
-    sampler = DistributedSampler(dataset)
-    loader = DataLoader(dataset, batch_size=batch_size, sampler=sampler)
-    by_batch, by_sample = [], []
-    for epoch in range(epochs):
-        sampler.set_epoch(epoch)
-        sums = torch.zeros(3, dtype=torch.float64)  # sum of batch losses, of sample losses, n
-        for x, y in loader:
-            optimizer.zero_grad()
-            loss = F.cross_entropy(ddp(x), y)
-            loss.backward()
-            optimizer.step()
-            sums += torch.tensor([loss.item(), loss.item() * len(y), len(y)])
-        sums[0] /= len(loader)
-        dist.all_reduce(sums)
-        by_batch.append(sums[0].item() / dist.get_world_size())
-        by_sample.append((sums[1] / sums[2]).item())
-    return by_batch, by_sample
 
 
 def _floats(values: Any) -> Any:
@@ -162,19 +132,6 @@ def probe_fit(rank: int, objects: tuple, case: dict[str, Any], folder: str) -> d
     if rank == 0:
         shutil.rmtree(where, ignore_errors=True)
     return result
-
-
-def _oracle(rank: int, case: dict[str, Any]) -> dict[str, Any]:
-    """In the grader's ranks: torch's DDP used correctly from the same model and data."""
-    x, y, model = make_case(case)
-    by_batch, by_sample = reference_fit(
-        model, RecordingDataset(x, y), case["epochs"], case["batch_size"], case["lr"]
-    )
-    return {
-        "params": [p.detach().clone() for p in model.parameters()],
-        "by_batch": by_batch,
-        "by_sample": by_sample,
-    }
 
 
 def _close(got: list[float] | None, expected: list[float]) -> bool:
@@ -419,6 +376,10 @@ def _shard(n: int, world: int, rank: int, epoch: int) -> list[int]:
 
 @checker("08.fit", points=5)
 def check_fit(rng: random.Random, learner: Any) -> Iterator[object]:
+    # The oracle's module is hidden from the learner's processes (course.grading.view):
+    # imported here, in the grader, never at this module's import (the runner imports this
+    # module for its probe).
+    from ddp_lab.course.grading.checks.ch08_oracle import oracle
     from ddp_lab.runtime.launcher import spawn
 
     world_sizes = [2, rng.choice([2, 3])]
@@ -439,7 +400,7 @@ def check_fit(rng: random.Random, learner: Any) -> Iterator[object]:
         label = f"world_size={world_size}, epochs={case['epochs']}"
         results = _validate(results, world_size, case, label)  # before the oracle's ranks
         reference = spawn(
-            _oracle, args=(case,), nprocs=world_size, backend="gloo", quiet=True, timeout=120
+            oracle, args=(case,), nprocs=world_size, backend="gloo", quiet=True, timeout=120
         )[0]
         verify(results, case, reference, world_size)
         yield f"world_size={world_size}"

@@ -150,6 +150,19 @@ def probe_sharded(rank: int, objects: tuple, mine: dict) -> dict[str, Any]:
     return {"owned": owned, "params": [p.detach().clone() for p in params]}
 
 
+def _torch_zero() -> tuple[dict[str, Any], str]:
+    """torch's ZeroRedundancyOptimizer: the same largest-first sharding and broadcasts, so a
+    wrapper around it passed every case."""
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+
+    return {"torch.distributed.optim.ZeroRedundancyOptimizer": ZeroRedundancyOptimizer}, (
+        "dist.broadcast"
+    )
+
+
+probe_sharded.refuses = _torch_zero  # type: ignore[attr-defined]  # course.learner.refusing
+
+
 def _adamw_full_batch(spec: dict, world: int, owner: dict[int, int]) -> list[torch.Tensor]:
     """The oracle: AdamW, one process, on the whole batch of every step; each parameter at
     the learning rate of the rank that owns it (``owner``: parameter index -> rank)."""
@@ -325,6 +338,24 @@ def probe_bf16_hook(rank: int, objects: tuple, mine: dict) -> dict[str, Any]:
         "dtypes": sorted({str(d) for _, d, _ in calls}),
         "bytes": sum(int(b) for _, _, b in calls),
     }
+
+
+def _torch_compress_hooks() -> tuple[dict[str, Any], str]:
+    """torch's compression hooks: ``bf16_compress_hook`` is the oracle itself (a hook that
+    returned it passed every case), ``_compress_hook`` its body, the wrappers the same steps
+    around another hook."""
+    import types
+
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+    names = ("bf16_compress_hook", "fp16_compress_hook", "_compress_hook")
+    names += ("bf16_compress_wrapper", "fp16_compress_wrapper")
+    found = {n: getattr(default_hooks, n, None) for n in names}
+    refused = {f"default_hooks.{n}": f for n, f in found.items() if type(f) is types.FunctionType}
+    return refused, "bucket.buffer(), dist.all_reduce(..., async_op=True)"
+
+
+probe_bf16_hook.refuses = _torch_compress_hooks  # type: ignore[attr-defined]
 
 
 def _oracle_hook(rank: int, inputs: list[dict[str, Any]]) -> torch.Tensor:
