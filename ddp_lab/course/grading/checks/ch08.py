@@ -8,8 +8,9 @@ the files in the checkpoint's folder and the checkpoint's tensors (loaded with
 judges here, against torch's ``DistributedSampler`` with ``set_epoch`` and a correct run of
 torch's DDP from the same initial model (on ranks of the grader's own): one file, a plain
 model's ``state_dict``, saved by rank 0 only; parameters identical on every rank and equal
-to the oracle's; the same mean loss on every rank; the saved model as accurate. The oracle
-is in ``ch08_oracle``, hidden from the runner, which imports this module for the probe.
+to the oracle's; the same mean loss on every rank; the saved model as accurate. The
+oracle's ``reference_fit`` is in ``ch08_oracle``, hidden from the runner, which imports this
+module for the probe (``oracle`` here imports it when a grader's rank calls it).
 """
 
 from __future__ import annotations
@@ -367,6 +368,25 @@ def verify(results: Any, case: dict[str, Any], reference: dict[str, Any], world:
         )
 
 
+def oracle(rank: int, case: dict[str, Any]) -> dict[str, Any]:
+    """In the grader's ranks: torch's DDP used correctly from the same model and data.
+
+    ``reference_fit`` is imported here, not at this module's import: its module is hidden
+    from the learner's processes (the runner imports this module for the probe), where this
+    function only raises ImportError."""
+    from ddp_lab.course.grading.checks.ch08_oracle import reference_fit
+
+    x, y, model = make_case(case)
+    by_batch, by_sample = reference_fit(
+        model, RecordingDataset(x, y), case["epochs"], case["batch_size"], case["lr"]
+    )
+    return {
+        "params": [p.detach().clone() for p in model.parameters()],
+        "by_batch": by_batch,
+        "by_sample": by_sample,
+    }
+
+
 def _shard(n: int, world: int, rank: int, epoch: int) -> list[int]:
     """The indices ``rank`` must read in ``epoch``: DistributedSampler with set_epoch."""
     sampler = DistributedSampler(range(n), num_replicas=world, rank=rank)
@@ -376,10 +396,6 @@ def _shard(n: int, world: int, rank: int, epoch: int) -> list[int]:
 
 @checker("08.fit", points=5)
 def check_fit(rng: random.Random, learner: Any) -> Iterator[object]:
-    # The oracle's module is hidden from the learner's processes (course.grading.view):
-    # imported here, in the grader, never at this module's import (the runner imports this
-    # module for its probe).
-    from ddp_lab.course.grading.checks.ch08_oracle import oracle
     from ddp_lab.runtime.launcher import spawn
 
     world_sizes = [2, rng.choice([2, 3])]

@@ -5,12 +5,11 @@ the exercise asks, so it lives apart from ``ch08.py``: ``08.fit``'s probe runs i
 which imports ``ch08`` for it, and a ``fit`` that returned ``reference_fit(...)`` (reached as
 ``ddp_lab.course.grading.checks.ch08.reference_fit``, an attribute path the scan does not
 read) got full points. This module is hidden wherever learner code runs
-(``course.grading.view.HIDDEN``); only the checker imports it, in the grader.
+(``course.grading.view.HIDDEN``); only ``ch08.oracle`` imports it, in the grader's ranks. It
+imports nothing from ``ch08`` (no import circle: tests/test_import_cycles.py).
 """
 
 from __future__ import annotations
-
-from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -18,8 +17,6 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
-
-from ddp_lab.course.grading.checks.ch08 import RecordingDataset, make_case
 
 
 def reference_fit(
@@ -49,16 +46,3 @@ def reference_fit(
         by_batch.append(sums[0].item() / dist.get_world_size())
         by_sample.append((sums[1] / sums[2]).item())
     return by_batch, by_sample
-
-
-def oracle(rank: int, case: dict[str, Any]) -> dict[str, Any]:
-    """In the grader's ranks: torch's DDP used correctly from the same model and data."""
-    x, y, model = make_case(case)
-    by_batch, by_sample = reference_fit(
-        model, RecordingDataset(x, y), case["epochs"], case["batch_size"], case["lr"]
-    )
-    return {
-        "params": [p.detach().clone() for p in model.parameters()],
-        "by_batch": by_batch,
-        "by_sample": by_sample,
-    }
