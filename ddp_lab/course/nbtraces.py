@@ -1,7 +1,7 @@
 """A lesson cell that shows torch's C++ stack trace fails its test, unless it means to.
 
-A run that works can still print a C++ error: a rank whose store connection closed under it, a
-warning of ProcessGroupGloo's as a process leaves. The cell's result is right, nbval (which runs
+A run that works can still print a C++ error: a rank whose store connection closed under it
+as rank 0 left (``runtime/_rank.finish_together``). The cell's result is right, nbval (which runs
 every lesson, lax: only errors fail a cell) passes it, and the learner reads a stack of C++
 frames under a cell that claims all went well. This module is a pytest plugin,
 
