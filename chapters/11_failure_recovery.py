@@ -688,7 +688,10 @@ print("exit codes:", agent.returncodes)
 # The second run: host1's link goes down and nothing is closed. Its packets are simply lost,
 # so host0's worker waits inside a collective until the process group's timeout, 8 s here
 # (`python -m ddp_lab.tools.train --timeout 8`, passed to `init_process_group`; section 4), and only
-# then fails ("Timed out waiting 8000ms"). With torch's default of 30 minutes the job would
+# then fails ("Timed out waiting 8000ms", or "Application timeout caused pair closure": the
+# operation whose wait runs out first closes every pair of the group, and the others in
+# flight fail with that message; `UnboundBuffer::waitRecv` in gloo's
+# `gloo/transport/tcp/unbound_buffer.cc`). With torch's default of 30 minutes the job would
 # sit that long. From there it goes as before. When the link is back, host1's agent reaches
 # the store on host0 again: its own worker timed out too, so it spends one of its restarts
 # and joins the next round, and host0's agent restarts its workers for it. How soon depends
@@ -702,7 +705,10 @@ print("exit codes:", agent.returncodes)
 
 # %% [markdown] lang="zh" tags=["lesson"]
 # 第二次运行：host1 的链路断开，但什么都没有关闭。它的数据包只是丢了，所以 host0 的 worker 在
-# 集合通信里一直等到进程组超时才失败（“Timed out waiting 8000ms”），这里超时是 8 秒
+# 集合通信里一直等到进程组超时才失败（“Timed out waiting 8000ms”，也可能是“Application timeout
+# caused pair closure”：最先等到超时的那个操作会关闭进程组的所有连接对，其他还在进行的操作就带着
+# 这条消息失败；见 gloo 的 `gloo/transport/tcp/unbound_buffer.cc` 中的
+# `UnboundBuffer::waitRecv`），这里超时是 8 秒
 # （`python -m ddp_lab.tools.train --timeout 8`，传给 `init_process_group`；见第 4 节）。如果用
 # torch 默认的 30 分钟，作业就会卡这么久。之后的过程和第一次一样。链路恢复后，host1 的代理又
 # 能连上 host0 上的 store：它自己的 worker 也已经超时失败，于是它用掉一次重启，加入下一轮会

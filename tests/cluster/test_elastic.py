@@ -70,7 +70,12 @@ def test_host1_leaves_and_rejoins_nothing_left_behind(scenario: str) -> None:
         # at once: the peer is gone
         assert rec.grep(r"^\[rank0\]: RuntimeError: .*by peer", "host0"), explain(rec)
     else:  # no peer to say it is gone: host0's collective waits out the process group's timeout
-        assert rec.grep(r"Timed out waiting \d+ms", "host0"), explain(rec)
+        # gloo's UnboundBuffer::waitRecv: the operation whose wait runs out first closes every
+        # pair ("Application timeout caused pair closure" for the others in flight), then
+        # throws "Timed out waiting"; the rank reports the error of the operation it waits on,
+        # which need not be the one that ran out first (seen once in CI).
+        timed_out = r"Timed out waiting \d+ms|Application timeout caused pair closure"
+        assert rec.grep(timed_out, "host0"), explain(rec)
     assert not [n for n in hosts.namespaces() if n in rec.netns]
     folder = rec.command[-1]  # the checkpoint folder: removed, and no process names it
     ps = subprocess.run(["ps", "-eo", "args="], capture_output=True, text=True).stdout
