@@ -76,6 +76,11 @@ def test_host1_leaves_and_rejoins_nothing_left_behind(scenario: str) -> None:
         # which need not be the one that ran out first (seen once in CI).
         timed_out = r"Timed out waiting \d+ms|Application timeout caused pair closure"
         assert rec.grep(timed_out, "host0"), explain(rec)
+        # and it is the timeout (8 s, elastic.TRAIN): host0's first error comes that long after
+        # the link went down, less the part of a step its collective had already waited
+        down = rec.grep(r"link goes down", "lab")[0].t
+        first = min(ln.t for ln in rec.grep(r"^\[rank0\]: \w*Error", "host0"))
+        assert first - down > 6, explain(rec)
     assert not [n for n in hosts.namespaces() if n in rec.netns]
     folder = rec.command[-1]  # the checkpoint folder: removed, and no process names it
     ps = subprocess.run(["ps", "-eo", "args="], capture_output=True, text=True).stdout
