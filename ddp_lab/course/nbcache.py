@@ -125,7 +125,7 @@ def _store_file(cache: Path, nbfile) -> None:
         if cell.cell_type != "code":
             continue
         outs = []
-        quiet = _quiet(cell.source)
+        quiet = shows_no_result(cell.source)
         for o in outputs[n]:
             out = nbformat.NotebookNode(copy.deepcopy(dict(o)))
             if out.output_type == "execute_result":
@@ -139,7 +139,7 @@ def _store_file(cache: Path, nbfile) -> None:
     store(cache, text, executed)
 
 
-def _quiet(source: str) -> bool:
+def shows_no_result(source: str) -> bool:
     """Whether a learner's kernel shows no result for this cell: its last expression ends in
     ``;``. nbval runs cells with ``store_history=False``, and IPython looks for the ``;`` in the
     history (``DisplayHook.quiet``), so nbval receives the result anyway; the stored notebook

@@ -12,14 +12,26 @@ from <function> at <file>:<line>`` (``c10::Error``'s message, c10/util/Exception
 frames follow it), in whichever process printed them: the kernel, or a rank whose output the
 launcher shows in the cell. A cell that shows a failing run on purpose, and may show its C++
 error, says so with the tag ``shows-cpp-error`` in its chapter source.
+
+A cell whose result is only ``None``s (``[None, None]``: what ``dl.spawn`` returns for ranks
+that return nothing) fails too: the learner reads a result that says nothing. Such a cell ends
+in ``;`` (docs/AUTHORING.md), which JupyterLab honours; nbval does not (it runs cells with
+``store_history=False``, and IPython looks for the ``;`` in the history), so the check reads
+the cell's source as ``course.nbcache`` does.
 """
 
 from __future__ import annotations
 
+import re
+
 import pytest  # nbval's, a dependency of the package
+
+from ddp_lab.course.nbcache import shows_no_result  # IPython's own reading of the ``;``
 
 MARKER = "Exception raised from "
 TAG = "shows-cpp-error"
+# A list or tuple of one or more None, as IPython's pretty printer writes it.
+_NONES = re.compile(r"[\[(]\s*None(\s*,\s*None)*\s*,?\s*[\])]")
 
 
 def cpp_trace(outputs) -> str | None:
@@ -36,6 +48,19 @@ def cpp_trace(outputs) -> str | None:
     return None
 
 
+def nothing_shown(outputs, source: str) -> str | None:
+    """The result of a cell (``execute_result``) that is only ``None``s, where the learner's
+    kernel shows it (the cell does not end in ``;``), or None."""
+    for out in outputs or ():
+        if out.get("output_type") != "execute_result":
+            continue
+        text = (out.get("data") or {}).get("text/plain", "")
+        text = "".join(text) if isinstance(text, list) else str(text)
+        if _NONES.fullmatch(text.strip()):
+            return None if shows_no_result(source) else text.strip()
+    return None
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_call(item):
     result = yield
@@ -46,5 +71,12 @@ def pytest_runtest_call(item):
                 f"the cell printed a C++ stack trace ({line!r}): a learner reads it under a cell "
                 f"that worked. Find its cause, or tag the cell {TAG!r} in its chapter source "
                 "where it shows a failing run on purpose (course/nbtraces.py)"
+            )
+    if type(item).__name__ == "IPyNbCell":
+        shown = nothing_shown(getattr(item, "test_outputs", None), item.cell.source)
+        if shown is not None:
+            raise AssertionError(
+                f"the cell's result is {shown!r}: a learner reads a result that says nothing. "
+                "End the cell in ';' (docs/AUTHORING.md), or return something worth showing"
             )
     return result

@@ -26,6 +26,9 @@ def test_a_cell_that_prints_a_cpp_trace_fails_unless_tagged(tmp_path):
         nbformat.v4.new_code_cell(FAILS_IN_CPP),  # the learner would read the frames
         tagged,  # a failing run shown on purpose
         nbformat.v4.new_code_cell('print("no exception was raised from here")'),
+        nbformat.v4.new_code_cell("[print(r) for r in range(2)]"),  # a result of Nones
+        nbformat.v4.new_code_cell("[print(r) for r in range(2)];"),  # ... the learner never sees
+        nbformat.v4.new_code_cell("[None, 1]"),
     ]
     path = tmp_path / "lesson.ipynb"
     nbformat.write(nb, path)
@@ -39,8 +42,9 @@ def test_a_cell_that_prints_a_cpp_trace_fails_unless_tagged(tmp_path):
         timeout=300,
     )
     out = proc.stdout + proc.stderr
-    assert "1 failed, 3 passed" in out, out
+    assert "2 failed, 5 passed" in out, out
     assert "lesson.ipynb::Cell 1" in out and "Exception raised from dot_check" in out, out
+    assert "lesson.ipynb::Cell 4" in out and "the cell's result is '[None, None]'" in out, out
     assert nbtraces.TAG in out, out  # the failure says how to mark a cell that means it
 
 
@@ -51,3 +55,17 @@ def test_cpp_trace_reads_every_kind_of_output():
     assert nbtraces.cpp_trace([{"output_type": "stream", "text": f"x\n{line}\n#0 f\n"}]) == line
     shown = {"output_type": "display_data", "data": {"text/html": [f"<pre>{line}", "</pre>"]}}
     assert nbtraces.cpp_trace([shown]) == line + "</pre>"
+
+
+def test_nothing_shown_reads_results_and_the_closing_semicolon():
+    def result(text):
+        return [{"output_type": "execute_result", "data": {"text/plain": text}}]
+
+    assert nbtraces.nothing_shown(result("[None, None]"), "dl.spawn(f, 2)") == "[None, None]"
+    assert nbtraces.nothing_shown(result("(None,)"), "f()") == "(None,)"
+    assert nbtraces.nothing_shown(result("[None,\n None]"), "f()") == "[None,\n None]"
+    assert nbtraces.nothing_shown(result("[None, None]"), "dl.spawn(f, 2);  # quiet") is None
+    assert nbtraces.nothing_shown(result("[None, 0]"), "f()") is None
+    assert nbtraces.nothing_shown(result("None"), "f()") is None  # IPython never shows None
+    printed = [{"output_type": "stream", "name": "stdout", "text": "[None, None]\n"}]
+    assert nbtraces.nothing_shown(printed, "print([None, None])") is None  # printed on purpose

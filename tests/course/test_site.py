@@ -72,7 +72,7 @@ def test_nbcache_keeps_what_nbval_ran(tmp_path):
     code = [c for c in ran.cells if c.cell_type == "code"]
     assert code[0].outputs[0]["text"] == "42\n"
     assert code[1].outputs[0]["data"]["text/plain"] == "42"
-    assert code[2].outputs == []  # nbval received [6, 7] (course/nbcache.py, _quiet)
+    assert code[2].outputs == []  # nbval received [6, 7] (course/nbcache.py, shows_no_result)
     assert [c.execution_count for c in code] == [1, 2, 3]
     assert sorted(p.name for p in cache.iterdir()) == [
         f"{nbcache.key(good_path.read_text())}.ipynb"
