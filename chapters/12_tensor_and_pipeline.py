@@ -118,7 +118,11 @@ for world in (2, 4):
 # activations of the block (`batch x dim`: the "per rank" lines above), and
 # all-reduces a tensor of that size twice per step, in every block (the output forward, the
 # input's gradient backward): TP trades memory for communication on the critical path,
-# which is why it stays inside a node, on the fastest links.
+# which is why it stays inside a node, on the fastest links. A transformer layer has two
+# such blocks, self-attention (the Q, K and V projections column-parallel, a slice of the
+# heads per rank; the output projection row-parallel) and the MLP: two all-reduces forward
+# and two backward per layer, the count of the Megatron-LM paper (Shoeybi et al. 2019,
+# arXiv 1909.08053, section 3).
 #
 # ## 2. The same with PyTorch: `parallelize_module` on a `DeviceMesh`
 #
@@ -147,7 +151,10 @@ for world in (2, 4):
 # 都是完整的：76 = (280 - 8) / 4 + 8），隐藏层的激活值也是，但每个 rank 仍然持有这个块完整的
 # 输入和输出激活值（`batch x dim`，见上面 "per rank" 那几行），而且每一步、每个块都要对这么大的
 # 张量做两次全归约（前向是输出，反向是输入的梯度）：TP 是用关键路径上的通信换内存，所以它通常
-# 放在一个节点内部、最快的链路上。
+# 放在一个节点内部、最快的链路上。一个 Transformer 层里有两个这样的块：MLP 和
+# 自注意力（self-attention）。自注意力的 Q、K、V 三个投影做列并行，每个 rank 分到一部分注意力头
+# （attention head），输出投影做行并行。所以每层前向两次全归约、反向两次，与 Megatron-LM 论文
+# （Shoeybi 等人 2019，arXiv 1909.08053，第 3 节）给出的次数一致。
 #
 # ## 2. 用 PyTorch 做同样的事：`DeviceMesh` 上的 `parallelize_module`
 #
@@ -234,10 +241,18 @@ print("  forward:", two_d["forward"], "| backward:", two_d["backward"])
 # stage's order of passes. **GPipe** runs every forward, then every backward; **1F1B**
 # (one forward, one backward) starts each backward as early as it can. When every forward
 # takes the same time and every backward too, both leave every stage idle the same fraction
-# of the step, the **bubble**
-# (p-1)/(m+p-1) for p stages and m micro-batches. What differs is memory: GPipe holds m
-# micro-batches' activations at its peak, 1F1B at most p - s on stage s. On paper
-# (`ddp_lab.pipeline.simulate`, forward 1, backward 2 time units):
+# of the step, the **bubble**: (p-1)/(m+p-1) for p stages and m micro-batches, the idle
+# time over the whole step (p stages x the step's span). A common claim is that 1F1B
+# shrinks the bubble; it does not: what differs is memory. GPipe holds m micro-batches'
+# activations at its peak, 1F1B at most p - s on stage s.
+#
+# Papers do not all divide by the same thing. Narayanan et al. 2021 (the Megatron-LM paper
+# on pipeline parallelism, arXiv 2104.04473, section 2.2.1) write the bubble as (p-1)/m: the
+# same idle time divided by the ideal step, the m forwards and backwards without idling.
+# With b = (p-1)/(m+p-1), the ratio idle / busy is b / (1 - b) = (p-1)/m: one quantity, two
+# denominators (p = 4, m = 8: 27 % of the step, 38 % of the ideal step). Say which one when
+# you quote a bubble. On paper (`ddp_lab.pipeline.simulate`, forward 1, backward 2 time
+# units), with both denominators:
 
 # %% [markdown] lang="zh" tags=["lesson"]
 # ## 3. 从零实现流水线并行
@@ -246,9 +261,17 @@ print("  forward:", two_d["forward"], "| backward:", two_d["backward"])
 # **微批**（micro-batch）；前向从 rank s 流向 s+1（`send`/`recv` 激活值），反向再流回来（激活值
 # 的梯度）。**调度**（schedule）就是每个阶段执行各次计算的顺序。**GPipe** 先做完所有前向，再做
 # 所有反向；**1F1B**（一次前向、一次反向交替）让每个反向尽早开始。只要每次前向耗时相同、每次
-# 反向耗时也相同，两者让每个阶段空闲的比例就相同，这就是**气泡**：p 个阶段、m 个微批时为 (p-1)/(m+p-1)。不同的是内存：
-# GPipe 在峰值时持有 m 个微批的激活值，1F1B 在第 s 个阶段最多持有 p - s 个。先在纸上推演
-# （`ddp_lab.pipeline.simulate`，前向 1 个时间单位，反向 2 个）：
+# 反向耗时也相同，两者让每个阶段空闲的比例就相同，这就是**气泡**：p 个阶段、m 个微批时为
+# (p-1)/(m+p-1)，即空闲时间占整步时间（p 个阶段 x 这一步的时长）的比例。一种常见说法是 1F1B
+# 缩小了气泡；其实并没有，两者的区别在内存：GPipe 在峰值时持有 m 个微批的激活值，1F1B 在第
+# s 个阶段最多持有 p - s 个。
+#
+# 不同论文里气泡的分母并不相同。Narayanan 等人 2021 年的论文（Megatron-LM 关于流水线并行的
+# 论文，arXiv 2104.04473，第 2.2.1 节）把气泡写成 (p-1)/m：同样的空闲时间，除以的是理想的
+# 一步（ideal step），即 m 次前向和反向、没有任何空闲的时间。记 b = (p-1)/(m+p-1)，空闲与忙碌之比就是
+# b / (1 - b) = (p-1)/m：同一个量，两种分母（p = 4、m = 8 时，占整步的 27%，占理想一步的
+# 38%）。引用气泡数值时，要说明分母是什么。先在纸上推演（`ddp_lab.pipeline.simulate`，前向 1
+# 个时间单位，反向 2 个），两种分母都列出来：
 
 # %% tags=["lesson"]
 from ddp_lab import pipeline as pp
@@ -259,6 +282,7 @@ for p, m in ((4, 8), (4, 4), (8, 8)):
         orders = [make(s, p, m) for s in range(p)]
         b = pp.bubble(pp.simulate(orders, m))
         print(f"p={p} m={m} {name:5}: bubble {b:.3f} (formula {pp.bubble_formula(p, m):.3f}), "
+              f"idle / busy {b / (1 - b):.3f} ((p-1)/m = {(p - 1) / m:.3f}), "
               f"activations held per stage {[pp.peak_in_flight(o) for o in orders]}")
 
 # %% [markdown] lang="en" tags=["lesson"]
@@ -310,7 +334,12 @@ fig.tight_layout()
 # `ScheduleInterleaved1F1B`, `ScheduleInterleavedZeroBubble`, `ScheduleZBVZeroBubble`). Its
 # 1F1B (`Schedule1F1B._step_microbatches`) runs `min(m, p - s)` forwards before its first
 # backward, then alternates starting with a backward: the same order of passes as
-# `one_f_one_b_order`.
+# `one_f_one_b_order`. The cell runs both of torch's schedules on the same 4 stages and
+# micro-batches (`PipelineStage` around each rank's stage, the loss as `loss_fn`), records
+# the order in which torch ran each stage's passes (its `forward_one_chunk` and
+# `backward_one_chunk` calls), and compares the gradients with one process. It also asks
+# `Schedule1F1B` for 3 micro-batches on 4 stages: torch refuses fewer micro-batches than
+# stages, where `one_f_one_b_order` (and exercise 2) caps the warm-up at m instead.
 
 # %% [markdown] lang="zh" tags=["lesson"]
 # 两种调度得到的梯度都与单进程一致（float64，差异在 1e-17 量级，只是舍入误差）；1F1B 在各阶段
@@ -326,7 +355,20 @@ fig.tight_layout()
 # `schedules.py` 中的 `ScheduleGPipe` 和 `Schedule1F1B`（上面提到的几种调度对应
 # `ScheduleInterleaved1F1B`、`ScheduleInterleavedZeroBubble`、`ScheduleZBVZeroBubble`）。它的
 # 1F1B（`Schedule1F1B._step_microbatches`）在第一次反向之前做 `min(m, p - s)` 次前向，之后从
-# 一次反向开始交替进行，计算顺序与 `one_f_one_b_order` 相同。
+# 一次反向开始交替进行，计算顺序与 `one_f_one_b_order` 相同。下面的单元在同样的 4 个阶段、
+# 同样的微批上运行 torch 的这两种调度（每个 rank 的阶段包在 `PipelineStage` 里，损失函数作为
+# `loss_fn` 传入），记录 torch 实际执行每个阶段各次计算的顺序（即它对 `forward_one_chunk` 和
+# `backward_one_chunk` 的调用），并把梯度与单进程对照。单元还让 `Schedule1F1B` 在 4 个阶段上
+# 只用 3 个微批：torch 不接受微批数少于阶段数，而 `one_f_one_b_order`（以及练习 2）的做法是
+# 把预热的前向次数限制在 m 以内。
+
+# %% tags=["lesson"]
+twins = dl.spawn(pp.torch_pipeline_runs, nprocs=4, backend="gloo")
+for name, ours in (("gpipe", pp.gpipe_order), ("1f1b", one_f_one_b_order)):
+    same = [r[name]["order"] == ours(s, 4, 8) for s, r in enumerate(twins)]
+    worst = max(r[name]["max_grad_diff"] for r in twins)
+    print(f"torch {name}: same order as ours on stages {same}; gradient diff {worst:.0e}")
+print("torch 1f1b, 3 micro-batches on 4 stages:", twins[0]["fewer_micro"])
 
 # %% [markdown] lang="en" tags=["lesson"]
 # ## 4. The arithmetic of choosing
@@ -637,7 +679,7 @@ dl.grade("12.one_f_one_b", schedule_1f1b)
 # - (c) nothing: the same bubble and the same activations, only the order of the passes differs
 # - (d) the bubble stays 3/11; stage 0 holds at most 4 micro-batches' activations instead of 8
 #
-# **5.** A pipeline of 4 stages, equal pass times. What is the smallest number of micro-batches per step that brings the bubble down to 10 % or less? (a number)
+# **5.** A pipeline of 4 stages, equal pass times. What is the smallest number of micro-batches per step that brings the bubble, the idle fraction of the whole step, down to 10 % or less? (a number)
 #
 # **6.** Section 4's model (8 blocks of dim 1,024, float32 AdamW: 16 bytes per parameter) on 8 ranks as DP 4 x TP 2, plain DP (no FSDP). How many MB (10^6 bytes) of parameters, gradients and optimizer state does each rank hold? (a number)
 #
@@ -682,7 +724,7 @@ dl.grade("12.one_f_one_b", schedule_1f1b)
 # - (c) 什么都没变：气泡相同，激活值相同，只是计算的顺序不同
 # - (d) 气泡仍是 3/11；阶段 0 最多持有 4 个微批的激活值，而不是 8 个
 #
-# **5.** 一条 4 个阶段的流水线，各次计算耗时相同。每步至少要多少个微批，才能让气泡降到 10% 或以下？（填一个数）
+# **5.** 一条 4 个阶段的流水线，各次计算耗时相同。每步至少要多少个微批，才能让气泡（空闲时间占整步时间的比例）降到 10% 或以下？（填一个数）
 #
 # **6.** 第 4 节的模型（8 个 dim 为 1,024 的块，float32 AdamW：每个参数 16 字节）在 8 个 rank 上按 DP 4 x TP 2 训练，DP 是普通的数据并行（不用 FSDP）。每个 rank 持有的参数、梯度和优化器状态一共多少 MB（10^6 字节）？（填一个数）
 #
