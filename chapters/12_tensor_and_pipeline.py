@@ -206,7 +206,8 @@ print("  forward:", two_d["forward"], "| backward:", two_d["backward"])
 # (NVLink), the "dp" dimension crosses nodes. Measuring that needs two nodes with GPUs; not
 # run here. The meshes of this chapter are `"cpu"` meshes, and every `fully_shard` gets its
 # mesh, so the cells run the same on a machine with one GPU: `init_device_mesh("cuda", ...)`
-# sets each rank's device to `cuda:LOCAL_RANK` (`_setup_world_group_and_device` in
+# sets each rank's device to `cuda:LOCAL_RANK` when no device was chosen before (`dl.spawn`
+# and torchrun set `LOCAL_RANK`; `_setup_world_group_and_device` in
 # `torch/distributed/device_mesh.py`), and `fully_shard` without a mesh builds one on the
 # accelerator (`_init_default_mesh` in `torch/distributed/fsdp/_fully_shard/_fsdp_init.py`);
 # with one GPU, ranks 1, 2 and 3 would ask for GPUs that do not exist.
@@ -227,7 +228,8 @@ print("  forward:", two_d["forward"], "| backward:", two_d["backward"])
 # 在 GPU 上这种摆放更重要："tp" 这一维应当是同一节点内的 rank（NVLink），"dp" 这一维跨节点。
 # 要实测这一点需要两个带 GPU 的节点；这里不运行。本章的网格都是 `"cpu"` 网格，每次调用
 # `fully_shard` 也都显式传入网格，所以这些单元在只有一块 GPU 的机器上照样能跑：
-# `init_device_mesh("cuda", ...)` 会把每个 rank 的设备设成 `cuda:LOCAL_RANK`（见
+# 如果之前没有选定设备，`init_device_mesh("cuda", ...)` 会把每个 rank 的设备设成
+# `cuda:LOCAL_RANK`（`dl.spawn` 和 torchrun 都会设置 `LOCAL_RANK`；见
 # `torch/distributed/device_mesh.py` 中的 `_setup_world_group_and_device`），不传网格的
 # `fully_shard` 则会在加速器上建一个网格（见 `torch/distributed/fsdp/_fully_shard/_fsdp_init.py`
 # 中的 `_init_default_mesh`）；只有一块 GPU 时，rank 1、2、3 要的 GPU 根本不存在。

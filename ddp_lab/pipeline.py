@@ -302,7 +302,9 @@ def torch_pipeline_runs(rank: int, micro: int = 8, width: int = 16) -> dict[str,
 
     Returns, per schedule, the order in which torch ran this stage's passes (recorded by
     wrapping the stage's ``forward_one_chunk`` and ``backward_one_chunk``, the calls its
-    ``_step_microbatches`` makes), the largest difference of this stage's gradients from
+    ``_step_microbatches`` makes; not the schedule's ``pipeline_order``, a table drawn for
+    visualization: in torch 2.13 ``Schedule1F1B._get_pipeline_order`` gives the last stage
+    F(1) .. F(m) where it runs F(0) .. F(m-1)), the largest difference of this stage's gradients from
     the whole model's in one process, and what ``Schedule1F1B`` says to fewer
     micro-batches than stages (its ``__init__`` refuses them; no pass runs).
     """
