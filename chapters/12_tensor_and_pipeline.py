@@ -270,9 +270,9 @@ print("  forward:", two_d["forward"], "| backward:", two_d["backward"])
 #
 # 不同论文里气泡的分母并不相同。Narayanan 等人 2021 年的论文（Megatron-LM 关于流水线并行的
 # 论文，arXiv 2104.04473，第 2.2.1 节）把气泡写成 (p-1)/m：同样的空闲时间，除以的是理想的
-# 一步（ideal step），即 m 次前向和反向、没有任何空闲的时间。记 b = (p-1)/(m+p-1)，空闲与忙碌之比就是
-# b / (1 - b) = (p-1)/m：同一个量，两种分母（p = 4、m = 8 时，占整步的 27%，占理想一步的
-# 38%）。引用气泡数值时，要说明分母是什么。先在纸上推演（`ddp_lab.pipeline.simulate`，前向 1
+# 一步（ideal step），即 m 次前向和反向、没有任何空闲的时间。记 b = (p-1)/(m+p-1)，空闲与
+# 忙碌之比就是 b / (1 - b) = (p-1)/m：同一个量，两种分母（p = 4、m = 8 时，占整步的 27%，
+# 占理想一步的 38%）。引用气泡数值时，要说明分母是什么。先在纸上推演（`ddp_lab.pipeline.simulate`，前向 1
 # 个时间单位，反向 2 个），两种分母都列出来：
 
 # %% tags=["lesson"]
@@ -302,7 +302,8 @@ for p, m in ((4, 8), (4, 4), (8, 8)):
 # 计算还会休眠一段时间（前向 20 ms，反向 40 ms）：4 个 rank 若在这台机器的 2 个核上真正计算，
 # 会互相争抢核，时间线显示的将是机器而不是调度；休眠的 rank 会让出它的核，就像 GPU 在计算的
 # rank 那样。发送用 `isend`，从不阻塞：发送可能要等到对方发起接收后才能完成，如果用阻塞的
-# `send`，两个相邻的 rank 同时向对方发送时就可能互相等待。接收用阻塞的 `recv`。气泡从图中的条形实测：1 - （计算时间之和）/（4 x 整段时间）。
+# `send`，两个相邻的 rank 同时向对方发送时就可能互相等待。接收用阻塞的 `recv`。气泡从图中的
+# 条形实测：1 - （计算时间之和）/（4 x 整段时间）。
 
 # %% tags=["lesson"]
 import matplotlib.pyplot as plt
@@ -326,10 +327,11 @@ fig.tight_layout()
 # a send, a receive and the wake-up of a sleeping rank, and on a loaded machine for a free
 # core. The two measured numbers need not be equal either: how much each schedule pays for
 # those waits depends on where they fall on its critical path and on the machine, and the
-# formula models neither; read each against the formula. With one stage per rank the bubble shrinks only with more
-# micro-batches per step; schedules that put several stages on each rank (interleaved 1F1B,
-# Megatron's virtual pipeline) or split each backward into its input-gradient and
-# weight-gradient halves (the zero-bubble schedules) shrink it further; none is built here.
+# formula models neither; read each against the formula. With one stage per rank the
+# bubble shrinks only with more micro-batches per step; schedules that put several stages on
+# each rank (interleaved 1F1B, Megatron's virtual pipeline) or split each backward into its
+# input-gradient and weight-gradient halves (the zero-bubble schedules) shrink it further;
+# none is built here.
 #
 # PyTorch's twin is `torch.distributed.pipelining`: `PipelineStage` (`stage.py`) and, in
 # `schedules.py`, `ScheduleGPipe` and `Schedule1F1B` (and, for the schedules above,
@@ -349,8 +351,8 @@ fig.tight_layout()
 # 几，因为公式把通信算作零开销：凡是输入来自相邻 rank 的计算，还要等一次发送、一次接收，以及
 # 唤醒一个正在休眠的 rank；机器负载高时，还得等到空闲的核。两种调度的实测值也不一定相等：每种
 # 调度为这些等待多付多少，取决于它们落在关键路径的哪些位置，也取决于机器，而公式对这两点都
-# 不建模。所以请分别拿它们和公式比较。每个 rank 只放一个阶段时，只有增加每步的微批数才能缩小气泡；让每个 rank 承担多个阶段
-# 的调度（交错式 1F1B，即 Megatron 的虚拟流水线），或者把每次反向拆成输入梯度和权重梯度两半的
+# 不建模。所以请分别拿它们和公式比较。每个 rank 只放一个阶段时，只有增加每步的微批数才能
+# 缩小气泡；让每个 rank 承担多个阶段的调度（交错式 1F1B，即 Megatron 的虚拟流水线），或者把每次反向拆成输入梯度和权重梯度两半的
 # 调度（零气泡调度），还能进一步缩小气泡。本章都不实现。
 #
 # PyTorch 中对应的实现是 `torch.distributed.pipelining`：`PipelineStage`（`stage.py`），以及
@@ -413,9 +415,8 @@ for name, kw in choices.items():
 # every layer, bytes that grow with the batch, not with the model; PP divides the state and
 # sends the least, but pays the bubble. The FLOPs per rank are nearly the same in every row
 # (TP's whole fc2 biases add a little): the work is divided 8 ways each time; what differs is
-# what dividing it costs. Products combine
-# the divisions. Which wins
-# depends on where the bytes go: TP's sends are on the critical path of every layer (fast
+# what dividing it costs. Products combine the divisions. Which wins depends on where the
+# bytes go: TP's sends are on the critical path of every layer (fast
 # links only), DP's and FSDP's overlap backward (chapter 07), PP's are small but its bubble
 # is idle time.
 #
@@ -430,9 +431,8 @@ for name, kw in choices.items():
 # 全归约）；TP 也把状态分掉了，但每个 TP rank 都要处理整批数据，所以它的激活值最大，而且每一层
 # 都要发送激活值，这些字节随批增长，而不是随模型增长；PP 把状态分掉并且发送得最少，但要付出
 # 气泡的代价。每一行中每个 rank 的 FLOPs 几乎相同（TP 中完整的 fc2 偏置会多出一点）：工作每次
-# 都被分成 8 份，不同的是分摊的代价。
-# 组合方式把这些划分叠加起来。
-# 哪种更好，取决于这些字节走在哪里：TP 的发送在每一层的关键路径上（只能用快速链路），DP 和 FSDP
+# 都被分成 8 份，不同的是分摊的代价。组合方式把这些划分叠加起来。哪种更好，取决于这些字节
+# 走在哪里：TP 的发送在每一层的关键路径上（只能用快速链路），DP 和 FSDP
 # 的发送与反向计算重叠（第 07 章），PP 的发送很少，但它的气泡是空闲时间。
 #
 # **预测与实测并列**。用同一个计算器算一次这台机器能跑的训练：2 个 TP rank，4 个 dim 为 64 的
@@ -627,7 +627,10 @@ dl.grade("12.one_f_one_b", schedule_1f1b)
 # - 2D: TP's all-reduces stay in the "tp" groups, FSDP's all-gather and reduce-scatter in
 #   the "dp" groups.
 # - Pipeline parallelism puts layers on ranks; with equal forward times and equal backward
-#   times GPipe and 1F1B share the bubble (p-1)/(m+p-1), and 1F1B holds at most p - s micro-batches' activations instead of m.
+#   times GPipe and 1F1B share the bubble, (p-1)/(m+p-1) of the whole step ((p-1)/m of the
+#   ideal step, the other denominator papers use), and 1F1B holds at most p - s
+#   micro-batches' activations instead of m. torch's `ScheduleGPipe` and `Schedule1F1B`
+#   run the same orders of passes.
 # - Choosing is arithmetic: state, activations, bytes, FLOPs and bubble per rank; counts can
 #   be predicted exactly, time needs a measured step; torch's fake process group answers
 #   the memory questions at 1,024 ranks in one process.
@@ -637,12 +640,13 @@ dl.grade("12.one_f_one_b", schedule_1f1b)
 #
 # - 张量并行切分每一层：先列并行（输出特征），再行并行（输入特征），用两个共轭算子 `f`（恒等 /
 #   反向全归约）和 `g`（全归约 / 反向恒等）；结果与单进程一致，每个块（一个列并行层加上与之
-#   配对的行并行层）每步要发送两次激活值。PyTorch 的 `ColwiseParallel`/`RowwiseParallel` 用 `DeviceMesh` 上 `DTensor` 的放置方式做同样
-#   的事。
+#   配对的行并行层）每步要发送两次激活值。PyTorch 的 `ColwiseParallel`/`RowwiseParallel`
+#   用 `DeviceMesh` 上 `DTensor` 的放置方式做同样的事。
 # - 二维：TP 的全归约留在 "tp" 组内，FSDP 的全收集和归约散发留在 "dp" 组内。
 # - 流水线并行把层放到不同的 rank 上；各次前向耗时相同、各次反向耗时也相同时，GPipe 和 1F1B
-#   的气泡相同，都是 (p-1)/(m+p-1)，而 1F1B
-#   最多持有 p - s 个微批的激活值，而不是 m 个。
+#   的气泡相同，占整步的 (p-1)/(m+p-1)（以理想的一步为分母则是 (p-1)/m，有些论文用的是这个
+#   分母），而 1F1B 最多持有 p - s 个微批的激活值，而不是 m 个。torch 的 `ScheduleGPipe` 和
+#   `Schedule1F1B` 执行的计算顺序与此相同。
 # - 选择是一道算术题：每个 rank 的状态、激活值、字节数、FLOPs 和气泡；计数可以精确预测，时间
 #   需要实测一步；torch 的伪进程组能在一个进程里回答 1,024 个 rank 时的内存问题。
 
