@@ -119,8 +119,8 @@ for world in (2, 4):
 # all-reduces a tensor of that size twice per step, in every block (the output forward, the
 # input's gradient backward): TP trades memory for communication on the critical path,
 # which is why it stays inside a node, on the fastest links. A transformer layer has two
-# such blocks, self-attention (the Q, K and V projections column-parallel, a slice of the
-# heads per rank; the output projection row-parallel) and the MLP: two all-reduces forward
+# such blocks, self-attention (the Q, K and V projections one column-parallel layer, a slice
+# of the heads per rank; the output projection row-parallel) and the MLP: two all-reduces forward
 # and two backward per layer, the count of the Megatron-LM paper (Shoeybi et al. 2019,
 # arXiv 1909.08053, section 3).
 #
@@ -152,8 +152,8 @@ for world in (2, 4):
 # 输入和输出激活值（`batch x dim`，见上面 "per rank" 那几行），而且每一步、每个块都要对这么大的
 # 张量做两次全归约（前向是输出，反向是输入的梯度）：TP 是用关键路径上的通信换内存，所以它通常
 # 放在一个节点内部、最快的链路上。一个 Transformer 层里有两个这样的块：MLP 和
-# 自注意力（self-attention）。自注意力的 Q、K、V 三个投影做列并行，每个 rank 分到一部分注意力头
-# （attention head），输出投影做行并行。所以每层前向两次全归约、反向两次，与 Megatron-LM 论文
+# 自注意力（self-attention）。自注意力的 Q、K、V 三个投影合成一个列并行层，每个 rank 分到一部分
+# 注意力头（attention head），输出投影做行并行。所以每层前向两次全归约、反向两次，与 Megatron-LM 论文
 # （Shoeybi 等人 2019，arXiv 1909.08053，第 3 节）给出的次数一致。
 #
 # ## 2. 用 PyTorch 做同样的事：`DeviceMesh` 上的 `parallelize_module`
@@ -186,6 +186,9 @@ for r, x in enumerate(res):
     print(f"2D rank {r}: dp group {d['groups']['dp']}, tp group {d['groups']['tp']}, "
           f"placements {d['placements']}, local {d['local_shape']}, grad diff {d['grad_diff']:.1e}")
 print("  forward:", two_d["forward"], "| backward:", two_d["backward"])
+qkv = res[0]["qkv"]
+print("q, k, v as 3 ColwiseParallel, o RowwiseParallel: forward", qkv["forward"],
+      "| backward", qkv["backward"])
 
 # %% [markdown] lang="en" tags=["lesson"]
 # TP alone sends what the hand-written version sends: one all-reduce of the activation
@@ -201,6 +204,15 @@ print("  forward:", two_d["forward"], "| backward:", two_d["backward"])
 # 8t + 4d + 3, where `Shard(0)` on both dimensions would mean that "dp" splits first
 # (`_StridedShard` in `torch/distributed/tensor/placement_types.py`). The gradients equal
 # the whole MLP's on the whole batch (float32: about 1e-8).
+#
+# The last line is the condition of section 1's count per transformer layer. Megatron
+# computes Q, K and V with one column-parallel layer (`linear_qkv` in
+# `megatron/core/transformer/attention.py`): one `f`, one all-reduce of the input's gradient.
+# Given three separate layers `q`, `k`, `v`, `ColwiseParallel` wraps the same input three
+# times, each with its own `from_local`, and each wrapping all-reduces its part of the
+# input's gradient: three all-reduces backward of the activation's size where the fused
+# layer sends one. Count the collectives of a plan (as this cell does, or with torch's
+# `CommDebugMode`) before trusting a formula.
 #
 # On GPUs the same placement matters more: the "tp" dimension should be ranks of one node
 # (NVLink), the "dp" dimension crosses nodes. Measuring that needs two nodes with GPUs; not
@@ -224,6 +236,13 @@ print("  forward:", two_d["forward"], "| backward:", two_d["backward"])
 # 8t + 4d 到 8t + 4d + 3 行；如果两维都写成 `Shard(0)`，意思就成了 "dp" 先切（见
 # `torch/distributed/tensor/placement_types.py` 中的 `_StridedShard`）。梯度与完整 MLP 在整批
 # 数据上的梯度相同（float32：约 1e-8）。
+#
+# 最后一行说明了第 1 节中每个 Transformer 层全归约次数的前提。Megatron 用一个列并行层算出
+# Q、K、V（`megatron/core/transformer/attention.py` 中的 `linear_qkv`）：一个 `f`，输入的梯度
+# 只做一次全归约。如果 `q`、`k`、`v` 是三个独立的层，`ColwiseParallel` 就会把同一个输入包装
+# 三次，每次各用一个 `from_local`，每一次包装都对输入梯度中属于自己的那一部分做全归约：反向
+# 要做三次与激活值同样大小的全归约，而合并的层只发送一次。相信公式之前，先数一数一个并行方案
+# 实际发出的集合通信（像这个单元这样，或者用 torch 的 `CommDebugMode`）。
 #
 # 在 GPU 上这种摆放更重要："tp" 这一维应当是同一节点内的 rank（NVLink），"dp" 这一维跨节点。
 # 要实测这一点需要两个带 GPU 的节点；这里不运行。本章的网格都是 `"cpu"` 网格，每次调用

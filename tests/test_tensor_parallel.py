@@ -54,6 +54,11 @@ def test_torch_tp_sends_what_f_and_g_send_and_2d_splits_the_dimensions():
         # the input needs no gradient: no backward all-reduce, only FSDP's reduce-scatter
         assert d["forward"] == [("_allgather_base_", 576), ("all_reduce", 128)]
         assert d["backward"] == [("_reduce_scatter_base_", 576)]
+    # separate ColwiseParallel q, k, v: each all-reduces the input's gradient (Megatron's
+    # fused linear_qkv does it once); o's output all-reduce forward
+    qkv = out[0]["qkv"]
+    assert qkv["forward"] == [("all_reduce", 128)]
+    assert qkv["backward"] == [("all_reduce", 128)] * 3
 
 
 def _gathered_column(rank: int) -> float:
