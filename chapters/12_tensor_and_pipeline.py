@@ -118,7 +118,11 @@ for world in (2, 4):
 # activations of the block (`batch x dim`: the "per rank" lines above), and
 # all-reduces a tensor of that size twice per step, in every block (the output forward, the
 # input's gradient backward): TP trades memory for communication on the critical path,
-# which is why it stays inside a node, on the fastest links.
+# which is why it stays inside a node, on the fastest links. A transformer layer has two
+# such blocks, self-attention (the Q, K and V projections one column-parallel layer, a slice
+# of the heads per rank; the output projection row-parallel) and the MLP: two all-reduces forward
+# and two backward per layer, the count of the Megatron-LM paper (Shoeybi et al. 2019,
+# arXiv 1909.08053, section 3).
 #
 # ## 2. The same with PyTorch: `parallelize_module` on a `DeviceMesh`
 #
@@ -147,7 +151,10 @@ for world in (2, 4):
 # 都是完整的：76 = (280 - 8) / 4 + 8），隐藏层的激活值也是，但每个 rank 仍然持有这个块完整的
 # 输入和输出激活值（`batch x dim`，见上面 "per rank" 那几行），而且每一步、每个块都要对这么大的
 # 张量做两次全归约（前向是输出，反向是输入的梯度）：TP 是用关键路径上的通信换内存，所以它通常
-# 放在一个节点内部、最快的链路上。
+# 放在一个节点内部、最快的链路上。一个 Transformer 层里有两个这样的块：MLP 和
+# 自注意力（self-attention）。自注意力的 Q、K、V 三个投影合成一个列并行层，每个 rank 分到一部分
+# 注意力头（attention head），输出投影做行并行。所以每层前向两次全归约、反向两次，与 Megatron-LM 论文
+# （Shoeybi 等人 2019，arXiv 1909.08053，第 3 节）给出的次数一致。
 #
 # ## 2. 用 PyTorch 做同样的事：`DeviceMesh` 上的 `parallelize_module`
 #
@@ -179,6 +186,9 @@ for r, x in enumerate(res):
     print(f"2D rank {r}: dp group {d['groups']['dp']}, tp group {d['groups']['tp']}, "
           f"placements {d['placements']}, local {d['local_shape']}, grad diff {d['grad_diff']:.1e}")
 print("  forward:", two_d["forward"], "| backward:", two_d["backward"])
+qkv = res[0]["qkv"]
+print("q, k, v as 3 ColwiseParallel, o RowwiseParallel: forward", qkv["forward"],
+      "| backward", qkv["backward"])
 
 # %% [markdown] lang="en" tags=["lesson"]
 # TP alone sends what the hand-written version sends: one all-reduce of the activation
@@ -195,11 +205,21 @@ print("  forward:", two_d["forward"], "| backward:", two_d["backward"])
 # (`_StridedShard` in `torch/distributed/tensor/placement_types.py`). The gradients equal
 # the whole MLP's on the whole batch (float32: about 1e-8).
 #
+# The last line is the condition of section 1's count per transformer layer. Megatron
+# computes Q, K and V with one column-parallel layer (`linear_qkv` in
+# `megatron/core/transformer/attention.py`): one `f`, one all-reduce of the input's gradient.
+# Given three separate layers `q`, `k`, `v`, `ColwiseParallel` wraps the same input three
+# times, each with its own `from_local`, and each wrapping all-reduces its part of the
+# input's gradient: three all-reduces backward of the activation's size where the fused
+# layer sends one. Count the collectives of a plan (as this cell does, or with torch's
+# `CommDebugMode`) before trusting a formula.
+#
 # On GPUs the same placement matters more: the "tp" dimension should be ranks of one node
 # (NVLink), the "dp" dimension crosses nodes. Measuring that needs two nodes with GPUs; not
 # run here. The meshes of this chapter are `"cpu"` meshes, and every `fully_shard` gets its
 # mesh, so the cells run the same on a machine with one GPU: `init_device_mesh("cuda", ...)`
-# sets each rank's device to `cuda:LOCAL_RANK` (`_setup_world_group_and_device` in
+# sets each rank's device to `cuda:LOCAL_RANK` when no device was chosen before (`dl.spawn`
+# and torchrun set `LOCAL_RANK`; `_setup_world_group_and_device` in
 # `torch/distributed/device_mesh.py`), and `fully_shard` without a mesh builds one on the
 # accelerator (`_init_default_mesh` in `torch/distributed/fsdp/_fully_shard/_fsdp_init.py`);
 # with one GPU, ranks 1, 2 and 3 would ask for GPUs that do not exist.
@@ -217,10 +237,18 @@ print("  forward:", two_d["forward"], "| backward:", two_d["backward"])
 # `torch/distributed/tensor/placement_types.py` 中的 `_StridedShard`）。梯度与完整 MLP 在整批
 # 数据上的梯度相同（float32：约 1e-8）。
 #
+# 最后一行说明了第 1 节中每个 Transformer 层全归约次数的前提。Megatron 用一个列并行层算出
+# Q、K、V（`megatron/core/transformer/attention.py` 中的 `linear_qkv`）：一个 `f`，输入的梯度
+# 只做一次全归约。如果 `q`、`k`、`v` 是三个独立的层，`ColwiseParallel` 就会把同一个输入包装
+# 三次，每次各用一个 `from_local`，每一次包装都对输入梯度中属于自己的那一部分做全归约：反向
+# 要做三次与激活值同样大小的全归约，而合并的层只发送一次。相信公式之前，先数一数一个并行方案
+# 实际发出的集合通信（像这个单元这样，或者用 torch 的 `CommDebugMode`）。
+#
 # 在 GPU 上这种摆放更重要："tp" 这一维应当是同一节点内的 rank（NVLink），"dp" 这一维跨节点。
 # 要实测这一点需要两个带 GPU 的节点；这里不运行。本章的网格都是 `"cpu"` 网格，每次调用
 # `fully_shard` 也都显式传入网格，所以这些单元在只有一块 GPU 的机器上照样能跑：
-# `init_device_mesh("cuda", ...)` 会把每个 rank 的设备设成 `cuda:LOCAL_RANK`（见
+# 如果之前没有选定设备，`init_device_mesh("cuda", ...)` 会把每个 rank 的设备设成
+# `cuda:LOCAL_RANK`（`dl.spawn` 和 torchrun 都会设置 `LOCAL_RANK`；见
 # `torch/distributed/device_mesh.py` 中的 `_setup_world_group_and_device`），不传网格的
 # `fully_shard` 则会在加速器上建一个网格（见 `torch/distributed/fsdp/_fully_shard/_fsdp_init.py`
 # 中的 `_init_default_mesh`）；只有一块 GPU 时，rank 1、2、3 要的 GPU 根本不存在。
@@ -234,10 +262,18 @@ print("  forward:", two_d["forward"], "| backward:", two_d["backward"])
 # stage's order of passes. **GPipe** runs every forward, then every backward; **1F1B**
 # (one forward, one backward) starts each backward as early as it can. When every forward
 # takes the same time and every backward too, both leave every stage idle the same fraction
-# of the step, the **bubble**
-# (p-1)/(m+p-1) for p stages and m micro-batches. What differs is memory: GPipe holds m
-# micro-batches' activations at its peak, 1F1B at most p - s on stage s. On paper
-# (`ddp_lab.pipeline.simulate`, forward 1, backward 2 time units):
+# of the step, the **bubble**: (p-1)/(m+p-1) for p stages and m micro-batches, the idle
+# time over the whole step (p stages x the step's span). A common claim is that 1F1B
+# shrinks the bubble; it does not: what differs is memory. GPipe holds m micro-batches'
+# activations at its peak, 1F1B at most p - s on stage s.
+#
+# Papers do not all divide by the same thing. Narayanan et al. 2021 (the Megatron-LM paper
+# on pipeline parallelism, arXiv 2104.04473, section 2.2.1) write the bubble as (p-1)/m: the
+# same idle time divided by the ideal step, the m forwards and backwards without idling.
+# With b = (p-1)/(m+p-1), the ratio idle / busy is b / (1 - b) = (p-1)/m: one quantity, two
+# denominators (p = 4, m = 8: 27 % of the step, 38 % of the ideal step). Say which one when
+# you quote a bubble. On paper (`ddp_lab.pipeline.simulate`, forward 1, backward 2 time
+# units), with both denominators:
 
 # %% [markdown] lang="zh" tags=["lesson"]
 # ## 3. 从零实现流水线并行
@@ -246,9 +282,17 @@ print("  forward:", two_d["forward"], "| backward:", two_d["backward"])
 # **微批**（micro-batch）；前向从 rank s 流向 s+1（`send`/`recv` 激活值），反向再流回来（激活值
 # 的梯度）。**调度**（schedule）就是每个阶段执行各次计算的顺序。**GPipe** 先做完所有前向，再做
 # 所有反向；**1F1B**（一次前向、一次反向交替）让每个反向尽早开始。只要每次前向耗时相同、每次
-# 反向耗时也相同，两者让每个阶段空闲的比例就相同，这就是**气泡**：p 个阶段、m 个微批时为 (p-1)/(m+p-1)。不同的是内存：
-# GPipe 在峰值时持有 m 个微批的激活值，1F1B 在第 s 个阶段最多持有 p - s 个。先在纸上推演
-# （`ddp_lab.pipeline.simulate`，前向 1 个时间单位，反向 2 个）：
+# 反向耗时也相同，两者让每个阶段空闲的比例就相同，这就是**气泡**：p 个阶段、m 个微批时为
+# (p-1)/(m+p-1)，即空闲时间占整步时间（p 个阶段 x 这一步的时长）的比例。一种常见说法是 1F1B
+# 缩小了气泡；其实并没有，两者的区别在内存：GPipe 在峰值时持有 m 个微批的激活值，1F1B 在第
+# s 个阶段最多持有 p - s 个。
+#
+# 不同论文里气泡的分母并不相同。Narayanan 等人 2021 年的论文（Megatron-LM 关于流水线并行的
+# 论文，arXiv 2104.04473，第 2.2.1 节）把气泡写成 (p-1)/m：同样的空闲时间，除以的是理想的
+# 一步（ideal step），即 m 次前向和反向、没有任何空闲的时间。记 b = (p-1)/(m+p-1)，空闲与
+# 忙碌之比就是 b / (1 - b) = (p-1)/m：同一个量，两种分母（p = 4、m = 8 时，占整步的 27%，
+# 占理想一步的 38%）。引用气泡数值时，要说明分母是什么。先在纸上推演（`ddp_lab.pipeline.simulate`，前向 1
+# 个时间单位，反向 2 个），两种分母都列出来：
 
 # %% tags=["lesson"]
 from ddp_lab import pipeline as pp
@@ -259,6 +303,7 @@ for p, m in ((4, 8), (4, 4), (8, 8)):
         orders = [make(s, p, m) for s in range(p)]
         b = pp.bubble(pp.simulate(orders, m))
         print(f"p={p} m={m} {name:5}: bubble {b:.3f} (formula {pp.bubble_formula(p, m):.3f}), "
+              f"idle / busy {b / (1 - b):.3f} ((p-1)/m = {(p - 1) / m:.3f}), "
               f"activations held per stage {[pp.peak_in_flight(o) for o in orders]}")
 
 # %% [markdown] lang="en" tags=["lesson"]
@@ -276,7 +321,8 @@ for p, m in ((4, 8), (4, 4), (8, 8)):
 # 计算还会休眠一段时间（前向 20 ms，反向 40 ms）：4 个 rank 若在这台机器的 2 个核上真正计算，
 # 会互相争抢核，时间线显示的将是机器而不是调度；休眠的 rank 会让出它的核，就像 GPU 在计算的
 # rank 那样。发送用 `isend`，从不阻塞：发送可能要等到对方发起接收后才能完成，如果用阻塞的
-# `send`，两个相邻的 rank 同时向对方发送时就可能互相等待。接收用阻塞的 `recv`。气泡从图中的条形实测：1 - （计算时间之和）/（4 x 整段时间）。
+# `send`，两个相邻的 rank 同时向对方发送时就可能互相等待。接收用阻塞的 `recv`。气泡从图中的
+# 条形实测：1 - （计算时间之和）/（4 x 整段时间）。
 
 # %% tags=["lesson"]
 import matplotlib.pyplot as plt
@@ -300,17 +346,23 @@ fig.tight_layout()
 # a send, a receive and the wake-up of a sleeping rank, and on a loaded machine for a free
 # core. The two measured numbers need not be equal either: how much each schedule pays for
 # those waits depends on where they fall on its critical path and on the machine, and the
-# formula models neither; read each against the formula. With one stage per rank the bubble shrinks only with more
-# micro-batches per step; schedules that put several stages on each rank (interleaved 1F1B,
-# Megatron's virtual pipeline) or split each backward into its input-gradient and
-# weight-gradient halves (the zero-bubble schedules) shrink it further; none is built here.
+# formula models neither; read each against the formula. With one stage per rank the
+# bubble shrinks only with more micro-batches per step; schedules that put several stages on
+# each rank (interleaved 1F1B, Megatron's virtual pipeline) or split each backward into its
+# input-gradient and weight-gradient halves (the zero-bubble schedules) shrink it further;
+# none is built here.
 #
 # PyTorch's twin is `torch.distributed.pipelining`: `PipelineStage` (`stage.py`) and, in
 # `schedules.py`, `ScheduleGPipe` and `Schedule1F1B` (and, for the schedules above,
 # `ScheduleInterleaved1F1B`, `ScheduleInterleavedZeroBubble`, `ScheduleZBVZeroBubble`). Its
 # 1F1B (`Schedule1F1B._step_microbatches`) runs `min(m, p - s)` forwards before its first
 # backward, then alternates starting with a backward: the same order of passes as
-# `one_f_one_b_order`.
+# `one_f_one_b_order`. The cell runs both of torch's schedules on the same 4 stages and
+# micro-batches (`PipelineStage` around each rank's stage, the loss as `loss_fn`), records
+# the order in which torch ran each stage's passes (its `forward_one_chunk` and
+# `backward_one_chunk` calls), and compares the gradients with one process. It also asks
+# `Schedule1F1B` for 3 micro-batches on 4 stages: torch refuses fewer micro-batches than
+# stages, where `one_f_one_b_order` (and exercise 2) caps the warm-up at m instead.
 
 # %% [markdown] lang="zh" tags=["lesson"]
 # 两种调度得到的梯度都与单进程一致（float64，差异在 1e-17 量级，只是舍入误差）；1F1B 在各阶段
@@ -318,15 +370,28 @@ fig.tight_layout()
 # 几，因为公式把通信算作零开销：凡是输入来自相邻 rank 的计算，还要等一次发送、一次接收，以及
 # 唤醒一个正在休眠的 rank；机器负载高时，还得等到空闲的核。两种调度的实测值也不一定相等：每种
 # 调度为这些等待多付多少，取决于它们落在关键路径的哪些位置，也取决于机器，而公式对这两点都
-# 不建模。所以请分别拿它们和公式比较。每个 rank 只放一个阶段时，只有增加每步的微批数才能缩小气泡；让每个 rank 承担多个阶段
-# 的调度（交错式 1F1B，即 Megatron 的虚拟流水线），或者把每次反向拆成输入梯度和权重梯度两半的
+# 不建模。所以请分别拿它们和公式比较。每个 rank 只放一个阶段时，只有增加每步的微批数才能
+# 缩小气泡；让每个 rank 承担多个阶段的调度（交错式 1F1B，即 Megatron 的虚拟流水线），或者把每次反向拆成输入梯度和权重梯度两半的
 # 调度（零气泡调度），还能进一步缩小气泡。本章都不实现。
 #
 # PyTorch 中对应的实现是 `torch.distributed.pipelining`：`PipelineStage`（`stage.py`），以及
 # `schedules.py` 中的 `ScheduleGPipe` 和 `Schedule1F1B`（上面提到的几种调度对应
 # `ScheduleInterleaved1F1B`、`ScheduleInterleavedZeroBubble`、`ScheduleZBVZeroBubble`）。它的
 # 1F1B（`Schedule1F1B._step_microbatches`）在第一次反向之前做 `min(m, p - s)` 次前向，之后从
-# 一次反向开始交替进行，计算顺序与 `one_f_one_b_order` 相同。
+# 一次反向开始交替进行，计算顺序与 `one_f_one_b_order` 相同。下面的单元在同样的 4 个阶段、
+# 同样的微批上运行 torch 的这两种调度（每个 rank 的阶段包在 `PipelineStage` 里，损失函数作为
+# `loss_fn` 传入），记录 torch 实际执行每个阶段各次计算的顺序（即它对 `forward_one_chunk` 和
+# `backward_one_chunk` 的调用），并把梯度与单进程对照。单元还让 `Schedule1F1B` 在 4 个阶段上
+# 只用 3 个微批：torch 不接受微批数少于阶段数，而 `one_f_one_b_order`（以及练习 2）的做法是
+# 把预热的前向次数限制在 m 以内。
+
+# %% tags=["lesson"]
+twins = dl.spawn(pp.torch_pipeline_runs, nprocs=4, backend="gloo")
+for name, ours in (("gpipe", pp.gpipe_order), ("1f1b", one_f_one_b_order)):
+    same = [r[name]["order"] == ours(s, 4, 8) for s, r in enumerate(twins)]
+    worst = max(r[name]["max_grad_diff"] for r in twins)
+    print(f"torch {name}: same order as ours on stages {same}; gradient diff {worst:.0e}")
+print("torch 1f1b, 3 micro-batches on 4 stages:", twins[0]["fewer_micro"])
 
 # %% [markdown] lang="en" tags=["lesson"]
 # ## 4. The arithmetic of choosing
@@ -369,9 +434,8 @@ for name, kw in choices.items():
 # every layer, bytes that grow with the batch, not with the model; PP divides the state and
 # sends the least, but pays the bubble. The FLOPs per rank are nearly the same in every row
 # (TP's whole fc2 biases add a little): the work is divided 8 ways each time; what differs is
-# what dividing it costs. Products combine
-# the divisions. Which wins
-# depends on where the bytes go: TP's sends are on the critical path of every layer (fast
+# what dividing it costs. Products combine the divisions. Which wins depends on where the
+# bytes go: TP's sends are on the critical path of every layer (fast
 # links only), DP's and FSDP's overlap backward (chapter 07), PP's are small but its bubble
 # is idle time.
 #
@@ -386,9 +450,8 @@ for name, kw in choices.items():
 # 全归约）；TP 也把状态分掉了，但每个 TP rank 都要处理整批数据，所以它的激活值最大，而且每一层
 # 都要发送激活值，这些字节随批增长，而不是随模型增长；PP 把状态分掉并且发送得最少，但要付出
 # 气泡的代价。每一行中每个 rank 的 FLOPs 几乎相同（TP 中完整的 fc2 偏置会多出一点）：工作每次
-# 都被分成 8 份，不同的是分摊的代价。
-# 组合方式把这些划分叠加起来。
-# 哪种更好，取决于这些字节走在哪里：TP 的发送在每一层的关键路径上（只能用快速链路），DP 和 FSDP
+# 都被分成 8 份，不同的是分摊的代价。组合方式把这些划分叠加起来。哪种更好，取决于这些字节
+# 走在哪里：TP 的发送在每一层的关键路径上（只能用快速链路），DP 和 FSDP
 # 的发送与反向计算重叠（第 07 章），PP 的发送很少，但它的气泡是空闲时间。
 #
 # **预测与实测并列**。用同一个计算器算一次这台机器能跑的训练：2 个 TP rank，4 个 dim 为 64 的
@@ -583,7 +646,10 @@ dl.grade("12.one_f_one_b", schedule_1f1b)
 # - 2D: TP's all-reduces stay in the "tp" groups, FSDP's all-gather and reduce-scatter in
 #   the "dp" groups.
 # - Pipeline parallelism puts layers on ranks; with equal forward times and equal backward
-#   times GPipe and 1F1B share the bubble (p-1)/(m+p-1), and 1F1B holds at most p - s micro-batches' activations instead of m.
+#   times GPipe and 1F1B share the bubble, (p-1)/(m+p-1) of the whole step ((p-1)/m of the
+#   ideal step, the other denominator papers use), and 1F1B holds at most p - s
+#   micro-batches' activations instead of m. torch's `ScheduleGPipe` and `Schedule1F1B`
+#   run the same orders of passes.
 # - Choosing is arithmetic: state, activations, bytes, FLOPs and bubble per rank; counts can
 #   be predicted exactly, time needs a measured step; torch's fake process group answers
 #   the memory questions at 1,024 ranks in one process.
@@ -593,12 +659,13 @@ dl.grade("12.one_f_one_b", schedule_1f1b)
 #
 # - 张量并行切分每一层：先列并行（输出特征），再行并行（输入特征），用两个共轭算子 `f`（恒等 /
 #   反向全归约）和 `g`（全归约 / 反向恒等）；结果与单进程一致，每个块（一个列并行层加上与之
-#   配对的行并行层）每步要发送两次激活值。PyTorch 的 `ColwiseParallel`/`RowwiseParallel` 用 `DeviceMesh` 上 `DTensor` 的放置方式做同样
-#   的事。
+#   配对的行并行层）每步要发送两次激活值。PyTorch 的 `ColwiseParallel`/`RowwiseParallel`
+#   用 `DeviceMesh` 上 `DTensor` 的放置方式做同样的事。
 # - 二维：TP 的全归约留在 "tp" 组内，FSDP 的全收集和归约散发留在 "dp" 组内。
 # - 流水线并行把层放到不同的 rank 上；各次前向耗时相同、各次反向耗时也相同时，GPipe 和 1F1B
-#   的气泡相同，都是 (p-1)/(m+p-1)，而 1F1B
-#   最多持有 p - s 个微批的激活值，而不是 m 个。
+#   的气泡相同，占整步的 (p-1)/(m+p-1)（以理想的一步为分母则是 (p-1)/m，有些论文用的是这个
+#   分母），而 1F1B 最多持有 p - s 个微批的激活值，而不是 m 个。torch 的 `ScheduleGPipe` 和
+#   `Schedule1F1B` 执行的计算顺序与此相同。
 # - 选择是一道算术题：每个 rank 的状态、激活值、字节数、FLOPs 和气泡；计数可以精确预测，时间
 #   需要实测一步；torch 的伪进程组能在一个进程里回答 1,024 个 rank 时的内存问题。
 
@@ -637,7 +704,7 @@ dl.grade("12.one_f_one_b", schedule_1f1b)
 # - (c) nothing: the same bubble and the same activations, only the order of the passes differs
 # - (d) the bubble stays 3/11; stage 0 holds at most 4 micro-batches' activations instead of 8
 #
-# **5.** A pipeline of 4 stages, equal pass times. What is the smallest number of micro-batches per step that brings the bubble down to 10 % or less? (a number)
+# **5.** A pipeline of 4 stages, equal pass times. What is the smallest number of micro-batches per step that brings the bubble, the idle fraction of the whole step, down to 10 % or less? (a number)
 #
 # **6.** Section 4's model (8 blocks of dim 1,024, float32 AdamW: 16 bytes per parameter) on 8 ranks as DP 4 x TP 2, plain DP (no FSDP). How many MB (10^6 bytes) of parameters, gradients and optimizer state does each rank hold? (a number)
 #
@@ -682,7 +749,7 @@ dl.grade("12.one_f_one_b", schedule_1f1b)
 # - (c) 什么都没变：气泡相同，激活值相同，只是计算的顺序不同
 # - (d) 气泡仍是 3/11；阶段 0 最多持有 4 个微批的激活值，而不是 8 个
 #
-# **5.** 一条 4 个阶段的流水线，各次计算耗时相同。每步至少要多少个微批，才能让气泡降到 10% 或以下？（填一个数）
+# **5.** 一条 4 个阶段的流水线，各次计算耗时相同。每步至少要多少个微批，才能让气泡（空闲时间占整步时间的比例）降到 10% 或以下？（填一个数）
 #
 # **6.** 第 4 节的模型（8 个 dim 为 1,024 的块，float32 AdamW：每个参数 16 字节）在 8 个 rank 上按 DP 4 x TP 2 训练，DP 是普通的数据并行（不用 FSDP）。每个 rank 持有的参数、梯度和优化器状态一共多少 MB（10^6 字节）？（填一个数）
 #

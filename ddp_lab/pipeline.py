@@ -293,3 +293,71 @@ def plot_timeline(
 def pipeline_runs(rank: int, micro: int = 8, width: int = 16, delay: float = 0.02) -> dict:
     """GPipe, then 1F1B, in one launch: ``pipeline_demo``'s result for each."""
     return {name: pipeline_demo(rank, name, micro, width, delay) for name in ("gpipe", "1f1b")}
+
+
+def torch_pipeline_runs(rank: int, micro: int = 8, width: int = 16) -> dict[str, Any]:
+    """In each rank of a launch: torch's ``ScheduleGPipe`` and ``Schedule1F1B``
+    (``torch.distributed.pipelining``) on this rank's stage of ``make_stages(world)``, the
+    same stages, micro-batches and loss as ``pipeline_demo``.
+
+    Returns, per schedule, the order in which torch ran this stage's passes (recorded by
+    wrapping the stage's ``forward_one_chunk`` and ``backward_one_chunk``, the calls its
+    ``_step_microbatches`` makes; not the schedule's ``pipeline_order``, a table drawn for
+    visualization: in torch 2.13 ``Schedule1F1B._get_pipeline_order`` gives the last stage
+    F(1) .. F(m) where it runs F(0) .. F(m-1)), the largest difference of this stage's gradients from
+    the whole model's in one process, and what ``Schedule1F1B`` says to fewer
+    micro-batches than stages (its ``__init__`` refuses them; no pass runs).
+    """
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+
+    p = dist.get_world_size()
+    gen = torch.Generator().manual_seed(1)
+    xs = [torch.randn(4, width, generator=gen, dtype=torch.float64) for _ in range(micro)]
+    ys = [torch.randn(4, width, generator=gen, dtype=torch.float64) for _ in range(micro)]
+    whole = nn.Sequential(*make_stages(p, width))
+    sum(nn.functional.mse_loss(whole(x), y) / micro for x, y in zip(xs, ys, strict=True)).backward()
+    want = [q.grad for q in whole[rank].parameters()]
+    out: dict[str, Any] = {}
+    for name, schedule in (("gpipe", ScheduleGPipe), ("1f1b", Schedule1F1B)):
+        module = make_stages(p, width)[rank]
+        stage = PipelineStage(module, rank, p, torch.device("cpu"))
+        order: list[Op] = []
+        forward, backward = stage.forward_one_chunk, stage.backward_one_chunk
+
+        def forward_logged(
+            i: int, *args: Any, _f: Any = forward, _o: list = order, **kwargs: Any
+        ) -> Any:
+            _o.append(("F", i))
+            return _f(i, *args, **kwargs)
+
+        def backward_logged(
+            i: int, *args: Any, _b: Any = backward, _o: list = order, **kwargs: Any
+        ) -> Any:
+            _o.append(("B", i))
+            return _b(i, *args, **kwargs)
+
+        stage.forward_one_chunk = forward_logged  # type: ignore[method-assign]
+        stage.backward_one_chunk = backward_logged  # type: ignore[method-assign]
+        # the loss is averaged over each micro-batch, and torch divides the gradients by m
+        # (scale_grads=True): the mean over the whole batch, as pipeline_demo computes it
+        run = schedule(stage, micro, loss_fn=nn.functional.mse_loss)
+        if rank == 0:
+            run.step(torch.cat(xs))
+        elif rank == p - 1:
+            run.step(target=torch.cat(ys))
+        else:
+            run.step()
+        diff = max(
+            (q.grad - w).abs().max().item()
+            for q, w in zip(module.parameters(), want, strict=True)
+            if q.grad is not None
+        )
+        out[name] = {"order": order, "max_grad_diff": diff}
+    try:
+        Schedule1F1B(
+            PipelineStage(make_stages(p, width)[rank], rank, p, torch.device("cpu")), p - 1
+        )
+        out["fewer_micro"] = ""
+    except ValueError as exc:
+        out["fewer_micro"] = " ".join(str(exc).split())
+    return out

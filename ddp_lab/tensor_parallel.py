@@ -342,8 +342,46 @@ def fsdp_x_tp(rank: int, dim: int = 8, hidden: int = 16, batch: int = 4) -> dict
     }
 
 
+class SeparateQKV(nn.Module):
+    """An attention-shaped block with separate ``q``, ``k``, ``v`` projections and an output
+    projection ``o`` (a stand-in for self-attention's mixing: ``o(tanh(q) * k + v)``)."""
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.q, self.k, self.v, self.o = (nn.Linear(dim, dim) for _ in range(4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.o(torch.tanh(self.q(x)) * self.k(x) + self.v(x))
+
+
+def torch_tp_separate_qkv(rank: int, dim: int = 8, batch: int = 4) -> dict:
+    """In each rank: ``ColwiseParallel`` on each of ``q``, ``k``, ``v`` and ``RowwiseParallel``
+    on ``o``, on a 1D mesh; the collectives of the forward and of the backward. Each
+    ``ColwiseParallel`` wraps the same input with its own ``from_local``, so each one
+    all-reduces the input's gradient: three backward all-reduces where Megatron's fused
+    ``linear_qkv`` (one ``ColumnParallelLinear``, one ``f``) has one."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        RowwiseParallel,
+        parallelize_module,
+    )
+
+    torch.manual_seed(0)
+    block = SeparateQKV(dim)
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    plan = {"q": ColwiseParallel(), "k": ColwiseParallel(), "v": ColwiseParallel()}
+    parallelize_module(block, mesh, {**plan, "o": RowwiseParallel()})
+    x = torch.randn(batch, dim, requires_grad=True)
+    with _FunctionalCommLog() as forward:
+        y = block(x)
+    with _FunctionalCommLog() as backward:
+        y.square().sum().backward()
+    return {"forward": forward.calls, "backward": backward.calls}
+
+
 def torch_tp_and_2d(rank: int) -> dict:
-    """Both of torch's runs in one launch of 4 ranks (DTensor's imports paid once).
+    """torch's runs in one launch of 4 ranks (DTensor's imports paid once).
 
     Two of torch's notices are silenced in the ranks: FSDP's warning that a module returned
     a view (an in-place change of it would skip a hook; nothing here changes it), and
@@ -357,4 +395,4 @@ def torch_tp_and_2d(rank: int) -> dict:
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="FSDP2-wrapped module")
         warnings.filterwarnings("ignore", message="Full backward hook")
-        return {"tp": torch_tp_mlp(rank), "2d": fsdp_x_tp(rank)}
+        return {"tp": torch_tp_mlp(rank), "2d": fsdp_x_tp(rank), "qkv": torch_tp_separate_qkv(rank)}

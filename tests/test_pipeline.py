@@ -55,3 +55,17 @@ def test_pipeline_on_ranks_matches_one_process(name):
         )(s, 3, 4)
         assert r["peak"] == (4 if name == "gpipe" else 3 - s)
     assert 0.0 < measured_bubble(out) < 1.0  # its value is a measurement: chapter 12 shows it
+
+
+def test_torch_schedules_run_our_orders_and_match_one_process():
+    """torch's ScheduleGPipe and Schedule1F1B, as they ran (not their pipeline_order IR),
+    against gpipe_order / one_f_one_b_order, and their gradients against one process."""
+    from ddp_lab.pipeline import torch_pipeline_runs
+
+    out = spawn(torch_pipeline_runs, args=(6,), nprocs=3, backend="gloo", quiet=True)
+    for s, r in enumerate(out):
+        assert r["gpipe"]["order"] == gpipe_order(s, 3, 6)
+        assert r["1f1b"]["order"] == one_f_one_b_order(s, 3, 6)
+        assert r["gpipe"]["max_grad_diff"] < 1e-12 and r["1f1b"]["max_grad_diff"] < 1e-12
+        # torch's 1F1B refuses m < p; the exercise's order (min(p - s, m)) does not need to
+        assert "must be greater than or equal to the number of stages" in r["fewer_micro"]

@@ -54,6 +54,11 @@ def test_torch_tp_sends_what_f_and_g_send_and_2d_splits_the_dimensions():
         # the input needs no gradient: no backward all-reduce, only FSDP's reduce-scatter
         assert d["forward"] == [("_allgather_base_", 576), ("all_reduce", 128)]
         assert d["backward"] == [("_reduce_scatter_base_", 576)]
+    # separate ColwiseParallel q, k, v: each all-reduces the input's gradient (Megatron's
+    # fused linear_qkv does it once); o's output all-reduce forward
+    qkv = out[0]["qkv"]
+    assert qkv["forward"] == [("all_reduce", 128)]
+    assert qkv["backward"] == [("all_reduce", 128)] * 3
 
 
 def _gathered_column(rank: int) -> float:
@@ -97,3 +102,53 @@ def _row_bias_once(rank: int) -> float:
 
 def test_row_parallel_adds_the_bias_once():
     assert max(spawn(_row_bias_once, nprocs=2, backend="gloo", quiet=True)) < 1e-6
+
+
+def _ours_against_torch(rank: int) -> dict:
+    """The course's TensorParallelMLP and torch's ColwiseParallel/RowwiseParallel on a
+    1D gloo DeviceMesh, from the same MLP and batch: the same local shards, output, input
+    gradient and local weight gradients."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        RowwiseParallel,
+        parallelize_module,
+    )
+
+    from ddp_lab.tensor_parallel import TensorParallelMLP
+
+    torch.manual_seed(0)
+    mlp = MLP(8, 16).double()
+    theirs = MLP(8, 16).double()
+    theirs.load_state_dict(mlp.state_dict())
+    ours = TensorParallelMLP(mlp)
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    parallelize_module(theirs, mesh, {"fc1": ColwiseParallel(), "fc2": RowwiseParallel()})
+    x = torch.randn(3, 8, dtype=torch.float64)
+    x1, x2 = x.clone().requires_grad_(), x.clone().requires_grad_()
+    y1, y2 = ours(x1), theirs(x2)
+    y1.square().sum().backward()
+    y2.square().sum().backward()
+    diffs = {
+        "output": (y1 - y2).abs().max().item(),
+        "x.grad": (x1.grad - x2.grad).abs().max().item(),
+    }
+    placements = {}
+    for name in ("fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"):
+        mine, their = ours.get_parameter(name), theirs.get_parameter(name)
+        placements[name] = [str(p) for p in their.placements]
+        diffs[name] = (mine - their.to_local()).abs().max().item()
+        diffs[name + ".grad"] = (mine.grad - their.grad.to_local()).abs().max().item()
+    return {"diffs": diffs, "placements": placements}
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_ours_equals_torch_colwise_rowwise(world):
+    out = spawn(_ours_against_torch, nprocs=world, backend="gloo", quiet=True)
+    for r in out:
+        assert max(r["diffs"].values()) < 1e-12, r["diffs"]
+        # column-parallel = rows of the weight (Shard(0)), row-parallel = columns (Shard(1));
+        # the row-parallel bias is whole (Replicate), as RowParallelLinear keeps it
+        assert r["placements"] == {
+            "fc1.weight": ["S(0)"], "fc1.bias": ["S(0)"], "fc2.weight": ["S(1)"], "fc2.bias": ["R"],
+        }  # fmt: skip

@@ -110,8 +110,9 @@ QUIZZES: dict[str, list[Question]] = {
             ),
             wrong={
                 "": N_(
-                    "The bubble is (p-1)/(m+p-1), not (p-1)/m (which gives 30): with p = 4, 3/(m + 3) ≤ "
-                    "0.1 gives m ≥ 27; 26 leaves 3/29 = 10.3 %."
+                    "The bubble as a fraction of the whole step is (p-1)/(m+p-1): with p = 4, 3/(m + 3) ≤ "
+                    "0.1 gives m ≥ 27; 26 leaves 3/29 = 10.3 %. 30 is what (p-1)/m ≤ 0.1 gives: the same "
+                    "idle time over the ideal step (Narayanan et al. 2021), another denominator."
                 ),
             },
         ),
