@@ -287,12 +287,23 @@ def memory():
     return load("ctypes").pythonapi.Py_IncRef
 
 
+def memory_file():
+    with open("/proc/self/mem", "r+b") as f:
+        return f.seekable()
+
+
+def folder():  # a descriptor of the module's folder opens it by a relative name
+    fd = load("os").open(path.rpartition("/")[0], 0)
+    load("os").close(fd)
+    return fd
+
+
 def ending_it():  # the hook's own state, set by hand
     hook = load("ddp_lab.course.grading.guard")._audit
     hook.__defaults__ = ((), hook, hook.__defaults__[2])
 
 
-ATTACKS = [reimport, from_file, child, spawned, memory]
+ATTACKS = [reimport, from_file, child, spawned, memory, memory_file, folder]
 with refuse({"DistributedSampler": DistributedSampler}, "torch.randperm"):
     for attack in ATTACKS:
         try:
@@ -322,10 +333,11 @@ def test_self_study_refuses_a_fresh_copy_only_during_the_refusing_call() -> None
     )
     assert done.returncode == 0, done.stderr[-3000:]
     lines = done.stdout.splitlines()
-    for name in ("reimport", "from_file", "child", "spawned", "memory"):
+    for name in ("reimport", "from_file", "child", "spawned", "memory", "memory_file", "folder"):
         assert f"{name} refused True" in lines, done.stdout
     for name, kind in [("reimport", "module"), ("from_file", "module"), ("child", "str")]:
         assert f"{name} after {kind}" in lines, done.stdout
     assert "spawned after int" in lines and "memory after _FuncPtr" in lines, done.stdout
+    assert "memory_file after bool" in lines and "folder after int" in lines, done.stdout
     for name in ("ending_it", "reimport", "child"):
         assert f"{name} for life: refused" in lines, done.stdout

@@ -10,15 +10,18 @@ an audit hook) refuses the roads to a fresh copy:
   file is that module's (a re-import after ``sys.modules`` lost it, ``importlib``'s
   ``spec_from_file_location`` + ``exec_module``, ``runpy``), and the ``import`` event of it;
 - reading its source or cached bytecode (``open``: the text copied and run under another name),
-  matched by inode, so a link to the file is the file; raised as ``RefusedFile``, a
-  ``PermissionError``, so ``linecache`` and ``traceback`` only show no source line;
+  matched by inode, so a link to the file is the file, and opening their folders (a folder's
+  descriptor would open them by a name relative to it); raised as ``RefusedFile``, a
+  ``PermissionError``, so ``linecache`` and ``traceback`` only show no source line. (``open``
+  and ``os.open`` pass the event the path already converted by ``__fspath__``);
 - another Python, where nothing is refused: ``subprocess``, ``os.system``, ``os.exec*``,
   ``os.posix_spawn*``, a sub-interpreter. ``multiprocessing`` starts its ``spawn`` and
   ``forkserver`` processes with ``_posixsubprocess.fork_exec``, which raises no audit event
   (Python 3.11): every reference to it is replaced by ``_fork_exec``, which raises one, and a
   fresh import of ``_posixsubprocess`` is refused. A fork keeps the hook and its refusal;
-- editing the interpreter's memory, or finding the original code the swap keeps: ``ctypes``
-  and ``gc.get_objects`` / ``get_referrers`` / ``get_referents``.
+- editing the interpreter's memory, or finding the original code the swap keeps: ``ctypes``,
+  a file of ``/proc`` opened for writing (``/proc/self/mem``) and ``gc.get_objects`` /
+  ``get_referrers`` / ``get_referents``.
 
 What the hook decides with is immune to module attributes: its state and everything it calls
 are its own default arguments (an immutable tuple of refusals; builtins bound at install).
@@ -98,8 +101,8 @@ def _audit(event: str, args: tuple, state: tuple = (), me: object = None, kit: t
     """The audit hook. ``state``: the active refusals, innermost last, each ``(names, allowed,
     module names, {(st_dev, st_ino)}, locked, ((st_dev, st_ino), module name) pairs)``;
     ``me``: this function; ``kit``: ``(_message, Refused, RefusedFile, os.stat, type, tuple,
-    PROGRAMS, MEMORY, getattr, _fork_exec)``. No global name is read here: a learner can
-    rebind those."""
+    PROGRAMS, MEMORY, getattr, _fork_exec, /proc's st_dev)``. No global
+    name is read here: a learner can rebind those."""
     if event == "object.__setattr__":
         if args[0] is not me and (not kit or args[0] is not kit[9]):
             return
@@ -142,6 +145,9 @@ def _audit(event: str, args: tuple, state: tuple = (), me: object = None, kit: t
         except BaseException:  # noqa: BLE001  # "<string>", a closed fd: not a refused file
             return
         key = (st.st_dev, st.st_ino)
+        if event == "open" and st.st_dev == kit[10] and args[2] & 3:
+            # /proc/self/mem opened for writing edits the interpreter's memory, like ctypes.
+            raise kit[2](kit[0]("other", state, "/proc"))
         for g in state:
             if key in g[3]:
                 module = "?"
@@ -158,12 +164,15 @@ def _audit(event: str, args: tuple, state: tuple = (), me: object = None, kit: t
 
 
 def _files(module: types.ModuleType) -> list[tuple[int, int]]:
-    """The inodes of ``module``'s source and of each of its cached bytecode files."""
+    """The inodes of ``module``'s source, of its folders and of its cached bytecode files."""
     file = getattr(module, "__file__", None)
     if not file:
         return []
     path = Path(file)
-    paths = [path, *path.parent.glob(f"__pycache__/{path.stem}.*.pyc")]
+    # Its folders too: a folder's descriptor opens the file by a relative name
+    # (``os.open(name, dir_fd=...)``), which the hook cannot tell from a file of that name here.
+    paths = [path, path.parent, path.parent / "__pycache__"]
+    paths += path.parent.glob(f"__pycache__/{path.stem}.*.pyc")
     keys = []
     for p in paths:
         try:
@@ -192,8 +201,12 @@ def _install() -> None:
                 for name, value in list(names.items()):
                     if value is real:
                         names[name] = _fork_exec
+    try:
+        proc = os.stat("/proc").st_dev
+    except OSError:
+        proc = -1
     kit = (_message, Refused, RefusedFile, os.stat, type, tuple, PROGRAMS, MEMORY, getattr)
-    _audit.__defaults__ = ((), _audit, (*kit, _fork_exec))
+    _audit.__defaults__ = ((), _audit, (*kit, _fork_exec, proc))
     sys.addaudithook(_audit)
 
 
