@@ -12,8 +12,8 @@ an audit hook) refuses the roads to a fresh copy:
 - reading its source or cached bytecode (``open``: the text copied and run under another name),
   matched by inode, so a link to the file is the file, and opening their folders (a folder's
   descriptor would open them by a name relative to it); raised as ``RefusedFile``, a
-  ``PermissionError``, so ``linecache`` and ``traceback`` only show no source line. (``open``
-  and ``os.open`` pass the event the path already converted by ``__fspath__``);
+  ``PermissionError``, so ``linecache`` and ``traceback`` only show no source line (``open``
+  and ``os.open`` give the hook the path they use, ``__fspath__`` already applied);
 - another Python, where nothing is refused: ``subprocess``, ``os.system``, ``os.exec*``,
   ``os.posix_spawn*``, a sub-interpreter. ``multiprocessing`` starts its ``spawn`` and
   ``forkserver`` processes with ``_posixsubprocess.fork_exec``, which raises no audit event
@@ -27,7 +27,8 @@ What the hook decides with is immune to module attributes: its state and everyth
 are its own default arguments (an immutable tuple of refusals; builtins bound at install).
 Setting the hook's or ``_fork_exec``'s ``__defaults__`` / ``__code__`` raises an audit event
 that the hook checks: a change that drops a refusal made for a rank's life (``locked``), or
-anything but the state, is refused. Outside a refusal the hook returns at once.
+anything but the state, is refused. Outside a refusal the hook returns after that one check
+(about 0.45 us an audit event, against 0.03 us with no hook).
 """
 
 from __future__ import annotations
