@@ -739,3 +739,88 @@ def test_torch_ready_made_answer_is_refused_in_the_ranks(
     assert not passed and "Refused" in line and name in line and " 0/" in line, line
     passed, line = run_checker(load_checkers()[grade_id], LocalLearner((ready_made,)), "en")
     assert not passed and "Refused" in line and name in line, line
+
+
+# --- a fresh, unrefused copy of what the exercise refuses, by names the scan cannot read -----
+# 06.indices refuses torch's DistributedSampler (the checker's oracle) by swapping the code of
+# the class already imported. Each attack below gets a copy that was never swapped, and spells
+# every name the static scan looks for (``sys.modules``, ``importlib``'s loaders, ``subprocess``)
+# as a string built at run time, so ``course.grading.scan`` flags none of them. Before the
+# guard's audit hook (``course.grading.guard``) each passed every case.
+_SAMPLER = "torch.utils.data.distributed"
+
+
+def _module(name: str) -> Any:
+    """``name`` imported, with no name the scan reads (``import``, ``__import__``, ``sys.modules``)."""
+    loader = getattr(sys, "mod" + "ules")["import" + "lib"]
+    return getattr(loader, "import_" + "module")(name)
+
+
+def _indices(module: Any, n: int, r: int, k: int, e: int, seed: int, sh: bool, dl: bool) -> list:
+    made = getattr(module, "Distributed" + "Sampler")
+    s = made(range(n), num_replicas=r, rank=k, shuffle=sh, seed=seed, drop_last=dl)
+    s.set_epoch(e)
+    return list(s)
+
+
+def sampler_reimported(dataset_len, num_replicas, rank, epoch=0, seed=0, shuffle=True,  # noqa: ANN001, ANN201
+                       drop_last=False):  # fmt: skip
+    """Out of ``sys.modules`` (reached with ``getattr``), then imported again."""
+    getattr(sys, "mod" + "ules").pop(_SAMPLER, None)
+    fresh = _module(_SAMPLER)
+    return _indices(fresh, dataset_len, num_replicas, rank, epoch, seed, shuffle, drop_last)
+
+
+def sampler_from_its_file(dataset_len, num_replicas, rank, epoch=0, seed=0, shuffle=True,  # noqa: ANN001, ANN201
+                          drop_last=False):  # fmt: skip
+    """Its file run again as a module of another name (``spec_from_file_location``)."""
+    util = _module("import" + "lib.util")
+    path = getattr(sys, "mod" + "ules")[_SAMPLER].__file__
+    spec = getattr(util, "spec_from_" + "file_location")("a_fresh_sampler", path)
+    fresh = util.module_from_spec(spec)
+    spec.loader.exec_module(fresh)
+    return _indices(fresh, dataset_len, num_replicas, rank, epoch, seed, shuffle, drop_last)
+
+
+_CHILD = f"""
+import json, sys
+import {_SAMPLER} as d
+n, r, k, e, seed, sh, dl = json.loads(sys.argv[1])
+s = getattr(d, "Distributed" + "Sampler")(range(n), num_replicas=r, rank=k, shuffle=sh,
+                                          seed=seed, drop_last=dl)
+s.set_epoch(e)
+print(json.dumps(list(s)))
+"""
+
+
+def sampler_in_a_child(dataset_len, num_replicas, rank, epoch=0, seed=0, shuffle=True,  # noqa: ANN001, ANN201
+                       drop_last=False):  # fmt: skip
+    """A new Python, where nothing is refused, started through a name built as a string."""
+    import json
+
+    run = getattr(_module("sub" + "process"), "run")  # noqa: B009
+    args = json.dumps([dataset_len, num_replicas, rank, epoch, seed, shuffle, drop_last])
+    done = run([sys.executable, "-c", _CHILD, args], capture_output=True, text=True, check=True)
+    return json.loads(done.stdout)
+
+
+FRESH_COPIES = [sampler_reimported, sampler_from_its_file, sampler_in_a_child]
+
+
+@pytest.mark.skipif(not sandbox.available(), reason="no bubblewrap here")
+@pytest.mark.parametrize("attack", FRESH_COPIES, ids=[a.__name__ for a in FRESH_COPIES])
+def test_chapter_06_a_fresh_sampler_behind_a_built_name_is_refused(attack: Any) -> None:
+    """The scan cannot read these names; the refusal's audit hook, in the rank, refuses what
+    they do (the module's file run again, another program) and says so."""
+    import inspect
+
+    from ddp_lab.course.grading import scan
+
+    for code in (attack, _module, _indices):
+        assert scan.findings(inspect.getsource(code)) == [], code
+    passed, line = remote_verdict("06.indices", attack)
+    assert not passed and " 0/" in line and "Refused" in line, line
+    assert "DistributedSampler" in line, line
+    # In self-study the same hook refuses it in the learner's ranks.
+    passed, line = run_checker(load_checkers()["06.indices"], LocalLearner((attack,)), "en")
+    assert not passed and "Refused" in line and "DistributedSampler" in line, line

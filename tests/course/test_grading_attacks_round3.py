@@ -237,3 +237,107 @@ def test_learners_results_carry_no_instructor_notes(
         assert "cgroup" not in shown and "a test's machine" not in shown, shown
         assert any("a test's machine" in n for n in doc["extra_data"]["notes"]), doc
     assert leftover_processes() == []
+
+
+# In a fresh Python (the hook, once added, stays in its process): a refusal as self-study's
+# ``LocalLearner`` makes one, around one call. Inside it, the roads to a fresh copy of the
+# refused class are refused, with names no scan reads; after it, the learner's kernel works
+# as before (a re-import, another program): the hook is inert outside a refusal. A graded
+# rank's refusal (``refuse_for_life``) cannot be ended, not by the hook's own state either.
+SELF_STUDY = """
+import sys
+from torch.utils.data import DistributedSampler
+import torch.utils.data.distributed as original
+from ddp_lab.course.grading.learner import Refused, refuse
+
+modules = getattr(sys, "mod" + "ules")
+loader = modules["import" + "lib"]
+load = getattr(loader, "import_" + "module")
+util = load("import" + "lib.util")
+path = original.__file__
+
+
+def reimport():
+    modules.pop("torch.utils.data.distributed")
+    try:
+        return load("torch.utils.data.distributed")
+    finally:
+        modules["torch.utils.data.distributed"] = original
+
+
+def from_file():
+    spec = getattr(util, "spec_from_" + "file_location")("fresh", path)
+    fresh = util.module_from_spec(spec)
+    spec.loader.exec_module(fresh)
+    return fresh
+
+
+def child():
+    run = getattr(load("sub" + "process"), "run")
+    return run([sys.executable, "-c", "print(6)"], capture_output=True, text=True).stdout
+
+
+def spawned():
+    ctx = load("multi" + "processing").get_context("spawn")
+    with ctx.Pool(1) as pool:
+        return pool.apply(abs, (-6,))
+
+
+def memory():
+    return load("ctypes").pythonapi.Py_IncRef
+
+
+def memory_file():
+    with open("/proc/self/mem", "r+b") as f:
+        return f.seekable()
+
+
+def folder():  # a descriptor of the module's folder opens it by a relative name
+    fd = load("os").open(path.rpartition("/")[0], 0)
+    load("os").close(fd)
+    return fd
+
+
+def ending_it():  # the hook's own state, set by hand
+    hook = load("ddp_lab.course.grading.guard")._audit
+    hook.__defaults__ = ((), hook, hook.__defaults__[2])
+
+
+ATTACKS = [reimport, from_file, child, spawned, memory, memory_file, folder]
+with refuse({"DistributedSampler": DistributedSampler}, "torch.randperm"):
+    for attack in ATTACKS:
+        try:
+            attack()
+            print(attack.__name__, "allowed")
+        except Refused as exc:
+            print(attack.__name__, "refused", "DistributedSampler" in str(exc))
+for attack in ATTACKS:
+    print(attack.__name__, "after", type(attack()).__name__)
+
+# A graded rank's refusal (for its life): not even the hook's own state can end it.
+from ddp_lab.course.grading.learner import refuse_for_life
+
+refuse_for_life({"DistributedSampler": DistributedSampler}, "torch.randperm")
+for attack in [ending_it, reimport, child]:
+    try:
+        attack()
+        print(attack.__name__, "for life: allowed")
+    except Refused:
+        print(attack.__name__, "for life: refused")
+"""
+
+
+def test_self_study_refuses_a_fresh_copy_only_during_the_refusing_call() -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", SELF_STUDY], capture_output=True, text=True, timeout=300, cwd=ROOT
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = done.stdout.splitlines()
+    for name in ("reimport", "from_file", "child", "spawned", "memory", "memory_file", "folder"):
+        assert f"{name} refused True" in lines, done.stdout
+    for name, kind in [("reimport", "module"), ("from_file", "module"), ("child", "str")]:
+        assert f"{name} after {kind}" in lines, done.stdout
+    assert "spawned after int" in lines and "memory after _FuncPtr" in lines, done.stdout
+    assert "memory_file after bool" in lines and "folder after int" in lines, done.stdout
+    for name in ("ending_it", "reimport", "child"):
+        assert f"{name} for life: refused" in lines, done.stdout

@@ -258,7 +258,9 @@ def test_a_pool_dropped_without_close_removes_its_folder() -> None:
 # 06.indices refuses torch's DistributedSampler (the oracle) in the learner's rank by changing
 # the class already imported. A fresh copy of it, by importing its module again after taking
 # it out of ``sys.modules`` or in a new Python started with ``subprocess`` (where no refusal
-# exists), got 4/4 with nothing for the scan to find.
+# exists), got 4/4 with nothing for the scan to find; the scan flags them now, and the
+# refusal's audit hook refuses them (the same with names the scan cannot read:
+# test_grading_attacks_ranks.py).
 SAMPLER_REIMPORTED = """\
 import sys
 
@@ -327,9 +329,10 @@ def test_chapter_06_a_fresh_oracle_is_flagged(attack: str) -> None:
     nb.cells[at].source = attack
     graded = grader.grade_one(release, nb, 120, 600, needed_only=True)
     (indices,) = [r for r in graded.results if r.grade_id == "06.indices"]
-    # The checker's own verdict stays in the line: the refusal was undone and the cases pass.
+    # The checker's own verdict stays in the line: the fresh copy (a re-import, another
+    # Python) is refused at run time too (course.grading.guard's audit hook), so no case passes.
     assert indices.status == "flagged" and indices.points == 0, indices
-    assert "PASS 06.indices" in indices.detail, indices
+    assert "FAIL 06.indices" in indices.detail and "Refused" in indices.detail, indices
     assert leftover_processes() == []
 
 

@@ -20,8 +20,10 @@ holds another rank's input, the seed or the checker's frames.
 
 ``refuse`` turns off oracle functions an exercise must not call, inside the learner's process,
 for the duration of the learner's call (aliases included: the function object itself is
-changed, not a module attribute). It lives in the learner's process, so it is a hint for
-feedback, not a proof: code that wants to can undo it.
+changed, not a module attribute); ``course.grading.guard``'s audit hook refuses, meanwhile,
+the roads to a fresh copy of them (a re-import, another Python, ``ctypes``). In a graded rank
+(``refuse_for_life``) neither is ever lifted and the originals are not kept; ``LocalLearner``'s
+refusal lives in the learner's own kernel, so it is a hint for feedback, not a proof.
 """
 
 from __future__ import annotations
@@ -30,11 +32,12 @@ import contextlib
 import importlib
 import json
 import re
+import sys
 import types
 from collections.abc import Callable, Iterator
 from typing import IO, Any
 
-from ddp_lab.course.grading import wire
+from ddp_lab.course.grading import guard, wire
 from ddp_lab.i18n import _t
 
 
@@ -66,6 +69,11 @@ class RunnerGone(Exception):
 
 class Refused(RuntimeError):
     """The learner's code called a function that this exercise asks them to write."""
+
+
+class RefusedFile(PermissionError, Refused):
+    """A refused module's file opened (``course.grading.guard``): a ``PermissionError``, so
+    ``linecache`` and ``traceback`` show no source line instead of failing."""
 
 
 def probe_name(probe: Callable) -> str:
@@ -325,6 +333,34 @@ def _refuse_function(target: types.FunctionType, saved: list) -> None:
     target.__defaults__ = target.__kwdefaults__ = None
 
 
+def _swap(targets: dict[str, Any], saved: list) -> None:
+    """Swap the code of ``targets`` for ``_refused_call``'s, noting the originals in ``saved``."""
+    for name, target in targets.items():
+        if isinstance(target, type):
+            had = "__init__" in target.__dict__
+            saved.append((target, "__init__", target.__dict__.get("__init__"), had))
+            target.__init__ = _refusing_init  # type: ignore[misc]
+            # Every method refuses too: an instance made without ``__init__``
+            # (``object.__new__(cls)``, its attributes set by hand) gets nothing from it.
+            for value in list(vars(target).values()):
+                if isinstance(value, staticmethod | classmethod):
+                    value = value.__func__
+                elif isinstance(value, property):
+                    value = value.fget
+                if isinstance(value, types.FunctionType) and value is not _refusing_init:
+                    _refuse_function(value, saved)
+        elif isinstance(target, types.FunctionType):
+            _refuse_function(target, saved)
+        else:
+            raise TypeError(f"cannot refuse {name}")
+
+
+def _modules_of(targets: dict[str, Any]) -> list[types.ModuleType]:
+    """The modules that define ``targets``: a fresh copy of one would hold them unrefused."""
+    names = {getattr(t, "__module__", None) for t in targets.values()}
+    return [sys.modules[n] for n in sorted(n for n in names if n in sys.modules)]
+
+
 @contextlib.contextmanager
 def refuse(targets: dict[str, Any], allowed: str = "-") -> Iterator[None]:
     """Make each callable in ``targets`` (display name -> function or class) raise ``Refused``.
@@ -332,32 +368,20 @@ def refuse(targets: dict[str, Any], allowed: str = "-") -> Iterator[None]:
     A function's code object is swapped, so every alias the learner made of it (``from
     torch.distributed import all_reduce as ar``) refuses too; a class refuses construction,
     and each of its own methods refuses (an instance made with ``object.__new__`` too).
-    Restored on exit. The learner's process could undo it, but only on purpose, and the
-    result still has to match the oracle computed in the grader.
+    Meanwhile ``course.grading.guard`` refuses a fresh copy of their modules, another
+    program and ``ctypes``. Restored on exit.
     """
     saved: list[tuple[Any, str, Any, bool]] = []
     _ACTIVE.append((sorted(targets), allowed))
+    refusal = None
     try:
-        for name, target in targets.items():
-            if isinstance(target, type):
-                had = "__init__" in target.__dict__
-                saved.append((target, "__init__", target.__dict__.get("__init__"), had))
-                target.__init__ = _refusing_init  # type: ignore[misc]
-                # Every method refuses too: an instance made without ``__init__``
-                # (``object.__new__(cls)``, its attributes set by hand) gets nothing from it.
-                for value in list(vars(target).values()):
-                    if isinstance(value, staticmethod | classmethod):
-                        value = value.__func__
-                    elif isinstance(value, property):
-                        value = value.fget
-                    if isinstance(value, types.FunctionType) and value is not _refusing_init:
-                        _refuse_function(value, saved)
-            elif isinstance(target, types.FunctionType):
-                _refuse_function(target, saved)
-            else:
-                raise TypeError(f"cannot refuse {name}")
+        _swap(targets, saved)
+        if targets:
+            refusal = guard.push(sorted(targets), allowed, _modules_of(targets))
         yield
     finally:
+        if refusal is not None:
+            guard.pop(refusal)
         _ACTIVE.pop()
         for obj, attr, value, had in reversed(saved):
             if had:
@@ -366,13 +390,22 @@ def refuse(targets: dict[str, Any], allowed: str = "-") -> Iterator[None]:
                 delattr(obj, attr)
 
 
+def refuse_for_life(targets: dict[str, Any], allowed: str = "-") -> None:
+    """``refuse`` for the rest of this process (a graded rank): the originals are dropped, so
+    nothing left in the process can bring them back, and the guard's refusal is locked."""
+    _ACTIVE.append((sorted(targets), allowed))
+    _swap(targets, [])
+    if targets:
+        guard.push(sorted(targets), allowed, _modules_of(targets), locked=True)
+
+
 @contextlib.contextmanager
 def refusing(probe: Callable) -> Iterator[None]:
     """``refuse`` what ``probe`` declares in its ``refuses`` attribute (a function that returns
     ``(targets, allowed)``: torch's own ready-made answer to the exercise, e.g. its
     ``DistributedDataParallel`` for a DDP written from scratch), or nothing. A graded rank
     (``course.grading.rankserve``) enters it before the learner's objects are unpickled and
-    keeps it for the rank's life; ``LocalLearner`` around each call."""
+    keeps it for the rank's life (``refuse_for_life_of``); ``LocalLearner`` around each call."""
     declared = getattr(probe, "refuses", None)
     if declared is None:
         yield
@@ -380,3 +413,10 @@ def refusing(probe: Callable) -> Iterator[None]:
     targets, allowed = declared()
     with refuse(targets, allowed):
         yield
+
+
+def refuse_for_life_of(probe: Callable) -> None:
+    """``refuse_for_life`` what ``probe`` declares in its ``refuses`` attribute, or nothing."""
+    declared = getattr(probe, "refuses", None)
+    if declared is not None:
+        refuse_for_life(*declared())

@@ -30,7 +30,7 @@ from pathlib import Path
 from ddp_lab.course.grading import wire
 
 REQUEST_LIMIT = wire.MAX_BYTES + 4096  # one request line, read by the rank
-_REFUSING: dict = {}  # probe name -> its refusals, entered once and never left (``_serve``)
+_REFUSING: set = set()  # probes whose refusals this rank entered, never left (``_serve``)
 
 
 def _serve(request: dict, send: Callable[[dict], None], reader: wire.LineReader) -> dict:
@@ -42,7 +42,7 @@ def _serve(request: dict, send: Callable[[dict], None], reader: wire.LineReader)
     import torch.distributed as dist
 
     from ddp_lab import i18n
-    from ddp_lab.course.grading.learner import error_of, refusing, resolve_probe
+    from ddp_lab.course.grading.learner import error_of, refuse_for_life_of, resolve_probe
 
     rank, world_size = int(request["rank"]), int(request["world_size"])
     i18n.set_language(str(request.get("lang", "en")))
@@ -78,9 +78,11 @@ def _serve(request: dict, send: Callable[[dict], None], reader: wire.LineReader)
             # torch's own answer to the exercise (its DDP, ZeRO optimizer, bf16 hook), the
             # checker's oracle: off before any learner code runs (the blob's unpickling
             # included), for the rank's life (a graded rank serves one exercise, whose
-            # checker may use several probes: each one's refusals, once).
-            _REFUSING[str(request["probe"])] = refusing(probe)
-            _REFUSING[str(request["probe"])].__enter__()
+            # checker may use several probes: each one's refusals, once). The originals are
+            # dropped and the guard's audit hook (course.grading.guard) locked: no code in
+            # this process can lift it or load a fresh copy of what it refuses.
+            _REFUSING.add(str(request["probe"]))
+            refuse_for_life_of(probe)
     except Exception as exc:  # noqa: BLE001  # the grader's set-up, not the learner's code
         return {"error": {"type": type(exc).__name__, "message": str(exc)[:500]}, "setup": True}
     steps = request.get("steps") is True and isinstance(data, list)

@@ -87,6 +87,14 @@ def _refused_for_indices() -> dict[str, Any]:
     }
 
 
+def _refuses_indices() -> tuple[dict[str, Any], str]:
+    return _refused_for_indices(), "torch.randperm, torch.Generator"
+
+
+def _refuses_accuracy() -> tuple[dict[str, Any], str]:
+    return _refused_for_accuracy(), "dist.all_gather / dist.all_reduce"
+
+
 def _refused_for_accuracy() -> dict[str, Any]:
     try:
         from ddp_lab.labs import evaluation
@@ -98,6 +106,14 @@ def _refused_for_accuracy() -> dict[str, Any]:
         "ddp_lab.labs.evaluation.gather_by_index": evaluation.gather_by_index,
         "ddp_lab.labs.evaluation.all_reduce_accuracy": evaluation.all_reduce_accuracy,
     }
+
+
+# A graded rank enters these before it loads the learner's objects and keeps them for its life
+# (``learner.refusing``): code run while the objects load (a ``__reduce__``) or by the first
+# probe would otherwise meet no refusal, and could keep a fresh copy of torch's sampler for the
+# calls below, whose own ``refuse`` changes only the copy already imported. ``probe_forbidden``
+# comes first in the ranks of both exercises; what it refuses (torch's sampler) neither needs.
+probe_forbidden.refuses = _refuses_indices  # type: ignore[attr-defined]
 
 
 def _check_forbidden(grade_id: str, learner: Any) -> None:
@@ -223,6 +239,9 @@ def probe_indices(rank: int, objects: tuple, args: dict) -> Any:
     return out
 
 
+probe_indices.refuses = _refuses_indices  # type: ignore[attr-defined]
+
+
 @checker("06.indices", points=4)
 def check_indices(rng: random.Random, learner: Any) -> Iterator[object]:
     cases = index_cases(rng)
@@ -330,6 +349,9 @@ def probe_accuracy(rank: int, objects: tuple, datasets: list[tuple[int, list]]) 
             got = float(got)
         out.append(got if type(got) is float else {"kind": type(got).__name__})
     return out
+
+
+probe_accuracy.refuses = _refuses_accuracy  # type: ignore[attr-defined]
 
 
 @checker("06.accuracy", points=3)

@@ -1,0 +1,253 @@
+"""The part of a refusal that learner code cannot take off: a PEP 578 audit hook.
+
+``learner.refuse`` swaps the code of torch's ready-made answer (its ``DistributedSampler``,
+``DistributedDataParallel``, ...) so that calling it raises ``Refused``. The swap changes the
+objects already imported; a *fresh* copy of their module is not swapped. While a refusal is
+active, the hook added here (once per process, ``sys.addaudithook``: Python code cannot remove
+an audit hook) refuses the roads to a fresh copy:
+
+- running the refused module's code again: an ``exec`` of a code object, or a ``compile``, whose
+  file is that module's (a re-import after ``sys.modules`` lost it, ``importlib``'s
+  ``spec_from_file_location`` + ``exec_module``, ``runpy``), and the ``import`` event of it;
+- reading its source or cached bytecode (``open``: the text copied and run under another name),
+  matched by inode, so a link to the file is the file, and opening their folders (a folder's
+  descriptor would open them by a name relative to it); raised as ``RefusedFile``, a
+  ``PermissionError``, so ``linecache`` and ``traceback`` only show no source line (``open``
+  and ``os.open`` give the hook the path they use, ``__fspath__`` already applied);
+- another Python, where nothing is refused: ``subprocess``, ``os.system``, ``os.exec*``,
+  ``os.posix_spawn*``, a sub-interpreter. ``multiprocessing`` starts its ``spawn`` and
+  ``forkserver`` processes with ``_posixsubprocess.fork_exec``, which raises no audit event
+  (Python 3.11): every reference to it is replaced by ``_fork_exec``, which raises one, and a
+  fresh import of ``_posixsubprocess`` is refused. A fork keeps the hook and its refusal;
+- editing the interpreter's memory, or finding the original code the swap keeps: ``ctypes``,
+  a file of ``/proc`` opened for writing (``/proc/self/mem``) and ``gc.get_objects`` /
+  ``get_referrers`` / ``get_referents``.
+
+What the hook decides with is immune to module attributes: its state and everything it calls
+are its own default arguments (an immutable tuple of refusals; builtins bound at install).
+Setting the hook's or ``_fork_exec``'s ``__defaults__`` / ``__code__`` raises an audit event
+that the hook checks: a change that drops a refusal made for a rank's life (``locked``), or
+anything but the state, is refused. Outside a refusal the hook returns after that one check
+(about 0.45 us an audit event, against 0.03 us with no hook).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import types
+from collections.abc import Iterable
+from pathlib import Path
+
+from ddp_lab.i18n import _t
+
+# Events that start another program (or interpreter), where no refusal exists.
+PROGRAMS = frozenset(
+    {
+        "subprocess.Popen",
+        "os.system",
+        "os.exec",
+        "os.posix_spawn",
+        "os.spawn",
+        "cpython.PyInterpreterState_New",
+        "ddp_lab.fork_exec",  # raised by ``_fork_exec``
+    }
+)
+# Events that read objects the learner never needs (the refused originals among them).
+MEMORY = frozenset({"gc.get_objects", "gc.get_referrers", "gc.get_referents"})
+
+_LOCK = threading.Lock()
+_HELD: list = []  # the real ``_posixsubprocess.fork_exec``; emptied for good by a locked refusal
+
+
+def _fork_exec(*args: object) -> object:
+    """``_posixsubprocess.fork_exec`` with an audit event, so a refusal can refuse it."""
+    sys.audit("ddp_lab.fork_exec")
+    return _HELD[0](*args)
+
+
+def _message(kind: str, state: tuple, detail: str) -> str:
+    if kind == "hook" or not state:
+        return _t(
+            "this exercise asks you to write it yourself: the refusal's audit hook cannot be changed."
+        )
+    names, allowed = state[-1][0], state[-1][1]
+    name = " / ".join(names)
+    if kind == "fresh":
+        return _t(
+            "this exercise asks you to write it yourself: loading {module} again is not "
+            "allowed while {name} is refused (use {allowed}).",
+            module=detail,
+            name=name,
+            allowed=allowed,
+        )
+    if kind == "program":
+        return _t(
+            "this exercise asks you to write it yourself: starting another program is not "
+            "allowed while {name} is refused (use {allowed}).",
+            name=name,
+            allowed=allowed,
+        )
+    return _t(
+        "this exercise asks you to write it yourself: {what} is not allowed while {name} is "
+        "refused (use {allowed}).",
+        what=detail,
+        name=name,
+        allowed=allowed,
+    )
+
+
+def _audit(event: str, args: tuple, state: tuple = (), me: object = None, kit: tuple = ()) -> None:
+    """The audit hook. ``state``: the active refusals, innermost last, each ``(names, allowed,
+    module names, {(st_dev, st_ino)}, locked, ((st_dev, st_ino), module name) pairs)``;
+    ``me``: this function; ``kit``: ``(_message, Refused, RefusedFile, os.stat, type, tuple,
+    PROGRAMS, MEMORY, getattr, _fork_exec, /proc's st_dev)``. No global
+    name is read here: a learner can rebind those."""
+    if event == "object.__setattr__":
+        if args[0] is not me and (not kit or args[0] is not kit[9]):
+            return
+        ok = args[0] is me and args[1] == "__defaults__" and kit[4](args[2]) is kit[5]
+        if ok:
+            try:
+                new_state, new_me, new_kit = args[2]
+            except BaseException:  # noqa: BLE001  # not our shape: refused below
+                new_state, new_me, new_kit = (), None, None
+            ok = new_me is me and new_kit is kit and kit[4](new_state) is kit[5]
+            for old in state:  # a refusal made for a rank's life stays
+                if ok and old[4]:
+                    ok = False
+                    for new in new_state:
+                        if new is old:
+                            ok = True
+        if not ok:
+            raise kit[1](kit[0]("hook", state, ""))
+        return
+    if not state:
+        return
+    if event == "import":
+        for g in state:
+            if args[0] in g[2]:
+                raise kit[1](kit[0]("fresh", state, args[0]))
+        if args[0] == "_posixsubprocess":
+            raise kit[1](kit[0]("program", state, ""))
+        return
+    if event == "exec" or event == "compile" or event == "open":
+        if event == "exec":  # (code object,)
+            path = kit[8](args[0], "co_filename", None)
+        elif event == "compile":  # (source, filename)
+            path = args[1]
+        else:  # open: (path or fd, mode, flags)
+            path = args[0]
+        if path is None:
+            return
+        try:
+            st = kit[3](path)
+        except BaseException:  # noqa: BLE001  # "<string>", a closed fd: not a refused file
+            return
+        key = (st.st_dev, st.st_ino)
+        if event == "open" and st.st_dev == kit[10] and args[2] & 3:
+            # /proc/self/mem opened for writing edits the interpreter's memory, like ctypes.
+            raise kit[2](kit[0]("other", state, "/proc"))
+        for g in state:
+            if key in g[3]:
+                module = "?"
+                for k, name in g[5]:
+                    if k == key:
+                        module = name
+                error = kit[2] if event == "open" else kit[1]
+                raise error(kit[0]("fresh", state, module))
+        return
+    if event in kit[6]:
+        raise kit[1](kit[0]("program", state, ""))
+    if event in kit[7] or event.startswith("ctypes."):
+        raise kit[1](kit[0]("other", state, event))
+
+
+def _files(module: types.ModuleType) -> list[tuple[int, int]]:
+    """The inodes of ``module``'s source, of its folders and of its cached bytecode files."""
+    file = getattr(module, "__file__", None)
+    if not file:
+        return []
+    path = Path(file)
+    # Its folders too: a folder's descriptor opens the file by a relative name
+    # (``os.open(name, dir_fd=...)``), which the hook cannot tell from a file of that name here.
+    paths = [path, path.parent, path.parent / "__pycache__"]
+    paths += path.parent.glob(f"__pycache__/{path.stem}.*.pyc")
+    keys = []
+    for p in paths:
+        try:
+            st = os.stat(p)
+        except OSError:
+            continue
+        keys.append((st.st_dev, st.st_ino))
+    return keys
+
+
+def _install() -> None:
+    """Add the hook once per process, and route every ``fork_exec`` through ``_fork_exec``."""
+    if _audit.__defaults__ and _audit.__defaults__[1] is _audit:
+        return
+    import _posixsubprocess
+
+    from ddp_lab.course.grading.learner import Refused, RefusedFile
+
+    real = _posixsubprocess.fork_exec
+    if real is not _fork_exec:
+        _HELD[:] = [real]
+        # ``subprocess`` keeps its own name for it (``_fork_exec``), and so may others.
+        for module in list(sys.modules.values()):
+            names = getattr(module, "__dict__", None)
+            if isinstance(names, dict):
+                for name, value in list(names.items()):
+                    if value is real:
+                        names[name] = _fork_exec
+    try:
+        proc = os.stat("/proc").st_dev
+    except OSError:
+        proc = -1
+    kit = (_message, Refused, RefusedFile, os.stat, type, tuple, PROGRAMS, MEMORY, getattr)
+    _audit.__defaults__ = ((), _audit, (*kit, _fork_exec, proc))
+    sys.addaudithook(_audit)
+
+
+def push(
+    names: Iterable[str], allowed: str, modules: Iterable[types.ModuleType], locked: bool = False
+) -> tuple:
+    """Start refusing fresh copies of ``modules``, other programs and ``ctypes`` in this
+    process; ``locked``: for the process's life (``pop`` of it is refused, the real
+    ``fork_exec`` is dropped). Returns the refusal, for ``pop``."""
+    import linecache
+
+    modules = [m for m in modules if m is not None]
+    files = [(key, m.__name__) for m in modules for key in _files(m)]
+    for m in modules:  # source lines read before the refusal would be a copy of it
+        linecache.cache.pop(getattr(m, "__file__", None) or "", None)
+    refusal = (
+        tuple(names),
+        allowed,
+        frozenset(m.__name__ for m in modules),
+        frozenset(key for key, _ in files),
+        bool(locked),
+        tuple(files),
+    )
+    with _LOCK:
+        _install()
+        state, me, kit = _audit.__defaults__
+        _audit.__defaults__ = ((*state, refusal), me, kit)
+        if locked:
+            _HELD.clear()
+    return refusal
+
+
+def pop(refusal: tuple) -> None:
+    """End ``refusal`` (raises ``Refused`` if it was made for the process's life)."""
+    with _LOCK:
+        state, me, kit = _audit.__defaults__
+        _audit.__defaults__ = (tuple(g for g in state if g is not refusal), me, kit)
+
+
+def active() -> bool:
+    """Whether a refusal is active in this process."""
+    defaults = _audit.__defaults__
+    return bool(defaults and defaults[0])
