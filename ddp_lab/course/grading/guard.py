@@ -42,6 +42,16 @@ from pathlib import Path
 
 from ddp_lab.i18n import _t
 
+
+class Refused(RuntimeError):
+    """The learner's code called a function that this exercise asks them to write."""
+
+
+class RefusedFile(PermissionError, Refused):
+    """A refused module's file opened: a ``PermissionError``, so ``linecache`` and
+    ``traceback`` show no source line instead of failing."""
+
+
 # Events that start another program (or interpreter), where no refusal exists.
 PROGRAMS = frozenset(
     {
@@ -189,8 +199,6 @@ def _install() -> None:
     if _audit.__defaults__ and _audit.__defaults__[1] is _audit:
         return
     import _posixsubprocess
-
-    from ddp_lab.course.grading.learner import Refused, RefusedFile
 
     real = _posixsubprocess.fork_exec
     if real is not _fork_exec:

@@ -38,6 +38,7 @@ from collections.abc import Callable, Iterator
 from typing import IO, Any
 
 from ddp_lab.course.grading import guard, wire
+from ddp_lab.course.grading.guard import Refused, RefusedFile  # noqa: F401  # their home: the hook raises them
 from ddp_lab.i18n import _t
 
 
@@ -65,15 +66,6 @@ class LearnerError(Exception):
 
 class RunnerGone(Exception):
     """The learner's process died or stopped answering (timeout, crash, memory)."""
-
-
-class Refused(RuntimeError):
-    """The learner's code called a function that this exercise asks them to write."""
-
-
-class RefusedFile(PermissionError, Refused):
-    """A refused module's file opened (``course.grading.guard``): a ``PermissionError``, so
-    ``linecache`` and ``traceback`` show no source line instead of failing."""
 
 
 def probe_name(probe: Callable) -> str:
