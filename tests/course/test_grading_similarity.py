@@ -45,3 +45,58 @@ def test_a_learner_past_the_cpu_budget_is_cut_alone() -> None:
     found, cut = similarity.compare(codes, max_chars=10**9, cpu_seconds=1)
     assert cut == {"slow": similarity.TOO_SLOW}, cut  # its 1 s of CPU ran out, in the child
     assert found == {"00.average": [("ann", "bob", 1.0)]}, found
+
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _with_own_code(release, grade_id: str, code: str):
+    """``release`` with ``code`` as the learner's exercise cell before ``grade_id``'s graded cell."""
+    import copy
+
+    nb = copy.deepcopy(release)
+    graded = next(i for i, c in enumerate(nb.cells) if c.metadata.get("grade_id") == grade_id)
+    stub = max(i for i, c in enumerate(nb.cells[:graded]) if c.cell_type == "code")
+    nb.cells[stub].source = code
+    return nb
+
+
+def test_torch_source_pasted_into_a_cell_is_paired_with_torch_not_the_honest_solution(
+    tmp_path: Path,
+) -> None:
+    """The audit hook refuses a fresh copy of torch's sampler (course/grading/guard.py), not its
+    source text copied into a cell: that is the learner's code to the grader, and the report
+    pairs it with ``(torch)``. The released solution, written from scratch, is not."""
+    import inspect
+
+    import torch.utils.data.distributed as torch_sampler
+
+    release = read(ROOT / "exercises" / "en" / "06_distributed_sampler.ipynb")
+    solution = read(ROOT / "solutions" / "en" / "06_distributed_sampler.ipynb")
+    pasted = inspect.getsource(torch_sampler.DistributedSampler) + (
+        "\n\ndef distributed_indices(dataset_len, num_replicas, rank, epoch=0, seed=0, "
+        "shuffle=True, drop_last=False):\n"
+        "    sampler = DistributedSampler(range(dataset_len), num_replicas, rank, shuffle, "
+        "seed, drop_last)\n"
+        "    sampler.set_epoch(epoch)\n"
+        "    return list(sampler)\n"
+    )
+    subs = {
+        "honest": solution,
+        "pasted": _with_own_code(release, "06.indices", pasted),
+    }
+    text = similarity.write_report(release, subs, tmp_path, "en").read_text(encoding="utf-8")
+    section = text.split("## `06.indices`", 1)[1].split("\n## ", 1)[0]
+    assert "- `(torch)` ~ `pasted`:" in section, text
+    assert "`honest`" not in section, text  # the released solution is its own
+    assert "`(torch)` torch's own" in text, text  # the report says what `(torch)` is
+    zh = similarity.write_report(release, subs, tmp_path, "zh").read_text(encoding="utf-8")
+    assert "`(torch)` 表示 torch 自己的实现" in zh, zh
+
+
+def test_the_two_implementations_are_never_a_pair_and_every_torch_reference_reads() -> None:
+    for grade_id in similarity.TORCH_REFERENCES:
+        assert similarity.reference_code(grade_id, similarity.TORCH_REFERENCES), grade_id
+    codes = {"10.bf16_hook": {similarity.REFERENCE: OWN, similarity.TORCH: OWN, "ann": "y = 2\n"}}
+    found, _ = similarity.compare(codes, max_chars=10**9)
+    assert found == {"10.bf16_hook": []}, found  # identical, and still no pair

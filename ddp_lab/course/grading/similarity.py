@@ -1,5 +1,8 @@
 """A similarity report for the instructor: each exercise's code vs the package's reference
-implementation and vs the other submissions, with ``copydetect`` (MOSS-like winnowing).
+implementation, vs torch's own implementation where torch has one (the one the exercise
+refuses at run time, ``course.grading.guard``: its source text copied into a cell is the
+learner's code to the grader, and shows here), and vs the other submissions, with
+``copydetect`` (MOSS-like winnowing).
 
 The learner's code of an exercise is their code cells before its graded cell that differ from
 the release's (as ``course.scan`` reads it), its graded cell found by the release's source
@@ -49,6 +52,21 @@ REFERENCES: dict[str, tuple[str, tuple[str, ...]]] = {
     "12.one_f_one_b": ("ddp_lab.pipeline_1f1b", ("one_f_one_b_order",)),
 }
 REFERENCE = "(ddp_lab)"
+# grade_id -> torch's implementation of what the exercise asks for (module, names).
+TORCH_REFERENCES: dict[str, tuple[str, tuple[str, ...]]] = {
+    "06.indices": ("torch.utils.data.distributed", ("DistributedSampler",)),
+    "10.sharded_optimizer": (
+        "torch.distributed.optim.zero_redundancy_optimizer",
+        ("ZeroRedundancyOptimizer",),
+    ),
+    "10.bf16_hook": (
+        "torch.distributed.algorithms.ddp_comm_hooks.default_hooks",
+        ("_compress_hook", "bf16_compress_hook"),
+    ),
+    "12.one_f_one_b": ("torch.distributed.pipelining.schedules", ("Schedule1F1B",)),
+}
+TORCH = "(torch)"
+SOURCES = (REFERENCE, TORCH)  # the report's names that are not learners
 MAX_CHARS = 200_000  # a learner's own code over all exercises; an honest one is a few KiB
 CPU_SECONDS = 5  # each learner's fingerprints, in the child
 MEMORY_BYTES = 2 * 2**30  # the child's address space
@@ -84,13 +102,14 @@ def exercise_code(release: nbformat.NotebookNode, sub: nbformat.NotebookNode) ->
     return out
 
 
-def reference_code(grade_id: str) -> str:
-    """The package's reference implementation of ``grade_id``, or "" if it has none."""
+def reference_code(grade_id: str, references: dict = REFERENCES) -> str:
+    """The package's reference implementation of ``grade_id`` (``references``: or torch's,
+    ``TORCH_REFERENCES``), or "" if it has none."""
     import importlib
 
-    if grade_id not in REFERENCES:
+    if grade_id not in references:
         return ""
-    module, names = REFERENCES[grade_id]
+    module, names = references[grade_id]
     try:
         mod = importlib.import_module(module)
         return "\n\n".join(inspect.getsource(getattr(mod, n)) for n in names)
@@ -171,13 +190,13 @@ def compare(
     for codes in by_exercise.values():
         for name, text in codes.items():
             size[name] = size.get(name, 0) + len(text)
-    cut = {name: TOO_LARGE for name, n in size.items() if n > max_chars and name != REFERENCE}
+    cut = {name: TOO_LARGE for name, n in size.items() if n > max_chars and name not in SOURCES}
     kept = {
         grade_id: {n: t for n, t in codes.items() if n not in cut}
         for grade_id, codes in by_exercise.items()
     }
     request = {"codes": kept, "threshold": threshold, "cpu_seconds": cpu_seconds}
-    learners = [n for n in size if n not in cut and n != REFERENCE]
+    learners = [n for n in size if n not in cut and n not in SOURCES]
     try:
         done = subprocess.run(
             [sys.executable, "-m", "ddp_lab.course.grading.similarity"],
@@ -191,8 +210,10 @@ def compare(
         answer = None
     if not isinstance(answer, dict):
         return {}, {**cut, **dict.fromkeys(learners, TOO_SLOW)}
-    found = {
-        str(g): [(str(a), str(b), float(x)) for a, b, x in rows]
+    found = {  # the two implementations, alike or not, say nothing about a learner
+        str(g): [
+            (str(a), str(b), float(x)) for a, b, x in rows if a not in SOURCES or b not in SOURCES
+        ]
         for g, rows in answer.get("pairs", {}).items()
     }
     for name in answer.get("cut", []):
@@ -258,8 +279,8 @@ def write_report(
         _t(
             "Pairs whose code for an exercise overlaps by at least {threshold:.0%} "
             "(copydetect, winnowing). `(ddp_lab)` is the package's reference "
-            "implementation. Nothing here changes a grade: look at the code before "
-            "you decide.",
+            "implementation, `(torch)` torch's own (the one the exercise refuses). "
+            "Nothing here changes a grade: look at the code before you decide.",
             lang,
             threshold=threshold,
         ),
@@ -270,9 +291,10 @@ def write_report(
         for grade_id, text in exercise_code(release, nb).items():
             by_exercise.setdefault(grade_id, {})[name] = text
     for grade_id in by_exercise:
-        reference = reference_code(grade_id)
-        if reference:
-            by_exercise[grade_id][REFERENCE] = reference
+        for name, references in ((REFERENCE, REFERENCES), (TORCH, TORCH_REFERENCES)):
+            reference = reference_code(grade_id, references)
+            if reference:
+                by_exercise[grade_id][name] = reference
     all_found, cut = compare(by_exercise, threshold)
     any_pair = False
     for grade_id in sorted(all_found):
