@@ -51,6 +51,7 @@ from typing import Any
 from ddp_lab.cluster.shaping import (
     PROBE_PREFIX,
     check_shaping,
+    probe_name,
     shape,
     shaping_unavailable_reason,
     tc_commands,
@@ -74,6 +75,7 @@ __all__ = [
     "down",
     "kill_in",
     "namespaces",
+    "probe_name",
     "remove",
     "shape",
     "shaping_unavailable_reason",
@@ -113,7 +115,7 @@ def unavailable_reason() -> str | None:
                 tool=tool,
                 package=package,
             )
-    probe = f"{PREFIX}-probe{secrets.token_hex(3)}-x"
+    probe = probe_name()
     done = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True)
     subprocess.run(["ip", "netns", "del", probe], capture_output=True)
     if done.returncode != 0:
@@ -329,10 +331,18 @@ def remove(tag: str) -> list[str]:
 
 
 def clusters() -> dict[str, dict]:
-    """Every cluster on this machine, from its namespaces and state files: tag -> state."""
+    """Every cluster on this machine, from its namespaces and state files: tag -> state.
+
+    A throw-away namespace (``shaping.probe_name``) whose process still lives is not a
+    cluster: it is left out. One that a killed process left behind is listed (not alive), so
+    that ``down()`` removes it."""
     found: dict[str, dict] = {}
     for name in namespaces():
         tag = name[len(PREFIX) + 1 :].rsplit("-", 1)[0]
+        if name.startswith(PROBE_PREFIX):
+            maker = name[len(PROBE_PREFIX) :].split("-", 1)[0]
+            if maker.isdigit() and _start_time(int(maker)):
+                continue  # a live process's probe, for a moment
         found.setdefault(tag, {"tag": tag, "owner": None, "hosts": []})
     for path in STATE_DIR.glob("*.json") if STATE_DIR.is_dir() else []:
         with contextlib.suppress(ValueError, OSError):

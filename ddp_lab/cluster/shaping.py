@@ -11,6 +11,7 @@ names.
 from __future__ import annotations
 
 import math
+import os
 import secrets
 import shutil
 import subprocess
@@ -20,6 +21,14 @@ from ddp_lab.i18n import _t
 # The throw-away namespace's name starts as a cluster's do (``hosts.PREFIX`` + "-"), so that
 # ``hosts.down()`` removes one a crash left behind.
 PROBE_PREFIX = "ddplab-probe"
+
+
+def probe_name() -> str:
+    """A throw-away namespace's name, with the pid of the process that makes it: while that
+    process lives the namespace is its own (``hosts.clusters`` leaves it out, ``hosts.down``
+    does not remove it under the probe), and another process can tell its own probes from
+    those a process beside it is making at the same moment."""
+    return f"{PROBE_PREFIX}{os.getpid()}-{secrets.token_hex(3)}-x"
 
 
 def check_shaping(rate_mbit: object, delay_ms: object) -> None:
@@ -103,7 +112,7 @@ def shaping_unavailable_reason(rate_mbit: float | None, delay_ms: float | None) 
         return None
     if shutil.which("tc") is None:
         return _t("Shaping links needs the `tc` command (Debian: apt-get install iproute2).")
-    probe = f"{PROBE_PREFIX}{secrets.token_hex(3)}-x"
+    probe = probe_name()
     made = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True)
     if made.returncode != 0:
         return made.stderr.strip()

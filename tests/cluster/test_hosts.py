@@ -199,3 +199,30 @@ def test_two_hosts_train_like_one_and_every_failure_shows_its_error() -> None:
     # the node that joins second decides: --nnodes=2 joining second completes the round at 2
     assert any(line.startswith("world size 2,") for line in g["nnodes_silent"].key_lines())
     assert not [n for n in hosts.namespaces() if n in g.netns]
+
+
+@needs_hosts
+def test_a_live_processs_probe_is_not_a_cluster_and_a_dead_ones_is_removed() -> None:
+    """A throw-away namespace (``unavailable_reason``, ``shaping_unavailable_reason``) made by
+    a process beside this one, for a moment, is not a cluster: ``clusters()`` leaves it out
+    and ``down()`` leaves it alone (a test counting clusters before and after, or a
+    ``hosts down`` run, met one in CI). One that a killed process left is removed."""
+    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    names = [f"{hosts.PROBE_PREFIX}{p.pid}-abcdef-x" for p in (live, dead)]
+    try:
+        for name in names:
+            subprocess.run(["ip", "netns", "add", name], check=True)
+        assert hosts.probe_name().startswith(f"{hosts.PROBE_PREFIX}{os.getpid()}-")
+        tags = set(hosts.clusters())
+        assert f"probe{live.pid}-abcdef" not in tags, tags
+        assert f"probe{dead.pid}-abcdef" in tags, tags
+        gone = hosts.down()
+        assert names[1] in gone and names[0] not in gone, gone
+        assert names[0] in hosts.namespaces() and names[1] not in hosts.namespaces()
+    finally:
+        live.kill()
+        live.wait()
+        for name in names:
+            subprocess.run(["ip", "netns", "del", name], capture_output=True)
