@@ -277,10 +277,12 @@ def child():
     return run([sys.executable, "-c", "print(6)"], capture_output=True, text=True).stdout
 
 
-def spawned():
-    ctx = load("multi" + "processing").get_context("spawn")
-    with ctx.Pool(1) as pool:
-        return pool.apply(abs, (-6,))
+def spawned():  # a Process, not a Pool: a Pool's semaphore, made before its refused start,
+    # would stay in /dev/shm (the resource tracker that unlinks it is a program too)
+    process = load("multi" + "processing").get_context("spawn").Process(target=abs, args=(-6,))
+    process.start()
+    process.join()
+    return process.exitcode
 
 
 def memory():
