@@ -64,19 +64,20 @@ def nothing_shown(outputs, source: str) -> str | None:
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_call(item):
     result = yield
-    if type(item).__name__ == "IPyNbCell" and TAG not in item.cell.metadata.get("tags", []):
-        line = cpp_trace(getattr(item, "test_outputs", None))
-        if line is not None:
-            raise AssertionError(
-                f"the cell printed a C++ stack trace ({line!r}): a learner reads it under a cell "
-                f"that worked. Find its cause, or tag the cell {TAG!r} in its chapter source "
-                "where it shows a failing run on purpose (course/nbtraces.py)"
-            )
-    if type(item).__name__ == "IPyNbCell":
-        shown = nothing_shown(getattr(item, "test_outputs", None), item.cell.source)
-        if shown is not None:
-            raise AssertionError(
-                f"the cell's result is {shown!r}: a learner reads a result that says nothing. "
-                "End the cell in ';' (docs/AUTHORING.md), or return something worth showing"
-            )
+    if type(item).__name__ != "IPyNbCell":
+        return result
+    outputs = getattr(item, "test_outputs", None)
+    line = cpp_trace(outputs) if TAG not in item.cell.metadata.get("tags", []) else None
+    if line is not None:
+        raise AssertionError(
+            f"the cell printed a C++ stack trace ({line!r}): a learner reads it under a cell "
+            f"that worked. Find its cause, or tag the cell {TAG!r} in its chapter source "
+            "where it shows a failing run on purpose (course/nbtraces.py)"
+        )
+    shown = nothing_shown(outputs, item.cell.source)
+    if shown is not None:
+        raise AssertionError(
+            f"the cell's result is {shown!r}: a learner reads a result that says nothing. "
+            "End the cell in ';' (docs/AUTHORING.md), or return something worth showing"
+        )
     return result

@@ -253,9 +253,3 @@ def pop(refusal: tuple) -> None:
     with _LOCK:
         state, me, kit = _audit.__defaults__
         _audit.__defaults__ = (tuple(g for g in state if g is not refusal), me, kit)
-
-
-def active() -> bool:
-    """Whether a refusal is active in this process."""
-    defaults = _audit.__defaults__
-    return bool(defaults and defaults[0])
