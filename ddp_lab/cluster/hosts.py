@@ -51,6 +51,7 @@ from typing import Any
 from ddp_lab.cluster.shaping import (
     PROBE_PREFIX,
     check_shaping,
+    probe_maker,
     probe_name,
     shape,
     shaping_unavailable_reason,
@@ -75,6 +76,7 @@ __all__ = [
     "down",
     "kill_in",
     "namespaces",
+    "probe_maker",
     "probe_name",
     "remove",
     "shape",
@@ -339,10 +341,9 @@ def clusters() -> dict[str, dict]:
     found: dict[str, dict] = {}
     for name in namespaces():
         tag = name[len(PREFIX) + 1 :].rsplit("-", 1)[0]
-        if name.startswith(PROBE_PREFIX):
-            maker = name[len(PROBE_PREFIX) :].split("-", 1)[0]
-            if maker.isdigit() and _start_time(int(maker)):
-                continue  # a live process's probe, for a moment
+        maker = probe_maker(name)
+        if maker is not None and _start_time(maker):
+            continue  # a live process's probe, for a moment
         found.setdefault(tag, {"tag": tag, "owner": None, "hosts": []})
     for path in STATE_DIR.glob("*.json") if STATE_DIR.is_dir() else []:
         with contextlib.suppress(ValueError, OSError):

@@ -31,6 +31,14 @@ def probe_name() -> str:
     return f"{PROBE_PREFIX}{os.getpid()}-{secrets.token_hex(3)}-x"
 
 
+def probe_maker(name: str) -> int | None:
+    """The pid in a throw-away namespace's name (``probe_name``), or None for another name."""
+    if not name.startswith(PROBE_PREFIX):
+        return None
+    pid = name[len(PROBE_PREFIX) :].split("-", 1)[0]
+    return int(pid) if pid.isdigit() else None
+
+
 def check_shaping(rate_mbit: object, delay_ms: object) -> None:
     """A clear error for a rate or delay that makes no sense, before anything is built."""
 

@@ -214,7 +214,8 @@ def test_a_live_processs_probe_is_not_a_cluster_and_a_dead_ones_is_removed() -> 
     try:
         for name in names:
             subprocess.run(["ip", "netns", "add", name], check=True)
-        assert hosts.probe_name().startswith(f"{hosts.PROBE_PREFIX}{os.getpid()}-")
+        assert hosts.probe_maker(hosts.probe_name()) == os.getpid()
+        assert [hosts.probe_maker(n) for n in names] == [live.pid, dead.pid]
         tags = set(hosts.clusters())
         assert f"probe{live.pid}-abcdef" not in tags, tags
         assert f"probe{dead.pid}-abcdef" in tags, tags

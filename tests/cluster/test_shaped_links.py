@@ -28,7 +28,7 @@ def left_behind(tag: str) -> list[str]:
     """Everything of cluster ``tag`` still on this machine, and any probe of this process
     (``shaping.probe_name``: the probes of other processes, run beside this one, come and go)."""
     found = hosts.namespaces(tag)
-    found += [n for n in hosts.namespaces() if n.startswith(f"{hosts.PROBE_PREFIX}{os.getpid()}-")]
+    found += [n for n in hosts.namespaces() if hosts.probe_maker(n) == os.getpid()]
     found += [str(p) for p in hosts.ETC_NETNS.glob(f"{hosts.PREFIX}-{tag}-*")]
     found += [str(p) for p in hosts.STATE_DIR.glob(f"{tag}.json")]
     return found
