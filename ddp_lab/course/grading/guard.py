@@ -23,6 +23,13 @@ an audit hook) refuses the roads to a fresh copy:
   a file of ``/proc`` opened for writing (``/proc/self/mem``) and ``gc.get_objects`` /
   ``get_referrers`` / ``get_referents``.
 
+torch itself uses ``ctypes`` in one place a graded exercise reaches: on a CUDA build,
+``torch.cuda.device_count()`` asks NVML through ``ctypes`` on every call until CUDA is
+initialised (``torch/cuda/__init__.py``: ``device_count``, ``_raw_device_count_nvml``), and
+DDP, ``torch.random.fork_rng`` and the course's device rule count GPUs. ``push`` counts them
+first and stores the count where ``device_count`` reads it (``_settle_gpu_count``); a CPU build
+of torch, as in CI, never takes that road.
+
 What the hook decides with is immune to module attributes: its state and everything it calls
 are its own default arguments (an immutable tuple of refusals; builtins bound at install).
 Setting the hook's or ``_fork_exec``'s ``__defaults__`` / ``__code__`` raises an audit event
@@ -69,6 +76,7 @@ MEMORY = frozenset({"gc.get_objects", "gc.get_referrers", "gc.get_referents"})
 
 _LOCK = threading.Lock()
 _HELD: list = []  # the real ``_posixsubprocess.fork_exec``; emptied for good by a locked refusal
+_SETTLED: list = []  # the refusal that stored torch's GPU count (``_settle_gpu_count``), if any
 
 
 def _fork_exec(*args: object) -> object:
@@ -219,6 +227,36 @@ def _install() -> None:
     sys.addaudithook(_audit)
 
 
+def _settle_gpu_count() -> bool:
+    """Count the GPUs now, before a refusal, and keep the count where torch reads it first.
+
+    Until CUDA is initialised, torch's ``device_count`` asks NVML through ``ctypes`` on every
+    call and keeps nothing (the number may change with ``CUDA_VISIBLE_DEVICES`` until then), so
+    under a refusal the hook would refuse torch's own count. The count taken here goes into
+    ``torch.cuda._cached_device_count``, which ``device_count`` returns when it is set. Returns
+    whether it was stored here (``pop`` of the refusal clears it again if CUDA is still not
+    initialised, so that a later ``CUDA_VISIBLE_DEVICES`` counts as torch intends).
+    """
+    cuda = sys.modules.get("torch.cuda")
+    if cuda is None or getattr(cuda, "_cached_device_count", 0) is not None:
+        return False  # no torch, torch keeps the count already, or another torch than ours
+    if not cuda._is_compiled():
+        return False  # a CPU build: device_count() is 0 without NVML
+    count = cuda.device_count()
+    if cuda._cached_device_count is not None:
+        return False  # CUDA was initialised: torch keeps the count itself
+    cuda._cached_device_count = count
+    return True
+
+
+def _unsettle_gpu_count() -> None:
+    """Undo ``_settle_gpu_count``, unless CUDA was initialised meanwhile (torch then keeps the
+    same count itself)."""
+    cuda = sys.modules.get("torch.cuda")
+    if cuda is not None and not getattr(cuda, "_initialized", True):
+        cuda._cached_device_count = None
+
+
 def push(
     names: Iterable[str], allowed: str, modules: Iterable[types.ModuleType], locked: bool = False
 ) -> tuple:
@@ -241,6 +279,8 @@ def push(
     )
     with _LOCK:
         _install()
+        if _settle_gpu_count():
+            _SETTLED[:] = [refusal]
         state, me, kit = _audit.__defaults__
         _audit.__defaults__ = ((*state, refusal), me, kit)
         if locked:
@@ -253,3 +293,6 @@ def pop(refusal: tuple) -> None:
     with _LOCK:
         state, me, kit = _audit.__defaults__
         _audit.__defaults__ = (tuple(g for g in state if g is not refusal), me, kit)
+        if _SETTLED and _SETTLED[0] is refusal:
+            _SETTLED.clear()
+            _unsettle_gpu_count()
