@@ -102,6 +102,14 @@ def test_environment_is_cleared(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
     assert "DDP_LAB_GRADE_SEED" not in p.stdout and "instructor-secret" not in p.stdout
 
 
+def test_the_user_has_a_name_and_a_home(tmp_path: Path) -> None:
+    """As root the sandbox's user id is in no /etc/passwd: getpass.getuser() would raise
+    KeyError, and torch before 2.13 calls it when DDP imports torch._dynamo."""
+    p = run("import getpass, os; print(getpass.getuser(), os.path.expanduser('~'))", tmp_path)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.split() == [sandbox.SANDBOX_USER, str((tmp_path / "work").resolve())]
+
+
 def test_host_loopback_is_out_of_reach_but_own_loopback_works(tmp_path: Path) -> None:
     with socket.socket() as server:
         server.bind(("127.0.0.1", 0))

@@ -41,6 +41,7 @@ SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "
 # the instructor's credentials) stays outside.
 KEEP_ENV = ("LANG", "LC_ALL", "TZ", "OMP_NUM_THREADS", "DDP_LAB_LANG", "MPLBACKEND")
 BASE_UID = 61000  # first user id for sandboxed runs as root (one per parallel job)
+SANDBOX_USER = "learner"  # the user name a sandboxed process reads (USER, LOGNAME)
 
 
 @dataclass(frozen=True)
@@ -152,9 +153,12 @@ def wrap(
     unchanged apart from ``env``, and the caller should call ``warn_unsandboxed``.
     """
     workdir = str(Path(workdir).resolve())
-    run_env = sandbox_env(
-        {"HOME": workdir, "TMPDIR": "/tmp", "GLOO_SOCKET_IFNAME": "lo", **(env or {})}
-    )
+    # USER/LOGNAME: as root, the sandbox runs as a user id /etc/passwd does not list, and
+    # getpass.getuser() then raises KeyError unless they are set. torch before 2.13 calls it
+    # when torch._dynamo is imported, which DDP does (torch/_inductor/runtime/
+    # cache_dir_utils.py: default_cache_dir; pytorch/pytorch#140765).
+    names = {"HOME": workdir, "USER": SANDBOX_USER, "LOGNAME": SANDBOX_USER}
+    run_env = sandbox_env({**names, "TMPDIR": "/tmp", "GLOO_SOCKET_IFNAME": "lo", **(env or {})})
     bwrap = bwrap_path() if available() else None
     if bwrap is None:
         return list(argv), {**os.environ, **(env or {})}
