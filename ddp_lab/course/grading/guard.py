@@ -26,9 +26,10 @@ an audit hook) refuses the roads to a fresh copy:
 torch itself uses ``ctypes`` in one place a graded exercise reaches: on a CUDA build,
 ``torch.cuda.device_count()`` asks NVML through ``ctypes`` on every call until CUDA is
 initialised (``torch/cuda/__init__.py``: ``device_count``, ``_raw_device_count_nvml``), and
-DDP, ``torch.random.fork_rng`` and the course's device rule count GPUs. ``push`` counts them
-first and stores the count where ``device_count`` reads it (``_settle_gpu_count``); a CPU build
-of torch, as in CI, never takes that road.
+``torch.random.fork_rng``, ``torch.cuda.get_rng_state_all``, the course's device rule
+(``runtime/device.visible_gpus``) and a learner's own device choice count GPUs. ``push``
+counts them first and stores the count where ``device_count`` reads it
+(``_settle_gpu_count``); a CPU build of torch, as in CI, never takes that road.
 
 What the hook decides with is immune to module attributes: its state and everything it calls
 are its own default arguments (an immutable tuple of refusals; builtins bound at install).
