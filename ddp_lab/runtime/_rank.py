@@ -15,6 +15,7 @@ import io
 import linecache
 import os
 import random
+import re
 import signal
 import sys
 import traceback
@@ -57,17 +58,26 @@ def _format_warning(
     return text + (f"  {line.strip()}\n" if line and line.strip() else "")
 
 
-def _format_frame(self: traceback.StackSummary, frame: traceback.FrameSummary) -> str:
-    text = _ORIGINAL_FORMAT_FRAME(self, frame)
-    label = CELL_NAMES.get(frame.filename)
-    if label is None:
-        return text
-    place = label.replace("{line}", str(frame.lineno))
-    return text.replace(f'File "{frame.filename}", line {frame.lineno}', place, 1)
+# A frame's place as every Python from 3.10 on prints it in a traceback.
+_PLACE = re.compile(r'File "([^"\n]*)", line (\d+)')
+
+
+def _name_place(match: re.Match[str]) -> str:
+    label = CELL_NAMES.get(match.group(1))
+    return match.group(0) if label is None else label.replace("{line}", match.group(2))
+
+
+def _format_stack(self: traceback.StackSummary, *args: Any, **kwargs: Any) -> list[str]:
+    # ``format``, not the per-frame ``format_frame_summary``: that one is new in 3.11 and takes
+    # ``colorize=`` from 3.13 on, while ``format`` is what every version's traceback calls.
+    lines = _ORIGINAL_FORMAT_STACK(self, *args, **kwargs)
+    if not CELL_NAMES:
+        return lines
+    return [_PLACE.sub(_name_place, line) for line in lines]
 
 
 _ORIGINAL_FORMATWARNING = warnings.formatwarning
-_ORIGINAL_FORMAT_FRAME = traceback.StackSummary.format_frame_summary
+_ORIGINAL_FORMAT_STACK = traceback.StackSummary.format
 
 
 def use_cell_names() -> None:
@@ -78,7 +88,7 @@ def use_cell_names() -> None:
     patches only touch frames of notebook cells; everything else prints as before.
     """
     warnings.formatwarning = _format_warning
-    traceback.StackSummary.format_frame_summary = _format_frame  # type: ignore[method-assign]
+    traceback.StackSummary.format = _format_stack  # type: ignore[method-assign]
 
 
 # Process groups that destroy_process_group() dropped, kept alive until the process ends.
