@@ -36,6 +36,10 @@ fi
 unset DDP_LAB_LANG  # each notebook picks its language from its folder
 export MPLBACKEND=agg
 .venv/bin/ruff check ddp_lab tests benchmarks
+# Nothing newer than Python 3.10 (pyproject's requires-python) in the package and the lessons:
+# vermin knows when each standard-library name appeared (torch.long is not Python 2's long).
+# tests/pythons.sh runs the package on those other Pythons.
+.venv/bin/vermin -q --no-tips --violations -t=3.10- --exclude long ddp_lab chapters benchmarks
 # DDP_LAB_STORED_RUNS=1: the lessons (both languages) show the stored runs of the cluster labs
 # (chapters 04, 09, 11); tests/cluster runs every one of those labs live, once
 # (tests/conftest.py unsets the variable there; ddp_lab/cluster/__init__.py).
@@ -105,3 +109,8 @@ cat build/test-cluster.log
 .venv/bin/ddp-lab site --out build/site --missing fail
 DDP_LAB_SITE=build/site .venv/bin/python -m pytest -p no:cacheprovider \
   tests/course/test_site.py::test_site_in_a_browser
+# Other Pythons than .venv's, where DDP_LAB_PYTHONS names them (CI's .ci/run does): a venv
+# each with torch (several GB from PyPI), and the tests that depend on the Python version.
+if [ -n "${DDP_LAB_PYTHONS:-}" ]; then
+  bash tests/pythons.sh $DDP_LAB_PYTHONS
+fi

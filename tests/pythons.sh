@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# The package on Pythons other than the one test.sh runs on. pyproject.toml says
+# requires-python >= 3.10; test.sh's .venv has one Python (CI's: 3.11), and what changes
+# between versions (traceback's hooks, audit events, _posixsubprocess, fork's warnings) only
+# shows on the others: before this check, `import ddp_lab` failed on 3.10 and a rank's
+# exception lost its traceback on 3.13.
+#
+#   bash tests/pythons.sh 3.10 3.13        # each: a venv, torch, the course, the tests below
+#
+# For each version it finds python3.X on PATH, else under pyenv ($PYENV_ROOT/versions/3.X.*,
+# the newest), and makes a venv in build/pythons/3.X with torch (TORCH_SPEC, default
+# torch==2.13.0; TORCH_INDEX_URL as in setup.sh: from PyPI on Linux x86_64 it is the CUDA build,
+# several GB), the course and the test tools. A version not found is reported and skipped. The
+# venv is removed afterwards (it holds GBs) unless KEEP=1. test.sh runs this when
+# DDP_LAB_PYTHONS names versions (CI's .ci/run does); it prints one summary line a version.
+#
+# The tests: what depends on the Python version, not the whole suite (test.sh runs that).
+#   - the launcher, its tracebacks and cell names, the magics (tests/runtime);
+#   - the grading guard (audit hook, fork_exec, ctypes) and the sandbox;
+#   - chapter 00 as a learner runs it, in a kernel of that Python (nbval).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+TESTS=(tests/runtime/test_launcher.py tests/runtime/test_stable_names.py
+  tests/runtime/test_magic.py tests/course/test_grading_guard.py tests/course/test_sandbox.py
+  tests/test_i18n.py notebooks/en/00_quickstart.ipynb)
+export PIP_DISABLE_PIP_VERSION_CHECK=1 MPLBACKEND=agg DDP_LAB_STORED_RUNS=1
+unset DDP_LAB_LANG
+status=0
+summary=()
+
+find_python() {
+  local v=$1 p
+  if p=$(command -v "python$v" 2>/dev/null); then echo "$p"; return; fi
+  for p in $(ls -d "${PYENV_ROOT:-$HOME/.pyenv}/versions/$v".* 2>/dev/null | sort -V -r); do
+    [ -x "$p/bin/python" ] && { echo "$p/bin/python"; return; }
+  done
+  return 1
+}
+
+for v in "$@"; do
+  if ! py=$(find_python "$v"); then
+    summary+=("python $v: SKIPPED, not found (python$v on PATH or pyenv's versions/$v.*)")
+    continue
+  fi
+  venv=$ROOT/build/pythons/$v
+  log=$ROOT/build/pythons/$v.log
+  mkdir -p "$ROOT/build/pythons"
+  echo "--- python $v: $py -> $venv (log: $log) ---"
+  t0=$(date +%s)
+  {
+    [ -x "$venv/bin/python" ] || "$py" -m venv "$venv"
+    torch_args=()
+    [ -n "${TORCH_INDEX_URL:-}" ] && torch_args=(--index-url "$TORCH_INDEX_URL")
+    "$venv/bin/python" -c 'import torch' 2>/dev/null ||
+      "$venv/bin/python" -m pip install -q ${torch_args[@]+"${torch_args[@]}"} \
+        "${TORCH_SPEC:-torch==2.13.0}"
+    "$venv/bin/python" -m pip install -q -e . "pytest>=8.0" "pytest-timeout>=2.2" \
+      "hypothesis>=6.90" "babel>=2.12"
+    # The notebooks' kernel ("python3") is this venv's Python, as setup.sh makes it.
+    # (ipykernel leaves its staging folder's parent behind in TMPDIR: give it one of ours.)
+    kernel_tmp=$(mktemp -d)
+    TMPDIR="$kernel_tmp" "$venv/bin/python" -m ipykernel install --sys-prefix --name python3 \
+      --display-name "Python 3 (ddp-lab)" >/dev/null
+    rm -rf "$kernel_tmp"
+  } >"$log" 2>&1
+  if [ $? -ne 0 ]; then
+    tail -n 20 "$log"
+    summary+=("python $v: FAILED to install (log: $log)")
+    status=1
+  else
+    version=$("$venv/bin/python" -c 'import sys, torch; print(sys.version.split()[0], "torch", torch.__version__)')
+    "$venv/bin/python" -m pytest -p no:cacheprovider -q --nbval-lax --nbval-cell-timeout=300 \
+      -p ddp_lab.course.nbtraces "${TESTS[@]}" 2>&1 | tee -a "$log" | tail -n 15
+    rc=${PIPESTATUS[0]}
+    result=$(grep -E '^[0-9]+ (passed|failed)|^=+ .*(passed|failed)' "$log" | tail -n 1 | tr -d '=')
+    if [ "$rc" -eq 0 ]; then
+      summary+=("python $v ($version): passed,${result} in $(( $(date +%s) - t0 )) s")
+    else
+      summary+=("python $v ($version): FAILED (rc $rc),${result} (log: $log)")
+      status=1
+    fi
+  fi
+  [ "${KEEP:-0}" = 1 ] || rm -rf "$venv"
+done
+echo "--- other Pythons ---"
+printf '%s\n' "${summary[@]}"
+exit "$status"
