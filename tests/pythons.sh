@@ -8,7 +8,7 @@
 #   bash tests/pythons.sh 3.10 3.13        # each: a venv, torch, the course, the tests below
 #
 # For each version it finds python3.X on PATH, else under pyenv ($PYENV_ROOT/versions/3.X.*,
-# the newest), and makes a venv in build/pythons/3.X with torch (TORCH_SPEC, default
+# the newest), and makes a venv in build/pythons/3.X (PYTHONS_DIR) with torch (TORCH_SPEC, default
 # torch==2.13.0; TORCH_INDEX_URL as in setup.sh: from PyPI on Linux x86_64 it is the CUDA build,
 # several GB), the course and the test tools. A version not found is reported and skipped. The
 # venv is removed afterwards (it holds GBs) unless KEEP=1. test.sh runs this when
@@ -21,6 +21,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
+DIR=${PYTHONS_DIR:-$ROOT/build/pythons}  # the venvs and their logs
 TESTS=(tests/runtime/test_launcher.py tests/runtime/test_stable_names.py
   tests/runtime/test_magic.py tests/course/test_grading_guard.py tests/course/test_sandbox.py
   tests/test_i18n.py notebooks/en/00_quickstart.ipynb)
@@ -43,12 +44,13 @@ for v in "$@"; do
     summary+=("python $v: SKIPPED, not found (python$v on PATH or pyenv's versions/$v.*)")
     continue
   fi
-  venv=$ROOT/build/pythons/$v
-  log=$ROOT/build/pythons/$v.log
-  mkdir -p "$ROOT/build/pythons"
+  venv=$DIR/$v
+  log=$DIR/$v.log
+  mkdir -p "$DIR"
   echo "--- python $v: $py -> $venv (log: $log) ---"
   t0=$(date +%s)
-  {
+  (
+    set -e
     [ -x "$venv/bin/python" ] || "$py" -m venv "$venv"
     torch_args=()
     [ -n "${TORCH_INDEX_URL:-}" ] && torch_args=(--index-url "$TORCH_INDEX_URL")
@@ -57,13 +59,13 @@ for v in "$@"; do
         "${TORCH_SPEC:-torch==2.13.0}"
     "$venv/bin/python" -m pip install -q -e . "pytest>=8.0" "pytest-timeout>=2.2" \
       "hypothesis>=6.90" "babel>=2.12"
-    # The notebooks' kernel ("python3") is this venv's Python, as setup.sh makes it.
-    # (ipykernel leaves its staging folder's parent behind in TMPDIR: give it one of ours.)
+    # The notebooks' kernel ("python3") is this venv's Python, as setup.sh makes it
+    # (ipykernel leaves its staging folder's parent behind in TMPDIR: give it one of ours).
     kernel_tmp=$(mktemp -d)
     TMPDIR="$kernel_tmp" "$venv/bin/python" -m ipykernel install --sys-prefix --name python3 \
       --display-name "Python 3 (ddp-lab)" >/dev/null
     rm -rf "$kernel_tmp"
-  } >"$log" 2>&1
+  ) >"$log" 2>&1
   if [ $? -ne 0 ]; then
     tail -n 20 "$log"
     summary+=("python $v: FAILED to install (log: $log)")
@@ -75,9 +77,9 @@ for v in "$@"; do
     rc=${PIPESTATUS[0]}
     result=$(grep -E '^[0-9]+ (passed|failed)|^=+ .*(passed|failed)' "$log" | tail -n 1 | tr -d '=')
     if [ "$rc" -eq 0 ]; then
-      summary+=("python $v ($version): passed,${result} in $(( $(date +%s) - t0 )) s")
+      summary+=("python $v ($version): PASSED: ${result# } (with the install: $(( $(date +%s) - t0 )) s)")
     else
-      summary+=("python $v ($version): FAILED (rc $rc),${result} (log: $log)")
+      summary+=("python $v ($version): FAILED (rc $rc): ${result# } (log: $log)")
       status=1
     fi
   fi
