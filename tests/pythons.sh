@@ -30,11 +30,17 @@ unset DDP_LAB_LANG
 status=0
 summary=()
 
+# The first that runs and is that version: python3.X on PATH (a pyenv shim on PATH may name a
+# version pyenv does not select, and fails), else the newest $PYENV_ROOT/versions/3.X.*.
 find_python() {
   local v=$1 p
-  if p=$(command -v "python$v" 2>/dev/null); then echo "$p"; return; fi
-  for p in $(ls -d "${PYENV_ROOT:-$HOME/.pyenv}/versions/$v".* 2>/dev/null | sort -V -r); do
-    [ -x "$p/bin/python" ] && { echo "$p/bin/python"; return; }
+  for p in $(command -v "python$v" 2>/dev/null) \
+    $(ls -d "${PYENV_ROOT:-$HOME/.pyenv}/versions/$v".*/bin/python 2>/dev/null | sort -V -r); do
+    if "$p" -c "import sys; sys.exit(f'{sys.version_info[0]}.{sys.version_info[1]}' != '$v')" \
+      2>/dev/null; then
+      echo "$p"
+      return
+    fi
   done
   return 1
 }

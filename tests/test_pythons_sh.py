@@ -29,15 +29,24 @@ def test_a_python_not_found_is_skipped_and_said(tmp_path: Path) -> None:
 
 
 def test_a_pyenv_python_is_found(tmp_path: Path) -> None:
-    # The newest patch release of the version under $PYENV_ROOT/versions, by version order.
-    for patch in ("3.98.2", "3.98.10"):
-        bin_dir = tmp_path / "versions" / patch / "bin"
-        bin_dir.mkdir(parents=True)
-        (bin_dir / "python").write_text("#!/bin/sh\nexit 3\n")
-        (bin_dir / "python").chmod(0o755)
+    # A shim on PATH that fails (pyenv's, for a version it does not select) is passed over;
+    # under $PYENV_ROOT/versions the newest patch release wins, in version order (10 > 9).
+    def python(path: Path, answers: bool) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        # Says it is the version asked for (or not), then fails to make a venv.
+        path.write_text(
+            "#!/bin/sh\n"
+            + ('case "$2" in *version_info*) exit 0;; esac\n' if answers else "")
+            + "exit 3\n"
+        )
+        path.chmod(0o755)
+
+    python(tmp_path / "shims" / "python3.98", answers=False)
+    python(tmp_path / "versions" / "3.98.9" / "bin" / "python", answers=True)
+    python(tmp_path / "versions" / "3.98.10" / "bin" / "python", answers=True)
     env = {
         **os.environ,
-        "PATH": "/usr/bin:/bin",
+        "PATH": f"{tmp_path / 'shims'}:/usr/bin:/bin",
         "PYENV_ROOT": str(tmp_path),
         "PYTHONS_DIR": str(tmp_path / "venvs"),
     }
@@ -48,8 +57,7 @@ def test_a_pyenv_python_is_found(tmp_path: Path) -> None:
         env=env,
         timeout=60,
     )
-    # That "python" fails to make a venv: the version is found, then fails to install.
     assert run.returncode == 1
-    assert "3.98.10/bin/python" in run.stdout
+    assert f"python 3.98: {tmp_path}/versions/3.98.10/bin/python ->" in run.stdout
     assert "python 3.98: FAILED to install" in run.stdout
     assert not (tmp_path / "venvs" / "3.98").exists()  # removed
