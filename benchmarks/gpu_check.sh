@@ -100,7 +100,8 @@ NB_PID=$!
 set +m
 
 step facts
-{ nvidia-smi; "$PY" -c "import torch; print('torch', torch.__version__, 'CUDA', torch.version.cuda,
+{ nvidia-smi; "$PY" -c "import platform, torch; print('python', platform.python_version(),
+  'torch', torch.__version__, 'CUDA', torch.version.cuda,
   torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'no GPU',
   'NCCL', torch.cuda.nccl.version() if torch.cuda.is_available() else '-')"; } >> "$OUT/setup.log" 2>&1
 note "facts: $(tail -1 "$OUT/setup.log")"
