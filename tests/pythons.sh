@@ -58,12 +58,14 @@ for v in "$@"; do
   (
     set -e
     [ -x "$venv/bin/python" ] || "$py" -m venv "$venv"
+    # --no-compile: no .pyc for torch's thousands of files up front (a minute of the install);
+    # Python writes those it imports.
     torch_args=()
     [ -n "${TORCH_INDEX_URL:-}" ] && torch_args=(--index-url "$TORCH_INDEX_URL")
     "$venv/bin/python" -c 'import torch' 2>/dev/null ||
-      "$venv/bin/python" -m pip install -q ${torch_args[@]+"${torch_args[@]}"} \
+      "$venv/bin/python" -m pip install -q --no-compile ${torch_args[@]+"${torch_args[@]}"} \
         "${TORCH_SPEC:-torch==2.13.0}"
-    "$venv/bin/python" -m pip install -q -e . "pytest>=8.0" "pytest-timeout>=2.2" \
+    "$venv/bin/python" -m pip install -q --no-compile -e . "pytest>=8.0" "pytest-timeout>=2.2" \
       "hypothesis>=6.90" "babel>=2.12"
     # The notebooks' kernel ("python3") is this venv's Python, as setup.sh makes it
     # (ipykernel leaves its staging folder's parent behind in TMPDIR: give it one of ours).
