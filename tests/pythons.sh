@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The package on Pythons other than the one test.sh runs on. pyproject.toml says
 # requires-python >= 3.10; test.sh's .venv has one Python (CI's: 3.11), and what changes
-# between versions (traceback's hooks, audit events, _posixsubprocess, fork's warnings) only
+# between versions (traceback's hooks, audit events, _posixsubprocess, ctypes) only
 # shows on the others: before this check, `import ddp_lab` failed on 3.10 and a rank's
 # exception lost its traceback on 3.13.
 #
