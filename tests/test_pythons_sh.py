@@ -9,6 +9,16 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def _pythons_sh(version: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["bash", str(ROOT / "tests/pythons.sh"), version],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
+
+
 def test_a_python_not_found_is_skipped_and_said(tmp_path: Path) -> None:
     env = {
         **os.environ,
@@ -16,13 +26,7 @@ def test_a_python_not_found_is_skipped_and_said(tmp_path: Path) -> None:
         "PYENV_ROOT": str(tmp_path),
         "PYTHONS_DIR": str(tmp_path / "venvs"),
     }
-    run = subprocess.run(
-        ["bash", str(ROOT / "tests/pythons.sh"), "3.99"],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=60,
-    )
+    run = _pythons_sh("3.99", env)
     assert run.returncode == 0, run.stderr
     assert "python 3.99: SKIPPED, not found" in run.stdout
     assert not (tmp_path / "venvs").exists()
@@ -50,13 +54,7 @@ def test_a_pyenv_python_is_found(tmp_path: Path) -> None:
         "PYENV_ROOT": str(tmp_path),
         "PYTHONS_DIR": str(tmp_path / "venvs"),
     }
-    run = subprocess.run(
-        ["bash", str(ROOT / "tests/pythons.sh"), "3.98"],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=60,
-    )
+    run = _pythons_sh("3.98", env)
     assert run.returncode == 1
     assert f"python 3.98: {tmp_path}/versions/3.98.10/bin/python ->" in run.stdout
     assert "python 3.98: FAILED to install" in run.stdout
