@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Install the course into ./.venv and open it in JupyterLab.
+# Install the course into ./.venv (or $VENV) and open it in JupyterLab.
 #   bash setup.sh                  install (idempotent) and start JupyterLab on the course
 #   bash setup.sh --no-lab         install only
 #   bash setup.sh --lab [ARGS]     start JupyterLab again, without checking the install (seconds)
@@ -11,23 +11,28 @@
 #                    matches your driver (chapter 01, `ddp-lab doctor`)
 #   PIP_INDEX_URL    pip's own variable, for everything else: a PyPI mirror, e.g. in mainland
 #                    China https://pypi.tuna.tsinghua.edu.cn/simple
-#   PYTHON           the Python that creates .venv (default python3)
+#   PYTHON           the Python that creates the venv (default python3), e.g. python3.12
+#   VENV             where the venv goes (default .venv in the course folder), e.g. one venv
+#                    per Python: PYTHON=python3.12 VENV=.venv-3.12 bash setup.sh
 set -euo pipefail
+# VENV as the caller meant it: a relative path is relative to where setup.sh was started.
+if [ -n "${VENV:-}" ] && [ "${VENV#/}" = "$VENV" ]; then VENV=$PWD/$VENV; fi
 cd "$(dirname "$0")"
+VENV=${VENV:-.venv}
 PY=${PYTHON:-python3}
 "$PY" -c 'import sys; assert sys.version_info >= (3, 10), "Python 3.10+ is needed / 需要 Python 3.10 或更新版本"'
-VPY=.venv/bin/python
+VPY=$VENV/bin/python
 start_only=0
 if [ "${1:-}" = "--lab" ]; then
   shift
-  if [ -x .venv/bin/jupyter ] && "$VPY" -c 'import ddp_lab' 2>/dev/null; then
+  if [ -x "$VENV/bin/jupyter" ] && "$VPY" -c 'import ddp_lab' 2>/dev/null; then
     start_only=1
   else
     echo "setup.sh: --lab: nothing installed yet, installing first / 尚未安装，先安装" >&2
   fi
 fi
 if [ "$start_only" = 0 ]; then
-[ -x .venv/bin/python ] || "$PY" -m venv .venv
+[ -x "$VPY" ] || "$PY" -m venv "$VENV"
 export PIP_DISABLE_PIP_VERSION_CHECK=1
 if [ -n "${PIP_INDEX_URL:-}" ]; then
   echo "setup.sh: packages from PIP_INDEX_URL=$PIP_INDEX_URL / 从该镜像安装软件包" >&2
@@ -70,11 +75,11 @@ kernel_tmp=$(mktemp -d)
 TMPDIR="$kernel_tmp" \
   "$VPY" -m ipykernel install --sys-prefix --name python3 --display-name "Python 3 (ddp-lab)" >/dev/null
 rm -rf "$kernel_tmp"
-# JupyterLab's terminals: a bash that reads the user's bashrc and then activates .venv, so
+# JupyterLab's terminals: a bash that reads the user's bashrc and then activates the venv, so
 # that `ddp-lab` works there (jupyter_server starts a login shell by default, and a login
 # shell's /etc/profile resets PATH); and a contents manager that keeps the notebooks
-# unmodified on open. Any `.venv/bin/jupyter` reads .venv/etc/jupyter.
-venv=$(cd .venv && pwd)
+# unmodified on open. Any `$VENV/bin/jupyter` reads $VENV/etc/jupyter.
+venv=$(cd "$VENV" && pwd)
 mkdir -p "$venv/etc/jupyter" "$venv/etc/ddp-lab"
 cat >"$venv/etc/ddp-lab/bashrc" <<EOF
 # Written by setup.sh: the rc file of bash in JupyterLab's terminals.
@@ -107,12 +112,12 @@ if ! command -v bwrap >/dev/null || ! command -v ss >/dev/null; then
       "that ddp-lab grade sandboxes submissions / 教师请安装 bubblewrap 以隔离评分" >&2
   fi
 fi
-echo "setup.sh: installed. In a shell: source .venv/bin/activate (then ddp-lab works);" \
+echo "setup.sh: installed. In a shell: source $VENV/bin/activate (then ddp-lab works);" \
   "JupyterLab's terminals do it for you. Next time, start the lab with: bash setup.sh --lab /" \
-  "安装完成。在终端中先运行 source .venv/bin/activate；JupyterLab 自带的终端已自动激活。" \
+  "安装完成。在终端中先运行 source $VENV/bin/activate；JupyterLab 自带的终端已自动激活。" \
   "下次启动 JupyterLab：bash setup.sh --lab" >&2
 fi  # start_only
-venv=$(cd .venv && pwd)
+venv=$(cd "$VENV" && pwd)
 if [ "${1:-}" = "--no-lab" ]; then
   exit 0
 fi

@@ -226,15 +226,15 @@ def pytest_configure(config: pytest.Config) -> None:
 def _kernels_over_ipc() -> None:
     """Start this run's Jupyter kernels (nbval's, nbclient's) on Unix sockets, not TCP ports.
 
-    Why: over TCP, jupyter_client picks five free ports (bind to port 0, close) and the kernel
-    binds them a second or more later; in between, any process of the machine may take one as
-    its own ephemeral port. test.sh's four runs side by side start many kernels and ranks, and
-    a kernel died so in CI ("zmq.error.ZMQError: Address already in use", then "Kernel died
-    before replying to kernel_info"). A socket file in a folder of this run is nobody else's.
-    jupyter_client removes the files when the kernel shuts down, and the folder goes at exit.
+    Why: ``site_run.unix_sockets`` (the port race); test.sh's four runs side by side start
+    many kernels and ranks, and a kernel died so in CI ("Address already in use", then "Kernel
+    died before replying to kernel_info"). Every kernel manager passes through
+    ``LocalProvisioner.pre_launch``; the folder goes at exit.
     """
     try:
         from jupyter_client.provisioning.local_provisioner import LocalProvisioner
+
+        from ddp_lab.course.site_run import unix_sockets
     except ImportError:
         return
     folder = tempfile.mkdtemp(prefix="ddp-lab-kernels-")
@@ -242,10 +242,8 @@ def _kernels_over_ipc() -> None:
     original = LocalProvisioner.pre_launch
 
     async def pre_launch(self: LocalProvisioner, **kwargs: object) -> dict:
-        km = self.parent
-        if km is not None and km.transport == "tcp" and km.ip in ("127.0.0.1", "localhost"):
-            km.transport = "ipc"
-            km.ip = os.path.join(folder, uuid.uuid4().hex[:12])
+        if self.parent is not None:
+            unix_sockets(self.parent, folder)
         return await original(self, **kwargs)
 
     LocalProvisioner.pre_launch = pre_launch  # type: ignore[method-assign]

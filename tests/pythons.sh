@@ -8,11 +8,13 @@
 #   bash tests/pythons.sh 3.10 3.13        # each: a venv, torch, the course, the tests below
 #
 # For each version it finds python3.X on PATH, else under pyenv ($PYENV_ROOT/versions/3.X.*,
-# the newest), and makes a venv in build/pythons/3.X (PYTHONS_DIR) with torch (TORCH_SPEC, default
-# torch==2.13.0; TORCH_INDEX_URL as in setup.sh: from PyPI on Linux x86_64 it is the CUDA build,
-# several GB), the course and the test tools. A version not found is reported and skipped. The
-# venv is removed afterwards (it holds GBs) unless KEEP=1. test.sh runs this when
-# DDP_LAB_PYTHONS names versions (CI's .ci/run does); it prints one summary line a version.
+# the newest), and installs the course with setup.sh into a venv in build/pythons/3.X
+# (PYTHONS_DIR): torch (TORCH_SPEC, TORCH_INDEX_URL as setup.sh reads them: from PyPI on Linux
+# x86_64 the CUDA build, several GB), the course and its test extra, the notebooks' kernel. So
+# this also checks what the README tells a learner with another Python. A version not found is
+# reported and skipped. The venv is removed afterwards (it holds GBs) unless KEEP=1. test.sh
+# runs this when DDP_LAB_PYTHONS names versions (CI's .ci/run does); it prints one summary line
+# a version.
 #
 # The tests: what depends on the Python version, not the whole suite (test.sh runs that).
 #   - the launcher, its tracebacks and cell names, the magics (tests/runtime);
@@ -55,25 +57,11 @@ for v in "$@"; do
   mkdir -p "$DIR"
   echo "--- python $v: $py -> $venv (log: $log) ---"
   t0=$(date +%s)
-  (
-    set -e
-    [ -x "$venv/bin/python" ] || "$py" -m venv "$venv"
-    # --no-compile: no .pyc for torch's thousands of files up front (a minute of the install);
-    # Python writes those it imports.
-    torch_args=()
-    [ -n "${TORCH_INDEX_URL:-}" ] && torch_args=(--index-url "$TORCH_INDEX_URL")
-    "$venv/bin/python" -c 'import torch' 2>/dev/null ||
-      "$venv/bin/python" -m pip install -q --no-compile ${torch_args[@]+"${torch_args[@]}"} \
-        "${TORCH_SPEC:-torch==2.13.0}"
-    "$venv/bin/python" -m pip install -q --no-compile -e . "pytest>=8.0" "pytest-timeout>=2.2" \
-      "hypothesis>=6.90" "babel>=2.12"
-    # The notebooks' kernel ("python3") is this venv's Python, as setup.sh makes it
-    # (ipykernel leaves its staging folder's parent behind in TMPDIR: give it one of ours).
-    kernel_tmp=$(mktemp -d)
-    TMPDIR="$kernel_tmp" "$venv/bin/python" -m ipykernel install --sys-prefix --name python3 \
-      --display-name "Python 3 (ddp-lab)" >/dev/null
-    rm -rf "$kernel_tmp"
-  ) >"$log" 2>&1
+  # Installed as a learner installs (README: `PYTHON=python3.12 bash setup.sh`), with the test
+  # extra. PIP_COMPILE=0: no .pyc for torch's thousands of files up front (a minute of the
+  # install); Python writes those it imports. (pip reads PIP_NO_COMPILE=1 as "compile".)
+  PYTHON=$py VENV=$venv DDP_LAB_EXTRAS=test PIP_COMPILE=0 bash setup.sh --no-lab \
+    >"$log" 2>&1
   if [ $? -ne 0 ]; then
     tail -n 20 "$log"
     summary+=("python $v: FAILED to install (log: $log)")

@@ -54,13 +54,20 @@ def checkout(tmp_path: Path) -> Path:
     return repo
 
 
-def _run(repo: Path, *args: str, **env: str) -> tuple[subprocess.CompletedProcess, list[str]]:
+def _run(
+    repo: Path, *args: str, cwd: Path | None = None, **env: str
+) -> tuple[subprocess.CompletedProcess, list[str]]:
     tools = repo.parent / "tools"
     clean = {k: v for k, v in os.environ.items() if not k.startswith(("PIP_", "TORCH_"))}
     clean.update(PATH=f"{tools}:/usr/bin:/bin", HOME=str(repo.parent), PYTHON=sys.executable)
     clean.update(env)
     done = subprocess.run(
-        ["bash", "setup.sh", *args], cwd=repo, env=clean, capture_output=True, text=True, timeout=60
+        ["bash", str(repo / "setup.sh"), *args],
+        cwd=cwd or repo,
+        env=clean,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     log = repo.parent / "calls.log"
     return done, log.read_text().splitlines() if log.exists() else []
@@ -168,3 +175,18 @@ def test_jupyterlab_terminals_run_a_shell_with_the_venv(checkout):
     again = json.loads(path.read_text())
     assert again["ServerApp"]["ip"] == "127.0.0.1"
     assert again["ServerApp"]["terminado_settings"]["shell_command"] == shell
+
+
+def test_venv_elsewhere_relative_to_where_setup_sh_started(checkout):
+    # One venv per Python (README): VENV relative to the caller's folder, not the course's.
+    there = checkout.parent / "work"
+    there.mkdir()
+    shutil.move(checkout / ".venv", there / "v312")  # the stand-ins, in the venv asked for
+    done, calls = _run(checkout, "--no-lab", cwd=there, VENV="v312")
+    assert done.returncode == 0, done.stderr
+    assert not (checkout / ".venv").exists()  # nothing made where VENV does not point
+    assert any(" -m pip install -q -e .[course]" in c for c in calls)
+    config = json.loads((there / "v312/etc/jupyter/jupyter_server_config.json").read_text())
+    shell = config["ServerApp"]["terminado_settings"]["shell_command"]
+    assert shell[-2] == f"{there}/v312/etc/ddp-lab/bashrc"
+    assert f"source {there}/v312/bin/activate" in done.stderr

@@ -3,12 +3,16 @@
 ``execute_lesson`` runs a lesson's notebook as the tests do (in its folder, with the
 course's kernel) and returns it with the CPU seconds its kernel and the kernel's processes
 used, which the build logs. Split from ``site`` to keep each module readable whole.
+``unix_sockets`` moves a kernel off TCP; the test suite's kernels use it too.
 """
 
 from __future__ import annotations
 
+import os
 import queue
+import tempfile
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +44,32 @@ def _tree_cpu(pid: int | None) -> float | None:
             continue
         total += t.user + t.system + t.children_user + t.children_system
     return total
+
+
+SUN_PATH_MAX = 107  # sockaddr_un.sun_path: 108 bytes with the terminating NUL (unix(7))
+
+
+def unix_sockets(km: Any, folder: str) -> None:
+    """Have kernel manager ``km`` start its kernel on Unix sockets in ``folder``, not on TCP.
+
+    Why: over TCP, jupyter_client picks five free ports (bind port 0, close) and writes them
+    to the connection file; the kernel binds them a second or more later, and in between any
+    process of the machine may get one as its ephemeral port. A lesson's ranks open many
+    connections (gloo, the rendezvous store), and with kernels side by side a kernel then dies
+    with "zmq.error.ZMQError: Address already in use" (jupyter/jupyter_client#276). A socket
+    file in a folder of ours is nobody else's. ``ip`` must be absolute: a relative one is
+    resolved in the kernel's working folder, where the client does not look. jupyter_client
+    removes the files when the kernel shuts down. A manager set to anything else than TCP on
+    this host is left as it is, and so is one whose socket paths would not fit a Unix socket
+    address (107 bytes on Linux; the files are named ``<ip>-<port>``, ports from 1): a deep
+    folder keeps TCP rather than fail.
+    """
+    ip = os.path.join(os.path.abspath(folder), uuid.uuid4().hex[:12])
+    if len(os.fsencode(ip)) + len("-65535") > SUN_PATH_MAX:
+        return
+    if km.transport == "tcp" and km.ip in ("127.0.0.1", "localhost"):
+        km.transport = "ipc"
+        km.ip = ip
 
 
 POLL_SLICE_S = 1.0
@@ -80,6 +110,11 @@ def execute_lesson(page: Page, root: Path) -> tuple[nbformat.NotebookNode, float
     class Client(NotebookClient):
         cpu_s: float | None = None
 
+        def create_kernel_manager(self) -> Any:
+            km = super().create_kernel_manager()
+            unix_sockets(km, sockets)
+            return km
+
         async def async_start_new_kernel_client(self) -> Any:
             kc = await super().async_start_new_kernel_client()
             for channel in (kc.shell_channel, kc.iopub_channel):
@@ -96,10 +131,8 @@ def execute_lesson(page: Page, root: Path) -> tuple[nbformat.NotebookNode, float
         nb,
         timeout=CELL_TIMEOUT,
         kernel_name=build.KERNEL_NAME,
-        # ipykernel warns "Kernel is running over TCP without encryption" at every start: the
-        # kernel listens on 127.0.0.1 for this build only; the warning alarms and tells nothing.
-        extra_arguments=["--IPKernelApp.log_level=ERROR"],
         resources={"metadata": {"path": str(root / page.kind / page.lang)}},
     )
-    client.execute()
+    with tempfile.TemporaryDirectory(prefix="ddp-lab-kernel-") as sockets:
+        client.execute()
     return nb, client.cpu_s

@@ -155,12 +155,36 @@ def test_a_lesson_run_reports_the_cpu_of_its_kernel_and_its_processes(tmp_path):
     nb.cells = [
         nbformat.v4.new_code_cell("import os, subprocess, sys\nprint(os.getcwd())"),
         nbformat.v4.new_code_cell(f"subprocess.run([sys.executable, '-c', {burn!r}], check=True)"),
+        nbformat.v4.new_code_cell(
+            "from ipykernel.kernelapp import IPKernelApp\n"
+            "print(IPKernelApp.instance().transport, IPKernelApp.instance().ip)"
+        ),
     ]
     (tmp_path / "notebooks" / "en").mkdir(parents=True)
     page = site.Page("en", "00_t", "notebooks", "t", nb, nbformat.writes(nb))
     ran, cpu_s = site_run.execute_lesson(page, tmp_path)
     assert ran.cells[0].outputs[0]["text"].strip() == str(tmp_path / "notebooks" / "en")
     assert cpu_s is not None and 1.5 <= cpu_s < 60, cpu_s
+    # Its kernel on Unix sockets in a folder of the run (no TCP port race), removed after.
+    transport, ip = ran.cells[2].outputs[0]["text"].split()
+    folder = Path(ip).parent
+    assert transport == "ipc" and folder.name.startswith("ddp-lab-kernel-"), (transport, ip)
+    assert not folder.exists()
+
+
+def test_unix_sockets_only_for_tcp_on_this_host_and_where_the_path_fits(tmp_path):
+    from jupyter_client import KernelManager
+
+    km = KernelManager()
+    site_run.unix_sockets(km, str(tmp_path))
+    assert km.transport == "ipc" and Path(km.ip).parent == tmp_path
+    remote = KernelManager(ip="10.0.0.2")
+    site_run.unix_sockets(remote, str(tmp_path))
+    assert (remote.transport, remote.ip) == ("tcp", "10.0.0.2")
+    deep = tmp_path / ("d" * (site_run.SUN_PATH_MAX - len(str(tmp_path))))
+    km = KernelManager()
+    site_run.unix_sockets(km, str(deep))
+    assert (km.transport, km.ip) == ("tcp", "127.0.0.1")  # too long for sun_path: TCP
 
 
 def test_a_missed_wake_up_costs_one_slice_not_the_cell_timeout(monkeypatch):
