@@ -112,10 +112,12 @@ if ! command -v bwrap >/dev/null || ! command -v ss >/dev/null; then
       "that ddp-lab grade sandboxes submissions / 教师请安装 bubblewrap 以隔离评分" >&2
   fi
 fi
+again="bash setup.sh --lab"
+[ "$VENV" = .venv ] || again="VENV=$VENV $again"
 echo "setup.sh: installed. In a shell: source $VENV/bin/activate (then ddp-lab works);" \
-  "JupyterLab's terminals do it for you. Next time, start the lab with: bash setup.sh --lab /" \
+  "JupyterLab's terminals do it for you. Next time, start the lab with: $again /" \
   "安装完成。在终端中先运行 source $VENV/bin/activate；JupyterLab 自带的终端已自动激活。" \
-  "下次启动 JupyterLab：bash setup.sh --lab" >&2
+  "下次启动 JupyterLab：$again" >&2
 fi  # start_only
 venv=$(cd "$VENV" && pwd)
 if [ "${1:-}" = "--no-lab" ]; then

@@ -94,6 +94,7 @@ def test_default_torch_from_pip_index_and_hint_for_the_cpu_build(checkout):
     assert "python -m pip install --progress-bar on torch==2.13.0+cpu | PIP_INDEX_URL=" in calls
     assert "TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu" in done.stderr
     assert "source .venv/bin/activate" in done.stderr
+    assert "start the lab with: bash setup.sh --lab /" in done.stderr
 
 
 def test_unreachable_torch_index_gets_a_hint(checkout):
@@ -190,3 +191,4 @@ def test_venv_elsewhere_relative_to_where_setup_sh_started(checkout):
     shell = config["ServerApp"]["terminado_settings"]["shell_command"]
     assert shell[-2] == f"{there}/v312/etc/ddp-lab/bashrc"
     assert f"source {there}/v312/bin/activate" in done.stderr
+    assert f"start the lab with: VENV={there}/v312 bash setup.sh --lab" in done.stderr
