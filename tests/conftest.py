@@ -220,33 +220,6 @@ def pytest_configure(config: pytest.Config) -> None:
 
     settings.register_profile("ddp_lab", deadline=None)
     settings.load_profile("ddp_lab")
-    _kernels_over_ipc()
-
-
-def _kernels_over_ipc() -> None:
-    """Start this run's Jupyter kernels (nbval's, nbclient's) on Unix sockets, not TCP ports.
-
-    Why: ``site_run.unix_sockets`` (the port race); test.sh's four runs side by side start
-    many kernels and ranks, and a kernel died so in CI ("Address already in use", then "Kernel
-    died before replying to kernel_info"). Every kernel manager passes through
-    ``LocalProvisioner.pre_launch``; the folder goes at exit.
-    """
-    try:
-        from jupyter_client.provisioning.local_provisioner import LocalProvisioner
-
-        from ddp_lab.course.site_run import unix_sockets
-    except ImportError:
-        return
-    folder = tempfile.mkdtemp(prefix="ddp-lab-kernels-")
-    atexit.register(shutil.rmtree, folder, ignore_errors=True)
-    original = LocalProvisioner.pre_launch
-
-    async def pre_launch(self: LocalProvisioner, **kwargs: object) -> dict:
-        if self.parent is not None:
-            unix_sockets(self.parent, folder)
-        return await original(self, **kwargs)
-
-    LocalProvisioner.pre_launch = pre_launch  # type: ignore[method-assign]
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -3,22 +3,21 @@
 ``execute_lesson`` runs a lesson's notebook as the tests do (in its folder, with the
 course's kernel) and returns it with the CPU seconds its kernel and the kernel's processes
 used, which the build logs. Split from ``site`` to keep each module readable whole.
-``unix_sockets`` moves a kernel off TCP; the test suite's kernels use it too.
+Its kernel listens on Unix sockets, not TCP ports (``course.nbkernels``: the port race).
 """
 
 from __future__ import annotations
 
-import os
 import queue
 import tempfile
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 
 import nbformat
 
 from ddp_lab.course import build
+from ddp_lab.course.nbkernels import unix_sockets
 from ddp_lab.course.site_pages import Page
 
 CELL_TIMEOUT = 300
@@ -44,32 +43,6 @@ def _tree_cpu(pid: int | None) -> float | None:
             continue
         total += t.user + t.system + t.children_user + t.children_system
     return total
-
-
-SUN_PATH_MAX = 107  # sockaddr_un.sun_path: 108 bytes with the terminating NUL (unix(7))
-
-
-def unix_sockets(km: Any, folder: str) -> None:
-    """Have kernel manager ``km`` start its kernel on Unix sockets in ``folder``, not on TCP.
-
-    Why: over TCP, jupyter_client picks five free ports (bind port 0, close) and writes them
-    to the connection file; the kernel binds them a second or more later, and in between any
-    process of the machine may get one as its ephemeral port. A lesson's ranks open many
-    connections (gloo, the rendezvous store), and with kernels side by side a kernel then dies
-    with "zmq.error.ZMQError: Address already in use" (jupyter/jupyter_client#276). A socket
-    file in a folder of ours is nobody else's. ``ip`` must be absolute: a relative one is
-    resolved in the kernel's working folder, where the client does not look. jupyter_client
-    removes the files when the kernel shuts down. A manager set to anything else than TCP on
-    this host is left as it is, and so is one whose socket paths would not fit a Unix socket
-    address (107 bytes on Linux; the files are named ``<ip>-<port>``, ports from 1): a deep
-    folder keeps TCP rather than fail.
-    """
-    ip = os.path.join(os.path.abspath(folder), uuid.uuid4().hex[:12])
-    if len(os.fsencode(ip)) + len("-65535") > SUN_PATH_MAX:
-        return
-    if km.transport == "tcp" and km.ip in ("127.0.0.1", "localhost"):
-        km.transport = "ipc"
-        km.ip = ip
 
 
 POLL_SLICE_S = 1.0

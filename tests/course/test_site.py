@@ -172,21 +172,6 @@ def test_a_lesson_run_reports_the_cpu_of_its_kernel_and_its_processes(tmp_path):
     assert not folder.exists()
 
 
-def test_unix_sockets_only_for_tcp_on_this_host_and_where_the_path_fits(tmp_path):
-    from jupyter_client import KernelManager
-
-    km = KernelManager()
-    site_run.unix_sockets(km, str(tmp_path))
-    assert km.transport == "ipc" and Path(km.ip).parent == tmp_path
-    remote = KernelManager(ip="10.0.0.2")
-    site_run.unix_sockets(remote, str(tmp_path))
-    assert (remote.transport, remote.ip) == ("tcp", "10.0.0.2")
-    deep = tmp_path / ("d" * (site_run.SUN_PATH_MAX - len(str(tmp_path))))
-    km = KernelManager()
-    site_run.unix_sockets(km, str(deep))
-    assert (km.transport, km.ip) == ("tcp", "127.0.0.1")  # too long for sun_path: TCP
-
-
 def test_a_missed_wake_up_costs_one_slice_not_the_cell_timeout(monkeypatch):
     # A lost wake-up: the poll sees nothing until its timeout fires, then finds the message
     # (zmq.asyncio's poll looks again with poll(0) then). Unsliced, that is the whole timeout.
