@@ -363,6 +363,13 @@ def test_the_scan_reads_magics_as_ipython_runs_them() -> None:
     assert scan.findings("import ddp_lab\nopen(ddp_lab.__file__).read()")
     assert scan.findings("import builtins\nbuiltins.exec('x = 1')")
     assert scan.findings("f = compile('x = 1', 'x', 'exec')")
+    # A transformer rewrites every later cell before it runs: the scan would read one code and
+    # the runner run another (here `from ddp_lab.rung import ...` would become `.ring`).
+    rewrite = "lambda lines: [line.replace('rung', 'ring') for line in lines]"
+    assert scan.findings(f"get_ipython().input_transformers_post.append({rewrite})")
+    assert scan.findings(f"ip = get_ipython()\nip.input_transformers_cleanup.insert(0, {rewrite})")
+    assert scan.findings("get_ipython().ast_transformers.append(Rewrite())")
+    assert scan.findings("getattr(get_ipython(), 'ast_transformers').append(Rewrite())")
     # What honest cells do is not flagged.
     assert scan.findings("%time x = sum(range(10))") == []
     assert scan.findings("%%ddp -n 2\nprint(rank)") == []

@@ -12,7 +12,9 @@ graded cell
   reference, magics that show or load a file's source, shell lines), or
 - gets a fresh copy of what an exercise refuses (``sys.modules``, ``sys.meta_path``: a module
   imported again; ``subprocess``, ``os.system``, ``os.exec*``: another program, a new Python
-  without the refusal).
+  without the refusal), or
+- changes how the shell reads later cells (``SHELL_HOOKS``: IPython's input and AST
+  transformers), so that the cells this scan reads are not the code that runs.
 
 A cell is read as IPython runs it: IPython's ``TransformerManager`` first turns ``%`` magics
 and ``!`` lines into Python (``%time from ddp_lab.ring import ...`` is a call whose text is
@@ -109,6 +111,18 @@ OS_PROGRAMS = {
 # ``builtins.exec(...)``: an attribute call is flagged only on these (``re.compile`` and
 # ``torch.compile`` are not text run as code).
 BUILTINS = {"builtins", "__builtins__"}
+# IPython's hooks that rewrite a cell before it runs: a transformer registered in one cell
+# turns the text (or the tree) of every later cell into other code, which this scan, reading
+# the cells as written, would not see. An honest solution has no use for them.
+SHELL_HOOKS = {
+    "input_transformers_cleanup",
+    "input_transformers_post",
+    "input_transformer_manager",
+    "ast_transformers",
+    "cleanup_transforms",
+    "line_transforms",
+    "token_transformers",
+}
 LOADERS = ("importlib", "runpy", "linecache", "imp", "zipimport", "pkgutil")
 # What finds or reads a module's file: with these, ``open`` and the like reach the package.
 LOCATES = {
@@ -201,7 +215,7 @@ def findings(source: str, depth: int = 0) -> list[str]:
             owner = node.value.id if isinstance(node.value, ast.Name) else ""
             if (owner, node.attr) in _FROM_FLAGGED:
                 found.append(f"`{owner}.{node.attr}`")
-            elif node.attr in ANSWER_NAMES:
+            elif node.attr in ANSWER_NAMES or node.attr in SHELL_HOOKS:
                 found.append(f"`.{node.attr}`")
             elif node.attr in INTROSPECTION or (
                 node.attr in INSPECT_FRAMES
@@ -215,7 +229,11 @@ def findings(source: str, depth: int = 0) -> list[str]:
                 found.append(f"`{node.id}`")
         elif isinstance(node, ast.Constant) and isinstance(node.value, str):
             text = node.value
-            if text in ANSWER_NAMES or any(m in text for m in answer_modules):
+            if (
+                text in ANSWER_NAMES
+                or text in SHELL_HOOKS
+                or any(m in text for m in answer_modules)
+            ):
                 found.append(f"`{text[:60]!r}`")
             elif any(s in text for s in STRINGS) or any(f in text for f in ANSWER_FILES):
                 found.append(f"`{text[:60]!r}`")
