@@ -38,12 +38,11 @@ def unix_sockets(km: Any, folder: str) -> None:
     socket paths would not fit a Unix socket address (the files are named ``<ip>-<port>``,
     ports from 1): a deep folder keeps TCP rather than fail.
     """
-    ip = os.path.join(os.path.abspath(folder), uuid.uuid4().hex[:12])
-    if len(os.fsencode(ip)) + len("-65535") > SUN_PATH_MAX:
+    if km.transport != "tcp" or km.ip not in ("127.0.0.1", "localhost"):
         return
-    if km.transport == "tcp" and km.ip in ("127.0.0.1", "localhost"):
-        km.transport = "ipc"
-        km.ip = ip
+    ip = os.path.join(os.path.abspath(folder), uuid.uuid4().hex[:12])
+    if len(os.fsencode(ip)) + len("-65535") <= SUN_PATH_MAX:
+        km.transport, km.ip = "ipc", ip
 
 
 def pytest_configure(config: Any) -> None:

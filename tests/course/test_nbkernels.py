@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -32,6 +33,18 @@ def test_a_notebook_run_in_the_repository_gets_unix_sockets(tmp_path):
     # the repository (as benchmarks/gpu_check.sh runs them) starts its kernel on a socket file.
     folder = ROOT / "build" / f"test-nbkernels-{tmp_path.name}"
     folder.mkdir(parents=True)
+    notebook = folder / "t.ipynb"
+
+    def pytest(*options: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--nbval-lax"]
+            + [*options, str(notebook)],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+
     try:
         nb = nbformat.v4.new_notebook()
         nb.cells = [
@@ -41,22 +54,11 @@ def test_a_notebook_run_in_the_repository_gets_unix_sockets(tmp_path):
                 "assert app.transport == 'ipc' and 'ddp-lab-kernels-' in app.ip, app.ip"
             )
         ]
-        nbformat.write(nb, folder / "t.ipynb")
-        run = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--nbval-lax"]
-        done = subprocess.run(
-            [*run, str(folder / "t.ipynb")], cwd=ROOT, capture_output=True, text=True, timeout=120
-        )
+        nbformat.write(nb, notebook)
+        done = pytest()
         assert done.returncode == 0, done.stdout + done.stderr
         # Without the plugin the same cell fails (TCP): the test can tell.
-        done = subprocess.run(
-            [*run, "-o", "addopts=", str(folder / "t.ipynb")],
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
+        done = pytest("-o", "addopts=")
         assert done.returncode == 1, done.stdout + done.stderr
     finally:
-        for f in folder.iterdir():
-            f.unlink()
-        folder.rmdir()
+        shutil.rmtree(folder)
