@@ -27,8 +27,9 @@ def private_tmp() -> str:
     return _PRIVATE_TMP[0]
 
 
-def descendants(pid: int) -> set[int]:
-    """Every live process below ``pid`` (read from /proc, no psutil needed)."""
+def descendants(pid: int, zombies: bool = False) -> set[int]:
+    """Every live process below ``pid`` (read from /proc, no psutil needed); with ``zombies``
+    the zombies too (a zombie leader's other threads may still run and hold its sockets)."""
     children: dict[int, list[int]] = {}
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
@@ -36,7 +37,7 @@ def descendants(pid: int) -> set[int]:
         except OSError:
             continue
         fields = text[text.rindex(")") + 2 :].split()
-        if fields[0] == "Z":  # zombies are gone already, just not reaped
+        if fields[0] == "Z" and not zombies:  # gone already, just not reaped
             continue
         children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
     out: set[int] = set()
@@ -49,8 +50,42 @@ def descendants(pid: int) -> set[int]:
     return out
 
 
-def tcp_states(port: int) -> list[str]:
-    """TCP states (hex codes, 0A = LISTEN, 01 = ESTABLISHED) of sockets on local ``port``."""
+def _fd_links(table: Path) -> list[str]:
+    """What the fds in ``table`` (a /proc fd folder) point to."""
+    try:
+        fds = list(table.iterdir())
+    except OSError:  # the process is gone
+        return []
+    links = []
+    for fd in fds:
+        try:
+            links.append(os.readlink(fd))
+        except OSError:  # closed while we read
+            pass
+    return links
+
+
+def socket_inodes(pids: set[int]) -> set[int]:
+    """Inodes of the sockets the processes ``pids`` hold."""
+    inodes: set[int] = set()
+    for pid in pids:
+        links = _fd_links(Path(f"/proc/{pid}/fd"))
+        if not links:  # a zombie leader: its fd table lives on in its other threads
+            links = [x for t in Path(f"/proc/{pid}/task").glob("*/fd") for x in _fd_links(t)]
+        inodes.update(int(x[8:-1]) for x in links if x.startswith("socket:["))
+    return inodes
+
+
+def tcp_states(port: int, inodes: set[int] | None = None) -> list[str]:
+    """TCP states (hex codes, 0A = LISTEN, 01 = ESTABLISHED) of our sockets on local ``port``.
+
+    Ours: held by this process or one below it (``inodes`` when given, else read now). The
+    port number alone says nothing about whose socket it is: once a launch let go of its port,
+    the kernel may hand that number to anyone's bind(0) or connect(), and test.sh runs four
+    pytest runs side by side, each launching ranks (a CI run failed on another run's socket).
+    """
+    if inodes is None:
+        inodes = socket_inodes({os.getpid()} | descendants(os.getpid(), zombies=True))
     states = []
     for name in ("/proc/net/tcp", "/proc/net/tcp6"):
         try:
@@ -59,9 +94,16 @@ def tcp_states(port: int) -> list[str]:
             continue
         for line in lines:
             parts = line.split()
-            if int(parts[1].rsplit(":", 1)[1], 16) == port:
+            if int(parts[1].rsplit(":", 1)[1], 16) == port and int(parts[9]) in inodes:
                 states.append(parts[3])
     return states
+
+
+def ports_in_use(ports: set[int]) -> list[int]:
+    """The ``ports`` on which a socket of ours listens or is connected (TIME_WAIT, the
+    kernel's bookkeeping, is neither)."""
+    inodes = socket_inodes({os.getpid()} | descendants(os.getpid(), zombies=True))
+    return sorted(p for p in ports if {"0A", "01"} & set(tcp_states(p, inodes)))
 
 
 def process_group_of(pid: int) -> int | None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import time
 
-from conftest import rank_processes, shm_files, shm_left, tcp_states
+from conftest import ports_in_use, rank_processes, shm_files, shm_left
 
 import ddp_lab as dl
 from ddp_lab.runtime import launcher, persistent
@@ -45,11 +45,6 @@ def ddp_step(rank: int) -> tuple[bool, int, float]:
     return preloaded, int(os.environ["MASTER_PORT"]), weight
 
 
-def _no_socket_on(ports: set[int]) -> list[int]:
-    # TIME_WAIT (06) is the kernel's bookkeeping; nothing may listen (0A) or stay connected (01).
-    return [p for p in ports if {"0A", "01"} & set(tcp_states(p))]
-
-
 def test_100_ddp_launches_no_hang_no_leak(no_leaks, capfd):
     assert launcher.wait_warm(), "the zygote never finished its preload"
     ports = set()
@@ -71,9 +66,9 @@ def test_100_ddp_launches_no_hang_no_leak(no_leaks, capfd):
     # repeat 99 times.
     assert len(ports) >= LAUNCHES - 5, sorted(ports)
     deadline = time.monotonic() + 10
-    while _no_socket_on(ports) and time.monotonic() < deadline:
+    while ports_in_use(ports) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert _no_socket_on(ports) == []
+    assert ports_in_use(ports) == []
 
 
 DDP_CELL = """
@@ -108,7 +103,7 @@ def test_20_persistent_restarts_no_hang_no_leak(capfd):
             while any(alive(p) for p in old["pids"]) and time.monotonic() < deadline:
                 time.sleep(0.05)
             assert not [p for p in old["pids"] if alive(p)], f"restart {i} left ranks"
-            assert _no_socket_on({old["port"]}) == [], f"restart {i} left its port in use"
+            assert ports_in_use({old["port"]}) == [], f"restart {i} left its port in use"
             assert not os.path.exists(old["dir"]), f"restart {i} left its folder"
     finally:
         pids, port, workdir = set(group.pids.values()), group.port, group.workdir
@@ -118,5 +113,5 @@ def test_20_persistent_restarts_no_hang_no_leak(capfd):
     while any(alive(p) for p in pids | {zygote}) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not [p for p in pids | {zygote} if alive(p)]
-    assert _no_socket_on({port}) == [] and not os.path.exists(workdir)
+    assert ports_in_use({port}) == [] and not os.path.exists(workdir)
     assert shm_left(shm_before) == set()
