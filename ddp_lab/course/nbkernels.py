@@ -21,8 +21,6 @@ from __future__ import annotations
 
 import atexit
 import os
-import shutil
-import tempfile
 import uuid
 from typing import Any
 
@@ -48,17 +46,20 @@ def unix_sockets(km: Any, folder: str) -> None:
 def pytest_configure(config: Any) -> None:
     """Every kernel manager of this run, on Unix sockets in a folder of the run.
 
-    Each manager passes through ``LocalProvisioner.pre_launch`` before its kernel starts;
-    the folder goes at exit. A hook, not import-time code: importing the module changes
-    nothing."""
+    Each manager passes through ``LocalProvisioner.pre_launch`` before its kernel starts.
+    The folder goes at exit; one whose run was killed (no exit handlers) goes with the next
+    folder anyone makes (a test run, a launch: ``runtime._workdirs``). A hook, not import-time
+    code: importing the module changes nothing."""
     try:
         from jupyter_client.provisioning.local_provisioner import LocalProvisioner
     except ImportError:
         return
     if getattr(LocalProvisioner.pre_launch, "_ddp_lab_unix_sockets", False):
         return  # configured already (a second pytest run in this process)
-    folder = tempfile.mkdtemp(prefix="ddp-lab-kernels-")
-    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    from ddp_lab.runtime import _workdirs
+
+    folder = _workdirs.make("kernels_")
+    atexit.register(_workdirs.remove, folder)
     original = LocalProvisioner.pre_launch
 
     async def pre_launch(self: Any, **kwargs: Any) -> dict:

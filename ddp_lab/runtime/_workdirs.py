@@ -4,7 +4,8 @@ A launch keeps its ranks' output, ledgers and stacks in a folder that the proces
 launched it removes at the end. A process killed by SIGKILL (a kernel the OOM killer took, a
 ``kill -9``) never gets there: its ranks die with it (parent-death signal), its folder would
 stay. So each folder is named after its owner (``ddp_lab_<pid>_...``, ``ddp_lab_trace_<pid>_...``,
-``ddp_lab_ranks_<pid>_...``) and holds a file ``.owner`` that the owner keeps locked with
+``ddp_lab_ranks_<pid>_...``, and a test run's Jupyter sockets in ``ddp_lab_kernels_<pid>_...``:
+``course/nbkernels.py``) and holds a file ``.owner`` that the owner keeps locked with
 ``flock``; the kernel drops that lock when the owner dies, however it dies. Every new
 folder first removes the folders whose lock nobody holds. The lock, not the pid, decides:
 a pid can be reused by another process, a lock cannot outlive its owner.
@@ -26,7 +27,7 @@ from ddp_lab.runtime._process import pid_alive
 
 _OWNER = ".owner"
 # What this module names (and only that: other ddp_lab_* folders are not ours to remove).
-_NAME = re.compile(r"^ddp_lab_(?:trace_|ranks_)?(\d+)_[a-z0-9_]{8}$")
+_NAME = re.compile(r"^ddp_lab_(?:trace_|ranks_|kernels_)?(\d+)_[a-z0-9_]{8}$")
 # Folders of launchers older than this module: no owner recorded; see ``_legacy_stale``.
 _LEGACY = re.compile(r"^ddp_lab_[a-z0-9_]{8}$")
 _RANK_FILE = re.compile(r"^\d+\.(out|err|calls|stack|result)(\.new|\.tmp)?$")
@@ -37,7 +38,7 @@ def make(kind: str = "") -> str:
     """A new private folder ``ddp_lab_<kind><pid>_XXXXXXXX``, owned (locked) by this process.
 
     Args:
-        kind: "" for a launch's rank files, "trace_" or "ranks_".
+        kind: "" for a launch's rank files, "trace_", "ranks_" or "kernels_".
     """
     remove_stale()
     path = tempfile.mkdtemp(prefix=f"ddp_lab_{kind}{os.getpid()}_")

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import nbformat
@@ -51,7 +54,7 @@ def test_a_notebook_run_in_the_repository_gets_unix_sockets(tmp_path):
             nbformat.v4.new_code_cell(
                 "from ipykernel.kernelapp import IPKernelApp\n"
                 "app = IPKernelApp.instance()\n"
-                "assert app.transport == 'ipc' and 'ddp-lab-kernels-' in app.ip, app.ip"
+                "assert app.transport == 'ipc' and 'ddp_lab_kernels_' in app.ip, app.ip"
             )
         ]
         nbformat.write(nb, notebook)
@@ -61,4 +64,52 @@ def test_a_notebook_run_in_the_repository_gets_unix_sockets(tmp_path):
         done = pytest("-o", "addopts=")
         assert done.returncode == 1, done.stdout + done.stderr
     finally:
+        shutil.rmtree(folder)
+
+
+def test_the_folder_of_a_killed_run_goes_with_the_next_folder_made(tmp_path):
+    # A run killed with SIGKILL runs no exit handler: its folder of sockets stays until the
+    # next run (or launch) makes one of its own (runtime/_workdirs.py).
+    from ddp_lab.runtime import _workdirs
+    from ddp_lab.runtime._process import pid_alive
+
+    folder = ROOT / "build" / f"test-nbkernels-{tmp_path.name}"
+    folder.mkdir(parents=True)
+    notebook, told = folder / "t.ipynb", folder / "told"
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [
+        nbformat.v4.new_code_cell(
+            "import os, time\n"
+            "from ipykernel.kernelapp import IPKernelApp\n"
+            f"open({str(told)!r} + '.new', 'w').write(f'{{os.getpid()}} {{IPKernelApp.instance().ip}}')\n"
+            f"os.replace({str(told)!r} + '.new', {str(told)!r})\n"
+            "time.sleep(300)"
+        )
+    ]
+    nbformat.write(nb, notebook)
+    run = subprocess.Popen(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--nbval-lax"]
+        + [str(notebook)],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    kernel = 0
+    try:
+        deadline = time.monotonic() + 120
+        while not told.exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        pid, ip = told.read_text().split()
+        kernel, sockets = int(pid), Path(ip).parent
+        assert sockets.name.startswith(f"ddp_lab_kernels_{run.pid}_")
+        run.send_signal(signal.SIGKILL)
+        run.wait()
+        assert sockets.is_dir()  # left: no exit handler ran
+        assert str(sockets) in _workdirs.remove_stale()
+        assert not sockets.exists()
+    finally:
+        run.kill()
+        run.wait()
+        if kernel and pid_alive(kernel):
+            os.kill(kernel, signal.SIGKILL)
         shutil.rmtree(folder)
