@@ -35,10 +35,16 @@ def unix_sockets(km: Any, folder: str) -> None:
     A manager set to anything else than TCP on this host is left as it is, and so is one whose
     socket paths would not fit a Unix socket address (the files are named ``<ip>-<port>``,
     ports from 1): a deep folder keeps TCP rather than fail.
+
+    The connection file goes in ``folder`` too, where it has none yet: jupyter_client's default
+    is a ``tmp*.json`` in TMPDIR, which a process killed before the kernel's shutdown leaves.
     """
+    name = os.path.join(os.path.abspath(folder), uuid.uuid4().hex[:12])
+    if not km.connection_file:
+        km.connection_file = name + ".json"
     if km.transport != "tcp" or km.ip not in ("127.0.0.1", "localhost"):
         return
-    ip = os.path.join(os.path.abspath(folder), uuid.uuid4().hex[:12])
+    ip = name
     if len(os.fsencode(ip)) + len("-65535") <= SUN_PATH_MAX:
         km.transport, km.ip = "ipc", ip
 

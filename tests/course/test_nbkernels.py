@@ -7,6 +7,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -22,6 +23,7 @@ def test_unix_sockets_only_for_tcp_on_this_host_and_where_the_path_fits(tmp_path
     km = KernelManager()
     unix_sockets(km, str(tmp_path))
     assert km.transport == "ipc" and Path(km.ip).parent == tmp_path
+    assert km.connection_file == km.ip + ".json"  # not a tmp*.json in TMPDIR
     remote = KernelManager(ip="10.0.0.2")
     unix_sockets(remote, str(tmp_path))
     assert (remote.transport, remote.ip) == ("tcp", "10.0.0.2")
@@ -67,21 +69,24 @@ def test_a_notebook_run_in_the_repository_gets_unix_sockets(tmp_path):
         shutil.rmtree(folder)
 
 
-def test_the_folder_of_a_killed_run_goes_with_the_next_folder_made(tmp_path):
-    # A run killed with SIGKILL runs no exit handler: its folder of sockets stays until the
-    # next run (or launch) makes one of its own (runtime/_workdirs.py).
+def test_the_folder_of_a_killed_run_goes_with_the_next_folder_made(tmp_path, monkeypatch):
+    # A run killed with SIGKILL runs no exit handler: its folder of sockets and connection
+    # files stays until the next run (or launch) makes one of its own (runtime/_workdirs.py);
+    # then nothing of it is left in TMPDIR.
     from ddp_lab.runtime import _workdirs
     from ddp_lab.runtime._process import pid_alive
 
     folder = ROOT / "build" / f"test-nbkernels-{tmp_path.name}"
     folder.mkdir(parents=True)
-    notebook, told = folder / "t.ipynb", folder / "told"
+    notebook, told, private = folder / "t.ipynb", folder / "told", tmp_path / "tmp"
+    private.mkdir()
     nb = nbformat.v4.new_notebook()
     nb.cells = [
         nbformat.v4.new_code_cell(
             "import os, time\n"
             "from ipykernel.kernelapp import IPKernelApp\n"
-            f"open({str(told)!r} + '.new', 'w').write(f'{{os.getpid()}} {{IPKernelApp.instance().ip}}')\n"
+            "app = IPKernelApp.instance()\n"
+            f"open({str(told)!r} + '.new', 'w').write(f'{{os.getpid()}} {{app.connection_file}}')\n"
             f"os.replace({str(told)!r} + '.new', {str(told)!r})\n"
             "time.sleep(300)"
         )
@@ -91,6 +96,7 @@ def test_the_folder_of_a_killed_run_goes_with_the_next_folder_made(tmp_path):
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--nbval-lax"]
         + [str(notebook)],
         cwd=ROOT,
+        env={**os.environ, "TMPDIR": str(private)},
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
@@ -99,14 +105,15 @@ def test_the_folder_of_a_killed_run_goes_with_the_next_folder_made(tmp_path):
         deadline = time.monotonic() + 120
         while not told.exists() and time.monotonic() < deadline:
             time.sleep(0.1)
-        pid, ip = told.read_text().split()
-        kernel, sockets = int(pid), Path(ip).parent
-        assert sockets.name.startswith(f"ddp_lab_kernels_{run.pid}_")
+        pid, connection_file = told.read_text().split()
+        kernel, sockets = int(pid), Path(connection_file).parent  # the sockets' folder too
+        assert sockets.parent == private and sockets.name.startswith(f"ddp_lab_kernels_{run.pid}_")
         run.send_signal(signal.SIGKILL)
         run.wait()
         assert sockets.is_dir()  # left: no exit handler ran
-        assert str(sockets) in _workdirs.remove_stale()
-        assert not sockets.exists()
+        monkeypatch.setattr(tempfile, "tempdir", str(private))
+        assert _workdirs.remove_stale() == [str(sockets)]
+        assert list(private.iterdir()) == []
     finally:
         run.kill()
         run.wait()
