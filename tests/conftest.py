@@ -76,6 +76,11 @@ def socket_inodes(pids: set[int]) -> set[int]:
     return inodes
 
 
+def our_socket_inodes() -> set[int]:
+    """Inodes of the sockets this process and every process below it hold, zombies included."""
+    return socket_inodes({os.getpid()} | descendants(os.getpid(), zombies=True))
+
+
 def tcp_states(port: int, inodes: set[int] | None = None) -> list[str]:
     """TCP states (hex codes, 0A = LISTEN, 01 = ESTABLISHED) of our sockets on local ``port``.
 
@@ -85,7 +90,7 @@ def tcp_states(port: int, inodes: set[int] | None = None) -> list[str]:
     pytest runs side by side, each launching ranks (a CI run failed on another run's socket).
     """
     if inodes is None:
-        inodes = socket_inodes({os.getpid()} | descendants(os.getpid(), zombies=True))
+        inodes = our_socket_inodes()
     states = []
     for name in ("/proc/net/tcp", "/proc/net/tcp6"):
         try:
@@ -102,7 +107,7 @@ def tcp_states(port: int, inodes: set[int] | None = None) -> list[str]:
 def ports_in_use(ports: set[int]) -> list[int]:
     """The ``ports`` on which a socket of ours listens or is connected (TIME_WAIT, the
     kernel's bookkeeping, is neither)."""
-    inodes = socket_inodes({os.getpid()} | descendants(os.getpid(), zombies=True))
+    inodes = our_socket_inodes()
     return sorted(p for p in ports if {"0A", "01"} & set(tcp_states(p, inodes)))
 
 

@@ -15,21 +15,7 @@ import time
 
 from conftest import ports_in_use, tcp_states
 
-# Prints the port of a socket listening in a process that is none of ours: a grandchild whose
-# parent exits at once, so it belongs to whoever adopts orphans (as another test run's
-# processes belong to that run). It ends when its stdin closes.
-STRANGER = """
-import os, socket, sys
-if os.fork():
-    os._exit(0)
-s = socket.socket()
-s.bind(("127.0.0.1", 0))
-s.listen()
-print(s.getsockname()[1], flush=True)
-sys.stdin.read()
-"""
-
-# The same, as our own child.
+# Prints the port of a socket listening in this child; it ends when its stdin closes.
 CHILD = """
 import socket, sys
 s = socket.socket()
@@ -38,6 +24,10 @@ s.listen()
 print(s.getsockname()[1], flush=True)
 sys.stdin.read()
 """
+
+# The same in a process that is none of ours: a grandchild whose parent exits at once, so it
+# belongs to whoever adopts orphans (as another test run's processes belong to that run).
+STRANGER = "import os\nif os.fork():\n    os._exit(0)\n" + CHILD
 
 
 def _listener(code: str) -> tuple[subprocess.Popen, int]:

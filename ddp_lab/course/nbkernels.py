@@ -44,9 +44,8 @@ def unix_sockets(km: Any, folder: str) -> None:
         km.connection_file = name + ".json"
     if km.transport != "tcp" or km.ip not in ("127.0.0.1", "localhost"):
         return
-    ip = name
-    if len(os.fsencode(ip)) + len("-65535") <= SUN_PATH_MAX:
-        km.transport, km.ip = "ipc", ip
+    if len(os.fsencode(name)) + len("-65535") <= SUN_PATH_MAX:
+        km.transport, km.ip = "ipc", name
 
 
 def pytest_configure(config: Any) -> None:

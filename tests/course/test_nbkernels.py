@@ -17,6 +17,13 @@ from jupyter_client import KernelManager
 from ddp_lab.course.nbkernels import SUN_PATH_MAX, unix_sockets
 
 ROOT = Path(__file__).resolve().parents[2]
+NBVAL = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--nbval-lax"]
+
+
+def _notebook(path: Path, source: str) -> None:
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(source)]
+    nbformat.write(nb, path)
 
 
 def test_unix_sockets_only_for_tcp_on_this_host_and_where_the_path_fits(tmp_path):
@@ -42,8 +49,7 @@ def test_a_notebook_run_in_the_repository_gets_unix_sockets(tmp_path):
 
     def pytest(*options: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--nbval-lax"]
-            + [*options, str(notebook)],
+            [*NBVAL, *options, str(notebook)],
             cwd=ROOT,
             capture_output=True,
             text=True,
@@ -51,15 +57,12 @@ def test_a_notebook_run_in_the_repository_gets_unix_sockets(tmp_path):
         )
 
     try:
-        nb = nbformat.v4.new_notebook()
-        nb.cells = [
-            nbformat.v4.new_code_cell(
-                "from ipykernel.kernelapp import IPKernelApp\n"
-                "app = IPKernelApp.instance()\n"
-                "assert app.transport == 'ipc' and 'ddp_lab_kernels_' in app.ip, app.ip"
-            )
-        ]
-        nbformat.write(nb, notebook)
+        _notebook(
+            notebook,
+            "from ipykernel.kernelapp import IPKernelApp\n"
+            "app = IPKernelApp.instance()\n"
+            "assert app.transport == 'ipc' and 'ddp_lab_kernels_' in app.ip, app.ip",
+        )
         done = pytest()
         assert done.returncode == 0, done.stdout + done.stderr
         # Without the plugin the same cell fails (TCP): the test can tell.
@@ -80,21 +83,17 @@ def test_the_folder_of_a_killed_run_goes_with_the_next_folder_made(tmp_path, mon
     folder.mkdir(parents=True)
     notebook, told, private = folder / "t.ipynb", folder / "told", tmp_path / "tmp"
     private.mkdir()
-    nb = nbformat.v4.new_notebook()
-    nb.cells = [
-        nbformat.v4.new_code_cell(
-            "import os, time\n"
-            "from ipykernel.kernelapp import IPKernelApp\n"
-            "app = IPKernelApp.instance()\n"
-            f"open({str(told)!r} + '.new', 'w').write(f'{{os.getpid()}} {{app.connection_file}}')\n"
-            f"os.replace({str(told)!r} + '.new', {str(told)!r})\n"
-            "time.sleep(300)"
-        )
-    ]
-    nbformat.write(nb, notebook)
+    _notebook(
+        notebook,
+        "import os, time\n"
+        "from ipykernel.kernelapp import IPKernelApp\n"
+        "app = IPKernelApp.instance()\n"
+        f"open({str(told)!r} + '.new', 'w').write(f'{{os.getpid()}} {{app.connection_file}}')\n"
+        f"os.replace({str(told)!r} + '.new', {str(told)!r})\n"
+        "time.sleep(300)",
+    )
     run = subprocess.Popen(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--nbval-lax"]
-        + [str(notebook)],
+        [*NBVAL, str(notebook)],
         cwd=ROOT,
         env={**os.environ, "TMPDIR": str(private)},
         stdout=subprocess.DEVNULL,
