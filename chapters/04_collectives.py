@@ -1174,7 +1174,7 @@ dl.grade("04.all_gather", send_recv_all_gather)
 #
 # - (a) nothing from the gathered tensors: `dist.all_gather` is not differentiable, and no error says so
 # - (b) an error is raised in backward
-# - (c) the gradient through every rank's use of x
+# - (c) the gradient through every rank's use of `x`
 # - (d) the gradient of rank 0 only
 
 
@@ -1205,7 +1205,7 @@ dl.grade("04.all_gather", send_recv_all_gather)
 #
 # - (a) 没有来自收集张量的梯度：`dist.all_gather` 不可微，而且没有任何报错
 # - (b) 反向传播时报错
-# - (c) 经过所有 rank 对 x 的使用传回来的梯度
+# - (c) 经过所有 rank 对 `x` 的使用传回来的梯度
 # - (d) 只有 rank 0 的梯度
 
 

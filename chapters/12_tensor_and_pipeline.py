@@ -35,8 +35,8 @@
 # 切开：**张量并行**（tensor parallelism，TP）把每一层的矩阵分到多个 rank 上，**流水线并行**
 # （pipeline parallelism，PP）把相邻的若干层放到不同的 rank 上。本章在 gloo rank 上从零实现这两
 # 种并行，并与单进程对照；运行 PyTorch 中对应的实现（`DeviceMesh` 上的 `parallelize_module`，
-# 二维网格上的 FSDP x TP）；实测流水线的**气泡**（bubble）；最后算一算该选哪种并行，并借助
-# torch 的伪进程组（fake process group）一直算到 1,024 个 rank。
+# 二维网格上的 FSDP × TP）；实测流水线的**气泡**（bubble）；最后算一算该选哪种并行，并借助
+# torch 的伪进程组（fake process group）一直算到 1024 个 rank。
 
 # %%
 import torch
@@ -73,10 +73,10 @@ print(torch.__version__)
 # 也就是输出特征的一段，用完整的 `x` 算出 `y` 的这一段。**行并行**（row-parallel）：rank r 保留
 # `W` 的一块列，只乘 `x` 中对应的那一段，各 rank 的部分积再求和。MLP 的第一层用列并行、第二层
 # 用行并行时，两层之间不需要任何通信：第一层输出的那一段恰好是第二层需要的输入段（Megatron-LM
-# 的布局）。通信由两个算子负责，它们互为共轭：
+# 的布局）。通信由两个算子负责，它们互为共轭（conjugate）：
 #
-# - `f` = `copy_to_parallel_region`：前向是恒等映射；反向做一次全归约（all-reduce）（每个 rank
-#   都用了完整的 `x`，所以它的梯度是所有 rank 的贡献之和）；
+# - `f` = `copy_to_parallel_region`：前向是恒等映射；反向做一次全归约（all-reduce），因为每个
+#   rank 都用了完整的 `x`，`x` 的梯度是所有 rank 的贡献之和；
 # - `g` = `reduce_from_parallel_region`：前向做一次全归约（把部分积加起来）；反向是恒等映射。
 #
 # Megatron-LM 在 `megatron/core/tensor_parallel/mappings.py` 中实现它们，名字是
@@ -94,13 +94,14 @@ dl.show_source(tpmod.RowParallelLinear.forward)
 # each rank's own process: the output, the input's gradient and each rank's slices of the
 # weight gradients. Chapter 10's counter (`count_collectives`) lists what went through
 # `torch.distributed`: one all-reduce forward (in `g`) and one backward (in `f`), each of
-# the activation's size, batch 4 x 8 x 8 bytes = 256 bytes, whatever the number of ranks.
+# the activation's size, batch 4 x width 8 x 8 bytes (float64) = 256 bytes, whatever the
+# number of ranks.
 
 # %% [markdown] lang="zh" tags=["lesson"]
 # 把 MLP（8 -> 16 -> 8，float64）分到 2 个和 4 个 rank 上，在每个 rank 的进程内与完整的 MLP
 # 对照：输出、输入的梯度，以及本 rank 那一段权重梯度。第 10 章的计数器（`count_collectives`）
 # 列出经过 `torch.distributed` 的调用：前向一次全归约（在 `g` 中），反向一次（在 `f` 中），
-# 大小都与激活值相同，批 4 x 8 x 8 字节 = 256 字节，与 rank 数无关。
+# 大小都与激活值相同：批大小 4 × 宽度 8 × 8 字节（float64）= 256 字节，与 rank 数无关。
 
 # %% tags=["lesson"]
 for world in (2, 4):
@@ -141,39 +142,40 @@ for world in (2, 4):
 # `Replicate` an all-gather, `Partial` -> `Shard` a reduce-scatter.) The cell runs it on 4
 # gloo ranks, with an input that needs its gradient as inside a deep model, and then **2D**:
 # a 2 x 2 mesh with TP on one dimension ("tp") and FSDP's `fully_shard` on the other ("dp").
-# Each rank lists the collectives torch dispatched, forward and backward apart (a
-# `TorchDispatchMode` that sees the functional collectives, as torch's `CommDebugMode` in
-# `torch/distributed/tensor/debug/_comm_mode.py` does), with the bytes of the largest tensor
-# of each.
+# Each rank lists the collectives torch dispatched, forward and backward apart, with the
+# bytes of the largest tensor of each. A `TorchDispatchMode` records them: it sees DTensor's
+# functional collectives (`_c10d_functional::...`) and the `c10d::...` ops FSDP calls, as
+# torch's `CommDebugMode` in `torch/distributed/tensor/debug/_comm_mode.py` does.
 
 # %% [markdown] lang="zh" tags=["lesson"]
 # 一种常见说法是：TP“把一层的内存除以了 rank 数”。参数差不多是这样（fc2 的偏置在每个 rank 上
 # 都是完整的：76 = (280 - 8) / 4 + 8），隐藏层的激活值也是，但每个 rank 仍然持有这个块完整的
-# 输入和输出激活值（`batch x dim`，见上面 "per rank" 那几行），而且每一步、每个块都要对这么大的
-# 张量做两次全归约（前向是输出，反向是输入的梯度）：TP 是用关键路径上的通信换内存，所以它通常
-# 放在一个节点内部、最快的链路上。一个 Transformer 层里有两个这样的块：MLP 和
+# 输入和输出激活值（`batch x dim`，见上面以“per rank”开头的几行），而且每一步、每个块都要对
+# 这么大的张量做两次全归约（前向是输出，反向是输入的梯度）：TP 是用关键路径上的通信换内存，
+# 所以它通常放在一个节点内部、最快的链路上。一个 Transformer 层里有两个这样的块：MLP 和
 # 自注意力（self-attention）。自注意力的 Q、K、V 三个投影合成一个列并行层，每个 rank 分到一部分
-# 注意力头（attention head），输出投影做行并行。所以每层前向两次全归约、反向两次，与 Megatron-LM 论文
-# （Shoeybi 等人 2019，arXiv 1909.08053，第 3 节）给出的次数一致。
+# 注意力头（attention head），输出投影做行并行。所以每层前向两次全归约、反向两次，与 Megatron-LM
+# 论文（Shoeybi 等，2019，arXiv:1909.08053，第 3 节）给出的次数一致。
 #
 # ## 2. 用 PyTorch 做同样的事：`DeviceMesh` 上的 `parallelize_module`
 #
-# PyTorch 并不手写 `f` 和 `g`。`ColwiseParallel` 和 `RowwiseParallel`
-# （`torch/distributed/tensor/parallel/style.py`）把权重变成在 `DeviceMesh` 上按第 0 维
-# （`Shard(0)`，行）或第 1 维（列）分片的 `DTensor`，通信则来自放置方式（placement）的转换。
+# PyTorch 里没有显式的 `f` 和 `g`。`ColwiseParallel` 和 `RowwiseParallel`
+# （`torch/distributed/tensor/parallel/style.py`）把权重变成 `DTensor`，在 `DeviceMesh` 上按
+# 第 0 维（`Shard(0)`，即按行）或第 1 维（按列）分片；通信则来自放置方式（placement）之间的转换。
 # 先看 `g`：`RowwiseParallel` 的输出是 `Partial()`（每个 rank 持有一个加数），把它转成
 # `Replicate()` 就是那次全归约（`torch/distributed/tensor/_redistribute.py` 中的
 # `redistribute_local_tensor`）；它的反向什么也不发送，因为 `_redistribute_backward` 让
 # `Replicate` 的梯度保持原样，不再转回 `Partial`。再看 `f`：`ColwiseParallel` 用
 # `DTensor.from_local(x, mesh, [Replicate()])` 包装输入；输入的梯度回来时是 `Partial`，
 # `from_local` 的反向（`torch/distributed/tensor/_api.py` 中的 `_FromTorchTensor`）把它转成
-# `Replicate`，这就是一次全归约，只有输入需要梯度时才会发生。（一般来说，`Partial` -> `Replicate`
-# 是全归约，`Shard` -> `Replicate` 是全收集，`Partial` -> `Shard` 是归约散发。）下面的单元先在
-# 4 个 gloo rank 上运行它，输入像在深层模型中那样需要梯度；再做**二维**（2D）：一个 2 x 2 的
-# 网格，一维（"tp"）上做 TP，另一维（"dp"）上做 FSDP 的 `fully_shard`。每个 rank 分前向、反向
-# 列出 torch 发出的集合通信，以及每次通信中最大张量的字节数（用一个能看到函数式集合通信的
-# `TorchDispatchMode`，做法与 torch 的 `CommDebugMode` 相同，见
-# `torch/distributed/tensor/debug/_comm_mode.py`）。
+# `Replicate`，这就是一次全归约，只有输入需要梯度时才会发生。放置方式之间的转换一般这样对应：
+# `Partial` -> `Replicate` 是全归约，`Shard` -> `Replicate` 是全收集（all-gather），
+# `Partial` -> `Shard` 是归约散发（reduce-scatter）。下面的单元先在 4 个 gloo rank 上运行它，
+# 输入像在深层模型中那样需要梯度；再做**二维**（2D）：一个 2 × 2 的网格，一维（`"tp"`）上做 TP，
+# 另一维（`"dp"`）上做 FSDP 的 `fully_shard`。每个 rank 把前向和反向分开，列出 torch 发出的集合
+# 通信（collective），以及每次通信中最大张量的字节数。记录它们的是一个 `TorchDispatchMode`：
+# DTensor 的函数式集合通信（`_c10d_functional::...`）和 FSDP 调用的 `c10d::...` 算子它都能看到，
+# 与 torch 的 `CommDebugMode`（`torch/distributed/tensor/debug/_comm_mode.py`）做法相同。
 
 # %% tags=["lesson"]
 res = dl.spawn(tpmod.torch_tp_and_2d, nprocs=4, backend="gloo")
@@ -197,15 +199,19 @@ print("q, k, v as 3 ColwiseParallel, o RowwiseParallel: forward", qkv["forward"]
 # all-gather and the reduce-scatter of 576 bytes (fc1's and fc2's weights and biases on each
 # TP rank after TP's split, (64 + 8 + 64 + 8) x 4 bytes) run inside a DP group ({0, 2} or
 # {1, 3}), the gather forward, the reduce-scatter backward (gloo's reduce-scatter is an
-# all-reduce of the whole input, chapter 10). Here the input needs no gradient, so the
+# all-reduce of the whole input, chapter 10). One all-gather, not two: the whole MLP is
+# FSDP's root module here, and FSDP does not reshard the root after forward, since backward
+# would gather the same parameters at once (`_lazy_init` in
+# `torch/distributed/fsdp/_fully_shard/_fsdp_state.py`); section 4 counts blocks inside a
+# model, two all-gathers and a reduce-scatter each. Here the input needs no gradient, so the
 # backward has no all-reduce of `f`'s. fc1's weight is `_StridedShard` on "dp" and
 # `Shard(0)` on "tp": each of the 4 ranks holds 4 of its 16 rows. Strided, because FSDP
 # split what TP had split already: the rank at (dp d, tp t) holds rows 8t + 4d to
 # 8t + 4d + 3, where `Shard(0)` on both dimensions would mean that "dp" splits first
-# (`_StridedShard` in `torch/distributed/tensor/placement_types.py`). The gradients equal
-# the whole MLP's on the whole batch (float32: about 1e-8).
+# (`_StridedShard` in `torch/distributed/tensor/placement_types.py`). Every parameter's
+# gradient equals the whole MLP's on the whole batch (float32: about 1e-8).
 #
-# The last line is the condition of section 1's count per transformer layer. Megatron
+# The output's last line is the condition of section 1's count per transformer layer. Megatron
 # computes Q, K and V with one column-parallel layer (`linear_qkv` in
 # `megatron/core/transformer/attention.py`): one `f`, one all-reduce of the input's gradient.
 # Given three separate layers `q`, `k`, `v`, `ColwiseParallel` wraps the same input three
@@ -226,26 +232,28 @@ print("q, k, v as 3 ColwiseParallel, o RowwiseParallel: forward", qkv["forward"]
 
 # %% [markdown] lang="zh" tags=["lesson"]
 # 单独做 TP 时，发送的内容与手写版本完全一样：前向一次激活值的全归约（`g`），反向一次（`f`），
-# 各 128 字节（4 x 8 个 float32）。二维时，哪些通信走哪一维：全归约发生在一个 TP 组内（{0, 1}
-# 或 {2, 3}）；576 字节（TP 切分之后每个 TP rank 上 fc1 和 fc2 的权重与偏置，
-# (64 + 8 + 64 + 8) x 4 字节）的全收集（all-gather）和归约散发（reduce-scatter）发生在一个 DP
-# 组内（{0, 2} 或 {1, 3}），前向做全收集，反向做归约散发（gloo 的归约散发是对整个输入做一次
-# 全归约，见第 10 章）。这里输入不需要梯度，所以反向没有 `f` 的那次全归约。fc1 的权重在 "dp"
-# 上是 `_StridedShard`，在 "tp" 上是 `Shard(0)`：4 个 rank 各持有它 16 行中的 4 行。之所以是
-# “跨步”的分片，是因为 FSDP 切的是 TP 已经切过的那一块：位于 (dp d, tp t) 的 rank 持有第
-# 8t + 4d 到 8t + 4d + 3 行；如果两维都写成 `Shard(0)`，意思就成了 "dp" 先切（见
-# `torch/distributed/tensor/placement_types.py` 中的 `_StridedShard`）。梯度与完整 MLP 在整批
-# 数据上的梯度相同（float32：约 1e-8）。
+# 各 128 字节（4 × 8 个 float32）。二维时，各种通信分别走哪一维：全归约在一个 TP 组内进行
+# （{0, 1} 或 {2, 3}）；全收集和归约散发在一个 DP 组内进行（{0, 2} 或 {1, 3}），前向做全收集，
+# 反向做归约散发，每次 576 字节，即 TP 切分之后每个 TP rank 上 fc1 和 fc2 的权重与偏置：
+# (64 + 8 + 64 + 8) × 4 字节。gloo 的归约散发是对整个输入做一次全归约（见第 10 章）。全收集只有
+# 一次，而不是两次：这里整个 MLP 就是 FSDP 的根模块，FSDP 在前向之后不会把根模块重新分片，因为
+# 反向马上又要收集同样的参数（见 `torch/distributed/fsdp/_fully_shard/_fsdp_state.py` 中的
+# `_lazy_init`）；第 4 节算的是模型内部的块，每块两次全收集加一次归约散发。这里输入不需要梯度，
+# 所以反向没有 `f` 的那次全归约。fc1 的权重在 `"dp"` 上是 `_StridedShard`，在 `"tp"` 上是
+# `Shard(0)`：4 个 rank 各持有它 16 行中的 4 行。之所以是“跨步”的分片，是因为 FSDP 切的是 TP
+# 已经切过的那一块：位于 (dp d, tp t) 的 rank 持有第 (8t + 4d)～(8t + 4d + 3) 行；如果两维都写成
+# `Shard(0)`，意思就成了 `"dp"` 先切（见 `torch/distributed/tensor/placement_types.py` 中的
+# `_StridedShard`）。每个参数的梯度都与完整 MLP 在整批数据上的梯度一致（float32 下差异约 1e-8）。
 #
-# 最后一行说明了第 1 节中每个 Transformer 层全归约次数的前提。Megatron 用一个列并行层算出
-# Q、K、V（`megatron/core/transformer/attention.py` 中的 `linear_qkv`）：一个 `f`，输入的梯度
-# 只做一次全归约。如果 `q`、`k`、`v` 是三个独立的层，`ColwiseParallel` 就会把同一个输入包装
-# 三次，每次各用一个 `from_local`，每一次包装都对输入梯度中属于自己的那一部分做全归约：反向
-# 要做三次与激活值同样大小的全归约，而合并的层只发送一次。相信公式之前，先数一数一个并行方案
-# 实际发出的集合通信（像这个单元这样，或者用 torch 的 `CommDebugMode`）。
+# 输出的最后一行说明了第 1 节“每层前向、反向各两次全归约”这个计数成立的前提。Megatron 用一个
+# 列并行层算出 Q、K、V（`megatron/core/transformer/attention.py` 中的 `linear_qkv`）：一个 `f`，
+# 输入的梯度只做一次全归约。如果 `q`、`k`、`v` 是三个独立的层，`ColwiseParallel` 就会把同一个
+# 输入包装三次，每次各用一个 `from_local`，每一次包装都对输入梯度中属于自己的那一部分做全归约：
+# 反向要做三次与激活值同样大小的全归约，而合并的层只发送一次。相信公式之前，先数一数一个并行
+# 方案实际发出的集合通信（像这个单元这样，或者用 torch 的 `CommDebugMode`）。
 #
-# 在 GPU 上这种摆放更重要："tp" 这一维应当是同一节点内的 rank（NVLink），"dp" 这一维跨节点。
-# 要实测这一点需要两个带 GPU 的节点；这里不运行。本章的网格都是 `"cpu"` 网格，每次调用
+# 在 GPU 上这种摆放更重要：`"tp"` 这一维应当是同一节点内的 rank（NVLink），`"dp"` 这一维跨节点。
+# 要实测这一点需要两个带 GPU 的节点，本章不做这项实测。本章的网格都是 `"cpu"` 网格，每次调用
 # `fully_shard` 也都显式传入网格，所以这些单元在只有一块 GPU 的机器上照样能跑：
 # 如果之前没有选定设备，`init_device_mesh("cuda", ...)` 会把每个 rank 的设备设成
 # `cuda:LOCAL_RANK`（`dl.spawn` 和 torchrun 都会设置 `LOCAL_RANK`；见
@@ -279,20 +287,20 @@ print("q, k, v as 3 ColwiseParallel, o RowwiseParallel: forward", qkv["forward"]
 # ## 3. 从零实现流水线并行
 #
 # 模型的第 s 个阶段（stage，这里是一个 Linear + tanh 块）放在 rank s 上。一批数据被切成 m 个
-# **微批**（micro-batch）；前向从 rank s 流向 s+1（`send`/`recv` 激活值），反向再流回来（激活值
-# 的梯度）。**调度**（schedule）就是每个阶段执行各次计算的顺序。**GPipe** 先做完所有前向，再做
-# 所有反向；**1F1B**（一次前向、一次反向交替）让每个反向尽早开始。只要每次前向耗时相同、每次
-# 反向耗时也相同，两者让每个阶段空闲的比例就相同，这就是**气泡**：p 个阶段、m 个微批时为
-# (p-1)/(m+p-1)，即空闲时间占整步时间（p 个阶段 x 这一步的时长）的比例。一种常见说法是 1F1B
-# 缩小了气泡；其实并没有，两者的区别在内存：GPipe 在峰值时持有 m 个微批的激活值，1F1B 在第
-# s 个阶段最多持有 p - s 个。
+# **微批**（micro-batch）；前向从 rank s 流向 s+1（用 `send`/`recv` 传递激活值），反向再流回来
+# （传回激活值的梯度）。**调度**（schedule）就是每个阶段执行各次计算的顺序。**GPipe** 先做完
+# 所有前向，再做所有反向；**1F1B**（一次前向、一次反向交替）让每个反向尽早开始。只要每次前向
+# 耗时相同、每次反向耗时也相同，两种调度下每个阶段的空闲比例就都相同，这个比例就是**气泡**：
+# p 个阶段、m 个微批时为 (p-1)/(m+p-1)，即空闲时间占整步时间（p 个阶段 × 这一步的时长）的比例。
+# 一种常见说法是 1F1B 缩小了气泡；其实并没有，两者的区别在内存：GPipe 在峰值时持有 m 个微批的
+# 激活值，1F1B 在第 s 个阶段最多持有 p - s 个。
 #
-# 不同论文里气泡的分母并不相同。Narayanan 等人 2021 年的论文（Megatron-LM 关于流水线并行的
-# 论文，arXiv 2104.04473，第 2.2.1 节）把气泡写成 (p-1)/m：同样的空闲时间，除以的是理想的
-# 一步（ideal step），即 m 次前向和反向、没有任何空闲的时间。记 b = (p-1)/(m+p-1)，空闲与
-# 忙碌之比就是 b / (1 - b) = (p-1)/m：同一个量，两种分母（p = 4、m = 8 时，占整步的 27%，
-# 占理想一步的 38%）。引用气泡数值时，要说明分母是什么。先在纸上推演（`ddp_lab.pipeline.simulate`，前向 1
-# 个时间单位，反向 2 个），两种分母都列出来：
+# 不同论文里气泡的分母并不相同。Megatron-LM 关于流水线并行的论文（Narayanan 等，2021，
+# arXiv:2104.04473，第 2.2.1 节）把气泡写成 (p-1)/m：同样的空闲时间，除以的是理想的一步
+# （ideal step），即 m 次前向和反向、没有任何空闲的时间。记 b = (p-1)/(m+p-1)，空闲与忙碌之比
+# 就是 b / (1 - b) = (p-1)/m：同一个量，两种分母（p = 4、m = 8 时，以整步为分母是 27%，以理想的
+# 一步为分母是 38%）。引用气泡数值时，要说明分母是什么。先在纸上推演
+# （`ddp_lab.pipeline.simulate`，前向 1 个时间单位，反向 2 个），两种分母都列出来：
 
 # %% tags=["lesson"]
 from ddp_lab import pipeline as pp
@@ -310,8 +318,8 @@ for p, m in ((4, 8), (4, 4), (8, 8)):
 # Now for real: 4 gloo ranks, 8 micro-batches, each stage's gradients compared with the whole
 # model's in one process. Each pass also sleeps (20 ms forward, 40 ms backward): 4 ranks
 # that computed on this machine's 2 cores would compete for them, and the timeline would
-# show the machine, not the schedule; a sleeping rank leaves its core free, as a rank whose
-# GPU computes does. Sends are `isend` (never blocking: with a blocking `send`, two
+# show the machine, not the schedule; a sleeping rank takes no core, so each pass takes its
+# own time, as on a GPU of its own. Sends are `isend` (never blocking: with a blocking `send`, two
 # neighbours that send to each other at once could wait for each other, since a send may not
 # complete before its receive is posted), receives are blocking `recv`. The
 # bubble is measured from the bars: 1 - (time in passes) / (4 x the whole span).
@@ -319,10 +327,10 @@ for p, m in ((4, 8), (4, 4), (8, 8)):
 # %% [markdown] lang="zh" tags=["lesson"]
 # 现在真正运行：4 个 gloo rank，8 个微批，每个阶段的梯度都与单进程中完整模型的梯度对照。每次
 # 计算还会休眠一段时间（前向 20 ms，反向 40 ms）：4 个 rank 若在这台机器的 2 个核上真正计算，
-# 会互相争抢核，时间线显示的将是机器而不是调度；休眠的 rank 会让出它的核，就像 GPU 在计算的
-# rank 那样。发送用 `isend`，从不阻塞：发送可能要等到对方发起接收后才能完成，如果用阻塞的
-# `send`，两个相邻的 rank 同时向对方发送时就可能互相等待。接收用阻塞的 `recv`。气泡从图中的
-# 条形实测：1 - （计算时间之和）/（4 x 整段时间）。
+# 会互相争抢核，时间线反映的就是机器的争抢，而不是调度本身；休眠的 rank 不占用核，所以每次计算
+# 都只花它自己的时间，就像每个 rank 有自己的 GPU 时那样。发送用 `isend`，从不阻塞：发送可能要等到
+# 对方发起接收后才能完成，如果用阻塞的 `send`，两个相邻的 rank 同时向对方发送时就可能互相等待。
+# 接收用阻塞的 `recv`。气泡从图中的条形实测得出：1 - (计算时间之和) / (4 × 整段时长)。
 
 # %% tags=["lesson"]
 import matplotlib.pyplot as plt
@@ -366,13 +374,14 @@ fig.tight_layout()
 
 # %% [markdown] lang="zh" tags=["lesson"]
 # 两种调度得到的梯度都与单进程一致（float64，差异在 1e-17 量级，只是舍入误差）；1F1B 在各阶段
-# 分别只持有 4、3、2、1 个微批的激活值，GPipe 则每个阶段都持有 8 个。实测的气泡比公式高出百分之
-# 几，因为公式把通信算作零开销：凡是输入来自相邻 rank 的计算，还要等一次发送、一次接收，以及
-# 唤醒一个正在休眠的 rank；机器负载高时，还得等到空闲的核。两种调度的实测值也不一定相等：每种
-# 调度为这些等待多付多少，取决于它们落在关键路径的哪些位置，也取决于机器，而公式对这两点都
-# 不建模。所以请分别拿它们和公式比较。每个 rank 只放一个阶段时，只有增加每步的微批数才能
-# 缩小气泡；让每个 rank 承担多个阶段的调度（交错式 1F1B，即 Megatron 的虚拟流水线），或者把每次反向拆成输入梯度和权重梯度两半的
-# 调度（零气泡调度），还能进一步缩小气泡。本章都不实现。
+# 分别只持有 4、3、2、1 个微批的激活值，GPipe 则每个阶段都持有 8 个。实测的气泡比公式值高出
+# 几个百分点，因为公式把通信算作零开销：凡是输入来自相邻 rank 的计算，还要等一次发送、一次接收，
+# 以及唤醒一个正在休眠的 rank；机器负载高时，还得等到空闲的核。两种调度的实测值也不一定相等：
+# 每种调度为这些等待多付多少，取决于它们落在关键路径的哪些位置，也取决于机器，而公式对这两点
+# 都不建模。所以请分别拿它们和公式比较。每个 rank 只放一个阶段时，只有增加每步的微批数才能
+# 缩小气泡。还有两类调度能进一步缩小气泡：一类让每个 rank 承担多个阶段（交错式 1F1B，即
+# Megatron 的虚拟流水线），另一类把每次反向拆成输入梯度和权重梯度两半（零气泡调度）。本章都
+# 不实现。
 #
 # PyTorch 中对应的实现是 `torch.distributed.pipelining`：`PipelineStage`（`stage.py`），以及
 # `schedules.py` 中的 `ScheduleGPipe` 和 `Schedule1F1B`（上面提到的几种调度对应
@@ -383,7 +392,7 @@ fig.tight_layout()
 # `loss_fn` 传入），记录 torch 实际执行每个阶段各次计算的顺序（即它对 `forward_one_chunk` 和
 # `backward_one_chunk` 的调用），并把梯度与单进程对照。单元还让 `Schedule1F1B` 在 4 个阶段上
 # 只用 3 个微批：torch 不接受微批数少于阶段数，而 `one_f_one_b_order`（以及练习 2）的做法是
-# 把预热的前向次数限制在 m 以内。
+# 把预热（warm-up）阶段的前向次数限制在 m 以内。
 
 # %% tags=["lesson"]
 twins = dl.spawn(pp.torch_pipeline_runs, nprocs=4, backend="gloo")
@@ -396,7 +405,7 @@ print("torch 1f1b, 3 micro-batches on 4 stages:", twins[0]["fewer_micro"])
 # %% [markdown] lang="en" tags=["lesson"]
 # ## 4. The arithmetic of choosing
 #
-# `ddp_lab.parallel_plan.per_step` puts the course's models together for a stack of MLP
+# `ddp_lab.parallel_plan.per_step` puts the course's cost models together for a stack of MLP
 # blocks (dim -> 4 dim -> dim) trained with float32 AdamW on dp x tp x pp ranks: parameters,
 # gradients and optimizer state per rank (chapter 10's ZeRO model), activations, the bytes
 # each rank sends per step (ring algorithms: an all-reduce sends 2(n-1)/n of its payload, an
@@ -404,14 +413,14 @@ print("torch 1f1b, 3 micro-batches on 4 stages:", twins[0]["fewer_micro"])
 # backward) and the bubble. 8 blocks of dim 1024, 4,096 rows (tokens) per step, 8 ranks:
 
 # %% [markdown] lang="zh" tags=["lesson"]
-# ## 4. 选择的算术
+# ## 4. 怎么选：算一笔账
 #
-# `ddp_lab.parallel_plan.per_step` 把课程里已有的几个模型拼在一起。模型是若干个 MLP 块
-# （dim -> 4 dim -> dim）叠成的，在 dp x tp x pp 个 rank 上用 float32 AdamW 训练；它算出每个
-# rank 每步的这几项：参数、梯度和优化器状态（第 10 章的 ZeRO 模型），激活值，发送的字节数（按
-# 环形算法：全归约发送其有效载荷（payload）的 2(n-1)/n，全收集或归约散发发送 (n-1)/n），FLOPs
-# （每个参数每行 6 次：前向 2 次，反向 4 次），以及气泡。下面是 8 个 dim 为 1024 的块、每步
-# 4,096 行（token）、8 个 rank 的结果：
+# `ddp_lab.parallel_plan.per_step` 把课程前面建立的几个估算模型合在一起。要估算的网络由若干个
+# MLP 块（dim -> 4 dim -> dim）叠成，在 dp × tp × pp 个 rank 上用 float32 AdamW 训练。它算出
+# 每个 rank 每步的这几项：参数、梯度和优化器状态（第 10 章的 ZeRO 模型），激活值，发送的字节数，
+# FLOPs 和气泡。字节数按环形算法计：全归约发送其有效载荷（payload）的 2(n-1)/n，全收集或归约散发
+# 发送 (n-1)/n；FLOPs 按每个参数、每行 6 次计（前向 2 次，反向 4 次）。下面是 8 个 dim 为 1024
+# 的块、每步 4096 行（token）、8 个 rank 的结果：
 
 # %% tags=["lesson"]
 from ddp_lab import parallel_plan as plan
@@ -431,12 +440,14 @@ for name, kw in choices.items():
 # 1,074 MB, on every rank; FSDP divides it by 8 and sends 1.5x DP's bytes (two all-gathers
 # and a reduce-scatter instead of an all-reduce); TP divides the state too, but every TP
 # rank sees the whole batch, so its activations are the largest, and it sends activations at
-# every layer, bytes that grow with the batch, not with the model; PP divides the state and
+# every layer, rows x dim each: bytes that grow with the batch, where DP's grow with the
+# number of parameters; PP divides the state and
 # sends the least, but pays the bubble. The FLOPs per rank are nearly the same in every row
 # (TP's whole fc2 biases add a little): the work is divided 8 ways each time; what differs is
 # what dividing it costs. Products combine the divisions. Which wins depends on where the
 # bytes go: TP's sends are on the critical path of every layer (fast
-# links only), DP's and FSDP's overlap backward (chapter 07), PP's are small but its bubble
+# links only), DP's and FSDP's can overlap computation (chapters 07 and 10), PP's are small
+# but its bubble
 # is idle time.
 #
 # **Prediction next to a measurement.** The same calculator for a run this machine can do:
@@ -445,19 +456,19 @@ for name, kw in choices.items():
 # (`costs.gloo_cpu`) with alpha and beta measured here by ping-pong (`shaped_links.calibrate`).
 
 # %% [markdown] lang="zh" tags=["lesson"]
-# 逐行来看（6,700 万个参数，用 AdamW 时每个 16 字节）：DP 在每个 rank 上保存全部状态，
-# 1,074 MB；FSDP 把它除以 8，发送的字节数是 DP 的 1.5 倍（两次全收集加一次归约散发，代替一次
-# 全归约）；TP 也把状态分掉了，但每个 TP rank 都要处理整批数据，所以它的激活值最大，而且每一层
-# 都要发送激活值，这些字节随批增长，而不是随模型增长；PP 把状态分掉并且发送得最少，但要付出
-# 气泡的代价。每一行中每个 rank 的 FLOPs 几乎相同（TP 中完整的 fc2 偏置会多出一点）：工作每次
-# 都被分成 8 份，不同的是分摊的代价。组合方式把这些划分叠加起来。哪种更好，取决于这些字节
-# 走在哪里：TP 的发送在每一层的关键路径上（只能用快速链路），DP 和 FSDP
-# 的发送与反向计算重叠（第 07 章），PP 的发送很少，但它的气泡是空闲时间。
+# 逐行来看（6700 万个参数，用 AdamW 时每个 16 字节）：DP 在每个 rank 上保存全部状态，1074 MB；
+# FSDP 把它除以 8，发送的字节数是 DP 的 1.5 倍（两次全收集加一次归约散发，代替一次全归约）；
+# TP 也把状态分掉了，但每个 TP rank 都要处理整批数据，所以它的激活值最大，而且每一层都要发送
+# 激活值，每次的元素数是行数 × dim：这些字节随批增长，而 DP 的字节数随参数个数增长；PP 把状态
+# 分掉并且发送得最少，但要付出气泡的代价。各行中每个 rank 的 FLOPs 都差不多（TP 中完整的 fc2
+# 偏置会多出一点）：每一行都把工作分成了 8 份，不同的只是切分所付出的代价。组合方案（如
+# FSDP 2 × TP 4）则把几种切分相乘。哪种更好，取决于这些字节走在哪里：TP 的发送在每一层的关键
+# 路径上（只能用快速链路），DP 和 FSDP 的发送可以与计算重叠（第 07 章和第 10 章），PP 的发送
+# 很少，但它的气泡是空闲时间。
 #
 # **预测与实测并列**。用同一个计算器算一次这台机器能跑的训练：2 个 TP rank，4 个 dim 为 64 的
 # 块，256 行；计算时间用这台机器实测的矩阵乘法速率（每个 rank 一个线程），全归约用第 04 章的
-# gloo 模型（`costs.gloo_cpu`），其中 alpha 和 beta 由这里的乒乓测试（`shaped_links.calibrate`）
-# 测得。
+# gloo 模型（`costs.gloo_cpu`），其中 α 和 β 由这里的乒乓测试（`shaped_links.calibrate`）测得。
 
 # %% tags=["lesson"]
 from ddp_lab.labs.shaped_links import calibrate, fit
@@ -495,18 +506,19 @@ print(f"MFU (model FLOPs / (time x this rank's matmul rate)): {mfu:.0%}")
 
 # %% [markdown] lang="zh" tags=["lesson"]
 # 计数完全一致：状态精确到字节，8 次 64 KiB 的全归约（每个块前向一次、反向一次）。时间则不一致，
-# 这个差距正是模型算力利用率（MFU）要说明的：6 x 参数 x 行数只计算了矩阵乘法，而小矩阵的一步
-# 还要付出 gelu、优化器的逐元素运算、每个算子的 Python 和 autograd 开销，以及这台共享机器的
-# 负载。真实的规划从实测一步开始再按比例推算，而不是只相信 FLOPs。
+# 这个差距正是模型算力利用率（MFU）要说明的：6 × 参数个数 × 行数只计入了矩阵乘法，而矩阵这么小
+# 时，一步里还要付出 gelu、优化器的逐元素运算、每个算子的 Python 和 autograd 开销，还要承受这台
+# 共享机器的负载。真实的规划从实测一步开始再按比例推算，而不是只相信 FLOPs。
 #
-# ## 5. 一个进程里的 1,024 个 rank：torch 的伪进程组
+# ## 5. 一个进程里的 1024 个 rank：torch 的伪进程组
 #
 # `torch.testing._internal.distributed.fake_pg` 提供 `FakeStore`，并注册后端 `"fake"`（即
 # PyTorch 源码中 `torch/csrc/distributed/c10d/FakeProcessGroup.hpp` 里的 `FakeProcessGroup`）：
-# 这是一个大小任意的进程组，集合通信不做任何通信，立即返回。全归约让张量保持原样，全收集把本
-# rank 自己的输入复制到每一个位置上（单元输出的第一行同时展示了这两点）。数值没有意义，但形状、
-# 放置方式和分片都是真实的，足以回答每个 rank 会持有什么。模型建在 `meta` 设备上（完全不占
-# 内存），然后以 rank 17 的身份，分别做 1,024 个 rank 的 FSDP，以及 128 x 8 网格上的 FSDP x TP：
+# 这是一个大小任意的进程组，它的集合通信调用立即返回，并不真正通信。全归约让张量保持原样，
+# 全收集把本 rank 自己的输入复制到每一个位置上（单元输出的第一行同时展示了这两点）。数值没有
+# 意义，但形状、放置方式和分片都是真实的，足以回答每个 rank 会持有什么。模型建在 `meta` 设备上
+# （完全不占内存），然后以 rank 17 的身份，分别做 1024 个 rank 的 FSDP，以及 128 × 8 网格上的
+# FSDP × TP：
 
 # %% tags=["lesson"]
 fake = dl.spawn(plan.fake_world, nprocs=1)[0]
@@ -527,10 +539,10 @@ for name in ("fsdp", "fsdp x tp"):
 # say is time: its collectives take none.
 
 # %% [markdown] lang="zh" tags=["lesson"]
-# 在 1,024 个 rank 上做 FSDP 时，5.37 亿个参数变成每个 rank 524,368 个，正好是预测的 Psi / N
-# （这里每个维度都能被 1,024 整除）。FSDP x TP 多持有 112 个：`RowwiseParallel` 让 fc2 的偏置
-# （4,096 个元素）在每个 TP rank 上保持完整，所以 FSDP 把它分到 128 个 rank 上，而不是 1,024 个：
-# 4 个块 x (32 - 4) 个元素。换算成 float32 AdamW 的字节数：每个 rank 的状态是 16 x 52.4 万
+# 在 1024 个 rank 上做 FSDP 时，5.37 亿个参数变成每个 rank 524368 个，正好是预测的 Psi / N
+# （这里每个维度都能被 1024 整除）。FSDP × TP 多持有 112 个：`RowwiseParallel` 让 fc2 的偏置
+# （4096 个元素）在每个 TP rank 上保持完整，所以 FSDP 把它分到 128 个 rank 上，而不是 1024 个：
+# 4 个块 × (32 - 4) 个元素。换算成 float32 AdamW 的字节数：每个 rank 的状态是 16 × 52.4 万
 # = 8.4 MB，而不是 8.6 GB。伪进程组回答不了的是时间：它的集合通信不花时间。
 
 # %% [markdown] lang="en" tags=["exercise"]
@@ -544,12 +556,13 @@ for name in ("fsdp", "fsdp x tp"):
 # process. Do not all-reduce a tensor autograd still needs in place: clone first.
 
 # %% [markdown] lang="zh" tags=["exercise"]
-# ## 练习 1：共轭的一对算子（3 分）
+# ## 练习 1：一对共轭算子（3 分）
 #
-# 在默认进程组上写出 `copy_to_tp(x)`（Megatron 的 `f`：前向恒等，反向对梯度做全归约）和
-# `reduce_from_tp(x)`（`g`：前向全归约，反向恒等），各用一个 `torch.autograd.Function`。评分
-# 单元用你的这对算子在隐藏的 world size 和宽度上运行先列并行、后行并行的 MLP，并把输出、输入的
-# 梯度和每个权重梯度与单进程中完整的 MLP 比较。不要对 autograd 仍需要的张量原地做全归约：先克隆。
+# 写出 `copy_to_tp(x)`（Megatron 的 `f`：前向恒等，反向对梯度做全归约）和 `reduce_from_tp(x)`
+# （`g`：前向全归约，反向恒等），各用一个 `torch.autograd.Function` 实现，通信都走默认进程组。
+# 评分单元会用你的这对算子搭一个先列并行、后行并行的 MLP，在几种隐藏的 world size（进程总数）
+# 和宽度下运行，把输出、输入的梯度和每个权重梯度与单进程中完整的 MLP 比较。不要对 autograd
+# 还要用的张量原地做全归约：先克隆一份。
 
 # %% tags=["exercise"]
 import torch.distributed as dist
@@ -613,12 +626,13 @@ dl.grade("12.tp_pair", copy_to_tp, reduce_from_tp)
 # %% [markdown] lang="zh" tags=["exercise"]
 # ## 练习 2：1F1B 调度（3 分）
 #
-# 写出 `schedule_1f1b(stage, stages, micro)`：第 `stage` 个阶段的计算顺序，即微批
-# `i = 0 .. micro-1` 的 `("F", i)` 和 `("B", i)` 组成的列表。它必须能运行（每次计算恰好一次，
-# 每个 F(i) 在对应的 B(i) 之前，没有阶段永远等待），同一时刻最多持有 `min(stages - stage, micro)`
-# 个微批的激活值，并且气泡为 (p-1)/(m+p-1)。评分单元先在隐藏的阶段数和微批数上在纸上检查你的
-# 顺序（`ddp_lab.pipeline.simulate`），再在 gloo rank 上用 send/recv 真正运行其中一种情况，并把
-# 梯度与单进程比较。GPipe 的顺序不能通过（它持有 m 个）；一开始就交替也不能通过（气泡更大）。
+# 写出 `schedule_1f1b(stage, stages, micro)`，返回第 `stage` 个阶段的计算顺序：一个由
+# `("F", i)` 和 `("B", i)` 组成的列表，`i` 是微批的索引，取 `0 .. micro-1`。它必须能跑通（每次
+# 计算恰好一次，每个 F(i) 在对应的 B(i) 之前，不会有阶段一直等下去），同一时刻最多持有
+# `min(stages - stage, micro)` 个微批的激活值，并且气泡为 (p-1)/(m+p-1)。评分单元先用几组隐藏的
+# 阶段数和微批数，在纸上推演你的顺序（`ddp_lab.pipeline.simulate`），再挑其中一组在 gloo rank 上
+# 用 send/recv 真正运行，把梯度与单进程比较。GPipe 的顺序通不过（它要持有 m 个微批的激活值）；
+# 一开始就交替也通不过（气泡更大）。
 
 # %% tags=["exercise"]
 def schedule_1f1b(stage, stages, micro):
@@ -657,17 +671,17 @@ dl.grade("12.one_f_one_b", schedule_1f1b)
 # %% [markdown] lang="zh"
 # ## 小结
 #
-# - 张量并行切分每一层：先列并行（输出特征），再行并行（输入特征），用两个共轭算子 `f`（恒等 /
-#   反向全归约）和 `g`（全归约 / 反向恒等）；结果与单进程一致，每个块（一个列并行层加上与之
-#   配对的行并行层）每步要发送两次激活值。PyTorch 的 `ColwiseParallel`/`RowwiseParallel`
+# - 张量并行切分每一层：先列并行（输出特征），再行并行（输入特征），用两个共轭算子 `f`（前向
+#   恒等，反向全归约）和 `g`（前向全归约，反向恒等）；结果与单进程一致，每个块（一个列并行层
+#   加上与之配对的行并行层）每步要发送两次激活值。PyTorch 的 `ColwiseParallel`/`RowwiseParallel`
 #   用 `DeviceMesh` 上 `DTensor` 的放置方式做同样的事。
-# - 二维：TP 的全归约留在 "tp" 组内，FSDP 的全收集和归约散发留在 "dp" 组内。
+# - 二维：TP 的全归约留在 `"tp"` 组内，FSDP 的全收集和归约散发留在 `"dp"` 组内。
 # - 流水线并行把层放到不同的 rank 上；各次前向耗时相同、各次反向耗时也相同时，GPipe 和 1F1B
 #   的气泡相同，占整步的 (p-1)/(m+p-1)（以理想的一步为分母则是 (p-1)/m，有些论文用的是这个
-#   分母），而 1F1B 最多持有 p - s 个微批的激活值，而不是 m 个。torch 的 `ScheduleGPipe` 和
+#   分母）；1F1B 最多持有 p - s 个微批的激活值，GPipe 则要持有 m 个。torch 的 `ScheduleGPipe` 和
 #   `Schedule1F1B` 执行的计算顺序与此相同。
 # - 选择是一道算术题：每个 rank 的状态、激活值、字节数、FLOPs 和气泡；计数可以精确预测，时间
-#   需要实测一步；torch 的伪进程组能在一个进程里回答 1,024 个 rank 时的内存问题。
+#   需要实测一步；torch 的伪进程组能在一个进程里回答 1024 个 rank 时的内存问题。
 
 
 # %% [markdown] lang="en"
@@ -677,7 +691,7 @@ dl.grade("12.one_f_one_b", schedule_1f1b)
 # number where one is asked, then run it: `dl.quiz` says which answers are right and explains
 # each one, a wrong choice included. Work the numbers out from the chapter's models before you
 # run anything; a "what if" can then be checked by running it (`tp.fc1.copy = lambda x, group: x`
-# takes `f` out of a `TensorParallelMLP` `tp`, as `compare_with_one_process` builds one;
+# takes `f` out of a `TensorParallelMLP` named `tp`, as `compare_with_one_process` builds one;
 # `plan.per_step` recomputes section 4's table). In the exercise notebook the same answers
 # are graded (`12.concepts`, 2 points when all are right).
 #
@@ -722,7 +736,7 @@ dl.grade("12.one_f_one_b", schedule_1f1b)
 # 关于本章要点的 7 道题。在下面的单元里作答：选择题填字母，要求数值的填数字，然后运行它：
 # `dl.quiz` 会告诉你哪些答对了，并逐题解释，包括你选错的那个选项。数值题请先用本章的模型算出来，
 # 再运行任何代码；“如果……会怎样”的题目，算完之后可以自己运行验证（照 `compare_with_one_process`
-# 的做法建一个 `TensorParallelMLP` `tp`，`tp.fc1.copy = lambda x, group: x` 就去掉了其中的 `f`；
+# 的做法建一个名为 `tp` 的 `TensorParallelMLP`，`tp.fc1.copy = lambda x, group: x` 就去掉了其中的 `f`；
 # `plan.per_step` 可以重算第 4 节的表格）。练习笔记本会对同样的答案评分（`12.concepts`，全部
 # 答对得 2 分）。
 #
@@ -733,13 +747,13 @@ dl.grade("12.one_f_one_b", schedule_1f1b)
 # - (c) 输出和权重梯度一致；每个 rank 上输入的梯度只是总和中本 rank 的那一份
 # - (d) 各 rank 卡住：每个 rank 都在等一次其他 rank 永远不会发起的全归约
 #
-# **2.** 一个深层模型中的某个 MLP 块（dim 1,024 -> 4,096 -> 1,024）先列并行、后行并行地分到 4 个 TP rank 上；每步 2,048 行（token），float32。全归约用环形算法（每次发送其有效载荷的 2(n-1)/n），这个块在一步之内（前向加反向）每个 rank 发送多少 MB（10^6 字节）？（填一个数）
+# **2.** 一个深层模型中的某个 MLP 块（dim 1024 -> 4096 -> 1024）按先列并行、后行并行的方式切到 4 个 TP rank 上；每步 2048 行（token），float32。全归约用环形算法（每次发送其有效载荷的 2(n-1)/n），这个块在一步之内（前向加反向）每个 rank 发送多少 MB（10^6 字节）？（填一个数）
 #
-# **3.** 把第 4 节表格中每步的行数从 4,096 增加到 8,192（模型不变，仍是 8 个 rank）。每个 rank 每步发送的字节数：
+# **3.** 把第 4 节表格中每步的行数从 4096 增加到 8192（模型不变，仍是 8 个 rank）。每个 rank 每步发送的字节数：
 #
-# - (a) "DP 8" 和 "TP 8" 都翻倍
-# - (b) "TP 8" 翻倍，"DP 8" 不变
-# - (c) "TP 8" 不变，"DP 8" 翻倍
+# - (a) “DP 8”和“TP 8”都翻倍
+# - (b) “TP 8”翻倍，“DP 8”不变
+# - (c) “TP 8”不变，“DP 8”翻倍
 # - (d) 都不变：模型没有变
 #
 # **4.** 一条 4 个阶段、8 个微批的流水线，每次前向耗时相同，每次反向也相同，从 GPipe 换成 1F1B。什么变了？
@@ -751,12 +765,12 @@ dl.grade("12.one_f_one_b", schedule_1f1b)
 #
 # **5.** 一条 4 个阶段的流水线，各次计算耗时相同。每步至少要多少个微批，才能让气泡（空闲时间占整步时间的比例）降到 10% 或以下？（填一个数）
 #
-# **6.** 第 4 节的模型（8 个 dim 为 1,024 的块，float32 AdamW：每个参数 16 字节）在 8 个 rank 上按 DP 4 x TP 2 训练，DP 是普通的数据并行（不用 FSDP）。每个 rank 持有的参数、梯度和优化器状态一共多少 MB（10^6 字节）？（填一个数）
+# **6.** 第 4 节的模型（8 个 dim 为 1024 的块，float32 AdamW：每个参数 16 字节）在 8 个 rank 上按 DP 4 × TP 2 训练，DP 是普通的数据并行（不用 FSDP）。每个 rank 持有的参数、梯度和优化器状态一共多少 MB（10^6 字节）？（填一个数）
 #
-# **7.** 在 2 个节点、每个节点 8 块 GPU（节点内是 NVLink，节点之间是较慢的网络）上做 FSDP x TP，网格为 2 x 8。一个节点的 8 块 GPU 应当组成哪一维？
+# **7.** 在 2 个节点、每个节点 8 块 GPU（节点内是 NVLink，节点之间是较慢的网络）上做 FSDP × TP，网格为 2 × 8。一个节点的 8 块 GPU 应当组成哪一维？
 #
-# - (a) "tp"：TP 的全归约卡在每一层的关键路径上；FSDP 的集合通信可以与计算重叠
-# - (b) "dp"：FSDP 每一步都要搬运整个模型的参数和梯度，字节数比 TP 的激活值还多，所以需要快速链路
+# - (a) `"tp"`：TP 的全归约位于每一层的关键路径上，每层都要等它；FSDP 的集合通信可以与计算重叠
+# - (b) `"dp"`：FSDP 每一步都要搬运整个模型的参数和梯度，字节数比 TP 的激活值还多，所以需要快速链路
 # - (c) 哪一维都行：无论网格怎样排布，每个 rank 发送的字节数都相同
 # - (d) 都不行：FSDP 和 TP 不能共用一个网格
 

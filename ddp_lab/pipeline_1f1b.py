@@ -8,8 +8,10 @@ against GPipe's ``m``; the bubble stays ``(p-1)/(m+p-1)``.
 How this differs from PyTorch's: torch's ``Schedule1F1B``
 (``torch/distributed/pipelining/schedules.py``, ``_step_microbatches``) counts the warm-up as
 ``min(m, p - s)`` forwards and then starts its steady state with a backward: the same order
-of passes as here. torch also posts each send and receive as an operation of its own; here an
-order lists the computing passes only (``ddp_lab.pipeline.run_stage`` adds the communication).
+of passes as here. torch's ``_step_microbatches`` also posts the sends and receives itself,
+a forward's send together with the next backward's receive in one ``_batch_p2p`` call (and a
+backward's send with the next forward's receive); here an order lists the computing passes
+only (``ddp_lab.pipeline.run_stage`` adds the communication).
 """
 
 from __future__ import annotations

@@ -2,11 +2,11 @@
 
 A linear layer ``y = x W^T + b`` is split across the ranks of a group in one of two ways:
 
-- **column-parallel** (``ColumnParallelLinear``): rank r holds rows ``r`` of ``W`` (a slice
-  of the *output* features) and its slice of ``b``; each rank computes its slice of ``y``
+- **column-parallel** (``ColumnParallelLinear``): rank r holds the r-th block of rows of
+  ``W`` (a slice of the *output* features) and its slice of ``b``; each rank computes its slice of ``y``
   from the whole ``x``.
-- **row-parallel** (``RowParallelLinear``): rank r holds columns ``r`` of ``W`` (a slice of
-  the *input* features); each rank multiplies its slice of ``x`` and the partial products
+- **row-parallel** (``RowParallelLinear``): rank r holds the r-th block of columns of ``W``
+  (a slice of the *input* features); each rank multiplies its slice of ``x`` and the partial products
   are summed with one all-reduce; the bias is added once, after the sum.
 
 Column then row (an MLP's two layers) needs no communication between them: the column
@@ -29,7 +29,8 @@ all-reduce comes from ``ColwiseParallel``'s input: ``DTensor.from_local(x, mesh,
 [Replicate()])`` (``_FromTorchTensor`` in ``torch/distributed/tensor/_api.py``) gets the input's
 gradient back as ``Partial`` and redistributes it to ``Replicate``, only when the input
 needs a gradient. The arithmetic is the same. This module
-uses the eager ``torch.distributed.all_reduce`` (what chapter 04's counters see); widths must
+uses the eager ``torch.distributed.all_reduce`` (what chapter 10's counter,
+``ddp_lab.comm_debug.count_collectives``, sees); widths must
 divide by the world size (Megatron's ``divide`` asserts the same).
 """
 
@@ -164,8 +165,9 @@ class MLP(nn.Module):
 class TensorParallelMLP(nn.Module):
     """``mlp`` split over the group: ``fc1`` column-parallel, ``fc2`` row-parallel.
 
-    One all-reduce forward (in ``g``) and one backward (in ``f``) per call, each of the
-    activation's size ``batch x dim``; none between the two layers.
+    One all-reduce forward (in ``g``) and one backward (in ``f``, only when the input needs a
+    gradient) per call, each of the activation's size ``batch x dim``; none between the two
+    layers.
     """
 
     def __init__(self, mlp: MLP, group: Any = None) -> None:
@@ -297,8 +299,8 @@ def torch_tp_mlp(rank: int, dim: int = 8, hidden: int = 16, batch: int = 4) -> d
 def fsdp_x_tp(rank: int, dim: int = 8, hidden: int = 16, batch: int = 4) -> dict:
     """In each of 4 ranks: a 2 x 2 mesh ("dp", "tp"); TP on "tp", ``fully_shard`` on "dp".
 
-    Each DP group gets its own half of the batch; the gradients are compared with the whole
-    MLP trained on the whole batch in one process. Returns the weight's placements and
+    Each DP group gets its own half of the batch; every parameter's gradient is compared with
+    the whole MLP's on the whole batch in one process. Returns the weight's placements and
     local shape, and the collectives of the forward and of the backward.
     """
     from torch.distributed.device_mesh import init_device_mesh
@@ -336,7 +338,11 @@ def fsdp_x_tp(rank: int, dim: int = 8, hidden: int = 16, batch: int = 4) -> dict
         "groups": groups,
         "placements": [str(p) for p in w.placements],
         "local_shape": list(w.to_local().shape),
-        "grad_diff": (w.grad.full_tensor() - whole.fc1.weight.grad).abs().max().item(),
+        # every parameter's gradient, gathered whole from its 2D placements
+        "grad_diff": max(
+            (p.grad.full_tensor() - whole.get_parameter(name).grad).abs().max().item()
+            for name, p in model.named_parameters()
+        ),
         "forward": forward.calls,
         "backward": backward.calls,
     }

@@ -161,6 +161,55 @@ def test_messages_use_the_glossary():
     assert found == []
 
 
+# docs/STYLE.md, "Numbers in Chinese text": numbers as the cells print them (1024, 524368, 6700
+# 万), × between factors, “” around quoted words. Code keeps its own notation (`batch x dim`,
+# `"tp"`): prose() leaves code out.
+NUMBERS_AND_QUOTES = {
+    r"\d,\d{3}": "no thousands separator: 1024, 524368, 6700 万",
+    r"(?<![A-Za-z]) x | x (?![A-Za-z])": "× between factors: 4 × 8, dp × tp",
+    r'"': '“” around a quoted word; a name in code font: `"tp"`',
+}
+
+
+def style_hits(text: str) -> list[str]:
+    scanned = prose(text, glosses=True)
+    return [
+        f"{m.group(0)!r} ({use}): {scanned[max(0, m.start() - 20) : m.end() + 20]!r}"
+        for pattern, use in NUMBERS_AND_QUOTES.items()
+        for m in re.finditer(pattern, scanned)
+    ]
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS)
+def test_chapter_writes_numbers_and_quotes_as_the_style_guide_says(chapter):
+    found = [h for cell in zh_cells(chapter) for h in style_hits(cell)]
+    assert found == []
+
+
+def test_messages_write_numbers_and_quotes_as_the_style_guide_says():
+    with (Path(ddp_lab.__file__).parent / "locale/zh/LC_MESSAGES/ddp_lab.po").open("rb") as f:
+        catalog = read_po(f)
+    found = [
+        f"{m.id[:50]!r}: {h}"
+        for m in catalog
+        if m.id and isinstance(m.string, str)
+        for h in style_hits(re.sub(r"\{[^{}]*\}", "", m.string))
+    ]
+    assert found == []
+
+
+@pytest.mark.parametrize(
+    ("text", "bad"),
+    [
+        ('4,096 行，批 4 x 8，见上面 "per rank" 那几行', ["4,096", " x ", '"', '"']),
+        ('4096 行，批 4 × 8，`batch x dim`，一维（`"tp"`），FSDP x TP', []),
+        ("对 x 的使用", [" x "]),
+    ],
+)
+def test_the_numbers_and_quotes_scan(text, bad):
+    assert [h.split(" (")[0].strip("'") for h in style_hits(text)] == bad
+
+
 @pytest.mark.parametrize(
     ("text", "bad"),
     [
