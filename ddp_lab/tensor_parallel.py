@@ -3,11 +3,11 @@
 A linear layer ``y = x W^T + b`` is split across the ranks of a group in one of two ways:
 
 - **column-parallel** (``ColumnParallelLinear``): rank r holds the r-th block of rows of
-  ``W`` (a slice of the *output* features) and its slice of ``b``; each rank computes its slice of ``y``
-  from the whole ``x``.
+  ``W`` (a slice of the *output* features) and its slice of ``b``; each rank computes its
+  slice of ``y`` from the whole ``x``.
 - **row-parallel** (``RowParallelLinear``): rank r holds the r-th block of columns of ``W``
-  (a slice of the *input* features); each rank multiplies its slice of ``x`` and the partial products
-  are summed with one all-reduce; the bias is added once, after the sum.
+  (a slice of the *input* features); each rank multiplies its slice of ``x`` and the partial
+  products are summed with one all-reduce; the bias is added once, after the sum.
 
 Column then row (an MLP's two layers) needs no communication between them: the column
 layer's output slice is the row layer's input slice. The two communication operators are
@@ -28,10 +28,10 @@ a ``Replicate`` gradient as it is rather than making it ``Partial`` again. ``f``
 all-reduce comes from ``ColwiseParallel``'s input: ``DTensor.from_local(x, mesh,
 [Replicate()])`` (``_FromTorchTensor`` in ``torch/distributed/tensor/_api.py``) gets the input's
 gradient back as ``Partial`` and redistributes it to ``Replicate``, only when the input
-needs a gradient. The arithmetic is the same. This module
-uses the eager ``torch.distributed.all_reduce`` (what chapter 10's counter,
-``ddp_lab.comm_debug.count_collectives``, sees); widths must
-divide by the world size (Megatron's ``divide`` asserts the same).
+needs a gradient. The arithmetic is the same. This module uses the eager
+``torch.distributed.all_reduce`` (what chapter 10's counter,
+``ddp_lab.comm_debug.count_collectives``, sees); widths must divide by the world size
+(Megatron's ``divide`` asserts the same).
 """
 
 from __future__ import annotations
