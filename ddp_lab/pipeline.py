@@ -47,17 +47,61 @@ class ScheduleError(ValueError):
 
 
 def validate(orders: Sequence[Sequence[Op]], micro: int) -> None:
-    """Every stage runs F(i) and B(i) once each for every micro-batch, F(i) before B(i)."""
+    """Every stage runs F(i) and B(i) once each for every micro-batch, F(i) before B(i), and
+    its micro-batches in the order its neighbours send them.
+
+    The last rule is ``run_stage``'s: ``recv`` takes messages in the order they were sent, so
+    stage s must run its forwards in stage s-1's order of forwards and its backwards in stage
+    s+1's order of backwards, or it computes on another micro-batch's activation."""
     for s, order in enumerate(orders):
-        want = sorted([("F", i) for i in range(micro)] + [("B", i) for i in range(micro)])
-        if sorted((k, i) for k, i in order) != want:
-            raise ScheduleError(_t("stage {stage}: not every F(i) and B(i) exactly once", stage=s))
+        counts: dict[Op, int] = {}
+        for kind, i in order:
+            if kind not in ("F", "B") or not 0 <= i < micro:
+                raise ScheduleError(
+                    _t(
+                        "stage {stage}: {op} is not a pass of this step (micro-batches 0 to "
+                        "{last})",
+                        stage=s,
+                        op=f"{kind}({i})",
+                        last=micro - 1,
+                    )
+                )
+            counts[(kind, i)] = counts.get((kind, i), 0) + 1
+        for kind in ("F", "B"):
+            for i in range(micro):
+                n = counts.get((kind, i), 0)
+                if n != 1:
+                    text = (
+                        _t("stage {stage}: {op} is missing", stage=s, op=f"{kind}({i})")
+                        if n == 0
+                        else _t(
+                            "stage {stage}: {op} appears {n} times", stage=s, op=f"{kind}({i})", n=n
+                        )
+                    )
+                    raise ScheduleError(text)
         seen: set[int] = set()
         for kind, i in order:
             if kind == "F":
                 seen.add(i)
             elif i not in seen:
                 raise ScheduleError(_t("stage {stage}: B({i}) before F({i})", stage=s, i=i))
+    for s in range(1, len(orders)):
+        for kind, sender, receiver in (("F", s - 1, s), ("B", s, s - 1)):
+            sent = [i for k, i in orders[sender] if k == kind]
+            taken = [i for k, i in orders[receiver] if k == kind]
+            for theirs, mine in zip(sent, taken, strict=True):
+                if theirs != mine:
+                    raise ScheduleError(
+                        _t(
+                            "stage {stage} runs {mine} where stage {other} sends {theirs}: recv "
+                            "takes messages in the order they were sent, so neighbouring stages "
+                            "run their micro-batches in the same order",
+                            stage=receiver,
+                            mine=f"{kind}({mine})",
+                            other=sender,
+                            theirs=f"{kind}({theirs})",
+                        )
+                    )
 
 
 def simulate(

@@ -35,14 +35,33 @@ def test_activations_held(p, m):
 
 
 def test_bad_orders_are_refused():
-    with pytest.raises(ScheduleError, match="exactly once"):
+    with pytest.raises(ScheduleError, match=r"stage 0: B\(0\) is missing"):
         simulate([[("F", 0)], [("F", 0), ("B", 0)]], 1)
+    with pytest.raises(ScheduleError, match=r"stage 0: F\(1\) appears 2 times"):
+        simulate([[("F", 0), ("F", 1), ("F", 1), ("B", 0), ("B", 1)]], 2)
+    with pytest.raises(ScheduleError, match=r"stage 0: F\(2\) is not a pass of this step"):
+        simulate([[("F", 0), ("F", 2), ("B", 0), ("B", 1)]], 2)
     with pytest.raises(ScheduleError, match="before F"):
         simulate([[("B", 0), ("F", 0)]], 1)
-    # stage 0 runs B(0) first but stage 1 waits for F(1) before its B(0): nothing moves
-    stuck = [[("F", 0), ("B", 0), ("F", 1), ("B", 1)], [("F", 1), ("F", 0), ("B", 0), ("B", 1)]]
+    # stage 0 runs B(0) before F(1), stage 1 runs F(1) before B(0): each waits for the other
+    stuck = [[("F", 0), ("B", 0), ("F", 1), ("B", 1)], [("F", 0), ("F", 1), ("B", 0), ("B", 1)]]
     with pytest.raises(ScheduleError, match="deadlock"):
         simulate(stuck, 2)
+
+
+def test_neighbours_run_their_micro_batches_in_the_same_order():
+    """recv takes messages in the order they were sent: an order that passes every other rule
+    on paper, but would pair stage 1's forward with another micro-batch's activation."""
+    swapped = [[("F", 0), ("F", 2), ("F", 1), ("B", 0), ("B", 1), ("B", 2)],
+               [("F", 0), ("F", 1), ("B", 0), ("F", 2), ("B", 1), ("B", 2)]]  # fmt: skip
+    with pytest.raises(ScheduleError, match=r"stage 1 runs F\(1\) where stage 0 sends F\(2\)"):
+        simulate(swapped, 3)
+    backwards = [[("F", 0), ("F", 1), ("B", 0), ("B", 1)], [("F", 0), ("F", 1), ("B", 1), ("B", 0)]]
+    with pytest.raises(ScheduleError, match=r"stage 0 runs B\(0\) where stage 1 sends B\(1\)"):
+        simulate(backwards, 2)
+    # the same permutation on every stage is fine: messages still pair up
+    same = [[("F", 1), ("F", 0), ("B", 1), ("B", 0)]] * 2
+    assert simulate(same, 2)
 
 
 @pytest.mark.parametrize("name", ["gpipe", "1f1b"])

@@ -31,8 +31,9 @@ def quiz(chapter: str, answers: Any) -> None:
     from ddp_lab.course.grading.checks import concepts
 
     got = probe.clean(answers)
-    if isinstance(got, str):
-        raise TypeError(got)
+    if isinstance(got, str):  # the form is wrong: say so, as the graded cell would
+        print(probe.form_message(got))
+        return
     questions = concepts.QUIZZES[chapter]
     right = 0
     for number, q in enumerate(questions, 1):

@@ -80,8 +80,31 @@ def test_quiz_judges_letters_numbers_and_blanks():
     assert concepts.judge(q, None) == "unanswered"
     c = concepts.Question(key="c", right="r", wrong={"a": "wa"}, choices=4)
     assert concepts.judge(c, "(c)") == "right" and concepts.why(c, "a") == "wa"
-    assert isinstance(answers.clean({"1": "a"}), str)  # question numbers are ints
-    assert isinstance(answers.clean([1, 2]), str)
+    assert answers.clean({"1": "a", 2: 3}) == {"1": "a", "2": 3.0}  # "1" is question 1
+    assert answers.clean({1.0: "a"}) == answers.clean({"²": "a"}) == "bad_key"
+    assert answers.clean([1, 2]) == "not_a_dict"
+    assert answers.clean({3: ["a"]}) == "bad_value:3"
+    # the wrong kind of answer is said as such, not explained as a wrong choice or number
+    assert "quotes" in concepts.why(c, 3.0) and "a, b, c, d" in concepts.why(c, 3.0)
+    assert "without quotes" in concepts.why(q, "15")
+
+
+def test_a_wrong_form_is_said_in_the_learners_language_never_in_the_processes_words(capsys):
+    from ddp_lab import i18n
+    from ddp_lab.course.quiz import quiz
+
+    assert answers.form_message("bad_value:3").startswith("answer 3:")
+    # a string that did not come from answers.clean (a process that ran learner code may
+    # send anything) is never shown
+    assert answers.form_message("\x1b[31mFULL MARKS") == answers.form_message(None)
+    try:
+        i18n.set_language("zh")
+        quiz("12", [1, 2])  # no traceback: the form's message, in the learner's language
+        said = capsys.readouterr().out.strip()
+    finally:
+        i18n.set_language("en")
+    form = "the answers must be a dict of question numbers and answers, as given"
+    assert said == i18n._t(form, "zh") != i18n._t(form, "en")  # the zh text, not the en
 
 
 def test_demo_on_a_stub_says_not_solved_and_other_errors_still_raise():

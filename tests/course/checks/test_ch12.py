@@ -70,6 +70,26 @@ def identity(x):
     return x
 
 
+class NoGradient(torch.autograd.Function):
+    """f whose backward forgot its return."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, g):
+        dist.all_reduce(g.clone())
+
+
+def f_no_gradient(x):
+    return NoGradient.apply(x)
+
+
+def g_returns_all_reduce(x):
+    return dist.all_reduce(x.clone())  # None: all_reduce works in place
+
+
 def test_tp_checker_passes_correct_pairs():
     assert verdict("12.tp_pair", f_ok, g_ok) == ""
     assert verdict("12.tp_pair", copy_to_parallel_region, reduce_from_parallel_region) == ""
@@ -82,6 +102,10 @@ def test_tp_checker_passes_correct_pairs():
         (f_ok, identity, "reduce_from_tp must sum"),  # no all-reduce at all in g
         (f_ok, g_both, "pass the gradient through"),  # g all-reduces backward too
         (g_ok, g_ok, "copy_to_tp must return its input unchanged"),  # the two swapped
+        (f_ok, g_returns_all_reduce, "reduce_from_tp returned None, not a tensor"),
+        (lambda x: None, g_ok, "copy_to_tp returned None"),
+        (lambda x: [x], g_ok, "copy_to_tp must return a tensor"),
+        (f_no_gradient, g_ok, "x_grad: no gradient: copy_to_tp's backward returned None"),
     ],
 )
 def test_tp_checker_rejects_wrong_pairs(f, g, words):
@@ -125,6 +149,25 @@ def lower_case(stage, stages, micro):
     return [(k.lower(), i) for k, i in one_f_one_b_order(stage, stages, micro)]
 
 
+def no_return(stage, stages, micro):
+    one_f_one_b_order(stage, stages, micro)
+
+
+def one_backward_missing(stage, stages, micro):
+    return one_f_one_b_order(stage, stages, micro)[:-1]
+
+
+def stage_zero_swaps_on_four_stages(stage, stages, micro):
+    """1F1B but for stage 0 of a 4-stage pipeline, which sends F(2) before F(1): the same
+    bubble and activations on paper (the 4-stage case has slack there), wrong gradients on
+    real ranks, and the real run is a 3-stage case. Given full points before the paper check
+    knew that recv pairs messages in the order they were sent."""
+    order = one_f_one_b_order(stage, stages, micro)
+    if stages == 4 and stage == 0:
+        order[1], order[2] = order[2], order[1]  # warm-up F(0), F(2), F(1)
+    return order
+
+
 def test_schedule_checker_passes_correct_orders():
     assert verdict("12.one_f_one_b", one_f_one_b_order) == ""
     assert verdict("12.one_f_one_b", lists_not_tuples) == ""
@@ -138,7 +181,10 @@ def test_schedule_checker_passes_correct_orders():
         (warmup_one_too_many, "activations at once"),
         (warmup_not_capped, "cannot run"),
         (backwards_reversed, "cannot run"),
-        (lower_case, "wrong form"),
+        (lower_case, "item 0 of schedule_1f1b(0, 2, "),
+        (no_return, "returned None: is its return missing?"),
+        (one_backward_missing, "is missing"),
+        (stage_zero_swaps_on_four_stages, "stage 1 runs F(1) where stage 0 sends F(2)"),
     ],
 )
 def test_schedule_checker_rejects_wrong_orders(wrong, words):

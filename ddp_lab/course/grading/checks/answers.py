@@ -9,24 +9,47 @@ claims to have answered, compared with the key in the grader's process.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 
 def clean(answers: Any) -> dict[str, Any] | str:
-    """``answers`` as {"1": "b", "2": 96.0, "3": None}, or what is wrong with its form."""
+    """``answers`` as {"1": "b", "2": 96.0, "3": None}, or the code of what is wrong with its
+    form: ``"not_a_dict"``, ``"bad_key"`` or ``"bad_value:N"``. ``form_message`` says it in the
+    learner's language; the grader, which gets this from the learner's process, shows no text
+    of that process's writing. A question number written as a string ("1") counts as 1."""
     if not isinstance(answers, dict):
-        return f"answers must be a dict, got {type(answers).__name__}"
+        return "not_a_dict"
     out: dict[str, Any] = {}
     for key, value in list(answers.items())[:64]:
-        if type(key) is not int:
-            return f"question numbers must be int, got {type(key).__name__}"
+        if isinstance(key, str) and key.strip().isascii() and key.strip().isdigit():
+            key = int(key.strip())
+        if type(key) is not int or not 0 <= key < 1000:
+            return "bad_key"
         if value is None or isinstance(value, str):
             out[str(key)] = None if value is None else value.strip().lower()[:20]
         elif isinstance(value, (int, float)) and not isinstance(value, bool):
             out[str(key)] = float(value)
         else:
-            return f"answer {key}: a letter or a number, got {type(value).__name__}"
+            return f"bad_value:{key}"
     return out
+
+
+def form_message(code: Any) -> str:
+    """What ``clean``'s ``code`` means, in the current language; any other value (from a
+    process that ran learner code) is "could not be read"."""
+    from ddp_lab.i18n import _t
+
+    if code == "not_a_dict":
+        return _t("the answers must be a dict of question numbers and answers, as given")
+    if code == "bad_key":
+        return _t("question numbers must be whole numbers: 1, 2, ...")
+    m = re.fullmatch(r"bad_value:(\d{1,3})", code) if isinstance(code, str) else None
+    if m:
+        return _t(
+            "answer {n}: a letter in quotes or a number, not another kind of value", n=int(m[1])
+        )
+    return _t("the answers could not be read")
 
 
 def probe_answers(objects: tuple) -> Any:

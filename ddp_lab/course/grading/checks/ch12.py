@@ -83,8 +83,13 @@ def probe_tp(rank: int, objects: tuple, mine: dict) -> dict[str, Any]:
     """In the learner's rank: the MLP's slice of this rank, with their ``f`` and ``g``."""
     copy_to_tp, reduce_from_tp = objects
     x, w1, b1, w2, b2 = (mine[k].clone().requires_grad_() for k in ("x", "w1", "b1", "w2", "b2"))
-    h = F.linear(copy_to_tp(x), w1, b1)
-    y = reduce_from_tp(F.linear(torch.tanh(h), w2)) + b2
+    copied = copy_to_tp(x)
+    if not isinstance(copied, torch.Tensor):  # said outside, in the learner's language
+        return {"returned": ["copy_to_tp", copied is None]}
+    reduced = reduce_from_tp(F.linear(torch.tanh(F.linear(copied, w1, b1)), w2))
+    if not isinstance(reduced, torch.Tensor):
+        return {"returned": ["reduce_from_tp", reduced is None]}
+    y = reduced + b2
     (y * mine["c"]).sum().backward()
 
     def grad(t: torch.Tensor) -> torch.Tensor | None:
@@ -123,6 +128,24 @@ def _tp_verdict(got: Any, spec: dict, world: int, label: str) -> None:
         ),
     }
     for rank, r in enumerate(got):
+        returned = r.get("returned") if isinstance(r, dict) and len(r) == 1 else None
+        if (
+            isinstance(returned, list)
+            and len(returned) == 2
+            and returned[0] in ("copy_to_tp", "reduce_from_tp")
+            and type(returned[1]) is bool
+        ):
+            name = "copy_to_tp" if returned[0] == "copy_to_tp" else "reduce_from_tp"
+            text = (
+                _t(
+                    "{name} returned None, not a tensor (dist.all_reduce works in place and "
+                    "returns None: return the tensor it reduced)",
+                    name=name,
+                )
+                if returned[1]
+                else _t("{name} must return a tensor", name=name)
+            )
+            raise fail(_t("rank {rank}: {text}", rank=rank, text=text), label)
         if not isinstance(r, dict) or sorted(r) != sorted(TP_FIELDS):
             raise wrong_form(rank, "result", _kind(r), label)
         rows = slice(rank * part, (rank + 1) * part)
@@ -145,6 +168,11 @@ def _tp_verdict(got: Any, spec: dict, world: int, label: str) -> None:
             ):
                 raise wrong_form(rank, key, _kind(value), label)
             hint = hints.get(key, hints["w"])
+            if value is None:  # a backward that returned None: no gradient at all
+                hint = _t(
+                    "no gradient: {name}'s backward returned None (return the gradient)",
+                    name="copy_to_tp" if key == "x_grad" else "reduce_from_tp",
+                )
             raise fail(_t("rank {rank}, {what}: {hint}", rank=rank, what=key, hint=hint), label)
 
 
@@ -173,26 +201,43 @@ def probe_orders(rank: int, objects: tuple, mine: dict) -> list[list[Any]]:
     (schedule,) = objects
     out = []
     for p, m in mine["cases"]:
-        out.append(
-            [
-                [list(op) if isinstance(op, tuple) else op for op in schedule(s, p, m)]
-                for s in range(p)
-            ]
-        )
+        stages = []
+        for s in range(p):
+            order = schedule(s, p, m)
+            if isinstance(order, (list, tuple)):
+                stages.append([list(op) if isinstance(op, tuple) else op for op in order])
+            else:  # said outside: None (a missing return?) or another kind of value
+                stages.append(None if order is None else 0)
+        out.append(stages)
     return out
 
 
-def _orders(got: Any, p: int, label: str) -> list[list[tuple[str, int]]]:
-    """The orders as (kind, micro-batch) pairs, or a wrong-form failure."""
+def _orders(got: Any, p: int, m: int, label: str) -> list[list[tuple[str, int]]]:
+    """The orders as (kind, micro-batch) pairs, or a failure that names the call."""
     if not isinstance(got, list) or len(got) != p:
         raise wrong_form(0, "orders", _kind(got), label)
     orders = []
     for s, order in enumerate(got):
-        if not isinstance(order, list) or not all(
-            isinstance(op, list) and len(op) == 2 and op[0] in ("F", "B") and type(op[1]) is int
-            for op in order
-        ):
-            raise wrong_form(s, f"schedule({s}, {p}, ...)", _kind(order), label)
+        call = f"schedule_1f1b({s}, {p}, {m})"
+        if not isinstance(order, list):
+            raise fail(
+                _t("{call} returned None: is its return missing?", call=call)
+                if order is None
+                else _t("{call} must return a list of passes", call=call),
+                label,
+            )
+        for j, op in enumerate(order):
+            if not (
+                isinstance(op, list) and len(op) == 2 and op[0] in ("F", "B") and type(op[1]) is int
+            ):
+                raise fail(
+                    _t(
+                        'item {j} of {call} is not `("F", i)` or `("B", i)` with i an int',
+                        j=j,
+                        call=call,
+                    ),
+                    label,
+                )
         orders.append([(k, i) for k, i in order])
     return orders
 
@@ -211,7 +256,8 @@ def judge_orders(orders: list[list[tuple[str, int]]], p: int, m: int, label: str
             raise fail(
                 _t(
                     "stage {stage} holds {peak} micro-batches' activations at once; 1F1B holds at "
-                    "most {bound} there (stages - stage): start backwards earlier",
+                    "most {bound} there, min(stages - stage, micro): the forward that follows "
+                    "the warm-up holds one more, so warm up with stages - stage - 1 forwards",
                     stage=s,
                     peak=peak,
                     bound=bound,
@@ -279,7 +325,7 @@ def check_one_f_one_b(rng: random.Random, learner: Any) -> Iterator[object]:
     checked = []
     for (p, m), orders in zip(cases, got[0], strict=True):
         label = _t("{p} stages, {m} micro-batches", p=p, m=m)
-        checked.append(_orders(orders, p, label))
+        checked.append(_orders(orders, p, m, label))
         judge_orders(checked[-1], p, m, label)
         yield label
     orders = checked[1]

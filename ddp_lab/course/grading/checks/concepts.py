@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from ddp_lab.course.grading.checkers import NotAttempted, checker, fail
-from ddp_lab.course.grading.checks.answers import probe_answers
+from ddp_lab.course.grading.checks.answers import form_message, probe_answers
 from ddp_lab.course.grading.checks.concept_key import Question, ch00_03, ch04_07, ch08_11, ch12
 from ddp_lab.i18n import _t
 
@@ -44,6 +44,11 @@ def why(q: Question, answer: Any) -> str:
     """The explanation for ``answer``: the right answer's, or that wrong choice's."""
     if judge(q, answer) == "right":
         return _t(q.right)
+    if isinstance(q.key, str) and isinstance(answer, float):
+        letters = ", ".join("abcd"[: q.choices])
+        return _t("Answer with one of the letters {letters}, in quotes.", letters=letters)
+    if not isinstance(q.key, str) and isinstance(answer, str):
+        return _t("Answer with a number, without quotes.")
     text = q.wrong.get(answer.strip("() ") if isinstance(answer, str) else "", q.wrong.get(""))
     if text is None and isinstance(answer, str) and q.choices:
         letters = "abcd"[: q.choices]
@@ -57,8 +62,8 @@ def _make(chapter: str) -> None:
         yield 1  # type: ignore[misc]  # one case: the answers
         case = _t("your answers")
         got = learner.call(probe_answers)
-        if isinstance(got, str):
-            raise fail(got, case)
+        if isinstance(got, str):  # a code of answers.clean's, said here (form_message)
+            raise fail(form_message(got), case)
         if not isinstance(got, dict):
             raise fail(_t("the answers could not be read"), case)
         verdicts = [judge(q, got.get(str(i))) for i, q in enumerate(QUIZZES[chapter], 1)]
