@@ -25,6 +25,7 @@ send to each other at once would otherwise wait for each other) and receives wit
 from __future__ import annotations
 
 import time
+from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
@@ -54,7 +55,7 @@ def validate(orders: Sequence[Sequence[Op]], micro: int) -> None:
     stage s must run its forwards in stage s-1's order of forwards and its backwards in stage
     s+1's order of backwards, or it computes on another micro-batch's activation."""
     for s, order in enumerate(orders):
-        counts: dict[Op, int] = {}
+        counts = Counter((kind, i) for kind, i in order)
         for kind, i in order:
             if kind not in ("F", "B") or not 0 <= i < micro:
                 raise ScheduleError(
@@ -66,10 +67,9 @@ def validate(orders: Sequence[Sequence[Op]], micro: int) -> None:
                         last=micro - 1,
                     )
                 )
-            counts[(kind, i)] = counts.get((kind, i), 0) + 1
         for kind in ("F", "B"):
             for i in range(micro):
-                n = counts.get((kind, i), 0)
+                n = counts[(kind, i)]
                 if n != 1:
                     text = (
                         _t("stage {stage}: {op} is missing", stage=s, op=f"{kind}({i})")

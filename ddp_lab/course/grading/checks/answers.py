@@ -23,7 +23,7 @@ def clean(answers: Any) -> dict[str, Any] | str:
     out: dict[str, Any] = {}
     for key, value in list(answers.items())[:64]:
         if isinstance(key, str) and key.strip().isascii() and key.strip().isdigit():
-            key = int(key.strip())
+            key = int(key)  # int() strips the spaces itself
         if type(key) is not int or not 0 <= key < 1000:
             return "bad_key"
         if value is None or isinstance(value, str):

@@ -135,6 +135,7 @@ def _tp_verdict(got: Any, spec: dict, world: int, label: str) -> None:
             and returned[0] in ("copy_to_tp", "reduce_from_tp")
             and type(returned[1]) is bool
         ):
+            # the grader's own string, equal to the one received, never the received object
             name = "copy_to_tp" if returned[0] == "copy_to_tp" else "reduce_from_tp"
             text = (
                 _t(
