@@ -49,6 +49,25 @@ def _wrong_tuple_of_rows(counts, cvds, gpus):
     return tuple(_reference(counts, cvds, gpus))
 
 
+def _wrong_skips_invalid(counts, cvds, gpus):  # skips an invalid entry instead of stopping
+    def gpus_of(cvd):
+        if cvd is None:
+            return list(range(gpus))
+        return [int(t) for t in cvd.split(",") if t.strip().isdigit() and int(t) < gpus]
+
+    out = _reference(counts, cvds, gpus)
+    for d in out:
+        seen = gpus_of(cvds[d["node_rank"]])
+        ok = d["local_rank"] < len(seen)
+        d["gpu"] = seen[d["local_rank"]] if ok else None
+        d["device"] = f"cuda:{d['local_rank']}" if ok else None
+    return out
+
+
+def _wrong_empty_is_unset(counts, cvds, gpus):  # CUDA_VISIBLE_DEVICES="" read as unset
+    return _reference(counts, [None if c == "" else c for c in cvds], gpus)
+
+
 @pytest.fixture(scope="module")
 def torchrun_cached() -> Iterator[None]:
     """Run the torchrun oracle once for this module, then replay it (keeps tests short)."""
@@ -87,6 +106,40 @@ def test_checker_rejects_typical_wrong_solutions(
     passed, line = _verdict(wrong)
     assert not passed
     assert "FAIL 02.place" in line and feedback in line
+
+
+def _torchrun_model(counts, cvds, **_):
+    """torchrun's rows as the model has them (node i is group rank i): enough for cases 2-4,
+    which do not run torchrun."""
+    rows, base = [], 0
+    for node, (n, cvd) in enumerate(zip(counts, cvds, strict=True)):
+        rows += [
+            {
+                "RANK": base + local,
+                "LOCAL_RANK": local,
+                "GROUP_RANK": node,
+                "WORLD_SIZE": sum(counts),
+                "LOCAL_WORLD_SIZE": n,
+                "CUDA_VISIBLE_DEVICES": cvd,
+            }
+            for local in range(n)
+        ]
+        base += n
+    return rows
+
+
+@pytest.mark.parametrize("wrong", [_wrong_skips_invalid, _wrong_empty_is_unset])
+def test_no_seed_lets_a_wrong_visibility_rule_pass(
+    wrong: Callable, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each edge case holds both of its forms, so the rule fails under every seed, not only
+    under the seeds that happen to draw the form that tells it apart."""
+    monkeypatch.setattr(ranks, "torchrun_assignment", _torchrun_model)
+    for seed in range(30):
+        monkeypatch.setenv("DDP_LAB_GRADE_SEED", str(seed))
+        assert _verdict(_reference)[0]
+        passed, line = _verdict(wrong)
+        assert not passed and "device should be None" in line, (seed, line)
 
 
 def test_feedback_in_chinese(torchrun_cached: None) -> None:

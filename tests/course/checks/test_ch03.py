@@ -56,6 +56,45 @@ def even_split(batch: int, n: int, gpu0: int) -> list[int]:
     return [size] * (n - 1) + [batch - size * (n - 1)]
 
 
+def array_split_default(batch: int, n: int, gpu0: int) -> list[int]:
+    # the default split spread one row each (numpy.array_split), not torch.chunk's
+    sizes = balanced_chunk_sizes(batch, n, gpu0)
+    base, extra = divmod(batch, n)
+    even = [base + (1 if i < extra else 0) for i in range(n)]
+    torch_even = [c.shape[0] for c in torch.arange(batch).chunk(n)]
+    return even if sizes == torch_even + [0] * (n - len(torch_even)) else sizes
+
+
+def unpadded_default(batch: int, n: int, gpu0: int) -> list[int]:
+    # torch.chunk's split without the zeros for devices that get no rows
+    torch_even = [c.shape[0] for c in torch.arange(batch).chunk(n)]
+    default = n == 1 or gpu0 >= torch_even[0]
+    return torch_even if default else balanced_chunk_sizes(batch, n, gpu0)
+
+
+WRONG_BALANCED = [
+    notes_rule,
+    no_remainder,
+    remainder_on_last,
+    always_cap,
+    even_split,
+    array_split_default,
+    unpadded_default,
+]
+
+
+@pytest.mark.parametrize("wrong", WRONG_BALANCED)
+def test_every_seed_tells_each_wrong_split_apart(wrong: Any) -> None:
+    """Not a lucky seed: under every seed a hidden case separates the rule from the answer."""
+    import random
+
+    from ddp_lab.course.grading.checks import ch03
+
+    for seed in range(100):
+        cases = ch03._balanced_cases(random.Random(seed))
+        assert any(wrong(*c) != ch03._expected_balanced(*c) for _, *c in cases), seed
+
+
 def test_balanced_reference_passes() -> None:
     assert _grade("03.balanced_chunks", balanced_chunk_sizes)
 
@@ -64,9 +103,7 @@ def as_tensor(batch: int, n: int, gpu0: int) -> Any:
     return torch.tensor(balanced_chunk_sizes(batch, n, gpu0))
 
 
-@pytest.mark.parametrize(
-    "wrong", [notes_rule, no_remainder, remainder_on_last, always_cap, even_split]
-)
+@pytest.mark.parametrize("wrong", WRONG_BALANCED)
 def test_balanced_rejects(wrong: Any) -> None:
     passed, line = _verdict("03.balanced_chunks", wrong)
     assert not passed

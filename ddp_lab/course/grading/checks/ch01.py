@@ -26,6 +26,7 @@ MESSAGES = {
     "case_new_driver": N_("new driver"),
     "case_minor_version": N_("minor version"),
     "case_old_driver": N_("old driver"),
+    "case_below_minor_compat": N_("below minor version compatibility"),
     "case_nvcc_major": N_("nvcc major"),
     "case_no_driver": N_("no driver"),
     "case_cpu_build_gpu": N_("cpu build, GPU"),
@@ -58,6 +59,13 @@ _SMI_NEW = """+-----------------------------------------------------------------
 NO_DRIVER = (
     "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. "
     "Make sure that the latest NVIDIA driver is installed and running."
+)
+# What nvidia-smi (or the shell) prints where there is no working driver: the no-driver case
+# draws one, so that a solution looking for one sentence only does not pass.
+NO_DRIVER_TEXTS = (
+    NO_DRIVER,
+    "Failed to initialize NVML: Driver/library version mismatch\nNVML library version: 550.54",
+    "bash: nvidia-smi: command not found",
 )
 NO_NVCC = "bash: nvcc: command not found"
 NVCC = """nvcc: NVIDIA (R) Cuda compiler driver
@@ -115,10 +123,22 @@ def make_cases(rng: random.Random) -> list[tuple[str, str, str, str]]:
     d = rng.choice(["525.60.13", "530.30.02"])
     t = rng.choice([(12, 4), (12, 6), (12, 8)])
     cases.append(("minor_version", render_smi(d, rng), render_nvcc(None, rng), torch_str(t)))
-    # 3. driver of an older major: too old, although nvcc is new
+    # 3. driver of an older major: too old. Its nvcc (11.8) has another major than torch's
+    # CUDA too, so an answer that compares nvcc before the driver says "toolkit" here.
     d = rng.choice(_drivers_for(lambda top: (11, 0) <= top < (12, 0)))
     t = rng.choice([(12, 1), (12, 4)])
-    cases.append(("old_driver", render_smi(d, rng), render_nvcc(t, rng), torch_str(t)))
+    cases.append(("old_driver", render_smi(d, rng), render_nvcc((11, 8), rng), torch_str(t)))
+    # 3b. same major but below the family's minimum for minor version compatibility (CUDA
+    # 11.0's own driver and a cu118 build): a problem, not the warning of case 2
+    d = rng.choice([v for v in cc.MIN_DRIVER_LINUX.values() if v.startswith("450.")])
+    cases.append(
+        (
+            "below_minor_compat",
+            render_smi(d, rng),
+            render_nvcc(rng.choice([None, (11, 8)]), rng),
+            torch_str((11, 8)),
+        )
+    )
     # 4. runtime fits the driver but nvcc has another major: extensions will not build
     d = rng.choice(_drivers_for(lambda top: top >= (12, 4)))
     cases.append(
@@ -130,7 +150,8 @@ def make_cases(rng: random.Random) -> list[tuple[str, str, str, str]]:
         )
     )
     # 5. no driver at all, CUDA build
-    cases.append(("no_driver", NO_DRIVER, render_nvcc((12, 1), rng), torch_str((12, 1))))
+    no_driver = rng.choice(NO_DRIVER_TEXTS)
+    cases.append(("no_driver", no_driver, render_nvcc((12, 1), rng), torch_str((12, 1))))
     # 6. CPU build: on a GPU machine, and without a driver
     d = rng.choice(_drivers_for(lambda top: top >= (12, 0)))
     cases.append(("cpu_build_gpu", render_smi(d, rng), NO_NVCC, f"2.{rng.randint(1, 9)}.0+cpu"))

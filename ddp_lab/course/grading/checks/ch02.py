@@ -102,17 +102,18 @@ def check_place(rng: random.Random, learner: Any) -> Iterator[object]:
     got = one(learner.ranks(probe_place, [[order_counts, order_cvds, 4]], timeout=30))
     _compare(got, want, case)
     yield case
-    # Cases 2-4: CUDA_VISIBLE_DEVICES edge cases on bigger launches.
-    for key, nnodes, cvd in [
-        ("case_hidden", 3, rng.choice(["", "-1"])),
-        ("case_invalid", 2, rng.choice(["5,7,9", "1,3,8,2"])),
-        ("case_too_few", 2, rng.choice(["6,7", "3"])),
+    # Cases 2-4: CUDA_VISIBLE_DEVICES edge cases on bigger launches. Each case holds both of
+    # its forms, on nodes of their own, so that no seed lets a wrong rule through: "" and
+    # "-1" both hide every GPU (not "" as unset); the list stops at an invalid entry in the
+    # middle (not skipping it), on nodes with more processes than the entries before it.
+    for key, forms, fewest in [
+        ("case_hidden", ["", "-1", None], 2),
+        ("case_invalid", ["1,3,8,2", "5,9,7"], 3),
+        ("case_too_few", ["6,7", "3"], 2),
     ]:
         case = lookup(MESSAGES, key)
-        counts = [rng.randint(2, 4) for _ in range(nnodes)]
-        cvds = (
-            [cvd] + [None] * (nnodes - 1) if rng.random() < 0.5 else [None] * (nnodes - 1) + [cvd]
-        )
+        cvds = rng.sample(forms, len(forms))
+        counts = [rng.randint(fewest, 4) for _ in cvds]
         want = _as_dicts(ranks.assign(counts, cuda_visible_devices=cvds, gpus_per_node=8))
         _compare(one(learner.ranks(probe_place, [[counts, cvds, 8]], timeout=30)), want, case)
         yield case

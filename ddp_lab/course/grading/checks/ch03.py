@@ -76,20 +76,33 @@ def _capped_case(rng: random.Random) -> tuple[int, int, int]:
             return batch, n, gpu0
 
 
+def _array_split_sizes(batch: int, n: int) -> list[int]:
+    """numpy.array_split's sizes: the remainder spread one row each (not torch.chunk's)."""
+    base, extra = divmod(batch, n)
+    return [base + (1 if i < extra else 0) for i in range(n)]
+
+
+def _default_split_case(rng: random.Random) -> tuple[int, int, int]:
+    """gpu0_bsz at or above the even share, on a batch where torch.chunk's split differs
+    from array_split's: the default split must be torch.chunk's, padded to n devices."""
+    n = rng.randint(4, 6)
+    batch = rng.choice(
+        [b for b in range(n + 1, 5 * n) if _torch_chunk_sizes(b, n) != _array_split_sizes(b, n)]
+    )
+    share = _torch_chunk_sizes(batch, n)[0]
+    return batch, n, rng.randint(share, share + 10)
+
+
 def _balanced_cases(rng: random.Random) -> list[tuple[str, int, int, int]]:
     n = rng.randint(3, 6)
     return [
         ("uneven_remainder", n * rng.randint(4, 9) + rng.randint(1, n - 1), n, 2),
         ("two_devices", rng.randint(20, 40), 2, rng.randint(3, 9)),
         ("gpu0_zero", rng.randint(7, 30), rng.randint(2, 5), 0),
-        ("gpu0_above", rng.randint(10, 20), 4, rng.randint(6, 25)),
+        ("gpu0_above", *_default_split_case(rng)),
         ("capped", *_capped_case(rng)),
-        (
-            "small_batch",
-            rng.randint(2, 4),
-            rng.randint(5, 7),
-            rng.randint(0, 1),
-        ),
+        # gpu0_bsz 1 is the even share here: torch.chunk's split, padded with zeros
+        ("small_batch", rng.randint(2, 4), rng.randint(5, 7), 1),
         ("one_device", rng.randint(3, 9), 1, 1),
         ("large_batch", rng.randint(100, 300), rng.randint(2, 8), rng.randint(1, 12)),
     ]
