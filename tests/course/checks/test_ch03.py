@@ -4,6 +4,7 @@ ones fail with feedback, and results that are not data fail cleanly."""
 from __future__ import annotations
 
 import math
+import sys
 from typing import Any
 
 import pytest
@@ -191,6 +192,21 @@ class PlainCat:
         return torch.cat(inputs, dim)
 
 
+class Toggling(Gather):
+    """Its own Function for the forward probe, torch.cat for the backward probe (told apart by
+    the caller's name): its backward is never written, and never runs."""
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple:
+        raise RuntimeError("backward never written")
+
+    @classmethod
+    def apply(cls, target_device: int, dim: int, *inputs: torch.Tensor) -> Any:  # type: ignore[override]
+        if sys._getframe(1).f_code.co_name == "probe_gather_backward":
+            return torch.cat(inputs, dim)
+        return super().apply(target_device, dim, *inputs)
+
+
 def test_gather_reference_passes() -> None:
     assert _grade("03.gather", Gather)
 
@@ -204,6 +220,7 @@ def test_gather_reference_passes() -> None:
         (Averaged, "differs from single-device autograd"),
         (Stacked, "output shape"),
         (PlainCat, "not made by your Function"),
+        (Toggling, "not made by your Function"),
     ],
 )
 def test_gather_rejects(wrong: Any, feedback: str) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.distributed as dist
+from torch.distributed import P2POp, batch_isend_irecv, irecv, isend  # bound before any checker
 from torch.distributed import all_gather as aliased_all_gather
 from torch.distributed import all_reduce as aliased_all_reduce
 
@@ -386,7 +387,70 @@ def ring_one_op_batches(t):  # every op in its own batch: the schedule that hang
     return t
 
 
-@pytest.mark.parametrize("wrong", [ring_unbatched, ring_one_op_batches])
+def _ring(t, exchange):
+    """A ring all-reduce (reduce-scatter, then all-gather) around ``exchange(send, recv)``."""
+    rank, n = dist.get_rank(), dist.get_world_size()
+    chunks = t.view(-1).tensor_split(n)
+    for s in range(n - 1):
+        target = chunks[(rank - s - 1) % n]
+        incoming = torch.empty_like(target)
+        exchange(chunks[(rank - s) % n], incoming)
+        target += incoming
+    for s in range(n - 1):
+        exchange(chunks[(rank + 1 - s) % n], chunks[(rank - s) % n])
+    return t
+
+
+def ring_batched_by_imported_names(t):  # correct: names imported when this module loaded
+    rank, n = dist.get_rank(), dist.get_world_size()
+
+    def exchange(send, recv):
+        ops = [P2POp(isend, send, (rank + 1) % n)] if send.numel() else []
+        ops += [P2POp(irecv, recv, (rank - 1) % n)] if recv.numel() else []
+        for w in batch_isend_irecv(ops) if ops else []:
+            w.wait()
+
+    return _ring(t, exchange)
+
+
+def ring_unbatched_by_imported_names(t):  # ring_unbatched, with isend/irecv imported by name
+    rank, n = dist.get_rank(), dist.get_world_size()
+
+    def exchange(send, recv):
+        works = [irecv(recv, (rank - 1) % n)] if recv.numel() else []
+        works += [isend(send, (rank + 1) % n)] if send.numel() else []
+        for w in works:
+            w.wait()
+
+    return _ring(t, exchange)
+
+
+def ring_unbatched_by_group_methods(t):  # the process group's own send and recv
+    rank, n = dist.get_rank(), dist.get_world_size()
+    group = dist.group.WORLD
+
+    def exchange(send, recv):
+        works = [group.recv([recv], (rank - 1) % n, 0)] if recv.numel() else []
+        works += [group.send([send], (rank + 1) % n, 0)] if send.numel() else []
+        for w in works:
+            w.wait()
+
+    return _ring(t, exchange)
+
+
+def test_ring_passes_a_batched_ring_whose_names_were_imported():
+    assert grade_passes("05.ring", ring_batched_by_imported_names)
+
+
+@pytest.mark.parametrize(
+    "wrong",
+    [
+        ring_unbatched,
+        ring_one_op_batches,
+        ring_unbatched_by_imported_names,
+        ring_unbatched_by_group_methods,
+    ],
+)
 def test_ring_rejects_rings_that_deadlock_on_nccl(wrong, capsys):
     assert not grade_passes("05.ring", wrong)
     assert "NCCL" in capsys.readouterr().out

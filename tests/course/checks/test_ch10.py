@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.distributed as dist
+from torch.distributed import all_reduce  # a name bound before any checker runs (see below)
 
 from ddp_lab.comm_hooks import my_bf16_hook
 from ddp_lab.course.grading import load_checkers, run_checker
@@ -104,11 +105,33 @@ def fp32_hook(process_group, bucket):
     return dist.all_reduce(buf, async_op=True).get_future().then(lambda f: f.value()[0])
 
 
+def imported_name_hook(process_group, bucket):
+    """Correct, calling all_reduce by a name imported from torch.distributed when the module
+    was loaded (a common style: a counter that replaces dist.all_reduce does not see it)."""
+    buf = bucket.buffer()
+    half = buf.to(torch.bfloat16).div_(dist.get_world_size())
+    fut = all_reduce(half, async_op=True).get_future()
+    return fut.then(lambda f: buf.copy_(f.value()[0]))
+
+
+def process_group_hook(process_group, bucket):
+    """Sends float32 through the process group's own method: not a bf16 hook."""
+    buf = bucket.buffer().div_(dist.get_world_size())
+    return dist.group.WORLD.allreduce(buf).get_future().then(lambda f: f.value()[0])
+
+
 def test_hook_checker_passes_the_reference():
     assert verdict("10.bf16_hook", my_bf16_hook) == ""
 
 
-@pytest.mark.parametrize(("wrong", "words"), [(sums_hook, "differ"), (fp32_hook, "bfloat16")])
+def test_hook_checker_passes_a_correct_hook_that_imports_all_reduce_by_name():
+    assert verdict("10.bf16_hook", imported_name_hook) == ""
+
+
+@pytest.mark.parametrize(
+    ("wrong", "words"),
+    [(sums_hook, "differ"), (fp32_hook, "bfloat16"), (process_group_hook, "bfloat16")],
+)
 def test_hook_checker_rejects_wrong_hooks(wrong, words):
     assert words in verdict("10.bf16_hook", wrong)
 
@@ -152,6 +175,27 @@ def whole_grad(flat):
     return flat
 
 
+def imported_all_reduce_grad(flat):  # all_reduce by a name imported before the counter
+    total = flat / dist.get_world_size()
+    all_reduce(total)
+    return total.chunk(dist.get_world_size())[dist.get_rank()].clone()
+
+
+def broadcasts_grad(flat):  # an all-gather made of broadcasts, then a local sum
+    world, total = dist.get_world_size(), torch.zeros_like(flat)
+    for src in range(world):
+        buf = flat.clone()
+        dist.broadcast(buf, src=src)
+        total += buf
+    return (total / world).chunk(world)[dist.get_rank()].clone()
+
+
+def group_method_grad(flat):  # the process group's own all-reduce
+    total = flat / dist.get_world_size()
+    dist.group.WORLD.allreduce(total).wait()
+    return total.chunk(dist.get_world_size())[dist.get_rank()].clone()
+
+
 def test_fsdp_checker_passes_reduce_scatter():
     assert verdict("10.fsdp_reduce", reduce_scatter_grad) == ""
 
@@ -163,6 +207,9 @@ def test_fsdp_checker_passes_reduce_scatter():
         (summing_grad, "average"),
         (whole_grad, "all_reduce"),
         (gather_and_sum_grad, "dist.all_gather:"),  # the right numbers, N times the bytes
+        (imported_all_reduce_grad, "dist.all_reduce:"),
+        (broadcasts_grad, "dist.broadcast:"),
+        (group_method_grad, "dist.all_reduce:"),
     ],
 )
 def test_fsdp_checker_rejects_wrong_solutions(wrong, words):

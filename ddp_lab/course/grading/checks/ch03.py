@@ -176,6 +176,12 @@ def _gather_cases(rng: random.Random) -> list[tuple[str, int, list[int], int]]:
     ]
 
 
+def _made_by_function(record: dict) -> bool:
+    """Whether the probe saw the output's grad_fn be the learner's Function's backward."""
+    name = record.get("function")
+    return type(name) is str and bool(name) and record.get("grad_fn") == f"{name}Backward"
+
+
 def _gather_problem(
     learner: Any, dim: int, sizes: list[int], other: int, gen: torch.Generator
 ) -> str:
@@ -203,9 +209,12 @@ def _gather_problem(
         )
     if out.is_complex() or not torch.allclose(out.to(want_out.dtype), want_out):
         return _t("output values differ from torch.cat")
-    if fwd.get("grad_fn") != f"{fwd.get('function')}Backward":
+    if not _made_by_function(fwd):
         return _t("the output was not made by your Function, so its backward is never used")
-    grads = one(learner.ranks(probe_gather_backward, [[dim, parts, weight]], timeout=30))
+    back = one(learner.ranks(probe_gather_backward, [[dim, parts, weight]], timeout=30))
+    if type(back) is dict and "grads" in back and not _made_by_function(back):
+        return _t("the output was not made by your Function, so its backward is never used")
+    grads = back.get("grads") if type(back) is dict and "grads" in back else back
     if type(grads) is not list or len(grads) != len(parts):
         return _t("backward gave {kind} instead of one gradient per input", kind=_kind(grads))
     for i, (grad, ref) in enumerate(zip(grads, oracle_leaves, strict=True)):

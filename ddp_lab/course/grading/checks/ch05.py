@@ -8,8 +8,10 @@ collectives are switched off and every byte sent with ``send``/``isend`` (also t
 implementation that passes the full buffer around sends N/2 times more and fails.
 
 The ring must also be safe on NCCL, which these Gloo ranks cannot show by hanging: while the
-learner's code runs, ``dist.get_backend`` answers "nccl", and every point-to-point call is
-recorded. A send or receive outside ``batch_isend_irecv`` fails. The batches are then
+learner's code runs, ``dist.get_backend`` answers "nccl", and every point-to-point operation
+is recorded where every road ends, as a ``c10d::`` operator of the dispatcher (``watch_p2p``:
+a function imported by name or a process group's method included). A send or receive outside
+``batch_isend_irecv`` fails. The batches are then
 replayed as NCCL runs them: ProcessGroupNCCL runs every batched p2p op of a device on one
 stream (torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp, ``pointToPoint``: a batch uses the
 device's communicator), so a rank's batch can finish only when every message in it has its
@@ -21,9 +23,9 @@ Where each part runs: the probe (``probe_ring``) runs the learner's ring in thei
 graded: a sandbox per rank, ``course.rankhost``, that receives only its own tensors, never the
 seed that makes the others) under those guards and returns, per rank, the tensor it left, what
 it sent, its batches and its loose p2p calls, as data. The sums prove that the ranks
-communicated; what the guards recorded is the rank's own account, kept as a hint for the
-feedback (a rank could undo the guards on purpose, or call the process group's own methods,
-which no Python wrapper sees). The oracle (what ``dist.all_reduce`` leaves on every rank,
+communicated; what the guards recorded is the rank's own account (a rank could undo the
+guards on purpose: the dispatch mode lives in its process), which decides the NCCL verdict
+and, where the bytes cannot be counted from outside, the way. The oracle (what ``dist.all_reduce`` leaves on every rank,
 ``ch04.summed``), the comparison, the send limit and the NCCL replay run in the checker.
 
 The way itself is observed from outside the ranks when grading (``judge_calls``, in
@@ -39,9 +41,11 @@ account is all there is, and a graded verdict says so.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import math
 import random
-from collections.abc import Callable, Iterator
+import sys
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -79,80 +83,65 @@ MESSAGES = {
 }
 
 
-@contextlib.contextmanager
-def count_sends(counter: list[int]) -> Iterator[None]:
-    """Count the elements passed to send/isend (batch_isend_irecv calls isend for each op)."""
-    saved = {n: (getattr(dist, n), getattr(c10d, n)) for n in ("send", "isend")}
-
-    def wrap(original: Callable) -> Callable:
-        def counted(tensor: torch.Tensor, *args: object, **kwargs: object) -> object:
-            counter[0] += tensor.numel()
-            return original(tensor, *args, **kwargs)
-
-        return counted
-
-    try:
-        for n, (a, _) in saved.items():
-            setattr(dist, n, wrap(a))
-            setattr(c10d, n, getattr(dist, n))  # P2POp checks its op against c10d.isend
-        yield
-    finally:
-        for n, (a, b) in saved.items():
-            setattr(dist, n, a)
-            setattr(c10d, n, b)
+# torch's own p2p functions, by their code (a name imported before, or an alias, runs the
+# same code): an operator run from inside batch_isend_irecv's code is batched, one run from
+# isend's code was called as isend. Taken when this module loads, before any learner code.
+_BATCH_CODE = inspect.unwrap(c10d.batch_isend_irecv).__code__
+_P2P_CODES = {
+    inspect.unwrap(getattr(c10d, n)).__code__: n for n in ("isend", "irecv", "send", "recv")
+}
 
 
 @contextlib.contextmanager
-def watch_p2p(batches: list[list[str]], loose: list[str]) -> Iterator[None]:
-    """Record the ops of every batch_isend_irecv and every p2p call made outside one.
+def watch_p2p(
+    batches: list[list[tuple[str, int]]], loose: list[str], sent: list[int]
+) -> Iterator[None]:
+    """Record every point-to-point operation: the ops of each batch_isend_irecv (with their
+    peers), the p2p calls made outside one, and the elements sent.
 
+    Seen as ``c10d::send`` / ``c10d::recv_`` operators (``ddp_lab.comm_debug.watch_c10d``),
+    not by replacing ``dist.isend``: a function imported by name before
+    (``from torch.distributed import isend``), a process group's method or
+    ``torch.ops.c10d`` is seen too, and a batch is what runs inside torch's
+    ``batch_isend_irecv`` (its code on the Python stack), whatever name called it.
     Meanwhile ``dist.get_backend`` answers "nccl", so that code that picks its schedule by
     backend (as ``ddp_lab.ring`` does) shows the schedule it would run on GPUs.
     """
-    names = ("send", "recv", "isend", "irecv")
-    saved = {n: (getattr(dist, n), getattr(c10d, n)) for n in (*names, "batch_isend_irecv")}
+    from ddp_lab.comm_debug import tensors_of, watch_c10d
+
+    current: list[Any] = [None]  # the frame of the batch being recorded (held: never reused)
     saved_backend = (dist.get_backend, c10d.get_backend)
-    inside = [0]
 
-    def wrap(name: str, original: Callable) -> Callable:
-        def watched(*args: object, **kwargs: object) -> object:
-            if not inside[0]:
-                loose.append(name)
-            return original(*args, **kwargs)
-
-        watched.kind = "send" if "send" in name else "recv"  # type: ignore[attr-defined]
-        return watched
-
-    def batch(ops: list) -> object:
-        batches.append(
-            [
-                (
-                    getattr(op.op, "kind", "send" if "send" in op.op.__name__ else "recv"),
-                    op.peer if type(op.peer) is int else -1,
-                )
-                for op in ops
-            ]
-        )
-        inside[0] += 1
-        try:
-            return saved["batch_isend_irecv"][0](ops)
-        finally:
-            inside[0] -= 1
+    def on_call(name: str, args: tuple) -> None:
+        if name not in ("send", "recv"):
+            return
+        if name == "send":
+            sent[0] += sum(t.numel() for t in tensors_of(args[0]))
+        peer = args[2] if len(args) > 3 and type(args[2]) is int else -1
+        frame, batch, called = sys._getframe(1), None, name
+        while frame is not None:
+            if frame.f_code is _BATCH_CODE:
+                batch = frame
+                break
+            called = _P2P_CODES.get(frame.f_code, called)
+            frame = frame.f_back
+        if batch is None:
+            loose.append(called)
+            return
+        if batch is not current[0]:
+            current[0] = batch
+            batches.append([])
+        batches[-1].append((name, peer))
 
     def nccl(group: object = None) -> str:
         return "nccl"
 
     try:
-        for n in names:
-            setattr(dist, n, wrap(n, getattr(dist, n)))
-            setattr(c10d, n, getattr(dist, n))  # P2POp checks its op against c10d.isend
-        dist.batch_isend_irecv = c10d.batch_isend_irecv = batch
         dist.get_backend = c10d.get_backend = nccl
-        yield
+        with watch_c10d(on_call):
+            yield
     finally:
-        for n, (a, b) in saved.items():
-            setattr(dist, n, a)
-            setattr(c10d, n, b)
+        current[0] = None
         dist.get_backend, c10d.get_backend = saved_backend
 
 
@@ -221,7 +210,7 @@ def probe_ring(rank: int, objects: tuple, inputs: list[torch.Tensor]) -> list[di
         sent = [0]
         batches: list[list[tuple[str, int]]] = []
         loose: list[str] = []
-        with count_sends(sent), watch_p2p(batches, loose):
+        with watch_p2p(batches, loose, sent):
             got, called = guarded(ring_all_reduce, (mine,), _BANNED)
         out.append(
             {

@@ -306,20 +306,30 @@ def _hook_inputs(spec: dict, world: int) -> list[dict[str, Any]]:
 
 
 def _hook_run(hook: Callable, mine: dict) -> tuple[torch.Tensor, list]:
-    """Two backward passes of a DDP model with ``hook``: the gradients, the collectives."""
+    """Two backward passes of a DDP model with ``hook``: the gradients, and the collectives
+    the hook's calls handed over (seen as ``c10d::`` operators: whatever name the hook calls
+    them by; DDP's own collectives, outside the hook, are not counted)."""
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from ddp_lab.comm_debug import count_collectives
+    from ddp_lab.comm_debug import watch_c10d
+
+    calls: list = []
+
+    # An unannotated wrapper: DDP checks a hook's name and annotations, not what it does.
+    def watched(state, bucket):  # type: ignore[no-untyped-def]
+        with watch_c10d() as log:
+            future = hook(state, bucket)
+        calls.extend(log.calls)
+        return future
 
     module = nn.Sequential(nn.Linear(mine["d"], mine["h"]), nn.Tanh(), nn.Linear(mine["h"], 3))
     _load(module.parameters(), mine["init"])
     model = DDP(module, bucket_cap_mb=mine["cap"])
-    model.register_comm_hook(None, hook)
-    with count_collectives() as log:
-        for x in mine["xs"]:
-            model.zero_grad()
-            model(x).pow(2).mean().backward()
-    return torch.cat([p.grad.reshape(-1) for p in model.parameters()]), log.calls
+    model.register_comm_hook(None, watched)
+    for x in mine["xs"]:
+        model.zero_grad()
+        model(x).pow(2).mean().backward()
+    return torch.cat([p.grad.reshape(-1) for p in model.parameters()]), calls
 
 
 def probe_bf16_hook(rank: int, objects: tuple, mine: dict) -> dict[str, Any]:
@@ -327,12 +337,7 @@ def probe_bf16_hook(rank: int, objects: tuple, mine: dict) -> dict[str, Any]:
     data it receives, ``_hook_inputs``); the gradients and what the collectives carried (the
     rank's own account)."""
     (hook,) = objects
-
-    # An unannotated wrapper: DDP checks a hook's name and annotations, not what it does.
-    def learner(state, bucket):  # type: ignore[no-untyped-def]
-        return hook(state, bucket)
-
-    grads, calls = _hook_run(learner, mine)
+    grads, calls = _hook_run(hook, mine)
     return {
         "grads": grads,
         "dtypes": sorted({str(d) for _, d, _ in calls}),

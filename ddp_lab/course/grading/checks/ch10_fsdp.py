@@ -22,7 +22,16 @@ from ddp_lab.i18n import _t
 # ----- 10.fsdp_reduce ---------------------------------------------------------------------
 
 # Collectives that hand every rank the whole gradient (or every rank's): not a reduce-scatter.
-WHOLE = ("all_reduce", "all_gather", "all_gather_single", "all_gather_into_tensor")
+# Names as ``comm_debug.watch_c10d`` logs them (all_gather_single ends in the operator of
+# all_gather_into_tensor; a loop of broadcasts is an all-gather too).
+WHOLE = (
+    "all_reduce",
+    "all_reduce_coalesced",
+    "all_gather",
+    "all_gather_into_tensor",
+    "all_gather_coalesced",
+    "broadcast",
+)
 
 
 def _fsdp_net(spec: dict) -> nn.Module:
@@ -72,17 +81,20 @@ def probe_fsdp(rank: int, objects: tuple, mine: dict) -> dict[str, Any]:
     account); the full state after three steps, or the error that stopped training (a wrong
     result makes the machinery raise).
     """
-    from ddp_lab.comm_debug import count_collectives
+    from ddp_lab.comm_debug import watch_c10d
     from ddp_lab.fsdp_base import FullyShardedBase
 
     (reduce_grad,) = objects
     calls: list[list] = []
 
     def recorded(flat: torch.Tensor) -> torch.Tensor:
-        with count_collectives(WHOLE) as log:
+        # c10d operators, not torch.distributed's names: an all_reduce imported by name, a
+        # process group's method or torch.ops.c10d is seen as well
+        with watch_c10d() as log:
             out = reduce_grad(flat)
         shape = list(out.shape) if isinstance(out, torch.Tensor) else None
-        calls.append([flat.numel(), shape, log.calls[0][0] if log.calls else ""])
+        whole = [name for name, _, _ in log.calls if name in WHOLE]
+        calls.append([flat.numel(), shape, whole[0] if whole else ""])
         return out
 
     net = _fsdp_layers(mine["widths"])

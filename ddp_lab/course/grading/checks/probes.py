@@ -102,13 +102,20 @@ def probe_gather_forward(rank: int, objects: tuple, case: list) -> Any:
 
 
 def probe_gather_backward(rank: int, objects: tuple, case: list) -> Any:
-    """03.gather, ``[dim, parts, weight]``: the inputs' gradients of ``(out * weight).sum()``."""
+    """03.gather, ``[dim, parts, weight]``: the inputs' gradients of ``(out * weight).sum()``,
+    and the grad_fn of that very output (the forward probe's check holds for its own call
+    only: a rank serves both probes, so an object could answer them differently)."""
     (gather_cls,) = objects
     dim, parts, weight = case
     leaves = _gather_leaves(parts)
     out = gather_cls.apply(0, dim, *leaves)
+    name = getattr(gather_cls, "__name__", "")
+    if not isinstance(out, torch.Tensor):
+        return {"kind": type(out).__name__}
+    made_by = {"grad_fn": type(out.grad_fn).__name__, "function": name if type(name) is str else ""}
     (out * weight).sum().backward()
-    return [None if leaf.grad is None else leaf.grad.detach().clone() for leaf in leaves]
+    grads = [None if leaf.grad is None else leaf.grad.detach().clone() for leaf in leaves]
+    return {"grads": grads, **made_by}
 
 
 def one(got: Any) -> Any:
