@@ -9,7 +9,7 @@ import torch.distributed as dist
 import ddp_lab as dl
 from ddp_lab.course.grading import load_checkers, run_checker
 from ddp_lab.course.grading.checks import ch09
-from ddp_lab.course.grading.learner import LocalLearner
+from ddp_lab.course.grading.learner import LearnerError, LocalLearner
 
 
 @pytest.fixture(autouse=True)
@@ -83,6 +83,33 @@ def safe_shape_only(tensor: torch.Tensor) -> None:
     dist.all_reduce(tensor)
 
 
+def safe_numel_ndim_size(tensor: torch.Tensor) -> None:
+    # Every rank sees the same max and min, so all raise together; but (2, 3) vs (3, 2) and
+    # float32 vs int32 agree on all three.
+    mine = torch.tensor([tensor.numel(), tensor.dim(), tensor.element_size()])
+    high, low = mine.clone(), mine.clone()
+    dist.all_reduce(high, op=dist.ReduceOp.MAX)
+    dist.all_reduce(low, op=dist.ReduceOp.MIN)
+    if not torch.equal(high, low):
+        raise ValueError("differ")
+    dist.all_reduce(tensor)
+
+
+CODES = {torch.float32: 1, torch.float64: 2, torch.int32: 3, torch.bfloat16: 4, torch.float16: 5}
+
+
+def safe_sum_of_meta(tensor: torch.Tensor) -> None:
+    # Right when one rank differs; with (2,), (4,), (3,) the rank holding (3,) sees a sum
+    # of 3 x its own and enters the all-reduce alone.
+    meta = [tensor.dim(), CODES.get(tensor.dtype, 9), *tensor.shape]
+    mine = torch.tensor(meta + [0] * (8 - len(meta)))
+    total = mine.clone()
+    dist.all_reduce(total)
+    if not torch.equal(total, mine * dist.get_world_size()):
+        raise ValueError("differ")
+    dist.all_reduce(tensor)
+
+
 def safe_returns_copy(tensor: torch.Tensor) -> torch.Tensor:
     copy = tensor.clone()
     safe_ok(copy)
@@ -116,11 +143,20 @@ def test_wrong_accuracy_fails(wrong, monkeypatch: pytest.MonkeyPatch, capsys) ->
 
 
 @pytest.mark.parametrize(
-    "wrong", [safe_plain, safe_raise_alone, safe_numel_only, safe_shape_only, safe_returns_copy]
+    "wrong",
+    [
+        safe_plain,
+        safe_raise_alone,
+        safe_numel_only,
+        safe_shape_only,
+        safe_returns_copy,
+        safe_numel_ndim_size,
+        safe_sum_of_meta,
+    ],
 )
 @pytest.mark.parametrize("seed", ["1", "2"])
 def test_wrong_safe_all_reduce_fails(wrong, seed: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    # Every seed has a same-shape case and both a dtype and a shape/ndim case.
+    # Every seed has every kind of case (ch09.safe_cases; checked over many seeds below).
     assert not _grade("09.safe_all_reduce", wrong, seed, monkeypatch)
 
 
@@ -181,3 +217,91 @@ def test_hang_and_lone_raise_feedback(monkeypatch: pytest.MonkeyPatch) -> None:
     assert not passed and ("hangs" in line or "did not raise ValueError" in line), line
     passed, line = run_checker(chk, LocalLearner((safe_numel_only,)), "en")
     assert not passed and "did not raise ValueError (it returned normally)" in line, line
+
+
+# --- 09.safe_all_reduce's cases, over many seeds: each wrong rule meets its case every time ---
+
+
+def _meta(shape: tuple, dtype: str) -> tuple:
+    t = torch.empty(shape, dtype=ch09.DTYPES[dtype])
+    return t.numel(), t.dim(), t.element_size(), tuple(t.shape), t.dtype, t.is_floating_point()
+
+
+def _all_or_none(differ: bool, world: int) -> list[bool]:
+    return [differ] * world
+
+
+def _sum_rule(vectors: list[list[int]]) -> list[bool]:
+    """Each rank raises when the sum of the ranks' vectors is not world x its own."""
+    width = max(len(v) for v in vectors)
+    padded = [v + [0] * (width - len(v)) for v in vectors]
+    total = [sum(col) for col in zip(*padded, strict=True)]
+    return [total != [len(vectors) * x for x in v] for v in padded]
+
+
+CODE = {"float32": 1, "int32": 2, "bfloat16": 3, "float16": 4}
+
+# Which ranks raise, under a rule, given every rank's (shape, dtype): the rules as data.
+SAFE_RULES = {
+    "reference": lambda ms: _all_or_none(len({(m[3], m[4]) for m in ms}) > 1, len(ms)),
+    "numel, ndim and element size": lambda ms: _all_or_none(len({m[:3] for m in ms}) > 1, len(ms)),
+    "numel and dtype": lambda ms: _all_or_none(len({(m[0], m[4]) for m in ms}) > 1, len(ms)),
+    "shape only": lambda ms: _all_or_none(len({m[3] for m in ms}) > 1, len(ms)),
+    "sorted shape and dtype": lambda ms: _all_or_none(
+        len({(tuple(sorted(m[3])), m[4]) for m in ms}) > 1, len(ms)
+    ),
+    "shape and element size": lambda ms: _all_or_none(len({m[2:4] for m in ms}) > 1, len(ms)),
+    "shape, element size, floating": lambda ms: _all_or_none(
+        len({(*m[2:4], m[5]) for m in ms}) > 1, len(ms)
+    ),
+    "sum of [ndim, dtype, *shape]": lambda ms: _sum_rule(
+        [[m[1], CODE[str(m[4]).removeprefix("torch.")], *m[3]] for m in ms]
+    ),
+    "sum of [numel, element size]": lambda ms: _sum_rule([[m[0], m[2]] for m in ms]),
+    "sum of the shape's dims": lambda ms: _sum_rule([[sum(m[3]), m[1]] for m in ms]),
+}
+
+
+def _rule_passes(rule, cases: list) -> bool:
+    """A rule passes a seed's cases if every rank raises on every mismatch and none raises
+    when all agree (a rank that does not raise while another does is a hang)."""
+    for kind, shapes, dtypes, _ in cases:
+        raises = rule([_meta(s, d) for s, d in zip(shapes, dtypes, strict=True)])
+        if raises != [kind != "same"] * len(shapes):
+            return False
+    return True
+
+
+SEEDS = [str(i) for i in range(30)] + ["course-2026-spring", ""]
+
+
+def test_safe_cases_tell_every_wrong_rule_apart_under_every_seed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from ddp_lab.course.grading.checkers import rng_for
+
+    for seed in SEEDS:
+        monkeypatch.setenv("DDP_LAB_GRADE_SEED", seed)
+        cases = ch09.safe_cases(rng_for("09.safe_all_reduce"))
+        kinds = [c[0] for c in cases]
+        assert kinds == ["same", "shape", "ndim", "dtype", "dtype16", "both_ways"], kinds
+        for name, rule in SAFE_RULES.items():
+            assert _rule_passes(rule, cases) == (name == "reference"), (seed, name, cases)
+
+
+def test_safe_all_reduce_draws_its_cases_from_safe_cases(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The checker grades exactly the cases of ``safe_cases`` (what the test above reads)."""
+    from ddp_lab.course.grading.checkers import rng_for
+
+    monkeypatch.setenv("DDP_LAB_GRADE_SEED", "7")
+    cases = ch09.safe_cases(rng_for("09.safe_all_reduce"))
+    seen = []
+
+    class Recorder:
+        def ranks(self, probe, inputs, timeout=60, fresh=False):
+            seen.append([(tuple(t.shape), str(t.dtype).removeprefix("torch.")) for t in inputs])
+            raise LearnerError("NotImplementedError", "your code here")
+
+    run_checker(load_checkers()["09.safe_all_reduce"], Recorder(), "en")
+    first = cases[0]
+    assert seen == [list(zip(first[1], first[2], strict=True))]

@@ -34,10 +34,18 @@ class MySharded:
         elif mode == "round robin in definition order":
             self.owner = [i % world for i in range(len(self.params))]
         else:
-            loads, self.owner = [0] * world, [0] * len(self.params)
-            for i in sorted(range(len(self.params)), key=lambda i: -self.params[i].numel()):
-                r = loads.index(min(loads))
+            n = len(self.params)
+            order = sorted(range(n), key=lambda i: -self.params[i].numel())
+            if mode == "greedy in definition order":  # the largest-first sort left out
+                order = list(range(n))
+            elif mode == "smallest first":
+                order = order[::-1]
+            loads, counts, self.owner = [0] * world, [0] * world, [0] * n
+            for i in order:
+                least = counts if mode == "by count" else loads  # parameters, not elements
+                r = least.index(min(least))
                 self.owner[i], loads[r] = r, loads[r] + self.params[i].numel()
+                counts[r] += 1
         self.mode = mode
         mine = [p for p, o in zip(self.params, self.owner, strict=True) if o == self.rank]
         if mode == "steps everything":
@@ -84,11 +92,98 @@ def test_sharded_checker_passes_correct_solutions():
         ("round robin by index, no balance", "least loaded"),
         # within ideal + largest, so the old bound passed it; the stated rule does not
         ("round robin in definition order", "largest parameters first"),
+        # passed most seeds when the one hidden model's definition order was nearly sorted
+        ("greedy in definition order", "largest parameters first"),
+        ("smallest first", "largest parameters first"),
+        ("by count", "largest parameters first"),
     ],
 )
 def test_sharded_checker_rejects_wrong_solutions(mode, words):
     why = verdict("10.sharded_optimizer", _variant(mode))
     assert words in why
+
+
+def _owners(sizes: list[int], world: int, rule: str) -> list[int]:
+    """Each parameter's owner under ``rule`` (written here apart from the checker's)."""
+    n = len(sizes)
+    if rule == "round robin":
+        return [i % world for i in range(n)]
+    order = {
+        "largest first": sorted(range(n), key=lambda i: -sizes[i]),
+        "definition order": list(range(n)),
+        "reverse definition order": list(range(n))[::-1],
+        "smallest first": sorted(range(n), key=lambda i: sizes[i]),
+        "largest first, by count": sorted(range(n), key=lambda i: -sizes[i]),
+    }[rule]
+    elements, count, owner = [0] * world, [0] * world, [0] * n
+    for i in order:
+        least = count if rule.endswith("by count") else elements
+        owner[i] = least.index(min(least))
+        elements[owner[i]] += sizes[i]
+        count[owner[i]] += 1
+    return owner
+
+
+SHARD_RULES = [
+    "largest first",
+    "definition order",
+    "reverse definition order",
+    "smallest first",
+    "round robin",
+    "largest first, by count",
+]
+
+
+def test_sharded_cases_tell_every_wrong_rule_apart_under_every_seed(monkeypatch):
+    """Every hidden model, under every seed, fails each wrong assignment rule (applied to every
+    parameter or to the trainable ones only) and passes the exercise's."""
+    from ddp_lab.course.grading.checkers import rng_for
+    from ddp_lab.course.grading.checks import ch10
+
+    for seed in [str(i) for i in range(30)] + ["course-2026-spring"]:
+        monkeypatch.setenv("DDP_LAB_GRADE_SEED", seed)
+        cases = ch10.sharded_specs(rng_for("10.sharded_optimizer"))
+        assert [world for world, _ in cases][:2] == [2, 3]
+        for world, spec in cases:
+            params = list(ch10._tied_model(spec).parameters())
+            trainable = [i for i, p in enumerate(params) if p.requires_grad]
+            assert len(trainable) < len(params), "a frozen parameter in every model"
+            assert len(params) < len(list(ch10._tied_model(spec).state_dict())), "tied"
+            for rule in SHARD_RULES:
+                for scope in (list(range(len(params))), trainable):
+                    owner = _owners([params[i].numel() for i in scope], world, rule)
+                    owned = [
+                        [i for i, o in zip(scope, owner, strict=True) if o == r]
+                        for r in range(world)
+                    ]
+                    why = ch10.loads_verdict(params, owned, world)
+                    if rule == "largest first":
+                        assert why == "", (seed, spec, scope)
+                    else:
+                        assert "largest parameters first" in why, (seed, rule, spec, scope)
+
+
+def test_sharded_checker_grades_the_cases_of_sharded_specs(monkeypatch):
+    """The checker trains exactly the models of ``sharded_specs`` (what the test above reads)."""
+    from ddp_lab.course.grading.checkers import rng_for
+    from ddp_lab.course.grading.checks import ch10
+
+    monkeypatch.setenv("DDP_LAB_GRADE_SEED", "7")
+    world, spec = ch10.sharded_specs(rng_for("10.sharded_optimizer"))[0]
+    seen = []
+
+    class Recorder:
+        def ranks(self, probe, inputs, timeout=60, fresh=False):
+            seen.extend(inputs)
+            raise LearnerError("NotImplementedError", "your code here")
+
+    run_checker(load_checkers()["10.sharded_optimizer"], Recorder(), "en")
+    assert len(seen) == world
+    for rank, mine in enumerate(seen):
+        assert mine["order"] == spec["order"] and mine["lr"] == spec["lrs"][rank]
+        assert (mine["vocab"], mine["dim"], mine["hidden"]) == tuple(
+            spec[k] for k in ("vocab", "dim", "hidden")
+        )
 
 
 # ----- 10.bf16_hook ---------------------------------------------------------------------------

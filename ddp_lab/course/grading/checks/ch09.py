@@ -36,10 +36,17 @@ MESSAGES = {
     "case_shape": N_("world_size={world_size}, shape"),
     "case_ndim": N_("world_size={world_size}, ndim"),
     "case_dtype": N_("world_size={world_size}, dtype"),
+    "case_dtype16": N_("world_size={world_size}, 16-bit dtypes"),
+    "case_both_ways": N_("world_size={world_size}, one shape larger and one smaller"),
 }
 
 
-DTYPES = {"float32": torch.float32, "float64": torch.float64}
+DTYPES = {
+    "float32": torch.float32,
+    "int32": torch.int32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+}
 
 
 def _run(learner: Any, probe: Any, inputs: list, case: str) -> list:
@@ -155,6 +162,51 @@ def _input(rank: int, shapes: list, dtypes: list[str], seed: int) -> torch.Tenso
     return torch.randn(tuple(shapes[rank]), generator=gen).to(DTYPES[dtypes[rank]])
 
 
+def safe_cases(rng: random.Random) -> list[tuple[str, list[tuple[int, ...]], list[str], int]]:
+    """The hidden cases of 09.safe_all_reduce: (kind, each rank's shape, each rank's dtype,
+    the data's seed). A pure function of ``rng``, and every kind under every seed, so that a
+    check that misses one kind of mismatch fails whatever the seed:
+
+    - ``same``: nothing differs; the sum must equal ``dist.all_reduce``'s;
+    - ``shape``: one rank's dimensions in another order ((2, 3, 4) vs (3, 4, 2)): the same
+      numel, ndim and element size;
+    - ``ndim``: one rank's shape with a trailing 1: the same numel;
+    - ``dtype``: float32 vs int32, and ``dtype16``: bfloat16 vs float16: the same element size
+      (and, for the second, both floating point);
+    - ``both_ways`` (3 or 4 ranks): one rank's dimension larger, another's smaller by as
+      much, so that a sum or a mean of the ranks' shapes (or numels) equals the shape of a
+      rank that did not change: that rank alone would think all agree.
+    """
+    cases = []
+    for kind in ("same", "shape", "ndim", "dtype", "dtype16", "both_ways"):
+        world = rng.choice([3, 4] if kind == "both_ways" else [2, 3, 4])
+        if kind == "shape":  # distinct sizes, rotated: every dimension changes
+            shape = tuple(rng.sample(range(2, 6), rng.choice([2, 3])))
+        else:
+            shape = tuple(rng.randint(2, 5) for _ in range(rng.randint(1, 2)))
+        base = {"dtype16": "bfloat16"}.get(kind, "float32")
+        shapes, dtypes = [shape] * world, [base] * world
+        odd = rng.randrange(world)  # the rank that differs
+        if kind == "shape":
+            shapes[odd] = shape[1:] + shape[:1]
+        elif kind == "ndim":
+            shapes[odd] = shape + (1,)
+        elif kind == "dtype":
+            dtypes[odd] = "int32"
+        elif kind == "dtype16":
+            dtypes[odd] = "float16"
+        elif kind == "both_ways":
+            dim, step = rng.randrange(len(shape)), rng.randint(1, shape[-1] - 1)
+            dim = len(shape) - 1 if shape[dim] <= step else dim
+            other = rng.choice([r for r in range(world) if r != odd])
+            for rank, sign in ((odd, 1), (other, -1)):
+                bigger = list(shape)
+                bigger[dim] += sign * step
+                shapes[rank] = tuple(bigger)
+        cases.append((kind, shapes, dtypes, rng.randrange(10**6)))
+    return cases
+
+
 def probe_safe(rank: int, objects: tuple, mine: torch.Tensor) -> dict:
     """In the learner's rank: their safe_all_reduce on this rank's tensor (the only one it
     receives: its shape and dtype say nothing of the others'); the tensor after it, or the
@@ -184,23 +236,12 @@ def _oracle_safe(rank: int, shapes: list, dtypes: list[str], seed: int) -> torch
 def check_safe_all_reduce(rng: random.Random, learner: Any) -> Iterator[object]:
     from ddp_lab.runtime.launcher import spawn
 
-    # Every kind of mismatch each time: a check of numel only, or of the shape only,
-    # must meet the case it misses.
-    kinds = ["same", *rng.sample(["shape", "ndim", "dtype"], 3)]
-    yield len(kinds)
-    for kind in kinds:
-        world_size = rng.choice([2, 3, 4])
-        shape = tuple(rng.randint(1, 4) for _ in range(rng.randint(1, 2)))
-        shapes, dtypes = [shape] * world_size, ["float32"] * world_size
-        odd = rng.randrange(world_size)  # the rank that differs
-        if kind == "shape":
-            shapes[odd] = shape[:-1] + (shape[-1] + rng.randint(1, 3),)
-        elif kind == "ndim":
-            shapes[odd] = shape + (1,)
-        elif kind == "dtype":
-            dtypes[odd] = "float64"
+    cases = safe_cases(rng)
+    yield len(cases)
+    for kind, shapes, dtypes, data_seed in cases:
+        world_size = len(shapes)
         case = lookup(MESSAGES, f"case_{kind}", world_size=world_size)
-        data = (shapes, dtypes, rng.randrange(10**6))
+        data = (shapes, dtypes, data_seed)
         expected = None
         if kind == "same":
             expected = spawn(_oracle_safe, args=data, nprocs=world_size, backend="gloo", quiet=True)

@@ -10,8 +10,10 @@ What a rank reports about *how* it communicated (which parameters its optimizer 
 the dtypes and bytes of its collectives) is its own account, checked as given.
 
 10.sharded_optimizer: the learner's ``MySharded(params, optimizer_class,
-**defaults)`` trains hidden models (tied weights, a frozen layer, odd shapes) on 2 or 3
-ranks, each rank on its part of the batch, with gradients averaged as DDP does
+**defaults)`` trains hidden models (tied weights, a frozen layer, odd shapes, their parts
+defined in an order far from largest first: ``sharded_specs`` draws each again until the
+rule's loads differ from those of ``WRONG_RULES``, in definition order, smallest first, round
+robin, by count) on 2 or 3 ranks, each rank on its part of the batch, with gradients averaged as DDP does
 (``probe_sharded``). The probe passes its own ``optimizer_class`` (AdamW with weight decay
 that records which parameters each instance was given) and returns each rank's shard and
 parameters: every trainable parameter must belong to exactly one rank (a ZeRO that steps
@@ -56,19 +58,120 @@ from ddp_lab.i18n import _t
 # ----- 10.sharded_optimizer ---------------------------------------------------------------
 
 
-class TiedModel(nn.Module):
-    """Tied embedding/output weights, a frozen layer, odd widths."""
+PARTS = ("emb", "norm", "frozen", "mid", "out")
 
-    def __init__(self, vocab: int, dim: int, hidden: int) -> None:
+
+class TiedModel(nn.Module):
+    """Tied embedding/output weights, a frozen layer, a norm's small vectors, odd widths;
+    its parts defined in the order ``order`` (a permutation of ``PARTS``), so that the order
+    of ``parameters()`` is far from largest first."""
+
+    def __init__(self, vocab: int, dim: int, hidden: int, order: list[str]) -> None:
         super().__init__()
-        self.emb = nn.Embedding(vocab, dim)
-        self.frozen = nn.Linear(dim, hidden).requires_grad_(False)
-        self.mid = nn.Linear(hidden, dim)
-        self.out = nn.Linear(dim, vocab)
+        make = {
+            "emb": lambda: nn.Embedding(vocab, dim),
+            "norm": lambda: nn.LayerNorm(dim),
+            "frozen": lambda: nn.Linear(dim, hidden).requires_grad_(False),
+            "mid": lambda: nn.Linear(hidden, dim),
+            "out": lambda: nn.Linear(dim, vocab),
+        }
+        if sorted(order) != sorted(PARTS):
+            raise ValueError(f"order must be a permutation of {PARTS}, got {order!r}")
+        for name in order:
+            setattr(self, name, make[name]())
         self.out.weight = self.emb.weight
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
-        return self.out(torch.tanh(self.mid(torch.tanh(self.frozen(self.emb(idx))))))
+        x = self.norm(self.emb(idx))
+        return self.out(torch.tanh(self.mid(torch.tanh(self.frozen(x)))))
+
+
+def _tied_model(spec: dict) -> nn.Module:
+    torch.manual_seed(spec["seed"])
+    return TiedModel(spec["vocab"], spec["dim"], spec["hidden"], spec["order"]).double()
+
+
+def _greedy(sizes: list[int], world: int, order: list[int]) -> list[int]:
+    """The owner of each parameter: visited in ``order``, each to the least loaded rank."""
+    loads, owner = [0] * world, [0] * len(sizes)
+    for i in order:
+        owner[i] = loads.index(min(loads))
+        loads[owner[i]] += sizes[i]
+    return owner
+
+
+def _by_count(sizes: list[int], world: int) -> list[int]:
+    """Largest first, each to the rank that owns the fewest *parameters*."""
+    counts, owner = [0] * world, [0] * len(sizes)
+    for i in sorted(range(len(sizes)), key=lambda i: -sizes[i]):
+        owner[i] = counts.index(min(counts))
+        counts[owner[i]] += 1
+    return owner
+
+
+# Rules that are not the exercise's, as the owner of each parameter given the sizes in the
+# order of ``parameters()``: every hidden model must tell each of them from the rule.
+WRONG_RULES: dict[str, Callable[[list[int], int], list[int]]] = {
+    "in definition order": lambda sizes, world: _greedy(sizes, world, list(range(len(sizes)))),
+    "in reverse definition order": lambda sizes, world: _greedy(
+        sizes, world, list(range(len(sizes)))[::-1]
+    ),
+    "smallest first": lambda sizes, world: _greedy(
+        sizes, world, sorted(range(len(sizes)), key=lambda i: sizes[i])
+    ),
+    "round robin": lambda sizes, world: [i % world for i in range(len(sizes))],
+    "by count": _by_count,
+}
+
+
+def rule_loads(sizes: list[int], world: int) -> list[int]:
+    """The exercise's rule: the largest first, each to the least loaded rank; the ranks'
+    loads, sorted (which rank gets which does not depend on how ties are broken)."""
+    owner = _greedy(sizes, world, sorted(range(len(sizes)), key=lambda i: -sizes[i]))
+    return sorted(sum(n for n, o in zip(sizes, owner, strict=True) if o == r) for r in range(world))
+
+
+def _tells_rules_apart(spec: dict, world: int) -> bool:
+    """Whether ``loads_verdict`` fails every wrong rule on this model, the rule applied to
+    every parameter or to the trainable ones only."""
+    with torch.random.fork_rng(devices=[]):
+        params = list(_tied_model(spec).parameters())
+    scopes = [list(range(len(params))), [i for i, p in enumerate(params) if p.requires_grad]]
+    for wrong in WRONG_RULES.values():
+        for scope in scopes:
+            owner = wrong([params[i].numel() for i in scope], world)
+            owned = [[i for i, o in zip(scope, owner, strict=True) if o == r] for r in range(world)]
+            if not loads_verdict(params, owned, world):
+                return False
+    return True
+
+
+def sharded_specs(rng: random.Random) -> list[tuple[int, dict]]:
+    """The hidden cases of 10.sharded_optimizer: (world size, model and training spec). A
+    pure function of ``rng``; each model's definition order and widths are drawn again until
+    the rule's loads differ from those of every rule of ``WRONG_RULES``, so that every case,
+    under every seed, fails each of them."""
+    cases = []
+    for world in [2, 3, rng.choice([2, 3])]:
+        for _ in range(10_000):
+            spec = {
+                "seed": rng.randrange(10**6),
+                "data_seed": rng.randrange(10**6),
+                "vocab": rng.randint(7, 13),
+                "dim": rng.randint(3, 9),
+                "hidden": rng.randint(3, 9),
+                "order": rng.sample(PARTS, len(PARTS)),
+                "per_rank": rng.randint(2, 4),
+                "steps": rng.randint(3, 4),
+                "lrs": [round(rng.uniform(0.005, 0.05), 6) for _ in range(world)],
+                "wd": rng.choice([0.01, 0.1]),
+            }
+            if _tells_rules_apart(spec, world):
+                break
+        else:  # pragma: no cover  # a few draws suffice (tests/course/checks/test_ch10.py)
+            raise RuntimeError("no hidden model tells the rules apart")
+        cases.append((world, spec))
+    return cases
 
 
 def _recording_adamw(log: list[list[int]], index: dict[int, int]) -> type:
@@ -84,11 +187,6 @@ def _recording_adamw(log: list[list[int]], index: dict[int, int]) -> type:
             super().__init__(params, **defaults)
 
     return RecordingAdamW
-
-
-def _tied_model(spec: dict) -> nn.Module:
-    torch.manual_seed(spec["seed"])
-    return TiedModel(spec["vocab"], spec["dim"], spec["hidden"]).double()
 
 
 def _batches(spec: dict, world: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
@@ -110,7 +208,7 @@ def _sharded_inputs(spec: dict, world: int) -> list[dict[str, Any]]:
     batches = list(_batches(spec, world))
     return [
         {
-            **{k: spec[k] for k in ("vocab", "dim", "hidden", "wd")},
+            **{k: spec[k] for k in ("vocab", "dim", "hidden", "order", "wd")},
             "lr": spec["lrs"][rank],
             "init": init,
             "batches": [
@@ -131,7 +229,7 @@ def probe_sharded(rank: int, objects: tuple, mine: dict) -> dict[str, Any]:
     """
     (my_cls,) = objects
     world = dist.get_world_size()
-    model = TiedModel(mine["vocab"], mine["dim"], mine["hidden"]).double()
+    model = TiedModel(mine["vocab"], mine["dim"], mine["hidden"], mine["order"]).double()
     params = list(model.parameters())
     _load(params, mine["init"])
     index = {id(p): i for i, p in enumerate(params)}
@@ -181,6 +279,26 @@ def _adamw_full_batch(spec: dict, world: int, owner: dict[int, int]) -> list[tor
     return [p.detach().clone() for p in params]
 
 
+def loads_verdict(params: list[torch.Tensor], owned: list[list[int]], world: int) -> str:
+    """'' if the ranks' loads (elements of the parameters each rank's optimizer was given,
+    ``owned[rank]``: indices into ``params``) are those of the rule, else why not. The rule
+    over every parameter (frozen ones too, as ZeroRedundancyOptimizer does) or over the
+    trainable ones only: either is accepted."""
+    trainable = [i for i, p in enumerate(params) if p.requires_grad]
+    for members in (range(len(params)), trainable):
+        sizes = {i: params[i].numel() for i in members}
+        rule = rule_loads(list(sizes.values()), world)
+        loads = [sum(sizes[i] for i in set(mine) if i in sizes) for mine in owned]
+        if sorted(loads) == rule:
+            return ""
+    return _t(
+        "the ranks own {got} elements; the rule gives {want}: assign the largest "
+        "parameters first, each to the least loaded rank",
+        got=loads,
+        want=rule[::-1],
+    )
+
+
 def _sharded_verdict(results: Any, spec: dict, world: int, label: str) -> str:
     with torch.random.fork_rng(devices=[]):
         params = list(_tied_model(spec).parameters())
@@ -228,23 +346,9 @@ def _sharded_verdict(results: Any, spec: dict, world: int, label: str) -> str:
                 shape=shape,
                 ranks=ranks,
             )
-    # The rule over every parameter (frozen ones too, as ZeroRedundancyOptimizer does) or
-    # over the trainable ones only: either is accepted.
-    for members in (range(len(params)), trainable):
-        sizes = {i: params[i].numel() for i in members}
-        rule = [0] * world  # largest first, to the least loaded rank
-        for n in sorted(sizes.values(), reverse=True):
-            rule[rule.index(min(rule))] += n
-        loads = [sum(sizes[i] for i in set(r["owned"]) if i in sizes) for r in results]
-        if sorted(loads) == sorted(rule):
-            break
-    else:
-        return _t(
-            "the ranks own {got} elements; the rule gives {want}: assign the largest "
-            "parameters first, each to the least loaded rank",
-            got=loads,
-            want=sorted(rule, reverse=True),
-        )
+    why = loads_verdict(params, [r["owned"] for r in results], world)
+    if why:
+        return why
     want = _adamw_full_batch(spec, world, {i: ranks[0] for i, ranks in owners.items()})
     for rank, r in enumerate(results):
         diff = max((p - q).abs().max().item() for p, q in zip(r["params"], want, strict=True))
@@ -261,20 +365,9 @@ def _sharded_verdict(results: Any, spec: dict, world: int, label: str) -> str:
 
 @checker("10.sharded_optimizer", points=4)
 def check_sharded_optimizer(rng: random.Random, learner: Any) -> Iterator[object]:
-    worlds = [2, 3, rng.choice([2, 3])]
-    yield len(worlds)
-    for world in worlds:
-        spec = {
-            "seed": rng.randrange(10**6),
-            "data_seed": rng.randrange(10**6),
-            "vocab": rng.randint(7, 13),
-            "dim": rng.randint(3, 9),
-            "hidden": rng.randint(3, 9),
-            "per_rank": rng.randint(2, 4),
-            "steps": rng.randint(3, 4),
-            "lrs": [round(rng.uniform(0.005, 0.05), 6) for _ in range(world)],
-            "wd": rng.choice([0.01, 0.1]),
-        }
+    cases = sharded_specs(rng)
+    yield len(cases)
+    for world, spec in cases:
         label = _t("world_size={world}, tied + frozen parameters", world=world)
         inputs = _sharded_inputs(spec, world)
         got = learner.ranks(probe_sharded, inputs, timeout=120)
