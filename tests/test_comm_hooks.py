@@ -42,6 +42,59 @@ def test_hand_written_bf16_hook_equals_torchs() -> None:
     assert sum(b for _, _, b in out["ours"][1]) == 2 * n  # 2 bytes per gradient element
 
 
+def _every_road(rank: int) -> dict[str, list]:
+    """An all-reduce by four roads and a broadcast, under both counters."""
+    import torch.distributed as dist
+    from torch.distributed import all_reduce  # bound now: the counter replaces dist.all_reduce
+
+    from ddp_lab.comm_debug import watch_c10d
+
+    t = torch.ones(6, dtype=torch.float64)
+    roads = [
+        lambda: dist.all_reduce(t),
+        lambda: all_reduce(t),
+        lambda: dist.group.WORLD.allreduce(t).wait(),
+        lambda: dist.distributed_c10d.all_reduce(t),
+        lambda: dist.broadcast(t, src=0),
+    ]
+    out: dict[str, list] = {"counted": [], "watched": [], "seen": []}
+    for road in roads:
+        with count_collectives() as counted, watch_c10d(lambda n, a: out["seen"].append(n)) as w:
+            road()
+        out["counted"].append(counted.calls)
+        out["watched"].append(w.calls)
+    return out
+
+
+def test_watch_c10d_sees_every_road_count_collectives_sees_the_module_functions() -> None:
+    out = spawn(_every_road, nprocs=2, backend="gloo", quiet=True)[0]
+    f64 = torch.float64
+    assert out["watched"] == [[("all_reduce", f64, 48)]] * 4 + [[("broadcast", f64, 48)]]
+    assert out["seen"] == ["all_reduce"] * 4 + ["broadcast"]
+    # the module-level counter sees dist.all_reduce and dist.broadcast only
+    assert out["counted"] == [[("all_reduce", f64, 48)], [], [], [], [("broadcast", f64, 48)]]
+
+
+def _hook_in_backward(rank: int) -> list:
+    from ddp_lab.comm_debug import watch_c10d
+
+    torch.manual_seed(0)
+    model = DDP(digits_mlp(16))
+    model.register_comm_hook(None, my_bf16_hook)
+    x = torch.randn(4, 1, 8, 8) + rank
+    with watch_c10d() as log:
+        model(x).sum().backward()
+    return log.calls
+
+
+def test_watch_c10d_sees_a_comm_hook_that_ddp_runs_during_backward() -> None:
+    calls = spawn(_hook_in_backward, nprocs=2, backend="gloo", quiet=True)[0]
+    n = sum(p.numel() for p in digits_mlp(16).parameters())
+    hooked = [c for c in calls if c[1] == torch.bfloat16]
+    assert {name for name, _, _ in hooked} == {"all_reduce"}
+    assert sum(b for _, _, b in hooked) == 2 * n
+
+
 def test_compare_hooks_bytes_and_accuracy() -> None:
     with gpus_hidden():  # a CPU model: PowerSGD would synchronize CUDA on a GPU machine
         rows = spawn(compare_hooks, args=(None, 30), nprocs=2, backend="gloo", quiet=True)[0]
