@@ -1098,9 +1098,11 @@ dl.grade("07.naive_ddp", MyDDP)
 #   into `param.grad`, and reset the counters for the next step.
 #
 # The graded cell compares the parameters after a few steps with a single-process model on
-# the full batch, and checks that at least two asynchronous `all_reduce` calls happen while
-# backward is still running, in bucket index order. Its hidden model has a layer that is
-# defined last but used first, so bucket 0 is the last to fill.
+# the full batch, and watches the last backward: at least two `all_reduce` calls, in bucket
+# index order, and none waited for before `backward()` returns (a blocking call waits too).
+# Its hidden models are of two kinds. In one, bucket 0 fills first, so an all-reduce must
+# start before the last gradient is ready; in the other, a layer defined last but used first
+# makes bucket 0 the last to fill.
 
 # %% [markdown] lang="zh" tags=["exercise"]
 # ## 练习 2：分桶的梯度钩子（3 分）
@@ -1115,9 +1117,10 @@ dl.grade("07.naive_ddp", MyDDP)
 # - `wait()`（在 `backward()` 之后调用）：逐个等待 `Work` 完成，把平均后的值复制回 `param.grad`，
 #   再重置计数，为下一步做准备。
 #
-# 训练几步之后，评分单元会把参数与在全批上训练的单进程模型比较，并检查在反向传播仍在进行时，
-# 至少已经按桶的编号顺序发起了两次异步 `all_reduce`。它的隐藏模型里有一层最后定义、最先使用，
-# 所以桶 0 最后才凑齐。
+# 训练几步之后，评分单元会把参数与在全批上训练的单进程模型比较，并观察最后一次反向传播：至少
+# 调用两次 `all_reduce`，按桶的编号顺序发起，而且在 `backward()` 返回之前一个都没有等待（阻塞
+# 调用也算等待）。隐藏模型有两种：一种的桶 0 最先凑齐，所以在最后一个梯度就绪之前就必须发起
+# 全归约；另一种里有一层最后定义、最先使用，所以桶 0 最后才凑齐。
 
 # %% tags=["exercise"]
 class GradBuckets:

@@ -716,8 +716,10 @@ dl.spawn(run_buggy, args=(str(workdir / "data"),), nprocs=2, backend="gloo");
 #   then `dist.barrier()`.
 #
 # The graded cell runs your function on hidden data and models with 2 or 3 ranks and checks
-# what it does: the samples each rank reads, who saves, the checkpoint, the parameters on
-# every rank against a correct DDP run, the losses and the accuracy.
+# what it does: the samples each rank reads, who writes into the checkpoint's folder
+# (whatever function does it), that no rank returns before rank 0 has written the checkpoint
+# (rank 0's save is made slow on purpose), the checkpoint, the parameters on every rank
+# against a correct DDP run, the losses and the accuracy.
 
 # %% [markdown] lang="zh" tags=["exercise"]
 # ## 练习：修好训练函数（5 分）
@@ -735,8 +737,9 @@ dl.spawn(run_buggy, args=(str(workdir / "data"),), nprocs=2, backend="gloo");
 #   `dist.barrier()`。
 #
 # 评分单元（graded cell）会在隐藏的数据和模型上用 2 个或 3 个 rank 运行你的函数，并检查它的实
-# 际行为：每个 rank 读取的样本、谁保存了检查点、检查点本身、每个 rank 上的参数（与正确的 DDP
-# 训练比较）、损失和准确率。
+# 际行为：每个 rank 读取的样本、谁向检查点所在的文件夹写了文件（不管用哪个函数写）、在 rank 0
+# 写完检查点之前有没有 rank 已经返回（评分时会故意让 rank 0 的保存变慢）、检查点本身、每个
+# rank 上的参数（与正确的 DDP 训练比较）、损失和准确率。
 
 # %% tags=["exercise"]
 def fit(model, dataset, epochs, batch_size, lr, checkpoint_path):

@@ -8,6 +8,7 @@ import pytest
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed import all_reduce  # a name the checker cannot patch: FromImportBuckets
 
 from ddp_lab.buckets import assign_buckets
 from ddp_lab.course.grading import load_checkers, run_checker
@@ -111,6 +112,9 @@ class GradBuckets:
         async_op: bool = True,
         copy_back: bool = True,
         in_index_order: bool = True,
+        at_the_end: bool = False,
+        wait_at_once: str = "",
+        collective: Any = None,
     ) -> None:
         self.params = [p for p in module.parameters() if p.requires_grad]
         self.buckets = [
@@ -121,13 +125,20 @@ class GradBuckets:
         self.next = 0  # the next bucket to launch, in index order
         self.works: list = []
         self.average, self.async_op, self.copy_back = average, async_op, copy_back
-        self.in_index_order = in_index_order
+        self.in_index_order, self.at_the_end, self.wait_at_once = (
+            in_index_order,
+            at_the_end,
+            wait_at_once,
+        )
+        self.collective = collective or (lambda *a, **k: dist.all_reduce(*a, **k))
         for p in self.params:
             p.register_post_accumulate_grad_hook(self.on_grad_ready)
 
     def on_grad_ready(self, param: torch.Tensor) -> None:
         b = self.bucket_of[id(param)]
         self.ready[b] += 1
+        if self.at_the_end and sum(self.ready) < len(self.params):
+            return  # nothing until every gradient is ready: no overlap with backward
         if not self.in_index_order:  # as soon as it fills
             if self.ready[b] == len(self.buckets[b]):
                 self.launch(b)
@@ -142,7 +153,12 @@ class GradBuckets:
         flat = torch.cat([p.grad.reshape(-1) for p in self.buckets[b]])
         if self.average:
             flat /= dist.get_world_size()
-        self.works.append((dist.all_reduce(flat, async_op=self.async_op), flat, b))
+        work = self.collective(flat, async_op=self.async_op)
+        if self.wait_at_once == "work":
+            work.wait()
+        elif self.wait_at_once == "future":
+            work.get_future().wait()
+        self.works.append((work, flat, b))
 
     def wait(self) -> None:
         for work, flat, b in self.works:
@@ -180,6 +196,56 @@ class CompletionOrderBuckets(GradBuckets):
         super().__init__(module, cap, in_index_order=False)
 
 
+class FromImportBuckets(GradBuckets):
+    """Right: ``all_reduce`` imported from torch.distributed before the checker ran (it saw
+    no call through its patched ``dist.all_reduce`` and gave 0)."""
+
+    def __init__(self, module: nn.Module, cap: float) -> None:
+        super().__init__(module, cap, collective=all_reduce)
+
+
+class ProcessGroupBuckets(GradBuckets):
+    """Right: the process group's own method, another name for the same collective."""
+
+    def __init__(self, module: nn.Module, cap: float) -> None:
+        def allreduce(flat: torch.Tensor, async_op: bool) -> Any:
+            opts = dist.AllreduceOptions()
+            opts.asyncOp = async_op
+            return dist.group.WORLD.allreduce([flat], opts)
+
+        super().__init__(module, cap, collective=allreduce)
+
+
+class AtTheEndWaitsBuckets(GradBuckets):
+    """What got 3/3: nothing until backward's last hook, then each bucket launched with
+    async_op=True and waited for at once (in the old hidden models bucket 0 filled last, so a
+    right solution launched everything in the last hook too, and only the flag was read)."""
+
+    def __init__(self, module: nn.Module, cap: float) -> None:
+        super().__init__(module, cap, at_the_end=True, wait_at_once="work")
+
+
+class AtTheEndBuckets(GradBuckets):
+    """Asynchronous and waited for in wait(), but every bucket launched in the last hook."""
+
+    def __init__(self, module: nn.Module, cap: float) -> None:
+        super().__init__(module, cap, at_the_end=True)
+
+
+class WaitsAtOnceBuckets(GradBuckets):
+    """Launched on time with async_op=True, then waited for at once: blocking in all but name."""
+
+    def __init__(self, module: nn.Module, cap: float) -> None:
+        super().__init__(module, cap, wait_at_once="work")
+
+
+class WaitsOnFutureBuckets(GradBuckets):
+    """The same, through the work's future."""
+
+    def __init__(self, module: nn.Module, cap: float) -> None:
+        super().__init__(module, cap, wait_at_once="future")
+
+
 class OneBucketAtTheEnd:
     """Correct numbers, but one all-reduce after backward: no buckets, no overlap."""
 
@@ -195,8 +261,9 @@ class OneBucketAtTheEnd:
             offset += p.numel()
 
 
-def test_bucketed_checker_passes_a_correct_solution() -> None:
-    assert verdict("07.bucketed", GradBuckets) == ""
+@pytest.mark.parametrize("right", [GradBuckets, FromImportBuckets, ProcessGroupBuckets])
+def test_bucketed_checker_passes_a_correct_solution(right: type) -> None:
+    assert verdict("07.bucketed", right) == ""
 
 
 @pytest.mark.parametrize(
@@ -207,6 +274,10 @@ def test_bucketed_checker_passes_a_correct_solution() -> None:
         (NoCopyBackBuckets, "max difference"),
         (OneBucketAtTheEnd, "at least 2 all_reduce"),
         (CompletionOrderBuckets, "index order"),  # passed before the checker looked
+        (AtTheEndWaitsBuckets, "waited for an all_reduce before backward returned"),
+        (AtTheEndBuckets, "no all_reduce before the last gradient was ready"),
+        (WaitsAtOnceBuckets, "waited for an all_reduce before backward returned"),
+        (WaitsOnFutureBuckets, "waited for an all_reduce before backward returned"),
     ],
 )
 def test_bucketed_checker_rejects_wrong_solutions(wrong: type, words: str) -> None:
@@ -250,8 +321,10 @@ class Answers:
         lambda n: "all good",
         lambda n: ["PASS"] * n,
         lambda n: [torch.zeros(3)] * n,
-        lambda n: [{"async_calls": [True, True], "states": "x"}] * n,
-        lambda n: [{"async_calls": ["yes", 1]}] * n,
+        lambda n: [{"events": [["all_reduce", 3], ["returned", 0]], "states": "x"}] * n,
+        lambda n: [{"events": [["all_reduce", "3"], ["returned", 0]]}] * n,
+        lambda n: [{"events": [["all_reduce", 3], ["all_reduce", 3]]}] * n,  # never returned
+        lambda n: [{"events": [["ready", 0], ["ready", 0], ["returned", 0]]}] * n,
         lambda n: [torch.zeros(3)] * (n + 1),
         lambda n: LearnerError("WireError", "a MyTensor cannot be sent"),
     ],

@@ -7,6 +7,8 @@ rank only); the checker must fail it and say why.
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -51,7 +53,24 @@ def make_fit(bug: str = ""):
             dist.all_reduce(mean)
             losses.append((mean if bug == "sum_loss" else mean / world).item())
         module = ddp.module if bug != "no_ddp" else ddp
-        if rank == 0 or bug == "every_rank_saves":
+        if bug == "barrier_before_save":
+            dist.barrier()
+        if bug == "alias_every_rank_saves":  # counting calls of torch.save saw rank 0's only
+            save = torch.save if rank == 0 else torch.serialization.save
+            save(module.state_dict(), checkpoint_path)
+        elif bug in ("file_every_rank_saves", "file_object") and (
+            rank == 0 or bug == "file_every_rank_saves"
+        ):
+            with open(checkpoint_path, "wb") as f:
+                torch.save(module.state_dict(), f)
+        elif bug == "atomic" and rank == 0:  # a temporary file, renamed: train_checkpoint.py
+            torch.save(module.state_dict(), checkpoint_path + ".tmp")
+            os.replace(checkpoint_path + ".tmp", checkpoint_path)
+        elif bug == "alias" and rank == 0:
+            torch.serialization.save(module.state_dict(), checkpoint_path)
+        elif bug in ("alias_every_rank_saves", "file_every_rank_saves", "file_object", "atomic"):
+            pass
+        elif rank == 0 or bug == "every_rank_saves":
             if bug == "save_wrapper":
                 torch.save(ddp.state_dict(), checkpoint_path)
             elif bug == "save_module_object":
@@ -61,7 +80,10 @@ def make_fit(bug: str = ""):
                 torch.save(module.state_dict(), checkpoint_path + ".bak")
             else:
                 torch.save(module.state_dict(), checkpoint_path)
-        dist.barrier()
+        if bug not in ("no_final_barrier", "barrier_before_save"):
+            dist.barrier()
+        if bug == "reload":  # every rank reads the checkpoint back, once it is complete
+            module.load_state_dict(torch.load(checkpoint_path, map_location="cpu"))
         return losses
 
     return fit
@@ -81,6 +103,13 @@ def test_correct_fit_passes(capsys):
 
 def test_loss_averaged_over_samples_is_accepted_too(capsys):
     assert _grade(make_fit("per_sample_mean"), capsys).startswith("PASS 08.fit")
+
+
+@pytest.mark.parametrize("way", ["alias", "file_object", "atomic", "reload"])
+def test_other_honest_ways_to_save_pass(way, capsys):
+    """Rank 0 writes through another name, a file object or a renamed temporary file; every
+    rank reads the checkpoint back after the barrier."""
+    assert _grade(make_fit(way), capsys).startswith("PASS 08.fit")
 
 
 def _oracle_case(rank, case):
@@ -131,6 +160,11 @@ def test_the_oracle_equals_a_single_process_simulation_of_ddp(world):
         ("no_zero_grad", "zero_grad"),
         ("no_set_epoch", "set_epoch"),
         ("every_rank_saves", "only rank 0"),
+        ("alias_every_rank_saves", "only rank 0"),  # got 5/5: only torch.save was counted
+        ("file_every_rank_saves", "only rank 0"),
+        # got 5/5: the probe's own barrier after fit hid the missing one
+        ("no_final_barrier", "before rank 0 had written the checkpoint"),
+        ("barrier_before_save", "before rank 0 had written the checkpoint"),
         ("save_wrapper", "DDP wrapper"),
         ("save_module_object", "not a plain state_dict"),
         ("extra_file", "exactly one checkpoint file"),
@@ -170,8 +204,11 @@ class Answers:
 
 def _results(n, **change):
     """Well-formed probe results (of a run that did nothing), with some fields changed."""
-    base = {"reads": [], "saves": 0, "losses": [1.0] * 3, "params": []}
-    return [{**base, "files": [], "checkpoint": {"error": "X"}, **change} for _ in range(n)]
+    base = {"reads": [], "saves": 0, "returned_at": 1.0, "losses": [1.0] * 3, "params": []}
+    return [
+        {**base, "saved_at": None, "files": [], "checkpoint": {"error": "X"}, **change}
+        for _ in range(n)
+    ]
 
 
 @pytest.mark.parametrize(
@@ -183,6 +220,8 @@ def _results(n, **change):
         lambda n: _results(n),  # no parameters
         lambda n: _results(n, reads="0,1,2"),
         lambda n: _results(n, saves=True),
+        lambda n: _results(n, returned_at=1),
+        lambda n: _results(n, saved_at="now"),
         lambda n: _results(n, losses=["1.0"]),
         lambda n: _results(n, checkpoint="model.pt"),
         lambda n: LearnerError("WireError", "a MyTensor cannot be sent"),

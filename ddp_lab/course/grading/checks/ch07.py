@@ -15,15 +15,22 @@ catches one that forgets buffers; the step size catches one that sums instead of
 
 07.bucketed: the learner's ``GradBuckets(module, bucket_cap_mb)`` registers gradient hooks,
 and ``wait()`` completes the averaging after backward. ``probe_bucketed`` returns the
-parameters after a few steps and the ``dist.all_reduce`` calls seen during the last backward
-(at least two, all asynchronous, in bucket index order: the model's ``pre`` layer, defined
-last and used first, makes bucket 0 the last to fill); the parameters are compared here with a single-process
-model trained on the full batch (tests/test_bucketed_ddp.py compares the package's
-BucketedDDP with torch's DDP).
+parameters after a few steps and what happened during the last backward, in order: each
+gradient becoming ready (a hook of the probe's, registered before the learner's), each
+all-reduce started (a dispatch mode sees ``c10d.allreduce_`` whatever Python name called it,
+``from torch.distributed import all_reduce`` included) and each wait on a ``Work`` or a
+``Future`` (a blocking ``all_reduce`` waits inside torch). The checker's rules on those
+events: at least two all-reduces before backward returns, in bucket index order, none waited
+for before it returns, and, in the models whose bucket 0 fills first (``pre`` defined first),
+one started before the last gradient is ready; in the model whose ``pre`` layer is defined
+last and used first, bucket 0 fills last, so index order holds back every bucket to the last
+hook. The parameters are compared here with a single-process model trained on the full batch
+(tests/test_bucketed_ddp.py compares the package's BucketedDDP with torch's DDP).
 """
 
 from __future__ import annotations
 
+import contextlib
 import random
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -31,6 +38,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from ddp_lab.course.grading import checker, fail, wrong_form
 from ddp_lab.i18n import N_, _t, lookup
@@ -50,18 +58,23 @@ TOL = 1e-9  # float64 models: only summation order may differ from the oracles
 
 
 class ShiftedMLP(nn.Module):
-    """An MLP with a frozen layer, an input shift kept as a buffer, and a ``pre`` layer
-    defined last but used first (its gradients arrive last, in bucket 0 of ``assign_buckets``)."""
+    """An MLP with a frozen layer, an input shift kept as a buffer, and a ``pre`` layer used
+    first. Defined last (the default), its gradients arrive last and sit in bucket 0 of
+    ``assign_buckets``, so bucket 0 fills last; defined first (``pre_first``), the buckets fill
+    in index order and bucket 0 can go out while backward still runs."""
 
-    def __init__(self, d_in: int, hidden: int, depth: int) -> None:
+    def __init__(self, d_in: int, hidden: int, depth: int, pre_first: bool = False) -> None:
         super().__init__()
+        if pre_first:  # registration order is parameters() order, which assign_buckets reverses
+            self.pre = nn.Linear(d_in, d_in)
         self.register_buffer("shift", torch.randn(d_in))
         self.frozen = nn.Linear(d_in, hidden).requires_grad_(False)
         layers: list[nn.Module] = []
         for _ in range(depth):
             layers += [nn.Tanh(), nn.Linear(hidden, hidden)]
         self.body = nn.Sequential(*layers, nn.Tanh(), nn.Linear(hidden, 2))
-        self.pre = nn.Linear(d_in, d_in)
+        if not pre_first:
+            self.pre = nn.Linear(d_in, d_in)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.body(self.frozen(self.pre(x - self.shift)))
@@ -75,10 +88,17 @@ def bn_model(d_in: int, hidden: int, depth: int) -> nn.Module:
     return nn.Sequential(*layers, nn.BatchNorm1d(hidden), nn.ReLU(), nn.Linear(hidden, 2))
 
 
+def _make(spec: dict) -> nn.Module:
+    """The untrained model of ``spec``'s kind: "shifted" (``pre`` defined last), "in_order"
+    (``pre`` defined first) or "bn"."""
+    if spec["kind"] == "bn":
+        return bn_model(spec["d_in"], spec["hidden"], spec["depth"])
+    return ShiftedMLP(spec["d_in"], spec["hidden"], spec["depth"], spec["kind"] == "in_order")
+
+
 def _build(spec: dict, seed: int) -> nn.Module:
     torch.manual_seed(seed)
-    make = ShiftedMLP if spec["kind"] == "shifted" else bn_model
-    model = make(spec["d_in"], spec["hidden"], spec["depth"]).double()
+    model = _make(spec).double()
     if spec["kind"] == "bn":  # non-trivial running statistics, different on every rank
         for m in model.modules():
             if isinstance(m, nn.BatchNorm1d):
@@ -118,8 +138,7 @@ def _rank_inputs(spec: dict, world_size: int, own_models: bool) -> list[dict[str
 
 def _model_of(mine: dict) -> nn.Module:
     """In the rank: the model of ``mine``'s architecture, set to its starting state."""
-    make = ShiftedMLP if mine["kind"] == "shifted" else bn_model
-    model = make(mine["d_in"], mine["hidden"], mine["depth"]).double()
+    model = _make(mine).double()
     at, init = 0, mine["init"]
     with torch.no_grad():
         for t in [*model.parameters(), *model.buffers()]:
@@ -252,53 +271,120 @@ def check_naive_ddp(rng: random.Random, learner: Any) -> Iterator[object]:
         yield label
 
 
+class _Launches(TorchDispatchMode):
+    """Notes each all-reduce as it starts: the dispatcher sees ``c10d.allreduce_`` whatever
+    Python name reached it (``dist.all_reduce``, a name imported from ``torch.distributed``
+    before the probe ran, the process group's own method), where a patched ``dist.all_reduce``
+    saw only the first."""
+
+    def __init__(self, events: list) -> None:
+        super().__init__()
+        self.events = events
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if func is torch.ops.c10d.allreduce_.default:
+            tensors = args[0] if args else kwargs.get("tensors", [])
+            self.events.append(["all_reduce", sum(t.numel() for t in tensors)])
+        return func(*args, **(kwargs or {}))
+
+
+# Every way to block on a collective from Python ends in one of these: dist.all_reduce without
+# async_op waits with Work.wait inside torch, work.get_future().wait() and
+# torch.futures.wait_all with Future.wait.
+_WAITS = [
+    (torch._C._distributed_c10d.Work, "wait"),
+    (torch._C._distributed_c10d.Work, "synchronize"),
+    (torch._C.Future, "wait"),
+]
+
+
+@contextlib.contextmanager
+def _watching(events: list) -> Iterator[None]:
+    """While inside: each all-reduce started and each wait on a Work or a Future, in
+    ``events``."""
+    saved = [(cls, name, getattr(cls, name)) for cls, name in _WAITS]
+
+    def noting(real: Callable) -> Callable:
+        def wait(*args: Any, **kwargs: Any) -> Any:
+            events.append(["wait", 0])
+            return real(*args, **kwargs)
+
+        return wait
+
+    try:
+        for cls, name, real in saved:
+            setattr(cls, name, noting(real))
+        with _Launches(events):
+            yield
+    finally:
+        for cls, name, real in saved:
+            setattr(cls, name, real)
+
+
 def probe_bucketed(rank: int, objects: tuple, mine: dict) -> dict[str, Any]:
     """In the learner's rank: their hooks average the gradients while a few steps train on
     this rank's shard, the only data it receives (``_rank_input``, with ``cap_mb``).
 
-    Returns the parameters and buffers at the end, and whether each ``dist.all_reduce``
-    call of the last backward pass was asynchronous (the rank's own account: a hint; the
-    parameters are the proof).
+    Returns the parameters and buffers at the end, and the events of the last backward pass,
+    in order (the rank's own account, which the checker judges; the parameters are the
+    proof): ``["ready", i]`` when trainable parameter i's gradient is accumulated,
+    ``["all_reduce", n]`` when an all-reduce of n elements starts, ``["wait", 0]`` at a wait
+    on a ``Work`` or ``Future``, ``["returned", 0]`` when ``backward()`` returned.
     """
     (grad_buckets,) = objects
     model = _model_of(mine)
-    cap_mb = mine["cap_mb"]
-    calls: list[bool] = []
-    sizes: list[int] = []
-    real_all_reduce = dist.all_reduce
-
-    def watched(*args: Any, **kwargs: Any) -> Any:
-        calls.append(bool(kwargs.get("async_op", args[3] if len(args) > 3 else False)))
-        tensor = args[0] if args else kwargs.get("tensor")
-        sizes.append(tensor.numel() if isinstance(tensor, torch.Tensor) else -1)
-        return real_all_reduce(*args, **kwargs)
-
-    hooks = grad_buckets(model, cap_mb)
+    events: list[list] = []
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    for i, p in enumerate(trainable):
+        # Registered before the learner's hooks, so this one runs first: a gradient is noted
+        # ready before anything the learner's hook launches for it.
+        p.register_post_accumulate_grad_hook(lambda _, i=i: events.append(["ready", i]))
+    hooks = grad_buckets(model, mine["cap_mb"])
     opt = torch.optim.SGD(model.parameters(), lr=mine["lr"])
-    during_backward: list[bool] = []
-    dist.all_reduce = watched
-    try:
+    last: list[list] = []
+    with _watching(events):
         for x, y in mine["batches"]:
-            calls.clear()
-            sizes.clear()
+            events.clear()
             opt.zero_grad()
             nn.functional.mse_loss(model(x), y).backward()
-            during_backward, sizes_during = list(calls), list(sizes)
+            events.append(["returned", 0])
+            last = [list(e) for e in events]
             hooks.wait()
             opt.step()
-    finally:
-        dist.all_reduce = real_all_reduce
-    return {"async_calls": during_backward, "sizes": sizes_during, "states": _states(model)}
+    return {"events": last, "states": _states(model)}
+
+
+def _backward_events(out: dict, rank: int, trainable: int, label: str) -> list[tuple[str, int]]:
+    """The rank's events of its last backward, checked to be of the form the probe writes:
+    each trainable parameter ready once, ``returned`` last and only there."""
+    events = out.get("events")
+    kinds = ("ready", "all_reduce", "wait", "returned")
+    if not (
+        isinstance(events, list)
+        and all(
+            isinstance(e, list) and len(e) == 2 and e[0] in kinds and type(e[1]) is int
+            for e in events
+        )
+        and events
+        and events[-1] == ["returned", 0]
+        and [e[0] for e in events].count("returned") == 1
+        and sorted(i for kind, i in events if kind == "ready") == list(range(trainable))
+    ):
+        raise wrong_form(rank, "events", _kind(events), label)
+    return [(kind, n) for kind, n in events]
 
 
 @checker("07.bucketed", points=3)
 def check_bucketed(rng: random.Random, learner: Any) -> Iterator[object]:
     from ddp_lab.buckets import assign_buckets
 
-    world_sizes = [2, 2, rng.choice([3, 4])]
-    yield len(world_sizes)
-    for world_size in world_sizes:
-        spec = _spec(rng, "shifted")
+    # "in_order": bucket 0 fills first, so a right solution launches it while backward still
+    # runs; "shifted": bucket 0 fills last, so index order holds every bucket back to the last
+    # hook (a solution that launches buckets as they fill fails there).
+    cases = [(2, "in_order"), (2, "shifted"), (rng.choice([3, 4]), "in_order")]
+    yield len(cases)
+    for world_size, kind in cases:
+        spec = _spec(rng, kind)
         spec["depth"] = rng.randint(2, 3)
         with torch.random.fork_rng(devices=[]):
             model = _build(spec, 0)
@@ -314,31 +400,29 @@ def check_bucketed(rng: random.Random, learner: Any) -> Iterator[object]:
         for rank, out in enumerate(got):
             if not isinstance(out, dict):
                 raise wrong_form(rank, "result", _kind(out), label)
-            calls = out.get("async_calls")
-            if not isinstance(calls, list) or not all(type(c) is bool for c in calls):
-                raise wrong_form(rank, "async_calls", _kind(calls), label)
-            if len(calls) < 2:
+            events = _backward_events(out, rank, len(trainable), label)
+            sizes = [n for what, n in events if what == "all_reduce"]
+            if len(sizes) < 2:
                 raise fail(
                     _t(
                         "expected at least 2 all_reduce calls during backward (one per bucket), "
                         "got {got} on rank {rank}",
-                        got=len(calls),
+                        got=len(sizes),
                         rank=rank,
                     ),
                     label,
                 )
-            if not all(calls):
+            if ("wait", 0) in events:  # a blocking all_reduce waits inside torch too
                 raise fail(
                     _t(
-                        "expected every all_reduce in a hook launched with async_op=True (not "
-                        "blocking backward); rank {rank} made a blocking call",
+                        "rank {rank} waited for an all_reduce before backward returned (a "
+                        "blocking call, or a wait right after the launch): launch each bucket "
+                        "with async_op=True and wait for the works only in wait(), so that "
+                        "communication overlaps backward",
                         rank=rank,
                     ),
                     label,
                 )
-            sizes = out.get("sizes")
-            if not isinstance(sizes, list) or not all(type(n) is int for n in sizes):
-                raise wrong_form(rank, "sizes", _kind(sizes), label)
             if sizes != in_order:
                 raise fail(
                     _t(
@@ -349,6 +433,19 @@ def check_bucketed(rng: random.Random, learner: Any) -> Iterator[object]:
                         rank=rank,
                         got=sizes,
                         want=in_order,
+                    ),
+                    label,
+                )
+            last_ready = max(at for at, (what, _) in enumerate(events) if what == "ready")
+            early = [what for what, _ in events[:last_ready] if what == "all_reduce"]
+            if kind == "in_order" and not early:
+                raise fail(
+                    _t(
+                        "rank {rank} started no all_reduce before the last gradient was ready, "
+                        "although bucket 0 of this model fills first: launch each bucket from "
+                        "on_grad_ready as soon as it and the buckets before it are complete, not "
+                        "once backward is over",
+                        rank=rank,
                     ),
                     label,
                 )

@@ -2,12 +2,15 @@
 
 The learner's ``fit(model, dataset, epochs, batch_size, lr, checkpoint_path)`` runs on every
 rank of a gloo group in the learner's process (``probe_fit``), which reports what it did:
-the order in which each rank read samples, how many times each rank called ``torch.save``,
-the files in the checkpoint's folder and the checkpoint's tensors (loaded with
-``weights_only=True``), the parameters on every rank and the logged losses. The checker
+the order in which each rank read samples, how many times each rank wrote into the
+checkpoint's folder (``_writes``: whatever function wrote it), when rank 0's writes could
+have ended at the earliest and when each rank's ``fit`` returned, the files in the
+checkpoint's folder and the checkpoint's tensors (loaded with ``weights_only=True``), the
+parameters on every rank and the logged losses. The checker
 judges here, against torch's ``DistributedSampler`` with ``set_epoch`` and a correct run of
 torch's DDP from the same initial model (on ranks of the grader's own): one file, a plain
-model's ``state_dict``, saved by rank 0 only; parameters identical on every rank and equal
+model's ``state_dict``, written by rank 0 only; no rank returns before rank 0's write could
+have ended (the barrier after the save); parameters identical on every rank and equal
 to the oracle's; the same mean loss on every rank; the saved model as accurate. The
 oracle's ``reference_fit`` is in ``ch08_oracle``, hidden from the runner, which imports this
 module for the probe (``oracle`` here imports it when a grader's rank calls it).
@@ -15,9 +18,13 @@ module for the probe (``oracle`` here imports it when a grader's rank calls it).
 
 from __future__ import annotations
 
+import contextlib
+import os
 import random
 import shutil
+import sys
 import tempfile
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -95,6 +102,76 @@ def _checkpoint(path: Path) -> dict[str, Any]:
     }
 
 
+SLOW_SAVE_S = 1.5
+"""How long rank 0's every write into the checkpoint's folder is held back. A rank whose fit
+returns without waiting for rank 0's save returns this much before the write can end; being
+delayed that long by chance after its last collective is out of reach even on a busy machine.
+A rank that waits at the barrier returns after the write whatever the load: no margin there."""
+
+_WRITING = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
+
+
+@contextlib.contextmanager
+def _writes(folder: Path, slow: bool) -> Iterator[dict[str, Any]]:
+    """While inside: ``count``, the writes into ``folder`` by this process, and ``until``, the
+    time (``time.monotonic``) before which the last of them had not ended.
+
+    A write is an open for writing (the audit hook's "open" event: ``open``, ``io.FileIO``,
+    ``os.open``, ``pathlib``, ``torch.save`` of a file object or a non-ASCII path), a rename
+    or link onto a name in ``folder``, or ``torch.save`` of an ASCII path, which C++ opens
+    (``torch._C.PyTorchFileWriter``, looked up by ``torch.serialization`` at each save). So
+    any road counts, ``torch.serialization.save`` as much as ``torch.save``, where counting
+    calls of ``torch.save`` missed every other name. ``slow``: each write waits
+    ``SLOW_SAVE_S`` before it starts."""
+    where = os.path.realpath(folder)
+    seen: dict[str, Any] = {"count": 0, "until": None}
+    # An audit hook cannot be removed: this one stops counting on exit ("on"), and does not
+    # count realpath's own calls while it looks at a path ("busy").
+    state = {"on": True, "busy": False}
+
+    def note(target: Any) -> None:
+        if isinstance(target, int):  # an fd: its opening was seen
+            return
+        try:
+            place = os.path.dirname(os.path.realpath(os.fsdecode(target)))
+        except (TypeError, ValueError):
+            return
+        if place == where:
+            seen["count"] += 1
+            if slow:
+                time.sleep(SLOW_SAVE_S)
+            seen["until"] = time.monotonic()  # the write starts after this
+
+    def hook(event: str, args: tuple) -> None:
+        if event not in ("open", "os.rename", "os.link") or not state["on"] or state["busy"]:
+            return
+        state["busy"] = True
+        try:
+            if event == "open":
+                if isinstance(args[2], int) and args[2] & _WRITING:
+                    note(args[0])
+            else:
+                note(args[1])
+        finally:
+            state["busy"] = False
+
+    real_writer = torch._C.PyTorchFileWriter
+
+    class Writer(real_writer):  # type: ignore[misc, valid-type]
+        def __init__(self, target: Any, *args: Any, **kwargs: Any) -> None:
+            if isinstance(target, str):  # a file object's open was an "open" event
+                note(target)
+            super().__init__(target, *args, **kwargs)
+
+    sys.addaudithook(hook)
+    torch._C.PyTorchFileWriter = Writer
+    try:
+        yield seen
+    finally:
+        state["on"] = False
+        torch._C.PyTorchFileWriter = real_writer
+
+
 def probe_fit(rank: int, objects: tuple, case: dict[str, Any], folder: str) -> dict[str, Any]:
     """In the learner's ranks: their ``fit`` on the hidden case, and what it did."""
     (fit,) = objects
@@ -103,30 +180,24 @@ def probe_fit(rank: int, objects: tuple, case: dict[str, Any], folder: str) -> d
     path = where / "model.pt"
     x, y, model = make_case(case)
     dataset = RecordingDataset(x, y)
-    saves = []
-    real_save = torch.save
-
-    def counting_save(*args: Any, **kwargs: Any) -> Any:
-        saves.append(1)
-        return real_save(*args, **kwargs)
-
-    torch.save = counting_save  # observe which ranks write, whatever the path
     try:
-        losses = fit(model, dataset, case["epochs"], case["batch_size"], case["lr"], str(path))
+        with _writes(where, slow=rank == 0) as writes:
+            losses = fit(model, dataset, case["epochs"], case["batch_size"], case["lr"], str(path))
+            returned_at = time.monotonic()  # one clock for every rank: they share the machine
     except BaseException:
         # The launcher stops the other ranks after a failure: nobody else would remove it.
         shutil.rmtree(where, ignore_errors=True)
         raise
-    finally:
-        torch.save = real_save
     dist.barrier()  # the learner's checkpoint is complete on every rank from here on
     result: dict[str, Any] = {
         "reads": list(dataset.reads),
-        "saves": len(saves),
+        "saves": writes["count"],
+        "returned_at": returned_at,
         "losses": _floats(losses),
         "params": [p.detach().clone() for p in model.parameters()],
     }
     if rank == 0:
+        result["saved_at"] = writes["until"]
         result["files"] = sorted(p.name for p in where.iterdir())
         result["checkpoint"] = _checkpoint(path)
     dist.barrier()
@@ -169,6 +240,9 @@ def _validate(results: Any, world: int, case: dict[str, Any], label: str) -> lis
     if not isinstance(results, list) or len(results) != world:
         raise bad("-", "ranks", results)
     shapes = [p.shape for p in _plain(case).parameters()]
+    saved_at = results[0].get("saved_at") if isinstance(results[0], dict) else None
+    if saved_at is not None and type(saved_at) is not float:
+        raise bad(0, "saved_at", saved_at)
     for rank, r in enumerate(results):
         if not isinstance(r, dict):
             raise bad(rank, "result", r)
@@ -177,6 +251,8 @@ def _validate(results: Any, world: int, case: dict[str, Any], label: str) -> lis
             raise bad(rank, "reads", reads)
         if type(saves) is not int:
             raise bad(rank, "saves", saves)
+        if type(r.get("returned_at")) is not float:
+            raise bad(rank, "returned_at", r.get("returned_at"))
         if isinstance(losses, dict):
             raise fail(
                 _t(
@@ -246,19 +322,35 @@ def verify(results: Any, case: dict[str, Any], reference: dict[str, Any], world:
         if rank > 0 and r["saves"]:
             raise fail(
                 _t(
-                    "rank {rank} called torch.save {count} time(s): only rank 0 should write "
-                    "the checkpoint (if dist.get_rank() == 0), then every rank waits at "
-                    "dist.barrier()",
+                    "rank {rank} wrote into the checkpoint's folder {count} time(s): only rank "
+                    "0 should write the checkpoint (if dist.get_rank() == 0), then every rank "
+                    "waits at dist.barrier()",
                     rank=rank,
                     count=r["saves"],
                 ),
                 label,
             )
-    if not results[0]["saves"]:
+    saved_at = results[0].get("saved_at")
+    if not results[0]["saves"] or saved_at is None:
         raise fail(
             _t("rank 0 never called torch.save: save the model's state_dict to checkpoint_path"),
             label,
         )
+    for rank, r in enumerate(results[1:], start=1):
+        # Rank 0's last write started after saved_at, so a rank that waited for it at a
+        # barrier returned later, however slow the machine; one that did not wait returned
+        # about SLOW_SAVE_S earlier.
+        if not r["returned_at"] > saved_at:
+            raise fail(
+                _t(
+                    "rank {rank} returned from fit at least {early:.1f} s before rank 0 had "
+                    "written the checkpoint: after rank 0's save, every rank waits at "
+                    "dist.barrier(), so that no rank reads a checkpoint that is not complete",
+                    rank=rank,
+                    early=saved_at - r["returned_at"],
+                ),
+                label,
+            )
     files = results[0]["files"]
     if files != ["model.pt"]:
         raise fail(
