@@ -299,8 +299,9 @@ def test_resume_in_the_per_rank_form_passes_the_solution_in_fresh_ranks() -> Non
 
 
 # --- 05.ring: the way, observed by the grader in the ranks' network ---------------------------
-# The attacks (``_ring_ways.WRONG_WAYS``) get the right sum and show the checker's guards a
-# clean record; only the bytes the grader counts in the ranks' network namespace tell them from a ring.
+# The attacks (``_ring_ways.WRONG_WAYS``) get the right sum and switch the checker's guards off:
+# their own record shows nothing; only the bytes the grader counts in the ranks' network
+# namespace tell them from a ring.
 
 
 def _unlock() -> None:

@@ -22,7 +22,7 @@ import pytest
 from test_grader import synthetic_release, synthetic_solved, write
 from test_import_cycles import imports
 
-from ddp_lab.course.grading import execute, grade_class, grader, intake, release
+from ddp_lab.course.grading import execute, grade_class, grader, intake, release, report
 
 PREFIX = "ddp_lab.course.grading."
 STAGE = {
@@ -156,3 +156,32 @@ def test_a_class_passes_each_submission_through_once(tmp_path: Path, monkeypatch
     assert runs == [[1, 2, 4, 5, 6]] * len(names)
     assert sum(len(s) for s in seen.by_thread.values()) == 5 * len(names)
     assert (tmp_path / "out" / "similarity.md").is_file()
+
+
+def test_every_submission_keeps_its_own_feedback_and_results_file(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """A folder named as another's hashed name ("a b" -> "a_b-<hash>"), and two names that
+    differ only in case, do not share (and overwrite) a feedback or results file."""
+    monkeypatch.setattr(execute, "run_verdict", _passing([]))
+    path = write(synthetic_release(), tmp_path / "release.ipynb")
+    names = ["a b", report.file_name("a b"), "Alice", "alice"]
+    for name in names:
+        write(synthetic_solved(), tmp_path / "subs" / name / "work.ipynb")
+    args = argparse.Namespace(
+        release=str(path),
+        submissions=[str(tmp_path / "subs")],
+        out=str(tmp_path / "out"),
+        cell_timeout=10,
+        timeout=60,
+        jobs=1,
+        gradescope=None,
+    )
+    assert grade_class.grade_main(args) == 0
+    feedback = sorted((tmp_path / "out" / "feedback").glob("*.md"))
+    results = sorted((tmp_path / "out" / "results").glob("*.json"))
+    assert len(feedback) == len(results) == len(names)
+    assert len({p.name.casefold() for p in feedback}) == len(names)
+    # each file names its own student (the feedback shows the identity in code font)
+    owners = sorted(n for p in feedback for n in names if report.code_span(n) in p.read_text())
+    assert owners == sorted(names)

@@ -154,13 +154,14 @@ def grade_main(args: argparse.Namespace) -> int:
 
     workers = args.jobs or os.cpu_count() or 1
     progress = Progress(len(subs), lang)
+    file_names = report.file_names(sub.identity for sub in subs)  # one file per submission
     slots = isolation.Slots()
 
     def write_results(sub: intake.Submission, lang: str, results: list[Result], t: float) -> None:
         # The notes on the grader's set-up are the instructor's: in extra_data (kept by
         # Gradescope, not shown to the learner), never in the learner's output.
         doc = export.gradescope_results(results, lang, t, extra={**extra, "notes": notes})
-        name = report.file_name(sub.identity)
+        name = file_names[sub.identity]
         report.write_text(out / "results" / f"{name}.json", json.dumps(doc, ensure_ascii=False))
         if gradescope and len(subs) == 1:
             Path(gradescope).parent.mkdir(parents=True, exist_ok=True)
@@ -170,7 +171,7 @@ def grade_main(args: argparse.Namespace) -> int:
         title = titles.get(sub_lang) or next(iter(titles.values()))
         others = sub.others if not sub.problem else []
         text = feedback.feedback_markdown(sub.identity, title, results, sub_lang, others)
-        name = report.file_name(sub.identity)
+        name = file_names[sub.identity]
         report.write_text(out / "feedback" / f"{name}.md", text)
 
     notebooks: dict[int, nbformat.NotebookNode] = {}  # stage 1's, for the similarity report

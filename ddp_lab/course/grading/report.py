@@ -20,6 +20,7 @@ import hashlib
 import os
 import re
 import unicodedata
+from collections.abc import Iterable
 from pathlib import Path
 
 MAX_TEXT = 2000  # characters of one learner text in a report
@@ -88,14 +89,34 @@ def code_block(text: object, limit: int = MAX_TEXT) -> str:
     return f"{fence}text\n{s}\n{fence}"
 
 
-def file_name(identity: str) -> str:
+_HASHED = re.compile(r"-[0-9a-f]{10}$", re.IGNORECASE)
+
+
+def file_name(identity: str, hashed: bool = False) -> str:
     """A file name for ``identity``: printable ASCII-safe, short, and unique (a hash of the
-    original is added whenever the name had to change)."""
+    original is added whenever the name had to change, or ``hashed``). A name that already
+    ends the way a hashed one does is hashed too: "a b" becomes "a_b-c8687a08aa", so a
+    student whose folder is called "a_b-c8687a08aa" must not keep that name."""
     safe = re.sub(r"[^\w.-]", "_", clean(identity, MAX_NAME), flags=re.ASCII).lstrip(".-")
-    if safe == identity and safe and len(safe) <= MAX_NAME:
+    plain = safe == identity and safe and len(safe) <= MAX_NAME and not _HASHED.search(safe)
+    if plain and not hashed:
         return safe
     raw = identity.encode("utf-8", "surrogateescape")
     return f"{safe[:MAX_NAME] or 'student'}-{hashlib.sha256(raw).hexdigest()[:10]}"
+
+
+def file_names(identities: Iterable[str]) -> dict[str, str]:
+    """``file_name`` of each identity, with no two names alike even on a file system that
+    ignores case ("Alice" and "alice": the second is hashed)."""
+    names: dict[str, str] = {}
+    used: set[str] = set()
+    for identity in identities:
+        name = file_name(identity)
+        if name.casefold() in used:
+            name = file_name(identity, hashed=True)
+        used.add(name.casefold())
+        names[identity] = name
+    return names
 
 
 def write_text(path: Path, text: str) -> None:
