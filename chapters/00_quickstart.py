@@ -227,17 +227,18 @@ dl.stop()
 # ## Exercise: the mean over ranks (2 points)
 #
 # Write `average_across_ranks(value)`: every rank passes its own tensor `value`, and every
-# rank must get back the element-wise mean of all ranks' tensors. Use `dist.all_reduce`
-# (which sums by default) and `dist.get_world_size()`. The graded cell runs your function
-# on hidden world sizes, shapes and dtypes and compares it with PyTorch.
+# rank must get back the element-wise mean of all ranks' tensors, in their dtype, and the
+# caller's tensor must be left as it was. Use `dist.all_reduce` (which sums by default) and
+# `dist.get_world_size()`. The graded cell runs your function on hidden world sizes, shapes
+# and dtypes and compares it with PyTorch.
 
 # %% [markdown] lang="zh" tags=["exercise"]
 # ## 练习：跨 rank 求平均（2 分）
 #
 # 编写 `average_across_ranks(value)`：每个 rank 传入自己的张量 `value`，每个 rank
-# 都要得到所有 rank 张量的逐元素平均值。请使用 `dist.all_reduce`（默认求和）和
-# `dist.get_world_size()`。评分单元会在隐藏的 world size、形状和数据类型上运行你的函数，
-# 并与 PyTorch 的结果比较。
+# 都要得到所有 rank 张量的逐元素平均值（数据类型与输入相同），并且不能改动调用者传入的张量。
+# 请使用 `dist.all_reduce`（默认求和）和 `dist.get_world_size()`。评分单元会在隐藏的
+# world size、形状和数据类型上运行你的函数，并与 PyTorch 的结果比较。
 
 # %% tags=["exercise"]
 def average_across_ranks(value: torch.Tensor) -> torch.Tensor:

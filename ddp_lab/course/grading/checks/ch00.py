@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from ddp_lab.course.grading import checker, fail
+from ddp_lab.course.grading import checker, fail, wrong_form
 from ddp_lab.i18n import _t
 
 
@@ -31,6 +31,18 @@ def probe_average(rank: int, objects: tuple, mine: torch.Tensor) -> Any:
     (average_across_ranks,) = objects
     out = average_across_ranks(mine.clone())
     return out.detach() if isinstance(out, torch.Tensor) else {"kind": type(out).__name__}
+
+
+def probe_mean(rank: int, objects: tuple, mine: torch.Tensor) -> dict[str, Any]:
+    """``probe_average``, and this rank's tensor as the learner's function left it (the
+    caller's tensor: an all-reduce in place writes the sum into it)."""
+    (average_across_ranks,) = objects
+    given = mine.clone()
+    out = average_across_ranks(given)
+    return {
+        "out": out.detach() if isinstance(out, torch.Tensor) else {"kind": type(out).__name__},
+        "after": given.detach(),
+    }
 
 
 def _oracle(values: list[torch.Tensor]) -> torch.Tensor:
@@ -46,23 +58,31 @@ def _head(t: torch.Tensor) -> list:
 @checker("00.average", points=2)
 def check_average(rng: random.Random, learner: Any) -> Iterator[object]:
     world_sizes = [2, rng.choice([3, 4]), rng.choice([2, 3, 4])]
+    # both dtypes under every seed: a result cast to float32 fails on a float64 case
+    dtypes = rng.sample(
+        [torch.float32, torch.float64, rng.choice([torch.float32, torch.float64])], 3
+    )
     yield len(world_sizes)
-    for world_size in world_sizes:
+    for world_size, dtype in zip(world_sizes, dtypes, strict=True):
         shape = tuple(rng.randint(1, 5) for _ in range(rng.randint(1, 2)))
-        dtype = rng.choice([torch.float32, torch.float64])
         case = f"world_size={world_size}, dtype={str(dtype).replace('torch.', '')}"
         gen = torch.Generator().manual_seed(rng.randrange(10**6))
         values = [torch.randn(shape, generator=gen).to(dtype) for _ in range(world_size)]
         mean = _oracle(values)
         expected = [mean] * world_size
-        got = learner.ranks(probe_average, values, timeout=60)
-        for rank, (out, want) in enumerate(zip(got, expected, strict=True)):
+        got = learner.ranks(probe_mean, values, timeout=60)
+        if type(got) is not list or len(got) != world_size:
+            raise wrong_form("-", "ranks", type(got).__name__, case)
+        for rank, (record, want) in enumerate(zip(got, expected, strict=True)):
+            out = record.get("out") if type(record) is dict else None
+            after = record.get("after") if type(record) is dict else None
             if not isinstance(out, torch.Tensor):
+                kind = out.get("kind") if type(out) is dict else None
                 raise fail(
                     _t(
                         "rank {rank} returned {kind}, not a tensor",
                         rank=rank,
-                        kind=out.get("kind", "?"),
+                        kind=kind if type(kind) is str else "?",
                     ),
                     case,
                 )
@@ -77,13 +97,35 @@ def check_average(rng: random.Random, learner: Any) -> Iterator[object]:
                     ),
                     case,
                 )
-            if not torch.allclose(out.to(want.dtype), want, rtol=1e-5, atol=1e-6):
+            if out.dtype != want.dtype:
+                raise fail(
+                    _t(
+                        "rank {rank} returned {got}; the mean of {dtype} tensors is {dtype}",
+                        rank=rank,
+                        got=str(out.dtype).replace("torch.", ""),
+                        dtype=str(want.dtype).replace("torch.", ""),
+                    ),
+                    case,
+                )
+            # float32 to float32's precision, float64 to float64's (the sum's order differs)
+            tol = (1e-5, 1e-6) if want.dtype == torch.float32 else (1e-10, 1e-12)
+            if not torch.allclose(out, want, rtol=tol[0], atol=tol[1]):
                 raise fail(
                     _t(
                         "rank {rank} returned {got}, but the mean over ranks is {expected}",
                         rank=rank,
                         got=_head(out),
                         expected=_head(want),
+                    ),
+                    case,
+                )
+            if not isinstance(after, torch.Tensor) or not torch.equal(after, values[rank]):
+                raise fail(
+                    _t(
+                        "rank {rank}: the caller's tensor changed (dist.all_reduce works in "
+                        "place): reduce a copy, value.clone(), and leave the caller's tensor "
+                        "as it was",
+                        rank=rank,
                     ),
                     case,
                 )

@@ -42,7 +42,7 @@ def _kind(value: Any) -> str:
 # ----- 12.tp_pair ---------------------------------------------------------------------------
 
 # in the order checked: a gradient nearer the output says more precisely what went wrong
-TP_FIELDS = ("y", "b2_grad", "w2_grad", "w1_grad", "b1_grad", "x_grad")
+TP_FIELDS = ("y", "b2_grad", "w2_grad", "w1_grad", "b1_grad", "x_grad", "kept_grad")
 
 
 def _mlp_params(spec: dict) -> dict[str, torch.Tensor]:
@@ -95,8 +95,16 @@ def probe_tp(rank: int, objects: tuple, mine: dict) -> dict[str, Any]:
     def grad(t: torch.Tensor) -> torch.Tensor | None:
         return None if t.grad is None else t.grad.detach().clone()
 
+    # g on a tensor autograd keeps for the backward of the operation before it (exp keeps
+    # its output): a g that all-reduces its input in place changes that tensor, and exp's
+    # gradient comes out wrong (F.linear's output above is kept by nothing, so it cannot tell)
+    a = (mine["c"] / 2).requires_grad_()
+    kept = reduce_from_tp(torch.exp(a))
+    if not isinstance(kept, torch.Tensor):
+        return {"returned": ["reduce_from_tp", kept is None]}
+    (kept * mine["c"]).sum().backward()
     return {"y": y.detach().clone(), "x_grad": grad(x), "w1_grad": grad(w1), "b1_grad": grad(b1),
-            "w2_grad": grad(w2), "b2_grad": grad(b2)}  # fmt: skip
+            "w2_grad": grad(w2), "b2_grad": grad(b2), "kept_grad": grad(a)}  # fmt: skip
 
 
 def _tp_oracle(spec: dict) -> dict[str, torch.Tensor]:
@@ -104,8 +112,10 @@ def _tp_oracle(spec: dict) -> dict[str, torch.Tensor]:
     x, w1, b1, w2, b2 = (t[k].clone().requires_grad_() for k in ("x", "w1", "b1", "w2", "b2"))
     y = F.linear(torch.tanh(F.linear(x, w1, b1)), w2, b2)
     (y * t["c"]).sum().backward()
+    # g passes its gradient through: exp's input gets exp(a) times the loss weights
+    kept_grad = torch.exp(t["c"] / 2) * t["c"]
     return {"y": y.detach(), "x_grad": x.grad, "w1_grad": w1.grad, "b1_grad": b1.grad,
-            "w2_grad": w2.grad, "b2_grad": b2.grad}  # type: ignore[dict-item]  # fmt: skip
+            "w2_grad": w2.grad, "b2_grad": b2.grad, "kept_grad": kept_grad}  # type: ignore[dict-item]  # fmt: skip
 
 
 def _tp_verdict(got: Any, spec: dict, world: int, label: str) -> None:
@@ -125,6 +135,11 @@ def _tp_verdict(got: Any, spec: dict, world: int, label: str) -> None:
         "w": _t(
             "the weight gradients differ from the whole MLP's slices: reduce_from_tp's backward "
             "must pass the gradient through unchanged",
+        ),
+        "kept_grad": _t(
+            "reduce_from_tp(torch.exp(a)) gives a the wrong gradient: reduce_from_tp changed "
+            "its input in place, which exp keeps for its backward; all-reduce a copy "
+            "(x.clone()) and return that",
         ),
     }
     for rank, r in enumerate(got):
@@ -154,6 +169,7 @@ def _tp_verdict(got: Any, spec: dict, world: int, label: str) -> None:
             "y": want["y"], "x_grad": want["x_grad"], "w1_grad": want["w1_grad"][rows],
             "b1_grad": want["b1_grad"][rows], "w2_grad": want["w2_grad"][:, rows],
             "b2_grad": want["b2_grad"],
+            "kept_grad": want["kept_grad"],
         }  # fmt: skip
         for key in TP_FIELDS:
             value, w = r[key], expected[key]
@@ -315,20 +331,27 @@ def probe_run(rank: int, objects: tuple, mine: dict) -> list[torch.Tensor]:
 
 @checker("12.one_f_one_b", points=3)
 def check_one_f_one_b(rng: random.Random, learner: Any) -> Iterator[object]:
-    cases = [(2, rng.randint(3, 6)), (3, rng.randint(3, 7)), (4, rng.randint(5, 9)),
+    drawn = [(2, rng.randint(3, 6)), (3, rng.randint(3, 7)), (4, rng.randint(5, 9)),
              (rng.randint(4, 6), 2), (rng.randint(5, 8), rng.randint(9, 16))]  # fmt: skip
-    yield len(cases) + 1
+    # Every small pipeline as well, on paper (cheap): a warm-up that is wrong only for some
+    # (stages, micro-batches), such as min(stages - stage - 1, micro // 2), must not pass
+    # because the drawn cases missed them.
+    small = [(p, m) for p in range(2, 7) for m in range(1, 9)]
+    cases = drawn + small
+    yield len(drawn) + 2
     got = learner.ranks(probe_orders, [{"cases": [list(c) for c in cases]}], timeout=60)
     if not isinstance(got, list) or len(got) != 1 or not isinstance(got[0], list):
         raise wrong_form(0, "result", _kind(got), "-")
     if len(got[0]) != len(cases):
         raise wrong_form(0, "cases", _kind(got[0]), "-")
     checked = []
-    for (p, m), orders in zip(cases, got[0], strict=True):
+    for k, ((p, m), orders) in enumerate(zip(cases, got[0], strict=True)):
         label = _t("{p} stages, {m} micro-batches", p=p, m=m)
         checked.append(_orders(orders, p, m, label))
         judge_orders(checked[-1], p, m, label)
-        yield label
+        if k < len(drawn):
+            yield label
+    yield _t("every pipeline of 2 to 6 stages and 1 to 8 micro-batches")
     orders = checked[1]
     label = _t("run on {p} ranks with send/recv", p=len(orders))
     inputs, want = _run_inputs(orders, rng.randint(3, 6), rng.randrange(10**6))

@@ -1,0 +1,64 @@
+"""Chapter 00's checker (00.average) through a learner handle: the reference passes; the first
+try of the chapter's concept check (an all-reduce of the caller's tensor), a result in
+another dtype and a sum fail, each with what is wrong."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+import torch
+import torch.distributed as dist
+from cheats import verdict
+
+
+def _verdict(fn: Callable, lang: str = "en") -> tuple[bool, str]:
+    return verdict("00.average", fn, lang)
+
+
+def reference(value: torch.Tensor) -> torch.Tensor:
+    total = value.clone()
+    dist.all_reduce(total)
+    return total / dist.get_world_size()
+
+
+def in_place(value: torch.Tensor) -> torch.Tensor:  # the concept check's "first try"
+    dist.all_reduce(value)
+    return value / dist.get_world_size()
+
+
+def as_float32(value: torch.Tensor) -> torch.Tensor:
+    return reference(value).float()
+
+
+def summed(value: torch.Tensor) -> torch.Tensor:
+    total = value.clone()
+    dist.all_reduce(total)
+    return total
+
+
+def test_reference_passes() -> None:
+    passed, line = _verdict(reference)
+    assert passed, line
+
+
+@pytest.mark.parametrize(
+    ("wrong", "words"),
+    [
+        (in_place, "the caller's tensor changed"),
+        (as_float32, "returned float32; the mean of float64 tensors is float64"),
+        (summed, "but the mean over ranks is"),
+    ],
+)
+@pytest.mark.parametrize("seed", ["1", "2", "3"])
+def test_wrong_solutions_fail_with_what_is_wrong(
+    wrong: Callable, words: str, seed: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("DDP_LAB_GRADE_SEED", seed)
+    passed, line = _verdict(wrong)
+    assert not passed and line.startswith("FAIL 00.average") and words in line, line
+
+
+def test_feedback_in_chinese() -> None:
+    passed, line = _verdict(in_place, "zh")
+    assert not passed and "调用者传入的张量被改了" in line, line
