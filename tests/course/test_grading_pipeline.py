@@ -115,6 +115,20 @@ def test_ddp_lab_check_passes_the_stages_once(tmp_path: Path, monkeypatch, capsy
     assert "selftest.g: passed, 2/2" in capsys.readouterr().out
 
 
+def _class_args(tmp_path: Path, release: Path, jobs: int) -> argparse.Namespace:
+    """``ddp-lab grade``'s arguments for the release at ``release`` and the class in
+    ``tmp_path / "subs"``, written to ``tmp_path / "out"``."""
+    return argparse.Namespace(
+        release=str(release),
+        submissions=[str(tmp_path / "subs")],
+        out=str(tmp_path / "out"),
+        cell_timeout=10,
+        timeout=60,
+        jobs=jobs,
+        gradescope=None,
+    )
+
+
 @pytest.mark.parametrize("jobs", [1, 2])
 def test_a_class_passes_each_submission_through_once(tmp_path: Path, monkeypatch, jobs) -> None:
     monkeypatch.setattr(execute, "run_verdict", _passing([]))
@@ -130,15 +144,7 @@ def test_a_class_passes_each_submission_through_once(tmp_path: Path, monkeypatch
     names = ["alice", "bob", "carol"]
     for name in names:
         write(synthetic_solved(), tmp_path / "subs" / name / "work.ipynb")
-    args = argparse.Namespace(
-        release=str(path),
-        submissions=[str(tmp_path / "subs")],
-        out=str(tmp_path / "out"),
-        cell_timeout=10,
-        timeout=60,
-        jobs=jobs,
-        gradescope=None,
-    )
+    args = _class_args(tmp_path, path, jobs)
     with Entries() as seen:
         assert grade_class.grade_main(args) == 0
     main = seen.by_thread.pop(threading.current_thread().name)
@@ -168,15 +174,7 @@ def test_every_submission_keeps_its_own_feedback_and_results_file(
     names = ["a b", report.file_name("a b"), "Alice", "alice"]
     for name in names:
         write(synthetic_solved(), tmp_path / "subs" / name / "work.ipynb")
-    args = argparse.Namespace(
-        release=str(path),
-        submissions=[str(tmp_path / "subs")],
-        out=str(tmp_path / "out"),
-        cell_timeout=10,
-        timeout=60,
-        jobs=1,
-        gradescope=None,
-    )
+    args = _class_args(tmp_path, path, 1)
     assert grade_class.grade_main(args) == 0
     feedback = sorted((tmp_path / "out" / "feedback").glob("*.md"))
     results = sorted((tmp_path / "out" / "results").glob("*.json"))

@@ -342,51 +342,6 @@ def test_faked_records_do_not_pass():
 # ---------- 05.ring: safe on NCCL (paired p2p) ----------
 
 
-def ring_unbatched(t):  # irecv posted before isend, each on its own: fine on Gloo
-    rank, n = dist.get_rank(), dist.get_world_size()
-    chunks = t.view(-1).tensor_split(n)
-    right, left = (rank + 1) % n, (rank - 1) % n
-
-    def exchange(send, recv):
-        works = [dist.irecv(recv, left)] if recv.numel() else []
-        works += [dist.isend(send, right)] if send.numel() else []
-        for w in works:
-            w.wait()
-
-    for s in range(n - 1):
-        target = chunks[(rank - s - 1) % n]
-        incoming = torch.empty_like(target)
-        exchange(chunks[(rank - s) % n], incoming)
-        target += incoming
-    for s in range(n - 1):
-        exchange(chunks[(rank + 1 - s) % n], chunks[(rank - s) % n])
-    return t
-
-
-def ring_one_op_batches(t):  # every op in its own batch: the schedule that hangs NCCL
-    rank, n = dist.get_rank(), dist.get_world_size()
-    chunks = t.view(-1).tensor_split(n)
-    right, left = (rank + 1) % n, (rank - 1) % n
-
-    def exchange(send, recv):
-        works = []
-        if recv.numel():
-            works += dist.batch_isend_irecv([dist.P2POp(dist.irecv, recv, left)])
-        if send.numel():
-            works += dist.batch_isend_irecv([dist.P2POp(dist.isend, send, right)])
-        for w in works:
-            w.wait()
-
-    for s in range(n - 1):
-        target = chunks[(rank - s - 1) % n]
-        incoming = torch.empty_like(target)
-        exchange(chunks[(rank - s) % n], incoming)
-        target += incoming
-    for s in range(n - 1):
-        exchange(chunks[(rank + 1 - s) % n], chunks[(rank - s) % n])
-    return t
-
-
 def _ring(t, exchange):
     """A ring all-reduce (reduce-scatter, then all-gather) around ``exchange(send, recv)``."""
     rank, n = dist.get_rank(), dist.get_world_size()
@@ -399,6 +354,33 @@ def _ring(t, exchange):
     for s in range(n - 1):
         exchange(chunks[(rank + 1 - s) % n], chunks[(rank - s) % n])
     return t
+
+
+def ring_unbatched(t):  # irecv posted before isend, each on its own: fine on Gloo
+    rank, n = dist.get_rank(), dist.get_world_size()
+
+    def exchange(send, recv):
+        works = [dist.irecv(recv, (rank - 1) % n)] if recv.numel() else []
+        works += [dist.isend(send, (rank + 1) % n)] if send.numel() else []
+        for w in works:
+            w.wait()
+
+    return _ring(t, exchange)
+
+
+def ring_one_op_batches(t):  # every op in its own batch: the schedule that hangs NCCL
+    rank, n = dist.get_rank(), dist.get_world_size()
+
+    def exchange(send, recv):
+        works = []
+        if recv.numel():
+            works += dist.batch_isend_irecv([dist.P2POp(dist.irecv, recv, (rank - 1) % n)])
+        if send.numel():
+            works += dist.batch_isend_irecv([dist.P2POp(dist.isend, send, (rank + 1) % n)])
+        for w in works:
+            w.wait()
+
+    return _ring(t, exchange)
 
 
 def ring_batched_by_imported_names(t):  # correct: names imported when this module loaded
