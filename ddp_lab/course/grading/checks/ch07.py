@@ -30,7 +30,6 @@ hook. The parameters are compared here with a single-process model trained on th
 
 from __future__ import annotations
 
-import contextlib
 import random
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -38,9 +37,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from ddp_lab.course.grading import checker, fail, wrong_form
+from ddp_lab.course.grading.checks.ch07_events import _watching
 from ddp_lab.i18n import N_, _t, lookup
 
 MESSAGES = {
@@ -269,56 +268,6 @@ def check_naive_ddp(rng: random.Random, learner: Any) -> Iterator[object]:
             if not diff <= TOL:  # nan fails too
                 raise fail(lookup(MESSAGES, f"naive_{kind}", rank=rank, diff=diff), label)
         yield label
-
-
-class _Launches(TorchDispatchMode):
-    """Notes each all-reduce as it starts: the dispatcher sees ``c10d.allreduce_`` whatever
-    Python name reached it (``dist.all_reduce``, a name imported from ``torch.distributed``
-    before the probe ran, the process group's own method), where a patched ``dist.all_reduce``
-    saw only the first."""
-
-    def __init__(self, events: list) -> None:
-        super().__init__()
-        self.events = events
-
-    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        if func is torch.ops.c10d.allreduce_.default:
-            tensors = args[0] if args else kwargs.get("tensors", [])
-            self.events.append(["all_reduce", sum(t.numel() for t in tensors)])
-        return func(*args, **(kwargs or {}))
-
-
-# Every way to block on a collective from Python ends in one of these: dist.all_reduce without
-# async_op waits with Work.wait inside torch, work.get_future().wait() and
-# torch.futures.wait_all with Future.wait.
-_WAITS = [
-    (torch._C._distributed_c10d.Work, "wait"),
-    (torch._C._distributed_c10d.Work, "synchronize"),
-    (torch._C.Future, "wait"),
-]
-
-
-@contextlib.contextmanager
-def _watching(events: list) -> Iterator[None]:
-    """While inside: each all-reduce started and each wait on a Work or a Future, in
-    ``events``."""
-    saved = [(cls, name, getattr(cls, name)) for cls, name in _WAITS]
-
-    def noting(real: Callable) -> Callable:
-        def wait(*args: Any, **kwargs: Any) -> Any:
-            events.append(["wait", 0])
-            return real(*args, **kwargs)
-
-        return wait
-
-    try:
-        for cls, name, real in saved:
-            setattr(cls, name, noting(real))
-        with _Launches(events):
-            yield
-    finally:
-        for cls, name, real in saved:
-            setattr(cls, name, real)
 
 
 def probe_bucketed(rank: int, objects: tuple, mine: dict) -> dict[str, Any]:
