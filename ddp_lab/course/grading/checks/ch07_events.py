@@ -12,24 +12,13 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+
+from ddp_lab.comm_debug import tensors_of, watch_c10d
 
 
-class _Launches(TorchDispatchMode):
-    """Notes each all-reduce as it starts: the dispatcher sees ``c10d.allreduce_`` whatever
-    Python name reached it (``dist.all_reduce``, a name imported from ``torch.distributed``
-    before the probe ran, the process group's own method), where a patched ``dist.all_reduce``
-    saw only the first."""
-
-    def __init__(self, events: list) -> None:
-        super().__init__()
-        self.events = events
-
-    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        if func is torch.ops.c10d.allreduce_.default:
-            tensors = args[0] if args else kwargs.get("tensors", [])
-            self.events.append(["all_reduce", sum(t.numel() for t in tensors)])
-        return func(*args, **(kwargs or {}))
+def _launched(events: list, name: str, args: tuple) -> None:
+    if name == "all_reduce":  # c10d.allreduce_: args[0] holds the tensors
+        events.append(["all_reduce", sum(t.numel() for t in tensors_of(args[0]))])
 
 
 # Every way to block on a collective from Python ends in one of these: dist.all_reduce without
@@ -58,7 +47,8 @@ def _watching(events: list) -> Iterator[None]:
     try:
         for cls, name, real in saved:
             setattr(cls, name, noting(real))
-        with _Launches(events):
+        # each all-reduce as it starts, whatever Python name reached it (comm_debug.watch_c10d)
+        with watch_c10d(lambda name, args: _launched(events, name, args)):
             yield
     finally:
         for cls, name, real in saved:
