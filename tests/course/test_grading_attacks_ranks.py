@@ -421,10 +421,11 @@ def test_ring_observed_a_right_sum_sent_the_wrong_way_gets_nothing(
 
 def test_ring_a_built_in_collective_gets_nothing_at_the_first_case(ring_verdicts: dict) -> None:
     """gloo's own all-reduce through the group's method: the ranks' lockdown
-    (``checks/lockdown.py``) stops it before any byte moves, at the first case."""
+    (``checks/lockdown.py``) stops it before any byte moves, at the first case, and names the
+    collective (the group's ``allreduce`` ends in ``c10d::allreduce_``)."""
     passed, line = ring_verdicts["gloo_all_reduce"]
     assert not passed and " 0/5" in line and "Hidden case 1 of" in line, line
-    assert "asks you to build" in line, line
+    assert "called dist.all_reduce: build it from" in line, line
 
 
 observed = pytest.mark.skipif(

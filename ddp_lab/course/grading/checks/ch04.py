@@ -70,13 +70,18 @@ def forbid(names: list[str], called: list[str]) -> Iterator[None]:
 def guarded(fn: Callable, args: tuple, banned: list[str]) -> tuple[Any, list[str]]:
     """Call the learner's ``fn(*args)`` with ``banned`` forbidden: (its result, what it tried).
 
-    A forbidden call ends the call (result None); ``["*"]`` stands for an alias's call.
+    A forbidden call ends the call (result None). One that got past ``forbid`` (a name
+    imported before, a process group's method) is stopped by the rank's lock
+    (``checks/lockdown.py``), which names the collective; ``["*"]`` stands for a refusal
+    without a name.
     """
     called: list[str] = []
     try:
         with forbid(banned, called):
             return fn(*args), called
-    except (Forbidden, Refused):  # Forbidden from the rank's lock too (checks/lockdown.py)
+    except Forbidden as exc:
+        return None, called or [str(exc) or "*"]
+    except Refused:
         return None, called or ["*"]
 
 

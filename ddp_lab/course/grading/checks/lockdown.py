@@ -80,6 +80,8 @@ def lock(allowed: frozenset[str] | set[str]) -> list[str]:
     import torch
     from torch._C import _distributed_c10d as c10d
 
+    from ddp_lab.comm_debug import C10D_NAMES
+
     allowed = frozenset(allowed) | POINT_TO_POINT
     if _libraries:  # locked already (a rank serves one exercise's cases one after the other)
         return []
@@ -90,7 +92,9 @@ def lock(allowed: frozenset[str] | set[str]) -> list[str]:
         for op in locked:
             for device in DEVICES:
                 try:
-                    library.impl(op, _refusing(op.strip("_")), device)
+                    # refused by the name a learner writes (allreduce_ -> all_reduce), so
+                    # the verdict names the collective whatever road reached it
+                    library.impl(op, _refusing(C10D_NAMES.get(op, op.strip("_"))), device)
                 except (RuntimeError, ValueError):
                     continue  # no such device in this build
     _libraries.append(library)
@@ -103,5 +107,6 @@ def lock(allowed: frozenset[str] | set[str]) -> list[str]:
     for cls in backends:
         for method in BACKEND_METHODS:
             if method.strip("_") not in names and method in vars(cls):
-                setattr(cls, method, _refusing(method.strip("_")))
+                name = C10D_NAMES.get(f"{method}_", method.strip("_"))
+                setattr(cls, method, _refusing(name))
     return locked
