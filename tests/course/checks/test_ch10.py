@@ -291,8 +291,33 @@ def group_method_grad(flat):  # the process group's own all-reduce
     return total.chunk(dist.get_world_size())[dist.get_rank()].clone()
 
 
-def test_fsdp_checker_passes_reduce_scatter():
-    assert verdict("10.fsdp_reduce", reduce_scatter_grad) == ""
+def _exchanged(flat, shard_of):
+    """Send ``shard_of(flat, peer)`` to every other rank and receive theirs (batched)."""
+    world, rank = dist.get_world_size(), dist.get_rank()
+    peers = [p for p in range(world) if p != rank]
+    got = {p: torch.empty_like(shard_of(flat, rank)) for p in peers}
+    ops = [dist.P2POp(dist.isend, shard_of(flat, p).contiguous(), p) for p in peers]
+    ops += [dist.P2POp(dist.irecv, got[p], p) for p in peers]
+    for work in dist.batch_isend_irecv(ops):
+        work.wait()
+    return got
+
+
+def p2p_reduce_scatter_grad(flat):  # by hand: each rank receives one shard from each other
+    world, rank = dist.get_world_size(), dist.get_rank()
+    got = _exchanged(flat, lambda f, p: f.chunk(world)[p])
+    return (flat.chunk(world)[rank] + sum(got.values())) / world
+
+
+def p2p_gather_and_sum_grad(flat):  # an all-gather by send/recv, then a local sum
+    world, rank = dist.get_world_size(), dist.get_rank()
+    got = _exchanged(flat, lambda f, p: f)
+    return ((flat + sum(got.values())) / world).chunk(world)[rank].clone()
+
+
+@pytest.mark.parametrize("right", [reduce_scatter_grad, p2p_reduce_scatter_grad])
+def test_fsdp_checker_passes_reduce_scatter(right):
+    assert verdict("10.fsdp_reduce", right) == ""
 
 
 @pytest.mark.parametrize(
@@ -305,6 +330,7 @@ def test_fsdp_checker_passes_reduce_scatter():
         (imported_all_reduce_grad, "dist.all_reduce:"),
         (broadcasts_grad, "dist.broadcast:"),
         (group_method_grad, "dist.all_reduce:"),
+        (p2p_gather_and_sum_grad, "received more by dist.recv than a reduce-scatter"),
     ],
 )
 def test_fsdp_checker_rejects_wrong_solutions(wrong, words):

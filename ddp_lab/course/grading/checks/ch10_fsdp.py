@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from ddp_lab.course.grading import checker, fail
@@ -94,6 +95,12 @@ def probe_fsdp(rank: int, objects: tuple, mine: dict) -> dict[str, Any]:
             out = reduce_grad(flat)
         shape = list(out.shape) if isinstance(out, torch.Tensor) else None
         whole = [name for name, _, _ in log.calls if name in WHOLE]
+        # by hand with send/recv: a reduce-scatter receives at most one shard from each other
+        # rank; an all-gather (every rank's whole gradient) receives world - 1 gradients
+        world = dist.get_world_size()
+        received = sum(b for name, _, b in log.calls if name == "recv")
+        if received > (world - 1) * (flat.numel() // world) * flat.element_size():
+            whole.append("recv")
         calls.append([flat.numel(), shape, whole[0] if whole else ""])
         return out
 
@@ -139,11 +146,22 @@ def _fsdp_verdict(got: Any, spec: dict, world: int, label: str) -> None:
             and type(c[0]) is int
             and (c[1] is None or isinstance(c[1], list) and all(type(s) is int for s in c[1]))
             and type(c[2]) is str
-            and c[2] in ("", *WHOLE)
+            and c[2] in ("", "recv", *WHOLE)
             for c in calls
         ):
             raise _bad(rank, "calls", calls, label)
-        for _, _, called in calls:
+        for n, _, called in calls:
+            if called == "recv":
+                raise fail(
+                    _t(
+                        "reduce_grad received more by dist.recv than a reduce-scatter does "
+                        "(one shard of {shard} elements from each other rank): every rank "
+                        "received the whole gradient (or every rank's) although it keeps only "
+                        "its shard; use dist.reduce_scatter_single (reduce-scatter)",
+                        shard=n // world,
+                    ),
+                    label,
+                )
             if called:
                 raise fail(
                     _t(
