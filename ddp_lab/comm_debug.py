@@ -94,6 +94,32 @@ C10D_NAMES = {
     "barrier": "barrier",
     "monitored_barrier_": "monitored_barrier",
 }
+# The functional collectives (``torch.distributed._functional_collectives``: funcol.all_reduce,
+# ..., and DTensor's) are operators of their own namespaces (torch/csrc/distributed/c10d/
+# Functional.cpp); a dispatch mode sees them and not the c10d operators their kernels call.
+# Every one takes what this rank hands over first. ``wait_tensor`` (waiting for one) moves no
+# data: ``on_call`` hears it as "wait", the log leaves it out. The namespaces' other operators
+# are not logged: ``_wrap_tensor_autograd`` moves no data, and ``batch_p2p_ops`` is emitted by
+# torch's compiler (torch/_inductor/comm_lowering.py), not by a learner's eager code.
+FUNCTIONAL_NAMES = {
+    "all_reduce": "all_reduce",
+    "all_reduce_": "all_reduce",
+    "all_reduce_coalesced": "all_reduce_coalesced",
+    "all_reduce_coalesced_": "all_reduce_coalesced",
+    "all_gather_into_tensor": "all_gather_into_tensor",
+    "all_gather_into_tensor_out": "all_gather_into_tensor",
+    "all_gather_into_tensor_coalesced": "all_gather_into_tensor",
+    "reduce_scatter_tensor": "reduce_scatter_tensor",
+    "reduce_scatter_tensor_out": "reduce_scatter_tensor",
+    "reduce_scatter_tensor_coalesced": "reduce_scatter_tensor",
+    "all_to_all_single": "all_to_all_single",
+    "broadcast": "broadcast",
+    "broadcast_": "broadcast",
+    "isend": "send",
+    "irecv": "recv",
+    "wait_tensor": "wait",
+}
+FUNCTIONAL_NAMESPACES = ("_c10d_functional", "_c10d_functional_autograd")
 # Operators whose first argument is what this rank hands over (or, for recv, takes in); the
 # others take (outputs, inputs).
 _FIRST_IS_PAYLOAD = {
@@ -133,7 +159,8 @@ def watch_c10d(
     methods (``ProcessGroupGloo.allreduce``) do not pass the dispatcher: the hand-written-
     collective exercises lock those (``course/grading/checks/lockdown.py``). The mode
     follows autograd into its worker threads (autograd carries the thread-local state), so
-    a comm hook run by DDP's reducer during backward is seen.
+    a comm hook run by DDP's reducer during backward is seen. The functional collectives
+    (``FUNCTIONAL_NAMES``) are logged by the same names.
     """
     from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -141,15 +168,22 @@ def watch_c10d(
 
     class Watch(TorchDispatchMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
+            op, name, given = func._opname, None, ()
             if func.namespace == "c10d":
-                op = func._opname
                 name = C10D_NAMES.get(op, op)
                 given = args[0] if op in _FIRST_IS_PAYLOAD else args[1] if len(args) > 1 else ()
-                tensors = tensors_of(given) if "barrier" not in op else []
+                given = given if "barrier" not in op else ()
+            elif func.namespace in FUNCTIONAL_NAMESPACES and op in FUNCTIONAL_NAMES:
+                name = FUNCTIONAL_NAMES[op]
+                given = args[0] if args and name != "wait" else ()
+            if name is not None:
                 if on_call is not None:
                     on_call(name, args)
-                dtype = tensors[0].dtype if tensors else torch.uint8
-                log.calls.append((name, dtype, sum(t.numel() * t.element_size() for t in tensors)))
+                if name != "wait":
+                    tensors = tensors_of(given)
+                    dtype = tensors[0].dtype if tensors else torch.uint8
+                    size = sum(t.numel() * t.element_size() for t in tensors)
+                    log.calls.append((name, dtype, size))
             return func(*args, **(kwargs or {}))
 
     with Watch():

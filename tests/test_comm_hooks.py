@@ -146,9 +146,39 @@ def test_every_c10d_operator_of_this_torch_has_a_learners_name() -> None:
     operator a newer torch adds would be logged under its raw name, which no grader's list
     (10.fsdp_reduce's ``WHOLE``, 05.ring's send/recv) names. Only ``check_for_nan`` moves no
     data."""
-    from ddp_lab.comm_debug import C10D_NAMES
+    from ddp_lab.comm_debug import C10D_NAMES, FUNCTIONAL_NAMES
     from ddp_lab.course.grading.checks.lockdown import c10d_operators
 
     ops = c10d_operators()
     assert "allreduce_" in ops and "send" in ops  # read from the dispatcher, not made up
     assert [op for op in ops if op not in C10D_NAMES and op != "check_for_nan"] == []
+    names = torch._C._dispatch_get_all_op_names()
+    functional = {n.split("::")[1].split(".")[0] for n in names if n.startswith("_c10d_functional")}
+    assert "all_reduce" in functional
+    unnamed = functional - set(FUNCTIONAL_NAMES) - {"_wrap_tensor_autograd", "batch_p2p_ops"}
+    assert unnamed == set()
+
+
+def _functional_roads(rank: int) -> tuple[list, list]:
+    import torch.distributed as dist
+    import torch.distributed._functional_collectives as funcol
+
+    from ddp_lab.comm_debug import watch_c10d
+
+    heard: list[str] = []
+    t = torch.ones(6, dtype=torch.float64)
+    with watch_c10d(lambda name, args: heard.append(name)) as log:
+        funcol.all_reduce(t, "sum", dist.group.WORLD).wait()
+        funcol.reduce_scatter_tensor(t, "sum", 0, dist.group.WORLD).wait()
+        funcol.all_gather_tensor(t, 0, dist.group.WORLD).wait()
+    return log.calls, heard
+
+
+def test_watch_c10d_sees_the_functional_collectives_by_the_same_names() -> None:
+    """torch.distributed._functional_collectives run operators of their own namespace (not
+    c10d's): logged by a learner's names and bytes; a wait is heard, not logged."""
+    calls, heard = spawn(_functional_roads, nprocs=2, backend="gloo", quiet=True)[0]
+    f64 = torch.float64
+    names = ["all_reduce", "reduce_scatter_tensor", "all_gather_into_tensor"]
+    assert calls == [(n, f64, 48) for n in names]
+    assert [n for n in heard if n != "wait"] == names and "wait" in heard

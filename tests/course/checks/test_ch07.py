@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
+import torch.distributed._functional_collectives as funcol
 from torch import nn
 from torch.distributed import all_reduce  # a name the checker cannot patch: FromImportBuckets
 
@@ -246,6 +247,29 @@ class WaitsOnFutureBuckets(GradBuckets):
         super().__init__(module, cap, wait_at_once="future")
 
 
+class FunctionalBuckets(GradBuckets):
+    """Right: the functional collectives (operators of their own, not c10d's: the checker saw
+    no all-reduce and said "got 0"), waited for with wait_tensor in wait()."""
+
+    def launch(self, b: int) -> None:
+        flat = torch.cat([p.grad.reshape(-1) for p in self.buckets[b]]) / dist.get_world_size()
+        result = funcol.all_reduce(flat, "sum", dist.group.WORLD)
+        if self.wait_at_once:
+            result = funcol.wait_tensor(result)
+        self.works.append((None, result, b))
+
+    def wait(self) -> None:
+        self.works = [(None, funcol.wait_tensor(r), b) for _, r, b in self.works]
+        super().wait()
+
+
+class FunctionalWaitsAtOnceBuckets(FunctionalBuckets):
+    """The same, waited for at once with wait_tensor: blocking in all but name."""
+
+    def __init__(self, module: nn.Module, cap: float) -> None:
+        super().__init__(module, cap, wait_at_once="tensor")
+
+
 class OneBucketAtTheEnd:
     """Correct numbers, but one all-reduce after backward: no buckets, no overlap."""
 
@@ -261,7 +285,9 @@ class OneBucketAtTheEnd:
             offset += p.numel()
 
 
-@pytest.mark.parametrize("right", [GradBuckets, FromImportBuckets, ProcessGroupBuckets])
+@pytest.mark.parametrize(
+    "right", [GradBuckets, FromImportBuckets, ProcessGroupBuckets, FunctionalBuckets]
+)
 def test_bucketed_checker_passes_a_correct_solution(right: type) -> None:
     assert verdict("07.bucketed", right) == ""
 
@@ -278,6 +304,7 @@ def test_bucketed_checker_passes_a_correct_solution(right: type) -> None:
         (AtTheEndBuckets, "no all_reduce before the last gradient was ready"),
         (WaitsAtOnceBuckets, "waited for an all_reduce before backward returned"),
         (WaitsOnFutureBuckets, "waited for an all_reduce before backward returned"),
+        (FunctionalWaitsAtOnceBuckets, "waited for an all_reduce before backward returned"),
     ],
 )
 def test_bucketed_checker_rejects_wrong_solutions(wrong: type, words: str) -> None:

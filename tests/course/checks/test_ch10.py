@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.distributed as dist
+import torch.distributed._functional_collectives as funcol
 from torch.distributed import all_reduce  # a name bound before any checker runs (see below)
 
 from ddp_lab.comm_hooks import my_bf16_hook
@@ -291,6 +292,17 @@ def group_method_grad(flat):  # the process group's own all-reduce
     return total.chunk(dist.get_world_size())[dist.get_rank()].clone()
 
 
+def funcol_reduce_scatter_grad(flat):  # the functional collectives: operators of their own
+    world = dist.get_world_size()
+    return funcol.reduce_scatter_tensor(flat / world, "sum", 0, dist.group.WORLD).wait()
+
+
+def funcol_all_reduce_grad(flat):
+    world = dist.get_world_size()
+    total = funcol.all_reduce(flat / world, "sum", dist.group.WORLD).wait()
+    return total.chunk(world)[dist.get_rank()].clone()
+
+
 def _exchanged(flat, shard_of):
     """Send ``shard_of(flat, peer)`` to every other rank and receive theirs (batched)."""
     world, rank = dist.get_world_size(), dist.get_rank()
@@ -315,7 +327,9 @@ def p2p_gather_and_sum_grad(flat):  # an all-gather by send/recv, then a local s
     return ((flat + sum(got.values())) / world).chunk(world)[rank].clone()
 
 
-@pytest.mark.parametrize("right", [reduce_scatter_grad, p2p_reduce_scatter_grad])
+@pytest.mark.parametrize(
+    "right", [reduce_scatter_grad, p2p_reduce_scatter_grad, funcol_reduce_scatter_grad]
+)
 def test_fsdp_checker_passes_reduce_scatter(right):
     assert verdict("10.fsdp_reduce", right) == ""
 
@@ -331,6 +345,7 @@ def test_fsdp_checker_passes_reduce_scatter(right):
         (broadcasts_grad, "dist.broadcast:"),
         (group_method_grad, "dist.all_reduce:"),
         (p2p_gather_and_sum_grad, "received more by dist.recv than a reduce-scatter"),
+        (funcol_all_reduce_grad, "dist.all_reduce:"),  # passed: a namespace of its own
     ],
 )
 def test_fsdp_checker_rejects_wrong_solutions(wrong, words):

@@ -17,8 +17,10 @@ from ddp_lab.comm_debug import tensors_of, watch_c10d
 
 
 def _launched(events: list, name: str, args: tuple) -> None:
-    if name == "all_reduce":  # c10d.allreduce_: args[0] holds the tensors
+    if name == "all_reduce":  # c10d.allreduce_ and funcol's all_reduce: args[0] holds them
         events.append(["all_reduce", sum(t.numel() for t in tensors_of(args[0]))])
+    elif name == "wait":  # funcol's wait_tensor (also when its result is first used)
+        events.append(["wait", 0])
 
 
 # Every way to block on a collective from Python ends in one of these: dist.all_reduce without
