@@ -528,8 +528,11 @@ else:
 #
 # - any size: fewer elements than ranks, sizes not divisible by N, a single element;
 # - the dtypes `all_reduce` takes (float16/32/64, int32/64);
-# - a real ring: each rank may send at most 2(N-1) chunks of ⌈numel/N⌉ elements, so
-#   passing the whole buffer around fails, and so does skipping the all-gather;
+# - a real ring, turning as in the lesson: each rank sends only to its right neighbour,
+#   `(rank + 1) % N` (gloo's own all-reduce, as the grader measures it, runs its ring to
+#   the left: the direction is how the two are told apart), and at most 2(N-1) chunks of
+#   ⌈numel/N⌉ elements, so passing the whole buffer around fails, and so does skipping the
+#   all-gather;
 # - no built-in collectives (they are switched off while your function runs);
 # - safe on NCCL: every `send`/`recv`/`isend`/`irecv` goes through `batch_isend_irecv`, and
 #   the grader replays your batches as NCCL runs them (one stream per GPU): a batch that
@@ -547,8 +550,9 @@ else:
 #
 # - 任意大小：元素个数少于 rank 数、大小不能被 N 整除、只有一个元素；
 # - `all_reduce` 支持的数据类型（float16/32/64、int32/64）；
-# - 真正的环形：每个 rank 最多发送 2(N-1) 个大小为 ⌈numel/N⌉ 的块，所以传递整个缓冲区
-#   会不通过，跳过全收集阶段也不会通过；
+# - 真正的环形，方向与正文一致：每个 rank 只向右边的邻居 `(rank + 1) % N` 发送（评分程序
+#   实测 Gloo 自带的全归约走的是向左的环，两者正是靠方向区分的），并且最多发送 2(N-1) 个
+#   大小为 ⌈numel/N⌉ 的块，所以传递整个缓冲区会不通过，跳过全收集阶段也不会通过；
 # - 不能使用内置的集合通信（你的函数运行期间它们被禁用）；
 # - 在 NCCL 上也安全：所有 `send`/`recv`/`isend`/`irecv` 都要通过 `batch_isend_irecv` 发起；
 #   评分程序会按 NCCL 的方式（每块 GPU 一个流）重放你的批次：如果某个批次等待的配对操作

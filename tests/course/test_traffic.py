@@ -86,6 +86,16 @@ def test_measured_wrong_ways_fail(name: str) -> None:
         judge_traffic(_traffic(pairs), TENSORS, n, "case")
 
 
+def test_a_ring_to_the_left_is_told_it_runs_the_wrong_way() -> None:
+    """A hand-written ring to the left sends what gloo's own all_reduce sends (measured above):
+    the direction is what tells them apart, and the message says so."""
+    for pairs in (_ring(3, 200, 533728), WRONG["gloo all_reduce"][1]):
+        with pytest.raises(CaseFailed, match="its left neighbour: this ring runs to the left"):
+            judge_traffic(_traffic(pairs), TENSORS, 3, "case")
+    with pytest.raises(CaseFailed, match="not its right neighbour"):  # not a ring at all
+        judge_traffic(_traffic(WRONG["gather-broadcast"][1]), TENSORS, 3, "case")
+
+
 def test_bytes_outside_the_group_and_too_few_to_the_right_fail() -> None:
     with pytest.raises(CaseFailed, match="outside their process group"):
         judge_traffic(_traffic(HONEST[3], hidden=240000), TENSORS, 3, "case")

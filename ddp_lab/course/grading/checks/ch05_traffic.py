@@ -115,11 +115,32 @@ def judge_traffic(
             ),
             case,
         )
+    # every rank sends its data to its left neighbour and nothing elsewhere: a ring, reversed
+    left_ring = all(
+        (traffic.sent(r, p) > other_most) == (p == (r - 1) % n)
+        for r in range(n)
+        for p in range(n)
+        if p != r
+    )
     for rank in range(n if "elsewhere" in phases else 0):  # it names the pattern best
         right = (rank + 1) % n
         for peer in range(n):
             if peer in (rank, right) or traffic.sent(rank, peer) <= other_most:
                 continue
+            if left_ring:  # the other way round: what gloo's own all_reduce sends
+                raise fail(
+                    _t(
+                        "the grader saw rank {rank} send {sent} bytes to rank {peer}, its "
+                        "left neighbour: this ring runs to the left. The exercise's ring "
+                        "sends to the right, to (rank + 1) % N, and receives from the left, "
+                        "as in the lesson; gloo's own all_reduce is a ring to the left, and "
+                        "the grader tells your ring from it by the direction.",
+                        rank=rank,
+                        sent=traffic.sent(rank, peer),
+                        peer=peer,
+                    ),
+                    case,
+                )
             raise fail(
                 _t(
                     "the grader saw rank {rank} send {sent} bytes to rank {peer}, which is "
