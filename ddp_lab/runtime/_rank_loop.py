@@ -150,7 +150,7 @@ def _exec_cell(msg: dict, ns: dict) -> None:
 
 
 def _start_trace(trace: dict | None, rank: int) -> tuple[_trace.Profiled | None, str | None]:
-    """Start this cell's profiler (SIGINT ignored): (the running profiler, or why not)."""
+    """Start this cell's profiler (SIGINT only noted): (the running profiler, or why not)."""
     if trace is None:
         return None, None
     profiled = _trace.Profiled(rank, trace["folder"], key=trace["key"], count=trace["count"])
@@ -176,7 +176,7 @@ def _handle(msg: dict, ns: dict, rank: int = 0, folder: str = "") -> dict:
     """Run one request with SIGINT armed; return the reply.
 
     A traced cell (``msg["trace"]``) runs under ``torch.profiler``, started before SIGINT is
-    armed and stopped after it is ignored again: an interrupt stops the cell, never the
+    armed and stopped after it is only noted again: an interrupt stops the cell, never the
     profiler's start or stop, so no profiler stays on in a rank that lives on.
     """
     release_kept_groups()  # a cell destroyed them; their workers have been idle since
