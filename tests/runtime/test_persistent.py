@@ -267,20 +267,25 @@ def test_an_interrupt_before_the_ranks_read_the_cell_still_stops_it(group):
     _rank_faults.sigint_deferred); one round in five to thirty here with a 1 ms delay."""
     pids = dict(group.pids)
     run("x = torch.tensor([rank * 1.0])\nimport time\n")
-    previous = signal.signal(signal.SIGALRM, lambda *a: os.kill(os.getpid(), signal.SIGINT))
-    try:
-        for delay in [0.0005, 0.001, 0.002, 0.003, 0.005] * 4:
-            signal.setitimer(signal.ITIMER_REAL, delay)  # SIGINT from this (the main) thread
-            with pytest.raises(KeyboardInterrupt) as info:
-                run("while True:\n    time.sleep(0.01)\n")
-            # stopped on every rank that had the cell, or on none: it had reached none yet
-            # (a plain KeyboardInterrupt); never a restart
-            text = str(info.value)
-            assert not text or "keeps its variables" in text, text
-            assert group.pids == pids
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
+    for delay in [0.0005, 0.001, 0.002, 0.003, 0.005] * 4:
+        go = threading.Event()  # set just before the cell starts: the delay counts from there
+
+        def interrupt(delay: float = delay, go: threading.Event = go) -> None:
+            go.wait()
+            time.sleep(delay)
+            os.kill(os.getpid(), signal.SIGINT)
+
+        thread = threading.Thread(target=interrupt)
+        thread.start()
+        with pytest.raises(KeyboardInterrupt) as info:
+            go.set()
+            run("while True:\n    time.sleep(0.01)\n")
+        thread.join()
+        # stopped on every rank that had the cell, or on none: it had reached none yet
+        # (a plain KeyboardInterrupt); never a restart
+        text = str(info.value)
+        assert not text or "keeps its variables" in text, text
+        assert group.pids == pids
     assert [v.item() for v in dl.pull("x")] == [0.0, 1.0]
     assert [row[4] for row in group.rows()] == [None, None]
 
