@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import re
@@ -15,10 +16,11 @@ from collections.abc import Callable
 
 import pytest
 import torch
+import torch.distributed as dist
 from conftest import shm_files, shm_left, tcp_states
 
 import ddp_lab as dl
-from ddp_lab.runtime import _calls, _workdirs, persistent
+from ddp_lab.runtime import _calls, _hang, _workdirs, persistent
 from ddp_lab.runtime._rank_group import alive
 
 run = persistent.run_cell
@@ -314,11 +316,25 @@ def test_a_late_interrupt_does_not_stop_the_next_cell(group, tmp_path, capfd):
 def test_interrupt_inside_a_collective_restarts(group, capfd):
     old = dict(group.pids)
 
-    def in_barrier() -> bool:  # rank 0's ledger (ddp_lab.runtime._calls): inside its barrier
-        call = _calls.read(group.workdir, 0)
-        return call is not None and call[0] == _calls._INSIDE and call[1] == "barrier"
+    # Where rank 0 blocks: barrier's line that calls work.wait(), in C++ until rank 1 comes.
+    # Only there is a SIGINT not honoured: earlier (the ledger already says "barrier") it
+    # raises KeyboardInterrupt in Python, and the rank stops (seen once in six loaded runs).
+    barrier = inspect.unwrap(dist.barrier)
+    lines, first = inspect.getsourcelines(barrier)
+    (wait_line,) = [first + i for i, text in enumerate(lines) if "work.wait()" in text]
 
-    _interrupt_when(in_barrier)
+    def blocked_in_barrier() -> bool:
+        call = _calls.read(group.workdir, 0)  # cheap first: rank 0's ledger (runtime/_calls)
+        if call is None or call[:2] != (_calls._INSIDE, "barrier"):
+            return False
+        frames = _hang.main_thread(group.stacks.request([0]).get(0, ""))  # its stack, now
+        inner = frames[0] if frames else None
+        return inner is not None and (inner.file, inner.line) == (
+            barrier.__code__.co_filename,
+            wait_line,
+        )
+
+    _interrupt_when(blocked_in_barrier)
     with pytest.raises(KeyboardInterrupt) as info:
         run("dist.barrier()\n", ranks=[0])  # rank 1 never comes: not interruptible
     err = capfd.readouterr().err
