@@ -10,13 +10,17 @@ re-exports these names.
 
 from __future__ import annotations
 
+import contextlib
 import signal
+import threading
 import time
+from collections.abc import Iterator
 from typing import Any, NoReturn
 
 from ddp_lab.i18n import _t
 from ddp_lab.runtime import _calls, _hang, launcher
 from ddp_lab.runtime._failures import deadlock_summary
+from ddp_lab.runtime._rank_loop import note_interrupt
 from ddp_lab.runtime.launcher import (
     DistributedDeadlockError,
     DistributedTimeoutError,
@@ -25,6 +29,30 @@ from ddp_lab.runtime.launcher import (
 
 _AFTER_FAILURE_S = 5.0  # once a rank failed, how long the others may still run
 _INTERRUPT_GRACE_S = 3.0  # how long ranks get to stop after SIGINT
+
+
+@contextlib.contextmanager
+def sigint_deferred() -> Iterator[None]:
+    """An interrupt (SIGINT) inside the block is raised at its end, not in the middle.
+
+    Why: the notebook writes a request to each rank in turn. An interrupt between two writes
+    left the later ranks without the request, yet waited for (and signalled): they never
+    answered, "did not stop", and the group was restarted with its state lost. Only in the
+    main thread, where Python runs signal handlers (elsewhere the block runs as it is)."""
+    if (
+        threading.current_thread() is not threading.main_thread()
+        or signal.getsignal(signal.SIGINT) is None  # a handler not set from Python: kept
+    ):
+        yield
+        return
+    came: list[int] = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: came.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if came and callable(previous):
+        previous(signal.SIGINT, None)  # the kernel's handler: KeyboardInterrupt, as it would
 
 
 class _Lost(Exception):
@@ -114,6 +142,9 @@ class GroupFaults:
 
     def _interrupt(self, pending: set[int], replies: dict) -> None:
         interrupted = sorted(pending)
+        # Which request: a rank that has not yet read it, when the signal comes, stops it as
+        # soon as it does (_rank_loop.arm), and one that already answered it ignores the signal.
+        note_interrupt(self.workdir, self.seq)
         self.zygote.send({"op": "signal", "sig": signal.SIGINT, "ranks": interrupted})
         deadline = time.monotonic() + _INTERRUPT_GRACE_S
         try:

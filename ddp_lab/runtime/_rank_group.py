@@ -33,6 +33,7 @@ from ddp_lab.runtime._rank_faults import (
     GroupFaults,
     _Lost,
     errors,
+    sigint_deferred,
 )
 from ddp_lab.runtime._rank_loop import LoopJob
 from ddp_lab.runtime._zygote import read_msg, write_msg
@@ -76,6 +77,7 @@ class RankGroup(GroupFaults):
         self.zygote: launcher._Zygote | None = None
         self.started = time.monotonic()
         self.cells = 0
+        self.seq = 0  # requests sent; an interrupt names the one it stops (_rank_loop.arm)
         self._launch()
 
     # -- processes -------------------------------------------------------------------
@@ -270,7 +272,12 @@ class RankGroup(GroupFaults):
     ) -> dict[int, dict]:
         """Send ``msg`` to ``ranks`` and return their replies; handle every fault on the way."""
         limit = self.timeout if timeout == -1 else launcher._check_timeout(timeout)
-        pending, replies = set(ranks), {}
+        self.seq += 1
+        msg = {**msg, "seq": self.seq}
+        # Only the ranks that have the request are waited for (and interrupted): an interrupt
+        # waits until every rank has it, and one before any has it is a plain interrupt.
+        pending: set[int] = set()
+        replies: dict[int, dict] = {}
         watcher = None
         if self.watch and timeout == -1:  # as dl.spawn: an explicit timeout means no watch
             watcher = _hang.DeadlockWatch({r: self.pids[r] for r in ranks}, self.stacks)
@@ -278,14 +285,16 @@ class RankGroup(GroupFaults):
             lost = self._poll_zygote()
             if lost:
                 raise _Lost(lost)
-            for r in ranks:
-                self.running[r] = what
-                try:
-                    write_msg(self.conns[r].fileno(), msg)
-                except OSError:
-                    raise _Lost(
-                        [RankFailure(r, _t("rank {rank} closed its connection", rank=r))]
-                    ) from None
+            with sigint_deferred():
+                for r in ranks:
+                    self.running[r] = what
+                    try:
+                        write_msg(self.conns[r].fileno(), msg)
+                    except OSError:
+                        raise _Lost(
+                            [RankFailure(r, _t("rank {rank} closed its connection", rank=r))]
+                        ) from None
+                    pending.add(r)
             deadline = time.monotonic() + limit
             failed_at = None
             while pending:
@@ -305,6 +314,8 @@ class RankGroup(GroupFaults):
                     failed_at = time.monotonic()
                     deadline = min(deadline, failed_at + _AFTER_FAILURE_S)
         except KeyboardInterrupt:
+            if not pending and not replies:
+                raise  # no rank had the request yet: nothing ran
             self._interrupt(pending, replies)
         except _Lost as lost:
             self.output.finish()

@@ -14,8 +14,12 @@ serves requests until it is told to exit or the socket closes:
 An ``exec`` request may ask for a trace (``%%ranks --trace``): the cell alone runs under
 ``torch.profiler`` on this rank, which exports its trace for the notebook to merge.
 
-SIGINT is ignored while the rank waits and becomes KeyboardInterrupt only while user code
-runs, so a kernel interrupt stops the current cell but never the loop itself.
+SIGINT becomes KeyboardInterrupt only while user code runs, so a kernel interrupt stops the
+current cell but never the loop itself. While the rank waits a SIGINT is only noted: one that
+came before the rank had armed for the request it was meant for (the notebook sends the
+request, then the signal, and the rank may not have read the request yet) still stops that
+request's cell at once (``arm``); a late one, meant for a request already answered, does not
+stop the next.
 """
 
 from __future__ import annotations
@@ -54,14 +58,57 @@ class LoopJob:
         serve(rank, self.socket_path, self.nprocs, self.backend)
 
 
+INTERRUPTED = "interrupted"  # in the group's folder: the number of the request interrupted
+_NOTED: list[int] = []  # SIGINTs that came while no user code ran
+
+
+def _note_sigint(signum: int, frame: Any) -> None:
+    _NOTED.append(signum)
+
+
 def _ignore_sigint() -> None:
+    """SIGINT noted, not raised, from now on (``arm`` decides what a noted one meant)."""
     # signal.signal() first runs pending handlers, so a late SIGINT may raise right here.
     while True:
         try:
-            signal.signal(signal.SIGINT, signal.SIG_IGN)
+            signal.signal(signal.SIGINT, _note_sigint)
             return
         except KeyboardInterrupt:
             continue
+
+
+def note_interrupt(folder: str, seq: int) -> None:
+    """The notebook's side, before it sends SIGINT: which request it interrupts."""
+    tmp = os.path.join(folder, f"{INTERRUPTED}.tmp")
+    with open(tmp, "w") as f:
+        f.write(str(seq))
+    os.replace(tmp, os.path.join(folder, INTERRUPTED))
+
+
+def _interrupted(folder: str) -> int | None:
+    try:
+        with open(os.path.join(folder, INTERRUPTED)) as f:
+            return int(f.read())
+    except (OSError, ValueError):
+        return None
+
+
+def arm(folder: str, seq: int | None) -> None:
+    """SIGINT raises KeyboardInterrupt from here on; raise it now if one already came for
+    request ``seq`` while the rank was not yet armed (it was only noted then).
+
+    Why: the notebook writes a request, then sends SIGINT through the zygote; a rank not yet
+    scheduled reads the request after the signal came. Ignored then, the interrupt was lost:
+    the cell ran on, the rank "did not stop", and the group was restarted with its state
+    lost (an interrupt 1 ms after a cell started, one time in five). A noted SIGINT is this
+    request's if the notebook wrote this request's number before it signalled; one meant for
+    an earlier request (its reply was on its way) is dropped. The handler goes first, so a
+    SIGINT that comes during the check raises by itself."""
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    noted = bool(_NOTED)
+    _NOTED.clear()
+    if noted and seq is not None and _interrupted(folder) == seq:
+        raise KeyboardInterrupt
 
 
 def portable(value: Any) -> Any:
@@ -103,7 +150,7 @@ def _exec_cell(msg: dict, ns: dict) -> None:
 
 
 def _start_trace(trace: dict | None, rank: int) -> tuple[_trace.Profiled | None, str | None]:
-    """Start this cell's profiler (SIGINT ignored): (the running profiler, or why not)."""
+    """Start this cell's profiler (SIGINT only noted): (the running profiler, or why not)."""
     if trace is None:
         return None, None
     profiled = _trace.Profiled(rank, trace["folder"], key=trace["key"], count=trace["count"])
@@ -125,11 +172,11 @@ def _stop_trace(profiled: _trace.Profiled | None) -> str | None:
     return None
 
 
-def _handle(msg: dict, ns: dict, rank: int = 0) -> dict:
+def _handle(msg: dict, ns: dict, rank: int = 0, folder: str = "") -> dict:
     """Run one request with SIGINT armed; return the reply.
 
     A traced cell (``msg["trace"]``) runs under ``torch.profiler``, started before SIGINT is
-    armed and stopped after it is ignored again: an interrupt stops the cell, never the
+    armed and stopped after it is only noted again: an interrupt stops the cell, never the
     profiler's start or stop, so no profiler stays on in a rank that lives on.
     """
     release_kept_groups()  # a cell destroyed them; their workers have been idle since
@@ -137,8 +184,8 @@ def _handle(msg: dict, ns: dict, rank: int = 0) -> dict:
     CELL_NAMES.update(msg.get("cell_names", {}))
     reply: dict[str, Any] = {"op": "reply", "status": "ok"}
     profiled, trace_error = _start_trace(msg.get("trace"), rank)
-    signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
+        arm(folder, msg.get("seq"))
         if msg["op"] == "exec":
             _exec_cell(msg, ns)
         elif msg["op"] == "pull":
@@ -185,5 +232,5 @@ def serve(rank: int, socket_path: str, nprocs: int, backend: str) -> None:
         msg = read_msg(fd)
         if msg is None or msg.get("op") == "exit":  # EOF: the notebook is gone
             break
-        write_msg(fd, _handle(msg, ns, rank))
+        write_msg(fd, _handle(msg, ns, rank, os.path.dirname(socket_path)))
     sock.close()

@@ -18,10 +18,13 @@ class SlowToHear:
 
     def __init__(self, store: TCPStore, delay: float, log: list[tuple[str, float]]) -> None:
         self.store, self.delay, self.log = store, delay, log
+        self.added = threading.Event()  # rank 1 has counted itself: it will wait, not rank 0
 
     def add(self, key: str, value: int) -> int:
         self.log.append((f"rank 1 add {key}", time.monotonic()))
-        return self.store.add(key, value)
+        count = self.store.add(key, value)
+        self.added.set()
+        return count
 
     def set(self, key: str, value: str) -> None:
         self.store.set(key, value)
@@ -39,9 +42,12 @@ def test_rank_0_serving_the_store_leaves_only_after_every_rank_has_its_answer() 
     server = TCPStore("127.0.0.1", 0, 2, is_master=True, wait_for_workers=False)
     client = TCPStore("127.0.0.1", server.port, 2, is_master=False)
     log: list[tuple[str, float]] = []
-    one = threading.Thread(target=_rank.finish_together, args=(1, SlowToHear(client, 1.0, log), 2))
+    slow = SlowToHear(client, 1.0, log)
+    one = threading.Thread(target=_rank.finish_together, args=(1, slow, 2))
     one.start()
-    time.sleep(0.5)  # rank 1 waits in the store
+    # Rank 1 finishes first and waits in the store. Not a fixed sleep: a thread scheduled late
+    # on a busy machine would count itself last, never wait, and "rank 1 heard" never come.
+    assert slow.added.wait(30)
     _rank.finish_together(0, server, 2)
     log.append(("rank 0 leaves", time.monotonic()))
     one.join(timeout=30)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import re
@@ -11,13 +12,15 @@ import sys
 import textwrap
 import threading
 import time
+from collections.abc import Callable
 
 import pytest
 import torch
+import torch.distributed as dist
 from conftest import shm_files, shm_left, tcp_states
 
 import ddp_lab as dl
-from ddp_lab.runtime import _workdirs, persistent
+from ddp_lab.runtime import _calls, _hang, _workdirs, persistent
 from ddp_lab.runtime._rank_group import alive
 
 run = persistent.run_cell
@@ -224,17 +227,31 @@ def test_rank_that_dies_restarts_the_group(group, capfd):
     assert _lines(capfd)[-2:] == ["[rank 0] 0", "[rank 1] 1"]
 
 
-def _interrupt_soon(delay: float = 1.0) -> None:
-    threading.Timer(delay, os.kill, (os.getpid(), signal.SIGINT)).start()
+def _interrupt_when(ready: Callable[[], bool]) -> None:
+    """SIGINT to this process (the notebook) once ``ready()`` holds: when the ranks are where
+    the test needs them, not after a fixed delay (a loaded machine may not have got them
+    there yet). Polled in a thread; after 60 s it interrupts anyway (the test then fails)."""
+
+    def wait() -> None:
+        deadline = time.monotonic() + 60
+        while not ready() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    threading.Thread(target=wait, daemon=True).start()
 
 
-def test_interrupt_stops_the_cell_and_keeps_the_group(group, capfd):
+def test_interrupt_stops_the_cell_and_keeps_the_group(group, capfd, tmp_path):
     pids = dict(group.pids)
     run("x = torch.tensor([rank * 1.0])\nimport time\n")
-    _interrupt_soon()
+    # each rank says it is in the loop (after its print) with a file of its own
+    _interrupt_when(lambda: all((tmp_path / str(r)).exists() for r in range(2)))
     start = time.monotonic()
     with pytest.raises(KeyboardInterrupt) as info:
-        run("print('working')\nwhile True:\n    time.sleep(0.01)\n")
+        run(
+            f"print('working')\nopen(f'{tmp_path}/{{rank}}', 'w').close()\n"
+            "while True:\n    time.sleep(0.01)\n"
+        )
     assert time.monotonic() - start < 60  # stopped by the interrupt, not the group's timeout
     out, err = capfd.readouterr()
     assert out.splitlines() == ["[rank 0] working", "[rank 1] working"]
@@ -245,9 +262,79 @@ def test_interrupt_stops_the_cell_and_keeps_the_group(group, capfd):
     assert [row[4] for row in group.rows()] == [None, None]  # nothing is running
 
 
+def test_an_interrupt_before_the_ranks_read_the_cell_still_stops_it(group):
+    """An interrupt that comes at once, while the ranks may not have read the cell yet, nor
+    the notebook sent it to every rank. Lost, it left a rank running the cell, which then
+    "did not stop", and the group was restarted with its state lost (_rank_loop.arm,
+    _rank_faults.sigint_deferred); one round in five to thirty here with a 1 ms delay."""
+    pids = dict(group.pids)
+    run("x = torch.tensor([rank * 1.0])\nimport time\n")
+    for delay in [0.0005, 0.001, 0.002, 0.003, 0.005] * 4:
+        go = threading.Event()  # set just before the cell starts: the delay counts from there
+
+        def interrupt(delay: float = delay, go: threading.Event = go) -> None:
+            go.wait()
+            time.sleep(delay)
+            os.kill(os.getpid(), signal.SIGINT)
+
+        thread = threading.Thread(target=interrupt)
+        thread.start()
+        with pytest.raises(KeyboardInterrupt) as info:
+            go.set()
+            run("while True:\n    time.sleep(0.01)\n")
+        thread.join()
+        # stopped on every rank that had the cell, or on none: it had reached none yet
+        # (a plain KeyboardInterrupt); never a restart
+        text = str(info.value)
+        assert not text or "keeps its variables" in text, text
+        assert group.pids == pids
+    assert [v.item() for v in dl.pull("x")] == [0.0, 1.0]
+    assert [row[4] for row in group.rows()] == [None, None]
+
+
+def test_a_late_interrupt_does_not_stop_the_next_cell(group, tmp_path, capfd):
+    """A SIGINT meant for a request the rank has already answered (its reply was on the way)
+    comes while the rank waits: it is dropped, not kept for the next cell (_rank_loop.arm)."""
+    from ddp_lab.runtime import _rank_loop
+
+    sent = tmp_path / "sent"
+    run("import os, signal, threading\n")
+    # rank 1 answers at once; the signal comes after, while it waits for the next request
+    late = f"os.kill(os.getpid(), signal.SIGINT)\nopen({str(sent)!r}, 'w').close()"
+    run(f"def late():\n    {late.replace(chr(10), chr(10) + '    ')}\n"
+        "threading.Timer(0.2, late).start()\n", ranks=[1])  # fmt: skip
+    _rank_loop.note_interrupt(group.workdir, group.seq)  # what the notebook's interrupt notes
+    deadline = time.monotonic() + 60
+    while not sent.exists():
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    capfd.readouterr()
+    run("print('ran')\n")
+    assert _lines(capfd) == ["[rank 0] ran", "[rank 1] ran"]
+
+
 def test_interrupt_inside_a_collective_restarts(group, capfd):
     old = dict(group.pids)
-    _interrupt_soon()
+
+    # Where rank 0 blocks: barrier's line that calls work.wait(), in C++ until rank 1 comes.
+    # Only there is a SIGINT not honoured: earlier (the ledger already says "barrier") it
+    # raises KeyboardInterrupt in Python, and the rank stops (seen once in six loaded runs).
+    barrier = inspect.unwrap(dist.barrier)
+    lines, first = inspect.getsourcelines(barrier)
+    (wait_line,) = [first + i for i, text in enumerate(lines) if "work.wait()" in text]
+
+    def blocked_in_barrier() -> bool:
+        call = _calls.read(group.workdir, 0)  # cheap first: rank 0's ledger (runtime/_calls)
+        if call is None or call[:2] != (_calls._INSIDE, "barrier"):
+            return False
+        frames = _hang.main_thread(group.stacks.request([0]).get(0, ""))  # its stack, now
+        inner = frames[0] if frames else None
+        return inner is not None and (inner.file, inner.line) == (
+            barrier.__code__.co_filename,
+            wait_line,
+        )
+
+    _interrupt_when(blocked_in_barrier)
     with pytest.raises(KeyboardInterrupt) as info:
         run("dist.barrier()\n", ranks=[0])  # rank 1 never comes: not interruptible
     err = capfd.readouterr().err
@@ -350,17 +437,19 @@ def _json_line(proc: subprocess.Popen) -> str:
     raise AssertionError("the script printed no snapshot")
 
 
-def test_real_kernel_interrupt_then_restart():
+def test_real_kernel_interrupt_then_restart(tmp_path):
     """In a Jupyter kernel: an interrupt stops the ranks' cell and keeps the group; a kernel
     restart ends every rank and leaves no files."""
     from jupyter_client.manager import start_new_kernel
 
     km, kc = start_new_kernel(kernel_name="python3")
 
-    def execute(code: str, interrupt_after: float | None = None) -> str:
+    def execute(code: str, interrupt_when: Callable[[], bool] | None = None) -> str:
         msg_id = kc.execute(code)
-        if interrupt_after is not None:
-            time.sleep(interrupt_after)
+        if interrupt_when is not None:  # once the ranks are in the loop, however long it takes
+            deadline = time.monotonic() + 60
+            while not interrupt_when() and time.monotonic() < deadline:
+                time.sleep(0.02)
             km.interrupt_kernel()
         out = []
         while True:
@@ -378,7 +467,11 @@ def test_real_kernel_interrupt_then_restart():
     try:
         execute('import ddp_lab as dl\ndl.start(2, backend="gloo", timeout=60)')
         execute("%%ranks\nx = rank * 10\nimport time\n")
-        out = execute("%%ranks\nprint('loop')\nwhile True:\n    time.sleep(0.01)\n", 2.0)
+        looping = f"print('loop')\nopen(f'{tmp_path}/{{rank}}', 'w').close()\n"
+        out = execute(
+            f"%%ranks\n{looping}while True:\n    time.sleep(0.01)\n",
+            lambda: all((tmp_path / str(r)).exists() for r in range(2)),
+        )
         assert "[rank 1] loop" in out and "keeps its variables" in out
         assert "ERROR RanksInterrupted" in out and "Traceback" not in out  # the clean line only
         assert execute('print(dl.pull("x"))').strip() == "[0, 10]"
