@@ -125,3 +125,57 @@ def test_a_torch_without_master_listen_fd_leaves_the_port_to_init_process_group(
     server = real("127.0.0.1", port, 1, True, timedelta(seconds=10))  # the port is free again
     server.set("k", "v")
     assert server.get("k") == b"v"
+
+
+def _schema(op: str) -> list[str]:
+    """The argument names of ``c10d::op`` in this torch's dispatcher."""
+    (schema,) = torch._C._jit_get_schemas_for_operator(f"c10d::{op}")
+    return [a.name for a in schema.arguments]
+
+
+def test_the_c10d_operators_the_graders_watch_take_their_arguments_where_they_look() -> None:
+    """``comm_debug.watch_c10d`` (the checkers of 05.ring, 07.bucketed, 10.bf16_hook,
+    10.fsdp_reduce) names operators by ``C10D_NAMES`` and reads the payload from the first
+    argument (``_FIRST_IS_PAYLOAD``) or the second (none for a barrier); ch05 reads a send's or receive's peer from
+    the third. Checked against the schemas of this torch (the same in 2.11 and 2.13), so a
+    torch that renames an operator or moves an argument fails here, not in a learner's grade."""
+    import torch.distributed  # noqa: F401  (registers the c10d operators)
+
+    from ddp_lab.comm_debug import _FIRST_IS_PAYLOAD, C10D_NAMES
+
+    ops = {
+        n.split("::")[1] for n in torch._C._dispatch_get_all_op_names() if n.startswith("c10d::")
+    }
+    assert set(C10D_NAMES) <= ops
+    # every collective or p2p operator of this torch has a name a learner writes
+    assert ops - set(C10D_NAMES) <= {"check_for_nan"}  # 2.13's NaN check: no payload
+    for op in C10D_NAMES:
+        args = _schema(op)
+        if "barrier" in op:  # no payload: watch_c10d logs none
+            assert args[:2] == ["tensor", "process_group"], (op, args)
+            continue
+        assert args[1 if op in _FIRST_IS_PAYLOAD else 2] == "process_group", (op, args)
+    assert _schema("send")[2:4] == ["dst", "tag"]
+    assert _schema("recv_")[2:4] == ["src", "tag"]
+    assert _schema("allreduce_")[0] == "tensors"
+
+
+def test_torch_save_opens_a_path_through_the_writer_class_it_looks_up_at_each_save(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: os.PathLike
+) -> None:
+    """08.fit counts ``torch.save`` of an ASCII path (C++ opens the file: no audit event) by
+    replacing ``torch._C.PyTorchFileWriter`` with a subclass (``checks/ch08_writes.py``);
+    that works while ``torch.serialization`` reads the attribute at each save (2.11, 2.13)."""
+    seen = []
+    real = torch._C.PyTorchFileWriter
+
+    class Writer(real):  # type: ignore[misc, valid-type]
+        def __init__(self, target: object, *args: object, **kwargs: object) -> None:
+            seen.append(target)
+            super().__init__(target, *args, **kwargs)
+
+    monkeypatch.setattr(torch._C, "PyTorchFileWriter", Writer)
+    path = os.path.join(tmp_path, "ckpt.pt")
+    torch.serialization.save({"w": torch.ones(3)}, path)
+    assert seen == [path]
+    assert torch.equal(torch.load(path)["w"], torch.ones(3))
