@@ -333,3 +333,63 @@ def test_accuracy_cases_make_the_wrong_answers_differ():
                 for k, v in enumerate(ch06.biased_variants(correct, replicas)):
                     differs[k] |= abs(v - truth) > 1e-6
         assert all(differs), seed
+
+
+# ---- a learner's own helper, named as the lesson names the package's ---------------------------
+
+
+def padded_indices(indices: list[int], total: int) -> list[int]:  # the learner's own
+    out = list(indices)
+    while len(out) < total:
+        out.extend(indices[: total - len(out)])
+    return out[:total]
+
+
+def own_helper_indices(n, R, rank, epoch=0, seed=0, shuffle=True, drop_last=False):
+    size = n // R if drop_last else -(-n // R)
+    if shuffle:
+        g = torch.Generator()
+        g.manual_seed(seed + epoch)
+        indices = torch.randperm(n, generator=g).tolist()
+    else:
+        indices = list(range(n))
+    return padded_indices(indices, size * R)[rank::R]
+
+
+def gather_by_index(correct: torch.Tensor) -> torch.Tensor:  # the learner's own
+    parts = [torch.empty_like(correct) for _ in range(dist.get_world_size())]
+    dist.all_gather(parts, correct)
+    return torch.stack(parts, dim=1).reshape(-1)
+
+
+def own_helper_accuracy(correct, dataset_len):
+    return float(gather_by_index(correct)[:dataset_len].float().mean())
+
+
+def pad_or_trim(n, R, rank, epoch=0, seed=0, shuffle=True, drop_last=False):  # a wrapper
+    return _cheat_sampler(n, R, rank, epoch, seed, shuffle, drop_last)
+
+
+def wrapped_sampler(n, R, rank, epoch=0, seed=0, shuffle=True, drop_last=False):
+    return pad_or_trim(n, R, rank, epoch, seed, shuffle, drop_last)
+
+
+@pytest.mark.parametrize(
+    ("grade_id", "right"),
+    [("06.indices", own_helper_indices), ("06.accuracy", own_helper_accuracy)],
+)
+def test_a_helper_of_the_learners_own_may_bear_the_lessons_name(grade_id, right):
+    """Got 0 ("write it yourself: your function calls padded_indices"): the scan flagged the
+    name, though the function it names is the learner's."""
+    assert ch06.uses_forbidden(right, ch06.FORBIDDEN[grade_id]) == ""
+    passed, line = _verdict(grade_id, right)
+    assert passed, line
+
+
+def test_a_helper_of_the_learners_own_is_read_too():
+    """The helper's own code is read: torch's sampler behind it is still named."""
+    assert ch06.uses_forbidden(wrapped_sampler, ch06.FORBIDDEN["06.indices"]) == (
+        "DistributedSampler"
+    )
+    passed, line = _verdict("06.indices", wrapped_sampler)
+    assert not passed and "your function calls DistributedSampler" in line, line
