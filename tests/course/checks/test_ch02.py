@@ -45,7 +45,7 @@ def _wrong_local_world_size(counts, cvds, gpus):  # world_size = processes on th
     return [d | {"world_size": counts[d["node_rank"]]} for d in _reference(counts, cvds, gpus)]
 
 
-def _wrong_tuple_of_rows(counts, cvds, gpus):
+def _tuple_of_rows(counts, cvds, gpus):  # one dict per process, in order: what the text asks
     return tuple(_reference(counts, cvds, gpus))
 
 
@@ -85,8 +85,9 @@ def torchrun_cached() -> Iterator[None]:
     ranks.torchrun_assignment = real
 
 
-def test_checker_accepts_reference(torchrun_cached: None) -> None:
-    passed, line = _verdict(_reference)
+@pytest.mark.parametrize("right", [_reference, _tuple_of_rows])
+def test_checker_accepts_reference(torchrun_cached: None, right: Callable) -> None:
+    passed, line = _verdict(right)
     assert passed, line
 
 
@@ -97,7 +98,6 @@ def test_checker_accepts_reference(torchrun_cached: None) -> None:
         (_wrong_ignores_visible, "should be"),
         (_wrong_global_rank_as_device, "device should be"),
         (_wrong_local_world_size, "world_size should be"),
-        (_wrong_tuple_of_rows, "expected a list of"),
     ],
 )
 def test_checker_rejects_typical_wrong_solutions(
