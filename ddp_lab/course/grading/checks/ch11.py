@@ -283,38 +283,49 @@ def verify(
                 ),
                 label,
             )
-        for got, exp in zip(b["records"], want[stop:], strict=False):
+    # The first resumed step where any rank differs, and there the first rank whose own record
+    # names a cause: the others' parameters differ too (their gradients were averaged with it),
+    # which alone reads as "optimizer", the cause left when all else is equal.
+    firsts = []
+    for rank, (b, ref) in enumerate(zip(resumed, reference, strict=True)):
+        pairs = zip(b["records"], ref["records"][stop:], strict=False)
+        for i, (got, exp) in enumerate(pairs):
             what = first_difference(got, exp)
-            if what is None:
-                continue
-            step = exp["step"]
-            if what in RNG_CALLS:
-                raise fail(
-                    _t(
-                        "rank {rank}, step {step}: {which}'s random draw differs from the "
-                        "uninterrupted run: save each rank's random state ({call}) and restore it",
-                        rank=rank,
-                        step=step,
-                        which=what,
-                        call=RNG_CALLS[what],
-                    ),
-                    label,
-                )
-            if what == "schedule":
-                raise fail(
-                    _t(
-                        "rank {rank}, step {step}: the learning rate is {got}, the uninterrupted "
-                        "run used {expected}: save and load scheduler.state_dict()",
-                        rank=rank,
-                        step=step,
-                        got=got["lr"],
-                        expected=exp["lr"],
-                    ),
-                    label,
-                )
+            if what is not None:
+                firsts.append((i, what == "optimizer", rank, got, exp, what))
+                break
+    if firsts:
+        _, _, rank, got, exp, what = min(firsts, key=lambda f: f[:3])
+        step = exp["step"]
+        if what in RNG_CALLS:
             raise fail(
-                lookup(MESSAGES, what, rank=rank, step=step, got=got["step"], expected=stop), label
+                _t(
+                    "rank {rank}, step {step}: {which}'s random draw differs from the "
+                    "uninterrupted run: save each rank's random state ({call}) and restore it",
+                    rank=rank,
+                    step=step,
+                    which=what,
+                    call=RNG_CALLS[what],
+                ),
+                label,
             )
+        if what == "schedule":
+            raise fail(
+                _t(
+                    "rank {rank}, step {step}: the learning rate is {got}, the uninterrupted "
+                    "run used {expected}: save and load scheduler.state_dict()",
+                    rank=rank,
+                    step=step,
+                    got=got["lr"],
+                    expected=exp["lr"],
+                ),
+                label,
+            )
+        raise fail(
+            lookup(MESSAGES, what, rank=rank, step=step, got=got["step"], expected=stop), label
+        )
+    for rank, (b, ref) in enumerate(zip(resumed, reference, strict=True)):
+        want = ref["records"]
         if len(b["records"]) != len(want) - stop:
             raise fail(
                 _t(
