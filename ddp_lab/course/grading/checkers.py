@@ -225,6 +225,12 @@ def _verdict(chk: Checker, learner: Any, lang: str | None) -> tuple[str, str]:
             return NOT_ATTEMPTED, not_attempted_line(chk.grade_id, chk.points, lang)
         else:
             why = _t("your code raised {error}", lang, error=f"{exc.type_name}: {exc.message}")
+            if exc.message.startswith("Weights only load failed"):  # torch >= 2.6's default
+                why += " " + _t(
+                    "(torch.load loads only tensors and plain types unless told otherwise: "
+                    "for a checkpoint your own code wrote, pass weights_only=False)",
+                    lang,
+                )
             detail = _t(
                 "Hidden case {index} of {total} ({case}) failed: {why}",
                 lang,
@@ -308,8 +314,9 @@ class GradeFailed(AssertionError):
 
 
 def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return text[0] if text else ""
+    from ddp_lab.course.grading.learner import _first_line as first_line
+
+    return first_line(exc)
 
 
 def fail(why: str, case: str) -> CaseFailed:

@@ -41,6 +41,10 @@ from ddp_lab.course.grading import guard, wire
 from ddp_lab.course.grading.guard import Refused, RefusedFile  # noqa: F401  # their home: the hook raises them
 from ddp_lab.i18n import _t
 
+# A terminal's colour codes, which some errors carry (torch.load's "Weights only load failed"
+# prints part of its message in bold): shown literally in a feedback file, they are noise.
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+
 
 class LearnerError(Exception):
     """The learner's code raised (or the runner could not run it).
@@ -52,6 +56,7 @@ class LearnerError(Exception):
         # An exception's class name is the learner's to choose (newlines and all): only a
         # dotted identifier of it is kept, so it can never write a line of its own.
         type_name = ".".join(re.findall(r"\w+", str(type_name)))[:80] or "Exception"
+        message = _ANSI.sub("", message)
         super().__init__(f"{type_name}: {message}")
         self.type_name, self.message, self.traceback = type_name, message, traceback
 
@@ -104,7 +109,7 @@ def error_of(exc: BaseException) -> LearnerError:
 
 
 def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
+    text = _ANSI.sub("", str(exc)).strip().splitlines()
     return text[0] if text else ""
 
 

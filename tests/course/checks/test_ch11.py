@@ -147,3 +147,16 @@ def test_a_complete_resume_is_bit_for_bit_on_three_ranks(case):
     loop keeps one layout (find_unused_parameters=True), or an honest resume would fail here."""
     label = ch11.grade_case(LocalLearner(make_resume()), 3, case)  # raises CaseFailed
     assert label.startswith("world_size=3")
+
+
+def test_torch_loads_refusal_is_shown_without_colour_codes_and_with_the_way_out():
+    """torch.load's default (weights_only=True) refuses the pickled random states: its message
+    came with literal colour codes and without what to do (on its later lines)."""
+    save, _ = make_resume()
+
+    def load_state(folder, model, optimizer, scheduler, sampler):
+        return torch.load(Path(folder) / f"rank{dist.get_rank()}.pt")["step"]
+
+    passed, line = grade(save, load_state)
+    assert not passed and "UnpicklingError: Weights only load failed" in line, line
+    assert "\x1b" not in line and "pass weights_only=False" in line, line
