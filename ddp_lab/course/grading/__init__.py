@@ -38,6 +38,7 @@ from ddp_lab.course.grading.checkers import (
     note,
     rng_for,
     run_checker,
+    running,
     wrong_form,
 )
 
@@ -55,5 +56,6 @@ __all__ = [
     "note",
     "rng_for",
     "run_checker",
+    "running",
     "wrong_form",
 ]

@@ -4,7 +4,9 @@ A chapter registers a checker with ``@checker("00.average", points=2)``. The che
 generator ``check(rng, learner)``: it draws hidden cases from the seeded ``random.Random``,
 computes the oracle (the real torch function) itself, reaches the learner's code only
 through the ``learner`` handle (``course.learner``: probes that return data) and raises
-``CaseFailed`` with a short explanation when the results differ.
+``CaseFailed`` with a short explanation when the results differ. Before a case reaches the
+learner's code the checker names it with ``running(label)``, so that an exception the
+learner's code raises there is reported with the case it happened in.
 
 ``run_checker`` runs one checker against a handle and returns the verdict line. Two callers:
 - ``grade(grade_id, *objects)`` in a notebook's graded cell (self-study): the handle is a
@@ -51,6 +53,16 @@ class Checker:
 
 
 REGISTRY: dict[str, Checker] = {}
+# The label of the case now running (``running``), for a verdict on an exception the learner's
+# code raised: the checker's generator is gone by then, and so is its label.
+_RUNNING: list[str] = []
+
+
+def running(label: str) -> str:
+    """Name the case about to run, so that an exception in it is reported with ``label``;
+    returns ``label``. Cleared when the case passes (its label yielded)."""
+    _RUNNING[:] = [label]
+    return label
 
 
 def checker(grade_id: str, points: int) -> Callable:
@@ -204,10 +216,12 @@ def _verdict(chk: Checker, learner: Any, lang: str | None) -> tuple[str, str]:
 
     cases = chk.fn(rng_for(chk.grade_id), learner)
     index, total = 0, None
+    _RUNNING.clear()
     try:
         total = next(cases)  # a checker first yields how many cases it has
         for _label in cases:
             index += 1
+            _RUNNING.clear()
     except RunnerGone:
         raise
     except NotImplementedError:
@@ -231,35 +245,16 @@ def _verdict(chk: Checker, learner: Any, lang: str | None) -> tuple[str, str]:
                     "for a checkpoint your own code wrote, pass weights_only=False)",
                     lang,
                 )
-            detail = _t(
-                "Hidden case {index} of {total} ({case}) failed: {why}",
-                lang,
-                index=index + 1,
-                total=total,
-                case="-",
-                why=why,
-            )
+            detail = case_line(index + 1, total, _RUNNING[0] if _RUNNING else "-", why, lang)
     except CaseFailed as exc:
-        detail = _t(
-            "Hidden case {index} of {total} ({case}) failed: {why}",
-            lang,
-            index=index + 1,
-            total=total,
-            case=exc.args[1] if len(exc.args) > 1 else "-",
-            why=exc.args[0],
+        detail = case_line(
+            index + 1, total, exc.args[1] if len(exc.args) > 1 else "-", exc.args[0], lang
         )
     except Exception as exc:  # noqa: BLE001  # anything else the learner's code caused
         why = _t(
             "your code raised {error}", lang, error=f"{type(exc).__name__}: {_first_line(exc)}"
         )
-        detail = _t(
-            "Hidden case {index} of {total} ({case}) failed: {why}",
-            lang,
-            index=index + 1,
-            total=total,
-            case="-",
-            why=why,
-        )
+        detail = case_line(index + 1, total, _RUNNING[0] if _RUNNING else "-", why, lang)
     else:
         return "passed", _t(
             "PASS {grade_id}: all hidden cases passed, {points}/{points} points",
@@ -317,6 +312,23 @@ def _first_line(exc: BaseException) -> str:
     from ddp_lab.course.grading.learner import _first_line as first_line
 
     return first_line(exc)
+
+
+def case_line(index: int, total: object, case: str, why: str, lang: str | None) -> str:
+    """ "Hidden case 2 of 3 (world_size=3) failed: ..."; without the parentheses where no
+    case is named ("-": the failure is not one case's, e.g. a form check of all of them)."""
+    if case in ("", "-"):
+        return _t(
+            "Hidden case {index} of {total} failed: {why}", lang, index=index, total=total, why=why
+        )
+    return _t(
+        "Hidden case {index} of {total} ({case}) failed: {why}",
+        lang,
+        index=index,
+        total=total,
+        case=case,
+        why=why,
+    )
 
 
 def fail(why: str, case: str) -> CaseFailed:

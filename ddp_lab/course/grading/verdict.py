@@ -244,6 +244,7 @@ def _judge(
     """One exercise's verdict, computed here; the learner's code is reached by probes only."""
     from ddp_lab.course.grading.checkers import (
         NOT_ATTEMPTED,
+        case_line,
         judge,
         not_attempted_line,
         verdict_line,
@@ -257,14 +258,7 @@ def _judge(
         return {"status": NOT_ATTEMPTED, "detail": not_attempted_line(grade_id, chk.points, lang)}
     if error:
         why = _t("your code raised {error}", lang, error=error)
-        detail = _t(
-            "Hidden case {index} of {total} ({case}) failed: {why}",
-            lang,
-            index=1,
-            total="?",
-            case="-",
-            why=why,
-        )
+        detail = case_line(1, "?", "-", why, lang)
         head = N_("FAIL {grade_id}: 0/{points} points.")
         line = verdict_line(head, lang, grade_id, chk.points, detail)
         return {"status": "failed", "detail": line}

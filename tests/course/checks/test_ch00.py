@@ -11,6 +11,9 @@ import torch
 import torch.distributed as dist
 from cheats import verdict
 
+from ddp_lab.course.grading import load_checkers, run_checker
+from ddp_lab.course.grading.learner import LearnerError
+
 
 def _verdict(fn: Callable, lang: str = "en") -> tuple[bool, str]:
     return verdict("00.average", fn, lang)
@@ -62,3 +65,32 @@ def test_wrong_solutions_fail_with_what_is_wrong(
 def test_feedback_in_chinese() -> None:
     passed, line = _verdict(in_place, "zh")
     assert not passed and "调用者传入的张量被改了" in line, line
+
+
+def fails_beyond_two_ranks(value: torch.Tensor) -> torch.Tensor:
+    if dist.get_world_size() > 2:
+        raise ValueError("only written for two ranks")
+    return reference(value)
+
+
+def test_an_exception_names_the_case_it_happened_in() -> None:
+    # 00.average runs 2 ranks first, then 3 or 4: the second case raises, and the verdict
+    # names that case (a learner reproduces it from the label), not "-".
+    passed, line = _verdict(fails_beyond_two_ranks)
+    assert not passed, line
+    assert "Hidden case 2 of 3 (world_size=" in line and "(-)" not in line, line
+    assert "your code raised ValueError: only written for two ranks" in line, line
+
+
+class RaisingRanks:
+    """A sandbox's learner handle whose ranks raised (how ``ddp-lab check`` hears of it)."""
+
+    def ranks(self, *args: object, **kwargs: object) -> list:
+        raise LearnerError("IndexError", "list index out of range")
+
+
+def test_an_exception_in_the_sandbox_names_the_case_too() -> None:
+    passed, line = run_checker(load_checkers()["00.average"], RaisingRanks(), "en")
+    assert not passed, line
+    assert "Hidden case 1 of 3 (world_size=2, dtype=float" in line, line
+    assert "your code raised IndexError: list index out of range" in line, line

@@ -175,6 +175,9 @@ def test_indices_checker_refuses_calling_the_real_sampler():
     assert ch06.uses_forbidden(_cheat_sampler, ch06.FORBIDDEN["06.indices"]) == "DistributedSampler"
     passed, line = _verdict("06.indices", _cheat_sampler)
     assert not passed and "write it yourself: your function calls DistributedSampler" in line
+    # Refused before any case ran: the line names no case (no "(-)").
+    assert "Hidden case 1 of " in line and " failed: write it yourself" in line, line
+    assert "(-)" not in line, line
 
 
 def test_indices_checker_refuses_the_sampler_at_run_time_under_another_name():

@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from ddp_lab.course.grading import checker, fail, wrong_form
+from ddp_lab.course.grading import checker, fail, running, wrong_form
 from ddp_lab.i18n import _t
 
 
@@ -65,7 +65,7 @@ def check_average(rng: random.Random, learner: Any) -> Iterator[object]:
     yield len(world_sizes)
     for world_size, dtype in zip(world_sizes, dtypes, strict=True):
         shape = tuple(rng.randint(1, 5) for _ in range(rng.randint(1, 2)))
-        case = f"world_size={world_size}, dtype={str(dtype).replace('torch.', '')}"
+        case = running(f"world_size={world_size}, dtype={str(dtype).replace('torch.', '')}")
         gen = torch.Generator().manual_seed(rng.randrange(10**6))
         values = [torch.randn(shape, generator=gen).to(dtype) for _ in range(world_size)]
         mean = _oracle(values)

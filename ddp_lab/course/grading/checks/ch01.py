@@ -17,7 +17,7 @@ import random
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from ddp_lab.course.grading import checker, fail
+from ddp_lab.course.grading import checker, fail, running
 from ddp_lab.course.grading.checks.probes import one, probe_diagnose
 from ddp_lab.i18n import N_, _t, lookup
 from ddp_lab.tools import cuda_compat as cc
@@ -175,7 +175,7 @@ def check_diagnose(rng: random.Random, learner: Any) -> Iterator[object]:
     cases = make_cases(rng)
     yield len(cases)
     for label, smi, nvcc, torch_build in cases:
-        case = lookup(MESSAGES, f"case_{label}")
+        case = running(lookup(MESSAGES, f"case_{label}"))
         want = expected(smi, nvcc, torch_build)
         got = one(learner.ranks(probe_diagnose, [[smi, nvcc, torch_build]], timeout=30))
         if type(got) is not tuple or not all(type(x) is str for x in got):

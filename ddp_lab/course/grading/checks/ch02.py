@@ -16,7 +16,7 @@ import random
 from collections.abc import Iterator
 from typing import Any
 
-from ddp_lab.course.grading import checker, fail
+from ddp_lab.course.grading import checker, fail, running
 from ddp_lab.course.grading.checks.probes import KEYS, one, probe_place
 from ddp_lab.i18n import N_, _t, lookup
 from ddp_lab.tools import ranks
@@ -98,7 +98,7 @@ def check_place(rng: random.Random, learner: Any) -> Iterator[object]:
             node_rank=r["GROUP_RANK"],
             world_size=r["WORLD_SIZE"],
         )
-    case = _t("torchrun, 2 nodes")
+    case = running(_t("torchrun, 2 nodes"))
     got = one(learner.ranks(probe_place, [[order_counts, order_cvds, 4]], timeout=30))
     _compare(got, want, case)
     yield case
@@ -111,7 +111,7 @@ def check_place(rng: random.Random, learner: Any) -> Iterator[object]:
         ("case_invalid", ["1,3,8,2", "5,9,7"], 3),
         ("case_too_few", ["6,7", "3"], 2),
     ]:
-        case = lookup(MESSAGES, key)
+        case = running(lookup(MESSAGES, key))
         cvds = rng.sample(forms, len(forms))
         counts = [rng.randint(fewest, 4) for _ in cvds]
         want = _as_dicts(ranks.assign(counts, cuda_visible_devices=cvds, gpus_per_node=8))

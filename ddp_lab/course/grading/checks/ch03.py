@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from ddp_lab.course.grading import checker, fail
+from ddp_lab.course.grading import checker, fail, running
 from ddp_lab.course.grading.checks.probes import (
     one,
     probe_balanced,
@@ -139,7 +139,7 @@ def check_balanced_chunks(rng: random.Random, learner: Any) -> Iterator[Any]:
     cases = _balanced_cases(rng)
     yield len(cases)
     for key, batch, n, gpu0 in cases:
-        case = lookup(MESSAGES, f"case_{key}")
+        case = running(lookup(MESSAGES, f"case_{key}"))
         expected = _expected_balanced(batch, n, gpu0)
         got = one(learner.ranks(probe_balanced, [[batch, n, gpu0]], timeout=30))
         sizes = _as_sizes(got)
@@ -239,7 +239,7 @@ def check_gather(rng: random.Random, learner: Any) -> Iterator[Any]:
     cases = _gather_cases(rng)
     yield len(cases)
     for key, dim, sizes, other in cases:
-        case = lookup(MESSAGES, f"case_{key}")
+        case = running(lookup(MESSAGES, f"case_{key}"))
         gen = torch.Generator().manual_seed(rng.randrange(10**6))
         problem = _gather_problem(learner, dim, sizes, other, gen)
         if problem:

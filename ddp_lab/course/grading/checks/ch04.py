@@ -25,7 +25,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
-from ddp_lab.course.grading import checker, fail
+from ddp_lab.course.grading import checker, fail, running
 from ddp_lab.course.grading.checks.lockdown import Forbidden
 from ddp_lab.course.grading.learner import LearnerError, Refused, refuse
 from ddp_lab.i18n import _t
@@ -306,7 +306,7 @@ def check_all_reduce(rng: random.Random, learner: Any) -> Iterator[object]:
     yield len(world_sizes)
     for n in world_sizes:
         cases = _cases(rng, ["float32", "float64", "int64", "int32"])
-        case = f"world_size={n}"
+        case = running(f"world_size={n}")
         inputs = rank_inputs(cases, n)
         expected = summed(inputs)
         got = ranks_case(learner, probe_all_reduce, inputs, case, CASE_TIMEOUT_S)
@@ -346,7 +346,7 @@ def check_all_gather(rng: random.Random, learner: Any) -> Iterator[object]:
     yield len(world_sizes)
     for n in world_sizes:
         cases = _cases(rng, ["float32", "float64", "int64", "int32"])
-        case = f"world_size={n}"
+        case = running(f"world_size={n}")
         inputs = rank_inputs(cases, n)
         expected = gathered(inputs)
         got = ranks_case(learner, probe_all_gather, inputs, case, CASE_TIMEOUT_S)

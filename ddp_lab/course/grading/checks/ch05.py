@@ -52,7 +52,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
-from ddp_lab.course.grading import checker, fail, note
+from ddp_lab.course.grading import checker, fail, note, running
 from ddp_lab.course.grading.checks import ch04
 from ddp_lab.course.grading.checks.ch04 import guarded, same, short, shown, summed
 from ddp_lab.course.grading.checks.ch05_traffic import (  # noqa: F401
@@ -390,7 +390,7 @@ def check_ring(rng: random.Random, learner: Any) -> Iterator[object]:
     world_sizes = [2, 3, 4, rng.choice([3, 4])]
     yield len(world_sizes)
     for n in world_sizes:
-        case = f"world_size={n}"
+        case = running(f"world_size={n}")
         cases = cases_for(rng, n)
         inputs = ch04.rank_inputs(cases, n)
         expected = summed(inputs)

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from torch.utils.data import DistributedSampler
 
-from ddp_lab.course.grading import checker, fail
+from ddp_lab.course.grading import checker, fail, running
 from ddp_lab.course.grading.checks.probes import _int_or_kind
 from ddp_lab.course.grading.learner import refuse
 from ddp_lab.i18n import N_, _t, lookup
@@ -276,11 +276,13 @@ def check_indices(rng: random.Random, learner: Any) -> Iterator[object]:
     yield len(cases)
     _check_forbidden("06.indices", learner)
     for key, args in cases:
-        label = _t(
-            "{what}: dataset_len={n}, num_replicas={replicas}",
-            what=lookup(MESSAGES, f"case_{key}"),
-            n=args["dataset_len"],
-            replicas=args["num_replicas"],
+        label = running(
+            _t(
+                "{what}: dataset_len={n}, num_replicas={replicas}",
+                what=lookup(MESSAGES, f"case_{key}"),
+                n=args["dataset_len"],
+                replicas=args["num_replicas"],
+            )
         )
         got = learner.ranks(probe_indices, [args], timeout=60)
         results = got[0] if type(got) is list and len(got) == 1 else got
@@ -399,6 +401,7 @@ def check_accuracy(rng: random.Random, learner: Any) -> Iterator[object]:
             for n, correct in datasets
         ]
         inputs = [[(n, per_rank[r]) for n, per_rank in shards] for r in range(replicas)]
+        running(f"world_size={replicas}")  # one run covers several datasets
         results = learner.ranks(probe_accuracy, inputs, timeout=60)
         for k, (n, correct) in enumerate(datasets):
             label = f"world_size={replicas}, dataset_len={n}"

@@ -38,7 +38,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ddp_lab.course.grading import checker, fail, wrong_form
+from ddp_lab.course.grading import checker, fail, running, wrong_form
 from ddp_lab.course.grading.checks.ch07_events import _watching
 from ddp_lab.i18n import N_, _t, lookup
 
@@ -255,7 +255,7 @@ def check_naive_ddp(rng: random.Random, learner: Any) -> Iterator[object]:
     cases = [(2, "shifted"), (2, "bn"), (rng.choice([3, 4]), "shifted")]
     yield len(cases)
     for world_size, kind in cases:
-        label = f"world_size={world_size}, {'BatchNorm' if kind == 'bn' else 'MLP'}"
+        label = running(f"world_size={world_size}, {'BatchNorm' if kind == 'bn' else 'MLP'}")
         spec = _spec(rng, kind)
         if kind == "bn":
             expected = _spawn(_oracle_bn, (spec,), world_size)
@@ -340,7 +340,7 @@ def check_bucketed(rng: random.Random, learner: Any) -> Iterator[object]:
         trainable = [p for p in model.parameters() if p.requires_grad]
         cap_mb = max(p.numel() * p.element_size() for p in trainable) / 2**20  # several buckets
         in_order = [sum(trainable[i].numel() for i in b) for b in assign_buckets(trainable, cap_mb)]
-        label = f"world_size={world_size}, bucket_cap_mb={cap_mb:.2g}"
+        label = running(f"world_size={world_size}, bucket_cap_mb={cap_mb:.2g}")
         want = _train_single(spec, world_size)
         inputs = [
             {**mine, "cap_mb": cap_mb} for mine in _rank_inputs(spec, world_size, own_models=False)

@@ -32,7 +32,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils.data import Dataset, DistributedSampler
 
-from ddp_lab.course.grading import checker, fail, wrong_form
+from ddp_lab.course.grading import checker, fail, running, wrong_form
 from ddp_lab.course.grading.checks.ch08_writes import _writes
 from ddp_lab.i18n import _t
 
@@ -432,8 +432,8 @@ def check_fit(rng: random.Random, learner: Any) -> Iterator[object]:
             "lr": 0.05,
         }
         folder = f"ddp_lab_ch08_{uuid.uuid4().hex}"  # the learner's /tmp, not this process's
+        label = running(f"world_size={world_size}, epochs={case['epochs']}")
         results = learner.spawn(probe_fit, case, folder, nprocs=world_size, timeout=120)
-        label = f"world_size={world_size}, epochs={case['epochs']}"
         results = _validate(results, world_size, case, label)  # before the oracle's ranks
         reference = spawn(
             oracle, args=(case,), nprocs=world_size, backend="gloo", quiet=True, timeout=120

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ddp_lab.course.grading import checker, fail
+from ddp_lab.course.grading import checker, fail, running
 from ddp_lab.course.grading.learner import LearnerError
 from ddp_lab.i18n import N_, _t, lookup
 
@@ -135,7 +135,7 @@ def check_global_accuracy(rng: random.Random, learner: Any) -> Iterator[object]:
         for _ in range(world_size):
             total = rng.randint(5, 200)
             counts.append((rng.randint(0, total), total))
-        case = f"world_size={world_size}"
+        case = running(f"world_size={world_size}")
         both = torch.tensor(counts, dtype=torch.float64).sum(dim=0)  # the oracle
         expected = (both[0] / both[1]).item()
         results = _run(learner, probe_accuracy, [list(c) for c in counts], case)
@@ -240,7 +240,7 @@ def check_safe_all_reduce(rng: random.Random, learner: Any) -> Iterator[object]:
     yield len(cases)
     for kind, shapes, dtypes, data_seed in cases:
         world_size = len(shapes)
-        case = lookup(MESSAGES, f"case_{kind}", world_size=world_size)
+        case = running(lookup(MESSAGES, f"case_{kind}", world_size=world_size))
         data = (shapes, dtypes, data_seed)
         expected = None
         if kind == "same":

@@ -50,7 +50,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ddp_lab.course.grading import checker, fail
+from ddp_lab.course.grading import checker, fail, running
 from ddp_lab.course.grading.checks import (
     ch10_fsdp,  # noqa: F401  # registers 10.fsdp_reduce
     ch10_hooks,  # noqa: F401  # registers 10.bf16_hook
@@ -371,7 +371,7 @@ def check_sharded_optimizer(rng: random.Random, learner: Any) -> Iterator[object
     cases = sharded_specs(rng)
     yield len(cases)
     for world, spec in cases:
-        label = _t("world_size={world}, tied + frozen parameters", world=world)
+        label = running(_t("world_size={world}, tied + frozen parameters", world=world))
         inputs = _sharded_inputs(spec, world)
         got = learner.ranks(probe_sharded, inputs, timeout=120)
         why = _sharded_verdict(got, spec, world, label)

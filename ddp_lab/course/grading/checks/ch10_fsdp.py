@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ddp_lab.course.grading import checker, fail
+from ddp_lab.course.grading import checker, fail, running
 from ddp_lab.course.grading.checks.ch10_forms import _bad, _flat, _like, _load, _ranks
 from ddp_lab.i18n import _t
 
@@ -223,7 +223,7 @@ def check_fsdp_reduce(rng: random.Random, learner: Any) -> Iterator[object]:
             "data_seed": rng.randrange(10**6),
             "widths": [rng.randint(2, 9) for _ in range(rng.randint(3, 4))],
         }
-        label = _t("world_size={world}, uneven shards", world=world)
+        label = running(_t("world_size={world}, uneven shards", world=world))
         got = learner.ranks(probe_fsdp, _fsdp_inputs(spec, world), timeout=120)
         _fsdp_verdict(got, spec, world, label)
         yield label

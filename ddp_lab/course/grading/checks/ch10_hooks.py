@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ddp_lab.course.grading import checker, fail
+from ddp_lab.course.grading import checker, fail, running
 from ddp_lab.course.grading.checks.ch10_forms import _bad, _flat, _like, _load, _ranks, _spawn
 from ddp_lab.i18n import _t
 
@@ -119,7 +119,7 @@ def check_bf16_hook(rng: random.Random, learner: Any) -> Iterator[object]:
             "h": rng.randint(4, 40),
             "cap": rng.choice([1e-4, 25.0]),  # several small buckets, or one
         }
-        label = f"world_size={world}, bucket_cap_mb={spec['cap']}"
+        label = running(f"world_size={world}, bucket_cap_mb={spec['cap']}")
         inputs = _hook_inputs(spec, world)
         got = _ranks(
             learner.ranks(probe_bf16_hook, inputs, timeout=120),

@@ -29,7 +29,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ddp_lab.course.grading import checker, fail, wrong_form
+from ddp_lab.course.grading import checker, fail, running, wrong_form
 from ddp_lab.i18n import N_, _t, lookup
 from ddp_lab.labs.recovery import loop_case_data, resumable_loop
 
@@ -392,7 +392,7 @@ def grade_case(learner: Any, world: int, case: dict[str, Any]) -> str:
     uninterrupted run of the grader's own; returns the case's label, raises CaseFailed."""
     from ddp_lab.runtime.launcher import spawn
 
-    label = f"world_size={world}, shuffle={case['shuffle']}, stop_at={case['stop_at']}"
+    label = running(f"world_size={world}, shuffle={case['shuffle']}, stop_at={case['stop_at']}")
     folder = f"ddp_lab_ch11_{uuid.uuid4().hex}"  # in each rank's /tmp
     own = [{"case": case, "folder": folder} for _ in range(world)]
     stopped = learner.ranks(probe_stop, own, timeout=120, fresh=True)

@@ -29,7 +29,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from ddp_lab.course.grading import checker, fail, wrong_form
+from ddp_lab.course.grading import checker, fail, running, wrong_form
 from ddp_lab.i18n import _t
 
 
@@ -204,7 +204,9 @@ def check_tp_pair(rng: random.Random, learner: Any) -> Iterator[object]:
             "hidden": world * rng.randint(2, 4),
             "batch": rng.randint(2, 5),
         }
-        label = _t("world_size={world}, hidden width {hidden}", world=world, hidden=spec["hidden"])
+        label = running(
+            _t("world_size={world}, hidden width {hidden}", world=world, hidden=spec["hidden"])
+        )
         got = learner.ranks(probe_tp, _tp_inputs(spec, world), timeout=120)
         _tp_verdict(got, spec, world, label)
         yield label
@@ -353,7 +355,7 @@ def check_one_f_one_b(rng: random.Random, learner: Any) -> Iterator[object]:
             yield label
     yield _t("every pipeline of 2 to 6 stages and 1 to 8 micro-batches")
     orders = checked[1]
-    label = _t("run on {p} ranks with send/recv", p=len(orders))
+    label = running(_t("run on {p} ranks with send/recv", p=len(orders)))
     inputs, want = _run_inputs(orders, rng.randint(3, 6), rng.randrange(10**6))
     grads = learner.ranks(probe_run, inputs, timeout=120)
     for s, (g, w) in enumerate(zip(grads, want["grads"], strict=True)):
