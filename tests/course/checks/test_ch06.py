@@ -203,6 +203,34 @@ def test_indices_checker_refuses_the_sampler_at_run_time_under_another_name():
     assert list(S.DistributedSampler(range(4), 2, 1, shuffle=False)) == [1, 3]
 
 
+def test_indices_checker_refuses_chapter_11s_resumable_sampler():
+    """Review 6, F1 (got 4/4): with start=0 chapter 11's sampler deals out torch's indices;
+    an instance made without torch's refused __init__ used its own methods."""
+    from ddp_lab.tools.resume import ResumableDistributedSampler as RDS
+
+    def through_object_new(n, R, rank, epoch=0, seed=0, shuffle=True, drop_last=False):
+        s = object.__new__(RDS)
+        s.dataset, s.num_replicas, s.rank = range(n), R, rank
+        s.shuffle, s.seed, s.epoch, s.start = shuffle, seed, epoch, 0
+        out = list(s)
+        return out[: n // R] if drop_last else out
+
+    hidden = {"cls": RDS}  # a name the static read does not know: refused at run time
+
+    def through_a_dict(n, R, rank, epoch=0, seed=0, shuffle=True, drop_last=False):
+        s = object.__new__(hidden["cls"])
+        s.dataset, s.num_replicas, s.rank = range(n), R, rank
+        s.shuffle, s.seed, s.epoch, s.start = shuffle, seed, epoch, 0
+        return list(s)
+
+    passed, line = _verdict("06.indices", through_object_new)
+    assert not passed and "ResumableDistributedSampler is not allowed" in line, line
+    passed, line = _verdict("06.indices", through_a_dict)
+    assert not passed and "Refused" in line and "not allowed" in line, line
+    # refused only while the learner's code runs: chapter 11's sampler works again afterwards
+    assert list(RDS(range(4), num_replicas=2, rank=1, shuffle=False)) == [1, 3]
+
+
 @pytest.mark.parametrize(
     ("cheat", "feedback"),
     [

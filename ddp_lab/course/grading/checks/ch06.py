@@ -69,6 +69,7 @@ def uses_forbidden(fn: Callable, names: set[str]) -> str:
 FORBIDDEN = {
     "06.indices": {
         "DistributedSampler",
+        "ResumableDistributedSampler",  # chapter 11's sampler: torch's indices at start=0
         "pad_or_trim",
         "padded_indices",
         "assignment_grid",
@@ -100,13 +101,19 @@ def probe_forbidden(rank: int, objects: tuple, names: list[str]) -> str:
 
 
 def _refused_for_indices() -> dict[str, Any]:
+    from ddp_lab.tools.resume import ResumableDistributedSampler  # chapter 11's, not hidden
+
+    # With start=0 chapter 11's sampler deals out torch's very indices; its own methods
+    # (``_order``, ``__iter__``) would serve an instance made without torch's refused __init__.
+    resumable = {"ddp_lab.tools.resume.ResumableDistributedSampler": ResumableDistributedSampler}
     try:
         from ddp_lab import sampler
     except ImportError:  # a grading rank: the module is hidden there (course.rankhost)
-        return {"DistributedSampler": DistributedSampler}
+        return {"DistributedSampler": DistributedSampler, **resumable}
 
     return {
         "DistributedSampler": DistributedSampler,
+        **resumable,
         "ddp_lab.sampler.DistributedSampler": sampler.DistributedSampler,
         "ddp_lab.sampler.pad_or_trim": sampler.pad_or_trim,
         "ddp_lab.sampler.permutation": sampler.permutation,

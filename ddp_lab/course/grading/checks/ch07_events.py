@@ -1,5 +1,5 @@
 """07.bucketed's record of the last backward: each all-reduce as it starts and each wait on a
-``Work`` or ``Future``, in order (see ``ch07``, whose probe adds the gradients' readiness).
+``Work`` or ``Future`` (a loop polling one until it completes counts as one), in order (see ``ch07``, whose probe adds the gradients' readiness).
 
 It runs in the learner's rank with the probe (``ch07.probe_bucketed``); what it records is
 the rank's own account, which the checker in ``ch07`` judges.
@@ -31,6 +31,12 @@ _WAITS = [
     (torch._C._distributed_c10d.Work, "synchronize"),
     (torch._C.Future, "wait"),
 ]
+# Asking whether it is done blocks nothing; asking again and again until it is (a loop of
+# ``while not work.is_completed(): pass``) is a wait written by hand.
+_POLLS = [
+    (torch._C._distributed_c10d.Work, "is_completed"),
+    (torch._C.Future, "done"),
+]
 
 
 @contextlib.contextmanager
@@ -38,6 +44,8 @@ def _watching(events: list) -> Iterator[None]:
     """While inside: each all-reduce started and each wait on a Work or a Future, in
     ``events``."""
     saved = [(cls, name, getattr(cls, name)) for cls, name in _WAITS]
+    polls = [(cls, name, getattr(cls, name)) for cls, name in _POLLS]
+    last = {"work": None, "at": -1, "noted": False}  # the last poll: of what, after which event
 
     def noting(real: Callable) -> Callable:
         def wait(*args: Any, **kwargs: Any) -> Any:
@@ -46,12 +54,29 @@ def _watching(events: list) -> Iterator[None]:
 
         return wait
 
+    def polling(real: Callable) -> Callable:
+        def poll(work: Any, *args: Any, **kwargs: Any) -> Any:
+            # The same work polled again with nothing in between (no gradient ready, no
+            # launch): a loop that spins until it completes, noted once as a wait. A poll of
+            # each pending bucket once per hook has readiness events in between.
+            if last["work"] is work and last["at"] == len(events):
+                if not last["noted"]:
+                    events.append(["wait", 0])
+                    last.update(at=len(events), noted=True)
+            else:
+                last.update(work=work, at=len(events), noted=False)
+            return real(work, *args, **kwargs)
+
+        return poll
+
     try:
         for cls, name, real in saved:
             setattr(cls, name, noting(real))
+        for cls, name, real in polls:
+            setattr(cls, name, polling(real))
         # each all-reduce as it starts, whatever Python name reached it (comm_debug.watch_c10d)
         with watch_c10d(lambda name, args: _launched(events, name, args)):
             yield
     finally:
-        for cls, name, real in saved:
+        for cls, name, real in saved + polls:
             setattr(cls, name, real)
