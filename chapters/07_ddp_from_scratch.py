@@ -1099,7 +1099,8 @@ dl.grade("07.naive_ddp", MyDDP)
 #
 # The graded cell compares the parameters after a few steps with a single-process model on
 # the full batch, and watches the last backward: at least two `all_reduce` calls, in bucket
-# index order, and none waited for before `backward()` returns (a blocking call waits too).
+# index order, and none waited for before `backward()` returns (a blocking call waits too, and
+# so does a loop that polls `work.is_completed()` until it is done).
 # Its hidden models are of two kinds. In one, bucket 0 fills first, so an all-reduce must
 # start before the last gradient is ready; in the other, a layer defined last but used first
 # makes bucket 0 the last to fill.
@@ -1119,8 +1120,9 @@ dl.grade("07.naive_ddp", MyDDP)
 #
 # 训练几步之后，评分单元会把参数与在全批上训练的单进程模型比较，并观察最后一次反向传播：至少
 # 调用两次 `all_reduce`，按桶的编号顺序发起，而且在 `backward()` 返回之前一个都没有等待（阻塞
-# 调用也算等待）。隐藏模型有两种：一种的桶 0 最先凑齐，所以在最后一个梯度就绪之前就必须发起
-# 全归约；另一种里有一层最后定义、最先使用，所以桶 0 最后才凑齐。
+# 调用也算等待，反复调用 `work.is_completed()` 直到完成的循环同样算）。隐藏模型有两种：一种的
+# 桶 0 最先凑齐，所以在最后一个梯度就绪之前就必须发起全归约；另一种里有一层最后定义、最先使用，
+# 所以桶 0 最后才凑齐。
 
 # %% tags=["exercise"]
 class GradBuckets:

@@ -365,7 +365,8 @@ def check_bucketed(rng: random.Random, learner: Any) -> Iterator[object]:
                 raise fail(
                     _t(
                         "rank {rank} waited for an all_reduce before backward returned (a "
-                        "blocking call, or a wait right after the launch): launch each bucket "
+                        "blocking call, a wait right after the launch, or a loop polling "
+                        "is_completed() until it is done): launch each bucket "
                         "with async_op=True and wait for the works only in wait(), so that "
                         "communication overlaps backward",
                         rank=rank,
