@@ -144,10 +144,13 @@ class GroupFaults:
         interrupted = sorted(pending)
         # Which request: a rank that has not yet read it, when the signal comes, stops it as
         # soon as it does (_rank_loop.arm), and one that already answered it ignores the signal.
-        note_interrupt(self.workdir, self.seq)
-        self.zygote.send({"op": "signal", "sig": signal.SIGINT, "ranks": interrupted})
         deadline = time.monotonic() + _INTERRUPT_GRACE_S
         try:
+            # Noted and signalled whole: a second interrupt in between would leave the ranks
+            # running the cell unsignalled; it is raised after, and ends the wait below.
+            with sigint_deferred():
+                note_interrupt(self.workdir, self.seq)
+                self.zygote.send({"op": "signal", "sig": signal.SIGINT, "ranks": interrupted})
             while pending and time.monotonic() < deadline:
                 self._wait(pending, replies, 0.05)
         except (KeyboardInterrupt, _Lost):

@@ -256,6 +256,8 @@ class RankGroup(GroupFaults):
                         RankFailure(fds[fd], _t("rank {rank} closed its connection", rank=fds[fd]))
                     ]
                     continue
+                if msg.get("seq") != self.seq:  # an earlier request's, left unread: not ours
+                    continue
                 replies[fds[fd]] = msg
                 pending.discard(fds[fd])
                 self.running[fds[fd]] = None

@@ -182,7 +182,9 @@ def _handle(msg: dict, ns: dict, rank: int = 0, folder: str = "") -> dict:
     release_kept_groups()  # a cell destroyed them; their workers have been idle since
     linecache.cache.update(msg.get("linecache", {}))
     CELL_NAMES.update(msg.get("cell_names", {}))
-    reply: dict[str, Any] = {"op": "reply", "status": "ok"}
+    # The request's number comes back with its reply: the notebook takes no other request's
+    # reply for it (_rank_group._wait).
+    reply: dict[str, Any] = {"op": "reply", "status": "ok", "seq": msg.get("seq")}
     profiled, trace_error = _start_trace(msg.get("trace"), rank)
     try:
         arm(folder, msg.get("seq"))
@@ -197,7 +199,8 @@ def _handle(msg: dict, ns: dict, rank: int = 0, folder: str = "") -> dict:
             for name in values:  # pushed on purpose: the ranks own them now
                 ns["__shipped__"].pop(name, None)
     except BaseException as exc:  # noqa: BLE001  # KeyboardInterrupt and SystemExit too
-        reply = {"op": "reply", "status": "error", "error": error_record(exc, __file__)}
+        error = error_record(exc, __file__)
+        reply = {"op": "reply", "status": "error", "error": error, "seq": msg.get("seq")}
     finally:
         _ignore_sigint()
     trace_error = trace_error or _stop_trace(profiled)

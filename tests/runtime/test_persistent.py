@@ -313,6 +313,25 @@ def test_a_late_interrupt_does_not_stop_the_next_cell(group, tmp_path, capfd):
     assert _lines(capfd) == ["[rank 0] ran", "[rank 1] ran"]
 
 
+def test_a_reply_to_another_request_is_never_taken_for_this_ones(group):
+    """Each reply carries its request's number (_rank_loop._handle, _rank_group._wait): a
+    reply left unread (a request given up on while its ranks still ran it) is not the next
+    request's. Here a cell writes a stray reply of its own before its real one; unnumbered,
+    the stray one answered this cell and the real one then answered the pull after it."""
+    stray = (
+        "import sys\n"
+        "from ddp_lab.runtime._zygote import write_msg\n"
+        "frame = sys._getframe()\n"
+        "while frame.f_code.co_name != 'serve':\n"
+        "    frame = frame.f_back\n"
+        "write_msg(frame.f_locals['fd'], {'op': 'reply', 'status': 'ok', 'seq': 0, 'names': []})\n"
+        "x = rank + 10\n"
+    )
+    run(stray)
+    assert dl.pull("x") == [10, 11]
+    assert dl.pull("x * 2") == [20, 22]
+
+
 def test_interrupt_inside_a_collective_restarts(group, capfd):
     old = dict(group.pids)
 
