@@ -215,6 +215,56 @@ def test_chapter_00_a_forged_busy_machine_is_the_learners_timeout(tmp_path: Path
     assert leftover_processes() == []
 
 
+def test_the_canary_judges_the_stretch_asked_for() -> None:
+    # The submission's CPU seconds (fake): 0.5 s of start-up, then nothing.
+    used = [0.0]
+    canary = isolation.Canary(period=0.05, usage=lambda: used[0], every=0.05)
+
+    def sampled(value: float) -> float:  # the first sample that saw ``value`` (waits for it)
+        end = time.monotonic() + 30
+        while time.monotonic() < end:
+            seen = [s[0] for s in list(canary.samples) if s[3] == value]
+            if seen:
+                return seen[0]
+            time.sleep(0.01)
+        raise AssertionError(f"no sample saw {value}")
+
+    used[0] = 0.5
+    stalled = sampled(0.5)  # the stalled cell starts after the start-up
+    time.sleep(0.3)
+    canary.stop()
+    assert canary.proc.poll() is not None
+    _, cpu, wall = canary.since(stalled)
+    assert cpu == 0.0 and wall >= 0.3, (cpu, wall)
+    _, cpu, wall = canary.since(canary.samples[0][0])  # the whole run
+    assert cpu == 0.5 and wall >= 0.3, (cpu, wall)
+
+
+@needs_cgroups
+def test_a_sleeping_cell_on_a_starved_machine_is_the_learners_timeout(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A machine that starves everyone (the canary waits 90% of the time it wants a CPU) for
+    # the whole run: the start-up's CPU, counted against the whole run's wall time, made a
+    # cell that only sleeps look like code that wanted the CPU ("busy", shown as "error";
+    # the test above failed so at load ~20). The cell that stalled slept: its own timeout.
+    # (Not SLEEPERS: their 300 threads' own churn, ~0.06 of a core on a free machine, is
+    # more than half of the 0.1 of a core this fake machine gives.)
+    def starved_canary(self: isolation.Canary) -> tuple[float, float]:
+        t = time.monotonic() - t0
+        return 0.1 * t, 0.9 * t
+
+    t0 = time.monotonic()
+    monkeypatch.setattr(isolation.Canary, "_schedstat", starved_canary)
+    release = read(RELEASE)
+    subs = tmp_path / "subs"
+    write(with_cell_after_setup(solved(release), "import time\ntime.sleep(3600)"), subs / "s.ipynb")
+    out = tmp_path / "out"
+    assert grade(RELEASE, subs, out, "--cell-timeout", "30", "--jobs", "1") == 0
+    assert gradebook(out)[("s", "00.average")] == (0, 2, "timeout"), gradebook(out)
+    assert leftover_processes() == []
+
+
 def test_learners_results_carry_no_instructor_notes(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

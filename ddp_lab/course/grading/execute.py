@@ -8,9 +8,10 @@ user id no other running submission has (the caller's ``isolation.Slots`` slot),
 request, and afterwards everything the run started is killed (its cgroup, its process group,
 then every process carrying the run's token), whatever happened. A timeout or a crash gives
 the exercises left their status; a timeout while the machine was too busy to give the
-submission CPU (the starvation canary, ``isolation.Canary``) is ``busy`` (grade it again), not
-the learner's fault. ``run`` is the stage: for ``ddp-lab check``'s needed cells it runs the
-whole notebook a second time when a verdict says ``NameError``.
+submission CPU (the starvation canary, ``isolation.Canary``, over the stalled cell's stretch)
+is ``busy`` (grade it again), not the learner's fault. ``run`` is the stage: for ``ddp-lab
+check``'s needed cells it runs the whole notebook a second time when a verdict says
+``NameError``.
 """
 
 from __future__ import annotations
@@ -163,7 +164,7 @@ def run_verdict(
         if progress:
             os.close(progress_w)
             shown = _show_progress(progress_r)
-        watch = isolation.Canary() if group is not None else None
+        watch = isolation.Canary(usage=group.cpu_seconds) if group is not None else None
         try:
             out, _ = proc.communicate(json.dumps(request).encode(), timeout=timeout + 60)
             answer = json.loads(out or b"{}")
@@ -177,7 +178,8 @@ def run_verdict(
             error = " ".join(tail)[-300:]
             answer = {"results": {g: {"status": "error", "detail": error} for g in found}}
         finally:  # no sandbox, zygote or rank may outlive the run
-            busy = watch.stop() if watch is not None else 0.0
+            if watch is not None:
+                watch.stop()
             if group is not None:
                 group.kill()
             kill_run(proc.pid, token)
@@ -186,10 +188,17 @@ def run_verdict(
             if shown is not None:
                 shown.join(timeout=5)
         results = {g: v for g, v in answer["results"].items() if isinstance(v, dict)}
-        if group is not None and any(
+        if watch is not None and any(
             v.get("status") in ("timeout", "timeout-cell") for v in results.values()
         ):
-            wall, used = time.monotonic() - started, group.cpu_seconds()
+            # Judged on the stretch the timeout is about: from the start of the cell that
+            # stalled (the verdict's clock, this machine's), else the whole run. A cell that
+            # slept on a busy machine is the learner's timeout, however long the start-up
+            # before it took there (its CPU is no sign the stalled cell wanted any).
+            since = answer.get("stalled_since")
+            if type(since) is not float or not started <= since <= time.monotonic():
+                since = started
+            busy, used, wall = watch.since(since)
             if isolation.starved(busy, used, wall):
                 why = _t(
                     "the grading machine was too busy to give this notebook CPU time (it "

@@ -17,7 +17,8 @@
   ``unavailable_reason`` says why and grading goes on without these limits.
 - ``Canary`` and ``starved``: whether a run's timeout may be blamed on the learner's code
   (it used the time, or slept) or on the machine (a small process of the grader's own,
-  beside it, waited for a CPU that others had).
+  beside it, waited for a CPU that others had), sampled with the submission's CPU time so
+  that a stretch of the run (the cell that stalled) can be judged alone.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ import signal
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -335,14 +337,25 @@ CANARY_CODE = (
 class Canary:
     """How busy the machine was while a submission ran, judged from a process of the
     grader's own: it runs beside the submission's code, outside its cgroup, and every
-    ``period`` s it wants ``burst`` s of CPU; ``stop`` gives the share of the time it wanted a
-    CPU that it spent waiting for one (its run-queue delay, the kernel's ``schedstat``).
+    ``period`` s it wants ``burst`` s of CPU; its run-queue delay (the kernel's
+    ``schedstat``) says what share of the time it wanted a CPU it spent waiting for one.
 
     The learner's tasks cannot move it: their own waits (hundreds of sleepers waking on one
     clock tick) are not counted, and their CPU use is held to the cgroup's share, beside
-    which the canary is a sibling of its own."""
+    which the canary is a sibling of its own.
 
-    def __init__(self, period: float = 0.5, burst: float = 0.005) -> None:
+    ``usage``: the submission's CPU seconds so far (``Cgroup.cpu_seconds``). A thread samples
+    it with the canary's counters every ``every`` s, so that ``since`` can judge the stretch
+    a timeout is about (the cell that stalled), not the whole run: the start-up's CPU, taken
+    slowly on a busy machine, is no sign that a cell which then slept wanted the CPU."""
+
+    def __init__(
+        self,
+        period: float = 0.5,
+        burst: float = 0.005,
+        usage: Callable[[], float] | None = None,
+        every: float = 1.0,
+    ) -> None:
         import subprocess
         import sys
 
@@ -354,16 +367,47 @@ class Canary:
             stderr=subprocess.DEVNULL,
             start_new_session=True,
         )
+        self.usage = usage or (lambda: 0.0)
+        self.samples: list[tuple[float, float, float, float]] = []  # (t, ran, waited, used)
+        self._stop = threading.Event()
+        self._sample()
+        self._thread = threading.Thread(target=self._watch, args=(every,), daemon=True)
+        self._thread.start()
+
+    def _schedstat(self) -> tuple[float, float]:
+        """The canary's CPU time and run-queue wait so far, in seconds."""
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            fields = Path(f"/proc/{self.proc.pid}/schedstat").read_text().split()
+            return int(fields[0]) / 1e9, int(fields[1]) / 1e9
+        return 0.0, 0.0
+
+    def _sample(self) -> None:
+        ran, waited = self._schedstat()
+        self.samples.append((time.monotonic(), ran, waited, self.usage()))
+
+    def _watch(self, every: float) -> None:
+        while not self._stop.wait(every):
+            self._sample()
 
     def stop(self) -> float:
         """Stop the canary; the share (0..1) of its wanted CPU time it spent waiting."""
-        ran = waited = 0.0
-        with contextlib.suppress(OSError, ValueError, IndexError):
-            fields = Path(f"/proc/{self.proc.pid}/schedstat").read_text().split()
-            ran, waited = int(fields[0]) / 1e9, int(fields[1]) / 1e9
-        self.proc.kill()
-        self.proc.wait()
-        return waited / (ran + waited) if ran + waited > 0 else 0.0
+        if not self._stop.is_set():
+            self._stop.set()
+            self._thread.join()
+            self._sample()
+            self.proc.kill()
+            self.proc.wait()
+        return self.since(self.samples[0][0])[0]
+
+    def since(self, t: float) -> tuple[float, float, float]:
+        """``(busy, used, wall)`` from the last sample at or before monotonic time ``t`` (the
+        first if none) to the last: the canary's waiting share, the submission's CPU
+        seconds and the wall seconds of that stretch, for ``starved``."""
+        first = max((s for s in self.samples if s[0] <= t), default=self.samples[0])
+        last = self.samples[-1]
+        ran, waited = last[1] - first[1], last[2] - first[2]
+        busy = waited / (ran + waited) if ran + waited > 0 else 0.0
+        return busy, last[3] - first[3], last[0] - first[0]
 
 
 def starved(busy: float, used: float, wall: float) -> bool:

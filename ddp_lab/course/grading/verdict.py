@@ -9,7 +9,9 @@ and answer as JSON on stdin/stdout). That process
    checker here (hidden cases and oracle results computed here; the learner's code reached
    only through ``RemoteLearner``: probes run in the sandbox, results come back as data;
    comparison and verdict here), then lets the runner go on;
-3. kills the sandbox (everything in it) and answers with one result per exercise.
+3. kills the sandbox (everything in it) and answers with one result per exercise (and, for
+   a cell past its time limit, when that cell began: ``stalled_since``, the stretch
+   ``execute.run_verdict`` judges starvation on).
 
 Nothing the learner's code does to its own process (patching ``dl.grade``, the checkers,
 torch, IPython, printing a passing line) reaches this process.
@@ -107,6 +109,10 @@ def run(request: dict[str, Any]) -> dict[str, Any]:
     masks = Path(tempfile.mkdtemp(prefix="ddp-lab-view-"))  # outside the runner's folder
     proc = None
     ended = "kernel-died"  # what the exercises not reached get
+    # When the runner began its current cell (monotonic, this machine's clock): for a cell
+    # past its time limit, the stretch execute.run_verdict judges starvation on.
+    cell_started = time.monotonic()
+    stalled_since: float | None = None
     try:
         (work / "job.json").write_text(json.dumps(job), encoding="utf-8")
         (work / lang).mkdir()  # dl.setup() finds the language from the folder, as in a notebook
@@ -139,6 +145,7 @@ def run(request: dict[str, Any]) -> dict[str, Any]:
             msg = _next_message(reader, proc, min(deadline, time.monotonic() + patience))
             if msg is None:  # no message in time: the runner is stuck
                 ended = "timeout" if time.monotonic() >= deadline else "timeout-cell"
+                stalled_since = cell_started if ended == "timeout-cell" else None
                 break
             if msg.get("flood"):  # a line past the limit: the runner is killed, not read
                 kill_group(proc)
@@ -148,11 +155,12 @@ def run(request: dict[str, Any]) -> dict[str, Any]:
                 ended = "kernel-died"
                 break
             if "timeout" in msg:
-                ended = "timeout-cell"
+                ended, stalled_since = "timeout-cell", cell_started
                 break
             if msg.get("done"):
                 break
-            if "cell" in msg:  # the runner starts a cell: progress only, nothing to answer
+            if "cell" in msg:  # the runner starts a cell: progress, and when it started
+                cell_started = time.monotonic()
                 if type(msg["cell"]) is int and 0 <= msg["cell"] < n_cells:
                     progress(_t("cell {i}/{n}", lang, i=msg["cell"] + 1, n=n_cells), end="\r")
                 continue
@@ -189,7 +197,9 @@ def run(request: dict[str, Any]) -> dict[str, Any]:
                 break
         for grade_id in found:
             results.setdefault(grade_id, {"status": ended})
-        return {"results": results}
+        if stalled_since is None:
+            return {"results": results}
+        return {"results": results, "stalled_since": stalled_since}
     finally:
         if proc is not None:
             kill_group(proc)
