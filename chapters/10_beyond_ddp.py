@@ -1246,7 +1246,9 @@ dl.grade("10.bf16_hook", my_bf16_hook)
 # old name, `dist.reduce_scatter_tensor`, and `ddp-lab doctor` says so). The graded cell trains with your function
 # against single-process training, and fails an all-reduce or an all-gather followed by a
 # local sum: each rank keeps only its shard, so receiving the whole gradient (or every
-# rank's) wastes bandwidth.
+# rank's) wastes bandwidth. When graded, it also calls your function alone on large
+# gradients on 3 ranks that refuse all_reduce, all_gather and broadcast (in any thread),
+# and counts from outside the ranks the bytes each one receives.
 
 # %% [markdown] lang="zh" tags=["exercise"]
 # ## 练习 3：FSDP 的梯度归约（2 分）
@@ -1257,7 +1259,9 @@ dl.grade("10.bf16_hook", my_bf16_hook)
 # （`dist.reduce_scatter_single(output, input)`；早于 2.13 的 torch 只有它的旧名字
 # `dist.reduce_scatter_tensor`，`ddp-lab doctor` 会指出这一点）。评分单元用你的函数训练并与单进程训练比较；
 # 使用全归约，或者先全收集再在本地求和，都会失败：每个 rank 只保留自己的分片，接收完整的梯度
-# （或所有 rank 的梯度）是在浪费带宽。
+# （或所有 rank 的梯度）是在浪费带宽。正式评分时，它还会在 3 个 rank 上单独用较大的梯度调用你的
+# 函数：这些 rank 拒绝 all_reduce、all_gather 和 broadcast（在任何线程里都一样），评分程序
+# 在各 rank 之外统计每个 rank 收到的字节数。
 
 # %% tags=["exercise"]
 def reduce_grad(flat_grad):

@@ -98,9 +98,12 @@ C10D_NAMES = {
 # ..., and DTensor's) are operators of their own namespaces (torch/csrc/distributed/c10d/
 # Functional.cpp); a dispatch mode sees them and not the c10d operators their kernels call.
 # Every one takes what this rank hands over first. ``wait_tensor`` (waiting for one) moves no
-# data: ``on_call`` hears it as "wait", the log leaves it out. The namespaces' other operators
-# are not logged: ``_wrap_tensor_autograd`` moves no data, and ``batch_p2p_ops`` is emitted by
-# torch's compiler (torch/_inductor/comm_lowering.py), not by a learner's eager code.
+# data: ``on_call`` hears it as "wait", the log leaves it out. ``batch_p2p_ops`` (a list of
+# isend/irecv with their peers and tensors: torch's compiler emits it, torch/_inductor/
+# comm_lowering.py, but eager code reaches it too, ``torch.ops._c10d_functional.batch_p2p_ops``,
+# and it runs on gloo) is logged per entry, an isend as "send" and an irecv as "recv" with its
+# tensor's bytes; ``on_call`` hears it once, as "batch_p2p_ops". The namespaces' other
+# operators (``_wrap_tensor_autograd``) move no data and are not logged.
 FUNCTIONAL_NAMES = {
     "all_reduce": "all_reduce",
     "all_reduce_": "all_reduce",
@@ -176,6 +179,15 @@ def watch_c10d(
             elif func.namespace in FUNCTIONAL_NAMESPACES and op in FUNCTIONAL_NAMES:
                 name = FUNCTIONAL_NAMES[op]
                 given = args[0] if args and name != "wait" else ()
+            elif func.namespace in FUNCTIONAL_NAMESPACES and op == "batch_p2p_ops":
+                if on_call is not None:
+                    on_call(op, args)
+                kinds = args[0] if args else []
+                tensors = args[3] if len(args) > 3 else []
+                for kind, t in zip(kinds, tensors, strict=False):
+                    if isinstance(t, torch.Tensor):
+                        entry = "send" if kind == "isend" else "recv"
+                        log.calls.append((entry, t.dtype, t.numel() * t.element_size()))
             if name is not None:
                 if on_call is not None:
                     on_call(name, args)

@@ -327,8 +327,53 @@ def p2p_gather_and_sum_grad(flat):  # an all-gather by send/recv, then a local s
     return ((flat + sum(got.values())) / world).chunk(world)[rank].clone()
 
 
+def batch_p2p_gather_and_sum_grad(flat):  # an all-gather by the functional batch_p2p_ops
+    world, rank = dist.get_world_size(), dist.get_rank()
+    peers = [p for p in range(world) if p != rank]
+    bufs = [torch.empty_like(flat) for _ in peers]
+    ops, tensors = ["isend", "irecv"] * len(peers), []
+    for b in bufs:
+        tensors += [flat, b]
+    who = [p for p in peers for _ in range(2)]
+    funcol_ops = torch.ops._c10d_functional
+    works = funcol_ops.batch_p2p_ops(ops, who, [0] * len(ops), tensors, dist.group.WORLD.group_name)
+    for w in works:
+        funcol_ops.wait_tensor(w)
+    return ((flat + sum(bufs)) / world).chunk(world)[rank].clone()
+
+
+def gather_to_each_root_grad(flat):  # every rank's whole gradient gathered on each in turn
+    world, rank = dist.get_world_size(), dist.get_rank()
+    total = None
+    for root in range(world):
+        parts = [torch.empty_like(flat) for _ in range(world)] if rank == root else None
+        dist.gather(flat, parts, dst=root)
+        total = sum(parts) if rank == root else total
+    return (total / world).chunk(world)[rank].clone()
+
+
+def all_to_all_whole_grad(flat):  # every rank's whole gradient to every rank
+    world, rank = dist.get_world_size(), dist.get_rank()
+    out = torch.empty(world * flat.numel(), dtype=flat.dtype)
+    dist.all_to_all_single(out, flat.repeat(world))
+    return (out.view(world, -1).sum(0) / world).chunk(world)[rank].clone()
+
+
+def all_to_all_reduce_scatter_grad(flat):  # shard j of every rank to rank j: a reduce-scatter
+    world = dist.get_world_size()
+    out = torch.empty_like(flat)
+    dist.all_to_all_single(out, flat / world)
+    return out.view(world, -1).sum(0)
+
+
 @pytest.mark.parametrize(
-    "right", [reduce_scatter_grad, p2p_reduce_scatter_grad, funcol_reduce_scatter_grad]
+    "right",
+    [
+        reduce_scatter_grad,
+        p2p_reduce_scatter_grad,
+        funcol_reduce_scatter_grad,
+        all_to_all_reduce_scatter_grad,
+    ],
 )
 def test_fsdp_checker_passes_reduce_scatter(right):
     assert verdict("10.fsdp_reduce", right) == ""
@@ -346,6 +391,10 @@ def test_fsdp_checker_passes_reduce_scatter(right):
         (group_method_grad, "dist.all_reduce:"),
         (p2p_gather_and_sum_grad, "received more by dist.recv than a reduce-scatter"),
         (funcol_all_reduce_grad, "dist.all_reduce:"),  # passed: a namespace of its own
+        # passed: not logged, or not counted as receiving
+        (batch_p2p_gather_and_sum_grad, "received more by dist.recv than a reduce-scatter"),
+        (gather_to_each_root_grad, "received more by dist.gather than a reduce-scatter"),
+        (all_to_all_whole_grad, "received more by dist.all_to_all_single than"),
     ],
 )
 def test_fsdp_checker_rejects_wrong_solutions(wrong, words):

@@ -4,6 +4,12 @@ module, so that loading chapter 10's checkers registers it).
 The learner's ``reduce_grad(flat_grad)`` replaces the reduce-scatter of FSDP's machinery
 (``ddp_lab.fsdp_base.FullyShardedBase``, ``probe_fsdp``); training must equal single-process
 training on the full batch, computed here, and an all-reduce or an all-gather fails.
+
+What ``probe_fsdp`` reports about the collectives (``comm_debug.watch_c10d``, in the rank's
+thread) is the rank's own account. When grading, ``ch10_fsdp_bytes`` then runs reduce_grad
+alone on large gradients at N = 3, in ranks that allow only reduce-scatters and
+point-to-point messages, and bounds the bytes each rank received, counted by the grader from
+outside the ranks; in self-study the rank's own account is all there is.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from torch import nn
 
 from ddp_lab.course.grading import checker, fail, running
 from ddp_lab.course.grading.checks.ch10_forms import _bad, _flat, _like, _load, _ranks
+from ddp_lab.course.grading.checks.ch10_fsdp_bytes import N_OBSERVED, check_bytes
 from ddp_lab.i18n import _t
 
 # ----- 10.fsdp_reduce ---------------------------------------------------------------------
@@ -33,6 +40,9 @@ WHOLE = (
     "all_gather_coalesced",
     "broadcast",
 )
+# Collectives that can be part of a reduce-scatter (a shard to each rank) or of an all-gather
+# (whole gradients): the rank's own count of what they (and recv) brought in decides.
+RECEIVING = ("recv", "gather", "scatter", "all_to_all", "all_to_all_single")
 
 
 def _fsdp_net(spec: dict) -> nn.Module:
@@ -82,25 +92,34 @@ def probe_fsdp(rank: int, objects: tuple, mine: dict) -> dict[str, Any]:
     account); the full state after three steps, or the error that stopped training (a wrong
     result makes the machinery raise).
     """
-    from ddp_lab.comm_debug import watch_c10d
+    from ddp_lab.comm_debug import tensors_of, watch_c10d
     from ddp_lab.fsdp_base import FullyShardedBase
 
     (reduce_grad,) = objects
     calls: list[list] = []
+    world = dist.get_world_size()
 
     def recorded(flat: torch.Tensor) -> torch.Tensor:
         # c10d operators, not torch.distributed's names: an all_reduce imported by name, a
         # process group's method or torch.ops.c10d is seen as well
-        with watch_c10d() as log:
+        got: dict[str, int] = {}
+
+        def on_call(name: str, args: tuple) -> None:
+            # what a gather (at its root), a scatter or an all_to_all brings in: its outputs
+            # (the first argument), less this rank's own part where every rank has one
+            if name in RECEIVING[1:] and args:
+                size = sum(t.numel() * t.element_size() for t in tensors_of(args[0]))
+                got[name] = got.get(name, 0) + (size if name == "scatter" else size - size // world)
+
+        with watch_c10d(on_call) as log:
             out = reduce_grad(flat)
         shape = list(out.shape) if isinstance(out, torch.Tensor) else None
         whole = [name for name, _, _ in log.calls if name in WHOLE]
-        # by hand with send/recv: a reduce-scatter receives at most one shard from each other
-        # rank; an all-gather (every rank's whole gradient) receives world - 1 gradients
-        world = dist.get_world_size()
-        received = sum(b for name, _, b in log.calls if name == "recv")
-        if received > (world - 1) * (flat.numel() // world) * flat.element_size():
-            whole.append("recv")
+        # by hand: a reduce-scatter receives at most one shard from each other rank; an
+        # all-gather (every rank's whole gradient) receives world - 1 gradients
+        got["recv"] = sum(b for name, _, b in log.calls if name == "recv")
+        if sum(got.values()) > (world - 1) * (flat.numel() // world) * flat.element_size():
+            whole.append(max(got, key=lambda name: got[name]))
         calls.append([flat.numel(), shape, whole[0] if whole else ""])
         return out
 
@@ -146,18 +165,19 @@ def _fsdp_verdict(got: Any, spec: dict, world: int, label: str) -> None:
             and type(c[0]) is int
             and (c[1] is None or isinstance(c[1], list) and all(type(s) is int for s in c[1]))
             and type(c[2]) is str
-            and c[2] in ("", "recv", *WHOLE)
+            and c[2] in ("", *RECEIVING, *WHOLE)
             for c in calls
         ):
             raise _bad(rank, "calls", calls, label)
         for n, _, called in calls:
-            if called == "recv":
+            if called in RECEIVING:
                 raise fail(
                     _t(
-                        "reduce_grad received more by dist.recv than a reduce-scatter does "
+                        "reduce_grad received more by dist.{name} than a reduce-scatter does "
                         "(one shard of {shard} elements from each other rank): every rank "
                         "received the whole gradient (or every rank's) although it keeps only "
                         "its shard; use dist.reduce_scatter_single (reduce-scatter)",
+                        name=called,
                         shard=n // world,
                     ),
                     label,
@@ -226,4 +246,6 @@ def check_fsdp_reduce(rng: random.Random, learner: Any) -> Iterator[object]:
         label = running(_t("world_size={world}, uneven shards", world=world))
         got = learner.ranks(probe_fsdp, _fsdp_inputs(spec, world), timeout=120)
         _fsdp_verdict(got, spec, world, label)
+        if world == N_OBSERVED:  # last: its ranks' lock lasts for their life
+            check_bytes(rng, learner, world, label)
         yield label
