@@ -124,6 +124,16 @@ def thread_all_gather(flat_grad: torch.Tensor) -> torch.Tensor:
     return (total[rank * n : (rank + 1) * n] / world).clone()
 
 
+def unlocks_then_thread_all_reduce(flat_grad: torch.Tensor) -> torch.Tensor:
+    """In the training cases (no lock there) it disarms the lock for whatever probe comes
+    next in the same process, then all-reduces on a thread: the byte probe's ranks must be
+    new processes, locked before any of the learner's code runs in them."""
+    import ddp_lab.course.grading.checks.lockdown as lockdown
+
+    lockdown.lock = lambda allowed: []
+    return thread_all_reduce(flat_grad)
+
+
 class Remote(RemoteLearner):
     """The verdict's handle without a runner: 10.fsdp_reduce reaches the learner's code
     through ``ranks`` only."""
@@ -159,3 +169,7 @@ def test_graded_the_reference_passes_and_whole_gradients_get_nothing() -> None:
     passed, line = remote_verdict(thread_all_gather)
     assert not passed and " 0/2" in line and "Hidden case 2 of" in line, line
     assert "the grader saw rank" in line, line
+    # the lock disarmed in the training cases' ranks: the byte probe's ranks are fresh
+    passed, line = remote_verdict(unlocks_then_thread_all_reduce)
+    assert not passed and " 0/2" in line and "Hidden case 2 of" in line, line
+    assert "reduce_grad called dist.all_reduce, which this exercise does not allow" in line, line

@@ -231,12 +231,15 @@ def judge_shards(got: Any, inputs: list[list[torch.Tensor]], n: int, case: str) 
 
 
 def check_bytes(rng: random.Random, learner: Any, n: int, case: str) -> None:
-    """The byte case of 10.fsdp_reduce on ``n`` ranks: run last on the exercise's ranks (their
-    lock lasts for their life, and the training probes need the other collectives)."""
+    """The byte case of 10.fsdp_reduce on ``n`` ranks: run last, in fresh ranks locked before
+    any of the learner's code runs in them (the lock lasts for their life, and the training
+    probes need the other collectives)."""
     if getattr(learner, "unobserved", "") == "self-study":
         return  # the learner's own processes: nothing to count, no lock (ch10_fsdp's checks)
     inputs = byte_inputs(rng, n)
-    got = learner.ranks(probe_fsdp_bytes, inputs, timeout=120)
+    # In new processes: the training cases ran the learner's code in this exercise's ranks
+    # unlocked, and that code could have disarmed a lock taken later in the same process.
+    got = learner.ranks(probe_fsdp_bytes, inputs, timeout=120, fresh=True)
     judge_shards(got, inputs, n, case)
     observed = getattr(learner, "traffic", None)
     if isinstance(observed, list):
