@@ -280,13 +280,18 @@ def test_safe_cases_tell_every_wrong_rule_apart_under_every_seed(
 ) -> None:
     from ddp_lab.course.grading.checkers import rng_for
 
+    same_at: set[int] = set()
     for seed in SEEDS:
         monkeypatch.setenv("DDP_LAB_GRADE_SEED", seed)
         cases = ch09.safe_cases(rng_for("09.safe_all_reduce"))
         kinds = [c[0] for c in cases]
-        assert kinds == ["same", "shape", "ndim", "dtype", "dtype16", "both_ways"], kinds
+        assert sorted(kinds) == sorted(["same", "shape", "ndim", "dtype", "dtype16", "both_ways"])
+        same_at.add(kinds.index("same"))
         for name, rule in SAFE_RULES.items():
             assert _rule_passes(rule, cases) == (name == "reference"), (seed, name, cases)
+    # review 7: in a fixed order (the sum first) a rank that counted its calls passed 3/3
+    # without comparing anything; the seed moves the case that wants the sum
+    assert len(same_at) > 1, same_at
 
 
 def test_safe_all_reduce_draws_its_cases_from_safe_cases(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -164,8 +164,9 @@ def _input(rank: int, shapes: list, dtypes: list[str], seed: int) -> torch.Tenso
 
 def safe_cases(rng: random.Random) -> list[tuple[str, list[tuple[int, ...]], list[str], int]]:
     """The hidden cases of 09.safe_all_reduce: (kind, each rank's shape, each rank's dtype,
-    the data's seed). A pure function of ``rng``, and every kind under every seed, so that a
-    check that misses one kind of mismatch fails whatever the seed:
+    the data's seed), in an order drawn from ``rng``. A pure function of ``rng``, and every
+    kind under every seed, so that a check that misses one kind of mismatch fails whatever
+    the seed:
 
     - ``same``: nothing differs; the sum must equal ``dist.all_reduce``'s;
     - ``shape``: one rank's dimensions in another order ((2, 3, 4) vs (3, 4, 2)): the same
@@ -204,6 +205,9 @@ def safe_cases(rng: random.Random) -> list[tuple[str, list[tuple[int, ...]], lis
                 bigger[dim] += sign * step
                 shapes[rank] = tuple(bigger)
         cases.append((kind, shapes, dtypes, rng.randrange(10**6)))
+    # In an order of the seed's: the ranks serve the cases one after the other, so in a fixed
+    # order a rank that counts its calls would know which case wants the sum.
+    rng.shuffle(cases)
     return cases
 
 
