@@ -305,13 +305,17 @@ def test_resume_in_the_per_rank_form_passes_the_solution_in_fresh_ranks() -> Non
 
 
 def _unlock() -> None:
-    """Undo the ranks' lockdown from the learner's code: it runs in their process, in reach
-    (its registrations are dropped; the original kernels come back)."""
-    lock = sys.modules.get("ddp_lab.course.grading.checks.lockdown")
-    if lock is not None:
-        for library in lock._libraries:
-            library._destroy()
-        lock._libraries.clear()
+    """Try to undo the ranks' lockdown from the learner's code, in their process: drop every
+    ``torch.library.Library`` the garbage collector can find (the lock keeps its
+    registration out of reach: ``tests/course/test_lockdown.py``)."""
+    import gc
+
+    for o in gc.get_objects():
+        if type(o) is torch.library.Library:
+            try:
+                o._destroy()
+            except Exception:  # noqa: BLE001, S110  # torch's own libraries may refuse
+                pass
 
 
 _GROUPS: dict = {}
@@ -435,9 +439,16 @@ observed = pytest.mark.skipif(
 
 
 @observed
-@pytest.mark.parametrize("name", ["backwards_group", "socket_ring"])
+@pytest.mark.parametrize(
+    ("name", "words"),
+    [
+        # the lock holds (it once could be undone, and then the bytes caught it)
+        ("backwards_group", "build it from dist.batch_isend_irecv"),
+        ("socket_ring", "outside their process group's connections"),
+    ],
+)
 def test_ring_bytes_count_only_on_the_connections_of_the_group_given(
-    ring_verdicts: dict, name: str
+    ring_verdicts: dict, name: str, words: str
 ) -> None:
     """A ring's bytes to the right neighbour, sent on connections other than those of the
     group the ranks were given (gloo's all-reduce on a group numbered backwards with the
@@ -447,7 +458,7 @@ def test_ring_bytes_count_only_on_the_connections_of_the_group_given(
     Beside them, in the same runs: the honest ring 5/5, the unsolved stub 0."""
     passed, line = ring_verdicts[name]
     assert not passed and " 0/5" in line and "hidden case 1 of" in line.lower(), line
-    assert "outside their process group's connections" in line, line
+    assert words in line, line
     passed, line = ring_verdicts["solution"]
     assert passed and "5/5" in line, line
     passed, line = ring_verdicts["unsolved_ring"]

@@ -17,7 +17,9 @@ unpickled, so no learner code runs before it) therefore
   ``ProcessGroupGloo``, ...) the exercise does not allow with one that raises ``Forbidden``.
 
 It lasts for the rank's life: a graded rank serves one exercise, then is killed. The original
-kernels live in C++ only: no Python object holds them for the learner to find.
+kernels live in C++ only: no Python object holds them for the learner to find, and no Python
+object holds the registration either (``_keep_for_life``), so the learner's code cannot drop
+it to bring them back.
 """
 
 from __future__ import annotations
@@ -50,7 +52,7 @@ BACKEND_METHODS = (
 )
 DEVICES = ("CPU", "CUDA", "PrivateUse1", "Meta")
 
-_libraries: list[Any] = []  # the overriding registrations live as long as these objects
+_locked: list[str] = []  # the operators locked in this process (``lock``), once
 
 
 class Forbidden(RuntimeError):
@@ -62,6 +64,25 @@ def _refusing(name: str) -> Any:
         raise Forbidden(name)
 
     return refused
+
+
+def _keep_for_life(library: Any) -> None:
+    """Make ``library``'s registrations last for the process's life, out of reach.
+
+    A ``torch.library.Library`` undoes its kernels when it is destroyed (``_destroy``, or the
+    ``weakref.finalize`` that runs ``_del_library`` and ``m.reset()``): held in a list here,
+    the learner's code could clear the list (or call the finalizer) and get the real
+    ``c10d::`` kernels back. So the finalizer is detached, and the C++ handle ``library.m``
+    gets one reference that no Python object holds (it is not tracked by ``gc`` either);
+    ``library`` itself is then dropped."""
+    import ctypes
+    import weakref
+
+    for finalizer in list(weakref.finalize._registry):  # type: ignore[attr-defined]
+        found = finalizer.peek()
+        if found is not None and found[0] is library:
+            finalizer.detach()
+    ctypes.pythonapi.Py_IncRef(ctypes.py_object(library.m))
 
 
 def c10d_operators() -> list[str]:
@@ -83,7 +104,7 @@ def lock(allowed: frozenset[str] | set[str]) -> list[str]:
     from ddp_lab.comm_debug import C10D_NAMES
 
     allowed = frozenset(allowed) | POINT_TO_POINT
-    if _libraries:  # locked already (a rank serves one exercise's cases one after the other)
+    if _locked:  # locked already (a rank serves one exercise's cases one after the other)
         return []
     locked = [op for op in c10d_operators() if op not in allowed]
     library = torch.library.Library("c10d", "IMPL")
@@ -97,7 +118,8 @@ def lock(allowed: frozenset[str] | set[str]) -> list[str]:
                     library.impl(op, _refusing(C10D_NAMES.get(op, op.strip("_"))), device)
                 except (RuntimeError, ValueError):
                     continue  # no such device in this build
-    _libraries.append(library)
+    _keep_for_life(library)
+    _locked[:] = locked or ["-"]
     backends = [
         cls
         for cls in vars(c10d).values()
