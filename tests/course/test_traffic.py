@@ -174,3 +174,17 @@ def test_group_of_and_bytes_outside_the_groups_connections() -> None:
         traffic.group_of(before, _shot(*old, store), roots, 5000, 2)
     with pytest.raises(traffic.GroupUnclear):
         traffic.group_of(before, _shot(*old, store, *pair, *mine), roots, 5000, 2)
+
+
+def test_what_moves_after_the_last_call_counts_as_the_last_calls() -> None:
+    """Review 7: the lockstep read the counters after each call, and not after the ranks'
+    last answer; a ring that sent ring-sized junk in every call and all-reduced afterwards
+    went uncounted (5/5). ``rankhost._run_steps`` folds that stretch into the last call's
+    count with ``traffic.combined``."""
+    junk = traffic.Traffic(pairs={(0, 1): 100, (1, 0): 100}, messages={(0, 1): 2}, hidden=3)
+    after = traffic.Traffic(pairs={(0, 1): 50, (1, 2): 7}, store=5, outside=11, unattributed=1)
+    both = traffic.combined(junk, after)
+    assert both.pairs == {(0, 1): 150, (1, 0): 100, (1, 2): 7}
+    assert both.messages == {(0, 1): 2}
+    assert (both.store, both.outside, both.unattributed, both.hidden) == (5, 11, 1, 3)
+    assert junk.pairs == {(0, 1): 100, (1, 0): 100}  # the parts are left as they were

@@ -261,6 +261,14 @@ class RankPool:
                 seen = None  # unreadable: ``unobserved`` says why
         self._go(ranks)
         replies = self._collect(ranks, max(until - time.monotonic(), 0.0), "ok", timeout + 10)
+        if seen:  # what moved after the last call (before the ranks answered) is its too
+            after = self._snapshot()
+            if after is None:
+                seen = None  # unreadable: ``unobserved`` says why
+            else:
+                seen[-1] = traffic.combined(
+                    seen[-1], traffic.difference(shot, after, roots, port, group)
+                )
         self.traffic = seen
         return [replies[r] for r in range(n)]
 

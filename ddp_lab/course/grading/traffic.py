@@ -76,6 +76,21 @@ class Traffic:
         return self.pairs.get((a, b), 0)
 
 
+def combined(a: Traffic, b: Traffic) -> Traffic:
+    """What moved in ``a``'s stretch and then in ``b``'s, as one."""
+    out = Traffic()
+    for t in (a, b):
+        for key, value in t.pairs.items():
+            out.pairs[key] = out.pairs.get(key, 0) + value
+        for key, value in t.messages.items():
+            out.messages[key] = out.messages.get(key, 0) + value
+        out.store += t.store
+        out.unattributed += t.unattributed
+        out.hidden += t.hidden
+        out.outside += t.outside
+    return out
+
+
 _FIELD = re.compile(r"\b(bytes_sent|bytes_received|segs_out|ino):(\d+)")
 _PID = re.compile(r"pid=(\d+)")
 

@@ -215,7 +215,7 @@ def probe_ring(rank: int, objects: tuple, inputs: list[torch.Tensor]) -> list[di
         out.append(
             {
                 "returned_input": got is mine,
-                "tensor": mine.detach(),
+                "tensor": mine.detach().clone(),  # as it was when the call returned
                 "forbidden": called,
                 "sent": sent[0],
                 "batches": batches,
