@@ -400,10 +400,12 @@ class Canary:
         return self.since(self.samples[0][0])[0]
 
     def since(self, t: float) -> tuple[float, float, float]:
-        """``(busy, used, wall)`` from the last sample at or before monotonic time ``t`` (the
-        first if none) to the last: the canary's waiting share, the submission's CPU
-        seconds and the wall seconds of that stretch, for ``starved``."""
-        first = max((s for s in self.samples if s[0] <= t), default=self.samples[0])
+        """``(busy, used, wall)`` from the first sample at or after monotonic time ``t`` (the
+        last if none) to the last: the canary's waiting share, the submission's CPU seconds
+        and the wall seconds of that stretch, for ``starved``. At or after, not before: a
+        sample before ``t`` would count up to ``every`` seconds of what ran before it (the
+        start-up's CPU, against a stalled cell that only slept)."""
+        first = min((s for s in self.samples if s[0] >= t), default=self.samples[-1])
         last = self.samples[-1]
         ran, waited = last[1] - first[1], last[2] - first[2]
         busy = waited / (ran + waited) if ran + waited > 0 else 0.0
