@@ -30,7 +30,7 @@
 # %% [markdown] lang="zh"
 # # 12 数据并行的尽头：张量并行与流水线并行
 #
-# FSDP（第 10 章）把模型的状态分片了，但每个 rank（进程编号）仍要在自己完整的微批上运行每一层，
+# FSDP（第 10 章）把模型的状态分片了，但每个 rank（进程编号）仍要在自己完整的微批（micro-batch）上运行每一层，
 # 而全局批大小随 rank 数一起增长。当一层的激活值放不下，或者批大小不能再增大时，就要把模型本身
 # 切开：**张量并行**（tensor parallelism，TP）把每一层的矩阵分到多个 rank 上，**流水线并行**
 # （pipeline parallelism，PP）把相邻的若干层放到不同的 rank 上。本章在 gloo rank 上从零实现这两
@@ -142,8 +142,8 @@ for world in (2, 4):
 # `Replicate` an all-gather, `Partial` -> `Shard` a reduce-scatter.) The cell runs it on 4
 # gloo ranks, with an input that needs its gradient as inside a deep model, and then **2D**:
 # a 2 x 2 mesh with TP on one dimension ("tp") and FSDP's `fully_shard` on the other ("dp").
-# Each rank lists the collectives torch dispatched, forward and backward apart, with the
-# bytes of the largest tensor of each. A `TorchDispatchMode` records them: it sees DTensor's
+# Each rank records the collectives torch dispatched, forward and backward apart, with the
+# bytes of the largest tensor of each; the cell prints rank 0's lists. A `TorchDispatchMode` records them: it sees DTensor's
 # functional collectives (`_c10d_functional::...`) and the `c10d::...` ops FSDP calls, as
 # torch's `CommDebugMode` in `torch/distributed/tensor/debug/_comm_mode.py` does.
 
@@ -172,8 +172,8 @@ for world in (2, 4):
 # `Partial` -> `Replicate` 是全归约，`Shard` -> `Replicate` 是全收集（all-gather），
 # `Partial` -> `Shard` 是归约散发（reduce-scatter）。下面的单元先在 4 个 gloo rank 上运行它，
 # 输入像在深层模型中那样需要梯度；再做**二维**（2D）：一个 2 × 2 的网格，一维（`"tp"`）上做 TP，
-# 另一维（`"dp"`）上做 FSDP 的 `fully_shard`。每个 rank 把前向和反向分开，列出 torch 发出的集合
-# 通信（collective），以及每次通信中最大张量的字节数。记录它们的是一个 `TorchDispatchMode`：
+# 另一维（`"dp"`）上做 FSDP 的 `fully_shard`。每个 rank 把前向和反向分开，记录 torch 发出的集合
+# 通信（collective），以及每次通信中最大张量的字节数；单元打印的是 rank 0 的记录。记录它们的是一个 `TorchDispatchMode`：
 # DTensor 的函数式集合通信（`_c10d_functional::...`）和 FSDP 调用的 `c10d::...` 算子它都能看到，
 # 与 torch 的 `CommDebugMode`（`torch/distributed/tensor/debug/_comm_mode.py`）做法相同。
 
@@ -223,16 +223,18 @@ print("q, k, v as 3 ColwiseParallel, o RowwiseParallel: forward", qkv["forward"]
 # On GPUs the same placement matters more: the "tp" dimension should be ranks of one node
 # (NVLink), the "dp" dimension crosses nodes. Measuring that needs two nodes with GPUs; not
 # run here. The meshes of this chapter are `"cpu"` meshes, and every `fully_shard` gets its
-# mesh, so the cells run the same on a machine with one GPU: `init_device_mesh("cuda", ...)`
-# sets each rank's device to `cuda:LOCAL_RANK` when no device was chosen before (`dl.spawn`
-# and torchrun set `LOCAL_RANK`; `_setup_world_group_and_device` in
-# `torch/distributed/device_mesh.py`), and `fully_shard` without a mesh builds one on the
-# accelerator (`_init_default_mesh` in `torch/distributed/fsdp/_fully_shard/_fsdp_init.py`);
-# with one GPU, ranks 1, 2 and 3 would ask for GPUs that do not exist.
+# mesh, so that on a machine with one GPU the cells compute on the CPU as they do here
+# (seeing it needs such a machine; not run here). A `"cuda"` mesh would not:
+# `init_device_mesh("cuda", ...)` sets each rank's device to `cuda:LOCAL_RANK` when that rank
+# has not initialized CUDA yet (`dl.spawn` and torchrun set `LOCAL_RANK`;
+# `_setup_world_group_and_device` in `torch/distributed/device_mesh.py`), and `fully_shard`
+# without a mesh builds one on the accelerator (`_init_default_mesh` in
+# `torch/distributed/fsdp/_fully_shard/_fsdp_init.py`); with one GPU, ranks 1, 2 and 3 would
+# ask for GPUs that do not exist.
 
 # %% [markdown] lang="zh" tags=["lesson"]
 # 单独做 TP 时，发送的内容与手写版本完全一样：前向一次激活值的全归约（`g`），反向一次（`f`），
-# 各 128 字节（4 × 8 个 float32）。二维时，各种通信分别走哪一维：全归约在一个 TP 组内进行
+# 各 128 字节（4 × 8 个 float32）。二维时，看各种通信分别走哪一维：全归约在一个 TP 组内进行
 # （{0, 1} 或 {2, 3}）；全收集和归约散发在一个 DP 组内进行（{0, 2} 或 {1, 3}），前向做全收集，
 # 反向做归约散发，每次 576 字节，即 TP 切分之后每个 TP rank 上 fc1 和 fc2 的权重与偏置：
 # (64 + 8 + 64 + 8) × 4 字节。gloo 的归约散发是对整个输入做一次全归约（见第 10 章）。全收集只有
@@ -254,8 +256,9 @@ print("q, k, v as 3 ColwiseParallel, o RowwiseParallel: forward", qkv["forward"]
 #
 # 在 GPU 上这种摆放更重要：`"tp"` 这一维应当是同一节点内的 rank（NVLink），`"dp"` 这一维跨节点。
 # 要实测这一点需要两个带 GPU 的节点，本章不做这项实测。本章的网格都是 `"cpu"` 网格，每次调用
-# `fully_shard` 也都显式传入网格，所以这些单元在只有一块 GPU 的机器上照样能跑：
-# 如果之前没有选定设备，`init_device_mesh("cuda", ...)` 会把每个 rank 的设备设成
+# `fully_shard` 也都显式传入网格，这样在只有一块 GPU 的机器上，这些单元也和这里一样在 CPU 上
+# 计算（要亲眼看到这一点需要这样一台机器，本章没有运行）。换成 `"cuda"` 网格就不行了：
+# 如果某个 rank 还没有初始化 CUDA，`init_device_mesh("cuda", ...)` 会把它的设备设成
 # `cuda:LOCAL_RANK`（`dl.spawn` 和 torchrun 都会设置 `LOCAL_RANK`；见
 # `torch/distributed/device_mesh.py` 中的 `_setup_world_group_and_device`），不传网格的
 # `fully_shard` 则会在加速器上建一个网格（见 `torch/distributed/fsdp/_fully_shard/_fsdp_init.py`
@@ -287,7 +290,7 @@ print("q, k, v as 3 ColwiseParallel, o RowwiseParallel: forward", qkv["forward"]
 # ## 3. 从零实现流水线并行
 #
 # 模型的第 s 个阶段（stage，这里是一个 Linear + tanh 块）放在 rank s 上。一批数据被切成 m 个
-# **微批**（micro-batch）；前向从 rank s 流向 s+1（用 `send`/`recv` 传递激活值），反向再流回来
+# **微批**；前向从 rank s 流向 s+1（用 `send`/`recv` 传递激活值），反向再流回来
 # （传回激活值的梯度）。**调度**（schedule）就是每个阶段执行各次计算的顺序。**GPipe** 先做完
 # 所有前向，再做所有反向；**1F1B**（一次前向、一次反向交替）让每个反向尽早开始。只要每次前向
 # 耗时相同、每次反向耗时也相同，两种调度下每个阶段的空闲比例就都相同，这个比例就是**气泡**：
@@ -317,17 +320,18 @@ for p, m in ((4, 8), (4, 4), (8, 8)):
 # %% [markdown] lang="en" tags=["lesson"]
 # Now for real: 4 gloo ranks, 8 micro-batches, each stage's gradients compared with the whole
 # model's in one process. Each pass also sleeps (20 ms forward, 40 ms backward): 4 ranks
-# that computed on this machine's 2 cores would compete for them, and the timeline would
-# show the machine, not the schedule; a sleeping rank takes no core, so each pass takes its
-# own time, as on a GPU of its own. Sends are `isend` (never blocking: with a blocking `send`, two
+# that computed would compete for the cores of a machine with fewer than 4 free ones (a
+# laptop, a shared server), and the timeline would show the machine, not the schedule; a
+# sleeping rank takes no core, so each pass takes its own time, as on a GPU of its own. Sends are `isend` (never blocking: with a blocking `send`, two
 # neighbours that send to each other at once could wait for each other, since a send may not
 # complete before its receive is posted), receives are blocking `recv`. The
 # bubble is measured from the bars: 1 - (time in passes) / (4 x the whole span).
 
 # %% [markdown] lang="zh" tags=["lesson"]
 # 现在真正运行：4 个 gloo rank，8 个微批，每个阶段的梯度都与单进程中完整模型的梯度对照。每次
-# 计算还会休眠一段时间（前向 20 ms，反向 40 ms）：4 个 rank 若在这台机器的 2 个核上真正计算，
-# 会互相争抢核，时间线反映的就是机器的争抢，而不是调度本身；休眠的 rank 不占用核，所以每次计算
+# 计算还会休眠一段时间（前向 20 ms，反向 40 ms）：如果机器的空闲核少于 4 个（笔记本电脑、
+# 共享服务器），4 个真正计算的 rank 就会互相争抢核，时间线反映的就是机器的争抢，而不是调度
+# 本身；休眠的 rank 不占用核，所以每次计算
 # 都只花它自己的时间，就像每个 rank 有自己的 GPU 时那样。发送用 `isend`，从不阻塞：发送可能要等到
 # 对方发起接收后才能完成，如果用阻塞的 `send`，两个相邻的 rank 同时向对方发送时就可能互相等待。
 # 接收用阻塞的 `recv`。气泡从图中的条形实测得出：1 - (计算时间之和) / (4 × 整段时长)。
@@ -351,8 +355,8 @@ fig.tight_layout()
 # of 1e-17, rounding), and 1F1B holds 4, 3, 2, 1 micro-batches' activations where GPipe holds
 # 8 on every stage. The measured bubbles sit a few hundredths above the formula, which
 # counts communication as free: every pass whose input comes from a neighbour also waits for
-# a send, a receive and the wake-up of a sleeping rank, and on a loaded machine for a free
-# core. The two measured numbers need not be equal either: how much each schedule pays for
+# a send, a receive and the wake-up of the rank that waits in `recv`, and on a loaded machine
+# for a free core. The two measured numbers need not be equal either: how much each schedule pays for
 # those waits depends on where they fall on its critical path and on the machine, and the
 # formula models neither; read each against the formula. With one stage per rank the
 # bubble shrinks only with more micro-batches per step; schedules that put several stages on
@@ -376,7 +380,7 @@ fig.tight_layout()
 # 两种调度得到的梯度都与单进程一致（float64，差异在 1e-17 量级，只是舍入误差）；1F1B 在各阶段
 # 分别只持有 4、3、2、1 个微批的激活值，GPipe 则每个阶段都持有 8 个。实测的气泡比公式值高出
 # 几个百分点，因为公式把通信算作零开销：凡是输入来自相邻 rank 的计算，还要等一次发送、一次接收，
-# 以及唤醒一个正在休眠的 rank；机器负载高时，还得等到空闲的核。两种调度的实测值也不一定相等：
+# 以及唤醒阻塞在 `recv` 里的 rank；机器负载高时，还得等到空闲的核。两种调度的实测值也不一定相等：
 # 每种调度为这些等待多付多少，取决于它们落在关键路径的哪些位置，也取决于机器，而公式对这两点
 # 都不建模。所以请分别拿它们和公式比较。每个 rank 只放一个阶段时，只有增加每步的微批数才能
 # 缩小气泡。还有两类调度能进一步缩小气泡：一类让每个 rank 承担多个阶段（交错式 1F1B，即
@@ -392,7 +396,7 @@ fig.tight_layout()
 # `loss_fn` 传入），记录 torch 实际执行每个阶段各次计算的顺序（即它对 `forward_one_chunk` 和
 # `backward_one_chunk` 的调用），并把梯度与单进程对照。单元还让 `Schedule1F1B` 在 4 个阶段上
 # 只用 3 个微批：torch 不接受微批数少于阶段数，而 `one_f_one_b_order`（以及练习 2）的做法是
-# 把预热（warm-up）阶段的前向次数限制在 m 以内。
+# 把预热（warm-up）的前向次数限制在 m 以内。
 
 # %% tags=["lesson"]
 twins = dl.spawn(pp.torch_pipeline_runs, nprocs=4, backend="gloo")
@@ -550,19 +554,22 @@ for name in ("fsdp", "fsdp x tp"):
 #
 # Write `copy_to_tp(x)` (Megatron's `f`: identity forward, all-reduce of the gradient
 # backward) and `reduce_from_tp(x)` (`g`: all-reduce forward, identity backward) on the
-# default process group, each with a `torch.autograd.Function`. The graded cell runs an MLP
-# split column-then-row over hidden world sizes and widths with your pair, and compares
-# the output, the input's gradient and every weight gradient with the whole MLP in one
-# process. Do not all-reduce a tensor autograd still needs in place: clone first.
+# default process group, each with a `torch.autograd.Function`. The graded cell runs a
+# two-layer MLP split column-then-row with your pair, on 2 and on 3 ranks with drawn widths,
+# and compares the output, the input's gradient and each rank's slices of the weight and
+# bias gradients with the whole MLP in one process (float64). It also hands
+# `reduce_from_tp` the output of `torch.exp`, which autograd keeps for exp's backward: do
+# not all-reduce in place a tensor autograd still needs; clone first.
 
 # %% [markdown] lang="zh" tags=["exercise"]
 # ## 练习 1：一对共轭算子（3 分）
 #
 # 写出 `copy_to_tp(x)`（Megatron 的 `f`：前向恒等，反向对梯度做全归约）和 `reduce_from_tp(x)`
 # （`g`：前向全归约，反向恒等），各用一个 `torch.autograd.Function` 实现，通信都走默认进程组。
-# 评分单元会用你的这对算子搭一个先列并行、后行并行的 MLP，在几种隐藏的 world size（进程总数）
-# 和宽度下运行，把输出、输入的梯度和每个权重梯度与单进程中完整的 MLP 比较。不要对 autograd
-# 还要用的张量原地做全归约：先克隆一份。
+# 评分单元会用你的这对算子搭一个先列并行、后行并行的两层 MLP，分别在 2 个和 3 个 rank 上、
+# 用随机抽取的宽度运行，把输出、输入的梯度，以及每个 rank 那一段权重梯度和偏置梯度，与单进程
+# 中完整的 MLP 比较（float64）。它还会把 `torch.exp` 的输出交给 `reduce_from_tp`，而 autograd
+# 要留着这个张量给 exp 的反向用：不要对 autograd 还要用的张量原地做全归约，先克隆一份。
 
 # %% tags=["exercise"]
 import torch.distributed as dist
@@ -615,22 +622,27 @@ dl.grade("12.tp_pair", copy_to_tp, reduce_from_tp)
 # ## Exercise 2: a 1F1B schedule (3 points)
 #
 # Write `schedule_1f1b(stage, stages, micro)`: stage `stage`'s order of passes, a list of
-# `("F", i)` and `("B", i)` for micro-batches `i = 0 .. micro-1`. It must run (every pass
-# once, each F(i) before its B(i), no stage waiting forever), hold at most
-# `min(stages - stage, micro)` micro-batches' activations at once, and leave the bubble
-# (p-1)/(m+p-1). The graded cell checks your orders on paper for hidden numbers of stages
-# and micro-batches (`ddp_lab.pipeline.simulate`), then runs one case for real on gloo ranks
-# with send/recv and compares the gradients with one process. GPipe's order fails (it holds
-# m); so does alternating from the start (a larger bubble).
+# `("F", i)` and `("B", i)` for micro-batches `i = 0 .. micro-1`. It must run: every pass
+# once, each F(i) before its B(i), the micro-batches in the order the neighbouring stages
+# send them (`recv` takes messages in the order they were sent), no stage waiting forever.
+# It must hold at most `min(stages - stage, micro)` micro-batches' activations at once, and
+# leave the bubble (p-1)/(m+p-1). The graded cell checks your orders on paper
+# (`ddp_lab.pipeline.simulate`: forward 1, backward 2 time units) for drawn numbers of
+# stages and micro-batches and for every pipeline of 2 to 6 stages and 1 to 8 micro-batches,
+# then runs one case for real on gloo ranks with send/recv and compares the gradients with
+# one process. GPipe's order fails (it holds m); so does alternating from the start (a
+# larger bubble).
 
 # %% [markdown] lang="zh" tags=["exercise"]
 # ## 练习 2：1F1B 调度（3 分）
 #
 # 写出 `schedule_1f1b(stage, stages, micro)`，返回第 `stage` 个阶段的计算顺序：一个由
-# `("F", i)` 和 `("B", i)` 组成的列表，`i` 是微批的索引，取 `0 .. micro-1`。它必须能跑通（每次
-# 计算恰好一次，每个 F(i) 在对应的 B(i) 之前，不会有阶段一直等下去），同一时刻最多持有
-# `min(stages - stage, micro)` 个微批的激活值，并且气泡为 (p-1)/(m+p-1)。评分单元先用几组隐藏的
-# 阶段数和微批数，在纸上推演你的顺序（`ddp_lab.pipeline.simulate`），再挑其中一组在 gloo rank 上
+# `("F", i)` 和 `("B", i)` 组成的列表，`i` 是微批的索引，取 `0 .. micro-1`。它必须能跑通：每次
+# 计算恰好一次，每个 F(i) 在对应的 B(i) 之前，各微批按相邻阶段发来的顺序处理（`recv` 按发送的
+# 顺序接收消息），不会有阶段一直等下去。它还必须做到：同一时刻最多持有
+# `min(stages - stage, micro)` 个微批的激活值，气泡为 (p-1)/(m+p-1)。评分单元先在纸上推演
+# 你的顺序（`ddp_lab.pipeline.simulate`：前向 1 个时间单位，反向 2 个），用的是几组随机抽取的
+# 阶段数和微批数，以及 2 到 6 个阶段、1 到 8 个微批的每一种流水线；再挑其中一组在 gloo rank 上
 # 用 send/recv 真正运行，把梯度与单进程比较。GPipe 的顺序通不过（它要持有 m 个微批的激活值）；
 # 一开始就交替也通不过（气泡更大）。
 

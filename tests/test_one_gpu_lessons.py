@@ -1,4 +1,4 @@
-"""What chapters 03 and 10 now say about one GPU, checked on CPU with torch's device queries
+"""What chapters 03, 10 and 12 say about one GPU, checked on CPU with torch's device queries
 faked, and on a real GPU under ``-m gpu`` (issue 40 items 2 and 3)."""
 
 from __future__ import annotations
@@ -81,6 +81,27 @@ def test_gpu_chapter_10s_hook_comparison_runs_with_the_gpus_hidden() -> None:
         rows = dl.spawn(compare_hooks, args=(None, 6), nprocs=2, backend="gloo")[0]
     assert {r["hook"] for r in rows} and all(r["bytes_per_step"] > 0 for r in rows)
     assert torch.cuda.is_available()  # the notebook's own view is unchanged
+
+
+def _chapter_12_on_cpu(rank: int) -> dict:
+    from ddp_lab.pipeline import torch_pipeline_runs
+    from ddp_lab.tensor_parallel import torch_tp_and_2d
+
+    out = {"tp": torch_tp_and_2d(rank), "pp": torch_pipeline_runs(rank)}
+    out["cuda_initialized"] = torch.cuda.is_initialized()
+    return out
+
+
+@pytest.mark.gpu
+def test_gpu_chapter_12s_meshes_and_stages_compute_on_cpu_with_one_gpu() -> None:
+    """Chapter 12, section 2: its "cpu" meshes, ``fully_shard`` given its mesh and CPU
+    pipeline stages run on 4 ranks where CUDA is available, and no rank starts CUDA (a
+    "cuda" mesh would set cuda:LOCAL_RANK: ranks 1-3 have no GPU on a one-GPU machine)."""
+    res = dl.spawn(_chapter_12_on_cpu, nprocs=4, backend="gloo")
+    assert not any(r["cuda_initialized"] for r in res)
+    assert max(r["tp"]["2d"]["grad_diff"] for r in res) < 1e-6
+    assert all(r["pp"]["1f1b"]["max_grad_diff"] < 1e-12 for r in res)
+    assert torch.cuda.is_available()
 
 
 def _lesson_cell(notebook: str, needle: str) -> str:

@@ -37,6 +37,7 @@ REJECTED = {
     r"汇合": "会合",
     r"(?<!全)收集（all-gather）": "全收集（all-gather）",
     r"单元格": "单元 (one word for a notebook cell)",
+    r"微批次": "微批 (one word for a micro-batch)",
     r"(?<![A-Za-z_])kernels?(?![A-Za-z_])": "核函数 for GPU code; 内核 for the OS or Jupyter",
 }
 
