@@ -213,6 +213,11 @@ def test_scan_finds_what_honest_solutions_never_use() -> None:
     assert "`._getframe`" in scan.findings("import sys\nf = sys._getframe(1).f_locals")
     assert scan.findings("print(open('/proc/self/fd/3').read())")
     assert scan.findings("import gc\nobjs = gc.get_objects()")
+    # review 8: the grader's wrappers keep their record and the real method in a closure
+    wrapper = "torch._C._distributed_c10d.Work.wait"
+    assert "`.__closure__`" in scan.findings(f"cells = {wrapper}.__closure__")
+    assert scan.findings(f"c = getattr({wrapper}, '__closure__')[0].cell_contents")
+    assert scan.findings(f"g = {wrapper}.__globals__")
     assert scan.findings("import importlib\nimportlib.import_module('ddp_lab.zero')")
     assert scan.findings("%%ddp -n 2\nx = torch.ones(2)") == []
     assert scan.findings("def f(t):\n    return t.view(-1).tensor_split(2)") == []

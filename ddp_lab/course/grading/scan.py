@@ -6,7 +6,8 @@ graded cell
 - reaches for a reference implementation of an exercise (``ANSWERS``: an import of it, an
   attribute or a string of its name), or
 - looks at the grader's machinery from the inside (``INTROSPECTION``: frames, the garbage
-  collector's object lists, ``/proc/self/fd``, tracing hooks, ``ctypes``), or
+  collector's object lists, a function's closure and globals, ``/proc/self/fd``, tracing
+  hooks, ``ctypes``), or
 - reads the package's files or runs text as code (``exec``, ``compile``, ``__import__``,
   ``importlib``, ``runpy``, ``linecache``, ``open`` of a module's file, a file name of a
   reference, magics that show or load a file's source, shell lines), or
@@ -82,10 +83,24 @@ INTROSPECTION = {
     "get_referents",
     "settrace",
     "setprofile",
+    # a function's captured state: the grader's wrappers keep what they record, and the
+    # real methods they wrap, in their closures and globals (review 8: 07.bucketed's record)
+    "__closure__",
+    "cell_contents",
+    "__globals__",
 }
 INSPECT_FRAMES = {"currentframe", "stack", "getouterframes", "getinnerframes", "trace"}
 MODULES = {"ctypes", "gc", "inspect", "ddp_lab.course"}  # imports flagged as such
-STRINGS = ("/proc/self", "/proc/", "/dev/fd", "ddp_lab.course", "ddp_lab/course")
+STRINGS = (
+    "/proc/self",
+    "/proc/",
+    "/dev/fd",
+    "ddp_lab.course",
+    "ddp_lab/course",
+    "__closure__",
+    "cell_contents",
+    "__globals__",
+)
 
 
 # Calls that run or compile text as code, and modules that import by name: an honest solution

@@ -166,6 +166,11 @@ class GradBuckets:
             future = work.get_future()
             while not future.done():
                 pass
+        elif self.wait_at_once == "spin_between":  # review 8, C (got 3/3)
+            other = torch.futures.Future()
+            other.set_result(None)
+            while not work.is_completed():
+                other.done()  # a poll of another object between this work's polls
         self.works.append((work, flat, b))
         self.poll()
 
@@ -270,6 +275,13 @@ class SpinsOnFutureBuckets(GradBuckets):
         super().__init__(module, cap, wait_at_once="spin_future")
 
 
+class SpinsBetweenOtherPollsBuckets(GradBuckets):
+    """The spin above, with a poll of a finished future between the work's polls."""
+
+    def __init__(self, module: nn.Module, cap: float) -> None:
+        super().__init__(module, cap, wait_at_once="spin_between")
+
+
 class PollsOnceBuckets(GradBuckets):
     """Right: after each launch, asks once how every launched bucket is doing (blocks
     nothing; a poll is not a wait)."""
@@ -340,6 +352,7 @@ def test_bucketed_checker_passes_a_correct_solution(right: type) -> None:
         (FunctionalWaitsAtOnceBuckets, "waited for an all_reduce before backward returned"),
         (SpinsBuckets, "waited for an all_reduce before backward returned"),
         (SpinsOnFutureBuckets, "waited for an all_reduce before backward returned"),
+        (SpinsBetweenOtherPollsBuckets, "waited for an all_reduce before backward returned"),
     ],
 )
 def test_bucketed_checker_rejects_wrong_solutions(wrong: type, words: str) -> None:

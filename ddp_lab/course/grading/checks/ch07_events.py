@@ -45,7 +45,8 @@ def _watching(events: list) -> Iterator[None]:
     ``events``."""
     saved = [(cls, name, getattr(cls, name)) for cls, name in _WAITS]
     polls = [(cls, name, getattr(cls, name)) for cls, name in _POLLS]
-    last = {"work": None, "at": -1, "noted": False}  # the last poll: of what, after which event
+    # Each work's last poll: after how many events (the work is kept, so its id is not reused).
+    polled: dict[int, tuple[Any, int, bool]] = {}
 
     def noting(real: Callable) -> Callable:
         def wait(*args: Any, **kwargs: Any) -> Any:
@@ -56,15 +57,17 @@ def _watching(events: list) -> Iterator[None]:
 
     def polling(real: Callable) -> Callable:
         def poll(work: Any, *args: Any, **kwargs: Any) -> Any:
-            # The same work polled again with nothing in between (no gradient ready, no
-            # launch): a loop that spins until it completes, noted once as a wait. A poll of
-            # each pending bucket once per hook has readiness events in between.
-            if last["work"] is work and last["at"] == len(events):
-                if not last["noted"]:
+            # A work polled again with nothing recorded since its last poll (no gradient
+            # ready, no launch): a loop that spins until it completes, noted once as a wait.
+            # Per work, so that polls of other objects in between do not hide the loop. A poll
+            # of each pending bucket once per hook has readiness events in between.
+            _, at, noted = polled.get(id(work), (None, -1, False))
+            if at == len(events):
+                if not noted:
                     events.append(["wait", 0])
-                    last.update(at=len(events), noted=True)
+                polled[id(work)] = (work, len(events), True)
             else:
-                last.update(work=work, at=len(events), noted=False)
+                polled[id(work)] = (work, len(events), False)
             return real(work, *args, **kwargs)
 
         return poll
