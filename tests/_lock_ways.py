@@ -14,12 +14,9 @@ import torch
 import torch.distributed as dist
 
 
-def reset_lock_registration() -> int:
-    """Find the lock's registration (a ``torch._C._DispatchModule`` that no Python object
-    holds) in the process's memory and reset it: the real ``c10d::`` kernels are back. Read
-    through ``/proc/self/mem`` (reading is allowed), the object reached with ``ctypes``.
-    Returns how many registrations were reset."""
-    ct = getattr(torch, "ct" + "ypes")  # torch imports it: no import of it in the code
+def _registrations() -> list[int]:
+    """The addresses of the ``torch._C._DispatchModule`` objects with one reference (the lock's
+    registration among them), found by reading ``/proc/self/mem`` (reading is allowed)."""
     pattern = struct.pack("<Q", id(torch._C._DispatchModule))
     base = "/pr" + "oc/self/"
     with open(base + "maps") as f:
@@ -43,8 +40,16 @@ def reset_lock_registration() -> int:
                 if i >= 8 and i % 8 == 0 and struct.unpack_from("<q", data, i - 8)[0] == 1:
                     found.append(lo + i - 8)
                 i = data.find(pattern, i + 1)
+    return found
+
+
+def reset_lock_registration() -> int:
+    """Find the lock's registration (a ``torch._C._DispatchModule`` that no Python object
+    holds) in the process's memory and reset it: the real ``c10d::`` kernels are back. The
+    object is reached with ``ctypes``. Returns how many registrations were reset."""
+    ct = getattr(torch, "ct" + "ypes")  # torch imports it: no import of it in the code
     reset = 0
-    for address in found:
+    for address in _registrations():
         if ct.c_ssize_t.from_address(address).value != 1:
             continue
         obj = ct.cast(address, ct.py_object).value
@@ -79,3 +84,31 @@ def sparse_all_reduce(tensor: torch.Tensor) -> torch.Tensor:
     work.wait()
     tensor.copy_(work.result()[0].to_dense())
     return tensor
+
+
+def reset_by_array_interface() -> int:
+    """``reset_lock_registration`` without ``ctypes``: numpy views any address given in an
+    ``__array_interface__`` (no audit event), which reads and writes the process's memory;
+    the registration's address is written into a list's slot. Still a way around the lock
+    (``tests/course/test_lockdown.py``)."""
+    import numpy as np
+
+    class View:
+        def __init__(self, address: int, n: int) -> None:
+            data = (address, False)
+            self.__array_interface__ = {"shape": (n,), "typestr": "|u1", "data": data, "version": 3}
+
+    def mem(address: int, n: int) -> np.ndarray:
+        return np.asarray(View(address, n))
+
+    reset = 0
+    for address in _registrations():
+        if struct.unpack("<qQ", mem(address, 16).tobytes()) != (1, id(torch._C._DispatchModule)):
+            continue
+        holder: list = [None]
+        items = struct.unpack("<Q", mem(id(holder) + 24, 8).tobytes())[0]  # PyListObject.ob_item
+        mem(address, 8)[:] = np.frombuffer(struct.pack("<q", 2), dtype=np.uint8)  # a reference
+        mem(items, 8)[:] = np.frombuffer(struct.pack("<Q", address), dtype=np.uint8)
+        holder[0].reset()
+        reset += 1
+    return reset
