@@ -16,6 +16,7 @@ import random
 import sys
 from typing import Any
 
+import _lock_ways
 import _ring_ways
 import cloudpickle
 import numpy as np
@@ -203,7 +204,7 @@ class Remote(RemoteLearner):
     learner's code through ``ranks`` only (``call`` and ``spawn`` would fail here)."""
 
     def __init__(self, grade_id: str, *objects: Any) -> None:
-        for module in (sys.modules[__name__], _ring_ways):  # as a notebook's code
+        for module in (sys.modules[__name__], _ring_ways, _lock_ways):  # as a notebook's code
             cloudpickle.register_pickle_by_value(module)
         blob = _pickle.dumps(objects)
         super().__init__(grade_id, None, None, lambda: None, blob, "en", 0, RankPool)  # type: ignore[arg-type]
@@ -235,6 +236,24 @@ def test_per_rank_form_passes_honest_work_and_not_a_rank_that_reads_the_others(
     # Where a frame holds every rank's input, the same attack gets past the first case.
     _, line = run_checker(load_checkers()[grade_id], LocalLearner((attack,)), "en")
     assert "Hidden case 1 of" not in line, line
+
+
+@pytest.mark.parametrize(
+    ("attack", "words"),
+    [
+        # ctypes, as the blob is loaded (after the lock, before the call's own refusals)
+        (_lock_ways.unlocked_all_reduce, "ctypes."),
+        # a sparse tensor: c10d::allreduce_'s SparseCPU kernel
+        (_lock_ways.sparse_all_reduce, "called dist.all_reduce"),
+    ],
+    ids=["ctypes_at_unpickle", "sparse"],
+)
+def test_gloo_s_own_all_reduce_around_the_lock_gets_nothing(attack: Any, words: str) -> None:
+    """Both got 3/3 for 04.all_reduce (``ddp-lab check``): the lock left ctypes usable and
+    the sparse kernels unlocked (``checks/lockdown.py``)."""
+    passed, line = remote_verdict("04.all_reduce", attack)
+    assert not passed and "Hidden case 1 of" in line and " 0/3" in line, line
+    assert words in line, line
 
 
 def test_a_case_whose_process_group_fails_to_set_up_runs_again_on_fresh_ranks(

@@ -23,6 +23,10 @@ an audit hook) refuses the roads to a fresh copy:
   a file of ``/proc`` opened for writing (``/proc/self/mem``) and ``gc.get_objects`` /
   ``get_referrers`` / ``get_referents``.
 
+``checks.lockdown.lock`` pushes a refusal of its own, locked, for a hand-written-collective
+rank (no module of its own to protect: the lock's registration lives in C++, which ``ctypes``,
+a ``/proc`` write or another program could reach).
+
 torch itself uses ``ctypes`` in one place a graded exercise reaches: on a CUDA build,
 ``torch.cuda.device_count()`` asks NVML through ``ctypes`` on every call until CUDA is
 initialised (``torch/cuda/__init__.py``: ``device_count``, ``_raw_device_count_nvml``), and

@@ -60,7 +60,7 @@ from typing import Any
 from ddp_lab.course.grading import view, wire
 from ddp_lab.course.grading.learner import RunnerGone
 from ddp_lab.course.grading.ranknet import join_network, kill_group, remove_folder, start_holder
-from ddp_lab.course.grading.rankserve import REQUEST_LIMIT
+from ddp_lab.course.grading.rankserve import REQUEST_LIMIT, protection
 from ddp_lab.i18n import _t
 
 # The package's files a rank may not import (``course.grading.view``): the reference
@@ -91,6 +91,16 @@ def _per_call(probe: str, inputs: list) -> bool:
     return all(isinstance(x, list) for x in inputs) and len({len(x) for x in inputs}) == 1
 
 
+def _protection(probe: str) -> tuple:
+    """``rankserve.protection`` of ``probe`` (a key of its own where it cannot be found)."""
+    from ddp_lab.course.grading.learner import resolve_probe
+
+    try:
+        return protection(resolve_probe(probe))
+    except (ImportError, AttributeError, ValueError):
+        return ("?", probe)
+
+
 class _SetupFailed(Exception):
     """A rank could not join the case's process group (no learner code had run in it)."""
 
@@ -102,8 +112,9 @@ class _SetupFailed(Exception):
 class RankPool:
     """The sandboxed ranks of one exercise, started as its cases need them and reused by the
     next case (torch is imported once per rank, not once per case); a failed case kills them
-    all, and the next case starts fresh ones. Rank r of every case is the same sandbox, and
-    receives only rank r's inputs."""
+    all, and the next case starts fresh ones, and so does a case whose probe declares another
+    protection than the one they ran with (``rankserve.protection``). Rank r of every case is
+    the same sandbox, and receives only rank r's inputs."""
 
     def __init__(self, blob: bytes, lang: str = "en", job: int = 0) -> None:
         from ddp_lab.course.grading import sandbox
@@ -117,6 +128,7 @@ class RankPool:
         self.base: Path | None = None
         self.view: list[str] | None = None  # the rank's view's bwrap arguments (course.view)
         self.ports: set[int] = set()
+        self.protected: tuple | None = None  # the protection the running ranks entered
         # What the last ``run`` moved between the ranks, read by the grader from the ranks'
         # network namespace (``course.traffic``), or None with the reason in ``unobserved``.
         self.traffic: Any = None
@@ -185,7 +197,13 @@ class RankPool:
         A case whose process group could not be set up (before any of the learner's code ran)
         runs once more on fresh ranks: gloo's connection set-up fails now and then on a busy
         machine ("connectFullMesh failed ... Connection closed by peer"; pytorch/gloo#413 added
-        retries for such failures), and that is not the learner's to lose points for."""
+        retries for such failures), and that is not the learner's to lose points for.
+
+        Ranks that ran a probe of another protection are not reused: fresh ones start."""
+        wanted = _protection(probe)
+        if self.procs and wanted != self.protected:
+            self.close()
+        self.protected = wanted
         try:
             return self._run(probe, inputs, timeout)
         except _SetupFailed:

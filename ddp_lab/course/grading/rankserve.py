@@ -33,6 +33,22 @@ REQUEST_LIMIT = wire.MAX_BYTES + 4096  # one request line, read by the rank
 _REFUSING: set = set()  # probes whose refusals this rank entered, never left (``_serve``)
 
 
+def protection(probe: Callable) -> tuple:
+    """What a rank enters before ``probe`` runs any of the learner's code, for the rank's life:
+    the lock (``collectives_allowed``) and the refusals (``refuses``), as a key to compare.
+
+    ``RankPool`` reuses ranks only for a probe of the same key: the learner's code that ran in
+    them under another key (unlocked, say) could have left behind what undoes a protection
+    entered later in the same process (``lockdown.lock`` replaced, a thread waiting), and what
+    a rank entered it keeps (a lock no later probe could lift)."""
+    allowed = getattr(probe, "collectives_allowed", None)
+    refuses = getattr(probe, "refuses", None)
+    return (
+        None if allowed is None else tuple(sorted(allowed)),
+        None if refuses is None else f"{refuses.__module__}:{refuses.__qualname__}",
+    )
+
+
 def _serve(request: dict, send: Callable[[dict], None], reader: wire.LineReader) -> dict:
     """Run the probe on this rank's input; the reply (data or the error). With ``steps``,
     in lockstep with the grader (``send`` a step, wait for its ``go`` on ``reader``)."""
