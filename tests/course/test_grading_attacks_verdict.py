@@ -218,6 +218,10 @@ def test_scan_finds_what_honest_solutions_never_use() -> None:
     assert "`.__closure__`" in scan.findings(f"cells = {wrapper}.__closure__")
     assert scan.findings(f"c = getattr({wrapper}, '__closure__')[0].cell_contents")
     assert scan.findings(f"g = {wrapper}.__globals__")
+    # memory at a raw address without ctypes (tests/_lock_ways.py: the lock's registration)
+    assert scan.findings("class A:\n    __array_interface__ = {'data': (0, False)}")
+    assert scan.findings("a.__array_interface__ = {'data': (0, False)}")
+    assert scan.findings("s = torch._C._construct_storage_from_data_pointer(0, dev, 8)")
     assert scan.findings("import importlib\nimportlib.import_module('ddp_lab.zero')")
     assert scan.findings("%%ddp -n 2\nx = torch.ones(2)") == []
     assert scan.findings("def f(t):\n    return t.view(-1).tensor_split(2)") == []

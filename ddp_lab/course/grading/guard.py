@@ -21,7 +21,9 @@ an audit hook) refuses the roads to a fresh copy:
   fresh import of ``_posixsubprocess`` is refused. A fork keeps the hook and its refusal;
 - editing the interpreter's memory, or finding the original code the swap keeps: ``ctypes``,
   a file of ``/proc`` opened for writing (``/proc/self/mem``) and ``gc.get_objects`` /
-  ``get_referrers`` / ``get_referents``.
+  ``get_referrers`` / ``get_referents``;
+- in a locked refusal only: a socket of any family but IP (``INET``), a channel between
+  ranks that the grader's byte count would not see.
 
 ``checks.lockdown.lock`` pushes a refusal of its own, locked, for a hand-written-collective
 rank (no module of its own to protect: the lock's registration lives in C++, which ``ctypes``,
@@ -78,6 +80,12 @@ PROGRAMS = frozenset(
 )
 # Events that read objects the learner never needs (the refused originals among them).
 MEMORY = frozenset({"gc.get_objects", "gc.get_referrers", "gc.get_referents"})
+# The socket families a locked rank may open (``socket.__new__``'s family): the grader counts
+# IP bytes from outside (``traffic.py``). An abstract unix socket (or a socketpair, or a
+# socket around an inherited descriptor, family -1) is a channel between ranks that no
+# counter sees, so a locked refusal refuses every other family (review 8: a ring's bytes sent
+# as filler while the data went through ``AF_UNIX``, 05.ring 5/5, 10.fsdp_reduce 2/2).
+INET = frozenset({2, 10})  # AF_INET, AF_INET6 (Linux)
 
 _LOCK = threading.Lock()
 _HELD: list = []  # the real ``_posixsubprocess.fork_exec``; emptied for good by a locked refusal
@@ -125,7 +133,7 @@ def _audit(event: str, args: tuple, state: tuple = (), me: object = None, kit: t
     """The audit hook. ``state``: the active refusals, innermost last, each ``(names, allowed,
     module names, {(st_dev, st_ino)}, locked, ((st_dev, st_ino), module name) pairs)``;
     ``me``: this function; ``kit``: ``(_message, Refused, RefusedFile, os.stat, type, tuple,
-    PROGRAMS, MEMORY, getattr, _fork_exec, /proc's st_dev)``. No global
+    PROGRAMS, MEMORY, getattr, _fork_exec, /proc's st_dev, INET, str)``. No global
     name is read here: a learner can rebind those."""
     if event == "object.__setattr__":
         if args[0] is not me and (not kit or args[0] is not kit[9]):
@@ -181,6 +189,11 @@ def _audit(event: str, args: tuple, state: tuple = (), me: object = None, kit: t
                 error = kit[2] if event == "open" else kit[1]
                 raise error(kit[0]("fresh", state, module))
         return
+    if event == "socket.__new__" and args[1] not in kit[11]:  # (self, family, type, proto)
+        for g in state:
+            if g[4]:
+                raise kit[1](kit[0]("other", state, "socket(family=" + kit[12](args[1]) + ")"))
+        return
     if event in kit[6]:
         raise kit[1](kit[0]("program", state, ""))
     if event in kit[7] or event.startswith("ctypes."):
@@ -228,7 +241,7 @@ def _install() -> None:
     except OSError:
         proc = -1
     kit = (_message, Refused, RefusedFile, os.stat, type, tuple, PROGRAMS, MEMORY, getattr)
-    _audit.__defaults__ = ((), _audit, (*kit, _fork_exec, proc))
+    _audit.__defaults__ = ((), _audit, (*kit, _fork_exec, proc, INET, str))
     sys.addaudithook(_audit)
 
 

@@ -88,6 +88,11 @@ INTROSPECTION = {
     "__closure__",
     "cell_contents",
     "__globals__",
+    # memory at a raw address, without ctypes (an array or a storage over any pointer): how a
+    # locked rank's lock can still be undone (INSTRUCTORS, "the lock")
+    "__array_interface__",
+    "__array_struct__",
+    "_construct_storage_from_data_pointer",
 }
 INSPECT_FRAMES = {"currentframe", "stack", "getouterframes", "getinnerframes", "trace"}
 MODULES = {"ctypes", "gc", "inspect", "ddp_lab.course"}  # imports flagged as such
@@ -100,6 +105,9 @@ STRINGS = (
     "__closure__",
     "cell_contents",
     "__globals__",
+    "__array_interface__",
+    "__array_struct__",
+    "_construct_storage_from_data_pointer",
 )
 
 
@@ -241,6 +249,8 @@ def findings(source: str, depth: int = 0) -> list[str]:
         elif isinstance(node, ast.Name):
             locates = locates or node.id in LOCATES
             if node.id in RUNS_TEXT:
+                found.append(f"`{node.id}`")
+            elif node.id in INTROSPECTION and node.id.startswith("__"):  # a class's own
                 found.append(f"`{node.id}`")
         elif isinstance(node, ast.Constant) and isinstance(node.value, str):
             text = node.value

@@ -102,7 +102,8 @@ def judge_forbidden(called: Any, banned: list[str], allowed: str, case: str) -> 
     raise fail(
         _t(
             "your function called a collective this exercise asks you to build (one "
-            "of {names}): build it from {allowed} instead",
+            "of {names}), or did what its ranks refuse (ctypes, writing to /proc, "
+            "starting a program, a socket that is not IP): build it from {allowed} instead",
             names=", ".join(f"dist.{n}" for n in banned),
             allowed=allowed,
         ),
