@@ -877,9 +877,10 @@ for hours in (24, 2):  # assumed mean time between failures of the whole job
 # %% [markdown] lang="en" tags=["exercise"]
 # ## Exercise: make a training loop resumable, bit for bit (5 points)
 #
-# `recovery.resumable_loop` (shown below) trains an MLP with dropout on 2 or 3 ranks; every
-# step draws noise from torch, its scale from numpy and a sign flip from Python's `random`,
-# and an LR schedule lowers the LR at every step. Write
+# `recovery.resumable_loop` (shown below) trains an MLP with dropout on 2 or 3 ranks, each
+# epoch on inputs of its own (the data augmented afresh); every step draws noise from torch,
+# its scale from numpy and a sign flip from Python's `random`, and an LR schedule lowers the
+# LR at every step. Write
 # `save_state(folder, model, optimizer, scheduler, sampler, step)`, called on every rank
 # after the step where the run is stopped, and
 # `load_state(folder, model, optimizer, scheduler, sampler)`, called on every rank of a
@@ -888,23 +889,25 @@ for hours in (24, 2):  # assumed mean time between failures of the whole job
 #
 # The graded cell stops the loop at a hidden step, resumes it in new processes, and compares
 # with a run that was never stopped (hidden cases: shuffling on or off, the step, world size
-# 2 or 3): the final parameters must be equal bit for bit; if not, the feedback names the
-# first thing that differed (the random state, the sampler's position, the optimizer, the
-# LR schedule).
+# 2 or 3). The new processes start with other seeds and are not told the step: what the run
+# had at the stop comes back only from your files. The final parameters must be equal bit
+# for bit; if not, the feedback names the first thing that differed (the random state, the
+# sampler's position, the optimizer, the LR schedule).
 
 # %% [markdown] lang="zh" tags=["exercise"]
 # ## 练习：让训练循环可以逐位精确地恢复（5 分）
 #
-# `recovery.resumable_loop`（源码见下）在 2 个或 3 个 rank 上训练一个带 dropout 的 MLP；每一步
-# 用 torch 抽取噪声，用 NumPy 抽取噪声的幅度，用 Python 的 `random` 决定是否翻转符号；学习率调
-# 度每一步都把学习率调低一些。请编写
+# `recovery.resumable_loop`（源码见下）在 2 个或 3 个 rank 上训练一个带 dropout 的 MLP，每一轮
+# 用一份自己的输入（数据重新做过增强）；每一步用 torch 抽取噪声，用 NumPy 抽取噪声的幅度，用
+# Python 的 `random` 决定是否翻转符号；学习率调度每一步都把学习率调低一些。请编写
 # `save_state(folder, model, optimizer, scheduler, sampler, step)`：运行停下的那一步结束之后，
 # 每个 rank 都会调用它；以及 `load_state(folder, model, optimizer, scheduler, sampler)`：新启动
 # 的各个 rank 在继续训练之前调用它，它返回步数。每个 rank 都有自己的随机数状态：每个 rank 的状态
 # 都要保存。
 #
 # 评分单元在一个隐藏的步数处停下循环，在新的进程中恢复，再与从未停下的运行比较（隐藏用例：是否
-# 打乱、停下的步数、world size 为 2 或 3）：最终参数必须逐位相同；否则反馈会指出最先出现差异的
+# 打乱、停下的步数、world size 为 2 或 3）。新进程用另外的随机种子启动，也不会被告知停在哪一步：
+# 停下时训练的状态只能从你保存的文件里恢复。最终参数必须逐位相同；否则反馈会指出最先出现差异的
 # 部分（随机数状态、采样器位置、优化器、学习率调度）。
 
 # %% tags=["exercise"]

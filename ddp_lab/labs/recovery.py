@@ -216,15 +216,22 @@ def smallest_every(cost: dict[str, float], limit: float = 0.10, kind: str = "tor
 # --- chapter 11's exercise: a training loop to make resumable ------------------------------
 
 
-def loop_case_data(case: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor, nn.Module]:
-    """A small classification task and an MLP with dropout, from ``case["seed"]``."""
-    gen = torch.Generator().manual_seed(case["seed"])
+def loop_data(seed: int, n: int, epochs: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A small classification task: ``n`` labels of 3 classes, and each epoch's inputs (the
+    class centres plus noise drawn afresh for every epoch, an augmentation made ahead of
+    time): inputs of shape (epochs, n, 4), labels of shape (n,)."""
+    gen = torch.Generator().manual_seed(seed)
     centers = 2.0 * torch.randn(3, 4, generator=gen)
-    y = torch.randint(0, 3, (case["n"],), generator=gen)
-    x = centers[y] + torch.randn(case["n"], 4, generator=gen)
+    y = torch.randint(0, 3, (n,), generator=gen)
+    return centers[y] + torch.randn(epochs, n, 4, generator=gen), y
+
+
+def loop_case_data(case: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor, nn.Module]:
+    """The case's data (``case["x"]``: each epoch's inputs; ``case["y"]``: the labels) and an
+    MLP with dropout, initialised from ``case["seed"]``."""
     torch.manual_seed(case["seed"])
     model = nn.Sequential(nn.Linear(4, 16), nn.ReLU(), nn.Dropout(0.2), nn.Linear(16, 3))
-    return x, y, model
+    return case["x"], case["y"], model
 
 
 def _digest(model: nn.Module) -> str:
@@ -244,11 +251,13 @@ def resumable_loop(
     With ``case["stop_at"]``: call ``save_state(folder, model, optimizer, scheduler,
     sampler, step)`` after that step and return. With ``case["resume"]``: build everything
     as a fresh run would, call ``step = load_state(folder, model, optimizer, scheduler,
-    sampler)``, and go on from there. Every draw comes from the global generators (dropout
-    and noise from torch, the noise's scale from numpy, a sign flip from Python's random),
-    each rank seeded differently, as real programs do. Returns one record per step (the
-    batch's sample indices, the draws, the LR, the parameters' digest before and after)
-    and the final parameters. The LR recorded is the one the schedule set for the next step.
+    sampler)``, and go on from there. ``case["seed"]`` initialises the model and each rank's
+    random streams, ``case["order_seed"]`` the sampler's shuffle; epoch e trains on
+    ``case["x"][e]``. Every draw comes from the global generators (dropout and noise from
+    torch, the noise's scale from numpy, a sign flip from Python's random), each rank seeded
+    differently, as real programs do. Returns one record per step (the epoch, the batch's
+    sample indices, the draws, the LR, the parameters' digest before and after) and the
+    final parameters. The LR recorded is the one the schedule set for the next step.
     """
     import random as pyrandom
 
@@ -259,12 +268,12 @@ def resumable_loop(
     from ddp_lab.tools.resume import ResumableDistributedSampler
 
     rank = dist.get_rank()
-    x, y, model = loop_case_data(case)
-    dataset = TensorDataset(torch.arange(len(y)), x, y)
+    xs, y, model = loop_case_data(case)
+    dataset = TensorDataset(torch.arange(len(y)), xs[0], y)
     optimizer = torch.optim.SGD(model.parameters(), lr=case["lr"], momentum=0.9)
     decay = case["lr_every"]  # the LR falls as 1 / (1 + step / decay): every step differs
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0 / (1.0 + s / decay))
-    sampler = ResumableDistributedSampler(dataset, shuffle=case["shuffle"], seed=case["seed"])
+    sampler = ResumableDistributedSampler(dataset, shuffle=case["shuffle"], seed=case["order_seed"])
     torch.manual_seed(case["seed"] + 1 + rank)  # each rank its own random streams
     np.random.seed(case["seed"] + 1 + rank)
     pyrandom.seed(case["seed"] + 1 + rank)
@@ -287,6 +296,7 @@ def resumable_loop(
         if not resumed:
             sampler.set_epoch(epoch)  # a resumed epoch keeps the loaded position
         resumed = False
+        dataset.tensors = (dataset.tensors[0], xs[epoch], y)  # this epoch's inputs
         for idx, xb, yb in loader:
             before = _digest(model)
             scale = float(np.random.rand())
@@ -303,6 +313,7 @@ def resumable_loop(
             records.append(
                 {
                     "step": step,
+                    "epoch": epoch,
                     "indices": idx.tolist(),
                     "torch": round(float(noise.flatten()[0]), 6),
                     "numpy": round(scale, 6),

@@ -106,10 +106,12 @@ def test_a_resume_that_forgets_one_part_fails_and_says_which(forget, words):
 
 
 def test_first_difference_orders_the_causes():
-    rec = {"step": 3, "indices": [1, 2], "torch": 0.5, "numpy": 0.1, "python": True,
-           "lr": 0.1, "before": "a", "after": "b"}  # fmt: skip
+    rec = {"step": 3, "epoch": 0, "indices": [1, 2], "torch": 0.5, "numpy": 0.1,
+           "python": True, "lr": 0.1, "before": "a", "after": "b"}  # fmt: skip
     assert ch11.first_difference(rec, dict(rec)) is None
     assert ch11.first_difference({**rec, "indices": [2, 1], "torch": 0.4}, rec) == "sampler"
+    # the same samples in another epoch (no shuffle): that epoch's inputs, another update
+    assert ch11.first_difference({**rec, "epoch": 1, "after": "c"}, rec) == "sampler"
     assert ch11.first_difference({**rec, "numpy": 0.2, "after": "c"}, rec) == "numpy"
     assert ch11.first_difference({**rec, "after": "c"}, rec) == "optimizer"
     assert ch11.first_difference({**rec, "before": "z", "indices": []}, rec) == "model"

@@ -11,13 +11,22 @@ processes (``fresh=True``: new sandboxes in the grader), gets those files back a
 checkpoint folder (what a shared file system would show every rank), loads and finishes
 the run (``probe_resume``). The checker runs the same loop without interruption in ranks of
 its own, and compares: the final parameters bit for bit, or the first resumed step whose
-record differs, which says what the checkpoint missed.
+record differs, which says what the checkpoint missed. The folder crosses as data
+(``ch11_files``).
+
+The resume launch's input cannot make the run without the checkpoint (``launches``): other
+seeds (the model's initialisation, each rank's random streams), no stop step, and the inputs of
+the epochs after the stop's, which the grader draws and the stop launch never receives. So the
+state at the stop reaches the resume only in the files the stop launch wrote, and a run the
+stop launch finished ahead lacks the later epochs' inputs. That holds whatever the learner's
+code changes in its own processes (the probe's code, torch, the rank's reply itself are within
+its reach); the probes also bind their helpers at import, before a rank loads the learner's
+objects, so that a module attribute those set while they load is not what the probe calls.
 """
 
 from __future__ import annotations
 
 import math
-import os
 import random
 import shutil
 import tempfile
@@ -30,8 +39,9 @@ import torch
 import torch.distributed as dist
 
 from ddp_lab.course.grading import checker, fail, running, wrong_form
+from ddp_lab.course.grading.checks.ch11_files import checkpoint_files, read_files, write_files
 from ddp_lab.i18n import N_, _t, lookup
-from ddp_lab.labs.recovery import loop_case_data, resumable_loop
+from ddp_lab.labs.recovery import loop_case_data, loop_data, resumable_loop
 
 MESSAGES = {
     "step": N_(
@@ -79,6 +89,7 @@ RNG_CALLS = {
 }
 FIELDS = {
     "step": int,
+    "epoch": int,
     "indices": list,
     "torch": float,
     "numpy": float,
@@ -89,45 +100,30 @@ FIELDS = {
 }
 
 
-CHECKPOINT_LIMIT = 16 * 2**20  # bytes of checkpoint files handed from one launch to the next
+EPOCHS = 3  # a stop falls in the first two: at least one epoch's inputs are new to the resume
+# What the loop reads of a case: the oracle gets these, each launch a part (``launches``).
+LOOP_KEYS = ("seed", "order_seed", "x", "y", "batch_size", "epochs", "lr", "lr_every",
+             "shuffle", "stop_at")  # fmt: skip
 
 
-def _read_files(where: Path) -> dict[str, torch.Tensor]:
-    """Every file under ``where`` (relative name -> its bytes as a uint8 tensor)."""
-    files: dict[str, torch.Tensor] = {}
-    for path in sorted(where.rglob("*")):
-        if path.is_file() and not path.is_symlink():
-            raw = bytearray(path.read_bytes())
-            data = (
-                torch.frombuffer(raw, dtype=torch.uint8)
-                if raw
-                else torch.empty(0, dtype=torch.uint8)
-            )
-            files[path.relative_to(where).as_posix()] = data.clone()
-    return files
-
-
-def _write_files(where: Path, files: dict[str, torch.Tensor]) -> None:
-    """The checkpoint folder as the first launch left it (each file written atomically, so that
-    ranks sharing one folder, as in self-study, do not see each other's half-written copy)."""
-    for name, data in files.items():
-        path = where / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        part = path.with_name(f"{path.name}.{os.getpid()}.part")
-        part.write_bytes(data.numpy().tobytes())
-        os.replace(part, path)
-
-
-def probe_stop(rank: int, objects: tuple, data: dict[str, Any]) -> dict[str, Any]:
+def probe_stop(
+    rank: int,
+    objects: tuple,
+    data: dict[str, Any],
+    *,
+    _loop: Any = resumable_loop,
+    _read: Any = read_files,
+) -> dict[str, Any]:
     """In the learner's ranks: run the loop up to ``case["stop_at"]``, call save_state, and send
-    back the records and the files written into the checkpoint folder."""
+    back the records and the files written into the checkpoint folder. (``_loop``, ``_read``:
+    bound at import, before the rank loads the learner's objects.)"""
     save_state, _ = objects
     where = Path(tempfile.gettempdir()) / data["folder"]
     where.mkdir(parents=True, exist_ok=True)
     try:
-        out = resumable_loop(data["case"], save_state=save_state, folder=str(where))
+        out = _loop(data["case"], save_state=save_state, folder=str(where))
         dist.barrier()  # every rank's save is complete before the files are read
-        out["files"] = _read_files(where)
+        out["files"] = _read(where)
         dist.barrier()
     except BaseException:
         # The launcher stops the other ranks after a failure: nobody else would remove it.
@@ -138,9 +134,17 @@ def probe_stop(rank: int, objects: tuple, data: dict[str, Any]) -> dict[str, Any
     return out
 
 
-def probe_resume(rank: int, objects: tuple, data: dict[str, Any]) -> dict[str, Any]:
+def probe_resume(
+    rank: int,
+    objects: tuple,
+    data: dict[str, Any],
+    *,
+    _loop: Any = resumable_loop,
+    _write: Any = write_files,
+) -> dict[str, Any]:
     """In fresh ranks: the checkpoint folder rebuilt from the first launch's files, load_state
-    from it, and finish the run."""
+    from it, and finish the run (the case of the resume launch: other seeds, no stop step,
+    every epoch's inputs; ``_loop``, ``_write``: bound at import)."""
     _, load_state = objects
     where = Path(tempfile.gettempdir()) / data["folder"]
     where.mkdir(parents=True, exist_ok=True)
@@ -152,11 +156,9 @@ def probe_resume(rank: int, objects: tuple, data: dict[str, Any]) -> dict[str, A
         return step if type(step) is int else 0
 
     try:
-        _write_files(where, data["files"])
+        _write(where, data["files"])
         dist.barrier()  # the folder is complete on every rank before any loads
-        out = resumable_loop(
-            {**data["case"], "resume": True, "stop_at": None}, load_state=load, folder=str(where)
-        )
+        out = _loop({**data["case"], "resume": True}, load_state=load, folder=str(where))
     finally:
         dist.barrier()
         if rank == 0:
@@ -165,37 +167,24 @@ def probe_resume(rank: int, objects: tuple, data: dict[str, Any]) -> dict[str, A
     return out
 
 
-def checkpoint_files(stopped: list[dict], label: str) -> dict[str, torch.Tensor]:
-    """The checkpoint folder the ranks of the first launch left, as data: the union of the files
-    each rank saw (where two ranks saw one name, the lowest rank's copy), checked for form."""
-    files: dict[str, torch.Tensor] = {}
-    total = 0
-    for rank, r in enumerate(stopped):
-        got = r.get("files")
-        if not isinstance(got, dict):
-            raise wrong_form(rank, "files", _kind(got), label)
-        for name, data in got.items():
-            parts = Path(name).parts if isinstance(name, str) else ()
-            if (
-                not parts
-                or Path(name).is_absolute()
-                or any(p in ("..", ".") for p in parts)
-                or type(data) is not torch.Tensor
-                or data.dtype != torch.uint8
-                or data.dim() != 1
-            ):
-                raise wrong_form(rank, "files", _kind(data), label)
-            if name not in files:
-                files[name] = data
-                total += data.numel()
-    if total > CHECKPOINT_LIMIT:
-        raise wrong_form("-", "files", f"{total} bytes", label)
-    return files
-
-
 def _oracle(rank: int, case: dict[str, Any]) -> dict[str, Any]:
     """In the grader's ranks: the same loop, never stopped."""
     return resumable_loop({**case, "stop_at": None})
+
+
+def launches(case: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """What the ranks of the stop launch and of the resume launch receive of ``case``.
+
+    The stop launch: the case, with the inputs of the epochs up to the stop's only. The resume
+    launch: the configuration (batch size, epochs, LR, schedule, shuffle and its seed) and
+    every epoch's inputs, but other seeds for the model and the random streams, and no stop
+    step: the state at the stop comes out right only from the checkpoint, and the epochs after
+    the stop's were never seen by the launch that wrote it."""
+    stop = {k: case[k] for k in LOOP_KEYS}
+    stop["x"] = case["x"][: (case["stop_at"] - 1) // case["per_epoch"] + 1].clone()
+    resume = {k: case[k] for k in LOOP_KEYS if k not in ("seed", "stop_at")}
+    resume["seed"] = case["resume_seed"]
+    return stop, resume
 
 
 def _kind(value: Any) -> str:
@@ -241,7 +230,7 @@ def first_difference(got: dict[str, Any], want: dict[str, Any]) -> str | None:
         return "step"
     if got["before"] != want["before"]:
         return "model"
-    if got["indices"] != want["indices"]:
+    if got["epoch"] != want["epoch"] or got["indices"] != want["indices"]:
         return "sampler"
     for name in RNG_CALLS:
         if got[name] != want[name]:
@@ -361,11 +350,18 @@ def make_cases(rng: random.Random) -> list[tuple[int, dict[str, Any]]]:
     def case(world: int, shuffle: bool, at_end: bool) -> tuple[int, dict[str, Any]]:
         n, batch = rng.randint(30, 44), rng.choice([3, 4])
         per_epoch = math.ceil(math.ceil(n / world) / batch)  # batches per epoch on a rank
+        seed, resume_seed = rng.sample(range(10**6), 2)  # the resume's: never the stop's
+        x, y = loop_data(rng.randrange(2**63), n, EPOCHS)
         return world, {
-            "seed": rng.randrange(10**6),
+            "seed": seed,
+            "resume_seed": resume_seed,
+            "order_seed": rng.randrange(10**6),
+            "x": x,
+            "y": y,
             "n": n,
+            "per_epoch": per_epoch,
             "batch_size": batch,
-            "epochs": 2,
+            "epochs": EPOCHS,
             "lr": 0.1,
             "lr_every": rng.randint(2, 4),
             "shuffle": shuffle,
@@ -394,16 +390,18 @@ def grade_case(learner: Any, world: int, case: dict[str, Any]) -> str:
 
     label = running(f"world_size={world}, shuffle={case['shuffle']}, stop_at={case['stop_at']}")
     folder = f"ddp_lab_ch11_{uuid.uuid4().hex}"  # in each rank's /tmp
-    own = [{"case": case, "folder": folder} for _ in range(world)]
+    at_stop, at_resume = launches(case)
+    own = [{"case": at_stop, "folder": folder} for _ in range(world)]
     stopped = learner.ranks(probe_stop, own, timeout=120, fresh=True)
     stopped = _validate(stopped, world, case, label)
     files = checkpoint_files(stopped, label)
-    own = [{"case": case, "folder": folder, "files": files} for _ in range(world)]
+    own = [{"case": at_resume, "folder": folder, "files": files} for _ in range(world)]
     resumed = learner.ranks(probe_resume, own, timeout=120, fresh=True)
     resumed = _validate(resumed, world, case, label)
     for rank, r in enumerate(resumed):
         if type(r.get("loaded_step")) is not int:
             raise wrong_form(rank, "loaded_step", "?", label)
-    reference = spawn(_oracle, args=(case,), nprocs=world, backend="gloo", quiet=True, timeout=120)
+    whole = {k: case[k] for k in LOOP_KEYS}
+    reference = spawn(_oracle, args=(whole,), nprocs=world, backend="gloo", quiet=True, timeout=120)
     verify(stopped, resumed, reference, case)
     return label
