@@ -23,7 +23,9 @@ the learner's calls (the ranks wait for the grader there), so each call's bytes 
 Nothing here runs in a rank, and nothing a rank reports is used: the counters are the
 kernel's. What is left unseen: data that does not travel as IP packets (an abstract unix
 socket in the shared namespace); the bytes sent per pair are then too *low*, which is why the
-checker also asks for a lower bound on the ring's bytes, not only an upper one. Bytes on a
+checker also asks for a lower bound on the ring's bytes, not only an upper one. Filler sent
+through torch meets that bound, so a locked rank may open IP sockets only
+(``guard.INET``). Bytes on a
 TCP connection closed during the case, and on UDP, have no socket to name them: they show as
 ``hidden`` (loopback bytes that no open socket explains).
 """
