@@ -1,19 +1,21 @@
 """Checker of chapter 08's exercise: fix a buggy DDP training function.
 
 The learner's ``fit(model, dataset, epochs, batch_size, lr, checkpoint_path)`` runs on every
-rank of a gloo group in the learner's process (``probe_fit``), which reports what it did:
-the order in which each rank read samples, how many times each rank wrote into the
-checkpoint's folder (``_writes``: whatever function wrote it), when rank 0's writes could
-have ended at the earliest and when each rank's ``fit`` returned, the files in the
-checkpoint's folder and the checkpoint's tensors (loaded with ``weights_only=True``), the
-parameters on every rank and the logged losses. The checker
-judges here, against torch's ``DistributedSampler`` with ``set_epoch`` and a correct run of
-torch's DDP from the same initial model (on ranks of the grader's own): one file, a plain
-model's ``state_dict``, written by rank 0 only; no rank returns before rank 0's write could
-have ended (the barrier after the save); parameters identical on every rank and equal
-to the oracle's; the same mean loss on every rank; the saved model as accurate. The
-oracle's ``reference_fit`` is in ``ch08_oracle``, hidden from the runner, which imports this
-module for the probe (``oracle`` here imports it when a grader's rank calls it).
+rank of a gloo group, each rank in a sandbox of its own (``learner.ranks`` with ``share``:
+the checkpoint's folder is one folder that rank 0 may write and the others only read).
+``probe_fit`` reports each rank's own account: the order in which it read samples, its
+writes into the checkpoint's folder (``ch08_writes._writes``), when rank 0's writes could
+have ended at the earliest and when its ``fit`` returned, rank 0's files and the
+checkpoint's tensors (loaded with ``weights_only=True``), the parameters and the logged
+losses. The grader adds its own evidence: the folder's listing once the ranks are dead and
+when each rank's reply reached it (``ch08_writes.judge_writes``). The checker judges here,
+against torch's ``DistributedSampler`` with ``set_epoch`` and a correct run of torch's DDP
+from the same initial model (on ranks of the grader's own): one file, a plain model's
+``state_dict``, written by rank 0 only; no rank returns before rank 0's write has ended (the
+barrier after the save); parameters identical on every rank and equal to the oracle's; the
+same mean loss on every rank; the saved model as accurate. The oracle's ``reference_fit``
+is in ``ch08_oracle``, hidden wherever learner code runs (``oracle`` here imports it when
+a grader's rank calls it).
 """
 
 from __future__ import annotations
