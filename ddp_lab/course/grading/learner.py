@@ -120,6 +120,9 @@ class LocalLearner:
     # are the learner's own processes on the host's network.
     traffic = None
     unobserved = "self-study"
+    # Nor the shared folder or reply times (``RemoteLearner``): ``ranks``' ``share`` is ignored.
+    shared = None
+    answered = None
 
     def __init__(self, objects: tuple) -> None:
         self.objects = objects
@@ -148,10 +151,16 @@ class LocalLearner:
         return _as_data(out)
 
     def ranks(
-        self, probe: Callable, inputs: list, timeout: float = 60, fresh: bool = False
+        self,
+        probe: Callable,
+        inputs: list,
+        timeout: float = 60,
+        fresh: bool = False,
+        share: str | None = None,
     ) -> list:
         """``probe(rank, objects, inputs[rank])`` on ``len(inputs)`` gloo ranks (new processes
-        at every call, so ``fresh`` changes nothing here)."""
+        at every call, so ``fresh`` changes nothing here; the ranks share this machine's
+        ``/tmp``, so ``share`` does neither)."""
         from ddp_lab.runtime.launcher import spawn
 
         try:
@@ -211,6 +220,10 @@ class RemoteLearner:
         # (``course.traffic.Traffic``), or None and the reason in ``unobserved``.
         self.traffic: Any = None
         self.unobserved = ""
+        # After ``ranks`` with ``share``: the shared folder's listing and when each rank's reply
+        # arrived, both taken by the grader (``RankPool.shared``, ``answered``), or None.
+        self.shared: Any = None
+        self.answered: Any = None
 
     def _ask(self, op: str, probe: Callable, data: tuple, nprocs: int, timeout: float) -> Any:
         request = {
@@ -261,11 +274,17 @@ class RemoteLearner:
         return self._ask("spawn", probe, data, nprocs, timeout)
 
     def ranks(
-        self, probe: Callable, inputs: list, timeout: float = 60, fresh: bool = False
+        self,
+        probe: Callable,
+        inputs: list,
+        timeout: float = 60,
+        fresh: bool = False,
+        share: str | None = None,
     ) -> list:
         """``probe(rank, objects, inputs[rank])`` on ``len(inputs)`` sandboxed ranks. The ranks
         of one exercise serve its cases one after the other; ``fresh``: in new sandboxes and
-        processes (nothing of an earlier call survives in them, e.g. a resume after a stop)."""
+        processes (nothing of an earlier call survives in them, e.g. a resume after a stop);
+        ``share``: ``/tmp/<share>`` is one folder, written by rank 0 only (``RankPool.run``)."""
         if fresh:
             self.close()
         if not isinstance(self.blob, bytes):
@@ -274,10 +293,14 @@ class RemoteLearner:
             raise RuntimeError("per-rank probes need rank_pool (course.rankhost.RankPool)")
         if self._pool is None:
             self._pool = self._rank_pool(self.blob, self.lang, self.job)
-        self.traffic, self.unobserved = None, ""
-        out = self._pool.run(probe_name(probe), inputs, timeout)
+        self.traffic, self.unobserved, self.shared, self.answered = None, "", None, None
+        more = {"share": share} if share is not None else {}
+        out = self._pool.run(probe_name(probe), inputs, timeout, **more)
         self.traffic = getattr(self._pool, "traffic", None)
         self.unobserved = str(getattr(self._pool, "unobserved", "") or "")
+        if share is not None:
+            self.shared = getattr(self._pool, "shared", None)
+            self.answered = getattr(self._pool, "answered", None)
         return out
 
     def close(self) -> None:

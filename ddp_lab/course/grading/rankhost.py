@@ -57,7 +57,7 @@ import weakref
 from pathlib import Path
 from typing import Any
 
-from ddp_lab.course.grading import view, wire
+from ddp_lab.course.grading import ranknet, view, wire
 from ddp_lab.course.grading.learner import RunnerGone
 from ddp_lab.course.grading.ranknet import join_network, kill_group, remove_folder, start_holder
 from ddp_lab.course.grading.rankserve import REQUEST_LIMIT, protection
@@ -133,8 +133,13 @@ class RankPool:
         # network namespace (``course.traffic``), or None with the reason in ``unobserved``.
         self.traffic: Any = None
         self.unobserved = ""
+        # After ``run``: the share's listing (``ranknet.list_share``) or None, and the wall
+        # clock when each rank's reply reached this process.
+        self.shared: dict | None = None
+        self.answered: list[float] = []
+        self._arrived: dict[int, float] = {}
 
-    def _start(self, n: int) -> None:
+    def _start(self, n: int, share: tuple[str, Path] | None = None) -> None:
         """Rank sandboxes up to ``n``, each ready (Python and torch imported) before it gets
         anything: the time they take is the grader's, not the learner's code's."""
         from ddp_lab.course.grading import sandbox
@@ -162,6 +167,9 @@ class RankPool:
             cmd, run_env = sandbox.wrap(argv, folder, job=self.job, env=env)
             if self.sandboxed:
                 cmd = join_network(cmd, self.holder_pid, masks)
+            if share is not None:  # rank 0 writes the shared folder, the others only read it
+                bind = ["--bind" if rank == 0 else "--ro-bind", str(share[1]), f"/tmp/{share[0]}"]
+                cmd = view.insert(cmd, bind)
             proc = subprocess.Popen(
                 cmd,
                 env=run_env,
@@ -191,8 +199,12 @@ class RankPool:
                 self.ports.add(port)
                 return port
 
-    def run(self, probe: str, inputs: list, timeout: float) -> list:
+    def run(self, probe: str, inputs: list, timeout: float, share: str | None = None) -> list:
         """``probe`` on ranks ``0..len(inputs)-1``; rank r gets only ``inputs[r]``.
+
+        ``share``: a folder name; on fresh ranks, ``/tmp/<share>`` is then one host folder that
+        rank 0 may write and the others only read. Once all have answered, the ranks are killed
+        (no code of theirs runs after that) and the grader lists the folder (``shared``).
 
         A case whose process group could not be set up (before any of the learner's code ran)
         runs once more on fresh ranks: gloo's connection set-up fails now and then on a busy
@@ -205,21 +217,28 @@ class RankPool:
             self.close()
         self.protected = wanted
         try:
-            return self._run(probe, inputs, timeout)
+            return self._run(probe, inputs, timeout, share)
         except _SetupFailed:
             pass  # _run closed the ranks: the second try starts fresh ones
         try:
-            return self._run(probe, inputs, timeout)
+            return self._run(probe, inputs, timeout, share)
         except _SetupFailed as again:
             from ddp_lab.course.grading.learner import LearnerError
 
             raise LearnerError(again.kind, again.text) from None
 
-    def _run(self, probe: str, inputs: list, timeout: float) -> list:
+    def _run(self, probe: str, inputs: list, timeout: float, share: str | None = None) -> list:
         n = len(inputs)
-        self.traffic, self.unobserved = None, ""
+        self.traffic, self.unobserved, self.shared, self._arrived = None, "", None, {}
+        shared = None
+        if share is not None:
+            self.close()  # ranks started with the folder in their view
+            if not self.sandboxed:
+                self.unobserved = "no-sandbox"
+            else:
+                shared = (share, ranknet.make_share(share, self.job))
         try:
-            self._start(n)
+            self._start(n, shared)
             port = self._port()
             before = self._snapshot()
             steps = before is not None and _per_call(probe, inputs)
@@ -244,12 +263,27 @@ class RankPool:
             if steps:
                 return self._run_steps(before, port, n, len(inputs[0]), timeout)
             replies = self._collect(list(range(n)), timeout + 10, "ok")
+            self.answered = [self._arrived[r] for r in range(n)]
             if before is not None:
                 self._observe(before, port, n)
+            if shared is not None:
+                self.shared = self._look(shared[1])
             return [replies[r] for r in range(n)]
         except BaseException:
             self.close()
             raise
+        finally:
+            if shared is not None:
+                remove_folder(shared[1])
+
+    def _look(self, folder: Path) -> dict | None:
+        """Kill the ranks, wait until nothing in their sandboxes runs, list ``folder``."""
+        inits = [ranknet.sandbox_init(proc.pid) for proc in self.procs]
+        self.close()
+        if not all(i is not None and ranknet.gone(i) for i in inits):
+            self.unobserved = "unreadable"
+            return None
+        return ranknet.list_share(folder)
 
     def _run_steps(self, before: Any, port: int, n: int, calls: int, timeout: float) -> list:
         """The ranks in lockstep: the group's connections noted before the learner's code
@@ -371,6 +405,7 @@ class RankPool:
                         raise _SetupFailed(kind, text[:500])
                     raise LearnerError(kind, text[:500])
                 if key in reply:
+                    self._arrived[rank] = time.time()  # when the grader had it, not the rank
                     try:
                         replies[rank] = wire.loads(str(reply[key]))
                     except wire.WireError as exc:

@@ -79,3 +79,73 @@ def kill_group(proc: subprocess.Popen) -> None:
     except OSError:
         pass
     proc.wait()
+
+
+def sandbox_init(pid: int) -> int | None:
+    """The first process under ``pid`` (a rank's bwrap) that lives in another mount namespace:
+    the sandbox's own init, bwrap's code, not the learner's; None if there is none (yet)."""
+    try:
+        mine = os.readlink("/proc/self/ns/mnt")
+    except OSError:
+        return None
+    todo = [pid]
+    while todo:
+        q = todo.pop(0)
+        try:
+            if os.readlink(f"/proc/{q}/ns/mnt") != mine:
+                return q
+            for task in os.listdir(f"/proc/{q}/task"):
+                with open(f"/proc/{q}/task/{task}/children", encoding="ascii") as f:
+                    todo += [int(c) for c in f.read().split()]
+        except (OSError, ValueError):
+            continue
+    return None
+
+
+def gone(pid: int, patience: float = 10.0) -> bool:
+    """Wait until process ``pid`` has exited (a zombie or reaped). For a sandbox's init (the
+    first process of its PID namespace) that means every process in the namespace has ended:
+    the kernel kills them and waits for them before the init's exit completes."""
+    until = time.monotonic() + patience
+    while time.monotonic() < until:
+        try:
+            with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
+                state = f.read().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            return True
+        if state in ("Z", "X"):
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def make_share(name: str, job: int) -> Path:
+    """A host folder that rank 0 may write and the other ranks only read (``RankPool.run``'s
+    ``share``): on /dev/shm where there is one (memory, charged to the writer's cgroup, as the
+    sandbox's own tmpfs are; not the host's disk), owned by the ranks' user (``sandbox.wrap``)."""
+    import re
+    import tempfile
+
+    from ddp_lab.course.grading import sandbox
+
+    if not re.fullmatch(r"[\w.-]{1,100}", name) or name in (".", ".."):
+        raise ValueError(f"not a folder name: {name!r}")
+
+    uid = sandbox.BASE_UID + job if os.geteuid() == 0 else None
+
+    shm = Path("/dev/shm")
+    folder = Path(tempfile.mkdtemp(prefix="ddp-lab-share-", dir=shm if shm.is_dir() else None))
+    if uid is not None:
+        os.chown(folder, uid, uid)
+    return folder
+
+
+def list_share(folder: Path) -> dict[str, dict[str, object]]:
+    """What is in ``folder``, as the host sees it: each name's kind, size and ctime (seconds of
+    the wall clock: ``utime`` cannot set it, and any write or rename moves it forward)."""
+    found: dict[str, dict[str, object]] = {}
+    for entry in os.scandir(folder):
+        st = entry.stat(follow_symlinks=False)
+        kind = "link" if entry.is_symlink() else "dir" if entry.is_dir() else "file"
+        found[entry.name] = {"kind": kind, "size": st.st_size, "ctime": st.st_ctime_ns / 1e9}
+    return found

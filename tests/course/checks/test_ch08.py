@@ -8,7 +8,10 @@ rank only); the checker must fail it and say why.
 from __future__ import annotations
 
 import os
+import sys
+import time
 
+import cloudpickle
 import pytest
 import torch
 import torch.distributed as dist
@@ -18,8 +21,12 @@ from torch.utils.data import DataLoader, DistributedSampler
 
 import ddp_lab as dl
 from ddp_lab.course import grading
+from ddp_lab.course.grading import CaseFailed, sandbox
 from ddp_lab.course.grading.checks import ch08, ch08_oracle
-from ddp_lab.course.grading.learner import LearnerError
+from ddp_lab.course.grading.checks.ch08_writes import judge_writes
+from ddp_lab.course.grading.learner import LearnerError, RemoteLearner
+from ddp_lab.course.grading.rankhost import RankPool
+from ddp_lab.runtime import _pickle
 
 
 def make_fit(bug: str = ""):
@@ -195,8 +202,8 @@ class Answers:
     def __init__(self, make):
         self.make = make
 
-    def spawn(self, probe, *data, nprocs, timeout=60):
-        result = self.make(nprocs)
+    def ranks(self, probe, inputs, timeout=60, fresh=False, share=None):
+        result = self.make(len(inputs))
         if isinstance(result, Exception):
             raise result
         return result
@@ -245,3 +252,97 @@ def test_unsolved_stub_fails(capsys, checker_folders):
     assert out.startswith("NOT ATTEMPTED 08.fit") and "not solved" in out
     # removed all the same (only this test's own folders: other runs on the machine make theirs)
     assert made and not [f for f in made if (Path(tempfile.gettempdir()) / f).exists()]
+
+
+# --- the grader's own evidence: who wrote the checkpoint, when each rank's reply arrived -----
+
+
+def _own_account(world: int, saved_at: float = 10.0) -> list[dict]:
+    """What honest ranks say of themselves: rank 0 wrote once, every rank returned after."""
+    ranks = [{"saves": 0, "returned_at": saved_at + 1.0} for _ in range(world)]
+    ranks[0].update(saves=1, saved_at=saved_at, files=["model.pt"])
+    return ranks
+
+
+def _listing(ctime: float, *extra: str) -> dict:
+    return {name: {"kind": "file", "size": 9, "ctime": ctime} for name in ("model.pt", *extra)}
+
+
+def test_the_graders_listing_and_reply_times_decide_over_the_ranks_account():
+    """Review 8: the ranks' own account (audit hook, time.monotonic) said all was well while
+    rank 1 wrote through a dir_fd and returned at once with its clock pushed on."""
+    honest = {"shared": _listing(100.0), "answered": [100.5, 100.4]}
+    judge_writes(_own_account(2), "case", honest)
+    with pytest.raises(CaseFailed, match="rank 1 returned from fit at least 1.5 s before"):
+        judge_writes(_own_account(2), "case", {**honest, "answered": [100.5, 98.5]})
+    with pytest.raises(CaseFailed, match="exactly one checkpoint file"):
+        judge_writes(_own_account(2), "case", {**honest, "shared": _listing(100.0, "x.pt")})
+    # a reply read a moment before the ctime (a clock stepped back) is not a missing barrier
+    judge_writes(_own_account(3), "case", {**honest, "answered": [100.5, 99.9, 100.1]})
+
+
+def dir_fd_every_rank_saves(model, dataset, epochs, batch_size, lr, checkpoint_path):
+    """Review 8's D: ranks > 0 save too, by a name relative to the folder (an audit "open"
+    event the hook resolved against the cwd): 5/5 on the ranks' own account."""
+    losses = make_fit("no_final_barrier")(model, dataset, epochs, batch_size, lr, checkpoint_path)
+    if dist.get_rank() > 0:
+        folder = os.open(os.path.dirname(checkpoint_path), os.O_RDONLY)
+        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
+        fd = os.open(os.path.basename(checkpoint_path), flags, 0o644, dir_fd=folder)
+        with open(fd, "wb") as f:
+            torch.save(model.state_dict(), f)
+    dist.barrier()
+    return losses
+
+
+def no_barrier_clock_ahead(model, dataset, epochs, batch_size, lr, checkpoint_path):
+    """Review 8's E: no barrier after the save; ranks > 0 push time.monotonic a minute on, so
+    the probe's own clock saw them return late: 5/5 on the ranks' own account."""
+    losses = make_fit("no_final_barrier")(model, dataset, epochs, batch_size, lr, checkpoint_path)
+    if dist.get_rank() > 0:
+        real = time.monotonic
+        time.monotonic = lambda: real() + 60.0
+    return losses
+
+
+class Remote(RemoteLearner):
+    """The verdict's handle without a runner: 08.fit reaches the learner's code through
+    ``ranks`` only, each rank in a sandbox of its own."""
+
+    def __init__(self, *objects) -> None:
+        cloudpickle.register_pickle_by_value(sys.modules[__name__])  # as a notebook's code
+        blob = _pickle.dumps(objects)
+        super().__init__("08.fit", None, None, lambda: None, blob, "en", 0, RankPool)  # type: ignore[arg-type]
+
+
+def remote_verdict(fit) -> tuple[bool, str]:
+    learner = Remote(fit)
+    try:
+        return grading.run_checker(grading.load_checkers()["08.fit"], learner, "en")
+    finally:
+        learner.close()
+
+
+sandboxed = pytest.mark.skipif(not sandbox.available(), reason="the ranks' sandboxes")
+
+
+@sandboxed
+@pytest.mark.parametrize(
+    "fit, words",
+    [
+        (dir_fd_every_rank_saves, "rank 1 wrote into the checkpoint's folder"),
+        (no_barrier_clock_ahead, "rank 1 returned from fit at least"),
+    ],
+)
+def test_graded_review_8s_attacks_fail(fit, words):
+    passed, line = remote_verdict(fit)
+    assert not passed and " 0/5" in line and "Hidden case 1 of 2" in line, line
+    assert words in line, line
+
+
+@sandboxed
+def test_graded_every_rank_reads_the_checkpoint_back():
+    """Each rank has a /tmp of its own, but the checkpoint's folder is one: the other ranks
+    read what rank 0 wrote (after the barrier), as on a shared disk."""
+    passed, line = remote_verdict(make_fit("reload"))
+    assert passed and "5/5" in line and "could not observe" not in line, line

@@ -1,23 +1,26 @@
 """Checker of chapter 08's exercise: fix a buggy DDP training function.
 
 The learner's ``fit(model, dataset, epochs, batch_size, lr, checkpoint_path)`` runs on every
-rank of a gloo group in the learner's process (``probe_fit``), which reports what it did:
-the order in which each rank read samples, how many times each rank wrote into the
-checkpoint's folder (``_writes``: whatever function wrote it), when rank 0's writes could
-have ended at the earliest and when each rank's ``fit`` returned, the files in the
-checkpoint's folder and the checkpoint's tensors (loaded with ``weights_only=True``), the
-parameters on every rank and the logged losses. The checker
-judges here, against torch's ``DistributedSampler`` with ``set_epoch`` and a correct run of
-torch's DDP from the same initial model (on ranks of the grader's own): one file, a plain
-model's ``state_dict``, written by rank 0 only; no rank returns before rank 0's write could
-have ended (the barrier after the save); parameters identical on every rank and equal
-to the oracle's; the same mean loss on every rank; the saved model as accurate. The
-oracle's ``reference_fit`` is in ``ch08_oracle``, hidden from the runner, which imports this
-module for the probe (``oracle`` here imports it when a grader's rank calls it).
+rank of a gloo group, each rank in a sandbox of its own (``learner.ranks`` with ``share``:
+the checkpoint's folder is one folder that rank 0 may write and the others only read).
+``probe_fit`` reports each rank's own account: the order in which it read samples, its
+writes into the checkpoint's folder (``ch08_writes._writes``), when rank 0's writes could
+have ended at the earliest and when its ``fit`` returned, rank 0's files and the
+checkpoint's tensors (loaded with ``weights_only=True``), the parameters and the logged
+losses. The grader adds its own evidence: the folder's listing once the ranks are dead and
+when each rank's reply reached it (``ch08_writes.judge_writes``). The checker judges here,
+against torch's ``DistributedSampler`` with ``set_epoch`` and a correct run of torch's DDP
+from the same initial model (on ranks of the grader's own): one file, a plain model's
+``state_dict``, written by rank 0 only; no rank returns before rank 0's write has ended (the
+barrier after the save); parameters identical on every rank and equal to the oracle's; the
+same mean loss on every rank; the saved model as accurate. The oracle's ``reference_fit``
+is in ``ch08_oracle``, hidden wherever learner code runs (``oracle`` here imports it when
+a grader's rank calls it).
 """
 
 from __future__ import annotations
 
+import errno
 import random
 import shutil
 import tempfile
@@ -28,12 +31,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from torch import nn
 from torch.utils.data import Dataset, DistributedSampler
 
 from ddp_lab.course.grading import checker, fail, running, wrong_form
-from ddp_lab.course.grading.checks.ch08_writes import _writes
+from ddp_lab.course.grading.checks.ch08_writes import READ_ONLY, _writes, judge_writes, outside
 from ddp_lab.i18n import _t
 
 
@@ -100,23 +102,27 @@ def _checkpoint(path: Path) -> dict[str, Any]:
     }
 
 
-def probe_fit(rank: int, objects: tuple, case: dict[str, Any], folder: str) -> dict[str, Any]:
-    """In the learner's ranks: their ``fit`` on the hidden case, and what it did."""
+def probe_fit(rank: int, objects: tuple, own: dict[str, Any]) -> dict[str, Any]:
+    """In the learner's rank: their ``fit`` on the hidden case, and what it did (its own
+    account). It answers as soon as ``fit`` returns: when the answer reaches the grader is
+    the grader's evidence that the rank waited (``ch08_writes.judge_writes``)."""
     (fit,) = objects
-    where = Path(tempfile.gettempdir()) / folder
+    case = own["case"]
+    where = Path(tempfile.gettempdir()) / str(own["folder"])
     where.mkdir(parents=True, exist_ok=True)
     path = where / "model.pt"
     x, y, model = make_case(case)
     dataset = RecordingDataset(x, y)
-    try:
-        with _writes(where, slow=rank == 0) as writes:
+    with _writes(where, slow=rank == 0) as writes:
+        try:
             losses = fit(model, dataset, case["epochs"], case["batch_size"], case["lr"], str(path))
-            returned_at = time.monotonic()  # one clock for every rank: they share the machine
-    except BaseException:
-        # The launcher stops the other ranks after a failure: nobody else would remove it.
-        shutil.rmtree(where, ignore_errors=True)
-        raise
-    dist.barrier()  # the learner's checkpoint is complete on every rank from here on
+        except Exception as exc:
+            # Graded, the folder is read-only but to rank 0: a write of another rank fails.
+            read_only = getattr(exc, "errno", None) == errno.EROFS
+            if rank > 0 and (writes["count"] or read_only or "Read-only file" in str(exc)):
+                raise PermissionError(_t(READ_ONLY, rank=rank)) from None
+            raise
+        returned_at = time.monotonic()  # one clock for every rank: they share the machine
     result: dict[str, Any] = {
         "reads": list(dataset.reads),
         "saves": writes["count"],
@@ -128,9 +134,6 @@ def probe_fit(rank: int, objects: tuple, case: dict[str, Any], folder: str) -> d
         result["saved_at"] = writes["until"]
         result["files"] = sorted(p.name for p in where.iterdir())
         result["checkpoint"] = _checkpoint(path)
-    dist.barrier()
-    if rank == 0:
-        shutil.rmtree(where, ignore_errors=True)
     return result
 
 
@@ -212,11 +215,18 @@ def _validate(results: Any, world: int, case: dict[str, Any], label: str) -> lis
     return results
 
 
-def verify(results: Any, case: dict[str, Any], reference: dict[str, Any], world: int) -> None:
+def verify(
+    results: Any,
+    case: dict[str, Any],
+    reference: dict[str, Any],
+    world: int,
+    seen: dict[str, Any] | None = None,
+) -> None:
     """Raise CaseFailed (via ``fail``) at the first behaviour that differs from a correct run.
 
     ``results``: what ``probe_fit`` sent back from each of the ``world`` ranks;
-    ``reference``: the oracle's rank 0 (``_oracle``).
+    ``reference``: the oracle's rank 0 (``_oracle``); ``seen``: the grader's own evidence
+    (``ch08_writes.judge_writes``), or None where there is none.
     """
     label = f"world_size={world}, epochs={case['epochs']}"
     results = _validate(results, world, case, label)
@@ -246,48 +256,7 @@ def verify(results: Any, case: dict[str, Any], reference: dict[str, Any], world:
                 ),
                 label,
             )
-    for rank, r in enumerate(results):
-        if rank > 0 and r["saves"]:
-            raise fail(
-                _t(
-                    "rank {rank} wrote into the checkpoint's folder {count} time(s): only rank "
-                    "0 should write the checkpoint (if dist.get_rank() == 0), then every rank "
-                    "waits at dist.barrier()",
-                    rank=rank,
-                    count=r["saves"],
-                ),
-                label,
-            )
-    saved_at = results[0].get("saved_at")
-    if not results[0]["saves"] or saved_at is None:
-        raise fail(
-            _t("rank 0 never called torch.save: save the model's state_dict to checkpoint_path"),
-            label,
-        )
-    for rank, r in enumerate(results[1:], start=1):
-        # Rank 0's last write started after saved_at, so a rank that waited for it at a
-        # barrier returned later, however slow the machine; one that did not wait returned
-        # about ch08_writes.SLOW_SAVE_S earlier.
-        if not r["returned_at"] > saved_at:
-            raise fail(
-                _t(
-                    "rank {rank} returned from fit at least {early:.1f} s before rank 0 had "
-                    "written the checkpoint: after rank 0's save, every rank waits at "
-                    "dist.barrier(), so that no rank reads a checkpoint that is not complete",
-                    rank=rank,
-                    early=saved_at - r["returned_at"],
-                ),
-                label,
-            )
-    files = results[0]["files"]
-    if files != ["model.pt"]:
-        raise fail(
-            _t(
-                "expected exactly one checkpoint file at checkpoint_path, found {files}",
-                files=files,
-            ),
-            label,
-        )
+    judge_writes(results, label, seen)
     ckpt = results[0]["checkpoint"]
     state = ckpt.get("state")
     if state is None:
@@ -431,12 +400,17 @@ def check_fit(rng: random.Random, learner: Any) -> Iterator[object]:
             "batch_size": rng.choice([6, 8]),
             "lr": 0.05,
         }
-        folder = f"ddp_lab_ch08_{uuid.uuid4().hex}"  # the learner's /tmp, not this process's
+        folder = f"ddp_lab_ch08_{uuid.uuid4().hex}"  # in the ranks' /tmp
         label = running(f"world_size={world_size}, epochs={case['epochs']}")
-        results = learner.spawn(probe_fit, case, folder, nprocs=world_size, timeout=120)
+        own = [{"case": case, "folder": folder} for _ in range(world_size)]
+        try:
+            results = learner.ranks(probe_fit, own, timeout=120, share=folder)
+        finally:  # without a sandbox the ranks wrote into this machine's /tmp
+            shutil.rmtree(Path(tempfile.gettempdir()) / folder, ignore_errors=True)
         results = _validate(results, world_size, case, label)  # before the oracle's ranks
+        seen = outside(learner, label)
         reference = spawn(
             oracle, args=(case,), nprocs=world_size, backend="gloo", quiet=True, timeout=120
         )[0]
-        verify(results, case, reference, world_size)
+        verify(results, case, reference, world_size, seen)
         yield f"world_size={world_size}"

@@ -1,8 +1,14 @@
-"""08.fit's record of writes: how many times each rank wrote into the checkpoint's folder, by
-any road, and when rank 0's last write could have ended at the earliest (see ``ch08``).
+"""08.fit's record of writes, and the judgement of who wrote the checkpoint and when.
 
-It runs in the learner's process with the probe (``ch08.probe_fit``); what it records is the
-rank's own account, which the checker in ``ch08`` judges.
+``_writes`` runs in the learner's rank with the probe (``ch08.probe_fit``): how many times the
+rank wrote into the checkpoint's folder, by any road, and when rank 0's last write could have
+ended at the earliest. That is the rank's own account: ``judge_writes`` (in the grader) takes
+it as a first, friendlier reason to fail, never as a reason to pass. Graded, the ranks run in
+sandboxes of their own (``RankPool.run``'s ``share``): the checkpoint's folder is one folder
+only rank 0 can write (the others see it read-only: a write of theirs fails in the kernel),
+listed by the grader once the ranks are dead; each rank's reply is timed as it reaches the
+grader, against the checkpoint's ctime as the grader sees it. Without a sandbox (self-study,
+``DDP_LAB_SANDBOX=0``) the ranks' own account is all there is, and the verdict says so.
 """
 
 from __future__ import annotations
@@ -16,6 +22,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+from ddp_lab.course.grading import fail, note
+from ddp_lab.i18n import N_, _t
 
 SLOW_SAVE_S = 1.5
 """How long rank 0's every write into the checkpoint's folder is held back. A rank whose fit
@@ -85,3 +94,96 @@ def _writes(folder: Path, slow: bool) -> Iterator[dict[str, Any]]:
     finally:
         state["on"] = False
         torch._C.PyTorchFileWriter = real_writer
+
+
+TOLERANCE_S = 0.2
+"""How far a rank's reply may reach the grader before the checkpoint's ctime and still count as
+after it: the two are the same wall clock, read apart only if it is stepped back (NTP) in
+between. A rank that did not wait answers about ``SLOW_SAVE_S`` before."""
+
+READ_ONLY = N_(
+    "rank {rank} wrote into the checkpoint's folder, which the grader shows read-only to every "
+    "rank but 0: only rank 0 should write the checkpoint (if dist.get_rank() == 0), then every "
+    "rank waits at dist.barrier()"
+)
+
+
+def outside(learner: Any, label: str) -> dict[str, Any] | None:
+    """The grader's own evidence after ``learner.ranks(..., share=...)``: ``shared`` (the
+    folder's listing) and ``answered`` (when each reply arrived); None where there is none."""
+    shared, answered = getattr(learner, "shared", None), getattr(learner, "answered", None)
+    if shared is not None and answered is not None:
+        return {"shared": shared, "answered": answered}
+    why = getattr(learner, "unobserved", "self-study")
+    if why == "unreadable":  # not a way around the listing
+        raise fail(
+            _t(
+                "the grader could not list the checkpoint's folder after the ranks ended, so "
+                "who wrote the checkpoint is not shown."
+            ),
+            label,
+        )
+    if why != "self-study":
+        note(
+            learner,
+            _t(
+                "08.fit: the grader could not observe the checkpoint's folder here (no "
+                "sandbox): who wrote it and when the ranks returned were judged from the "
+                "ranks' own report only."
+            ),
+        )
+    return None
+
+
+def judge_writes(results: list[dict], label: str, seen: dict[str, Any] | None) -> None:
+    """Fail the case unless rank 0 alone wrote one file, ``model.pt``, and no rank returned
+    before that write had ended. The ranks' own account first (it can only fail them), then
+    ``seen``, the grader's (``outside``), which decides where there is one."""
+    for rank, r in enumerate(results):
+        if rank > 0 and r["saves"]:
+            raise fail(
+                _t(
+                    "rank {rank} wrote into the checkpoint's folder {count} time(s): only rank "
+                    "0 should write the checkpoint (if dist.get_rank() == 0), then every rank "
+                    "waits at dist.barrier()",
+                    rank=rank,
+                    count=r["saves"],
+                ),
+                label,
+            )
+    saved_at = results[0].get("saved_at")
+    if not results[0]["saves"] or saved_at is None:
+        raise fail(
+            _t("rank 0 never called torch.save: save the model's state_dict to checkpoint_path"),
+            label,
+        )
+    # Rank 0's last write started after saved_at (held back SLOW_SAVE_S), so a rank that
+    # waited for it at a barrier returned later, however slow the machine.
+    early = [(r, saved_at - x["returned_at"], 0.0) for r, x in enumerate(results) if r > 0]
+    files = results[0]["files"]
+    if seen is not None:
+        files = sorted(seen["shared"])
+        entry = seen["shared"].get("model.pt")
+        if entry is not None and entry["kind"] == "file":
+            written = float(entry["ctime"])  # the write's end, or later: never earlier
+            early += [(r, written - t, TOLERANCE_S) for r, t in enumerate(seen["answered"]) if r]
+    for rank, ahead, allowed in early:
+        if not ahead < allowed:  # NaN included
+            raise fail(
+                _t(
+                    "rank {rank} returned from fit at least {early:.1f} s before rank 0 had "
+                    "written the checkpoint: after rank 0's save, every rank waits at "
+                    "dist.barrier(), so that no rank reads a checkpoint that is not complete",
+                    rank=rank,
+                    early=ahead,
+                ),
+                label,
+            )
+    if files != ["model.pt"]:
+        raise fail(
+            _t(
+                "expected exactly one checkpoint file at checkpoint_path, found {files}",
+                files=files,
+            ),
+            label,
+        )
