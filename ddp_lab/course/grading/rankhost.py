@@ -60,7 +60,7 @@ from typing import Any
 from ddp_lab.course.grading import ranknet, view, wire
 from ddp_lab.course.grading.learner import RunnerGone
 from ddp_lab.course.grading.ranknet import join_network, kill_group, remove_folder, start_holder
-from ddp_lab.course.grading.rankserve import REQUEST_LIMIT, protection
+from ddp_lab.course.grading.rankserve import REQUEST_LIMIT, per_call_of, protection_of
 from ddp_lab.i18n import _t
 
 # The package's files a rank may not import (``course.grading.view``): the reference
@@ -75,30 +75,6 @@ STARTUP_S = 300.0  # a rank's sandbox, Python and torch starting (the grader's t
 
 class SandboxFailed(RunnerGone):
     """The grader could not start the ranks' sandboxes (the machine's fault, not the code's)."""
-
-
-def _per_call(probe: str, inputs: list) -> bool:
-    """Whether ``probe`` calls the learner's code once per input (``per_call``), and every
-    rank has the same number of inputs."""
-    from ddp_lab.course.grading.learner import resolve_probe
-
-    try:
-        found = resolve_probe(probe)
-    except (ImportError, AttributeError, ValueError):
-        return False
-    if getattr(found, "per_call", False) is not True:
-        return False
-    return all(isinstance(x, list) for x in inputs) and len({len(x) for x in inputs}) == 1
-
-
-def _protection(probe: str) -> tuple:
-    """``rankserve.protection`` of ``probe`` (a key of its own where it cannot be found)."""
-    from ddp_lab.course.grading.learner import resolve_probe
-
-    try:
-        return protection(resolve_probe(probe))
-    except (ImportError, AttributeError, ValueError):
-        return ("?", probe)
 
 
 class _SetupFailed(Exception):
@@ -212,7 +188,7 @@ class RankPool:
         retries for such failures), and that is not the learner's to lose points for.
 
         Ranks that ran a probe of another protection are not reused: fresh ones start."""
-        wanted = _protection(probe)
+        wanted = protection_of(probe)
         if self.procs and wanted != self.protected:
             self.close()
         self.protected = wanted
@@ -241,7 +217,7 @@ class RankPool:
             self._start(n, shared)
             port = self._port()
             before = self._snapshot()
-            steps = before is not None and _per_call(probe, inputs)
+            steps = before is not None and per_call_of(probe, inputs)
             for rank in range(n):
                 request = {
                     "rank": rank,

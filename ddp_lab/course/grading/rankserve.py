@@ -49,6 +49,33 @@ def protection(probe: Callable) -> tuple:
     )
 
 
+# --- in the verdict process (RankPool): a probe, by name ---
+
+
+def per_call_of(probe: str, inputs: list) -> bool:
+    """Whether ``probe`` calls the learner's code once per input (``per_call``), and every
+    rank has the same number of inputs."""
+    from ddp_lab.course.grading.learner import resolve_probe
+
+    try:
+        found = resolve_probe(probe)
+    except (ImportError, AttributeError, ValueError):
+        return False
+    if getattr(found, "per_call", False) is not True:
+        return False
+    return all(isinstance(x, list) for x in inputs) and len({len(x) for x in inputs}) == 1
+
+
+def protection_of(probe: str) -> tuple:
+    """``rankserve.protection`` of ``probe`` (a key of its own where it cannot be found)."""
+    from ddp_lab.course.grading.learner import resolve_probe
+
+    try:
+        return protection(resolve_probe(probe))
+    except (ImportError, AttributeError, ValueError):
+        return ("?", probe)
+
+
 def _serve(request: dict, send: Callable[[dict], None], reader: wire.LineReader) -> dict:
     """Run the probe on this rank's input; the reply (data or the error). With ``steps``,
     in lockstep with the grader (``send`` a step, wait for its ``go`` on ``reader``)."""
