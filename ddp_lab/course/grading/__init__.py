@@ -39,6 +39,7 @@ from ddp_lab.course.grading.checkers import (
     rng_for,
     run_checker,
     running,
+    unobserved,
     wrong_form,
 )
 
@@ -57,5 +58,6 @@ __all__ = [
     "rng_for",
     "run_checker",
     "running",
+    "unobserved",
     "wrong_form",
 ]

@@ -211,6 +211,18 @@ def note(learner: Any, text: str) -> None:
         learner.notes = [text]
 
 
+def unobserved(learner: Any, case: str, unreadable: str, unseen: str) -> None:
+    """Where the grader has no evidence of its own from outside the ranks (why:
+    ``learner.unobserved``): fail ``case`` when it could not be read (``unreadable``: not a
+    way around the check), note ``unseen`` on the verdict line when nothing could observe the
+    ranks (no sandbox); nothing in self-study (the learner's own processes)."""
+    why = getattr(learner, "unobserved", "self-study")
+    if why == "unreadable":
+        raise fail(unreadable, case)
+    if why != "self-study":
+        note(learner, unseen)
+
+
 def _verdict(chk: Checker, learner: Any, lang: str | None) -> tuple[str, str]:
     from ddp_lab.course.grading.learner import LearnerError, RunnerGone
 

@@ -70,6 +70,20 @@ ANSWERS: dict[str, set[str]] = {
 # Their old paths (``ddp_lab.evaluation``, ``ddp_lab.ranks``: see ``_moved``) import the same.
 ANSWERS.update({old: ANSWERS[new] for old, new in MOVED.items() if new in ANSWERS})
 ANSWER_NAMES = set().union(*ANSWERS.values()) - {"Gather", "permutation"}
+# Names that reach past the objects a process is given, flagged as attributes and as strings
+# (``getattr(f, "__closure__")``):
+RAW_STATE = (
+    # a function's captured state: the grader's wrappers keep what they record, and the
+    # real methods they wrap, in their closures and globals (review 8: 07.bucketed's record)
+    "__closure__",
+    "cell_contents",
+    "__globals__",
+    # memory at a raw address, without ctypes (an array or a storage over any pointer): how a
+    # locked rank's lock can still be undone (INSTRUCTORS, "the lock")
+    "__array_interface__",
+    "__array_struct__",
+    "_construct_storage_from_data_pointer",
+)
 # Attribute names (and dotted calls) that read the grader's state from inside a process.
 INTROSPECTION = {
     "_getframe",
@@ -83,16 +97,7 @@ INTROSPECTION = {
     "get_referents",
     "settrace",
     "setprofile",
-    # a function's captured state: the grader's wrappers keep what they record, and the
-    # real methods they wrap, in their closures and globals (review 8: 07.bucketed's record)
-    "__closure__",
-    "cell_contents",
-    "__globals__",
-    # memory at a raw address, without ctypes (an array or a storage over any pointer): how a
-    # locked rank's lock can still be undone (INSTRUCTORS, "the lock")
-    "__array_interface__",
-    "__array_struct__",
-    "_construct_storage_from_data_pointer",
+    *RAW_STATE,
 }
 INSPECT_FRAMES = {"currentframe", "stack", "getouterframes", "getinnerframes", "trace"}
 MODULES = {"ctypes", "gc", "inspect", "ddp_lab.course"}  # imports flagged as such
@@ -102,12 +107,7 @@ STRINGS = (
     "/dev/fd",
     "ddp_lab.course",
     "ddp_lab/course",
-    "__closure__",
-    "cell_contents",
-    "__globals__",
-    "__array_interface__",
-    "__array_struct__",
-    "_construct_storage_from_data_pointer",
+    *RAW_STATE,
 )
 
 

@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from ddp_lab.course.grading import fail, note
+from ddp_lab.course.grading import fail, unobserved
 from ddp_lab.i18n import N_, _t
 
 SLOW_SAVE_S = 1.5
@@ -114,24 +114,19 @@ def outside(learner: Any, label: str) -> dict[str, Any] | None:
     shared, answered = getattr(learner, "shared", None), getattr(learner, "answered", None)
     if shared is not None and answered is not None:
         return {"shared": shared, "answered": answered}
-    why = getattr(learner, "unobserved", "self-study")
-    if why == "unreadable":  # not a way around the listing
-        raise fail(
-            _t(
-                "the grader could not list the checkpoint's folder after the ranks ended, so "
-                "who wrote the checkpoint is not shown."
-            ),
-            label,
-        )
-    if why != "self-study":
-        note(
-            learner,
-            _t(
-                "08.fit: the grader could not observe the checkpoint's folder here (no "
-                "sandbox): who wrote it and when the ranks returned were judged from the "
-                "ranks' own report only."
-            ),
-        )
+    unobserved(
+        learner,
+        label,
+        _t(
+            "the grader could not list the checkpoint's folder after the ranks ended, so "
+            "who wrote the checkpoint is not shown."
+        ),
+        _t(
+            "08.fit: the grader could not observe the checkpoint's folder here (no "
+            "sandbox): who wrote it and when the ranks returned were judged from the "
+            "ranks' own report only."
+        ),
+    )
     return None
 
 

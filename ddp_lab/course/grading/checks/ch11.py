@@ -39,7 +39,12 @@ import torch
 import torch.distributed as dist
 
 from ddp_lab.course.grading import checker, fail, running, wrong_form
-from ddp_lab.course.grading.checks.ch11_files import checkpoint_files, read_files, write_files
+from ddp_lab.course.grading.checks.ch11_files import (
+    _kind,
+    checkpoint_files,
+    read_files,
+    write_files,
+)
 from ddp_lab.i18n import N_, _t, lookup
 from ddp_lab.labs.recovery import loop_case_data, loop_data, resumable_loop
 
@@ -185,12 +190,6 @@ def launches(case: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     resume = {k: case[k] for k in LOOP_KEYS if k not in ("seed", "stop_at")}
     resume["seed"] = case["resume_seed"]
     return stop, resume
-
-
-def _kind(value: Any) -> str:
-    if isinstance(value, torch.Tensor):
-        return f"Tensor{tuple(value.shape)}"
-    return type(value).__name__
 
 
 def _validate(results: Any, world: int, case: dict[str, Any], label: str) -> list[dict]:
