@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 import zipfile
 from pathlib import Path
 
@@ -84,3 +85,28 @@ def test_run_autograder_checks_the_container_before_grading(tmp_path: Path) -> N
     assert f"--need-memory-mib {need_mib}" in run and f"--need-cpus {need_cpus}" in run
     assert "ddp-lab/ddp_lab/course/grading/gradescope.py" in z.namelist()
     subprocess.run(["bash", "-n"], input=run.encode(), check=True)  # it parses
+
+
+def test_the_zips_package_speaks_chinese(tmp_path: Path) -> None:
+    # The zip once held the package's .py files only: without the compiled zh catalog,
+    # every Chinese message raised FileNotFoundError in the autograder image (a zh release's
+    # container check, a zh learner's feedback), and Gradescope showed a failed autograder.
+    z = zipfile.ZipFile(export.write_gradescope_zip(RELEASE, tmp_path / "ag.zip", "s", ROOT))
+    z.extractall(tmp_path / "source")
+    package = tmp_path / "source" / "ddp-lab"
+    assert "ddp-lab/ddp_lab/locale/zh/LC_MESSAGES/ddp_lab.mo" in z.namelist()
+    assert not any("__pycache__" in n for n in z.namelist())
+    need_mib, need_cpus = gradescope.need_for(RELEASE.name)
+    small = fake(tmp_path / "small", True, str(768 * 10**6), "50000 100000")
+    results = tmp_path / "results.json"
+    args = ["--need-memory-mib", str(need_mib), "--need-cpus", str(need_cpus), "--lang", "zh"]
+    args += ["--results", str(results), "--cgroup", str(small[0]), "--meminfo", str(small[1])]
+    # The extracted package, not this checkout's (the cwd comes first on the import path).
+    run = "import sys, ddp_lab; print(ddp_lab.__file__); from ddp_lab.course.grading import "
+    run += "gradescope; sys.exit(gradescope.main(sys.argv[1:]))"
+    done = subprocess.run(
+        [sys.executable, "-c", run, *args], cwd=package, capture_output=True, text=True
+    )
+    assert done.stdout.startswith(str(package)), done.stdout + done.stderr
+    assert done.returncode == 1, done.stderr
+    assert "评分容器只有 732 MiB 内存" in json.loads(results.read_text(encoding="utf-8"))["output"]

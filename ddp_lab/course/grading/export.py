@@ -223,9 +223,20 @@ def write_gradescope_zip(
         z.write(release, release.name)
         for name in ("pyproject.toml", "README.md"):
             z.write(package_root / name, f"ddp-lab/{name}")
-        for path in sorted((package_root / "ddp_lab").rglob("*.py")):
+        for path in package_files(package_root):
             z.write(path, f"ddp-lab/{path.relative_to(package_root)}")
     return out
+
+
+def package_files(package_root: Path) -> list[Path]:
+    """The package as ``pip install`` needs it: its modules and its data (the compiled zh
+    catalog above all: without it every Chinese message raises in the autograder image),
+    not the bytecode caches."""
+    package = package_root / "ddp_lab"
+    return sorted(
+        p for p in package.rglob("*")
+        if p.is_file() and "__pycache__" not in p.relative_to(package).parts
+    )  # fmt: skip
 
 
 def classroom_workflow(
