@@ -241,9 +241,22 @@ def make_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("grade", help="grade submissions against a released exercise notebook")
     p.add_argument("--release", required=True, help="the released exercise notebook")
     p.add_argument("submissions", nargs="+", help="submission notebooks or folders")
-    p.add_argument("--out", default=".", help="where the gradebook and feedback go")
-    p.add_argument("--cell-timeout", type=float, default=300)
-    p.add_argument("--timeout", type=float, default=1800)
+    p.add_argument(
+        "--out", default=".", help="where the gradebook and feedback go (default: this folder)"
+    )
+    p.add_argument(
+        "--student",
+        metavar="NAME",
+        action="append",
+        help="grade only this student of the submissions (repeatable), keeping the other "
+        "students' rows of --out's gradebook: a regrade",
+    )
+    p.add_argument(
+        "--cell-timeout", type=float, default=300, help="seconds per cell (default: 300)"
+    )
+    p.add_argument(
+        "--timeout", type=float, default=1800, help="seconds per submission (default: 1800)"
+    )
     p.add_argument("--jobs", type=int, default=0, help="parallel gradings (default: cores)")
     p.add_argument(
         "--gradescope", metavar="PATH", help="also write Gradescope's results.json (one submission)"

@@ -123,10 +123,35 @@ def grade_main(args: argparse.Namespace) -> int:
     gradescope = getattr(args, "gradescope", None)
     if problem is None:
         problem = sandbox_problem(bool(gradescope), lang)
+    everyone, students = subs, getattr(args, "student", None) or []
+    if problem is None:
+        subs, problem = _chosen(subs, students, args.submissions, lang)
+    if problem is None and gradescope and len(subs) != 1:
+        problem = _t(
+            "--gradescope writes the results.json of one submission; {n} were found.",
+            lang,
+            n=len(subs),
+        )
+    out = Path(args.out)
+    try:
+        earlier = report.read_gradebook(out) if problem is None else None
+    except (OSError, ValueError) as exc:  # UnicodeDecodeError is a ValueError
+        earlier, problem = (
+            None,
+            _t(
+                "{path} cannot be read as a gradebook of ddp-lab grade ({error}): grade into "
+                "another --out.",
+                lang,
+                path=report.shown(out / "gradebook.csv", report.MAX_TEXT),
+                error=f"{type(exc).__name__}: {exc}",
+            ),
+        )
+    if problem is None:
+        problem = _clash(earlier, subs, exercises_of(release), bool(students), out, lang)
     if problem:
         print(report.shown(problem, report.MAX_TEXT), file=sys.stderr)
         return 2
-    out = Path(args.out)
+    _say_what_runs(len(subs), args.jobs or os.cpu_count() or 1, release_path, lang)
     (out / "feedback").mkdir(parents=True, exist_ok=True)
     (out / "results").mkdir(exist_ok=True)
     titles = release_titles(release_path, release)
@@ -154,7 +179,8 @@ def grade_main(args: argparse.Namespace) -> int:
 
     workers = args.jobs or os.cpu_count() or 1
     progress = Progress(len(subs), lang)
-    file_names = report.file_names(sub.identity for sub in subs)  # one file per submission
+    # one file per submission, named as in a run of the whole class (a regrade included)
+    file_names = report.file_names(sub.identity for sub in everyone)
     slots = isolation.Slots()
 
     def write_results(sub: intake.Submission, lang: str, results: list[Result], t: float) -> None:
@@ -228,10 +254,98 @@ def grade_main(args: argparse.Namespace) -> int:
     finally:
         pool.shutdown()
         signal.signal(signal.SIGTERM, previous)
-    for path in report.write_gradebook(out, graded):
+    for path in report.write_gradebook(out, graded, earlier if students else None):
         print(_t("wrote {path}", lang, path=report.shown(path, report.MAX_TEXT)))
+    if students:  # it compares the whole class: a regrade of some has not read the others
+        print(_t("similarity.md is kept as it was (it compares the whole class).", lang))
+        return 0
     _similarity(release, {subs[i].identity: nb for i, nb in sorted(notebooks.items())}, out, lang)
     return 0
+
+
+def _chosen(
+    subs: list[intake.Submission], students: list[str], paths: list[str], lang: str
+) -> tuple[list[intake.Submission], str | None]:
+    """The submissions of ``--student`` (all without it), named by the class's layout."""
+    if not students:
+        return subs, None
+    known = {sub.identity for sub in subs}
+    unknown = [name for name in students if name not in known]
+    if unknown:
+        return subs, _t(
+            "No submission of {names} in {paths}; the students there: {known}. Pass the "
+            "class's folder (the names come from its layout), not one student's.",
+            lang,
+            names=", ".join(unknown),
+            paths=" ".join(paths),
+            known=", ".join(sorted(known)[:20]) + (" ..." if len(known) > 20 else ""),
+        )
+    return [sub for sub in subs if sub.identity in students], None
+
+
+def _clash(
+    earlier: list[list[str]] | None,
+    subs: list[intake.Submission],
+    exercises: list,
+    regrade: bool,
+    out: Path,
+    lang: str,
+) -> str | None:
+    """Why this run must not write ``out``'s gradebook (None: it may): it would drop an
+    earlier run's rows, or mix two assignments in one gradebook."""
+    grade_ids = [e.grade_id for e in exercises]
+    names = [sub.identity for sub in subs]
+    students, others = report.gradebook_clash(earlier, names, grade_ids, regrade)
+    if not students and not others:
+        return None
+    path = report.shown(out / "gradebook.csv", report.MAX_TEXT)
+    if regrade:
+        return _t(
+            "{path} holds other exercises than this release's ({ids}): a regrade with "
+            "--student keeps the other students' rows, which would mix two assignments. "
+            "Pass the release that gradebook was written for.",
+            lang,
+            path=path,
+            ids=", ".join(others),
+        )
+    return _t(
+        "{path} already holds grades this run would not write again (students: {students}; "
+        "exercises: {ids}), and would be replaced. Grade each assignment into an --out of "
+        "its own; to regrade some students, pass the class's folder with --student NAME; "
+        "to start over, remove that gradebook.",
+        lang,
+        path=path,
+        students=", ".join(students[:5]) + (" ..." if len(students) > 5 else "") or "-",
+        ids=", ".join(others[:5]) or "-",
+    )
+
+
+def _say_what_runs(n: int, jobs: int, release: Path, lang: str) -> None:
+    """The first lines: what is graded, and whose hidden cases (the default seed's are the
+    ones learners can run at home: marks want the instructor's own)."""
+    from ddp_lab.course.grading.checkers import DEFAULT_SEED
+
+    print(
+        _t(
+            "Grading {n} submission(s) against {release}, {jobs} at a time ...",
+            lang,
+            n=n,
+            release=report.shown(release, report.MAX_TEXT),
+            jobs=min(jobs, n),
+        ),
+        flush=True,
+    )
+    if os.environ.get("DDP_LAB_GRADE_SEED", str(DEFAULT_SEED)) == str(DEFAULT_SEED):
+        print(
+            _t(
+                "warning: DDP_LAB_GRADE_SEED is not set: these are the default hidden cases, "
+                "which learners can run at home. For marks, export a seed of your own "
+                "(docs/INSTRUCTORS.md, section 2).",
+                lang,
+            ),
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 def _similarity(

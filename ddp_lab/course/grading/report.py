@@ -130,23 +130,72 @@ def write_text(path: Path, text: str) -> None:
             tmp.unlink()
 
 
-def write_gradebook(out: Path, rows: list[tuple[str, list]]) -> list[Path]:
+HEADER = ["student", "exercise", "points", "max_points", "status"]
+
+
+def read_gradebook(out: Path) -> list[list[str]] | None:
+    """The rows of the ``gradebook.csv`` an earlier run left in ``out`` (None: none there).
+    Its cells were made CSV-safe when written: they are written back as they are."""
+    path = out / "gradebook.csv"
+    if not path.is_file():
+        return None
+    with open(path, newline="", encoding="utf-8") as f:
+        rows = list(csv.reader(f))
+    if not rows or rows[0] != HEADER or any(len(r) != len(HEADER) for r in rows[1:]):
+        raise ValueError("not the columns ddp-lab grade writes")
+    return rows[1:]
+
+
+def gradebook_clash(
+    earlier: list[list[str]] | None, students: list[str], grade_ids: list[str], regrade: bool
+) -> tuple[list[str], list[str]]:
+    """What an earlier gradebook holds that this run must not lose or mix: (students,
+    exercises) of its rows that a run would not write again (another assignment's, a
+    student not graded now), or for a regrade (``regrade``), its exercises that this
+    release does not have (the kept rows would mix two assignments)."""
+    if not earlier:
+        return [], []
+    ids = {csv_cell(g) for g in grade_ids}
+    other = sorted({r[1] for r in earlier} - ids)
+    if regrade:
+        return [], other
+    now = {csv_cell(n) for n in students}
+    return sorted({r[0] for r in earlier} - now), other
+
+
+def write_gradebook(
+    out: Path, rows: list[tuple[str, list]], kept: list[list[str]] | None = None
+) -> list[Path]:
     """``gradebook.csv`` (one row per student and exercise) and ``totals.csv`` (one row per
-    student: total and maximum). ``rows``: (identity, ``judge.Result``s)."""
+    student: total and maximum). ``rows``: (identity, ``judge.Result``s); ``kept``: an earlier
+    gradebook's rows (a regrade): a student graded now replaces theirs, the others stay, in
+    the earlier order."""
     book = out / "gradebook.csv"
     totals = out / "totals.csv"
-    lines: list[list[object]] = [["student", "exercise", "points", "max_points", "status"]]
-    sums: list[list[object]] = [["student", "total", "max_points", "statuses"]]
+    new: dict[str, list[list[object]]] = {}
     for name, results in rows:
-        for r in results:
-            lines.append([csv_cell(name), csv_cell(r.grade_id), r.points, r.max_points, r.status])
-        statuses = sorted({r.status for r in results})
+        cell = csv_cell(name)
+        new[cell] = [
+            [cell, csv_cell(r.grade_id), r.points, r.max_points, r.status] for r in results
+        ]
+    merged: dict[object, list[list[object]]] = {}
+    for row in kept or []:
+        if row[0] not in new:
+            merged.setdefault(row[0], []).append(row)
+        else:
+            merged.setdefault(row[0], new[row[0]])
+    for cell, lines in new.items():
+        merged.setdefault(cell, lines)
+    lines: list[list[object]] = [HEADER]
+    sums: list[list[object]] = [["student", "total", "max_points", "statuses"]]
+    for cell, student in merged.items():
+        lines += student
         sums.append(
             [
-                csv_cell(name),
-                sum(r.points for r in results),
-                sum(r.max_points for r in results),
-                " ".join(statuses),
+                cell,
+                _number(sum(float(r[2]) for r in student)),
+                _number(sum(float(r[3]) for r in student)),
+                " ".join(sorted({str(r[4]) for r in student})),
             ]
         )
     for path, table in ((book, lines), (totals, sums)):
@@ -155,3 +204,7 @@ def write_gradebook(out: Path, rows: list[tuple[str, list]]) -> list[Path]:
             csv.writer(f).writerows(table)
         os.replace(tmp, path)
     return [book, totals]
+
+
+def _number(x: float) -> int | float:
+    return int(x) if x == int(x) else x
