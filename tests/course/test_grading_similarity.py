@@ -100,3 +100,20 @@ def test_the_two_implementations_are_never_a_pair_and_every_torch_reference_read
     codes = {"10.bf16_hook": {similarity.REFERENCE: OWN, similarity.TORCH: OWN, "ann": "y = 2\n"}}
     found, _ = similarity.compare(codes, max_chars=10**9)
     assert found == {"10.bf16_hook": []}, found  # identical, and still no pair
+
+
+def test_concept_answers_are_not_pairs(tmp_path: Path) -> None:
+    # Walking a class through: every learner with the right concept answers was listed as a
+    # 100% pair of every other (15 lines for a class of 6), above the one pair that mattered.
+    release = read(RELEASE)
+    subs = {
+        "ann": with_cell_after_setup(solved(release), OWN),
+        "bob": with_cell_after_setup(solved(release), OWN),
+        "cy": solved(release),
+    }
+    text = similarity.write_report(release, subs, tmp_path, "en").read_text(encoding="utf-8")
+    assert "- `ann` ~ `bob`: 100%" in text, text
+    assert "## `00.concepts`" not in text, text  # ann, bob and cy answered alike
+    assert "Concept checks are not compared" in text, text
+    zh = similarity.write_report(release, subs, tmp_path, "zh").read_text(encoding="utf-8")
+    assert "概念题不参与比较" in zh, zh
