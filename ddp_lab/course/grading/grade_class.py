@@ -9,7 +9,10 @@
   submission's ``error``; its feedback (``feedback/NAME.md``) and Gradescope-style
   ``results/NAME.json`` are written as soon as it is graded, ``gradebook.csv`` and
   ``totals.csv`` at the end, always (``report`` makes learner text harmless), then the
-  similarity report from the notebooks stage 1 read (no submission is read twice).
+  similarity report from the notebooks stage 1 read (no submission is read twice);
+- ``--student NAME`` regrades some students of the class (named by its layout): their rows
+  replace theirs in the gradebook ``--out`` holds, the others stay; a run that would drop an
+  earlier gradebook's rows (one student's folder, another assignment) refuses before it runs.
 """
 
 from __future__ import annotations
