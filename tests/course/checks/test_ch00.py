@@ -73,8 +73,27 @@ def fails_beyond_two_ranks(value: torch.Tensor) -> torch.Tensor:
     return reference(value)
 
 
+def even_divisor(value: torch.Tensor) -> torch.Tensor:
+    # Right for 2 and 4 ranks only: a divisor written for the world sizes the learner tried.
+    total = value.clone()
+    dist.all_reduce(total)
+    return total / (4 if dist.get_world_size() > 2 else 2)
+
+
+@pytest.mark.parametrize("seed", [None, "1", "2", "3"])
+def test_every_seed_has_three_ranks(seed: str | None, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The default seed (what a learner's `ddp-lab check` uses) included: before, it drew world
+    # sizes 2, 4, 4 and this answer passed at home.
+    if seed is None:
+        monkeypatch.delenv("DDP_LAB_GRADE_SEED", raising=False)
+    else:
+        monkeypatch.setenv("DDP_LAB_GRADE_SEED", seed)
+    passed, line = _verdict(even_divisor)
+    assert not passed and "world_size=3" in line, line
+
+
 def test_an_exception_names_the_case_it_happened_in() -> None:
-    # 00.average runs 2 ranks first, then 3 or 4: the second case raises, and the verdict
+    # 00.average runs 2 ranks first, then 3 and 4: the second case raises, and the verdict
     # names that case (a learner reproduces it from the label), not "-".
     passed, line = _verdict(fails_beyond_two_ranks)
     assert not passed, line

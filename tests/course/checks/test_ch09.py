@@ -160,6 +160,30 @@ def test_wrong_safe_all_reduce_fails(wrong, seed: str, monkeypatch: pytest.Monke
     assert not _grade("09.safe_all_reduce", wrong, seed, monkeypatch)
 
 
+def accuracy_right_for_2_and_4(correct: int, total: int) -> float:
+    # Wrong at 3 ranks only: the default seed drew 2, 4, 4 and passed it.
+    value = accuracy_ok(correct, total)
+    return value / 2 if dist.get_world_size() == 3 else value
+
+
+@pytest.mark.parametrize("seed", [None, "1", "2"])
+def test_every_seed_has_three_and_four_ranks(seed, monkeypatch: pytest.MonkeyPatch) -> None:
+    if seed is None:
+        monkeypatch.delenv("DDP_LAB_GRADE_SEED", raising=False)
+        assert not _grade_default("09.global_accuracy", accuracy_right_for_2_and_4)
+    else:
+        assert not _grade("09.global_accuracy", accuracy_right_for_2_and_4, seed, monkeypatch)
+
+
+def _grade_default(grade_id: str, fn) -> bool:
+    try:
+        dl.grade(grade_id, fn)
+    except AssertionError as failed:
+        print(failed)
+        return False
+    return True
+
+
 def test_stub_reports_not_implemented(monkeypatch: pytest.MonkeyPatch, capsys) -> None:
     def stub(*args: object) -> None:
         raise NotImplementedError("your code here")

@@ -57,7 +57,10 @@ def _head(t: torch.Tensor) -> list:
 
 @checker("00.average", points=2)
 def check_average(rng: random.Random, learner: Any) -> Iterator[object]:
-    world_sizes = [2, rng.choice([3, 4]), rng.choice([2, 3, 4])]
+    # 2 ranks first (the quickest failure to read), then 3 and 4 in either order: every seed,
+    # the default one a learner checks with included, has an odd world size and one above 2
+    # (a divisor written for 2 and 4 fails at home, not only under the instructor's seed).
+    world_sizes = [2, *rng.sample([3, 4], 2)]
     # both dtypes under every seed: a result cast to float32 fails on a float64 case
     dtypes = rng.sample(
         [torch.float32, torch.float64, rng.choice([torch.float32, torch.float64])], 3
