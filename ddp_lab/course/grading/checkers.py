@@ -3,7 +3,7 @@
 A chapter registers a checker with ``@checker("00.average", points=2)``. The checker is a
 generator ``check(rng, learner)``: it draws hidden cases from the seeded ``random.Random``,
 computes the oracle (the real torch function) itself, reaches the learner's code only
-through the ``learner`` handle (``course.learner``: probes that return data) and raises
+through the ``learner`` handle (``course.grading.learner``: probes that return data) and raises
 ``CaseFailed`` with a short explanation when the results differ. Before a case reaches the
 learner's code the checker names it with ``running(label)``, so that an exception the
 learner's code raises there is reported with the case it happened in.
@@ -12,7 +12,7 @@ learner's code raises there is reported with the case it happened in.
 - ``grade(grade_id, *objects)`` in a notebook's graded cell (self-study): the handle is a
   ``LocalLearner`` over the learner's objects, in their kernel; it prints one line and
   raises ``AssertionError`` on failure so nbval sees the cell fail;
-- ``course.verdict`` for ``ddp-lab check`` / ``ddp-lab grade``: the handle is a
+- ``course.grading.verdict`` for ``ddp-lab check`` / ``ddp-lab grade``: the handle is a
   ``RemoteLearner`` into the sandbox, and nothing in the learner's kernel is trusted.
 
 The cases are drawn from ``DDP_LAB_GRADE_SEED`` (an instructor sets it to change them);
@@ -83,14 +83,20 @@ def load_checkers(grade_ids: Iterable[str] | None = None) -> dict[str, Checker]:
     cost it about a second of CPU."""
     from ddp_lab.course.grading import checks
 
+    wanted = None if grade_ids is None else set(grade_ids)
     modules = (
-        {"concepts" if g.endswith(".concepts") else f"ch{g.split('.')[0]}" for g in grade_ids}
-        if grade_ids is not None
+        {"concepts" if g.endswith(".concepts") else f"ch{g.split('.')[0]}" for g in wanted}
+        if wanted is not None
         else None
     )
     if modules is not None and all(checks.has(m) for m in modules):
         for module in sorted(modules):
             importlib.import_module(f"{checks.__name__}.{module}")
+        # A checker registered in a part (``chNN_name.py``) that its chapter's module does
+        # not import would be missing here, while ``load_checkers()`` (the build's test) finds
+        # it: ``ddp-lab check`` said "no checker". Every module then, as without ``grade_ids``.
+        if wanted is not None and not wanted <= set(REGISTRY):
+            checks.load_all()
     else:
         checks.load_all()
     for name in CHECKER_MODULES:
@@ -143,7 +149,7 @@ def judge(chk: Checker, learner: Any, lang: str | None = None) -> tuple[str, str
 
 
 def _run(chk: Checker, learner: Any, lang: str | None) -> tuple[str, str]:
-    """Run ``chk``'s hidden cases against ``learner`` (a ``course.learner`` handle).
+    """Run ``chk``'s hidden cases against ``learner`` (a ``course.grading.learner`` handle).
 
     Returns (the status, the verdict line in ``lang``, followed by the checker's ``note``s).
     The checker draws the cases, computes the oracle and compares, here; the learner's code
@@ -284,7 +290,7 @@ def grade(grade_id: str, *objects: Any) -> None:
 
     This is the in-notebook check, for self-study: it runs in the learner's kernel, so the
     learner's code could change it. ``ddp-lab grade`` and ``ddp-lab check`` do not use it:
-    they compute the verdict in a process of their own (``course.verdict``).
+    they compute the verdict in a process of their own (``course.grading.verdict``).
     Returns nothing (a graded cell's only output is its verdict line); raises
     ``GradeFailed`` (an AssertionError shown as the verdict line alone) when a case fails.
     """

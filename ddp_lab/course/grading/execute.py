@@ -92,7 +92,7 @@ def run_verdict(
     needed_only: bool = False,
     progress: bool = False,
 ) -> dict[str, dict]:
-    """grade_id -> {status, detail} from ``course.verdict``, run in a process of its own.
+    """grade_id -> {status, detail} from ``course.grading.verdict``, run in a process of its own.
 
     ``needed_only``: run only the cells the graded cells need (``ddp-lab check``);
     ``progress``: the verdict's progress lines (trusted text, its own) go to our stdout.

@@ -2,7 +2,7 @@
 
 A checker never holds the learner's objects. It asks a handle to run a *probe* (a small
 module-level function of the checker's module that calls the learner's code on given inputs
-and returns what came out) and receives plain data (``course.wire``): tensors, numbers,
+and returns what came out) and receives plain data (``course.grading.wire``): tensors, numbers,
 lists. Oracles and comparisons stay with the checker.
 
 - ``LocalLearner``: in the learner's own kernel (``dl.grade`` in a notebook, self-study). The
@@ -10,9 +10,9 @@ lists. Oracles and comparisons stay with the checker.
   it would see from a sandbox.
 - ``RemoteLearner``: in the grader (``ddp-lab grade``/``check``). A per-rank probe
   (``ranks``: rank r receives only ``inputs[r]``) runs in fresh sandboxes, one per rank
-  (``course.rankhost``), on the learner's objects as the runner handed them out; other probes
+  (``course.grading.rankhost``), on the learner's objects as the runner handed them out; other probes
   (``call``, ``spawn``: every rank sees all the data) run in the sandboxed runner process that
-  executed the submission (``course.runner``); requests and replies are JSON lines over a pipe;
+  executed the submission (``course.grading.runner``); requests and replies are JSON lines over a pipe;
   the grader's process never runs learner code and never unpickles anything from it.
 
 A checker converted to ``ranks`` is the trustworthy kind: nothing in the learner's processes
@@ -191,12 +191,12 @@ def _as_data(value: Any) -> Any:
 
 class RemoteLearner:
     """In the grader: probes that need the learner's process run in the sandboxed runner that
-    executed the submission (``course.runner``, ``call`` and ``spawn``); per-rank probes
-    (``ranks``) run in fresh sandboxes of their own, one per rank (``course.rankhost``), on the
+    executed the submission (``course.grading.runner``, ``call`` and ``spawn``); per-rank probes
+    (``ranks``) run in fresh sandboxes of their own, one per rank (``course.grading.rankhost``), on the
     blob of the learner's objects that the runner handed out at the graded cell.
 
     ``blob``: the objects, pickled by the runner (never loaded here), or the error's text if the
-    runner could not pickle them. ``rank_pool``: ``course.rankhost.RankPool``, passed in by the
+    runner could not pickle them. ``rank_pool``: ``course.grading.rankhost.RankPool``, passed in by the
     verdict process (rankhost uses this module's errors, so this module does not import it).
     """
 
@@ -290,7 +290,7 @@ class RemoteLearner:
         if not isinstance(self.blob, bytes):
             raise LearnerError("PicklingError", str(self.blob or "no objects")[:500])
         if self._rank_pool is None:
-            raise RuntimeError("per-rank probes need rank_pool (course.rankhost.RankPool)")
+            raise RuntimeError("per-rank probes need rank_pool (course.grading.rankhost.RankPool)")
         if self._pool is None:
             self._pool = self._rank_pool(self.blob, self.lang, self.job)
         self.traffic, self.unobserved, self.shared, self.answered = None, "", None, None

@@ -1,6 +1,6 @@
 """One rank of a graded exercise: the learner's objects, only this rank's input, a sandbox each.
 
-The verdict process (``course.verdict``) never unpickles what the learner's process made. At a
+The verdict process (``course.grading.verdict``) never unpickles what the learner's process made. At a
 graded cell the runner hands the learner's objects out as an opaque blob (cloudpickle); for an
 exercise converted to per-rank inputs the checker calls ``learner.ranks(probe, inputs)``, which
 runs ``RankPool`` here, in the verdict process:
@@ -9,13 +9,13 @@ runs ``RankPool`` here, in the verdict process:
    loopback) that runs nothing; it exists so that the exercise's ranks can share that network
    and nothing else;
 2. starts each rank (``python -m ddp_lab.course.grading.rankserve``) in a sandbox of its own
-   (``course.sandbox.wrap``: its own PID, mount, IPC and UTS namespaces, its own writable folder
+   (``course.grading.sandbox.wrap``: its own PID, mount, IPC and UTS namespaces, its own writable folder
    and ``/tmp``), entered into the holder's network with ``nsenter``; its view of the package
    is a rank's view (``course.grading.view``): the reference implementations of the
    exercises, the checkers' oracles and the grading machinery (``HIDDEN``: each file, its
    cached bytecode, any other copy) are modules that raise ImportError;
 3. writes rank r's request on rank r's stdin: the probe's name, its rank, the world size, the
-   port, and **only rank r's input** (``course.wire`` data: never the seed, never another rank's
+   port, and **only rank r's input** (``course.grading.wire`` data: never the seed, never another rank's
    data, never the checker's code);
 4. reads one reply per rank with bounded reads (``wire.LineReader``), kills every sandbox, and
    returns the replies as data; the first error (or a hang, or a rank that died) becomes a
@@ -40,7 +40,7 @@ connections only (what else moved between the ranks is ``outside``). When the ra
 ``joined`` or ``done`` is theirs to say, and only that: the bytes are the kernel's, and a
 rank that says it too early or too late only puts its own bytes in the wrong window.
 
-Without a sandbox (see ``course.sandbox.available``) the ranks run as plain processes on the
+Without a sandbox (see ``course.grading.sandbox.available``) the ranks run as plain processes on the
 host's loopback, each still with only its own input, and the package is not hidden.
 """
 
@@ -102,7 +102,9 @@ class RankPool:
         self.holder: subprocess.Popen | None = None
         self.holder_pid = 0
         self.base: Path | None = None
-        self.view: list[str] | None = None  # the rank's view's bwrap arguments (course.view)
+        self.view: list[str] | None = (
+            None  # the rank's view's bwrap arguments (course.grading.view)
+        )
         self.ports: set[int] = set()
         self.protected: tuple | None = None  # the protection the running ranks entered
         # What the last ``run`` moved between the ranks, read by the grader from the ranks'

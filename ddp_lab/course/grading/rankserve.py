@@ -4,7 +4,7 @@ Started by ``RankPool`` as ``python -m ddp_lab.course.grading.rankserve`` in a s
 own, with a rank's view of the package (``course.grading.view``: no reference implementation,
 no oracle, no concept key, no grading machinery). It imports torch, says ``ready``, then
 serves one request per case from its stdin: the probe's name, its rank, the world size, the
-port and only this rank's input (``course.wire`` data). It joins the case's gloo group, locks
+port and only this rank's input (``course.grading.wire`` data). It joins the case's gloo group, locks
 the collectives a hand-written-collective exercise may not use (``checks.lockdown``), and only
 then loads the learner's objects (the blob the runner handed out) and runs the probe; the reply
 is data, or the error. The verdict process kills it after the exercise.

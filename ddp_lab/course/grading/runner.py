@@ -1,6 +1,6 @@
 """The learner's side of grading: run a submission's cells, then serve the checker's probes.
 
-Started by ``course.verdict`` inside the sandbox (``course.sandbox``) as
+Started by ``course.grading.verdict`` inside the sandbox (``course.grading.sandbox``) as
 ``python -m ddp_lab.course.grading.runner JOB.json``. It is the only process that runs the learner's
 code; it decides nothing. It:
 1. moves the protocol off fd 0/1 (the learner's prints go to ``output.log``, their reads
@@ -9,10 +9,10 @@ code; it decides nothing. It:
 2. at each graded cell it does not run the cell: it evaluates the arguments of the released
    ``dl.grade(...)`` call (the objects *as they are at that point of the notebook*, as the
    in-notebook check would see them) and hands them out pickled (base64 in the ``graded`` line;
-   ``course.rankhost`` loads them in sandboxes of their own, the grader never does);
+   ``course.grading.rankhost`` loads them in sandboxes of their own, the grader never does);
 3. says ``graded`` and answers the grader's requests (JSON lines) until it says
    ``continue``: run a probe of a checker module on the kept objects, in this process
-   (``call``) or on N gloo ranks (``spawn``); the reply is data (``course.wire``) or the
+   (``call``) or on N gloo ranks (``spawn``); the reply is data (``course.grading.wire``) or the
    error's type and message. Verdicts of earlier exercises are then final, whatever a
    later cell does;
 4. a cell past its time limit ends the run (``timeout``); the end says ``done``.
@@ -85,7 +85,7 @@ def _hand_out(objects: tuple) -> tuple[str | None, str | None]:
     """The graded cell's objects pickled for the per-rank sandboxes, base64 for the protocol
     line, or the reason they cannot be: ``(blob, error)``. The grader decodes the bytes and
     never loads them. They travel on the protocol pipe because this process's folder is a
-    private tmpfs (course.sandbox) that the grader cannot see."""
+    private tmpfs (course.grading.sandbox) that the grader cannot see."""
     import base64
 
     from ddp_lab.runtime import _pickle

@@ -116,7 +116,7 @@ STRINGS = (
 RUNS_TEXT = {"exec", "eval", "compile", "__import__", "execfile"}
 # The import system's own tables: deleting a module from ``sys.modules`` and importing it
 # again gives a fresh copy of a function or class that an exercise refuses
-# (``course.learner.refuse`` changes the objects already imported), e.g. torch's
+# (``course.grading.learner.refuse`` changes the objects already imported), e.g. torch's
 # ``DistributedSampler`` in 06.indices.
 IMPORT_TABLES = {"modules", "meta_path", "path_hooks", "path_importer_cache"}
 # Starting another program (a fresh Python has none of an exercise's refusals): what ``!`` lines

@@ -5,7 +5,7 @@ learner's code to the grader, and shows here), and vs the other submissions, wit
 ``copydetect`` (MOSS-like winnowing).
 
 The learner's code of an exercise is their code cells before its graded cell that differ from
-the release's (as ``course.scan`` reads it), its graded cell found by the release's source
+the release's (as ``course.grading.scan`` reads it), its graded cell found by the release's source
 (never by the submission's metadata). Pairs at or above ``THRESHOLD`` of either side's
 fingerprinted tokens are listed in ``similarity.md`` in the grade's output folder, every
 name and id as a Markdown code span (``report.code_span``). The report flags, it never

@@ -1,6 +1,6 @@
 """Bytes between the ranks of one exercise, observed from outside them (the grader's side).
 
-The ranks of a per-rank exercise (``course.rankhost``) share one private network namespace,
+The ranks of a per-rank exercise (``course.grading.rankhost``) share one private network namespace,
 held by the pool's *network holder*, and nothing else: gloo's pairs and the TCPStore are TCP
 connections on that namespace's loopback. The verdict process reads, before and after a case,
 

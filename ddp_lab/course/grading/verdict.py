@@ -3,8 +3,8 @@
 Stage 4 of grading (``execute.run_verdict``, for ``ddp-lab grade`` and ``ddp-lab check``) calls
 ``run`` in a fresh process of its own (``python -m ddp_lab.course.grading.verdict``, request
 and answer as JSON on stdin/stdout). That process
-1. writes the submission's code cells into a job for ``course.runner``, the released code in
-   place of each graded cell, and starts the runner in the sandbox (``course.sandbox``);
+1. writes the submission's code cells into a job for ``course.grading.runner``, the released code in
+   place of each graded cell, and starts the runner in the sandbox (``course.grading.sandbox``);
 2. follows the runner through the notebook: at each graded cell it runs that exercise's
    checker here (hidden cases and oracle results computed here; the learner's code reached
    only through ``RemoteLearner``: probes run in the sandbox, results come back as data;

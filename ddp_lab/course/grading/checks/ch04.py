@@ -2,7 +2,7 @@
 
 Each hidden case runs the learner's function on several ranks through a probe
 (``probe_all_reduce``, ``probe_all_gather``). Rank r receives only rank r's tensors
-(``learner.ranks``; when graded, a sandbox per rank, ``course.rankhost``), made by the checker:
+(``learner.ranks``; when graded, a sandbox per rank, ``course.grading.rankhost``), made by the checker:
 never the seed that makes the others, so a right sum or a full gathered list proves that the
 ranks communicated. In the rank, the collective they must rebuild is switched off while their
 code runs (by name in ``torch.distributed`` and, for aliases, on the function object itself),

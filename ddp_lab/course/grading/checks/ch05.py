@@ -20,7 +20,7 @@ before its send (or a send alone before its receive) leaves every rank waiting: 
 gets stuck and the case fails, with the batch that blocks.
 
 Where each part runs: the probe (``probe_ring``) runs the learner's ring in their rank (when
-graded: a sandbox per rank, ``course.rankhost``, that receives only its own tensors, never the
+graded: a sandbox per rank, ``course.grading.rankhost``, that receives only its own tensors, never the
 seed that makes the others) under those guards and returns, per rank, the tensor it left, what
 it sent, its batches and its loose p2p calls, as data. The sums prove that the ranks
 communicated; what the guards recorded is the rank's own account (a rank could undo the

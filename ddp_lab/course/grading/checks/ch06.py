@@ -6,7 +6,7 @@ per rank when graded, where ``ddp_lab.sampler`` and ``ddp_lab.labs.evaluation`` 
 (once per case for every rank) on one rank that receives that case only; ``probe_accuracy`` on
 gloo ranks, rank r with only its own padded shard, so that the exact accuracy proves that the
 ranks communicated) with the package's and torch's
-ready-made answers refused for the duration of the call (``course.learner.refuse``), and
+ready-made answers refused for the duration of the call (``course.grading.learner.refuse``), and
 return what came out as data. The oracles (torch's ``DistributedSampler``; the exact accuracy) run and
 the comparisons happen in the checker.
 """
@@ -108,7 +108,7 @@ def _refused_for_indices() -> dict[str, Any]:
     resumable = {"ddp_lab.tools.resume.ResumableDistributedSampler": ResumableDistributedSampler}
     try:
         from ddp_lab import sampler
-    except ImportError:  # a grading rank: the module is hidden there (course.rankhost)
+    except ImportError:  # a grading rank: the module is hidden there (course.grading.rankhost)
         return {"DistributedSampler": DistributedSampler, **resumable}
 
     return {
@@ -133,7 +133,7 @@ def _refuses_accuracy() -> tuple[dict[str, Any], str]:
 def _refused_for_accuracy() -> dict[str, Any]:
     try:
         from ddp_lab.labs import evaluation
-    except ImportError:  # a grading rank: the module is hidden there (course.rankhost)
+    except ImportError:  # a grading rank: the module is hidden there (course.grading.rankhost)
         return {}
 
     return {

@@ -1,7 +1,7 @@
 """Checkers of chapter 07: a naive DDP wrapper, and bucketed gradient hooks.
 
 Rank r receives only its own input (``learner.ranks``; when graded, a sandbox per rank,
-``course.rankhost``): the architecture, its starting parameters and buffers, and its own shard
+``course.grading.rankhost``): the architecture, its starting parameters and buffers, and its own shard
 of each batch, never a seed and never another rank's data or model, so a result equal to the
 full-batch oracle proves that the ranks communicated.
 
@@ -247,7 +247,7 @@ def _torch_ddp() -> tuple[dict[str, Any], str]:
     return refused, "dist.broadcast, dist.all_reduce"
 
 
-probe_naive_ddp.refuses = _torch_ddp  # type: ignore[attr-defined]  # course.learner.refusing
+probe_naive_ddp.refuses = _torch_ddp  # type: ignore[attr-defined]  # course.grading.learner.refusing
 
 
 @checker("07.naive_ddp", points=3)

@@ -3,7 +3,7 @@
 Both run the learner's function on hidden world sizes on the learner's ranks with a
 timeout, so a hang is reported as a failed case instead of blocking the notebook. Rank r
 receives only its own counts or its own tensor (``learner.ranks``; when graded, a sandbox per
-rank, ``course.rankhost``): a right global accuracy, or a ValueError on every rank when one
+rank, ``course.grading.rankhost``): a right global accuracy, or a ValueError on every rank when one
 rank's tensor differs, proves that the ranks communicated. The probes
 (``probe_accuracy``, ``probe_safe``) run in the learner's rank: each rank calls their
 function, then waits in a barrier on a group of its own (created before their code runs), as

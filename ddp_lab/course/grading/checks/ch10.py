@@ -1,7 +1,7 @@
 """Checkers of chapter 10: a ZeRO-1 optimizer, a bf16 comm hook, FSDP's gradient reduction.
 
 All three are graded in the per-rank form (``learner.ranks``; when graded, a sandbox per rank,
-``course.rankhost``, in which ``ddp_lab.zero``, ``ddp_lab.comm_hooks`` and ``ddp_lab.fsdp``,
+``course.grading.rankhost``, in which ``ddp_lab.zero``, ``ddp_lab.comm_hooks`` and ``ddp_lab.fsdp``,
 which hold the reference answers, cannot be imported): rank r receives only its own input,
 the model's starting parameters and its own part of each batch, never a seed or another
 rank's data. The oracles run here, in one process (or, for the bf16 hook, on ranks of the
@@ -261,7 +261,7 @@ def _torch_zero() -> tuple[dict[str, Any], str]:
     )
 
 
-probe_sharded.refuses = _torch_zero  # type: ignore[attr-defined]  # course.learner.refusing
+probe_sharded.refuses = _torch_zero  # type: ignore[attr-defined]  # course.grading.learner.refusing
 
 
 def _adamw_full_batch(spec: dict, world: int, owner: dict[int, int]) -> list[torch.Tensor]:

@@ -2,7 +2,7 @@
 checker, written back for the ranks of the resume launch (``ch11``: 11.resume).
 
 Only bytes cross: each file's relative name and its content as a uint8 tensor
-(``course.wire`` data), at most ``CHECKPOINT_LIMIT`` in all.
+(``course.grading.wire`` data), at most ``CHECKPOINT_LIMIT`` in all.
 """
 
 from __future__ import annotations

@@ -2,13 +2,13 @@
 their oracles.
 
 These exercises are graded in the per-rank form with one rank (``learner.ranks(probe,
-[input])``, a sandbox of its own when graded, ``course.rankhost``): the learner's code runs in
+[input])``, a sandbox of its own when graded, ``course.grading.rankhost``): the learner's code runs in
 a process that holds one case's input and nothing else, never the expected answers or the
 checker. The probes live here, apart from the checkers: ``ch01.py``, ``ch02.py`` and
 ``ch03.py`` compute the reference answers from the inputs (and ``ddp_lab.tools.ranks.assign`` is
-02.place's), so they are hidden in a rank (``rankhost.HIDDEN``), while this module is not.
+02.place's), so they are hidden in a rank (``view.RANK_HIDDEN``), while this module is not.
 
-Each probe returns plain data (``course.wire``): what the learner's code returned, or
+Each probe returns plain data (``course.grading.wire``): what the learner's code returned, or
 ``{"kind": <type name>}`` where it is not data.
 """
 
