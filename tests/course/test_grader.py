@@ -385,7 +385,10 @@ def test_grade_chapter00_submissions_in_one_call(tmp_path: Path) -> None:
     }
     feedback = (out / "feedback" / "wrong.md").read_text(encoding="utf-8")
     assert "FAIL 00.average" in feedback and "Hidden case 1 of 3" in feedback
-    assert "20 s" in (out / "feedback" / "runaway.md").read_text(encoding="utf-8")
+    runaway = (out / "feedback" / "runaway.md").read_text(encoding="utf-8")
+    # the cell that ran past its time, named by its place in the notebook and its first line
+    at = [c.source for c in read(subs / "runaway.ipynb").cells].index(loop) + 1
+    assert "20 s" in runaway and f"It was cell {at}, which begins `import signal`." in runaway
     assert "valid notebook" in (out / "feedback" / "broken.md").read_text(encoding="utf-8")
     assert "moved" in (out / "feedback" / "moved.md").read_text(encoding="utf-8")
     changed = (out / "feedback" / "changed.md").read_text(encoding="utf-8")

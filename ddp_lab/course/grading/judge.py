@@ -110,6 +110,10 @@ def judge(
                 lang,
                 timeout=cell_timeout,
             )
+            at, line = v.get("cell"), v.get("line")
+            if type(at) is int and type(line) is str:
+                shown = "`" + line.replace("`", "'") + "`"  # the learner's text, as code
+                why += " " + _t("It was cell {n}, which begins {line}.", lang, n=at, line=shown)
             results[grade_id] = Result(grade_id, 0, ex.points, "timeout", why)
         elif status == "kernel-died":
             results[grade_id] = Result(

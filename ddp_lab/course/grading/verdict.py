@@ -61,12 +61,13 @@ def build_job(
     for i, cell in enumerate(sub.cells):
         if cell.cell_type != "code":
             continue
+        # "at": the cell's place in the notebook (the feedback of a cell past its time names it)
         if i in by_pos:
-            cells.append({"source": by_pos[i].cell.source, "grade_id": by_pos[i].grade_id})
+            cells.append({"source": by_pos[i].cell.source, "grade_id": by_pos[i].grade_id, "at": i})
         elif "grade_id" in cell.metadata:
             continue  # a graded cell not graded in this run (tampered, or not asked for)
         else:
-            cells.append({"source": cell.source})
+            cells.append({"source": cell.source, "at": i})
     total = len(cells)
     if needed_only:
         from ddp_lab.course.grading.needed import needed_cells
@@ -113,6 +114,7 @@ def run(request: dict[str, Any]) -> dict[str, Any]:
     # past its time limit, the stretch execute.run_verdict judges starvation on.
     cell_started = time.monotonic()
     stalled_since: float | None = None
+    current = -1  # the job's cell the runner said it started (its word: shown, never trusted)
     try:
         (work / "job.json").write_text(json.dumps(job), encoding="utf-8")
         (work / lang).mkdir()  # dl.setup() finds the language from the folder, as in a notebook
@@ -162,6 +164,7 @@ def run(request: dict[str, Any]) -> dict[str, Any]:
             if "cell" in msg:  # the runner starts a cell: progress, and when it started
                 cell_started = time.monotonic()
                 if type(msg["cell"]) is int and 0 <= msg["cell"] < n_cells:
+                    current = msg["cell"]
                     progress(_t("cell {i}/{n}", lang, i=msg["cell"] + 1, n=n_cells), end="\r")
                 continue
             grade_id = str(msg.get("graded", ""))
@@ -195,8 +198,9 @@ def run(request: dict[str, Any]) -> dict[str, Any]:
                 proc.stdin.flush()
             except OSError:
                 break
+        stalled = _stalled_cell(job["cells"], current) if ended == "timeout-cell" else {}
         for grade_id in found:
-            results.setdefault(grade_id, {"status": ended})
+            results.setdefault(grade_id, {"status": ended, **stalled})
         if stalled_since is None:
             return {"results": results}
         return {"results": results, "stalled_since": stalled_since}
@@ -205,6 +209,18 @@ def run(request: dict[str, Any]) -> dict[str, Any]:
             kill_group(proc)
         shutil.rmtree(work, ignore_errors=True)
         shutil.rmtree(masks, ignore_errors=True)
+
+
+def _stalled_cell(cells: list[dict[str, Any]], current: int) -> dict[str, Any]:
+    """Which cell ran past its time, for the feedback: its place in the notebook (counted from
+    1, markdown cells included, as JupyterLab's status bar counts) and its first line. Taken
+    from the job this process built, at the index the runner last said it started: a runner
+    that lies about it misleads only its own feedback."""
+    if not 0 <= current < len(cells):
+        return {}
+    lines = [line.strip() for line in cells[current]["source"].splitlines() if line.strip()]
+    first = lines[0] if lines else ""
+    return {"cell": int(cells[current].get("at", current)) + 1, "line": first[:60]}
 
 
 def _progress_writer(fd: Any) -> Any:
