@@ -559,7 +559,9 @@ for name in ("fsdp", "fsdp x tp"):
 # and compares the output, the input's gradient and each rank's slices of the weight and
 # bias gradients with the whole MLP in one process (float64). It also hands
 # `reduce_from_tp` the output of `torch.exp`, which autograd keeps for exp's backward: do
-# not all-reduce in place a tensor autograd still needs; clone first.
+# not all-reduce in place a tensor autograd still needs; clone first. In that side test,
+# and in one call of `copy_to_tp`, the data differs between ranks (in the MLP it is the
+# same on all of them): identity must return each rank's own tensor.
 
 # %% [markdown] lang="zh" tags=["exercise"]
 # ## 练习 1：一对共轭算子（3 分）
@@ -569,7 +571,9 @@ for name in ("fsdp", "fsdp x tp"):
 # 评分单元会用你的这对算子搭一个先列并行、后行并行的两层 MLP，分别在 2 个和 3 个 rank 上、
 # 用随机抽取的宽度运行，把输出、输入的梯度，以及每个 rank 那一段权重梯度和偏置梯度，与单进程
 # 中完整的 MLP 比较（float64）。它还会把 `torch.exp` 的输出交给 `reduce_from_tp`，而 autograd
-# 要留着这个张量给 exp 的反向用：不要对 autograd 还要用的张量原地做全归约，先克隆一份。
+# 要留着这个张量给 exp 的反向用：不要对 autograd 还要用的张量原地做全归约，先克隆一份。在这个
+# 附加测试里，以及单独调用一次 `copy_to_tp` 时，各 rank 的数据互不相同（MLP 里各 rank 的数据
+# 都一样）：恒等操作必须返回每个 rank 自己的张量。
 
 # %% tags=["exercise"]
 import torch.distributed as dist

@@ -207,6 +207,38 @@ class Toggling(Gather):
         return super().apply(target_device, dim, *inputs)
 
 
+class MyGatherBackward:
+    """Named as a Function called MyGather's backward node is (review 9)."""
+
+
+class _Dressed(torch.Tensor):
+    @property
+    def grad_fn(self) -> Any:  # type: ignore[override]
+        return MyGatherBackward()
+
+
+class MyGather(Gather):
+    """A wrong backward (zeros) that never runs: apply returns torch.cat's output dressed as
+    a tensor whose grad_fn reads as this Function's."""
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple:
+        return (None, None, *(torch.zeros_like(g) for g in grad.split(ctx.sizes, ctx.dim)))
+
+    @classmethod
+    def apply(cls, target_device: int, dim: int, *inputs: torch.Tensor) -> Any:  # type: ignore[override]
+        return torch.cat(inputs, dim).as_subclass(_Dressed)
+
+
+class DressedOnly(Gather):
+    """torch's apply; the forward returns the dressed tensor (a plain one is what counts)."""
+
+    @staticmethod
+    def forward(ctx: Any, target_device: int, dim: int, *inputs: torch.Tensor) -> torch.Tensor:
+        ctx.dim, ctx.sizes = dim, [t.size(dim) for t in inputs]
+        return torch.cat(inputs, dim).as_subclass(_Dressed)
+
+
 def test_gather_reference_passes() -> None:
     assert _grade("03.gather", Gather)
 
@@ -221,6 +253,8 @@ def test_gather_reference_passes() -> None:
         (Stacked, "output shape"),
         (PlainCat, "not made by your Function"),
         (Toggling, "not made by your Function"),
+        (MyGather, "not made by your Function"),
+        (DressedOnly, "not made by your Function"),
     ],
 )
 def test_gather_rejects(wrong: Any, feedback: str) -> None:

@@ -104,6 +104,35 @@ def g_in_place(x):
     return AllReduceInPlace.apply(x)
 
 
+class ByOp(torch.autograd.Function):
+    """f or g where an all-reduce by MAX (or AVG) stands for identity: identity on data that
+    is the same on every rank, as the MLP's input and loss weights are (review 9)."""
+
+    @staticmethod
+    def forward(ctx, x, forward_op, backward_op):
+        ctx.backward_op = backward_op
+        x = x.clone()
+        if forward_op is not None:
+            dist.all_reduce(x, op=forward_op)
+        return x
+
+    @staticmethod
+    def backward(ctx, g):
+        g = g.clone()
+        dist.all_reduce(g, op=ctx.backward_op or dist.ReduceOp.SUM)
+        if ctx.backward_op is None:  # f's backward: a sum; this g's: MAX below
+            return g, None, None
+        return g, None, None
+
+
+def f_forward_max(x):
+    return ByOp.apply(x, dist.ReduceOp.MAX, None)
+
+
+def g_backward_max(x):
+    return ByOp.apply(x, dist.ReduceOp.SUM, dist.ReduceOp.MAX)
+
+
 def g_returns_all_reduce(x):
     return dist.all_reduce(x.clone())  # None: all_reduce works in place
 
@@ -125,6 +154,8 @@ def test_tp_checker_passes_correct_pairs():
         (lambda x: [x], g_ok, "copy_to_tp must return a tensor"),
         (f_no_gradient, g_ok, "x_grad: no gradient: copy_to_tp's backward returned None"),
         (f_ok, g_in_place, "kept_grad: reduce_from_tp(torch.exp(a)) gives a the wrong gradient"),
+        (f_ok, g_backward_max, "kept_grad: reduce_from_tp(torch.exp(a)) gives a the wrong"),
+        (f_forward_max, g_ok, "own: copy_to_tp changed an input that differs between ranks"),
     ],
 )
 def test_tp_checker_rejects_wrong_pairs(f, g, words):

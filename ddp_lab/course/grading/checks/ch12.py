@@ -42,7 +42,7 @@ def _kind(value: Any) -> str:
 # ----- 12.tp_pair ---------------------------------------------------------------------------
 
 # in the order checked: a gradient nearer the output says more precisely what went wrong
-TP_FIELDS = ("y", "b2_grad", "w2_grad", "w1_grad", "b1_grad", "x_grad", "kept_grad")
+TP_FIELDS = ("y", "b2_grad", "w2_grad", "w1_grad", "b1_grad", "x_grad", "kept_grad", "own")
 
 
 def _mlp_params(spec: dict) -> dict[str, torch.Tensor]:
@@ -74,6 +74,10 @@ def _tp_inputs(spec: dict, world: int) -> list[dict[str, Any]]:
             "b1": t["b1"][r * part : (r + 1) * part].clone(),
             "w2": t["w2"][:, r * part : (r + 1) * part].clone(),
             "b2": t["b2"],
+            # this rank's own scale for the side tests: data that differs between ranks, where
+            # the MLP's is the same on all (an all-reduce by MAX or AVG in place of identity
+            # is identity on equal data)
+            "s": torch.tensor(float(r + 1), dtype=t["c"].dtype),
         }
         for r in range(world)
     ]
@@ -98,13 +102,20 @@ def probe_tp(rank: int, objects: tuple, mine: dict) -> dict[str, Any]:
     # g on a tensor autograd keeps for the backward of the operation before it (exp keeps
     # its output): a g that all-reduces its input in place changes that tensor, and exp's
     # gradient comes out wrong (F.linear's output above is kept by nothing, so it cannot tell)
+    # the gradient g's backward gets differs between ranks (weights scaled by the rank's s):
+    # identity passes each rank's own through
     a = (mine["c"] / 2).requires_grad_()
     kept = reduce_from_tp(torch.exp(a))
     if not isinstance(kept, torch.Tensor):
         return {"returned": ["reduce_from_tp", kept is None]}
-    (kept * mine["c"]).sum().backward()
+    (kept * (mine["c"] * mine["s"])).sum().backward()
+    # f's forward on an input that differs between ranks: identity returns each rank's own
+    own = copy_to_tp(mine["x"] * mine["s"])
+    if not isinstance(own, torch.Tensor):
+        return {"returned": ["copy_to_tp", own is None]}
     return {"y": y.detach().clone(), "x_grad": grad(x), "w1_grad": grad(w1), "b1_grad": grad(b1),
-            "w2_grad": grad(w2), "b2_grad": grad(b2), "kept_grad": grad(a)}  # fmt: skip
+            "w2_grad": grad(w2), "b2_grad": grad(b2), "kept_grad": grad(a),
+            "own": own.detach().clone()}  # fmt: skip
 
 
 def _tp_oracle(spec: dict) -> dict[str, torch.Tensor]:
@@ -113,9 +124,11 @@ def _tp_oracle(spec: dict) -> dict[str, torch.Tensor]:
     y = F.linear(torch.tanh(F.linear(x, w1, b1)), w2, b2)
     (y * t["c"]).sum().backward()
     # g passes its gradient through: exp's input gets exp(a) times the loss weights
+    # (times rank r's scale r + 1 on rank r, _tp_verdict)
     kept_grad = torch.exp(t["c"] / 2) * t["c"]
     return {"y": y.detach(), "x_grad": x.grad, "w1_grad": w1.grad, "b1_grad": b1.grad,
-            "w2_grad": w2.grad, "b2_grad": b2.grad, "kept_grad": kept_grad}  # type: ignore[dict-item]  # fmt: skip
+            "w2_grad": w2.grad, "b2_grad": b2.grad, "kept_grad": kept_grad,
+            "x": t["x"]}  # type: ignore[dict-item]  # fmt: skip
 
 
 def _tp_verdict(got: Any, spec: dict, world: int, label: str) -> None:
@@ -137,9 +150,14 @@ def _tp_verdict(got: Any, spec: dict, world: int, label: str) -> None:
             "must pass the gradient through unchanged",
         ),
         "kept_grad": _t(
-            "reduce_from_tp(torch.exp(a)) gives a the wrong gradient: reduce_from_tp changed "
-            "its input in place, which exp keeps for its backward; all-reduce a copy "
-            "(x.clone()) and return that",
+            "reduce_from_tp(torch.exp(a)) gives a the wrong gradient: its backward must pass "
+            "each rank's own gradient through unchanged (they differ between ranks here), and "
+            "it must not change its input in place (exp keeps it for its backward): all-reduce "
+            "a copy (x.clone()) and return that",
+        ),
+        "own": _t(
+            "copy_to_tp changed an input that differs between ranks: its forward must return "
+            "each rank's own input unchanged, with no communication",
         ),
     }
     for rank, r in enumerate(got):
@@ -169,7 +187,8 @@ def _tp_verdict(got: Any, spec: dict, world: int, label: str) -> None:
             "y": want["y"], "x_grad": want["x_grad"], "w1_grad": want["w1_grad"][rows],
             "b1_grad": want["b1_grad"][rows], "w2_grad": want["w2_grad"][:, rows],
             "b2_grad": want["b2_grad"],
-            "kept_grad": want["kept_grad"],
+            "kept_grad": want["kept_grad"] * (rank + 1),
+            "own": want["x"] * (rank + 1),
         }  # fmt: skip
         for key in TP_FIELDS:
             value, w = r[key], expected[key]
@@ -369,7 +388,7 @@ def check_one_f_one_b(rng: random.Random, learner: Any) -> Iterator[object]:
         ):
             raise wrong_form(s, "grads", _kind(g), label)
         diff = max((a - b).abs().max().item() for a, b in zip(g, w, strict=True))
-        if diff > 1e-10:
+        if not diff <= 1e-10:  # NaN too
             raise fail(
                 _t(
                     "stage {stage}: gradients differ from one process by {diff:.3g}",

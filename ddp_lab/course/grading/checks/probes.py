@@ -79,6 +79,37 @@ def probe_balanced(rank: int, objects: tuple, case: list[int]) -> Any:
     return [_int_or_kind(x) for x in out]
 
 
+# torch's own, taken at import (before a learner's objects load): the grad_fn an output
+# really has, and the apply every autograd.Function inherits.
+_GRAD_FN = torch._C.TensorBase.__dict__["grad_fn"].__get__
+_APPLY = torch.autograd.Function.__dict__["apply"]
+_FUNCTION_META = type(torch.autograd.Function)
+
+
+def _own_apply(gather_cls: Any) -> bool:
+    """Whether ``gather_cls.apply`` is torch's: a Function whose metaclass is torch's and which
+    does not define ``apply`` itself (an ``apply`` of the learner's could return a tensor made
+    some other way, dressed up as made by the Function)."""
+    if type(gather_cls) is not _FUNCTION_META:
+        return False
+    for klass in gather_cls.__mro__:
+        if "apply" in vars(klass):
+            return vars(klass)["apply"] is _APPLY
+    return False
+
+
+def _made_by(gather_cls: Any, out: torch.Tensor) -> dict[str, str]:
+    """The name of ``out``'s grad_fn as torch records it, and the Function's name: a right
+    Function's output has grad_fn ``<name>Backward`` (a subclass of Tensor could show another
+    grad_fn: only a plain tensor is read)."""
+    name = getattr(gather_cls, "__name__", "")
+    plain = type(out) is torch.Tensor and _own_apply(gather_cls)
+    return {
+        "grad_fn": type(_GRAD_FN(out)).__name__ if plain else f"<{type(out).__name__}>",
+        "function": name if type(name) is str else "",
+    }
+
+
 def _gather_leaves(parts: list[torch.Tensor]) -> list[torch.Tensor]:
     leaves = [p.clone().requires_grad_() for p in parts]
     for i, leaf in enumerate(leaves):
@@ -91,14 +122,9 @@ def probe_gather_forward(rank: int, objects: tuple, case: list) -> Any:
     (gather_cls,) = objects
     dim, parts = case
     out = gather_cls.apply(0, dim, *_gather_leaves(parts))
-    name = getattr(gather_cls, "__name__", "")
     if not isinstance(out, torch.Tensor):
         return {"kind": type(out).__name__}
-    return {
-        "out": out.detach().clone(),
-        "grad_fn": type(out.grad_fn).__name__,
-        "function": name if type(name) is str else "",
-    }
+    return {"out": out.detach().clone(), **_made_by(gather_cls, out)}
 
 
 def probe_gather_backward(rank: int, objects: tuple, case: list) -> Any:
@@ -109,10 +135,9 @@ def probe_gather_backward(rank: int, objects: tuple, case: list) -> Any:
     dim, parts, weight = case
     leaves = _gather_leaves(parts)
     out = gather_cls.apply(0, dim, *leaves)
-    name = getattr(gather_cls, "__name__", "")
     if not isinstance(out, torch.Tensor):
         return {"kind": type(out).__name__}
-    made_by = {"grad_fn": type(out.grad_fn).__name__, "function": name if type(name) is str else ""}
+    made_by = _made_by(gather_cls, out)
     (out * weight).sum().backward()
     grads = [None if leaf.grad is None else leaf.grad.detach().clone() for leaf in leaves]
     return {"grads": grads, **made_by}
