@@ -88,10 +88,13 @@ def test_torch_source_pasted_into_a_cell_is_paired_with_torch_not_the_honest_sol
     text = similarity.write_report(release, subs, tmp_path, "en").read_text(encoding="utf-8")
     section = text.split("## `06.indices`", 1)[1].split("\n## ", 1)[0]
     assert "- `(torch)` ~ `pasted`:" in section, text
-    assert "`honest`" not in section, text  # the released solution is its own
+    assert "`(torch)` ~ `honest`" not in section, text  # the solution is written from scratch
+    # ... and handed in as it is, it is the course's solution: a pair with (solution)
+    assert "- `(solution)` ~ `honest`: 100%" in section, text
+    assert "`(solution)` ~ `pasted`" not in section, text
     assert "`(torch)` torch's own" in text, text  # the report says what `(torch)` is
     zh = similarity.write_report(release, subs, tmp_path, "zh").read_text(encoding="utf-8")
-    assert "`(torch)` 表示 torch 自己的实现" in zh, zh
+    assert "`(torch)` 表示 torch 自己的实现" in zh and "`(solution)` 表示课程的参考答案" in zh, zh
 
 
 def test_the_two_implementations_are_never_a_pair_and_every_torch_reference_reads() -> None:

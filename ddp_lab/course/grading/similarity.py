@@ -66,7 +66,11 @@ TORCH_REFERENCES: dict[str, tuple[str, tuple[str, ...]]] = {
     "12.one_f_one_b": ("torch.distributed.pipelining.schedules", ("Schedule1F1B",)),
 }
 TORCH = "(torch)"
-SOURCES = (REFERENCE, TORCH)  # the report's names that are not learners
+# The course's own solution of the exercise (solutions/<lang>/, beside the package when the
+# course is a checkout): a learner who hands it in shows as a pair with it, not only as a
+# crowd of pairs with every classmate who did the same.
+SOLUTION = "(solution)"
+SOURCES = (REFERENCE, TORCH, SOLUTION)  # the report's names that are not learners
 MAX_CHARS = 200_000  # a learner's own code over all exercises; an honest one is a few KiB
 CPU_SECONDS = 5  # each learner's fingerprints, in the child
 MEMORY_BYTES = 2 * 2**30  # the child's address space
@@ -118,6 +122,28 @@ def reference_code(grade_id: str, references: dict = REFERENCES) -> str:
         return "\n\n".join(inspect.getsource(getattr(mod, n)) for n in names)
     except (ImportError, AttributeError, OSError, TypeError):
         return ""
+
+
+def solution_code(release: nbformat.NotebookNode) -> dict[str, str]:
+    """grade_id -> the course's solution code of ``release``'s exercises: the solution
+    notebook (``solutions/en``; code cells are the same in both languages) whose graded cells
+    are the release's, read as a learner's submission is. Empty where the course has no
+    ``solutions/`` (a copy handed to learners without it, an installed package)."""
+    folder = Path(__file__).resolve().parents[3] / "solutions" / "en"
+    wanted = {
+        str(c.metadata.get("grade_id"))
+        for c in release.cells
+        if c.cell_type == "code" and c.metadata.get("grade_id")
+    }
+    for path in sorted(folder.glob("*.ipynb")) if wanted else []:
+        try:
+            nb = nbformat.read(path, as_version=4)
+        except Exception:  # noqa: BLE001, S112  # not ours to judge here
+            continue
+        code = exercise_code(release, nb)
+        if code and set(code) <= wanted:
+            return code
+    return {}
 
 
 def pairs(codes: dict[str, str], threshold: float = THRESHOLD) -> list[tuple[str, str, float]]:
@@ -282,7 +308,8 @@ def write_report(
         _t(
             "Pairs whose code for an exercise overlaps by at least {threshold:.0%} "
             "(copydetect, winnowing). `(ddp_lab)` is the package's reference "
-            "implementation, `(torch)` torch's own (the one the exercise refuses). "
+            "implementation, `(torch)` torch's own (the one the exercise refuses), "
+            "`(solution)` the course's solution (solutions/). "
             "Nothing here changes a grade: look at the code before you decide.",
             lang,
             threshold=threshold,
@@ -299,11 +326,14 @@ def write_report(
             _t("Concept checks are not compared: every right answer is the same text.", lang),
             "",
         ]
+    solutions = solution_code(release) if by_exercise else {}
     for grade_id in by_exercise:
         for name, references in ((REFERENCE, REFERENCES), (TORCH, TORCH_REFERENCES)):
             reference = reference_code(grade_id, references)
             if reference:
                 by_exercise[grade_id][name] = reference
+        if solutions.get(grade_id, "").strip():
+            by_exercise[grade_id][SOLUTION] = solutions[grade_id]
     all_found, cut = compare(by_exercise, threshold)
     any_pair = False
     for grade_id in sorted(all_found):
