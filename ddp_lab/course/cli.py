@@ -16,8 +16,18 @@ def _build(args: argparse.Namespace) -> int:
         for p in problems:
             print(p)
         return 1 if problems else 0
-    for path in build.build(only=args.chapters or None):
+    only = args.chapters or None
+    chosen = [s for s in build.sources() if not only or any(s.stem.startswith(o) for o in only)]
+    if not chosen:  # a typo (`build 2` for 02) wrote nothing and said nothing
+        names = ", ".join(s.stem for s in build.sources())
+        print(f"ddp-lab build: no chapter source matches {' '.join(only or [])}; "
+              f"chapters/ has: {names}", file=sys.stderr)  # fmt: skip
+        return 2
+    written = build.build(only=only)
+    for path in written:
         print(f"wrote {path.relative_to(build.ROOT)}")
+    if not written:
+        print(f"up to date: {len(chosen)} chapter source(s), nothing to write")
     return 0
 
 

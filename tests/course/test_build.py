@@ -257,3 +257,15 @@ def test_a_graded_cell_says_its_cases_were_the_public_ones_except_a_concept_chec
         assert code[0] == build.grade_pass_line("05.ring", 5, lang) and words in code[1]
         concepts = build.notebook_pass_output("05.concepts", 2, lang)
         assert concepts == build.grade_pass_line("05.concepts", 2, lang)
+
+
+def test_build_says_when_nothing_changed_and_refuses_a_chapter_it_has_not(capsys) -> None:
+    # An instructor's walkthrough: `ddp-lab build 00` on a built course printed nothing, and a
+    # typo (`build 2` for 02) wrote nothing, said nothing and exited 0.
+    from ddp_lab.course import cli
+
+    assert cli.main(["build", "00"]) == 0
+    assert "up to date: 1 chapter source(s)" in capsys.readouterr().out
+    assert cli.main(["build", "2"]) == 2
+    err = capsys.readouterr().err
+    assert "no chapter source matches 2" in err and "02_processes_and_ranks" in err
