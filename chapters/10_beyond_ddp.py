@@ -1120,8 +1120,9 @@ for bucket in splitter.buckets:
 # The graded cell passes its own AdamW (with weight decay) that records each rank's
 # parameters, trains hidden models with tied and frozen weights on 2 and 3 ranks, each rank
 # on its own part of the batch with its own learning rate in `defaults`, and compares with
-# AdamW on the full batch that steps each parameter at its owner's learning rate: a rank
-# gets the parameters it does not own right only from their owner. It fails a ZeRO that
+# AdamW on the full batch that steps each parameter at its owner's learning rate; when
+# graded, it also counts from outside the ranks the bytes each rank receives at each step,
+# which must be at least about the parameters it does not own. It fails a ZeRO that
 # steps every parameter on every rank, one that forgets to share the updated parameters,
 # and one whose ranks' loads (elements owned) differ from those of the rule above; how you
 # break ties between equal sizes or equal loads does not matter.
@@ -1139,8 +1140,8 @@ for bucket in splitter.buckets:
 # 评分单元会传入它自己的 AdamW（带权重衰减），记录每个 rank 拿到了哪些参数；在 2 个和 3 个
 # rank 上训练带共享（绑定）权重和冻结权重的隐藏模型，每个 rank 只用自己那部分批数据，
 # `defaults` 里的学习率也各不相同；然后与在全批上运行、每个参数按其所属 rank 的学习率更新的
-# AdamW 比较：一个 rank 不拥有的参数，只有从所属 rank 收到才会正确。在每个
-# rank 上更新所有参数、忘记共享更新后的参数，或者各 rank 的负载（拥有的元素数）与上述规则给出的
+# AdamW 比较；正式评分时，还会在各 rank 之外统计每个 rank 每一步收到的字节，至少要有它
+# 不拥有的那些参数的大小。在每个 rank 上更新所有参数、忘记共享更新后的参数，或者各 rank 的负载（拥有的元素数）与上述规则给出的
 # 不同，都会失败；大小相同或负载相同时怎样选择则无所谓。
 
 # %% tags=["exercise"]

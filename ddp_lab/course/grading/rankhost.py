@@ -31,8 +31,8 @@ the kernel's counters of the holder's network (``course.traffic``) and leaves th
 rank pair in ``traffic`` (None where they cannot be read, and why in ``unobserved``).
 
 For a probe that calls the learner's code once per input (``per_call``: 05.ring's, and
-10.fsdp_reduce's byte probe), the ranks run in lockstep with this process (``rankserve``'s
-``steps``): once every rank has joined the case's group, and before any of the learner's code runs, the counters are read and the
+10.fsdp_reduce's and 10.sharded_optimizer's byte probes), the ranks run in lockstep with this
+process (``rankserve``'s ``steps``): once every rank has joined the case's group, and before any of the learner's code runs, the counters are read and the
 group's connections noted (``traffic.group_of``: one new connection per pair of ranks); then
 each call's bytes are read after every rank has finished that call and before any starts the
 next. ``traffic`` is then a list, one ``Traffic`` per call, counting on the group's

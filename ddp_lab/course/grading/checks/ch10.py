@@ -22,8 +22,16 @@ all parameters on every rank fails), the ranks' loads must be those of the exerc
 depend on how ties are broken, so any order among equal sizes or loads passes), and after
 the steps every rank's parameters must equal those of AdamW on the full batch, computed
 here. Each rank is given its own learning rate, and the oracle steps each parameter at its
-owner's: a parameter a rank does not own ends right only if its owner sent it (one that
-forgets to share the updated parameters, or steps them all itself, fails).
+owner's: a rank that forgets to share the updated parameters, or steps them all itself at its
+own rate, fails. That alone does not prove the broadcasts: the gradients are averaged, so a
+rank that learns the others' rates (one all-gather of a number), keeps AdamW state for every
+parameter and steps them all at their owners' rates ends with the same parameters, and the
+shard its inner optimizer was given is its own account. When grading, ``ch10_sharded_bytes``
+then steps the optimizer alone on large parameters, one step per call, and bounds from below
+the bytes each rank received, counted by the grader from outside the ranks: at each step a
+rank must receive the parameters it does not own. A rank that steps every parameter and also
+receives them (memory not sharded, the bytes moved anyway) still passes: the bytes cannot see
+what a rank keeps; in self-study the training cases are all there is.
 
 10.bf16_hook (in ``ch10_hooks``): the learner's hook is registered on torch's DDP for hidden
 models (``probe_bf16_hook``, which returns the gradients after backward and what the hook's
@@ -56,6 +64,7 @@ from ddp_lab.course.grading.checks import (
     ch10_hooks,  # noqa: F401  # registers 10.bf16_hook
 )
 from ddp_lab.course.grading.checks.ch10_forms import _bad, _flat, _like, _load, _ranks
+from ddp_lab.course.grading.checks.ch10_sharded_bytes import _torch_zero, check_sharded_bytes
 from ddp_lab.i18n import _t
 
 # ----- 10.sharded_optimizer ---------------------------------------------------------------
@@ -251,17 +260,8 @@ def probe_sharded(rank: int, objects: tuple, mine: dict) -> dict[str, Any]:
     return {"owned": owned, "params": [p.detach().clone() for p in params]}
 
 
-def _torch_zero() -> tuple[dict[str, Any], str]:
-    """torch's ZeroRedundancyOptimizer: the same largest-first sharding and broadcasts, so a
-    wrapper around it passed every case."""
-    from torch.distributed.optim import ZeroRedundancyOptimizer
-
-    return {"torch.distributed.optim.ZeroRedundancyOptimizer": ZeroRedundancyOptimizer}, (
-        "dist.broadcast"
-    )
-
-
-probe_sharded.refuses = _torch_zero  # type: ignore[attr-defined]  # course.grading.learner.refusing
+# course.grading.learner.refusing; the byte probe's the same, so that it reuses these ranks
+probe_sharded.refuses = _torch_zero  # type: ignore[attr-defined]
 
 
 def _adamw_full_batch(spec: dict, world: int, owner: dict[int, int]) -> list[torch.Tensor]:
@@ -370,11 +370,13 @@ def _sharded_verdict(results: Any, spec: dict, world: int, label: str) -> str:
 def check_sharded_optimizer(rng: random.Random, learner: Any) -> Iterator[object]:
     cases = sharded_specs(rng)
     yield len(cases)
-    for world, spec in cases:
+    for k, (world, spec) in enumerate(cases):
         label = running(_t("world_size={world}, tied + frozen parameters", world=world))
         inputs = _sharded_inputs(spec, world)
         got = learner.ranks(probe_sharded, inputs, timeout=120)
         why = _sharded_verdict(got, spec, world, label)
         if why:
             raise fail(why, label)
+        if k == len(cases) - 1:  # the broadcasts, seen from outside (ch10_sharded_bytes)
+            check_sharded_bytes(rng, learner, label, rule_loads)
         yield label
