@@ -140,7 +140,7 @@ SEALED = textwrap.dedent(
     """
     import torch, torch.nn.functional as F
     from ddp_lab.course.grading import guard
-    from ddp_lab.course.grading.checks import ch00
+    from ddp_lab.course.grading.checks import ch00, ch11
     from ddp_lab.course.grading.guard import Refused
 
     def mine(x=1, *, y=2):
@@ -161,6 +161,9 @@ SEALED = textwrap.dedent(
     road("probe code", lambda: setattr(ch00.probe_mean, "__code__", other.__code__))
     road("torch defaults", lambda: setattr(F.dropout, "__defaults__", None))
     road("torch kwdefaults", lambda: delattr(torch.Tensor.backward, "__kwdefaults__"))
+    # 11.resume's probes bind their helpers as keyword defaults at import
+    road("probe kwdefaults", lambda: setattr(ch11.probe_stop, "__kwdefaults__", {}))
+    road("helper code", lambda: setattr(ch11.resumable_loop, "__code__", other.__code__))
     ch00.probe_mean.__module__ = "__main__"  # a __module__ is the learner's to set
     road("renamed probe code", lambda: setattr(ch00.probe_mean, "__code__", other.__code__))
     road("own code", lambda: setattr(mine, "__code__", other.__code__))
@@ -181,6 +184,8 @@ def test_a_sealed_process_refuses_new_code_for_the_grader_s_and_torch_s_function
         "refused probe code",
         "refused torch defaults",
         "refused torch kwdefaults",
+        "refused probe kwdefaults",
+        "refused helper code",
         "refused renamed probe code",
         "open own code",
         "open own defaults",

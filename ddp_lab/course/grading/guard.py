@@ -25,6 +25,11 @@ an audit hook) refuses the roads to a fresh copy:
 - in a locked refusal only: a socket of any family but IP (``INET``), a channel between
   ranks that the grader's byte count would not see.
 
+A graded rank also seals its process (``seal``) before the learner's objects load, for its life:
+no function of ddp_lab or torch may get another ``__code__``, ``__defaults__`` or
+``__kwdefaults__`` (the probe the rank resolved included; review 9 swapped it as the blob
+loaded). Setting a class's attribute raises no audit event (CPython 3.11): not covered.
+
 ``checks.lockdown.lock`` pushes a refusal of its own, locked, for a hand-written-collective
 rank (no module of its own to protect: the lock's registration lives in C++, which ``ctypes``,
 a ``/proc`` write or another program could reach).

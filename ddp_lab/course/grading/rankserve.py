@@ -5,9 +5,12 @@ own, with a rank's view of the package (``course.grading.view``: no reference im
 no oracle, no concept key, no grading machinery). It imports torch, says ``ready``, then
 serves one request per case from its stdin: the probe's name, its rank, the world size, the
 port and only this rank's input (``course.grading.wire`` data). It joins the case's gloo group, locks
-the collectives a hand-written-collective exercise may not use (``checks.lockdown``), and only
-then loads the learner's objects (the blob the runner handed out) and runs the probe; the reply
-is data, or the error. The verdict process kills it after the exercise.
+the collectives a hand-written-collective exercise may not use (``checks.lockdown``), seals the
+process (``guard.seal``: no function of ddp_lab or torch gets another code or other defaults),
+and only then loads the learner's objects (the blob the runner handed out) and runs the probe,
+found in the table built before ``ready`` (``probe_table``), not by a module attribute the
+learner's code could have replaced; the reply is data, or the error. The verdict process kills
+it after the exercise.
 
 A request with ``steps`` (the grader counts the ranks' bytes, ``course.grading.traffic``, and the
 probe runs the learner's code once per input: ``per_call``) runs in lockstep with the grader:
