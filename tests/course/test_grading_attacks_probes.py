@@ -142,6 +142,7 @@ SEALED = textwrap.dedent(
     from ddp_lab.course.grading import guard
     from ddp_lab.course.grading.checks import ch00, ch11
     from ddp_lab.course.grading.guard import Refused
+    from ddp_lab.course.grading.learner import _stub_code, refuse, stub_codes
 
     def mine(x=1, *, y=2):
         return x
@@ -157,10 +158,10 @@ SEALED = textwrap.dedent(
         else:
             print("open", name)
 
-    guard.seal()
+    guard.seal(stubs=stub_codes())
     road("probe code", lambda: setattr(ch00.probe_mean, "__code__", other.__code__))
-    road("torch defaults", lambda: setattr(F.dropout, "__defaults__", None))
-    road("torch kwdefaults", lambda: delattr(torch.Tensor.backward, "__kwdefaults__"))
+    road("torch defaults", lambda: setattr(F.dropout, "__defaults__", (0.0, False, False)))
+    road("torch kwdefaults", lambda: setattr(torch.Tensor.backward, "__kwdefaults__", {"x": 1}))
     # 11.resume's probes bind their helpers as keyword defaults at import
     road("probe kwdefaults", lambda: setattr(ch11.probe_stop, "__kwdefaults__", {}))
     road("helper code", lambda: setattr(ch11.resumable_loop, "__code__", other.__code__))
@@ -171,7 +172,12 @@ SEALED = textwrap.dedent(
     state, me, kit, seal = guard._audit.__defaults__
     road("unseal", lambda: setattr(guard._audit, "__defaults__", (state, me, kit, ())))
     road("unseal by push", lambda: guard.push(["x"], "-", []))
-    road("still sealed", lambda: setattr(ch00.probe_mean, "__defaults__", None))
+    road("still sealed", lambda: setattr(ch00.probe_mean, "__defaults__", (1,)))
+    # what only makes a function refuse: the grader's own ``refuse`` in a probe (06, 04)
+    with refuse({"F.dropout": F.dropout}):
+        road("refused in refuse", lambda: F.dropout(torch.ones(2)))
+    road("refused for good", lambda: F.dropout(torch.ones(2)))  # nothing restored
+    road("made code", lambda: setattr(F.dropout, "__code__", _stub_code(0).replace()))
     """
 )
 
@@ -192,4 +198,7 @@ def test_a_sealed_process_refuses_new_code_for_the_grader_s_and_torch_s_function
         "refused unseal",
         "open unseal by push",  # a refusal may still be pushed: the seal stays in it
         "refused still sealed",
+        "refused refused in refuse",
+        "refused refused for good",
+        "refused made code",
     ], out.stdout + out.stderr[-3000:]

@@ -151,7 +151,7 @@ def _audit(
     ``me``: this function; ``kit``: ``(_message, Refused, RefusedFile, os.stat, type, tuple,
     PROGRAMS, MEMORY, getattr, _fork_exec, /proc's st_dev, INET, str)``; ``seal``: empty, or
     (``seal``) ``(module names, module prefixes, source folders, str.startswith,
-    SEALED_ATTRS)``. No global
+    SEALED_ATTRS, the refusal's stub codes)``. No global
     name is read here: a learner can rebind those."""
     if event == "object.__setattr__" or event == "object.__delattr__":
         if args[0] is not me and (not kit or args[0] is not kit[9]):
@@ -162,6 +162,14 @@ def _audit(
                 if (
                     kit[4](module) is kit[12] and (module in seal[0] or seal[3](module, seal[1]))
                 ) or (kit[4](file) is kit[12] and seal[3](file, seal[2])):
+                    # What only makes it refuse stays allowed (the grader's own ``refuse``
+                    # in a probe): a stub's code made before the seal, no defaults.
+                    if args[1] == "__code__":
+                        for stub in seal[5]:
+                            if args[2] is stub:
+                                return
+                    elif event == "object.__delattr__" or args[2] is None:
+                        return
                     raise kit[1](kit[0]("sealed", state, args[1]))
             return
         ok = (
@@ -348,7 +356,7 @@ def pop(refusal: tuple) -> None:
             _unsettle_gpu_count()
 
 
-def seal(packages: Iterable[str] = ("ddp_lab", "torch")) -> None:
+def seal(packages: Iterable[str] = ("ddp_lab", "torch"), stubs: Iterable[object] = ()) -> None:
     """For the process's life, refuse changing the ``__code__``, ``__defaults__`` or
     ``__kwdefaults__`` of a function of ``packages`` (a graded rank, before the learner's
     objects are loaded: their code could otherwise swap the code of the very probe the rank
@@ -358,7 +366,10 @@ def seal(packages: Iterable[str] = ("ddp_lab", "torch")) -> None:
     in them, or when its code comes from a file in their folders (a ``__module__`` is set
     freely, a code object's file is not). Functions defined later (a lazy import) are
     covered too; the attributes of *types* raise no audit event (CPython 3.11) and are not
-    covered. Idempotent; the first seal stays."""
+    covered. What only makes a function refuse stays allowed: its code replaced by one of
+    ``stubs`` (``learner.stub_codes``, made before the seal), its defaults set to None or
+    removed; the grader's own ``learner.refuse`` in a probe does that, and restores nothing in
+    a sealed process (``sealed``). Idempotent; the first seal stays."""
     import importlib
 
     packages = tuple(packages)
@@ -370,9 +381,22 @@ def seal(packages: Iterable[str] = ("ddp_lab", "torch")) -> None:
             folders.append(os.path.join(os.path.realpath(folder), ""))
     with _LOCK:
         _install()
-        state, me, kit, sealed = _audit.__defaults__
-        if sealed:
+        state, me, kit, before = _audit.__defaults__
+        if before:
             return
         prefixes = tuple(f"{p}." for p in packages)
-        new = (frozenset(packages), prefixes, tuple(folders), str.startswith, SEALED_ATTRS)
+        new = (
+            frozenset(packages),
+            prefixes,
+            tuple(folders),
+            str.startswith,
+            SEALED_ATTRS,
+            tuple(stubs),
+        )
         _audit.__defaults__ = (state, me, kit, new)
+
+
+def sealed() -> bool:
+    """Whether this process is sealed (``seal``)."""
+    defaults = _audit.__defaults__
+    return bool(defaults and defaults[1] is _audit and defaults[3])

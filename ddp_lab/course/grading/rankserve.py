@@ -125,7 +125,7 @@ def _serve(
 
     from ddp_lab import i18n
     from ddp_lab.course.grading import guard
-    from ddp_lab.course.grading.learner import error_of, refuse_for_life_of
+    from ddp_lab.course.grading.learner import error_of, refuse_for_life_of, stub_codes
 
     rank, world_size = int(request["rank"]), int(request["world_size"])
     i18n.set_language(str(request.get("lang", "en")))
@@ -172,7 +172,7 @@ def _serve(
         # resolved included) gets another code or other defaults: the blob's unpickling
         # runs the learner's code in this process (review 9: a ``__reduce__`` swapped the
         # probe's ``__code__`` for one that reported an untouched input).
-        guard.seal()
+        guard.seal(stubs=stub_codes())
     except Exception as exc:  # noqa: BLE001  # the grader's set-up, not the learner's code
         return {"error": {"type": type(exc).__name__, "message": str(exc)[:500]}, "setup": True}
     steps = request.get("steps") is True and isinstance(data, list)
