@@ -268,7 +268,11 @@ def test_a_resume_without_a_checkpoint_fails(name: str) -> None:
     # with the stop step guessed right, the state at the stop is still another run's (the
     # resume's seeds); a run finished ahead lacks the epochs whose inputs came later
     said = str(failed.value.args[0])
-    assert ("model.state_dict()" if name != "ahead" else "the uninterrupted one") in said, said
+    # "ahead" swaps the loop's __code__ as the objects load: a graded rank is sealed by then
+    # (``guard.seal``, review 9); before the seal, the run it finished ahead failed the same case
+    # for lacking the later epochs' inputs ("the uninterrupted one").
+    expected = {"ahead": "changing __code__ of a function of ddp_lab or torch"}
+    assert expected.get(name, "model.state_dict()") in said, said
 
 
 def test_a_loop_swapped_in_while_the_objects_load_is_not_called() -> None:
