@@ -329,21 +329,17 @@ def _refusing_init(self: Any, *args: Any, **kwargs: Any) -> None:
     _refused_call()
 
 
-_STUBS: dict[int, types.CodeType] = {}  # nfree -> the one stub code (``stub_codes``)
+_STUBS: dict[int, types.CodeType] = {}  # nfree -> its one stub code: a sealed rank knows them
 
 
 def stub_codes(most: int = 16) -> tuple[types.CodeType, ...]:
-    """The stub codes for 0 to ``most`` free variables: a sealed rank (``guard.seal``) lets a
-    function of ddp_lab or torch get only these as new code."""
+    """The stubs for 0 to ``most`` free variables: a sealed rank's only new code (``guard.seal``)."""
     return tuple(_stub_code(n) for n in range(most + 1))
 
 
 def _stub_code(nfree: int) -> types.CodeType:
     """Code that calls ``_refused_call``, with ``nfree`` free variables (a function's code can
-    only be replaced by code with as many free variables as its closure has cells); one per
-    ``nfree``, so a sealed rank knows it."""
-    if nfree in _STUBS:
-        return _STUBS[nfree]
+    only be replaced by code with as many free variables as its closure has cells)."""
     names = [f"_free{i}" for i in range(nfree)]
     src = "def outer():\n"
     src += "".join(f"    {n} = None\n" for n in names)
@@ -401,8 +397,7 @@ def refuse(targets: dict[str, Any], allowed: str = "-") -> Iterator[None]:
     torch.distributed import all_reduce as ar``) refuses too; a class refuses construction,
     and each of its own methods refuses (an instance made with ``object.__new__`` too).
     Meanwhile ``course.grading.guard`` refuses a fresh copy of their modules, another
-    program and ``ctypes``. Restored on exit, except in a sealed rank (``guard.seal``).
-    """
+    program and ``ctypes``. Restored on exit, except in a sealed rank (``guard.seal``)."""
     saved: list[tuple[Any, str, Any, bool]] = []
     _ACTIVE.append((sorted(targets), allowed))
     refusal = None
@@ -415,8 +410,7 @@ def refuse(targets: dict[str, Any], allowed: str = "-") -> Iterator[None]:
         if refusal is not None:
             guard.pop(refusal)
         _ACTIVE.pop()
-        # A sealed rank keeps what it refused for its life: the seal refuses a function's
-        # code back (it cannot tell the original from a learner's).
+        # A sealed rank keeps what it refused: the seal cannot tell an original from a forgery.
         for obj, attr, value, had in [] if guard.sealed() else reversed(saved):
             if had:
                 setattr(obj, attr, value)
