@@ -32,7 +32,7 @@ import torch.distributed as dist
 
 from ddp_lab.course.grading.checkers import CaseFailed
 from ddp_lab.course.grading.checks import ch11
-from ddp_lab.course.grading.learner import RemoteLearner
+from ddp_lab.course.grading.learner import LearnerError, RemoteLearner
 from ddp_lab.course.grading.rankhost import RankPool
 from ddp_lab.runtime import _pickle
 
@@ -261,14 +261,20 @@ def test_a_resume_without_a_checkpoint_fails(name: str) -> None:
     world, case = _first_case()
     learner = Remote(*attack(name, case["stop_at"]))
     try:
-        with pytest.raises(CaseFailed) as failed:
+        # "ahead" raises in the ranks as they load the objects (the learner's error; the
+        # checker's ``run_checker`` fails the case with it)
+        with pytest.raises(CaseFailed if name != "ahead" else LearnerError) as failed:
             ch11.grade_case(learner, world, case)
     finally:
         learner.close()
     # with the stop step guessed right, the state at the stop is still another run's (the
     # resume's seeds); a run finished ahead lacks the epochs whose inputs came later
     said = str(failed.value.args[0])
-    assert ("model.state_dict()" if name != "ahead" else "the uninterrupted one") in said, said
+    # "ahead" swaps the loop's __code__ as the objects load: a graded rank is sealed by then
+    # (``guard.seal``, review 9); before the seal, the run it finished ahead failed the same case
+    # for lacking the later epochs' inputs ("the uninterrupted one").
+    expected = {"ahead": "changing __code__ of a function of ddp_lab or torch"}
+    assert expected.get(name, "model.state_dict()") in said, said
 
 
 def test_a_loop_swapped_in_while_the_objects_load_is_not_called() -> None:

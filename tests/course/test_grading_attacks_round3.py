@@ -352,7 +352,7 @@ def folder():  # a descriptor of the module's folder opens it by a relative name
 
 def ending_it():  # the hook's own state, set by hand
     hook = load("ddp_lab.course.grading.guard")._audit
-    hook.__defaults__ = ((), hook, hook.__defaults__[2])
+    hook.__defaults__ = ((), hook, *hook.__defaults__[2:])
 
 
 ATTACKS = [reimport, from_file, child, spawned, memory, memory_file, folder]

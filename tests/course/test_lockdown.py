@@ -116,8 +116,8 @@ def test_the_lock_refuses_ctypes_proc_writes_and_other_programs_for_the_ranks_li
         road("os.open proc", lambda: os.open("/proc/self/mem", os.O_RDWR))
         road("program", lambda: subprocess.run(["true"]))
         # the hook's state without the lock's refusal (what ``guard.pop`` would leave)
-        state, me, kit = guard._audit.__defaults__
-        road("pop", lambda: setattr(guard._audit, "__defaults__", ((), me, kit)))
+        state, me, kit, seal = guard._audit.__defaults__
+        road("pop", lambda: setattr(guard._audit, "__defaults__", ((), me, kit, seal)))
         road("pop2", lambda: guard.pop(state[-1]))
         check()
         """

@@ -25,6 +25,11 @@ an audit hook) refuses the roads to a fresh copy:
 - in a locked refusal only: a socket of any family but IP (``INET``), a channel between
   ranks that the grader's byte count would not see.
 
+A graded rank also seals its process (``seal``) before the learner's objects load, for its life:
+no function of ddp_lab or torch may get another ``__code__``, ``__defaults__`` or
+``__kwdefaults__`` (the probe the rank resolved included; review 9 swapped it as the blob
+loaded). Setting a class's attribute raises no audit event (CPython 3.11): not covered.
+
 ``checks.lockdown.lock`` pushes a refusal of its own, locked, for a hand-written-collective
 rank (no module of its own to protect: the lock's registration lives in C++, which ``ctypes``,
 a ``/proc`` write or another program could reach).
@@ -87,6 +92,10 @@ MEMORY = frozenset({"gc.get_objects", "gc.get_referrers", "gc.get_referents"})
 # as filler while the data went through ``AF_UNIX``, 05.ring 5/5, 10.fsdp_reduce 2/2).
 INET = frozenset({2, 10})  # AF_INET, AF_INET6 (Linux)
 
+# The attributes of a function whose change raises an audit event (funcobject.c); a sealed
+# process refuses them on the functions of the sealed packages (``seal``).
+SEALED_ATTRS = frozenset({"__code__", "__defaults__", "__kwdefaults__"})
+
 _LOCK = threading.Lock()
 _HELD: list = []  # the real ``_posixsubprocess.fork_exec``; emptied for good by a locked refusal
 _SETTLED: list = []  # the refusal that stored torch's GPU count (``_settle_gpu_count``), if any
@@ -99,6 +108,11 @@ def _fork_exec(*args: object) -> object:
 
 
 def _message(kind: str, state: tuple, detail: str) -> str:
+    if kind == "sealed":
+        return _t(
+            "changing {what} of a function of ddp_lab or torch is not allowed while grading.",
+            what=detail,
+        )
     if kind == "hook" or not state:
         return _t(
             "this exercise asks you to write it yourself: the refusal's audit hook cannot be changed."
@@ -129,22 +143,48 @@ def _message(kind: str, state: tuple, detail: str) -> str:
     )
 
 
-def _audit(event: str, args: tuple, state: tuple = (), me: object = None, kit: tuple = ()) -> None:
+def _audit(
+    event: str, args: tuple, state: tuple = (), me: object = None, kit: tuple = (), seal: tuple = ()
+) -> None:
     """The audit hook. ``state``: the active refusals, innermost last, each ``(names, allowed,
     module names, {(st_dev, st_ino)}, locked, ((st_dev, st_ino), module name) pairs)``;
     ``me``: this function; ``kit``: ``(_message, Refused, RefusedFile, os.stat, type, tuple,
-    PROGRAMS, MEMORY, getattr, _fork_exec, /proc's st_dev, INET, str)``. No global
+    PROGRAMS, MEMORY, getattr, _fork_exec, /proc's st_dev, INET, str)``; ``seal``: empty, or
+    (``seal``) ``(module names, module prefixes, source folders, str.startswith,
+    SEALED_ATTRS, the refusal's stub codes)``. No global
     name is read here: a learner can rebind those."""
-    if event == "object.__setattr__":
+    if event == "object.__setattr__" or event == "object.__delattr__":
         if args[0] is not me and (not kit or args[0] is not kit[9]):
+            if seal and args[1] in seal[4]:
+                # a function's __code__ / __defaults__ / __kwdefaults__ (funcobject.c)
+                module = kit[8](args[0], "__module__", None)
+                file = kit[8](kit[8](args[0], "__code__", None), "co_filename", None)
+                if (
+                    kit[4](module) is kit[12] and (module in seal[0] or seal[3](module, seal[1]))
+                ) or (kit[4](file) is kit[12] and seal[3](file, seal[2])):
+                    # What only makes it refuse stays allowed (the grader's own ``refuse``
+                    # in a probe): a stub's code made before the seal, no defaults.
+                    if args[1] == "__code__":
+                        for stub in seal[5]:
+                            if args[2] is stub:
+                                return
+                    elif event == "object.__delattr__" or args[2] is None:
+                        return
+                    raise kit[1](kit[0]("sealed", state, args[1]))
             return
-        ok = args[0] is me and args[1] == "__defaults__" and kit[4](args[2]) is kit[5]
+        ok = (
+            event == "object.__setattr__"
+            and args[0] is me
+            and args[1] == "__defaults__"
+            and kit[4](args[2]) is kit[5]
+        )
         if ok:
             try:
-                new_state, new_me, new_kit = args[2]
+                new_state, new_me, new_kit, new_seal = args[2]
             except BaseException:  # noqa: BLE001  # not our shape: refused below
-                new_state, new_me, new_kit = (), None, None
+                new_state, new_me, new_kit, new_seal = (), None, None, None
             ok = new_me is me and new_kit is kit and kit[4](new_state) is kit[5]
+            ok = ok and kit[4](new_seal) is kit[5] and (not seal or new_seal is seal)
             for old in state:  # a refusal made for a rank's life stays
                 if ok and old[4]:
                     ok = False
@@ -241,7 +281,7 @@ def _install() -> None:
     except OSError:
         proc = -1
     kit = (_message, Refused, RefusedFile, os.stat, type, tuple, PROGRAMS, MEMORY, getattr)
-    _audit.__defaults__ = ((), _audit, (*kit, _fork_exec, proc, INET, str))
+    _audit.__defaults__ = ((), _audit, (*kit, _fork_exec, proc, INET, str), ())
     sys.addaudithook(_audit)
 
 
@@ -299,8 +339,8 @@ def push(
         _install()
         if _settle_gpu_count():
             _SETTLED[:] = [refusal]
-        state, me, kit = _audit.__defaults__
-        _audit.__defaults__ = ((*state, refusal), me, kit)
+        state, me, kit, seal = _audit.__defaults__
+        _audit.__defaults__ = ((*state, refusal), me, kit, seal)
         if locked:
             _HELD.clear()
     return refusal
@@ -309,8 +349,54 @@ def push(
 def pop(refusal: tuple) -> None:
     """End ``refusal`` (raises ``Refused`` if it was made for the process's life)."""
     with _LOCK:
-        state, me, kit = _audit.__defaults__
-        _audit.__defaults__ = (tuple(g for g in state if g is not refusal), me, kit)
+        state, me, kit, seal = _audit.__defaults__
+        _audit.__defaults__ = (tuple(g for g in state if g is not refusal), me, kit, seal)
         if _SETTLED and _SETTLED[0] is refusal:
             _SETTLED.clear()
             _unsettle_gpu_count()
+
+
+def seal(packages: Iterable[str] = ("ddp_lab", "torch"), stubs: Iterable[object] = ()) -> None:
+    """For the process's life, refuse changing the ``__code__``, ``__defaults__`` or
+    ``__kwdefaults__`` of a function of ``packages`` (a graded rank, before the learner's
+    objects are loaded: their code could otherwise swap the code of the very probe the rank
+    resolved, or of a torch function a probe checks with; review 9).
+
+    A function counts as the packages' when its ``__module__`` names one of them or a module
+    in them, or when its code comes from a file in their folders (a ``__module__`` is set
+    freely, a code object's file is not). Functions defined later (a lazy import) are
+    covered too; the attributes of *types* raise no audit event (CPython 3.11) and are not
+    covered. What only makes a function refuse stays allowed: its code replaced by one of
+    ``stubs`` (``learner.stub_codes``, made before the seal), its defaults set to None or
+    removed; the grader's own ``learner.refuse`` in a probe does that, and restores nothing in
+    a sealed process (``sealed``). Idempotent; the first seal stays."""
+    import importlib
+
+    packages = tuple(packages)
+    folders = []
+    for name in packages:
+        module = importlib.import_module(name)
+        for folder in getattr(module, "__path__", ()):
+            folders.append(os.path.join(folder, ""))
+            folders.append(os.path.join(os.path.realpath(folder), ""))
+    with _LOCK:
+        _install()
+        state, me, kit, before = _audit.__defaults__
+        if before:
+            return
+        prefixes = tuple(f"{p}." for p in packages)
+        new = (
+            frozenset(packages),
+            prefixes,
+            tuple(folders),
+            str.startswith,
+            SEALED_ATTRS,
+            tuple(stubs),
+        )
+        _audit.__defaults__ = (state, me, kit, new)
+
+
+def sealed() -> bool:
+    """Whether this process is sealed (``seal``)."""
+    defaults = _audit.__defaults__
+    return bool(defaults and defaults[1] is _audit and defaults[3])

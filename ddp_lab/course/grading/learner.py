@@ -329,6 +329,14 @@ def _refusing_init(self: Any, *args: Any, **kwargs: Any) -> None:
     _refused_call()
 
 
+_STUBS: dict[int, types.CodeType] = {}  # nfree -> its one stub code: a sealed rank knows them
+
+
+def stub_codes(most: int = 16) -> tuple[types.CodeType, ...]:
+    """The stubs for 0 to ``most`` free variables: a sealed rank's only new code (``guard.seal``)."""
+    return tuple(_stub_code(n) for n in range(most + 1))
+
+
 def _stub_code(nfree: int) -> types.CodeType:
     """Code that calls ``_refused_call``, with ``nfree`` free variables (a function's code can
     only be replaced by code with as many free variables as its closure has cells)."""
@@ -343,7 +351,7 @@ def _stub_code(nfree: int) -> types.CodeType:
     src += "    return stub\n"
     namespace: dict[str, Any] = {}
     exec(src, namespace)  # noqa: S102  # our own fixed source
-    return namespace["outer"]().__code__
+    return _STUBS.setdefault(nfree, namespace["outer"]().__code__)
 
 
 def _refuse_function(target: types.FunctionType, saved: list) -> None:
@@ -389,8 +397,7 @@ def refuse(targets: dict[str, Any], allowed: str = "-") -> Iterator[None]:
     torch.distributed import all_reduce as ar``) refuses too; a class refuses construction,
     and each of its own methods refuses (an instance made with ``object.__new__`` too).
     Meanwhile ``course.grading.guard`` refuses a fresh copy of their modules, another
-    program and ``ctypes``. Restored on exit.
-    """
+    program and ``ctypes``. Restored on exit, except in a sealed rank (``guard.seal``)."""
     saved: list[tuple[Any, str, Any, bool]] = []
     _ACTIVE.append((sorted(targets), allowed))
     refusal = None
@@ -403,7 +410,8 @@ def refuse(targets: dict[str, Any], allowed: str = "-") -> Iterator[None]:
         if refusal is not None:
             guard.pop(refusal)
         _ACTIVE.pop()
-        for obj, attr, value, had in reversed(saved):
+        # A sealed rank keeps what it refused: the seal cannot tell an original from a forgery.
+        for obj, attr, value, had in [] if guard.sealed() else reversed(saved):
             if had:
                 setattr(obj, attr, value)
             else:

@@ -5,9 +5,12 @@ own, with a rank's view of the package (``course.grading.view``: no reference im
 no oracle, no concept key, no grading machinery). It imports torch, says ``ready``, then
 serves one request per case from its stdin: the probe's name, its rank, the world size, the
 port and only this rank's input (``course.grading.wire`` data). It joins the case's gloo group, locks
-the collectives a hand-written-collective exercise may not use (``checks.lockdown``), and only
-then loads the learner's objects (the blob the runner handed out) and runs the probe; the reply
-is data, or the error. The verdict process kills it after the exercise.
+the collectives a hand-written-collective exercise may not use (``checks.lockdown``), seals the
+process (``guard.seal``: no function of ddp_lab or torch gets another code or other defaults),
+and only then loads the learner's objects (the blob the runner handed out) and runs the probe,
+found in the table built before ``ready`` (``probe_table``), not by a module attribute the
+learner's code could have replaced; the reply is data, or the error. The verdict process kills
+it after the exercise.
 
 A request with ``steps`` (the grader counts the ranks' bytes, ``course.grading.traffic``, and the
 probe runs the learner's code once per input: ``per_call``) runs in lockstep with the grader:
@@ -30,7 +33,7 @@ from pathlib import Path
 from ddp_lab.course.grading import wire
 
 REQUEST_LIMIT = wire.MAX_BYTES + 4096  # one request line, read by the rank
-_REFUSING: set = set()  # probes whose refusals this rank entered, never left (``_serve``)
+_REFUSING: set = set()  # the refusals this rank entered, never left (``_serve``)
 
 
 def protection(probe: Callable) -> tuple:
@@ -76,7 +79,43 @@ def protection_of(probe: str) -> tuple:
         return ("?", probe)
 
 
-def _serve(request: dict, send: Callable[[dict], None], reader: wire.LineReader) -> dict:
+def probe_table() -> tuple:
+    """Every probe this rank could be asked for, as ``(name, function)`` pairs: the functions
+    defined at the top of each checker module the rank can import (``course.grading.view``
+    hides some). Built once, before the rank says ``ready`` and so before any of the learner's
+    objects is loaded: the learner's code that replaces a module attribute later
+    (``checks.probes.probe_gather_forward = fake``, review 9) changes nothing the rank calls by
+    name. A tuple, not a dict: nothing in the process can add to it."""
+    import importlib
+    import pkgutil
+    import types
+
+    from ddp_lab.course.grading import checks
+
+    pairs = []
+    for info in sorted(pkgutil.iter_modules(checks.__path__), key=lambda m: m.name):
+        name = f"{checks.__name__}.{info.name}"
+        try:
+            module = importlib.import_module(name)
+        except Exception:  # noqa: BLE001  # hidden in a rank (ImportError), or not importable here
+            continue
+        for attr, value in sorted(vars(module).items()):
+            if isinstance(value, types.FunctionType) and value.__module__ == name:
+                pairs.append((f"{name}:{attr}", value))
+    return tuple(pairs)
+
+
+def _probe_of(table: tuple, name: str) -> Callable:
+    """The probe named ``name`` in ``table`` (``probe_table``); ValueError if it has none."""
+    for known, function in table:
+        if known == name:
+            return function
+    raise ValueError(f"not a probe: {name}")
+
+
+def _serve(
+    request: dict, send: Callable[[dict], None], reader: wire.LineReader, table: tuple
+) -> dict:
     """Run the probe on this rank's input; the reply (data or the error). With ``steps``,
     in lockstep with the grader (``send`` a step, wait for its ``go`` on ``reader``)."""
     import datetime
@@ -85,12 +124,13 @@ def _serve(request: dict, send: Callable[[dict], None], reader: wire.LineReader)
     import torch.distributed as dist
 
     from ddp_lab import i18n
-    from ddp_lab.course.grading.learner import error_of, refuse_for_life_of, resolve_probe
+    from ddp_lab.course.grading import guard
+    from ddp_lab.course.grading.learner import error_of, refuse_for_life_of, stub_codes
 
     rank, world_size = int(request["rank"]), int(request["world_size"])
     i18n.set_language(str(request.get("lang", "en")))
     data = wire.loads(request["data"])
-    probe = resolve_probe(str(request["probe"]))
+    probe = _probe_of(table, str(request["probe"]))
     os.environ.update(
         MASTER_ADDR="127.0.0.1",
         MASTER_PORT=str(int(request["port"])),
@@ -117,15 +157,22 @@ def _serve(request: dict, send: Callable[[dict], None], reader: wire.LineReader)
             from ddp_lab.course.grading.checks import lockdown
 
             lockdown.lock(allowed)
-        if request["probe"] not in _REFUSING:
+        refuses = protection(probe)[1]
+        if refuses not in _REFUSING:
             # torch's own answer to the exercise (its DDP, ZeRO optimizer, bf16 hook), the
             # checker's oracle: off before any learner code runs (the blob's unpickling
             # included), for the rank's life (a graded rank serves one exercise, whose
-            # checker may use several probes: each one's refusals, once). The originals are
-            # dropped and the guard's audit hook (course.grading.guard) locked: no code in
-            # this process can lift it or load a fresh copy of what it refuses.
-            _REFUSING.add(str(request["probe"]))
+            # checker may use several probes: each declared refusal, once; ``RankPool``
+            # reuses a rank only for the same one). The originals are dropped and the
+            # guard's audit hook (course.grading.guard) locked: no code in this process can
+            # lift it or load a fresh copy of what it refuses.
+            _REFUSING.add(refuses)
             refuse_for_life_of(probe)
+        # From here to the rank's end, no function of ddp_lab or torch (the probe just
+        # resolved included) gets another code or other defaults: the blob's unpickling
+        # runs the learner's code in this process (review 9: a ``__reduce__`` swapped the
+        # probe's ``__code__`` for one that reported an untouched input).
+        guard.seal(stubs=stub_codes())
     except Exception as exc:  # noqa: BLE001  # the grader's set-up, not the learner's code
         return {"error": {"type": type(exc).__name__, "message": str(exc)[:500]}, "setup": True}
     steps = request.get("steps") is True and isinstance(data, list)
@@ -178,6 +225,7 @@ def main() -> int:
     import ddp_lab  # noqa: F401
 
     keep_process_groups()  # gloo groups are dropped without destructors (see _rank)
+    table = probe_table()  # before "ready", before any blob: the grader's time
 
     def send(reply: dict) -> None:
         data = memoryview(json.dumps(reply).encode() + b"\n")
@@ -193,7 +241,7 @@ def main() -> int:
             break
         if line is None:
             break
-        send(_serve(json.loads(line), send, reader))
+        send(_serve(json.loads(line), send, reader, table))
     os._exit(0)
 
 
