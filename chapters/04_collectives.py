@@ -120,10 +120,12 @@ except dl.DistributedTimeoutError as err:
 # even block the CPU: it queues an NCCL send on a CUDA stream and returns, and the *stream*
 # waits. An NCCL send or receive "is blocking for the GPU": the stream does nothing else
 # until the peer's matching call runs (NCCL's `ncclSend`/`ncclRecv` reference). A plain
-# `send` or `recv` between two ranks goes to one communicator and one stream for that pair,
-# whichever direction it takes (`torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp`,
-# `pointToPoint`: the key `getKeySendRecv(rank, peer)` is the same for both ranks and both
-# directions), and the stream runs the calls in the order they were issued.
+# `send` or `recv` between two ranks goes to one communicator and one stream, whichever
+# direction it takes (`torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp`, `pointToPoint`):
+# by default a 2-rank communicator for the pair, whose key `getKeySendRecv(rank, peer)` is
+# the same for both ranks and both directions; with a group initialised eagerly
+# (`init_process_group(..., device_id=...)`), the device's own communicator. Either way the
+# stream runs the calls in the order they were issued.
 #
 # - Ordered by rank, rank 0's stream holds send, recv and rank 1's holds recv, send: the
 #   first calls match, then the second ones. Nothing has to run at the same time, so it
@@ -148,10 +150,11 @@ except dl.DistributedTimeoutError as err:
 # 在 NCCL 上，第一种方法仍然可行，第二种则可能卡住。NCCL 的 `dist.send` 根本不阻塞 CPU：
 # 它只是把一次 NCCL 发送放进 CUDA 流就返回了，真正等待的是*流*。而 NCCL 的发送或接收对
 # GPU 是阻塞的：对方执行与之匹配的调用之前，这条流什么也不做（NCCL 文档中 `ncclSend`/
-# `ncclRecv` 的说明）。两个 rank 之间单独的 `send` 或 `recv`，不论方向，都走这一对 rank
-# 专用的同一个通信器、同一条流（`torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp` 的
-# `pointToPoint`：键 `getKeySendRecv(rank, peer)` 对两个 rank、两个方向都相同），流按发起的
-# 顺序执行这些调用。
+# `ncclRecv` 的说明）。两个 rank 之间单独的 `send` 或 `recv`，不论方向，都走同一个通信器、
+# 同一条流（`torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp` 的 `pointToPoint`）：默认是
+# 这一对 rank 专用的 2-rank 通信器，它的键 `getKeySendRecv(rank, peer)` 对两个 rank、两个方向
+# 都相同；进程组若是立即初始化的（`init_process_group(..., device_id=...)`），则用这块设备
+# 自己的通信器。无论哪种情况，流都按发起的顺序执行这些调用。
 #
 # - 按 rank 排序时，rank 0 的流上依次是发、收，rank 1 的流上是收、发：先是两边的第一个调用
 #   相互匹配，然后是第二个。没有哪两个调用需要同时进行，所以能顺利完成。
@@ -482,8 +485,10 @@ for rank, rows in enumerate(dl.spawn(gather_with_grad, nprocs=2, backend="gloo")
 # when the data is there. On NCCL, `wait()` only makes the *current CUDA stream* wait for
 # NCCL's stream: the CPU goes on before the data has arrived, and only work queued later on
 # that stream (the next kernel, or the copy `print` makes) sees the result
-# (`WorkNCCL::wait` and `synchronize` in `torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp`;
-# the CPU blocks only with `TORCH_NCCL_BLOCKING_WAIT=1` or a timeout passed to `wait`). To time an NCCL collective,
+# (`WorkNCCL::wait` and `WorkNCCL::synchronize` in
+# `torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp`; the CPU blocks only with
+# `TORCH_NCCL_BLOCKING_WAIT=1`, a timeout passed to `wait`, or for `barrier`, whose work
+# synchronizes the current stream with the host). To time an NCCL collective,
 # call `torch.cuda.synchronize()` after it. (No GPU here: the NCCL behaviour is from the
 # source, not run.)
 
@@ -500,8 +505,9 @@ for rank, rows in enumerate(dl.spawn(gather_with_grad, nprocs=2, backend="gloo")
 # 取决于后端。在 Gloo（CPU）上，`wait()` 返回时数据已经到位。在 NCCL 上，`wait()` 只是让*当前
 # CUDA 流*等待 NCCL 的流：数据还没到，CPU 就继续往下走了；只有之后排进这条流的工作才能看到结果，例如下
 # 一个核函数（kernel），或 `print` 引起的拷贝
-# （`torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp` 中的 `WorkNCCL::wait` 和 `synchronize`；
-# 只有设置 `TORCH_NCCL_BLOCKING_WAIT=1` 或给 `wait` 传入超时时 CPU 才会阻塞）。要给 NCCL 集合
+# （`torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp` 中的 `WorkNCCL::wait` 和
+# `WorkNCCL::synchronize`；只有设置 `TORCH_NCCL_BLOCKING_WAIT=1`、给 `wait` 传入超时，或者是
+# `barrier`（它的 work 会让主机等当前流完成）时，CPU 才会阻塞）。要给 NCCL 集合
 # 通信计时，之后要调用 `torch.cuda.synchronize()`。（这里没有 GPU：NCCL 的行为依据源码，没有运行。）
 
 # %%

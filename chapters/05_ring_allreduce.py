@@ -18,26 +18,28 @@
 # %% [markdown] lang="en"
 # # 05 The ring all-reduce, by hand
 #
-# Every `DistributedDataParallel` step ends with an **all-reduce** of the gradients. For
-# large tensors NCCL usually runs it as a **ring all-reduce** (it also has a tree
-# algorithm), and Gloo has ring implementations too: a **reduce-scatter** followed by an
-# **all-gather**, 2(N-1) steps in which every rank sends one chunk of 1/N of the tensor to
-# its right neighbour. This is the part of distributed training most often taught wrong.
-# The hand-written ring in PyTorch's distributed tutorial was broken for a long time and
-# passes the *whole* buffer at every step; another well-known course's reference ring
-# deadlocked on NCCL. In this chapter you watch every step, trace
-# a real run, measure the ring against `dist.all_reduce`, and write it yourself.
+# Every `DistributedDataParallel` step ends with an **all-reduce** of the gradients. NCCL
+# can run it as a **ring all-reduce** (one of its algorithms, chosen per call by a cost
+# model: chapter 04), and Gloo's all-reduce on CPU tensors is a ring too: a
+# **reduce-scatter** followed by an **all-gather**, 2(N-1) steps in which every rank sends
+# one chunk of 1/N of the tensor to its right neighbour. It is easy to get wrong: the
+# hand-written ring of PyTorch's tutorial "Writing Distributed Applications with PyTorch"
+# (`intermediate_source/dist_tuto.rst` in `pytorch/tutorials`) summed the wrong buffer
+# until 2020 (pytorch/pytorch issue #31572, fixed by pytorch/tutorials pull request #1039),
+# and it passes the *whole* buffer at every step. In this chapter you watch every step,
+# trace a real run, measure the ring against `dist.all_reduce`, and write it yourself.
 
 # %% [markdown] lang="zh"
 # # 05 亲手实现环形全归约
 #
-# `DistributedDataParallel` 的每一步都以梯度的**全归约**（all-reduce）结束。对大张量，
-# NCCL 通常用**环形全归约**（ring all-reduce）来完成它（NCCL 也有树形算法），Gloo 也有
-# 环形实现：先**归约散发**（reduce-scatter），再**全收集**（all-gather），共 2(N-1) 步，
-# 每一步每个 rank（进程编号）把张量的 1/N（一个块）发给右边的邻居。这是分布式训练中最常被讲错的部分：
-# PyTorch 分布式教程里手写的环形算法曾长期有错，而且每一步都传递*整个*缓冲区；另一门知名
-# 课程的参考实现在 NCCL 上会死锁。本章你将看清每一步，追踪一次真实运行，把环形算法与 `dist.all_reduce` 做性能对比，
-# 最后亲手实现它。
+# `DistributedDataParallel` 的每一步都以梯度的**全归约**（all-reduce）结束。NCCL 可以用
+# **环形全归约**（ring all-reduce）来完成它（这是它的算法之一，每次调用由代价模型选择，见第 04 章），
+# Gloo 对 CPU 张量的全归约也是环形的：先**归约散发**（reduce-scatter），再**全收集**（all-gather），
+# 共 2(N-1) 步，每一步每个 rank（进程编号）把张量的 1/N（一个块）发给右边的邻居。这个算法很容易写错：
+# PyTorch 教程 “Writing Distributed Applications with PyTorch”（`pytorch/tutorials` 仓库中的
+# `intermediate_source/dist_tuto.rst`）里手写的环形算法直到 2020 年都加错了缓冲区（pytorch/pytorch
+# 的 issue #31572，由 pytorch/tutorials 的 pull request #1039 修复），而且它每一步都传递*整个*缓冲区。
+# 本章你将看清每一步，追踪一次真实运行，把环形算法与 `dist.all_reduce` 做性能对比，最后亲手实现它。
 
 # %%
 import time
