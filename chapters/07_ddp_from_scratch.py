@@ -903,8 +903,10 @@ print("bare BatchNorm, result assigned:", type(nn.SyncBatchNorm.convert_sync_bat
 
 
 # %% [markdown] lang="en"
-# Torch's DDP accepts `SyncBatchNorm` only on GPU modules, and its kernels
-# (`torch.batch_norm_stats`) have no CPU version. So that the effect can be seen here, the
+# Torch's DDP refuses `SyncBatchNorm` in a CPU module ("SyncBatchNorm layers only work
+# with GPU modules", `_passing_sync_batchnorm_handle` in `torch/nn/parallel/distributed.py`),
+# and its kernels (`torch.batch_norm_stats`) have no CPU version: on a CPU tensor torch raises
+# `NotImplementedError`. So that the effect can be seen here, the
 # next cell does the forward's statistics the same way on CPU: each rank all-gathers its
 # (mean, invstd, count), combines them into the global mean and variance, and compares both
 # per-rank BatchNorm and this with BatchNorm on the global batch (the two ranks get
@@ -912,8 +914,10 @@ print("bare BatchNorm, result assigned:", type(nn.SyncBatchNorm.convert_sync_bat
 # `SyncBatchNorm` when 2 GPUs are present.
 
 # %% [markdown] lang="zh"
-# torch 的 DDP 只接受放在 GPU 上的 `SyncBatchNorm`，而且它调用的 `torch.batch_norm_stats` 等
-# 核函数（kernel）没有 CPU 版本。为了在这里也能看到效果，下一个单元在 CPU 上按同样的方法计算
+# torch 的 DDP 不接受放在 CPU 模块里的 `SyncBatchNorm`（`torch/nn/parallel/distributed.py` 中
+# `_passing_sync_batchnorm_handle` 报错 “SyncBatchNorm layers only work with GPU modules”），
+# 而且它调用的 `torch.batch_norm_stats` 等核函数（kernel）没有 CPU 版本：对 CPU 张量调用时 torch
+# 抛出 `NotImplementedError`。为了在这里也能看到效果，下一个单元在 CPU 上按同样的方法计算
 # 前向传播的统计量：每个 rank 全收集各 rank 的均值、invstd 和样本数，合成全局的均值和方差；
 # 然后把“每个 rank 各自做的普通 BatchNorm”和“用合成的统计量做的归一化”分别与全局批上的
 # BatchNorm 比较（两个 rank 故意分到不同的行数）。再下一个单元在有 2 块 GPU 时运行真正的
