@@ -444,9 +444,9 @@ for stage, gb in paper_example(psi=7.5e9, n=64):
 # all-reduced them): that is stage 1.
 
 # %% [markdown] lang="zh"
-# `ddp_lab.zero.ShardedOptimizer(params, optimizer_class, **defaults)` 的用法与
+# `ddp_lab.zero.ShardedOptimizer(params, optimizer_class, **defaults)` 的接口仿照
 # `torch.distributed.optim.ZeroRedundancyOptimizer`
-# （`torch/distributed/optim/zero_redundancy_optimizer.py`）相同：它用 torch 的贪心规则
+# （`torch/distributed/optim/zero_redundancy_optimizer.py`）：它用 torch 的贪心规则
 # （与 `_partition_parameters` 一样，先分配最大的参数，每次给负载最小的 rank）把每个参数
 # 分给一个 rank，只在自己的分片上构建真正的优化器并执行一步更新，然后从所属 rank **广播**每个
 # 参数。梯度仍然是完整的（DDP 已对它们做了全归约）：这就是第 1 阶段。
