@@ -255,7 +255,7 @@ print("LR per step:", lrs)
 # %% [markdown] lang="zh"
 # ## 要记录的损失是各 rank 的平均值
 #
-# 常见说法：“这个损失是各个进程的损失之和”。并非如此：每个 rank 只计算自己那一批的损失
+# 教程和博客里的常见说法：“这个损失是各个进程的损失之和”。并非如此：每个 rank 只计算自己那一批的损失
 # ；DDP 平均的是*梯度*，从不平均损失的值。要记录整步的损失，需要对它做全归约
 # （all-reduce）。运行看看：
 
@@ -283,9 +283,8 @@ dl.spawn(local_loss, nprocs=2, backend="gloo");
 
 # %% [markdown] lang="zh"
 # 一个常被照抄的辅助函数是 `reduce_value(value, average=True)`，调用时却写成了
-# `reduce_value(loss, world_size)`：`world_size` 被传给了 `average`。它之所以仍会求平均，只是
-# 因为任何非零数都被当作真值；应该写成
-# `reduce_value(loss, average=True)`。`train.mean_across_ranks` 对（总和，个数）做全归约，即使
+# `reduce_value(loss, world_size)`：`world_size` 落进了 `average` 参数。它仍会求平均，只是因为
+# 任何非零数都算作真值；应该写成 `reduce_value(loss, average=True)`。`train.mean_across_ranks` 对（总和，个数）做全归约，即使
 # 各 rank 看到的样本数不同，结果也是对的。
 
 # %% [markdown] lang="en"
@@ -299,7 +298,7 @@ dl.spawn(local_loss, nprocs=2, backend="gloo");
 # ## 评估时避开填充带来的偏差
 #
 # 为了让各分片一样大，`DistributedSampler` 会重复开头的样本：5 个样本分给 4 个 rank，变成 8 个
-# 位置。常见的评估写法用 `all_gather` 汇总各 rank 的结果再求平均，于是重复的样本被计了
+# 位置。常见的评估写法用 `all_gather` 汇总各 rank 的结果再求平均，于是重复的样本算了
 # 两次。下面只有样本 0 分类正确：
 
 # %%
@@ -429,8 +428,8 @@ else:
 #
 # 常见的一种保存方式是 `torch.save(model.module, path)`：保存整个模块，也就是把它 pickle 下来。从 torch
 # 2.6 起，`torch.load` 的默认值变成了 `weights_only=True`（`torch/serialization.py` 里的提示信
-# 息写明了这一点）：它只反序列化张量、普通容器和数字，这样检查点在加载时就无法执行代码。被
-# pickle 的模块需要它的类才能还原，所以加载失败：
+# 息写明了这一点）：它只反序列化张量、普通容器和数字，这样检查点在加载时就无法执行代码。
+# pickle 下来的模块要有它的类才能还原，所以加载失败：
 
 # %%
 net = torch.nn.Sequential(torch.nn.Linear(4, 2))  # stands for ddp_model.module
@@ -731,8 +730,8 @@ dl.spawn(run_buggy, args=(str(workdir / "data"),), nprocs=2, backend="gloo");
 #   `zero_grad()`；
 # - 从 `DataLoader(dataset, batch_size=batch_size, sampler=sampler)` 读取批，其中
 #   `sampler = DistributedSampler(dataset)`，并且每一轮都调用 `sampler.set_epoch(epoch)`；
-# - 每轮返回一个损失：先在每个 rank 上对批损失求平均，再对所有 rank 求平均；每个 rank 返回的列
-#   表相同；
+# - 返回一个列表，每轮一个损失值：先在每个 rank 上对该轮的批损失求平均，再对所有 rank 求平均；
+#   每个 rank 返回的列表相同；
 # - 最后只由 rank 0 把未包装模型的 `state_dict()` 保存到 `checkpoint_path`，然后调用
 #   `dist.barrier()`。
 #
@@ -788,7 +787,7 @@ dl.grade("08.fit", fit)
 # DDP 程序就是普通的训练循环加上几条规则：每个 rank 运行相同的代码，读取自己的分片（由
 # `set_epoch` 每轮重新打乱），从相同的权重开始，记录在所有 rank 上归约过的数值，并且只让 rank
 # 0 与外界打交道（进度、检查点），在其他 rank 依赖它的地方放一道屏障。同一个文件可以在
-# `torchrun` 下运行于一个或多个节点。缩放学习率要配合预热；保存 `state_dict()`（被 pickle 的整
+# `torchrun` 下运行于一个或多个节点。缩放学习率要配合预热；保存 `state_dict()`（pickle 下来的整
 # 个模块默认已经加载不了）；往 GPU 异步复制要用页锁定内存；随机数据按 rank 设不同的种子，模型用
 # 什么种子都可以。
 
@@ -833,14 +832,14 @@ dl.grade("08.fit", fit)
 # `dl.quiz` 会告诉你哪些答对了，并逐题解释，包括你选错的那个选项。数值题请先用本章的模型算出来，
 # 再运行任何代码。练习笔记本会对同样的答案评分（`08.concepts`，全部答对得 2 分）。
 #
-# **1.** 基础学习率 0.05 是针对全局批次 32 调好的。你在 4 个 rank 上运行 `--batch-size 32`（每个 rank）。线性缩放规则给出的学习率是多少？（填一个数）
+# **1.** 基础学习率 0.05 是针对全局批大小 32 调好的。你在 4 个 rank 上运行 `--batch-size 32`（每个 rank）。线性缩放规则给出的学习率是多少？（填一个数）
 #
-# **2.** rank 0 记录它自己批次的 `loss.item()`。这个数衡量的是什么？
+# **2.** rank 0 记录它自己那一批的 `loss.item()`。这个数衡量的是什么？
 #
 # - (a) 每个 rank 记录的都是同一个数
-# - (b) 整个 epoch 的平均
+# - (b) 整轮的平均值
 # - (c) 只是 rank 0 分片上的损失，噪声更大；要得到全局损失，应全归约后除以 N
-# - (d) 全局批次上的损失
+# - (d) 整个全局批上的损失
 #
 # **3.** 用 `torch.save(model, path)`（整个模块）保存的检查点，在 torch 2.6 或更高版本中用 `torch.load(path)` 加载。会发生什么？
 #

@@ -241,7 +241,7 @@ for env in dl.spawn(show_env, nprocs=2):
 # exits with a `ChildFailedError` report whose *Root Cause* names the first rank to fail.
 
 # %% [markdown] lang="zh" tags=["lesson"]
-# ## 2. worker 挂掉时，以及“death signal”
+# ## 2. worker 挂掉之后，以及“death signal”
 #
 # 使用 `--max-restarts=1` 时，一旦有 worker 失败，代理会停掉其余的 worker，并把整组重启一次
 # （`TORCHELASTIC_RESTART_COUNT` 变为 1）。如果再次失败，torchrun 会以 `ChildFailedError` 报告
@@ -344,7 +344,7 @@ assert sorted(int(rec["RANK"]) for rec in rows) == [0, 1, 2, 3]
 # %% [markdown] lang="zh" tags=["lesson"]
 # ### 到第二个节点就出错的两个习惯
 #
-# 两种写法都很常见，而且在单节点上都能工作，所以一直没被发现
+# 教程和博客里这两种写法都很常见，而且在单节点上都能正常工作，所以一直流传下来
 # 。`torch.cuda.set_device(args.rank)` 把*全局* rank 当作 GPU 编号：在 1 号节点上
 # rank 是 2 和 3，而该节点只有 GPU 0 和 1，于是以 `invalid device ordinal` 失败
 # 。`if local_rank == 0: save()` 每个*节点*保存一次：两个节点上就有两个进程写同一
@@ -399,8 +399,8 @@ errors.explain(r, "bad_flag")
 # %% [markdown] lang="zh" tags=["lesson"]
 # **在真实的多台机器上**，`--master_addr` 是每个节点都能访问到的 0 号节点的地址，节点之间的防
 # 火墙必须放行该端口，而且每个节点都必须启动（否则其他节点会一直等到会合超时）。机器有多块网卡
-# 时，用 `GLOO_SOCKET_IFNAME`（gloo）或 `NCCL_SOCKET_IFNAME`（NCCL）指定使用哪一块。两者解读取
-# 值的方式不同。NCCL 接受*前缀*（`eth` 能匹配 eth0 和 eth1；前面加 `=` 表示精确匹配，加 `^` 表
+# 时，用 `GLOO_SOCKET_IFNAME`（gloo）或 `NCCL_SOCKET_IFNAME`（NCCL）指定使用哪一块。两者对取值
+# 的解析方式不同。NCCL 接受*前缀*（`eth` 能匹配 eth0 和 eth1；前面加 `=` 表示精确匹配，加 `^` 表
 # 示排除：见 NCCL `src/os/linux.cc` 中的 `ncclOsFindInterfaces`）。Gloo 接受用逗号分隔的*精
 # 确*网卡名（gloo 的 `gloo/transport/tcp/device.cc` 中，`lookupAddrForIface` 用 `strcmp` 比较
 # ），而且会忽略只有一个字符的值（`torch/csrc/distributed/c10d/init.cpp` 中的
@@ -553,7 +553,7 @@ print("file://", dl.spawn(join, args=(f"file://{path}", 2), nprocs=2),
 # what the file holds. Use a new path per job (or `env://`).
 
 # %% [markdown] lang="zh" tags=["lesson"]
-# 正常退出时文件会被删除。崩溃则会把它留下（“陈旧文件”），下一个使用同一路径的任务会读到旧任务
+# 正常退出时会删掉这个文件，崩溃则会把它留下（“陈旧文件”），下一个使用同一路径的任务会读到旧任务
 # 的记录：可能正常运行，可能卡住，也可能报错，取决于文件里有什么。每个任务都用新的路径（或者用
 # `env://`）。
 
@@ -644,7 +644,7 @@ except dl.DistributedTimeoutError as err:
 
 # %% [markdown] lang="zh" tags=["lesson"]
 # `TORCH_DISTRIBUTED_DEBUG=DETAIL` 会在每次集合通信之前检查所有 rank 调用的是否是同一个操作、形状
-# 是否相同，并把“卡住”变成一个同时指出双方的错误。它在导入 `torch.distributed` 时被读取，所以要在
+# 是否相同，并把“卡住”变成一个同时指出双方的错误。`torch.distributed` 在导入时读取这个变量，所以要在
 # 进程启动前设置（`TORCH_DISTRIBUTED_DEBUG=DETAIL torchrun ...`）；在已经运行的进程里，设置之后要调用
 # `dist.set_debug_level_from_env()`，就像上面的函数那样。
 
@@ -665,7 +665,7 @@ with errors.expect("collective_mismatch"):
 # %% [markdown] lang="zh" tags=["lesson"]
 # ### 跳过集合通信的 rank
 #
-# rank 1 跳过了 `all_reduce`，继续做别的事，比如它已经没有剩余的批（batch）了。给进程组设置较短的
+# 假设 rank 1 已经没有剩余的批（batch），于是跳过了 `all_reduce`，继续往下执行。给进程组设置较短的
 # `timeout=` 后，rank 0 得到的是错误而不是卡住。`dist.monitored_barrier` 更进一步：rank 0 会报
 # 告*哪一个* rank 没有到达。它只支持 Gloo：对其他任何后端（backend）
 # ，`torch/distributed/distributed_c10d.py` 中的 `monitored_barrier` 都会抛出 `ValueError`（单
@@ -826,8 +826,8 @@ print(dl.spawn(train_two_steps, args=(True,), nprocs=2, quiet=True, timeout=60))
 # %% [markdown] lang="zh" tags=["lesson"]
 # ### 三个常见的小错误，运行一下
 #
-# - `DDP(model, device_ids=[i], output_devices=i)`：关键字是 `output_device`（单数）。拼错的关键字在
-#   构造任何东西之前就被 Python 拒绝。
+# - `DDP(model, device_ids=[i], output_devices=i)`：关键字是 `output_device`（单数）。Python 在构造任
+#   何东西之前就会拒绝拼错的关键字。
 # - `model.module().state_dict()`：`.module` 是保存原模型的属性，`model.module()` 会在没有输入的
 #   情况下*调用*模型并失败；应写 `model.module.state_dict()`。
 # - “rank 是进程的优先级”：rank 只是一个编号，见第 1 节表中的 `nice` 列。
@@ -1256,7 +1256,7 @@ if not gallery.reason:
 # 大约每运行三十次就会遇到一次。问题出在 PyTorch，而不在任务本身：DDP 用过的 gloo 进程组，
 # `destroy_process_group` 并不会释放，它的线程继续存活；Python 退出时，其中一个线程可能还在
 # 清理最后一次集合通信留下的对象。现在程序用 `os._exit` 结束 worker；下面的单元展示了完整的推理，
-# `tests/test_train.py` 对这两点都做了检查。要把它抄进真实的任务之前请注意：`os._exit` 也会跳过
+# `tests/test_train.py` 对这两点都做了检查。把它抄进真实的任务之前请注意：`os._exit` 也会跳过
 # `atexit` 处理函数和日志的刷新，所以只能在所有写入者（日志文件、TensorBoard、实验跟踪工具）都
 # 关闭之后再调用。
 
@@ -1453,14 +1453,14 @@ assert len(job.lines(r"^world size 1,")) == 4
 
 # %% [markdown] lang="zh" tags=["lesson"]
 # 修正方法：要么每个节点一个任务并使用 `torchrun`（上面正确的脚本），要么每块 GPU 一个任务
-# 但*不用* `torchrun`，两者不能同时用。第二种做法由程序根据 Slurm 的环境变量自己设置：`RANK` 取
+# 但*不用* `torchrun`，两者不能同时用。第二种做法要由程序根据 Slurm 的环境变量自己设置这些变量：`RANK` 取
 # `SLURM_PROCID`，`WORLD_SIZE` 取 `SLURM_NTASKS`，`LOCAL_RANK` 取
 # `SLURM_LOCALID`，`MASTER_ADDR` 取 `SLURM_JOB_NODELIST` 里的第一台主机，`MASTER_PORT` 像上面那
 # 样由作业号算出（`env://` 也需要它）；这种作业步要用 `srun --kill-on-bad-exit=1` 启动，这样一
 # 个任务死掉，整个作业步就随之结束，不会让其他任务一直等到进程组超时。无论选哪种，rank 0 日志的
 # 第一行（world size、全局批大小）都能告诉你这个作业是不是你想要的那个。
 #
-# **作业结束之后**。作业结束后不久 `squeue` 就不再显示它；`sacct` 读取的是 `slurmdbd` 维护的
+# **作业结束之后**。`squeue` 在作业结束后不久就不再显示它；`sacct` 读取的是 `slurmdbd` 维护的
 # 记账数据库。这个小集群没有运行数据库（直接运行 `sacct` 会提示记账存储已禁用），所以改为记录
 # 作业完成日志（`slurm.conf` 里的 `JobCompType=jobcomp/filetxt`），用 `sacct -c` 读取：每个作业的
 # 状态、节点和结束时间。之后集群连同它的守护进程和命名空间都会被删除：
@@ -1511,8 +1511,8 @@ except dl.DistributedTimeoutError as err:
 # wrong).
 
 # %% [markdown] lang="zh" tags=["exercise"]
-# 编写 `global_accuracy(correct, total)`：它在**每个** rank 上被调用，并在每个 rank 上返回全局
-# 准确率（一个浮点数）。评分单元（graded cell）会在几种隐藏的 world size 下运行它并设置超时，
+# 编写 `global_accuracy(correct, total)`：**每个** rank 都会调用它，它要在每个 rank 上都返回全
+# 局准确率（一个浮点数）。评分单元（graded cell）会在几种隐藏的 world size 下运行它并设置超时，
 # 而且各 rank 的样本总数不同（所以对各 rank 的准确率求平均是错的）。
 
 # %% tags=["exercise"]
@@ -1659,13 +1659,13 @@ dl.grade("09.safe_all_reduce", safe_all_reduce)
 #
 # - (a) 只在单节点上能运行
 # - (b) 能运行：`mp.spawn` 设置了 `RANK` 和 `WORLD_SIZE`
-# - (c) 失败：`mp.spawn` 只把序号 `i` 传给 `fn`，不设置任何环境变量，所以 `env://` 什么也找不到
+# - (c) 失败：`mp.spawn` 只把编号 `i` 传给 `fn`，不设置任何环境变量，所以 `env://` 什么也找不到
 # - (d) 四个进程都成为 rank 0
 #
 # **2.** 一个两节点、每节点 2 块 GPU 的作业调用 `torch.cuda.set_device(rank)`（全局 rank）。节点 1 上会发生什么？
 #
 # - (a) CUDA 自动挑空闲的 GPU
-# - (b) rank 2 和 3 要 GPU 2 和 3，而这个节点没有：`invalid device ordinal`
+# - (b) rank 2 和 3 请求 GPU 2 和 3，而这个节点没有：`invalid device ordinal`
 # - (c) 和节点 0 上一样正常
 # - (d) 两个 rank 共用 GPU 0
 #
@@ -1673,15 +1673,15 @@ dl.grade("09.safe_all_reduce", safe_all_reduce)
 #
 # - (a) 没事：那一层只是没有梯度
 # - (b) DDP 的第二步报错：归约器还在等第一步里那一层的梯度
-# - (c) 永远挂起
+# - (c) 永远卡住
 # - (d) 第一次前向就报错
 #
 # **4.** 在用 `timeout=timedelta(seconds=2)` 创建的 Gloo 进程组上，rank 0 调用了 `all_reduce`，而 rank 1 跳过了它。rank 0 会得到什么？
 #
 # - (a) rank 1 下一次集合通信的数据
 # - (b) 它自己的张量，没有变化
-# - (c) 大约 2 秒后报错，而不是挂起
-# - (d) 一直挂起，直到作业被杀死
+# - (c) 大约 2 秒后报错，而不是卡住
+# - (d) 一直卡住，直到作业被强行结束
 
 
 # %%

@@ -266,7 +266,7 @@ dl.show_source(default_hooks._compress_hook)
 # 这些 rank 看不到 GPU（`dl.gpus_hidden()` 为它启动的 rank 设置 `CUDA_VISIBLE_DEVICES=""`）。
 # 模型在 CPU 上，而 PowerSGD 的 `decompress` 只要 `torch.cuda.is_available()` 为真就调用
 # `torch.cuda.synchronize(device)`，桶在 CPU 上也照样调用（见 `powerSGD_hook.py`）；在有 GPU
-# 的机器上，这会报错 “Expected a cuda device, but got: cpu”。
+# 的机器上，这会报错“Expected a cuda device, but got: cpu”。
 
 # %%
 with dl.gpus_hidden():  # a CPU model: see above
@@ -444,11 +444,11 @@ for stage, gb in paper_example(psi=7.5e9, n=64):
 # all-reduced them): that is stage 1.
 
 # %% [markdown] lang="zh"
-# `ddp_lab.zero.ShardedOptimizer(params, optimizer_class, **defaults)` 的用法与
+# `ddp_lab.zero.ShardedOptimizer(params, optimizer_class, **defaults)` 的接口仿照
 # `torch.distributed.optim.ZeroRedundancyOptimizer`
-# （`torch/distributed/optim/zero_redundancy_optimizer.py`）相同：它用 torch 的贪心规则
+# （`torch/distributed/optim/zero_redundancy_optimizer.py`）：它用 torch 的贪心规则
 # （与 `_partition_parameters` 一样，先分配最大的参数，每次给负载最小的 rank）把每个参数
-# 分给一个 rank，只在自己的分片上构建真正的优化器并执行步骤，然后从所属 rank **广播**每个
+# 分给一个 rank，只在自己的分片上构建真正的优化器并执行一步更新，然后从所属 rank **广播**每个
 # 参数。梯度仍然是完整的（DDP 已对它们做了全归约）：这就是第 1 阶段。
 
 # %%
@@ -470,8 +470,8 @@ print("sizes", sizes, "-> owners on 2 ranks", assign_shards(sizes, 2), "on 3 ran
 # 在 2 个 rank 上比较三个优化器，模型相同（含一个冻结层），都是带权重衰减的 AdamW：单进程在
 # 全批上运行的普通 AdamW、`ShardedOptimizer` 和 torch 的 `ZeroRedundancyOptimizer`，后两者
 # 每个 rank 处理半批。单元打印参数的最大差值，以及每个 rank 持有多少个优化器状态元素
-# `tests/test_zero.py` 还测试了共享（绑定）权重、两个参数组、3 个 rank 和汇总后的
-# `state_dict`。
+# （`tests/test_zero.py` 还测试了共享（绑定）权重、两个参数组、3 个 rank 和汇总后的
+# `state_dict`）。
 
 # %%
 def zero_vs_torch(rank, steps=4):
@@ -520,8 +520,8 @@ dl.spawn(zero_vs_torch, nprocs=2, backend="gloo");
 # **每个 rank 的内存，逐字节统计**。`measure_memory` 统计每个 rank 在两步 AdamW 之后持有的
 # 张量字节数（float32，所以每个参数 4 + 4 + 8 字节），对 DDP（`gradient_as_bucket_view=True`）、
 # ZeRO-1 和本章的 FSDP（第 5 节，包括峰值时已全收集的参数）分别统计。在 2、3、4 个 rank 上各运行一次；
-# 每种方法显示持有字节最多的那个 rank（也就是最先耗尽内存的那个）。点是实际计数，虚线是
-# 4+4+8 模型。
+# 每种方法显示持有字节最多的那个 rank（也就是最先耗尽内存的那个）。点是实际计数，虚线是按
+# 4+4+8 模型算出的值。
 
 # %%
 memory = {n: worst_rank(dl.spawn(measure_memory, nprocs=n, backend="gloo")) for n in (2, 3, 4)}
@@ -582,7 +582,7 @@ plot_memory(memory);
 # `torch.optim.AdamW` 就能更新它们，而且它的状态也是分片的。
 #
 # - 在一个单元前向之前，**全收集**（all-gather）重建完整向量，单元的参数成为它的视图；前向
-#   之后释放它的存储；
+#   之后**释放**它的存储；
 # - 单元输出上的一个钩子在反向传播到达该单元之前**再次全收集**（单元的每次调用都有自己的
 #   全收集向量，所以在一次反向之前做两次前向，即 `(m(x1).sum() + m(x2).sum()).backward()`，
 #   也没有问题）；
@@ -1135,14 +1135,16 @@ for bucket in splitter.buckets:
 #   拥有元素最少的 rank；构建 `optimizer_class(<本 rank 的参数>, **defaults)`（如果本 rank
 #   一个参数也没有，就不构建）；
 # - `zero_grad()`：清除**所有**参数的梯度；
-# - `step()`：执行本地优化器的步骤，然后从所属 rank 广播每个参数，每个 rank 的顺序相同。
+# - `step()`：先让本地优化器执行一步更新，然后从所属 rank 广播每个参数，每个 rank 广播的顺
+#   序相同。
 #
-# 评分单元会传入它自己的 AdamW（带权重衰减），记录每个 rank 拿到了哪些参数；在 2 个和 3 个
-# rank 上训练带共享（绑定）权重和冻结权重的隐藏模型，每个 rank 只用自己那部分批数据，
-# `defaults` 里的学习率也各不相同；然后与在全批上运行、每个参数按其所属 rank 的学习率更新的
-# AdamW 比较；正式评分时，还会在各 rank 之外统计每个 rank 每一步收到的字节，至少要有它
-# 不拥有的那些参数的大小。在每个 rank 上更新所有参数、忘记共享更新后的参数，或者各 rank 的负载（拥有的元素数）与上述规则给出的
-# 不同，都会失败；大小相同或负载相同时怎样选择则无所谓。
+# 评分单元传入的是它自己的 AdamW（带权重衰减），这个 AdamW 会记录每个 rank 拿到了哪些参数。
+# 评分单元在 2 个和 3 个 rank 上训练带共享（绑定）权重和冻结权重的隐藏模型，每个 rank 只用自
+# 己那部分批数据，各 rank 在 `defaults` 里拿到的学习率也各不相同；然后与在全批上运行、每个参
+# 数按其所属 rank 的学习率更新的 AdamW 比较。正式评分时，它还会在各 rank 之外统计每个 rank
+# 每一步收到的字节数，这个数至少要大致等于该 rank 不拥有的那些参数的大小。在每个 rank 上更新
+# 所有参数、忘记共享更新后的参数，或者各 rank 的负载（拥有的元素数）与上述规则给出的不同，都
+# 会判为失败；大小相同或负载相同时怎样取舍都可以。
 
 # %% tags=["exercise"]
 class MySharded:
@@ -1212,8 +1214,8 @@ dl.grade("10.sharded_optimizer", MySharded)
 #
 # 按 torch 的 `bf16_compress_hook` 的做法，为 `register_comm_hook` 编写
 # `my_bf16_hook(process_group, bucket)`：取出 `bucket.buffer()`，转换为 `torch.bfloat16` 并
-# 除以 world size，启动 `dist.all_reduce(..., async_op=True)`，返回它的 `Future`，并用 `.then`
-# 接上一个函数：把结果复制回缓冲区并返回缓冲区。（这里 `process_group` 是 None：使用默认进程组。）
+# 除以 world size，启动 `dist.all_reduce(..., async_op=True)`；用 `.then` 给它的 `Future` 接上
+# 一个函数（把结果复制回缓冲区，并返回缓冲区），返回的是接上之后得到的 `Future`。（这里 `process_group` 是 None：使用默认进程组。）
 #
 # 评分单元把梯度与使用 torch 钩子时的梯度逐位比较，并检查通信中只出现 bfloat16，每个梯度
 # 元素 2 字节。
@@ -1260,8 +1262,8 @@ dl.grade("10.bf16_hook", my_bf16_hook)
 # （`dist.reduce_scatter_single(output, input)`；早于 2.13 的 torch 只有它的旧名字
 # `dist.reduce_scatter_tensor`，`ddp-lab doctor` 会指出这一点）。评分单元用你的函数训练并与单进程训练比较；
 # 使用全归约，或者先全收集再在本地求和，都会失败：每个 rank 只保留自己的分片，接收完整的梯度
-# （或所有 rank 的梯度）是在浪费带宽。正式评分时，它还会在 3 个 rank 上单独用较大的梯度调用你的
-# 函数：这些 rank 拒绝 all_reduce、all_gather 和 broadcast（在任何线程里都一样），评分程序
+# （或所有 rank 的梯度）是在浪费带宽。正式评分时，它还会在 3 个 rank 上脱离训练、单独用较大的梯
+# 度调用你的函数：这些 rank 拒绝 all_reduce、all_gather 和 broadcast（在任何线程里都一样），评分程序
 # 在各 rank 之外统计每个 rank 收到的字节数。
 
 # %% tags=["exercise"]
@@ -1347,7 +1349,7 @@ dl.grade("10.fsdp_reduce", reduce_grad)
 # `dl.quiz` 会告诉你哪些答对了，并逐题解释，包括你选错的那个选项。数值题请先用本章的模型算出来，
 # 再运行任何代码。练习笔记本会对同样的答案评分（`10.concepts`，全部答对得 2 分）。
 #
-# **1.** 在混合精度 Adam 下，ZeRO 论文按每个参数 2 + 2 + 12 = 16 字节计算。10 亿个参数、8 个 rank，在 ZeRO-1（只切分优化器状态，不计激活）下每个 rank 占多少 GB？（填一个数）
+# **1.** 在混合精度 Adam 下，ZeRO 论文按每个参数 2 + 2 + 12 = 16 字节计算。10 亿个参数、8 个 rank，在 ZeRO-1（只把优化器状态分片，不计激活）下每个 rank 占多少 GB？（填一个数）
 #
 # **2.** 给 float32 的 DDP 训练加上 bf16 压缩通信钩子。每一步，每个 rank 为梯度发送的字节数变为：
 #
@@ -1363,7 +1365,7 @@ dl.grade("10.fsdp_reduce", reduce_grad)
 # - (c) bf16 的指数范围和 float32 相同，小梯度不会下溢；它的尾数位更少（7 对 10）
 # - (d) bf16 的尾数位更多
 #
-# **4.** 和 ZeRO-1 相比，FSDP（ZeRO-3）把参数也切分之后要付出什么代价？
+# **4.** 和 ZeRO-1 相比，FSDP（ZeRO-3）把参数也分片之后要付出什么代价？
 #
 # - (a) 不能用 Adam
 # - (b) 什么都不用付

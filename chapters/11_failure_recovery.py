@@ -189,7 +189,7 @@ print("resumed,  items 4-7:", epoch_items(4, saved_rng))
 # “Connection refused”，或者一直等下去（pytorch/pytorch#135712）。在繁忙的机器上，各 rank 的启
 # 动时间相差好几秒，10 次重启中有 7 次出了这个问题。所以 `ddp_lab.tools.train` 先让同一次尝试的各
 # rank 商定一个新的随机名字，再把进程组的键都放在这个名字下面（`ddp_lab/tools/attempt_store.py`；
-# `TORCHELASTIC_RESTART_COUNT` 不行，因为每个代理各自计数自己的重启）。给 torchrun 设置
+# `TORCHELASTIC_RESTART_COUNT` 不行，因为每个代理只数自己的重启次数）。给 torchrun 设置
 # `TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1` 也能避开这个陷阱：这样每一轮会合都有自己的 store。
 
 # %% tags=["lesson"]
@@ -264,24 +264,25 @@ print("same parameters, bit for bit:",
 # DDP's default buckets they ended with `4a3e00ef...` and `2b8240aa...`.
 
 # %% [markdown] lang="zh" tags=["lesson"]
-# 在三个或更多 rank 上，还有一个顺序必须保持不变：DDP 的桶（bucket）。DDP 按桶对梯度做
-# all-reduce。第一步时它把所有参数按逆序放进同一个桶（`torch/nn/parallel/distributed.py` 中的
-# `compute_bucket_size_limits`）；这一步之后，它按梯度到达的顺序重建各个桶
-# （`torch/csrc/distributed/c10d/reducer.hpp` 中的 `Reducer::should_rebuild_buckets`）。恢复后的进程
-# 新建了一个 DDP 模型，所以它的第一步用的是最初的布局，而不间断的那次运行此时用的已经是重建后的
-# 布局。环形 all-reduce 把各 rank 上同一个元素的值相加，加法的先后顺序取决于这个元素在桶中的
-# 位置。两个 rank 时这没有影响（a + b = b + a）；三个 rank 时，(a + b) + c 和 a + (b + c) 的最后一位可能不同，
-# 此后参数也就不同了。检查点存不下这个布局，那就让它固定不变：下面练习里的
+# 在三个或更多 rank 上，还有一个顺序必须保持不变：DDP 的桶（bucket）。DDP 按桶对梯度做全归约
+# （all-reduce）。第一步时它把所有参数按逆序放进同一个桶（`torch/nn/parallel/distributed.py`
+# 中的 `compute_bucket_size_limits`）；这一步之后，它按梯度到达的顺序重建各个桶
+# （`torch/csrc/distributed/c10d/reducer.hpp` 中的 `Reducer::should_rebuild_buckets`）。恢复后
+# 的进程新建了一个 DDP 模型，所以它的第一步用的是最初的布局，而不间断的那次运行此时用的已经是
+# 重建后的布局。环形全归约把各 rank 上同一个元素的值相加，加法的先后顺序取决于这个元素在桶中
+# 的位置。两个 rank 时这没有影响（a + b = b + a）；三个 rank 时，(a + b) + c 和 a + (b + c) 的
+# 最后一位可能不同，此后参数也就不同了。检查点存不下这个布局，那就让它固定不变：下面练习里的
 # `recovery.resumable_loop` 给 DDP 传了 `find_unused_parameters=True`，这样 DDP 就不会重建桶
-# （`should_rebuild_buckets` 返回 false），代价是每一步要多遍历一次 autograd 图，再对“哪些参数用到了”
-# 这张表做一次小的 all-reduce（`reducer.cpp` 中的 `Reducer::all_reduce_local_used_map`），torch 还会
-# 警告说没有发现未使用的参数。`ddp_lab.tools.train` 换了一种办法固定布局（见
+# （`should_rebuild_buckets` 返回 false），代价是每一步要多遍历一次 autograd 图，再对“哪些参数
+# 用到了”这张表做一次小的全归约（`reducer.cpp` 中的 `Reducer::all_reduce_local_used_map`），
+# torch 还会警告说没有发现未使用的参数。`ddp_lab.tools.train` 换了一种办法固定布局（见
 # `ddp_lab/tools/train_process.py` 中的 `fixed_buckets`）：把 `bucket_cap_mb_list` 设为一个字节
-# （`[2**-20]` MiB）后，DDP 在最初分桶和重建时使用同一组上限（`compute_bucket_size_limits` 中的
-# “Case 1”），而一个字节的上限意味着每放进一个参数就封一个桶（不用 0：torch 2.11 不接受最大上限为 0）。这样在两种布局下，每个梯度都单独做 all-reduce，重建只改变各个桶的先后
-# 顺序。代价是每一步从一次 all-reduce 变成每个参数张量一次（这个模型有 6 个）。用上面的命令加上
-# `--nproc-per-node=3` 验证过：一口气跑完和中途被杀再恢复的两次运行，最终摘要都是 `a0188c55...`；
-# 沿用 DDP 默认分桶时，两者分别是 `4a3e00ef...` 和 `2b8240aa...`。
+# （`[2**-20]` MiB）后，DDP 在最初分桶和重建时使用同一组上限（`compute_bucket_size_limits` 中
+# 的“Case 1”），而一个字节的上限意味着每放进一个参数就封一个桶（不用 0：torch 2.11 不接受最大
+# 上限为 0）。这样在两种布局下，每个梯度都单独做全归约，重建只改变各个桶的先后顺序。代价是每
+# 一步从一次全归约变成每个参数张量一次（这个模型有 6 个）。用上面的命令加上
+# `--nproc-per-node=3` 验证过：一口气跑完和中途被杀再恢复的两次运行，最终摘要都是
+# `a0188c55...`；沿用 DDP 默认分桶时，两者分别是 `4a3e00ef...` 和 `2b8240aa...`。
 
 # %% [markdown] lang="en" tags=["lesson"]
 # ## 2. Complete or absent: atomic writes
@@ -425,8 +426,8 @@ print("Adam state equal:", all(torch.equal(torch.as_tensor(v), torch.as_tensor(b
 # 平、填充成一个向量，每个 rank 持有其中的一段一维切片，而切片边界可能落在某个参数的中间。DCP
 # 要求把每个要保存的张量描述成若干块，每块给出它在该张量自身形状中的偏移和大小
 # （`torch/distributed/checkpoint/metadata.py` 中的 `ChunkStorageMetadata`）。要做到这一点，需
-# 要一个 `state_dict`：对每个参数，在参数边界处切开本 rank 的扁平切片，把切下的这一段作为展平后
-# 参数的一维张量返回，并附上它的偏移；还需要一个 `load_state_dict`，把这些块拷回扁平分片。
+# 要一个 `state_dict`：对每个参数，在参数边界处切开本 rank 的一维切片，把切下的这一段作为展平后
+# 参数的一维张量返回，并附上它的偏移；还需要一个 `load_state_dict`，把这些块拷回一维分片。
 # `DTensor` 表达不了这种不均匀的偏移。更轻便的做法是自己写一个对象，实现
 # `__create_write_items__` 和 `__create_chunk_list__`，DCP 会通过它们询问张量由哪些块组成
 # （`torch/distributed/checkpoint/planner_helpers.py` 中的 `_create_write_items` 和
@@ -536,7 +537,7 @@ print(*dl.spawn(per_rank_state, args=(str(WORK / "dedup"),), nprocs=2, backend="
 # （`init_process_group(timeout=...)`、`new_group(timeout=...)`；gloo 的默认值是 30 分钟，见
 # `torch/distributed/constants.py` 中的 `default_pg_timeout`）；超时一到，gloo 抛出异常，worker
 # 带着错误退出，torchrun 就可以重启整个组。下面，rank 1 睡着不动，rank 0 在一个超时为 3 秒的进
-# 程组上做全归约（all-reduce）。
+# 程组上做全归约。
 #
 # 使用 NCCL 时，集合通信在 GPU 上执行，Python 调用在它们完成之前就返回了，所以异常不可能从调用
 # 本身抛出。ProcessGroupNCCL 的**看门狗**（watchdog）线程检查正在执行的集合通信（默认超时为 10
@@ -599,11 +600,11 @@ for line in dl.spawn(recovery.collective_timeout, args=(3.0,), nprocs=2, backend
 # together; where hosts cannot be built, the stored timelines of a real run are shown instead.
 
 # %% [markdown] lang="zh" tags=["lesson"]
-# ## 5. 节点离开，节点回来：弹性成员
+# ## 5. 节点离开，节点回来：弹性的成员变化
 #
 # 到目前为止，出故障后重启的是同一批机器上的同一批 worker。用 `--nnodes=1:2` 时，torchrun 接受 1
-# 到 2 个节点：每个节点的**代理**（agent）加入一轮**会合**（rendezvous round），代理
-# 就是 `torchrun` 进程本身；两个节点都加入时这一轮立即完成，否则在第一个节点加入
+# 到 2 个节点：每个节点的**代理**（agent），也就是 `torchrun` 进程本身，
+# 会加入一轮**会合**（rendezvous round）；两个节点都加入时这一轮立即完成，否则在第一个节点加入
 # `last_call_timeout` 之后完成（`torch/distributed/elastic/rendezvous/dynamic_rendezvous.py`
 # 中的 `_add_to_participants`；默认 30 秒，这里设为 3 秒）。每个代理每隔 `keep_alive_interval`
 # 发送一次心跳（默认 5 秒，这里 2 秒）；如果某个节点的心跳已有 `keep_alive_max_attempt`（3）个
@@ -767,8 +768,7 @@ print([w[1] for w in link.worlds()], link.returncodes)
 # （preempt）它。到达时间限制时，Slurm 先向作业的进程发送 SIGTERM，`KillWait` 秒之后再发送
 # SIGKILL（默认 30 秒，见 `man slurm.conf`）；到那时还没保存的东西就丢了。作业可以要求提前得到
 # 预警：`#SBATCH --signal=USR1@60` 在时间限制前大约 60 秒向每个作业步（job step）发送
-# SIGUSR1（`man sbatch` 说，受 Slurm 处理事件的时间粒度所限，信号可能比指定的时刻最多早 60 秒
-# 发出；写成 `B:USR1@60` 则只发给批处理脚本所在的 shell）。抢占默认没有这样的预警：Slurm 把作
+# SIGUSR1（`man sbatch` 说，信号可能比指定的时刻最多早 60 秒发出；写成 `B:USR1@60` 则只发给批处理脚本所在的 shell）。抢占默认没有这样的预警：Slurm 把作
 # 业的结束时间设为当前时间加上分区的 `GraceTime`（默认为 0），立即发送 SIGCONT 和 SIGTERM，到
 # 新的结束时间再依次发送 SIGCONT、SIGTERM 和 SIGKILL（slurm.schedmd.com/preempt.html）；只有
 # 站点设置了 `PreemptParameters=send_user_signal`，抢占时才会发送 `--signal` 指定的信号；设置
@@ -902,7 +902,7 @@ for hours in (24, 2):  # assumed mean time between failures of the whole job
 # Python 的 `random` 决定是否翻转符号；学习率调度每一步都把学习率调低一些。请编写
 # `save_state(folder, model, optimizer, scheduler, sampler, step)`：运行停下的那一步结束之后，
 # 每个 rank 都会调用它；以及 `load_state(folder, model, optimizer, scheduler, sampler)`：新启动
-# 的各个 rank 在继续训练之前调用它，它返回步数。每个 rank 都有自己的随机数状态：每个 rank 的状态
+# 的各个 rank 在继续训练之前调用它，它返回保存时的步数。每个 rank 都有自己的随机数状态：每个 rank 的状态
 # 都要保存。
 #
 # 评分单元在一个隐藏的步数处停下循环，在新的进程中恢复，再与从未停下的运行比较（隐藏用例：是否
@@ -977,7 +977,7 @@ dl.grade("11.resume", save_state, load_state)
 # %% [markdown] lang="zh"
 # ## 小结
 #
-# - 能精确恢复的检查点包含：模型、优化器、学习率调度、步数、采样器的轮次和位置，以及每个
+# - 能精确恢复的检查点包含：模型、优化器、学习率调度、步数、采样器所在的轮和位置，以及每个
 #   rank 的随机数状态。
 # - 先写入临时文件，`fsync` 之后再重命名：要么完整，要么没有。
 # - 分片检查点（`dcp.save`/`dcp.load`）由每个 rank 写出，可以在另一个 world size 上加载；
@@ -1050,7 +1050,7 @@ dl.grade("11.resume", save_state, load_state)
 #
 # **4.** 一个模型在 2 个 rank 上用 `dcp.save` 保存。3 个 rank 能加载它吗？
 #
-# - (a) 能：每个 rank 根据 `.metadata` 文件的映射，读取与它现在持有的行重叠的那些片段（重新切分）
+# - (a) 能：每个 rank 根据 `.metadata` 文件的映射，读取与它现在持有的行有重叠的那些块（重新分片）
 # - (b) 不能：world size 必须一致
 # - (c) 只有 rank 0 可以
 # - (d) 只有先用 `torch.save` 转换之后才行
