@@ -357,8 +357,8 @@ print("latest:", resume.latest_checkpoint(folder).name, resume.load(resume.lates
 # size at save time (**resharding**). `torch/distributed/checkpoint/state_dict.py` documents
 # the options: `full_state_dict=True` gathers full tensors, with it `cpu_offload=True` moves
 # them to CPU and keeps them on rank 0 only (so that the full model never sits in GPU memory),
-# `broadcast_from_rank0=True` loads a full state on rank 0 and scatters it. `dcp.async_save`
-# (`state_dict_saver.py`) copies the state to CPU memory and writes it in a background
+# `broadcast_from_rank0=True` takes a full state on rank 0 and broadcasts it tensor by tensor,
+# each rank keeping its shard. `dcp.async_save` (`state_dict_saver.py`) copies the state to CPU memory and writes it in a background
 # thread, so that training goes on during the write. Below: `fully_shard` on 2 gloo CPU
 # ranks, three Adam steps, `dcp.save`; then 3 fresh ranks load it; the full states are
 # compared.
