@@ -376,8 +376,8 @@ print("latest:", resume.latest_checkpoint(folder).name, resume.load(resume.lates
 # 保存时的 world size 是多少，这就是**重新分片**（resharding）。
 #
 # `torch/distributed/checkpoint/state_dict.py` 说明了各个选项：`full_state_dict=True` 收集完整张量；与它同用时，`cpu_offload=True` 把它们移到 CPU，并且
-# 只留在 rank 0 上，这样完整模型永远不会进入 GPU 显存；`broadcast_from_rank0=True` 在 rank 0 上加载完整状态，
-# 再广播给各 rank。`dcp.async_save`（`state_dict_saver.py`）先把状态复制到 CPU 内存，再在后台线
+# 只留在 rank 0 上，这样完整模型永远不会进入 GPU 显存；`broadcast_from_rank0=True` 由 rank 0 拿到完整状态，
+# 再逐个张量广播出去，各 rank 只留下自己的分片。`dcp.async_save`（`state_dict_saver.py`）先把状态复制到 CPU 内存，再在后台线
 # 程中写出，写入期间训练照常进行。下面在 2 个 CPU rank 上（gloo 后端）用 `fully_shard` 分片，做
 # 三步 Adam，再 `dcp.save`；然后由 3 个新的 rank 加载，比较两边的完整状态。
 
