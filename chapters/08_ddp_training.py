@@ -464,8 +464,10 @@ print("same weights:", torch.equal(fresh[0].weight, net[0].weight))
 # A copy from CPU memory to a GPU is done by the GPU's DMA engine, which can only read
 # **page-locked** ("pinned") host memory. From ordinary (pageable) memory the CUDA driver
 # first copies the data into a pinned staging buffer, and the call returns only when the
-# copy is done. `DataLoader(..., pin_memory=True)` puts each batch in pinned memory (in a
-# separate thread, `torch/utils/data/_utils/pin_memory.py`); then
+# copy is done. `DataLoader(..., pin_memory=True)` puts each batch in pinned memory (with
+# `num_workers > 0` in a separate thread, `_pin_memory_loop` in
+# `torch/utils/data/_utils/pin_memory.py`; with `num_workers=0` in the main process, in
+# `_SingleProcessDataLoaderIter._next_data`, `torch/utils/data/dataloader.py`); then
 # `x.to("cuda", non_blocking=True)` only **queues** the copy on the current CUDA stream and
 # returns at once, so the CPU can prepare the next batch while the copy runs, and kernels
 # queued later on the same stream still wait for it. `non_blocking=True` from pageable
@@ -483,7 +485,9 @@ print("same weights:", torch.equal(fresh[0].weight, net[0].weight))
 # 从 CPU 内存到 GPU 的复制由 GPU 的 DMA 引擎完成，而它只能读取**页锁定**（page-locked，也叫
 # pinned）的主机内存。如果数据在普通的可分页（pageable）内存里，CUDA 驱动（driver）要先把它复
 # 制到一块页锁定的中转缓冲区，调用要等复制结束才返回。`DataLoader(..., pin_memory=True)` 把每
-# 个批放进页锁定内存（在单独的线程里完成，见 `torch/utils/data/_utils/pin_memory.py`）；这时
+# 个批放进页锁定内存（`num_workers > 0` 时在单独的线程里完成，见
+# `torch/utils/data/_utils/pin_memory.py` 中的 `_pin_memory_loop`；`num_workers=0` 时在主进程里完
+# 成，见 `torch/utils/data/dataloader.py` 中的 `_SingleProcessDataLoaderIter._next_data`）；这时
 # `x.to("cuda", non_blocking=True)` 只是把复制**排进**当前 CUDA 流就立即返回，CPU 可以一边准备
 # 下一个批，一边让复制进行，而之后排进同一个流的核函数（kernel）仍会等它完成。对可分页内存使用
 # `non_blocking=True` 也可以，但几乎没有收益。页锁定内存不能被换出，锁定得太多，机器上的其他程
@@ -546,9 +550,12 @@ else:
 # - **random data** (shuffling is the sampler's job, with the same `seed` on every rank)
 #   such as augmentation and **dropout** must differ between ranks, or the ranks draw the
 #   same masks and the same crops for different samples: seed them with `seed + rank`.
-#   `DataLoader` workers each get `base_seed + worker_id` from the loader's generator
-#   (`torch/utils/data/_utils/worker.py`), so seeding the main process per rank covers them
-#   for torch; `random` and NumPy in workers need a `worker_init_fn`.
+#   `DataLoader` draws a `base_seed` from its `generator` (without one, from the main
+#   process's torch generator) each time an iterator starts, and each worker seeds torch and
+#   `random` with `base_seed + worker_id` and NumPy from the same two numbers (`_worker_loop`
+#   in `torch/utils/data/_utils/worker.py`). So seeding the main process's torch per rank
+#   reaches torch, `random` and NumPy in the workers; `random` and NumPy in the main process
+#   (`num_workers=0`) you seed yourself, with `seed + rank` too.
 #
 # The cell shows the masks of a dropout layer on 2 ranks, seeded alike and per rank.
 
@@ -561,10 +568,12 @@ else:
 #   重；
 # - 数据增强、**dropout** 这类**随机数据**（打乱顺序是采样器的事，所有 rank 用同一个 `seed`）
 #   必须在各 rank 之间不同，否则各 rank 会对不同的样本抽到相同的掩码、做相同的裁剪：用
-#   `seed + rank` 设置随机种子。`DataLoader` 的每个 worker 从加载器的生成器得到
-#   `base_seed + worker_id`（见 `torch/utils/data/_utils/worker.py`），所以按 rank 给主进程设
-#   种子，worker 里 torch 的随机数也就跟着不同了；worker 里的 `random` 和 NumPy 则需要
-#   `worker_init_fn`。
+#   `seed + rank` 设置随机种子。`DataLoader` 每次开始一个迭代器时，从它的 `generator`（没有
+#   指定时，从主进程的 torch 随机数生成器）抽一个 `base_seed`；每个 worker 用
+#   `base_seed + worker_id` 给 torch 和 `random` 设种子，NumPy 的种子也由这两个数算出（见
+#   `torch/utils/data/_utils/worker.py` 中的 `_worker_loop`）。所以按 rank 给主进程的 torch 设
+#   种子，worker 里的 torch、`random` 和 NumPy 也就跟着不同了；主进程里（`num_workers=0` 时）
+#   的 `random` 和 NumPy 要自己设种子，同样用 `seed + rank`。
 #
 # 下面的单元在 2 个 rank 上展示一个 dropout 层的掩码：一次所有 rank 用相同的种子，一次按 rank
 # 设不同的种子。

@@ -1091,8 +1091,9 @@ gallery.show("loopback", limit=1)
 # name maps to its address on the network between the nodes (the c10d run above).
 # `ddp-lab doctor` prints the choice on each host (see its `gloo_interface` line above).
 # NCCL chooses differently: it does not resolve the hostname but picks interfaces by name,
-# `ib*` first, then any but `docker*`, `lo*` and `virbr*`, the loopback only as a last resort
-# (`ncclFindInterfaces` in NCCL's `src/misc/socket.cc`). On these hosts it would take `eth0`
+# `ib*` first, then any but `docker*`, `lo*` and `virbr*`, and only when there is none of
+# those `docker*`, then `lo*`, then `virbr*` (`ncclFindInterfaces` in NCCL's
+# `src/misc/socket.cc`). On these hosts it would take `eth0`
 # untold; it goes wrong when the first such interface is not the one between the nodes (a
 # management network, a second card), and then `NCCL_SOCKET_IFNAME` names the right one.
 # The doctor's `nccl_interface` line applies that rule to your machine (no GPU here: NCCL
@@ -1117,8 +1118,8 @@ gallery.show("loopback", limit=1)
 # `GLOO_SOCKET_IFNAME=eth0`（上面的静态会合运行），要么让 `/etc/hosts` 把每个名字映射到它在节点
 # 之间那张网络上的地址（上面的 c10d 运行）。`ddp-lab doctor` 会在每台主机上打印这个选择（见上面
 # 的 `gloo_interface` 一行）。NCCL 的选法不同：它不解析主机名，而是按网卡名挑选，先找 `ib*`，再
-# 找 `docker*`、`lo*`、`virbr*` 以外的网卡，实在没有才用回环接口（NCCL `src/misc/socket.cc` 中
-# 的 `ncclFindInterfaces`）。在这两台主机上，不用指定它也会选 `eth0`；出问题的情形是排在最前面
+# 找 `docker*`、`lo*`、`virbr*` 以外的网卡，都没有时才依次用 `docker*`、`lo*`、`virbr*`（NCCL
+# `src/misc/socket.cc` 中的 `ncclFindInterfaces`）。在这两台主机上，不用指定它也会选 `eth0`；出问题的情形是排在最前面
 # 的那块网卡并不在节点之间的网络上（比如管理网络、第二块网卡），这时用 `NCCL_SOCKET_IFNAME` 指
 # 定正确的网卡。doctor 的 `nccl_interface` 一行会把这条规则套用到你的机器上（这里没有 GPU，NCCL
 # 本身不运行）。这块网卡只承载 NCCL 的引导连接（bootstrap）和套接字（socket）传输。在 InfiniBand 或
@@ -1241,21 +1242,21 @@ if not gallery.reason:
 # %% [markdown] lang="en" tags=["lesson"]
 # One more failure you may meet in a job that *did* train: a worker dies with SIGABRT,
 # "terminate called without an active exception", after its last line of output, and
-# torchrun reports the job failed. This course's program used to do that in about one run in
-# thirty. The cause is in PyTorch, not in the job: `destroy_process_group` does not free a gloo
-# group that a DDP model used, so its threads live on, and one of them may still be releasing
-# the last collective while Python shuts down. The program now ends its workers with
-# `os._exit`; the cell shows the reasoning, and `tests/test_train.py` checks both halves.
+# torchrun reports the job failed. Chapter 08's program, when it lets Python shut down the
+# ordinary way, does that in about one run in thirty. The cause is in PyTorch, not in the job:
+# `destroy_process_group` does not free a gloo group that a DDP model used, so its threads
+# live on, and one of them may still be releasing the last collective while Python shuts
+# down. So the program ends its workers with `os._exit`; the cell shows the reasoning, and `tests/test_train.py` checks both halves.
 # Before you copy it into a real job: `os._exit` also skips `atexit` handlers and the
 # flushing of logs, so call it only after every writer is closed (log files, TensorBoard,
 # experiment trackers).
 
 # %% [markdown] lang="zh" tags=["lesson"]
 # 还有一种故障出现在*已经*训练完的任务里：某个 worker 打印完最后一行之后以 SIGABRT 终止，报
-# “terminate called without an active exception”，torchrun 于是报告任务失败。以前本课程的程序
-# 大约每运行三十次就会遇到一次。问题出在 PyTorch，而不在任务本身：DDP 用过的 gloo 进程组，
+# “terminate called without an active exception”，torchrun 于是报告任务失败。第 08 章的程序如果
+# 让 Python 照常退出，大约每运行三十次就会遇到一次。问题出在 PyTorch，而不在任务本身：DDP 用过的 gloo 进程组，
 # `destroy_process_group` 并不会释放，它的线程继续存活；Python 退出时，其中一个线程可能还在
-# 清理最后一次集合通信留下的对象。现在程序用 `os._exit` 结束 worker；下面的单元展示了完整的推理，
+# 清理最后一次集合通信留下的对象。所以程序用 `os._exit` 结束 worker；下面的单元展示了完整的推理，
 # `tests/test_train.py` 对这两点都做了检查。把它抄进真实的任务之前请注意：`os._exit` 也会跳过
 # `atexit` 处理函数和日志的刷新，所以只能在所有写入者（日志文件、TensorBoard、实验跟踪工具）都
 # 关闭之后再调用。
