@@ -758,7 +758,8 @@ print([w[1] for w in link.worlds()], link.returncodes)
 # default, `AuthInfo` in `man slurm.conf`); the demo shortens the wait with
 # `scontrol update JobId=… StartTime=now+2`. Not `now`: each node's slurmd refuses a credential
 # created in the same second as the revocation of the job's previous run (`ctime <= revoked`,
-# whole seconds, in `src/slurmd/slurmd/cred_context.c`), and the job would fail with "Job
+# whole seconds, in `_credential_revoked`: `src/common/slurm_cred.c` in Slurm 22.05,
+# `src/slurmd/slurmd/cred_context.c` in later releases), and the job would fail with "Job
 # credential revoked" now and then. It starts now and takes about two minutes.
 
 # %% [markdown] lang="zh" tags=["lesson"]
@@ -790,8 +791,9 @@ print([w[1] for w in link.worlds()], link.returncodes)
 # `scancel --signal=USR1 JOBID` 发出同样的预警。重新排队的作业要等 `cred_expire` 秒才能再次
 # 启动（默认 120 秒，见 `man slurm.conf` 中的 `AuthInfo`）；演示用
 # `scontrol update JobId=… StartTime=now+2` 省掉这段等待。不用 `now`，是因为每个节点的 slurmd
-# 会拒绝与上一次运行的凭证被吊销处在同一秒内创建的凭证（`src/slurmd/slurmd/cred_context.c`
-# 中的 `ctime <= revoked`，以整秒计），作业偶尔会以“Job credential revoked”失败。
+# 会拒绝与上一次运行的凭证被吊销处在同一秒内创建的凭证（`_credential_revoked` 中的
+# `ctime <= revoked`，以整秒计；Slurm 22.05 在 `src/common/slurm_cred.c`，之后的版本在
+# `src/slurmd/slurmd/cred_context.c`），作业偶尔会以“Job credential revoked”失败。
 # 它现在开始运行，大约需要两分钟。
 
 # %% tags=["lesson"]
