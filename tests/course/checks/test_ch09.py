@@ -116,6 +116,23 @@ def safe_returns_copy(tensor: torch.Tensor) -> torch.Tensor:
     return copy  # the tensor itself is unchanged: not in place
 
 
+def accuracy_numpy(correct: int, total: int):
+    import numpy as np
+
+    return np.float32(accuracy_ok(correct, total))  # a NumPy scalar is a number (review 10)
+
+
+class MismatchError(ValueError):
+    """A learner's own error type: a ValueError all the same."""
+
+
+def safe_own_error(tensor: torch.Tensor) -> None:
+    try:
+        safe_ok(tensor)
+    except ValueError as exc:
+        raise MismatchError(str(exc)) from None
+
+
 def _grade(grade_id: str, fn, seed: str, monkeypatch: pytest.MonkeyPatch) -> bool:
     monkeypatch.setenv("DDP_LAB_GRADE_SEED", seed)
     try:
@@ -130,6 +147,11 @@ def _grade(grade_id: str, fn, seed: str, monkeypatch: pytest.MonkeyPatch) -> boo
 def test_reference_solutions_pass(seed: str, monkeypatch: pytest.MonkeyPatch) -> None:
     assert _grade("09.global_accuracy", accuracy_ok, seed, monkeypatch)
     assert _grade("09.safe_all_reduce", safe_ok, seed, monkeypatch)
+
+
+def test_right_answers_in_other_forms_pass(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert _grade("09.global_accuracy", accuracy_numpy, "1", monkeypatch)
+    assert _grade("09.safe_all_reduce", safe_own_error, "1", monkeypatch)
 
 
 @pytest.mark.parametrize(

@@ -15,6 +15,7 @@ data. The oracle runs in the checker: the global accuracy from the counts, and
 
 from __future__ import annotations
 
+import numbers
 import random
 from collections.abc import Iterator
 from typing import Any
@@ -86,7 +87,12 @@ def _as_number(value: object) -> Any:
         return None
     if isinstance(value, torch.Tensor):
         return value.detach()
-    if isinstance(value, int | float) and not isinstance(value, bool):
+    if (
+        isinstance(value, numbers.Real)
+        and not isinstance(value, bool)
+        and type(value).__name__ != "bool_"
+    ):
+        # a NumPy scalar too (``np.float32``: a ``numbers.Real``), as a 1-element tensor is
         return float(value)
     return {"kind": type(value).__name__}
 
@@ -225,7 +231,9 @@ def probe_safe(rank: int, objects: tuple, mine: torch.Tensor) -> dict:
     except NotImplementedError:
         raise
     except Exception as exc:  # noqa: BLE001  # what the learner raised is the result
-        outcome = {"what": "raised", "error": type(exc).__name__}
+        # a subclass of ValueError is a ValueError (``class MismatchError(ValueError)``)
+        name = "ValueError" if isinstance(exc, ValueError) else type(exc).__name__
+        outcome = {"what": "raised", "error": name}
     dist.barrier(group=group)  # see probe_accuracy
     return outcome
 
