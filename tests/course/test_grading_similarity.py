@@ -120,3 +120,19 @@ def test_concept_answers_are_not_pairs(tmp_path: Path) -> None:
     assert "Concept checks are not compared" in text, text
     zh = similarity.write_report(release, subs, tmp_path, "zh").read_text(encoding="utf-8")
     assert "概念题不参与比较" in zh, zh
+
+
+def test_two_long_names_alike_at_the_start_stay_two_learners(tmp_path: Path) -> None:
+    # Review 10: the report keyed learners by their name cut to report.MAX_NAME characters,
+    # so two whose names agree that far became one (the later one's notebook kept).
+    from ddp_lab.course.grading import grade_class, report
+
+    release = read(RELEASE)
+    stem = "x" * report.MAX_NAME
+    read_ = {
+        f"{stem}-ann": with_cell_after_setup(solved(release), OWN),
+        f"{stem}-bob": with_cell_after_setup(solved(release), OWN),
+    }
+    grade_class._similarity(release, read_, tmp_path, "en")
+    text = (tmp_path / "similarity.md").read_text(encoding="utf-8")
+    assert "100%" in text, text  # a pair: the two learners were both compared
