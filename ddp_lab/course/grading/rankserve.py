@@ -30,7 +30,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from ddp_lab.course.grading import wire
+from ddp_lab.course.grading import freeze, wire
 
 REQUEST_LIMIT = wire.MAX_BYTES + 4096  # one request line, read by the rank
 _REFUSING: set = set()  # the refusals this rank entered, never left (``_serve``)
@@ -114,10 +114,18 @@ def _probe_of(table: tuple, name: str) -> Callable:
 
 
 def _serve(
-    request: dict, send: Callable[[dict], None], reader: wire.LineReader, table: tuple
-) -> dict:
-    """Run the probe on this rank's input; the reply (data or the error). With ``steps``,
-    in lockstep with the grader (``send`` a step, wait for its ``go`` on ``reader``)."""
+    request: dict,
+    send: Callable[[dict], None],
+    reader: wire.LineReader,
+    table: tuple,
+    frozen: tuple = (),
+    changed: Callable = freeze.changed,
+) -> tuple[dict, tuple]:
+    """Run the probe on this rank's input; the reply (data or the error), and ``frozen``: the
+    snapshot of the rank's modules (``course.grading.freeze``), taken at the seal and kept by
+    ``main`` (a local of its frame, out of the learner's reach). With ``steps``, in lockstep
+    with the grader (``send`` a step, wait for its ``go`` on ``reader``). ``changed`` is bound
+    here, as a default the seal keeps: a module attribute could be replaced."""
     import datetime
     import pickle
 
@@ -125,6 +133,7 @@ def _serve(
 
     from ddp_lab import i18n
     from ddp_lab.course.grading import guard
+    from ddp_lab.course.grading.learner import _refusing_init as refusing_init
     from ddp_lab.course.grading.learner import error_of, refuse_for_life_of, stub_codes
 
     rank, world_size = int(request["rank"]), int(request["world_size"])
@@ -150,7 +159,10 @@ def _serve(
             timeout=datetime.timedelta(seconds=float(request.get("timeout", 60)) + 30),
         )
     except Exception as exc:  # noqa: BLE001  # the grader's set-up, not the learner's code
-        return {"error": {"type": type(exc).__name__, "message": str(exc)[:500]}, "setup": True}
+        return {
+            "error": {"type": type(exc).__name__, "message": str(exc)[:500]},
+            "setup": True,
+        }, frozen
     try:
         allowed = getattr(probe, "collectives_allowed", None)
         if allowed is not None:  # a hand-written-collective exercise: lock the others first
@@ -172,9 +184,15 @@ def _serve(
         # resolved included) gets another code or other defaults: the blob's unpickling
         # runs the learner's code in this process (review 9: a ``__reduce__`` swapped the
         # probe's ``__code__`` for one that reported an untouched input).
+        if not frozen:  # the first case: what the modules hold now, before any learner code
+            frozen = freeze.take()
         guard.seal(stubs=stub_codes())
     except Exception as exc:  # noqa: BLE001  # the grader's set-up, not the learner's code
-        return {"error": {"type": type(exc).__name__, "message": str(exc)[:500]}, "setup": True}
+        return {
+            "error": {"type": type(exc).__name__, "message": str(exc)[:500]},
+            "setup": True,
+        }, frozen
+    stubs = (refusing_init,)  # what the grader's own refusal sets in a sealed rank
     steps = request.get("steps") is True and isinstance(data, list)
     if steps:
         send({"joined": "null"})
@@ -183,16 +201,34 @@ def _serve(
         # The learner's code first runs here (a hidden module's import fails here).
         objects = pickle.loads(Path("blob.pkl").read_bytes())  # noqa: S301  # in the sandbox
         if not steps:
-            return {"ok": wire.dumps(probe(rank, objects, data))}
+            result = probe(rank, objects, data)
+            moved = changed(frozen, stubs)
+            return (_replaced(moved), frozen) if moved else ({"ok": wire.dumps(result)}, frozen)
         out = []
         for k, item in enumerate(data):  # one call of the learner's code per step
             out.extend(probe(rank, objects, [item]))
+            moved = changed(frozen, stubs)
+            if moved:
+                return _replaced(moved), frozen
             send({"done": wire.dumps(k)})
             _wait_go(reader)
-        return {"ok": wire.dumps(out)}
+        return {"ok": wire.dumps(out)}, frozen
     except Exception as exc:  # noqa: BLE001  # the learner's code raised
         err = error_of(exc)
-        return {"error": {"type": err.type_name, "message": err.message[:500]}}
+        return {"error": {"type": err.type_name, "message": err.message[:500]}}, frozen
+
+
+def _replaced(names: list[str]) -> dict:
+    """The reply of a rank whose modules no longer hold what they held at the seal: the
+    learner's error, and the rank ends after sending it (``main``)."""
+    from ddp_lab.i18n import _t
+
+    message = _t(
+        "your code replaced {names} in the grading process; a graded rank's modules must "
+        "stay as they were.",
+        names=", ".join(names),
+    )
+    return {"error": {"type": "Refused", "message": message[:500]}, "replaced": True}
 
 
 def _wait_go(reader: wire.LineReader) -> None:
@@ -227,11 +263,17 @@ def main() -> int:
     keep_process_groups()  # gloo groups are dropped without destructors (see _rank)
     table = probe_table()  # before "ready", before any blob: the grader's time
 
-    def send(reply: dict) -> None:
-        data = memoryview(json.dumps(reply).encode() + b"\n")
+    # What the loop calls is bound here, before any learner code: their modules' attributes
+    # could be replaced later (``course.grading.freeze``), the defaults of a function defined
+    # in the package cannot (``guard.seal``).
+    def send(
+        reply: dict, out: int = proto_out, dumps: Callable = json.dumps, write: Callable = os.write
+    ) -> None:
+        data = memoryview(dumps(reply).encode() + b"\n")
         while data:
-            data = data[os.write(proto_out, data) :]
+            data = data[write(out, data) :]
 
+    serve, parse, leave, frozen = _serve, json.loads, os._exit, ()
     send({"ready": "null"})
     # Serve requests until the verdict kills us (rank 0 hosts the store of each case).
     while True:
@@ -241,8 +283,11 @@ def main() -> int:
             break
         if line is None:
             break
-        send(_serve(json.loads(line), send, reader, table))
-    os._exit(0)
+        reply, frozen = serve(parse(line), send, reader, table, frozen)
+        send(reply)
+        if "replaced" in reply:  # the learner's code changed the rank's modules: serve no more
+            break
+    leave(0)
 
 
 if __name__ == "__main__":

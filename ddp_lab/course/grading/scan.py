@@ -100,7 +100,21 @@ INTROSPECTION = {
     *RAW_STATE,
 }
 INSPECT_FRAMES = {"currentframe", "stack", "getouterframes", "getinnerframes", "trace"}
-MODULES = {"ctypes", "gc", "inspect", "ddp_lab.course"}  # imports flagged as such
+# imports flagged as such; ``copyreg`` registers what unpickling calls (below)
+MODULES = {"ctypes", "gc", "inspect", "ddp_lab.course", "copyreg"}
+# The grader's own modules reached as attributes (``dl.course.grading.checks.ch05``): the rank
+# holds them, and a learner who replaced one of their globals had a blocking ring pass 05.ring
+# (review 10). No exercise needs them.
+GRADER_ATTRS = {"course", "grading"}
+# What runs the learner's code while a rank unpickles their objects, before the probe: review
+# 10 replaced a grader's global from a ``__reduce__`` (and review 9 a probe's code).
+PICKLE_HOOKS = {"__reduce__", "__reduce_ex__", "__setstate__"}
+# Names an exercise notebook binds to ddp_lab's and torch's modules (its first cell's imports)
+# and the packages themselves: an assignment to one of their attributes changes what the
+# grader's rank finds there (``ddp_lab.comm_debug.watch_c10d = ...``: review 10). Settings
+# under ``torch.backends`` (``cudnn.allow_tf32``, a lesson's cell) are not flagged.
+PACKAGE_ROOTS = ("ddp_lab", "torch")
+PACKAGE_NAMES = {"ddp_lab", "dl", "torch", "dist", "nn", "F", "optim", "mp"}
 STRINGS = (
     "/proc/self",
     "/proc/",
@@ -206,7 +220,11 @@ def findings(source: str, depth: int = 0) -> list[str]:
     found: list[str] = []
     answer_modules = set(ANSWERS)
     locates = reads = False
+    packages = PACKAGE_NAMES | _package_aliases(tree)
     for node in ast.walk(tree):
+        found += _assignment_findings(node, packages)
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.name in PICKLE_HOOKS:
+            found.append(f"`{node.name}`")
         if isinstance(node, ast.Import):
             for alias in node.names:
                 found += _module_findings(alias.name, answer_modules)
@@ -216,6 +234,8 @@ def findings(source: str, depth: int = 0) -> list[str]:
                 if (node.module, alias.name) in _FROM_FLAGGED:
                     found.append(f"`{node.module}.{alias.name}`")
                 full = f"{node.module}.{alias.name}"
+                if any(full == m or full.startswith(f"{m}.") for m in MODULES):
+                    found.append(f"`import {full}`")  # ``from ddp_lab import course``
                 if full in answer_modules or (
                     node.module in answer_modules and alias.name in ANSWERS[node.module]
                 ):
@@ -240,6 +260,8 @@ def findings(source: str, depth: int = 0) -> list[str]:
                 found.append(f"`{owner}.{node.attr}`")
             elif node.attr in ANSWER_NAMES or node.attr in SHELL_HOOKS:
                 found.append(f"`.{node.attr}`")
+            elif node.attr in GRADER_ATTRS or node.attr in PICKLE_HOOKS:
+                found.append(f"`.{node.attr}`")
             elif node.attr in INTROSPECTION or (
                 node.attr in INSPECT_FRAMES
                 and isinstance(node.value, ast.Name)
@@ -257,6 +279,8 @@ def findings(source: str, depth: int = 0) -> list[str]:
             if (
                 text in ANSWER_NAMES
                 or text in SHELL_HOOKS
+                or text in PICKLE_HOOKS
+                or text in GRADER_ATTRS
                 or any(m in text for m in answer_modules)
             ):
                 found.append(f"`{text[:60]!r}`")
@@ -265,6 +289,58 @@ def findings(source: str, depth: int = 0) -> list[str]:
     if reads and locates:
         found.append("`open(<a module's file>)`")
     return list(dict.fromkeys(found))
+
+
+def _package_aliases(tree: ast.AST) -> set[str]:
+    """The names ``tree``'s imports bind to ddp_lab's or torch's modules and objects."""
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.split(".")[0] in PACKAGE_ROOTS:
+                    names.add(alias.asname or alias.name.split(".")[0])
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            if node.module.split(".")[0] in PACKAGE_ROOTS:
+                names.update(alias.asname or alias.name for alias in node.names)
+    return names
+
+
+def _root(node: ast.AST) -> tuple[str, str]:
+    """The name an attribute chain starts from, and the chain (``a.b.c``)."""
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if not isinstance(node, ast.Name):
+        return "", ""
+    return node.id, ".".join([node.id, *reversed(parts)])
+
+
+def _assignment_findings(node: ast.AST, packages: set[str]) -> list[str]:
+    """An attribute of ddp_lab's or torch's set or deleted (``dist.all_reduce = f``,
+    ``setattr(torch.Tensor, "detach", f)``), or a module's namespace written
+    (``vars(m)[k] = v``, ``m.__dict__[k] = v``)."""
+    if isinstance(node, ast.Assign | ast.Delete):
+        targets = node.targets
+    elif isinstance(node, ast.AugAssign | ast.AnnAssign):
+        targets = [node.target]
+    elif isinstance(node, ast.Call) and _called_name(node) in ("setattr", "delattr") and node.args:
+        targets = [ast.Attribute(value=node.args[0], attr=f"<{_called_name(node)}>")]
+    else:
+        return []
+    found = []
+    for target in targets:
+        for item in target.elts if isinstance(target, ast.Tuple | ast.List) else [target]:
+            if isinstance(item, ast.Subscript) and (
+                (isinstance(item.value, ast.Attribute) and item.value.attr == "__dict__")
+                or (isinstance(item.value, ast.Call) and _called_name(item.value) == "vars")
+            ):
+                found.append("`__dict__[...] =`")
+            elif isinstance(item, ast.Attribute):
+                name, chain = _root(item)
+                if name in packages and not chain.startswith("torch.backends."):
+                    found.append(f"`{chain} =`")
+    return found
 
 
 def _called_name(node: ast.Call) -> str:
