@@ -261,15 +261,17 @@ dl.grade("00.average", average_across_ranks)
 # %% [markdown] lang="en"
 # ## What next
 #
-# Save the notebook, then check your work with `ddp-lab check work/en/00_quickstart.ipynb`
-# in a terminal (the path of your copy; the check reads the file on disk).
+# This chapter's exercise: `ddp-lab exercise 00` in a terminal copies it to
+# `work/en/00_quickstart.ipynb`. Do it there, save it, then check it with
+# `ddp-lab check work/en/00_quickstart.ipynb` (the check reads the file on disk).
 # Then start with chapter 01, the GPU software stack.
 
 # %% [markdown] lang="zh"
 # ## 接下来
 #
-# 先保存 notebook，再在终端里运行 `ddp-lab check work/zh/00_quickstart.ipynb` 检查你的练习
-# （这是你的副本的路径；检查读取的是磁盘上的文件）。
+# 本章的练习：在终端里运行 `ddp-lab exercise 00 --lang zh`，把它复制到
+# `work/zh/00_quickstart.ipynb`。在副本里作答并保存，再运行
+# `ddp-lab check work/zh/00_quickstart.ipynb` 检查（检查读取的是磁盘上的文件）。
 # 然后从第 01 章（GPU 软件栈）开始学习。
 
 

@@ -654,8 +654,9 @@ else:
 # (`include_paths` in `torch/utils/cpp_extension.py`), so set
 # `CUDA_INC_PATH=$CONDA_PREFIX/targets/x86_64-linux/include`; `ddp-lab doctor` says so when it
 # sees that layout (seeing it needs a conda toolkit; not run here).
-# A trap this very machine shows: a wrapper script `/usr/local/bin/nvcc` makes the guess
-# `/usr/local`, which has no CUDA headers.
+# A trap the course's reference machine showed: a wrapper script `/usr/local/bin/nvcc` made
+# the guess `/usr/local`, which has no CUDA headers. The cell shows what *your* machine gives
+# (without `nvcc` on `PATH`: `/usr/local/cuda` where that exists, else `None`).
 
 # %% [markdown] lang="zh"
 # ## PyTorch 编译扩展时去哪里找 CUDA
@@ -668,8 +669,9 @@ else:
 # `include_paths`），所以要设置 `CUDA_INC_PATH=$CONDA_PREFIX/targets/x86_64-linux/include`；
 # `ddp-lab doctor` 看到这种布局时会给出这条建议（要看到这种布局需要 conda 安装的工具包，
 # 这里没有运行）。
-# 本机就能演示一个陷阱：包装脚本 `/usr/local/bin/nvcc` 会让 torch 猜成 `/usr/local`，
-# 而那里没有 CUDA 头文件。
+# 课程的参考机器上出现过一个陷阱：包装脚本 `/usr/local/bin/nvcc` 让 torch 猜成
+# `/usr/local`，而那里没有 CUDA 头文件。下面的单元显示*你的*机器会得到什么（`PATH` 上没有
+# `nvcc` 时：`/usr/local/cuda` 存在就用它，否则是 `None`）。
 
 # %%
 from ddp_lab.tools.doctor import find_cuda_home

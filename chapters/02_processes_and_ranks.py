@@ -95,21 +95,24 @@ dl.spawn(ddp_modes, nprocs=1, backend="gloo");
 # ## Threads vs processes, measured
 #
 # Two equal jobs, run one after the other, in two threads, and in two processes
-# (`dl.spawn`). Pure-Python work holds the GIL, so threads take turns; torch operations
+# (`dl.spawn`; `ranks.timed_in_processes` starts the clock in the ranks once both are up,
+# so starting them, about a second, is not counted). Pure-Python work holds the GIL, so threads take turns; torch operations
 # release the GIL while they compute, so threads do run in parallel there. Each job limits
 # torch to one thread so that only *our* parallelism is measured.
 
 # %% [markdown] lang="zh"
 # ## 线程与进程：实际测量
 #
-# 两个相同的任务，分别顺序执行、用两个线程执行、用两个进程（`dl.spawn`）执行。纯 Python
+# 两个相同的任务，分别顺序执行、用两个线程执行、用两个进程（`dl.spawn`）执行。
+# `ranks.timed_in_processes` 在两个 rank 都启动之后才在 rank 内部开始计时，所以启动进程的
+# 时间（约一秒）不计在内。纯 Python
 # 计算会一直持有 GIL，所以线程只能轮流运行；torch 运算在计算时会释放 GIL，所以线程在这里
 # 真的可以并行。每个任务都把 torch 限制为单线程，这样测到的只是*我们自己*的并行。
 
 # %%
 def python_job(_=None):
     total = 0
-    for i in range(600_000):
+    for i in range(2_400_000):
         total += i * i % 7
     return total
 
@@ -117,7 +120,7 @@ def python_job(_=None):
 def torch_job(_=None):
     torch.set_num_threads(1)
     a = torch.randn(384, 384)
-    for _ in range(25):
+    for _ in range(100):
         a = torch.tanh(a @ a / 384)
     return float(a.sum())
 
@@ -137,15 +140,14 @@ def in_threads(job):
 
 
 threads_before = torch.get_num_threads()
-dl.spawn(lambda rank: None, nprocs=2)  # warm up the launcher so its start-up is not counted
-spawn_overhead = timed(lambda: dl.spawn(lambda rank: None, nprocs=2))
 results = {}
 for name, job in [("pure Python", python_job), ("torch ops", torch_job)]:
     torch.set_num_threads(1)
     results[name] = {
         "sequential": timed(lambda: [job(), job()]),
         "2 threads": timed(lambda: in_threads(job)),
-        "2 processes": timed(lambda: dl.spawn(lambda rank: job(), nprocs=2)) - spawn_overhead,
+        # timed inside the 2 ranks, between barriers: their start-up is not counted
+        "2 processes": ranks.timed_in_processes(job, nprocs=2),
     }
 torch.set_num_threads(threads_before)
 for name, r in results.items():

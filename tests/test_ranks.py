@@ -78,3 +78,30 @@ def test_assign_more_processes_than_visible_gpus() -> None:
 def test_assign_rejects_bad_input(kwargs: dict) -> None:
     with pytest.raises(ValueError):
         ranks.assign(**kwargs)
+
+
+def _sleep_on_rank_1() -> None:
+    import os
+    import time
+
+    time.sleep(0.4 if os.environ["RANK"] == "1" else 0.0)
+
+
+def _sleep() -> None:
+    import time
+
+    time.sleep(0.3)
+
+
+def test_timed_in_processes_counts_the_job_not_the_start_of_the_ranks() -> None:
+    """Chapter 02's "2 processes" time: a 0.3 s job on both ranks is 0.3 s, although a launch
+    takes about a second (the start is not in it, and is not subtracted either)."""
+    import time
+
+    start = time.perf_counter()
+    seconds = ranks.timed_in_processes(_sleep, nprocs=2)
+    launch = time.perf_counter() - start
+    assert 0.3 <= seconds < 0.3 + 0.25, seconds
+    assert launch > seconds + 0.2  # the ranks' start-up really happened outside the clock
+    # the slower rank decides
+    assert ranks.timed_in_processes(_sleep_on_rank_1, nprocs=2) >= 0.4

@@ -47,7 +47,27 @@ def traced_step(
 
     With ``loss_fn=None`` the model computes its loss inside ``forward`` (``model(x, y)``
     returns one loss per device) and the step's loss is their mean.
+
+    The step runs with one intra-op thread: the simulated devices share the CPU's cores, and
+    with torch's default (one thread per core) every replica thread opens a pool of its own.
+    On 2 busy cores those pools, spinning after the forward, made the backward of chapter
+    03's small CNN take from 2 ms to 3 s (a GPU replica uses no host thread pool either).
     """
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return _traced_step(model, x, y, loss_fn, output_device)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _traced_step(
+    model: nn.Module,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None,
+    output_device: int,
+) -> Trace:
     with trace() as t:
         out = model(x) if loss_fn is not None else model(x, y)
         # the loss runs on the output device only, over the whole batch

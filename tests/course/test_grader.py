@@ -484,3 +484,25 @@ def test_ctrl_c_stops_every_grading_run(tmp_path: Path, sig: int) -> None:
     assert not (tmp_path / "out" / "gradebook.csv").exists()
     # the verdicts were killed before their own cleanup: their sandbox folders went all the same
     assert {*temp.glob("ddp-lab-sandbox-*"), *temp.glob("ddp-lab-verdict-*")} == folders
+
+
+def test_check_of_a_missing_copy_or_a_lesson_names_the_command_that_makes_the_copy(
+    tmp_path: Path, capsys, monkeypatch
+) -> None:
+    """The lessons end with "check your work with `ddp-lab check work/en/00_...`"; a learner
+    who has not run `ddp-lab exercise 00`, or who checks the lesson, is told how to get the
+    copy (in the edition's language and with its --lang), not only "No such file"."""
+    monkeypatch.setenv("DDP_LAB_LANG", "en")
+    set_language("en")
+    missing = tmp_path / "work" / "en" / "00_quickstart.ipynb"
+    assert cli.main(["check", str(missing)]) == 2
+    err = capsys.readouterr().err
+    assert "No such file" in err and "`ddp-lab exercise 00`" in err
+    assert "work/en/00_quickstart.ipynb" in err
+    lesson = ROOT / "notebooks" / "zh" / "03_data_parallel.ipynb"
+    assert cli.main(["check", str(lesson)]) == 1
+    err = capsys.readouterr().err
+    assert "没有评分单元" in err and "`ddp-lab exercise 03 --lang zh`" in err
+    assert "work/zh/03_data_parallel.ipynb" in err
+    assert cli.main(["check", str(tmp_path / "mine.ipynb")]) == 2  # not a course name: no hint
+    assert "ddp-lab exercise" not in capsys.readouterr().err

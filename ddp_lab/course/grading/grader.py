@@ -176,12 +176,35 @@ def saved_note(path: Path, saved: float, lang: str, now: float | None = None) ->
     )
 
 
+def _copy_hint(path: Path, lang: str) -> str:
+    """How to get the exercise to check, for a path named like one (``NN_name.ipynb``).
+
+    The lessons say "check your work with ``ddp-lab check work/en/00_...``": a learner who
+    has not copied the exercise yet, or who checks the lesson itself, needs the command
+    that makes the copy, not only "no such file".
+    """
+    chapter = path.name[:2]
+    if not (chapter.isdigit() and path.name[2:3] == "_"):
+        return ""
+    edition = "zh" if "zh" in path.parts else "en"
+    command = f"ddp-lab exercise {chapter}" + (" --lang zh" if edition == "zh" else "")
+    return "\n" + _t(
+        "The exercise of chapter {chapter} is checked on your copy: `{command}` makes "
+        "work/{edition}/{name}; work there, save it, then check that file.",
+        lang,
+        chapter=chapter,
+        command=command,
+        edition=edition,
+        name=path.name,
+    )
+
+
 def check_main(args: argparse.Namespace) -> int:
     """``ddp-lab check NOTEBOOK``: run it, print each exercise's status; 0 only if all passed."""
     path = Path(args.notebook)
     problem = _positive(args, "cell_timeout", "timeout")
     if problem is None and not path.is_file():
-        problem = _t("No such file: {path}", _cli_lang(), path=path)
+        problem = _t("No such file: {path}", _cli_lang(), path=path) + _copy_hint(path, _cli_lang())
     if problem:
         print(problem, file=sys.stderr)
         return 2
@@ -207,7 +230,8 @@ def check_main(args: argparse.Namespace) -> int:
                 "{path} has no graded cells: is it an exercise notebook?",
                 language_of(nb),
                 path=path,
-            ),
+            )
+            + _copy_hint(path, language_of(nb)),
             file=sys.stderr,
         )
         return 1

@@ -289,3 +289,17 @@ def test_package_gather_passes() -> None:
     from ddp_lab.parallel import Gather as PackageGather
 
     assert _grade("03.gather", PackageGather)
+
+
+def test_balanced_failure_names_the_call_that_shows_it() -> None:
+    """ "expected [2, 3, 3, 3, 3, 2], got [3, 3, 3, 3, 3, 1]" alone left the learner guessing
+    the arguments; the line names the call, and running it reproduces the mismatch."""
+    import re
+
+    passed, line = _verdict("03.balanced_chunks", notes_rule)
+    assert not passed
+    call = re.search(r"balanced_chunk_sizes\((\d+), (\d+), (\d+)\): expected (\[[\d, ]*\])", line)
+    assert call, line
+    args = tuple(int(a) for a in call.groups()[:3])
+    assert call.group(4) == str(balanced_chunk_sizes(*args))
+    assert notes_rule(*args) != balanced_chunk_sizes(*args)

@@ -150,7 +150,15 @@ def check_balanced_chunks(rng: random.Random, learner: Any) -> Iterator[Any]:
             )
         if sizes != expected:
             raise fail(
-                _t("expected {expected}, got {got}", expected=_short(expected), got=_short(got)),
+                # the call itself, so that the learner can run it in the notebook
+                _t(
+                    "balanced_chunk_sizes({batch}, {n}, {gpu0}): expected {expected}, got {got}",
+                    batch=batch,
+                    n=n,
+                    gpu0=gpu0,
+                    expected=_short(expected),
+                    got=_short(got),
+                ),
                 case,
             )
         yield case
