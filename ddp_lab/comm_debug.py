@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.utils._python_dispatch import TorchDispatchMode as _DispatchMode
 
 COUNTED = ("all_reduce", "all_gather", "all_gather_single", "reduce_scatter_single", "broadcast")
 
@@ -125,33 +126,70 @@ FUNCTIONAL_NAMES = {
 FUNCTIONAL_NAMESPACES = ("_c10d_functional", "_c10d_functional_autograd")
 # Operators whose first argument is what this rank hands over (or, for recv, takes in); the
 # others take (outputs, inputs).
-_FIRST_IS_PAYLOAD = {
-    "allreduce_",
-    "allreduce_coalesced_",
-    "broadcast_",
-    "reduce_",
-    "send",
-    "recv_",
-    "recv_any_source_",
-}
+_FIRST_IS_PAYLOAD = frozenset(
+    {
+        "allreduce_",
+        "allreduce_coalesced_",
+        "broadcast_",
+        "reduce_",
+        "send",
+        "recv_",
+        "recv_any_source_",
+    }
+)
+# What ``watch_c10d`` decides with, bound as its default arguments when this module loads (see
+# there): immutable copies, which a learner's code in a graded rank cannot edit in place.
+_C10D_PAIRS = tuple(C10D_NAMES.items())
+_FUNCTIONAL_PAIRS = tuple(FUNCTIONAL_NAMES.items())
 
 
-def tensors_of(value: object) -> list[torch.Tensor]:
-    """The tensors in ``value``: a tensor, or lists of them (as c10d operators take them)."""
-    if isinstance(value, torch.Tensor):
-        return [value]
-    if isinstance(value, (list, tuple)):
-        return [t for v in value for t in tensors_of(v)]
-    return []
+def tensors_of(
+    value: object,
+    _tensor: type = torch.Tensor,
+    _seqs: tuple = (list, tuple),
+    _isinstance=isinstance,
+) -> list[torch.Tensor]:
+    """The tensors in ``value``: a tensor, or lists of them (as c10d operators take them).
+
+    The trailing parameters are not for callers: what this reads, bound when the module loads
+    (a graded rank's probes count with it; see ``watch_c10d``). No recursion by name, for the
+    same reason."""
+    found: list[torch.Tensor] = []
+    todo = [value]
+    while todo:
+        v = todo.pop(0)
+        if _isinstance(v, _tensor):
+            found.append(v)
+        elif _isinstance(v, _seqs):
+            todo[0:0] = v
+    return found
 
 
+# A graded rank runs the learner's code and then the grader's probe in one process, and
+# ``course.grading.guard.seal`` freezes the code and the defaults of every ddp_lab function
+# there, not the module attributes. So what ``watch_c10d`` reads while it watches (names,
+# constants, builtins) is bound here as default arguments: positional ones, whose tuple is
+# immutable (a keyword-only default lives in a dict that can be edited in place), made of
+# immutable values. A learner who rebinds ``comm_debug.C10D_NAMES`` or ``comm_debug.sum``
+# reaches nothing that is already watching, or that a probe bound.
 @contextmanager
 def watch_c10d(
     on_call: Callable[[str, tuple], None] | None = None,
+    _c10d_names: tuple = _C10D_PAIRS,
+    _functional_names: tuple = _FUNCTIONAL_PAIRS,
+    _functional_namespaces: tuple = FUNCTIONAL_NAMESPACES,
+    _first_is_payload: frozenset = _FIRST_IS_PAYLOAD,
+    _tensors_of: Callable = tensors_of,
+    _log_type: type = CollectiveLog,
+    _tensor: type = torch.Tensor,
+    _uint8: torch.dtype = torch.uint8,
+    _mode: type = _DispatchMode,
+    _builtins: tuple = (len, sum, zip, isinstance),
 ) -> Iterator[CollectiveLog]:
     """Log every ``c10d::`` operator this process runs in the block, by the name a learner
     writes (``C10D_NAMES``), with its payload's dtype and bytes; ``on_call(name, args)``
-    (the operator's arguments) is called before each one runs.
+    (the operator's arguments) is called before each one runs. (The other parameters are not
+    for callers: what it reads, bound when the module loads; see the comment above.)
 
     ``count_collectives`` sees the ``torch.distributed`` functions it replaced; a function
     imported by name before (``from torch.distributed import all_reduce``), a process
@@ -165,36 +203,41 @@ def watch_c10d(
     a comm hook run by DDP's reducer during backward is seen. The functional collectives
     (``FUNCTIONAL_NAMES``) are logged by the same names.
     """
-    from torch.utils._python_dispatch import TorchDispatchMode
+    len_, sum_, zip_, isinstance_ = _builtins
+    log = _log_type()
 
-    log = CollectiveLog()
+    def named(pairs: tuple, op: str) -> str | None:
+        for key, name in pairs:
+            if key == op:
+                return name
+        return None
 
-    class Watch(TorchDispatchMode):
+    class Watch(_mode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
-            op, name, given = func._opname, None, ()
-            if func.namespace == "c10d":
-                name = C10D_NAMES.get(op, op)
-                given = args[0] if op in _FIRST_IS_PAYLOAD else args[1] if len(args) > 1 else ()
+            op, namespace, name, given = func._opname, func.namespace, None, ()
+            if namespace == "c10d":
+                name = named(_c10d_names, op) or op
+                given = args[0] if op in _first_is_payload else args[1] if len_(args) > 1 else ()
                 given = given if "barrier" not in op else ()
-            elif func.namespace in FUNCTIONAL_NAMESPACES and op in FUNCTIONAL_NAMES:
-                name = FUNCTIONAL_NAMES[op]
+            elif namespace in _functional_namespaces and named(_functional_names, op):
+                name = named(_functional_names, op)
                 given = args[0] if args and name != "wait" else ()
-            elif func.namespace in FUNCTIONAL_NAMESPACES and op == "batch_p2p_ops":
+            elif namespace in _functional_namespaces and op == "batch_p2p_ops":
                 if on_call is not None:
                     on_call(op, args)
                 kinds = args[0] if args else []
-                tensors = args[3] if len(args) > 3 else []
-                for kind, t in zip(kinds, tensors, strict=False):
-                    if isinstance(t, torch.Tensor):
+                tensors = args[3] if len_(args) > 3 else []
+                for kind, t in zip_(kinds, tensors, strict=False):
+                    if isinstance_(t, _tensor):
                         entry = "send" if kind == "isend" else "recv"
                         log.calls.append((entry, t.dtype, t.numel() * t.element_size()))
             if name is not None:
                 if on_call is not None:
                     on_call(name, args)
                 if name != "wait":
-                    tensors = tensors_of(given)
-                    dtype = tensors[0].dtype if tensors else torch.uint8
-                    size = sum(t.numel() * t.element_size() for t in tensors)
+                    tensors = _tensors_of(given)
+                    dtype = tensors[0].dtype if tensors else _uint8
+                    size = sum_(t.numel() * t.element_size() for t in tensors)
                     log.calls.append((name, dtype, size))
             return func(*args, **(kwargs or {}))
 

@@ -36,38 +36,56 @@ DTYPES |= {"int32": torch.int32, "float16": torch.float16}
 CASE_TIMEOUT_S = 30.0
 
 
+# The probes run in the learner's process after their code, and ``guard.seal`` freezes the
+# code and defaults of ddp_lab's functions there, not the module attributes: what a probe and
+# its helpers read at run time is bound as (positional, immutable) default arguments when this
+# module loads, so rebinding ``ch04.guarded`` or ``ch04.setattr`` reaches none of them.
 @contextlib.contextmanager
-def forbid(names: list[str], called: list[str]) -> Iterator[None]:
+def forbid(
+    names: tuple[str, ...],
+    called: list[str],
+    _modules: tuple = (dist, c10d),
+    _refuse: Callable = refuse,
+    _forbidden: type = Forbidden,
+    _builtins: tuple = (getattr, hasattr, setattr, isinstance, FunctionType),
+) -> Iterator[None]:
     """Make ``dist.<name>`` raise ``Forbidden`` for a while, recording each name in ``called``.
 
     The module attributes (``dist`` and ``c10d``) become recording stubs; the original
     function objects refuse too (``learner.refuse``), so an alias the learner made of one
     (``from torch.distributed import all_reduce``) raises ``Refused``.
     """
-    originals = {n: getattr(dist, n) for n in names if hasattr(dist, n)}
-    saved = {n: (getattr(dist, n), getattr(c10d, n, None)) for n in originals}
+    (dist_, c10d_), (getattr_, hasattr_, setattr_, isinstance_, function) = _modules, _builtins
+    originals = {n: getattr_(dist_, n) for n in names if hasattr_(dist_, n)}
+    saved = {n: (getattr_(dist_, n), getattr_(c10d_, n, None)) for n in originals}
 
     def make(name: str) -> Callable:
         def blocked(*args: object, **kwargs: object) -> None:
             called.append(name)
-            raise Forbidden(name)
+            raise _forbidden(name)
 
         return blocked
 
     try:
         for n in originals:
-            setattr(dist, n, make(n))
-            setattr(c10d, n, getattr(dist, n))
-        functions = {f"dist.{n}": f for n, f in originals.items() if isinstance(f, FunctionType)}
-        with refuse(functions):
+            setattr_(dist_, n, make(n))
+            setattr_(c10d_, n, getattr_(dist_, n))
+        functions = {f"dist.{n}": f for n, f in originals.items() if isinstance_(f, function)}
+        with _refuse(functions):
             yield
     finally:
         for n, (a, b) in saved.items():
-            setattr(dist, n, a)
-            setattr(c10d, n, b)
+            setattr_(dist_, n, a)
+            setattr_(c10d_, n, b)
 
 
-def guarded(fn: Callable, args: tuple, banned: list[str]) -> tuple[Any, list[str]]:
+def guarded(
+    fn: Callable,
+    args: tuple,
+    banned: tuple[str, ...],
+    _forbid: Callable = forbid,
+    _stops: tuple = (Forbidden, Refused, str),
+) -> tuple[Any, list[str]]:
     """Call the learner's ``fn(*args)`` with ``banned`` forbidden: (its result, what it tried).
 
     A forbidden call ends the call (result None). One that got past ``forbid`` (a name
@@ -75,17 +93,18 @@ def guarded(fn: Callable, args: tuple, banned: list[str]) -> tuple[Any, list[str
     (``checks/lockdown.py``), which names the collective; ``["*"]`` stands for a refusal
     without a name.
     """
+    forbidden, refused, str_ = _stops
     called: list[str] = []
     try:
-        with forbid(banned, called):
+        with _forbid(banned, called):
             return fn(*args), called
-    except Forbidden as exc:
-        return None, called or [str(exc) or "*"]
-    except Refused:
+    except forbidden as exc:
+        return None, called or [str_(exc) or "*"]
+    except refused:
         return None, called or ["*"]
 
 
-def judge_forbidden(called: Any, banned: list[str], allowed: str, case: str) -> None:
+def judge_forbidden(called: Any, banned: tuple[str, ...], allowed: str, case: str) -> None:
     """Fail the case if the probe recorded a call of a forbidden collective."""
     if called == []:
         return
@@ -169,16 +188,16 @@ def make_input(rank: int, shape: tuple, dtype: torch.dtype, seed: int) -> torch.
     return torch.randint(-9, 10, shape, generator=gen).to(dtype)
 
 
-_ALL_REDUCE_BANNED = [
+_ALL_REDUCE_BANNED = (  # a tuple: probes bind it (see ``forbid``)
     "all_reduce",
     "all_reduce_coalesced",
     "reduce_scatter",
     "reduce_scatter_tensor",
     "all_gather",
     "all_gather_into_tensor",
-]
+)
 _ALL_REDUCE_ALLOWED = "dist.reduce + dist.broadcast"
-_ALL_GATHER_BANNED = [
+_ALL_GATHER_BANNED = (  # a tuple: probes bind it (see ``forbid``)
     "all_gather",
     "all_gather_into_tensor",
     "all_gather_object",
@@ -190,7 +209,7 @@ _ALL_GATHER_BANNED = [
     "scatter",
     "broadcast_object_list",
     "gather_object",
-]
+)
 _ALL_GATHER_ALLOWED = "dist.send / dist.recv (or isend / irecv)"
 # The c10d operators a graded rank of each exercise may reach (``checks/lockdown.py``: every
 # other collective is locked before the learner's objects are loaded, whatever the road).
@@ -201,14 +220,21 @@ POINT_TO_POINT_ONLY: frozenset[str] = frozenset()
 # --- probes: in the learner's process, on each rank; data only, no oracle ---------------
 
 
-def probe_all_reduce(rank: int, objects: tuple, inputs: list[torch.Tensor]) -> list[dict]:
+def probe_all_reduce(
+    rank: int,
+    objects: tuple,
+    inputs: list[torch.Tensor],
+    _guarded: Callable = guarded,
+    _banned: tuple = _ALL_REDUCE_BANNED,
+) -> list[dict]:
     """Per case (this rank's tensors, the only inputs it receives): whether their function
-    returned its input, the input after it, what it tried."""
+    returned its input, the input after it, what it tried. (The last parameters: bound at
+    import, see ``forbid``.)"""
     (reduce_broadcast_all_reduce,) = objects
     out = []
     for given in inputs:
         mine = given.clone()
-        got, called = guarded(reduce_broadcast_all_reduce, (mine,), _ALL_REDUCE_BANNED)
+        got, called = _guarded(reduce_broadcast_all_reduce, (mine,), _banned)
         out.append({"returned_input": got is mine, "tensor": mine.detach(), "forbidden": called})
         if called:
             break
@@ -218,9 +244,16 @@ def probe_all_reduce(rank: int, objects: tuple, inputs: list[torch.Tensor]) -> l
 probe_all_reduce.collectives_allowed = ALL_REDUCE_OPERATORS  # type: ignore[attr-defined]
 
 
-def probe_all_gather(rank: int, objects: tuple, inputs: list[torch.Tensor]) -> list[dict]:
+def probe_all_gather(
+    rank: int,
+    objects: tuple,
+    inputs: list[torch.Tensor],
+    _guarded: Callable = guarded,
+    _banned: tuple = _ALL_GATHER_BANNED,
+) -> list[dict]:
     """Per case (this rank's tensors, the only inputs it receives): whether tensor_list kept
-    its tensors, those tensors after the call, what it tried."""
+    its tensors, those tensors after the call, what it tried. (The last parameters: bound at
+    import, see ``forbid``.)"""
     (send_recv_all_gather,) = objects
     n = dist.get_world_size()
     out = []
@@ -228,7 +261,7 @@ def probe_all_gather(rank: int, objects: tuple, inputs: list[torch.Tensor]) -> l
         mine = mine_given.clone()
         given = [torch.full(tuple(mine.shape), -99, dtype=mine.dtype) for _ in range(n)]
         tensor_list = list(given)
-        _, called = guarded(send_recv_all_gather, (tensor_list, mine), _ALL_GATHER_BANNED)
+        _, called = _guarded(send_recv_all_gather, (tensor_list, mine), _banned)
         kept = len(tensor_list) == n and all(
             a is b for a, b in zip(tensor_list, given, strict=True)
         )

@@ -52,6 +52,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
+from ddp_lab.comm_debug import tensors_of, watch_c10d
 from ddp_lab.course.grading import checker, fail, running, unobserved
 from ddp_lab.course.grading.checks import ch04
 from ddp_lab.course.grading.checks.ch04 import guarded, same, short, shown, summed
@@ -62,7 +63,7 @@ from ddp_lab.course.grading.checks.ch05_traffic import (  # noqa: F401
 )
 from ddp_lab.i18n import N_, _t, lookup
 
-_BANNED = [
+_BANNED = (  # a tuple: ``probe_ring`` binds it (see ``watch_p2p``)
     "all_reduce",
     "all_reduce_coalesced",
     "reduce",
@@ -75,7 +76,7 @@ _BANNED = [
     "all_to_all_single",
     "gather",
     "scatter",
-]
+)
 # Texts picked by a computed key (ops of the send/recv log).
 MESSAGES = {
     "op_send": N_("send to {peer}"),
@@ -87,14 +88,25 @@ MESSAGES = {
 # same code): an operator run from inside batch_isend_irecv's code is batched, one run from
 # isend's code was called as isend. Taken when this module loads, before any learner code.
 _BATCH_CODE = inspect.unwrap(c10d.batch_isend_irecv).__code__
-_P2P_CODES = {
-    inspect.unwrap(getattr(c10d, n)).__code__: n for n in ("isend", "irecv", "send", "recv")
-}
+_P2P_CODES = tuple(
+    (inspect.unwrap(getattr(c10d, n)).__code__, n) for n in ("isend", "irecv", "send", "recv")
+)
 
 
+# The probe runs in the learner's process after their code; ``guard.seal`` freezes the code
+# and defaults of ddp_lab's functions there, not module attributes (review 10 rebound
+# ``ch05._BATCH_CODE`` and ``comm_debug.watch_c10d``). So what the probe reads while it runs is
+# bound here, as positional defaults (an immutable tuple) of immutable values.
 @contextlib.contextmanager
 def watch_p2p(
-    batches: list[list[tuple[str, int]]], loose: list[str], sent: list[int]
+    batches: list[list[tuple[str, int]]],
+    loose: list[str],
+    sent: list[int],
+    _watch: Any = watch_c10d,
+    _tensors_of: Any = tensors_of,
+    _codes: tuple = (_BATCH_CODE, _P2P_CODES),
+    _modules: tuple = (dist, c10d, sys._getframe),
+    _builtins: tuple = (sum, len, type, int),
 ) -> Iterator[None]:
     """Record every point-to-point operation: the ops of each batch_isend_irecv (with their
     peers), the p2p calls made outside one, and the elements sent.
@@ -107,23 +119,24 @@ def watch_p2p(
     Meanwhile ``dist.get_backend`` answers "nccl", so that code that picks its schedule by
     backend (as ``ddp_lab.ring`` does) shows the schedule it would run on GPUs.
     """
-    from ddp_lab.comm_debug import tensors_of, watch_c10d
-
+    (batch_code, p2p_codes), (dist_, c10d_, getframe) = _codes, _modules
+    sum_, len_, type_, int_ = _builtins
     current: list[Any] = [None]  # the frame of the batch being recorded (held: never reused)
-    saved_backend = (dist.get_backend, c10d.get_backend)
+    saved_backend = (dist_.get_backend, c10d_.get_backend)
 
     def on_call(name: str, args: tuple) -> None:
         if name not in ("send", "recv"):
             return
         if name == "send":
-            sent[0] += sum(t.numel() for t in tensors_of(args[0]))
-        peer = args[2] if len(args) > 3 and type(args[2]) is int else -1
-        frame, batch, called = sys._getframe(1), None, name
+            sent[0] += sum_(t.numel() for t in _tensors_of(args[0]))
+        peer = args[2] if len_(args) > 3 and type_(args[2]) is int_ else -1
+        frame, batch, called = getframe(1), None, name
         while frame is not None:
-            if frame.f_code is _BATCH_CODE:
+            if frame.f_code is batch_code:
                 batch = frame
                 break
-            called = _P2P_CODES.get(frame.f_code, called)
+            for code, n in p2p_codes:
+                called = n if frame.f_code is code else called
             frame = frame.f_back
         if batch is None:
             loose.append(called)
@@ -137,12 +150,12 @@ def watch_p2p(
         return "nccl"
 
     try:
-        dist.get_backend = c10d.get_backend = nccl
-        with watch_c10d(on_call):
+        dist_.get_backend = c10d_.get_backend = nccl
+        with _watch(on_call):
             yield
     finally:
         current[0] = None
-        dist.get_backend, c10d.get_backend = saved_backend
+        dist_.get_backend, c10d_.get_backend = saved_backend
 
 
 def replay_on_one_stream(logs: list[list[list[tuple[str, int]]]]) -> tuple[int, int] | None:
@@ -194,7 +207,12 @@ def send_limit(numel: int, world_size: int) -> int:
 _ALLOWED = "dist.batch_isend_irecv"
 
 
-def probe_ring(rank: int, objects: tuple, inputs: list[torch.Tensor]) -> list[dict]:
+def probe_ring(
+    rank: int,
+    objects: tuple,
+    inputs: list[torch.Tensor],
+    _bound: tuple = (watch_p2p, guarded, _BANNED),  # see ``watch_p2p``
+) -> list[dict]:
     """In the learner's rank (a sandbox of its own when graded): their ring on each of this
     rank's tensors (the only inputs it receives), under the guards.
 
@@ -204,14 +222,15 @@ def probe_ring(rank: int, objects: tuple, inputs: list[torch.Tensor]) -> list[di
     hint for the feedback); the sums are the proof that the ranks communicated.
     """
     (ring_all_reduce,) = objects
+    watch, guard, banned = _bound
     out = []
     for given in inputs:
         mine = given.clone()
         sent = [0]
         batches: list[list[tuple[str, int]]] = []
         loose: list[str] = []
-        with watch_p2p(batches, loose, sent):
-            got, called = guarded(ring_all_reduce, (mine,), _BANNED)
+        with watch(batches, loose, sent):
+            got, called = guard(ring_all_reduce, (mine,), banned)
         out.append(
             {
                 "returned_input": got is mine,

@@ -270,7 +270,12 @@ def check_naive_ddp(rng: random.Random, learner: Any) -> Iterator[object]:
         yield label
 
 
-def probe_bucketed(rank: int, objects: tuple, mine: dict) -> dict[str, Any]:
+def probe_bucketed(
+    rank: int,
+    objects: tuple,
+    mine: dict,
+    _bound: tuple = (_watching, _model_of, _states),  # bound at import: see ``ch07_events``
+) -> dict[str, Any]:
     """In the learner's rank: their hooks average the gradients while a few steps train on
     this rank's shard, the only data it receives (``_rank_input``, with ``cap_mb``).
 
@@ -281,7 +286,8 @@ def probe_bucketed(rank: int, objects: tuple, mine: dict) -> dict[str, Any]:
     on a ``Work`` or ``Future``, ``["returned", 0]`` when ``backward()`` returned.
     """
     (grad_buckets,) = objects
-    model = _model_of(mine)
+    watching, model_of, states_of = _bound
+    model = model_of(mine)
     events: list[list] = []
     trainable = [p for p in model.parameters() if p.requires_grad]
     for i, p in enumerate(trainable):
@@ -291,7 +297,7 @@ def probe_bucketed(rank: int, objects: tuple, mine: dict) -> dict[str, Any]:
     hooks = grad_buckets(model, mine["cap_mb"])
     opt = torch.optim.SGD(model.parameters(), lr=mine["lr"])
     last: list[list] = []
-    with _watching(events):
+    with watching(events):
         for x, y in mine["batches"]:
             events.clear()
             opt.zero_grad()
@@ -300,7 +306,7 @@ def probe_bucketed(rank: int, objects: tuple, mine: dict) -> dict[str, Any]:
             last = [list(e) for e in events]
             hooks.wait()
             opt.step()
-    return {"events": last, "states": _states(model)}
+    return {"events": last, "states": states_of(model)}
 
 
 def _backward_events(out: dict, rank: int, trainable: int, label: str) -> list[tuple[str, int]]:

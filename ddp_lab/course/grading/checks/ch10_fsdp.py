@@ -22,9 +22,11 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from ddp_lab.comm_debug import tensors_of, watch_c10d
 from ddp_lab.course.grading import checker, fail, running
 from ddp_lab.course.grading.checks.ch10_forms import _bad, _flat, _like, _load, _ranks
 from ddp_lab.course.grading.checks.ch10_fsdp_bytes import N_OBSERVED, check_bytes
+from ddp_lab.fsdp_base import FullyShardedBase
 from ddp_lab.i18n import _t
 
 # ----- 10.fsdp_reduce ---------------------------------------------------------------------
@@ -82,7 +84,20 @@ def _fsdp_inputs(spec: dict, world: int) -> list[dict[str, Any]]:
     ]
 
 
-def probe_fsdp(rank: int, objects: tuple, mine: dict) -> dict[str, Any]:
+# The probe runs in the learner's process after their code; ``guard.seal`` freezes the code
+# and defaults of ddp_lab's functions there, not module attributes (review 10 rebound
+# ``comm_debug.watch_c10d`` from a learner's object): what the probe reads while it records
+# is bound as its positional defaults (an immutable tuple) when this module loads.
+_FSDP_BOUND = (watch_c10d, tensors_of, FullyShardedBase, WHOLE, RECEIVING, _fsdp_layers, _load)
+
+
+def probe_fsdp(
+    rank: int,
+    objects: tuple,
+    mine: dict,
+    _bound: tuple = _FSDP_BOUND,
+    _builtins: tuple = (sum, max, isinstance, list),
+) -> dict[str, Any]:
     """In the learner's rank: FSDP's machinery (``ddp_lab.fsdp_base``: ``ddp_lab.fsdp``, which
     holds the reference reduce-scatter, is hidden here) trains this rank's part of each batch,
     the only data it receives (``_fsdp_inputs``), with their ``reduce_grad``.
@@ -92,9 +107,8 @@ def probe_fsdp(rank: int, objects: tuple, mine: dict) -> dict[str, Any]:
     account); the full state after three steps, or the error that stopped training (a wrong
     result makes the machinery raise).
     """
-    from ddp_lab.comm_debug import tensors_of, watch_c10d
-    from ddp_lab.fsdp_base import FullyShardedBase
-
+    watch, tensors_of_, base, whole_names, receiving, layers, load = _bound
+    sum_, max_, isinstance_, list_ = _builtins
     (reduce_grad,) = objects
     calls: list[list] = []
     world = dist.get_world_size()
@@ -107,25 +121,25 @@ def probe_fsdp(rank: int, objects: tuple, mine: dict) -> dict[str, Any]:
         def on_call(name: str, args: tuple) -> None:
             # what a gather (at its root), a scatter or an all_to_all brings in: its outputs
             # (the first argument), less this rank's own part where every rank has one
-            if name in RECEIVING[1:] and args:
-                size = sum(t.numel() * t.element_size() for t in tensors_of(args[0]))
+            if name in receiving[1:] and args:
+                size = sum_(t.numel() * t.element_size() for t in tensors_of_(args[0]))
                 got[name] = got.get(name, 0) + (size if name == "scatter" else size - size // world)
 
-        with watch_c10d(on_call) as log:
+        with watch(on_call) as log:
             out = reduce_grad(flat)
-        shape = list(out.shape) if isinstance(out, torch.Tensor) else None
-        whole = [name for name, _, _ in log.calls if name in WHOLE]
+        shape = list_(out.shape) if isinstance_(out, torch.Tensor) else None
+        whole = [name for name, _, _ in log.calls if name in whole_names]
         # by hand: a reduce-scatter receives at most one shard from each other rank; an
         # all-gather (every rank's whole gradient) receives world - 1 gradients
-        got["recv"] = sum(b for name, _, b in log.calls if name == "recv")
-        if sum(got.values()) > (world - 1) * (flat.numel() // world) * flat.element_size():
-            whole.append(max(got, key=lambda name: got[name]))
+        got["recv"] = sum_(b for name, _, b in log.calls if name == "recv")
+        if sum_(got.values()) > (world - 1) * (flat.numel() // world) * flat.element_size():
+            whole.append(max_(got, key=lambda name: got[name]))
         calls.append([flat.numel(), shape, whole[0] if whole else ""])
         return out
 
-    net = _fsdp_layers(mine["widths"])
-    _load(net.parameters(), mine["init"])
-    model = FullyShardedBase(net, reduce_grad=recorded)
+    net = layers(mine["widths"])
+    load(net.parameters(), mine["init"])
+    model = base(net, reduce_grad=recorded)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     try:
         for x, y in mine["batches"]:

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ddp_lab.comm_debug import watch_c10d
 from ddp_lab.course.grading import checker, fail, running
 from ddp_lab.course.grading.checks.ch10_forms import _bad, _flat, _like, _load, _ranks, _spawn
 from ddp_lab.i18n import _t
@@ -42,25 +43,28 @@ def _hook_inputs(spec: dict, world: int) -> list[dict[str, Any]]:
     return out
 
 
-def _hook_run(hook: Callable, mine: dict) -> tuple[torch.Tensor, list]:
+def _hook_run(
+    hook: Callable,
+    mine: dict,
+    _bound: tuple = (watch_c10d, _load),  # see probe_bf16_hook
+) -> tuple[torch.Tensor, list]:
     """Two backward passes of a DDP model with ``hook``: the gradients, and the collectives
     the hook's calls handed over (seen as ``c10d::`` operators: whatever name the hook calls
     them by; DDP's own collectives, outside the hook, are not counted)."""
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from ddp_lab.comm_debug import watch_c10d
-
+    watch, load = _bound
     calls: list = []
 
     # An unannotated wrapper: DDP checks a hook's name and annotations, not what it does.
     def watched(state, bucket):  # type: ignore[no-untyped-def]
-        with watch_c10d() as log:
+        with watch() as log:
             future = hook(state, bucket)
         calls.extend(log.calls)
         return future
 
     module = nn.Sequential(nn.Linear(mine["d"], mine["h"]), nn.Tanh(), nn.Linear(mine["h"], 3))
-    _load(module.parameters(), mine["init"])
+    load(module.parameters(), mine["init"])
     model = DDP(module, bucket_cap_mb=mine["cap"])
     model.register_comm_hook(None, watched)
     for x in mine["xs"]:
@@ -69,16 +73,26 @@ def _hook_run(hook: Callable, mine: dict) -> tuple[torch.Tensor, list]:
     return torch.cat([p.grad.reshape(-1) for p in model.parameters()]), calls
 
 
-def probe_bf16_hook(rank: int, objects: tuple, mine: dict) -> dict[str, Any]:
+# The probe runs in the learner's process after their code; ``guard.seal`` freezes the code
+# and defaults of ddp_lab's functions there, not module attributes (review 10 rebound
+# ``comm_debug.watch_c10d``): what the probe reads while it records is bound as positional
+# defaults (an immutable tuple) when this module loads, builtins included.
+def probe_bf16_hook(
+    rank: int,
+    objects: tuple,
+    mine: dict,
+    _bound: tuple = (_hook_run, sorted, str, sum, int),
+) -> dict[str, Any]:
     """In the learner's rank: their hook on torch's DDP, on this rank's own batches (the only
     data it receives, ``_hook_inputs``); the gradients and what the collectives carried (the
     rank's own account)."""
     (hook,) = objects
-    grads, calls = _hook_run(hook, mine)
+    hook_run, sorted_, str_, sum_, int_ = _bound
+    grads, calls = hook_run(hook, mine)
     return {
         "grads": grads,
-        "dtypes": sorted({str(d) for _, d, _ in calls}),
-        "bytes": sum(int(b) for _, _, b in calls),
+        "dtypes": sorted_({str_(d) for _, d, _ in calls}),
+        "bytes": sum_(int_(b) for _, _, b in calls),
     }
 
 

@@ -84,29 +84,44 @@ def probe_balanced(rank: int, objects: tuple, case: list[int]) -> Any:
 _GRAD_FN = torch._C.TensorBase.__dict__["grad_fn"].__get__
 _APPLY = torch.autograd.Function.__dict__["apply"]
 _FUNCTION_META = type(torch.autograd.Function)
+# The probes below run in the learner's process after their code; ``guard.seal`` freezes the
+# code and defaults of ddp_lab's functions there, not module attributes (review 10 rebound
+# ``probes._own_apply`` and ``probes._GRAD_FN`` from the learner's ``apply``). So each one
+# reads only what was bound as its positional defaults (an immutable tuple) when this module
+# loaded, builtins included (a module attribute ``type`` would shadow the builtin).
+_TORCH_OWN = (_FUNCTION_META, _APPLY, torch.Tensor, _GRAD_FN)
+_BUILTINS = (type, vars, getattr, str, isinstance)
 
 
-def _own_apply(gather_cls: Any) -> bool:
+def _own_apply(gather_cls: Any, _torch: tuple = _TORCH_OWN, _builtins: tuple = _BUILTINS) -> bool:
     """Whether ``gather_cls.apply`` is torch's: a Function whose metaclass is torch's and which
     does not define ``apply`` itself (an ``apply`` of the learner's could return a tensor made
     some other way, dressed up as made by the Function)."""
-    if type(gather_cls) is not _FUNCTION_META:
+    (meta, apply, _, _), (type_, vars_, *_) = _torch, _builtins
+    if type_(gather_cls) is not meta:
         return False
     for klass in gather_cls.__mro__:
-        if "apply" in vars(klass):
-            return vars(klass)["apply"] is _APPLY
+        if "apply" in vars_(klass):
+            return vars_(klass)["apply"] is apply
     return False
 
 
-def _made_by(gather_cls: Any, out: torch.Tensor) -> dict[str, str]:
+def _made_by(
+    gather_cls: Any,
+    out: torch.Tensor,
+    _own: Any = _own_apply,
+    _torch: tuple = _TORCH_OWN,
+    _builtins: tuple = _BUILTINS,
+) -> dict[str, str]:
     """The name of ``out``'s grad_fn as torch records it, and the Function's name: a right
     Function's output has grad_fn ``<name>Backward`` (a subclass of Tensor could show another
     grad_fn: only a plain tensor is read)."""
-    name = getattr(gather_cls, "__name__", "")
-    plain = type(out) is torch.Tensor and _own_apply(gather_cls)
+    (_, _, tensor, grad_fn), (type_, _, getattr_, str_, _) = _torch, _builtins
+    name = getattr_(gather_cls, "__name__", "")
+    plain = type_(out) is tensor and _own(gather_cls)
     return {
-        "grad_fn": type(_GRAD_FN(out)).__name__ if plain else f"<{type(out).__name__}>",
-        "function": name if type(name) is str else "",
+        "grad_fn": type_(grad_fn(out)).__name__ if plain else f"<{type_(out).__name__}>",
+        "function": name if type_(name) is str_ else "",
     }
 
 
@@ -117,30 +132,35 @@ def _gather_leaves(parts: list[torch.Tensor]) -> list[torch.Tensor]:
     return leaves
 
 
-def probe_gather_forward(rank: int, objects: tuple, case: list) -> Any:
+_GATHER = (_gather_leaves, _made_by, torch.Tensor, isinstance, type)
+
+
+def probe_gather_forward(rank: int, objects: tuple, case: list, _bound: tuple = _GATHER) -> Any:
     """03.gather, ``[dim, parts]``: their Function's output on leaf tensors, and its grad_fn."""
+    leaves_of, made_by, tensor, isinstance_, type_ = _bound
     (gather_cls,) = objects
     dim, parts = case
-    out = gather_cls.apply(0, dim, *_gather_leaves(parts))
-    if not isinstance(out, torch.Tensor):
-        return {"kind": type(out).__name__}
-    return {"out": out.detach().clone(), **_made_by(gather_cls, out)}
+    out = gather_cls.apply(0, dim, *leaves_of(parts))
+    if not isinstance_(out, tensor):
+        return {"kind": type_(out).__name__}
+    return {"out": out.detach().clone(), **made_by(gather_cls, out)}
 
 
-def probe_gather_backward(rank: int, objects: tuple, case: list) -> Any:
+def probe_gather_backward(rank: int, objects: tuple, case: list, _bound: tuple = _GATHER) -> Any:
     """03.gather, ``[dim, parts, weight]``: the inputs' gradients of ``(out * weight).sum()``,
     and the grad_fn of that very output (the forward probe's check holds for its own call
     only: a rank serves both probes, so an object could answer them differently)."""
+    leaves_of, made_by, tensor, isinstance_, type_ = _bound
     (gather_cls,) = objects
     dim, parts, weight = case
-    leaves = _gather_leaves(parts)
+    leaves = leaves_of(parts)
     out = gather_cls.apply(0, dim, *leaves)
-    if not isinstance(out, torch.Tensor):
-        return {"kind": type(out).__name__}
-    made_by = _made_by(gather_cls, out)
+    if not isinstance_(out, tensor):
+        return {"kind": type_(out).__name__}
+    shown = made_by(gather_cls, out)
     (out * weight).sum().backward()
     grads = [None if leaf.grad is None else leaf.grad.detach().clone() for leaf in leaves]
-    return {"grads": grads, **made_by}
+    return {"grads": grads, **shown}
 
 
 def one(got: Any) -> Any:
