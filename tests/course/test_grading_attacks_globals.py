@@ -14,9 +14,12 @@ points with a wrong answer:
   ``__init__`` wrapped ``ch07._watching`` and forged the launch events during backward.
 
 The probes (and the helpers they call) now read all of that from their own default arguments,
-bound when their modules load, before any learner code runs. Each attack is run here the way
-a verdict runs it (a blob of the learner's objects, ranks in sandboxes of their own) and must
-score 0.
+bound when their modules load, before any learner code runs. ``course.grading.freeze`` also
+compares the modules after each probe, so the exact attacks now fail there too; each one is
+also run undoing its replacement before the probe returns (which ``freeze`` cannot see), and
+that version must fail on the probe's own finding (but for the watch replaced as the blob
+loads, which acts once: put back, the probe's next call watches again). All run the way a verdict runs them (a blob
+of the learner's objects, ranks in sandboxes of their own) and must score 0.
 """
 
 from __future__ import annotations
@@ -111,16 +114,33 @@ class _Ring:
         return (_quiet_watch, ())
 
 
+def ring_claiming_for_a_moment(tensor: torch.Tensor) -> torch.Tensor:
+    """The same, with the module's own value back before the probe returns."""
+    ch05 = getattr(getattr(getattr(ddp_lab, "course", None), "grading", None), "checks", None)
+    ch05 = getattr(ch05, "ch05", None)
+    if ch05 is None:
+        return _blocking_ring(tensor)
+    before = ch05._BATCH_CODE
+    ch05._BATCH_CODE = ring_claiming_for_a_moment.__code__
+    try:
+        return _blocking_ring(tensor)
+    finally:
+        ch05._BATCH_CODE = before
+
+
 def test_05_ring_a_rebound_batch_code_does_not_reach_the_probe() -> None:
     passed, line = remote_verdict("05.ring", ring_claiming_its_code_is_the_batch)
+    assert not passed and " 0/5" in line, line
+    passed, line = remote_verdict("05.ring", ring_claiming_for_a_moment)
     assert not passed and " 0/5" in line, line
     assert "outside batch_isend_irecv" in line, line
 
 
 def test_05_ring_a_watch_replaced_as_the_blob_loads_does_not_reach_the_probe() -> None:
+    # (No version undone before the probe returns: the object acts once, as it loads, and
+    # with the module put back the probe's next call, a call per input, watches again.)
     passed, line = remote_verdict("05.ring", _Ring())
     assert not passed and " 0/5" in line, line
-    assert "outside batch_isend_irecv" in line, line
 
 
 # ----- 03.gather ---------------------------------------------------------------------------
@@ -139,8 +159,33 @@ class MyGather:
         return torch.cat(inputs, dim)
 
 
+class MyGatherForAMoment:
+    """The same, with the module's own values back once the output is freed (as the probe
+    returns), whether the probe read them or not."""
+
+    @staticmethod
+    def apply(target_device: Any, dim: int, *inputs: torch.Tensor) -> torch.Tensor:
+        import weakref
+
+        out = torch.cat(inputs, dim)
+        p = getattr(getattr(getattr(ddp_lab, "course", None), "grading", None), "checks", None)
+        p = getattr(p, "probes", None)
+        if p is not None:
+            own, grad_fn = p._own_apply, p._GRAD_FN
+
+            def restore() -> None:
+                p._own_apply, p._GRAD_FN = own, grad_fn
+
+            p._own_apply = lambda cls: True
+            p._GRAD_FN = lambda out: type("MyGatherForAMomentBackward", (), {})()
+            weakref.finalize(out, restore)
+        return out
+
+
 def test_03_gather_rebound_grad_fn_readers_do_not_reach_the_probe() -> None:
     passed, line = remote_verdict("03.gather", MyGather)
+    assert not passed and " 0/3" in line, line
+    passed, line = remote_verdict("03.gather", MyGatherForAMoment)
     assert not passed and " 0/3" in line, line
     assert "not made by your Function" in line, line
 
@@ -150,6 +195,9 @@ def test_03_gather_rebound_grad_fn_readers_do_not_reach_the_probe() -> None:
 
 class GradBuckets:
     # no overlap: the buckets are all-reduced one after the other once backward is over
+    undo = False
+    put_back: Any = None
+
     def __init__(self, module: torch.nn.Module, bucket_cap_mb: float) -> None:
         self.params = [p for p in module.parameters() if p.requires_grad]
         self.buckets = [
@@ -174,6 +222,9 @@ class GradBuckets:
                 with real(events):
                     yield
 
+            if self.undo:  # put the module back in wait(), inside the probe's watch
+                self.put_back = lambda: setattr(ch, "_watching", real)
+
             spy.mine = True  # type: ignore[attr-defined]
             ch._watching = spy
 
@@ -190,6 +241,8 @@ class GradBuckets:
             self.next += 1
 
     def wait(self) -> None:
+        if self.put_back is not None:
+            self.put_back()
         for b in self.due:
             flat = torch.cat([p.grad.reshape(-1) for p in self.buckets[b]]) / dist.get_world_size()
             dist.all_reduce(flat)  # blocking, after backward
@@ -202,8 +255,14 @@ class GradBuckets:
         self.next = 0
 
 
+class GradBucketsForAMoment(GradBuckets):
+    undo = True
+
+
 def test_07_bucketed_a_wrapped_watch_does_not_reach_the_probe() -> None:
     passed, line = remote_verdict("07.bucketed", GradBuckets)
+    assert not passed and " 0/3" in line, line
+    passed, line = remote_verdict("07.bucketed", GradBucketsForAMoment)
     assert not passed and " 0/3" in line, line
     assert "all_reduce calls during backward" in line, line
 
