@@ -424,3 +424,22 @@ def test_a_cell_ipython_cannot_transform_leaves_the_verdicts_to_the_checker(
     by_id = {r.grade_id: r for r in graded.results}
     assert by_id["00.average"].status == "passed", by_id
     assert leftover_processes() == []
+
+
+def test_scan_finds_the_grader_s_modules_pickle_hooks_and_patched_attributes() -> None:
+    # Review 10's routes to a graded rank's globals, none of which the scan flagged.
+    assert "`.course`" in scan.findings("ch = dl.course.grading.checks.ch07")
+    assert scan.findings("from ddp_lab import course") == ["`import ddp_lab.course`"]
+    assert "`cd.watch_c10d =`" in scan.findings(
+        "import ddp_lab.comm_debug as cd\ncd.watch_c10d = quiet"
+    )
+    assert "`__reduce__`" in scan.findings(
+        "class R:\n    def __reduce__(self):\n        return (arm, ())"
+    )
+    assert scan.findings("import copyreg") == ["`import copyreg`"]
+    assert scan.findings("torch.Tensor.detach = lambda self: self") == ["`torch.Tensor.detach =`"]
+    assert scan.findings("setattr(dist, 'all_reduce', f)") == ["`dist.<setattr> =`"]
+    assert scan.findings("vars(mod)['x'] = 1") == ["`__dict__[...] =`"]
+    # what honest code does with attributes: its own objects, and torch's settings
+    honest = "torch.backends.cudnn.allow_tf32 = False\nself.w = 1\nmodel.fc.bias = None\n"
+    assert scan.findings(honest + "ctx.shapes = [t.shape for t in inputs]") == []
