@@ -61,12 +61,15 @@ def test_cheats_get_zero_and_honest_work_full_points(chapter00_class: Graded) ->
     book = graded.rows(HONEST, *CHEATS, "always_equal")
     assert book.pop(HONEST) == (2, 2, "passed")
     assert book.pop("print_and_exit") == (0, 2, "kernel-died")
-    # It imports the grading machinery: course.scan flags it for the instructor, with 0 points.
-    assert book.pop("patch_checker") == (0, 2, "flagged")
+    # It imports the grading machinery, or sets an attribute of ddp_lab's or torch's: course.scan
+    # flags it for the instructor, with 0 points (and the checker's own verdict beside it).
+    flagged = ("patch_checker", "patch_grade", "patch_torch")
+    for name in flagged:
+        assert book.pop(name) == (0, 2, "flagged"), name
     assert book == {
         name: (0, 2, "failed")
         for name in [*CHEATS, "always_equal"]
-        if name not in ("print_and_exit", "patch_checker")
+        if name not in ("print_and_exit", *flagged)
     }
     wrong = graded.feedback("patch_grade")
     assert "the mean over ranks is" in wrong  # the real checker's feedback, not the cheat's

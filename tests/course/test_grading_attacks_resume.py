@@ -261,9 +261,10 @@ def test_a_resume_without_a_checkpoint_fails(name: str) -> None:
     world, case = _first_case()
     learner = Remote(*attack(name, case["stop_at"]))
     try:
-        # "ahead" raises in the ranks as they load the objects (the learner's error; the
-        # checker's ``run_checker`` fails the case with it)
-        with pytest.raises(CaseFailed if name != "ahead" else LearnerError) as failed:
+        # "ahead" raises in the ranks as they load the objects, and "swap" leaves the checker's
+        # module changed when the probe returns (``course.grading.freeze``): the learner's
+        # error (the checker's ``run_checker`` fails the case with it)
+        with pytest.raises(CaseFailed if name == "replay" else LearnerError) as failed:
             ch11.grade_case(learner, world, case)
     finally:
         learner.close()
@@ -273,16 +274,24 @@ def test_a_resume_without_a_checkpoint_fails(name: str) -> None:
     # "ahead" swaps the loop's __code__ as the objects load: a graded rank is sealed by then
     # (``guard.seal``, review 9); before the seal, the run it finished ahead failed the same case
     # for lacking the later epochs' inputs ("the uninterrupted one").
-    expected = {"ahead": "changing __code__ of a function of ddp_lab or torch"}
+    expected = {
+        "ahead": "changing __code__ of a function of ddp_lab or torch",
+        "swap": "replaced ddp_lab.course.grading.checks.ch11.resumable_loop",
+    }
     assert expected.get(name, "model.state_dict()") in said, said
 
 
 def test_a_loop_swapped_in_while_the_objects_load_is_not_called() -> None:
-    """The probes call the loop they bound at import: an honest checkpoint passes whatever the
-    learner's objects set the checker's module attribute to."""
+    """The probes call the loop they bound at import, not the one the learner's objects set
+    the checker's module attribute to (which would raise): the case fails on the changed
+    module (``course.grading.freeze``), not in the learner's loop."""
     world, case = _first_case()
     learner = Remote(honest_save, Patched(honest_load, _swap_in_never))
     try:
-        assert ch11.grade_case(learner, world, case).startswith(f"world_size={world}")
+        with pytest.raises(LearnerError) as failed:
+            ch11.grade_case(learner, world, case)
     finally:
         learner.close()
+    said = str(failed.value.args[0])
+    assert "replaced ddp_lab.course.grading.checks.ch11.resumable_loop" in said, said
+    assert "the learner's loop was called" not in said, said
