@@ -205,13 +205,14 @@ def test_raw_memory_without_ctypes_cannot_reset_the_registration() -> None:
 
 
 def shifty(*args: object) -> object:
-    """Unlocked (``probes.probe_balanced``: three numbers), it replaces ``lockdown.lock`` in
-    the rank with a no-op; locked (``ch04.probe_all_reduce``: one tensor), it calls gloo's own
+    """Unlocked (``probes.probe_balanced``: three numbers), it makes ``lockdown.lock`` in the
+    rank a no-op (its "locked already" list filled in place: a replaced ``lock`` would end
+    the case, ``course.grading.freeze``); locked (``ch04.probe_all_reduce``: one tensor), it calls gloo's own
     all-reduce through the group's method (``ch04.forbid`` swaps ``dist``'s functions only)."""
     if len(args) == 3:
         from ddp_lab.course.grading.checks import lockdown
 
-        lockdown.lock = lambda allowed: []
+        lockdown._locked[:] = ["-"]
         return [1]
     (tensor,) = args
     dist.group.WORLD.allreduce([tensor]).wait()

@@ -127,10 +127,11 @@ def thread_all_gather(flat_grad: torch.Tensor) -> torch.Tensor:
 def unlocks_then_thread_all_reduce(flat_grad: torch.Tensor) -> torch.Tensor:
     """In the training cases (no lock there) it disarms the lock for whatever probe comes
     next in the same process, then all-reduces on a thread: the byte probe's ranks must be
-    new processes, locked before any of the learner's code runs in them."""
+    new processes, locked before any of the learner's code runs in them. (In place: a
+    replaced ``lockdown.lock`` would end the case, ``course.grading.freeze``.)"""
     import ddp_lab.course.grading.checks.lockdown as lockdown
 
-    lockdown.lock = lambda allowed: []
+    lockdown._locked[:] = ["-"]
     return thread_all_reduce(flat_grad)
 
 
