@@ -32,24 +32,14 @@ from typing import Any
 import cloudpickle
 import torch
 import torch.distributed as dist
+from test_grading_attacks_probes import remote_verdict
 
 import ddp_lab
 from ddp_lab.buckets import assign_buckets
-from ddp_lab.course.grading import load_checkers, run_checker
-from ddp_lab.course.grading.learner import RemoteLearner
-from ddp_lab.course.grading.rankhost import RankPool
-from ddp_lab.runtime import _pickle
 
-
-def remote_verdict(grade_id: str, *objects: Any) -> tuple[bool, str]:
-    """The verdict process's way: the objects as a blob, ranks in sandboxes of their own."""
-    cloudpickle.register_pickle_by_value(sys.modules[__name__])  # as a notebook's code
-    blob = _pickle.dumps(objects)
-    learner = RemoteLearner(grade_id, None, None, lambda: None, blob, "en", 0, RankPool)  # type: ignore[arg-type]
-    try:
-        return run_checker(load_checkers()[grade_id], learner, "en")
-    finally:
-        learner.close()
+# The attacks below are this module's code, pickled by value as a notebook's would be, and
+# graded the verdict process's way (``test_grading_attacks_probes.remote_verdict``).
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 
 # ----- 05.ring: the attacks as the reviewer wrote them -------------------------------------
