@@ -147,18 +147,71 @@ def shm_files() -> set[str]:
     return {n for n in os.listdir("/dev/shm") if not n.startswith(GRADING_SHARE)}
 
 
+def shm_holders(names: set[str]) -> dict[str, set[int]]:
+    """The processes that map or hold open each of ``names`` (files in /dev/shm).
+
+    Matched by inode, not by path: glibc's sem_open maps a temporary file and then links it
+    to the semaphore's name, so a process's maps name the (deleted) temporary file."""
+    keys: dict[tuple[int, int, int], str] = {}
+    for n in names:
+        try:
+            st = os.stat(f"/dev/shm/{n}")
+        except OSError:  # gone meanwhile
+            continue
+        keys[(os.major(st.st_dev), os.minor(st.st_dev), st.st_ino)] = n
+    holders: dict[str, set[int]] = {n: set() for n in names}
+    for proc in Path("/proc").glob("[0-9]*"):
+        pid = int(proc.name)
+        try:
+            maps = (proc / "maps").read_text()
+        except OSError:  # gone, or not ours to read
+            maps = ""
+        for line in maps.splitlines():
+            parts = line.split(None, 5)
+            if len(parts) < 5 or ":" not in parts[3]:
+                continue
+            major, minor = (int(x, 16) for x in parts[3].split(":"))
+            name = keys.get((major, minor, int(parts[4])))
+            if name is not None:
+                holders[name].add(pid)
+        try:
+            fds = list((proc / "fd").iterdir())
+        except OSError:
+            fds = []
+        for fd in fds:
+            try:
+                st = os.stat(fd)
+            except OSError:  # closed while we read
+                continue
+            name = keys.get((os.major(st.st_dev), os.minor(st.st_dev), st.st_ino))
+            if name is not None:
+                holders[name].add(pid)
+    return holders
+
+
 def shm_left(before: set[str], patience: float = 5.0) -> set[str]:
-    """Files in /dev/shm that were not in ``before`` and are still there after ``patience`` s.
+    """Files in /dev/shm that were not in ``before`` and are still there after ``patience`` s,
+    but those that only processes outside this test run hold.
 
     A leak stays. A file that goes within a few seconds is another program's at work (a
     multiprocessing semaphore lives in /dev/shm between sem_open and sem_unlink), not a leak.
+    So is one that a process outside this pytest process's tree maps or holds, and none inside
+    it: test.sh runs four pytest runs side by side, and a lesson's `spawn` multiprocessing
+    Queue (three semaphores: ddp_lab/labs/shared_memory.py) in another run lives for as long
+    as its lab runs (a CI run failed on one). A file that no process holds is counted: a
+    launch that forgot to unlink leaves exactly that.
     """
     import time
 
     deadline = time.monotonic() + patience
     while (shm_files() - before) and time.monotonic() < deadline:
         time.sleep(0.1)
-    return shm_files() - before
+    left = shm_files() - before
+    if not left:
+        return left
+    ours = {os.getpid()} | descendants(os.getpid(), zombies=True)
+    holders = shm_holders(left)
+    return {n for n in left if not holders[n] or holders[n] & ours}
 
 
 @pytest.fixture

@@ -1,4 +1,8 @@
-"""The leak checks the tests share (tests/conftest.py) see our sockets and only ours.
+"""The leak checks the tests share (tests/conftest.py) see our sockets and /dev/shm files, and
+only ours.
+
+A /dev/shm name is no owner either: a lesson in another run holds a multiprocessing Queue
+(three named semaphores) for as long as its lab runs, and a CI run failed on those.
 
 A port number is not an owner: once a launch let go of its port, the kernel may give the same
 number to another program's bind(0), and test.sh runs four pytest runs side by side. A check
@@ -7,13 +11,15 @@ that read every socket on the number failed CI on a socket of another run.
 
 from __future__ import annotations
 
+import multiprocessing as mp
 import os
 import socket
 import subprocess
 import sys
 import time
+import uuid
 
-from conftest import ports_in_use, tcp_states
+from conftest import ports_in_use, shm_files, shm_left, tcp_states
 
 # Prints the port of a socket listening in this child; it ends when its stdin closes.
 CHILD = """
@@ -113,3 +119,49 @@ ctypes.CDLL(None).pthread_exit(None)  # the leader exits, its thread and socket 
 def _state(pid: int) -> str:
     text = open(f"/proc/{pid}/stat").read()
     return text[text.rindex(")") + 2]
+
+
+# Holds a `spawn` multiprocessing Queue (its semaphores are named files in /dev/shm while it
+# lives) until its stdin closes; prints when it has it.
+QUEUE_HOLDER = """
+import multiprocessing as mp, sys
+q = mp.get_context("spawn").Queue()
+print(0, flush=True)
+sys.stdin.read()
+"""
+
+
+def test_a_dev_shm_file_nobody_holds_or_we_hold_counts_and_another_program_s_does_not():
+    before = shm_files()
+    # Another program's Queue: held by a process that is none of ours, for longer than the
+    # check's patience.
+    stranger, _ = _listener("import os\nif os.fork():\n    os._exit(0)\n" + QUEUE_HOLDER)
+    stranger.wait()
+    try:
+        theirs = shm_files() - before
+        assert len(theirs) == 3 and all(n.startswith("sem.mp-") for n in theirs)
+        assert shm_left(before, patience=0.5) == set()
+        # Ours: a Queue of this process (a semaphore we map) ...
+        q = mp.get_context("spawn").Queue()
+        mine = shm_files() - before - theirs
+        assert len(mine) == 3
+        assert shm_left(before, patience=0.5) == mine
+        q.close()
+        del q
+        import gc
+
+        gc.collect()  # its finalizer unlinks the names
+        assert shm_left(before, patience=5) == set()
+        # ... and a file nobody holds: what a launch that forgot to unlink leaves
+        name = f"ddp_lab_test_{uuid.uuid4().hex}"
+        open(f"/dev/shm/{name}", "wb").close()
+        try:
+            assert shm_left(before, patience=0.5) == {name}
+        finally:
+            os.unlink(f"/dev/shm/{name}")
+    finally:
+        stranger.stdin.close()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and shm_files() - before:
+        time.sleep(0.05)
+    assert shm_files() - before == set()
