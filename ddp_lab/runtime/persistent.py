@@ -74,14 +74,23 @@ def start(nprocs: int = 2, backend: str = "auto", timeout: float | None = -1) ->
                 nprocs=old,
             )
         )
+    # Said before the wait, not after it: each rank imports torch and joins the group, which
+    # takes seconds (more on a busy laptop), and a cell that prints nothing for that long
+    # looks stuck.
+    print(
+        _t(
+            "Starting {nprocs} persistent ranks ({backend} backend): each imports torch and "
+            "joins the process group, which takes a few seconds ...",
+            nprocs=nprocs,
+            backend=backend,
+        ),
+        flush=True,
+    )
     _group = RankGroup(nprocs, backend, limit, watch=timeout == -1)
     print(
         _t(
-            "Started {nprocs} persistent ranks ({backend} backend). Run cells on "
-            "them with %%ranks; dl.pull / dl.push move values; dl.status() shows "
-            "them; dl.stop() ends them.",
-            nprocs=nprocs,
-            backend=backend,
+            "Ready. Run cells on them with %%ranks; dl.pull / dl.push move values; "
+            "dl.status() shows them; dl.stop() ends them."
         )
     )
 
