@@ -178,6 +178,11 @@ SEALED = textwrap.dedent(
         road("refused in refuse", lambda: F.dropout(torch.ones(2)))
     road("refused for good", lambda: F.dropout(torch.ones(2)))  # nothing restored
     road("made code", lambda: setattr(F.dropout, "__code__", _stub_code(0).replace()))
+    # the process's memory (a graded rank's token: rankserve), read or written; /proc's rest
+    import os
+    road("memory", lambda: open("/proc/self/mem", "rb"))
+    road("memory by bytes", lambda: os.open(b"/proc/self/mem", os.O_RDONLY))
+    road("maps", lambda: open("/proc/self/maps").close())
     """
 )
 
@@ -201,4 +206,7 @@ def test_a_sealed_process_refuses_new_code_for_the_grader_s_and_torch_s_function
         "refused refused in refuse",
         "refused refused for good",
         "refused made code",
+        "refused memory",
+        "refused memory by bytes",
+        "open maps",
     ], out.stdout + out.stderr[-3000:]

@@ -241,8 +241,10 @@ def test_per_rank_form_passes_honest_work_and_not_a_rank_that_reads_the_others(
 @pytest.mark.parametrize(
     ("attack", "words"),
     [
-        # ctypes, as the blob is loaded (after the lock, before the call's own refusals)
-        (_lock_ways.unlocked_all_reduce, "ctypes."),
+        # ctypes, as the blob is loaded (after the lock, before the call's own refusals); it
+        # first reads /proc/self/mem to find the lock's registration, refused since a rank's
+        # memory holds its token (rankserve); ctypes itself: test_lockdown.py
+        (_lock_ways.unlocked_all_reduce, "/proc is not allowed"),
         # a sparse tensor: c10d::allreduce_'s SparseCPU kernel
         (_lock_ways.sparse_all_reduce, "called dist.all_reduce"),
     ],

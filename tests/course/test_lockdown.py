@@ -104,7 +104,7 @@ def test_the_lock_outlives_every_python_road_to_its_registration() -> None:
     assert lines[1:] == ["refused all_reduce", "refused all_reduce"], lines
 
 
-def test_the_lock_refuses_ctypes_proc_writes_and_other_programs_for_the_ranks_life() -> None:
+def test_the_lock_refuses_ctypes_proc_mem_and_other_programs_for_the_ranks_life() -> None:
     # With ctypes the learner's code found the registration in memory and reset it
     # (``_lock_ways.reset_lock_registration``): 04.all_reduce 3/3 through the grader.
     lines = _run(
@@ -115,6 +115,10 @@ def test_the_lock_refuses_ctypes_proc_writes_and_other_programs_for_the_ranks_li
         road("proc", lambda: open("/proc/self/mem", "r+b"))
         road("os.open proc", lambda: os.open("/proc/self/mem", os.O_RDWR))
         road("program", lambda: subprocess.run(["true"]))
+        # read, the memory holds a graded rank's token (rankserve); the rest of /proc stays open
+        road("proc read", lambda: open("/proc/self/mem", "rb"))
+        road("proc read task", lambda: open(f"/proc/self/task/{os.getpid()}/mem", "rb"))
+        road("maps", lambda: open("/proc/self/maps").close())
         # the hook's state without the lock's refusal (what ``guard.pop`` would leave)
         state, me, kit, seal = guard._audit.__defaults__
         road("pop", lambda: setattr(guard._audit, "__defaults__", ((), me, kit, seal)))
@@ -122,16 +126,19 @@ def test_the_lock_refuses_ctypes_proc_writes_and_other_programs_for_the_ranks_li
         check()
         """
     )
-    assert [line.split()[:3] for line in lines[:6]] == [
+    assert [line.split()[:3] for line in lines[:9]] == [
         ["road", "refused", "ctypes"],
         ["road", "refused", "proc"],
         ["road", "refused", "os.open"],
         ["road", "refused", "program"],
+        ["road", "refused", "proc"],
+        ["road", "refused", "proc"],
+        ["road", "open", "maps"],
         ["road", "refused", "pop"],
         ["road", "refused", "pop2"],
     ], lines
     assert "(use dist.broadcast / dist.recv / dist.reduce / dist.send)" in lines[0], lines
-    assert lines[6:] == ["refused all_reduce", "refused all_reduce"], lines
+    assert lines[9:] == ["refused all_reduce", "refused all_reduce"], lines
 
 
 def test_a_locked_rank_opens_ip_sockets_only() -> None:

@@ -95,3 +95,46 @@ def test_size_limit(monkeypatch: pytest.MonkeyPatch) -> None:
         wire.dumps(torch.zeros(1000))
     with pytest.raises(wire.WireError):
         wire.loads("[" + "0," * 1000 + "0]")
+
+
+def test_an_encoder_keeps_what_it_was_made_with(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A graded rank makes its encoder before any learner code runs: what the learner's code
+    replaces later (for a moment, from a finalizer or a thread: ``course.grading.freeze``
+    compares only after each probe) does not change what the rank sends."""
+    import base64
+    import builtins
+    import json.encoder
+
+    value = {"out": torch.arange(6.0).reshape(2, 3), "after": (1.5, float("inf"), "x")}
+    encode = wire.encoder()
+    want = encode(value)
+
+    def forged(*args: object, **kwargs: object) -> object:
+        raise AssertionError("the learner's replacement ran")
+
+    monkeypatch.setattr(base64, "b64encode", forged)
+    monkeypatch.setattr(json, "dumps", forged)
+    monkeypatch.setattr(json.encoder, "c_make_encoder", None)
+    monkeypatch.setattr(json.encoder, "_make_iterencode", forged)
+    monkeypatch.setattr(builtins, "repr", forged)
+    monkeypatch.setattr(torch.Tensor, "numpy", forged, raising=False)
+    monkeypatch.setattr(torch.Tensor, "detach", forged, raising=False)
+    monkeypatch.setattr(wire, "WireError", KeyError)
+    assert encode(value) == want
+    monkeypatch.undo()
+    assert wire.loads(want)["out"].tolist() == [[0.0, 1.0, 2.0], [3.0, 4.0, 5.0]]
+
+
+def test_a_tensor_subclass_is_sent_as_a_plain_tensor_without_its_torch_function() -> None:
+    calls = []
+
+    class Loud(torch.Tensor):
+        @classmethod
+        def __torch_function__(cls, func, types, args=(), kwargs=None):
+            calls.append(func)
+            return super().__torch_function__(func, types, args, kwargs or {})
+
+    t = torch.arange(4.0).as_subclass(Loud)
+    calls.clear()
+    back = wire.loads(wire.dumps(t))
+    assert calls == [] and type(back) is torch.Tensor and back.tolist() == [0.0, 1.0, 2.0, 3.0]

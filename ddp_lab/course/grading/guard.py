@@ -113,6 +113,8 @@ def _message(kind: str, state: tuple, detail: str) -> str:
             "changing {what} of a function of ddp_lab or torch is not allowed while grading.",
             what=detail,
         )
+    if kind == "memory":
+        return _t("opening {what} (a process's memory) is not allowed while grading.", what=detail)
     if kind == "hook" or not state:
         return _t(
             "this exercise asks you to write it yourself: the refusal's audit hook cannot be changed."
@@ -195,6 +197,14 @@ def _audit(
             raise kit[1](kit[0]("hook", state, ""))
         return
     if not state:
+        if seal and event == "open":
+            # A sealed rank with no refusal: its memory holds the rank's token all the same.
+            try:
+                st = kit[3](args[0])
+            except BaseException:  # noqa: BLE001  # not a file here: nothing refused
+                return
+            if st.st_dev == kit[10] and (args[2] & 3 or st.st_mode & 511 == 384):
+                raise kit[2](kit[0]("memory", state, args[0]))
         return
     if event == "import":
         for g in state:
@@ -217,8 +227,10 @@ def _audit(
         except BaseException:  # noqa: BLE001  # "<string>", a closed fd: not a refused file
             return
         key = (st.st_dev, st.st_ino)
-        if event == "open" and st.st_dev == kit[10] and args[2] & 3:
-            # /proc/self/mem opened for writing edits the interpreter's memory, like ctypes.
+        if event == "open" and st.st_dev == kit[10] and (args[2] & 3 or st.st_mode & 511 == 384):
+            # /proc/self/mem opened for writing edits the interpreter's memory, like ctypes;
+            # read, it holds what the process keeps from its own Python code (a graded rank's
+            # token: ``rankserve``). A process's ``mem`` is its only /proc file of mode 0600.
             raise kit[2](kit[0]("other", state, "/proc"))
         for g in state:
             if key in g[3]:

@@ -48,7 +48,7 @@ from __future__ import annotations
 
 import json
 import random
-import signal
+import secrets
 import subprocess
 import sys
 import tempfile
@@ -59,7 +59,13 @@ from typing import Any
 
 from ddp_lab.course.grading import ranknet, view, wire
 from ddp_lab.course.grading.learner import RunnerGone
-from ddp_lab.course.grading.ranknet import join_network, kill_group, remove_folder, start_holder
+from ddp_lab.course.grading.ranknet import (
+    ended_why,
+    join_network,
+    kill_group,
+    remove_folder,
+    start_holder,
+)
 from ddp_lab.course.grading.rankserve import REQUEST_LIMIT, per_call_of, protection_of
 from ddp_lab.i18n import _t
 
@@ -99,6 +105,10 @@ class RankPool:
         self.sandboxed = sandbox.available()
         self.procs: list[subprocess.Popen] = []
         self.readers: list[wire.LineReader] = []
+        # Each rank's token, the first line it reads: every reply of the rank's own loop
+        # carries it (``rankserve.main``); a line without it was written by other code in the
+        # rank's process, the learner's.
+        self.tokens: list[str] = []
         self.holder: subprocess.Popen | None = None
         self.holder_pid = 0
         self.base: Path | None = None
@@ -157,9 +167,15 @@ class RankPool:
                 stderr=subprocess.DEVNULL,
                 start_new_session=True,
             )
-            assert proc.stdout is not None
+            assert proc.stdout is not None and proc.stdin is not None
             self.procs.append(proc)
             self.readers.append(wire.LineReader(proc.stdout.fileno(), REQUEST_LIMIT))
+            self.tokens.append(secrets.token_hex(16))
+            try:
+                proc.stdin.write(json.dumps({"token": self.tokens[-1]}).encode() + b"\n")
+                proc.stdin.flush()
+            except OSError:
+                pass  # it died: its missing "ready" says so
             new.append(rank)
         if new:
             ready = self._collect(new, STARTUP_S, "ready")
@@ -368,7 +384,7 @@ class RankPool:
                     raise LearnerError("WireError", flood) from None
                 if line is None:
                     if reader.eof:
-                        raise LearnerError("RankFailed", self._ended(rank))
+                        raise LearnerError("RankFailed", ended_why(self.procs[rank], rank))
                     continue
                 try:
                     reply = json.loads(line)
@@ -376,6 +392,15 @@ class RankPool:
                     continue  # not the protocol's: ignore
                 if not isinstance(reply, dict):
                     continue
+                if reply.get("token") != self.tokens[rank]:
+                    raise LearnerError(
+                        "Refused",
+                        _t(
+                            "rank {rank}: a line on its pipe to the grader was not the rank's "
+                            "own reply (code in the rank's process wrote it)",
+                            rank=rank,
+                        ),
+                    )
                 if "error" in reply:
                     e = reply["error"] if isinstance(reply["error"], dict) else {}
                     kind, text = str(e.get("type", "Error"))[:100], str(e.get("message", ""))
@@ -407,31 +432,6 @@ class RankPool:
                 reader.fill()
         return replies
 
-    def _ended(self, rank: int) -> str:
-        """Why rank ``rank`` ended without an answer, for the learner: how its process ended
-        (bwrap passes on its exit status, 128 + the signal for a killed one). What it printed
-        stays in its sandbox's private folder, out of the grader's reach."""
-        proc = self.procs[rank]
-        try:
-            code = proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            code = None
-        if code is not None and code > 128 and code - 128 in signal.valid_signals():
-            text = _t(
-                "rank {rank} ended without an answer: its process was killed by {signal}",
-                rank=rank,
-                signal=signal.Signals(code - 128).name,
-            )
-        elif code is not None:
-            text = _t(
-                "rank {rank} ended without an answer: its process exited with status {code}",
-                rank=rank,
-                code=code,
-            )
-        else:
-            text = _t("rank {rank} ended without an answer", rank=rank)
-        return text
-
     def close(self) -> None:
         for proc in self.procs:
             kill_group(proc)
@@ -439,5 +439,5 @@ class RankPool:
             kill_group(self.holder)
         if self.base is not None:
             self._remove()
-        self.procs, self.readers, self.holder, self.base = [], [], None, None
+        self.procs, self.readers, self.tokens, self.holder, self.base = [], [], [], None, None
         self.view = None

@@ -149,3 +149,28 @@ def list_share(folder: Path) -> dict[str, dict[str, object]]:
         kind = "link" if entry.is_symlink() else "dir" if entry.is_dir() else "file"
         found[entry.name] = {"kind": kind, "size": st.st_size, "ctime": st.st_ctime_ns / 1e9}
     return found
+
+
+def ended_why(proc: subprocess.Popen, rank: int) -> str:
+    """Why rank ``rank`` (its sandbox ``proc``) ended without an answer, for the learner: how
+    its process ended (bwrap passes on its exit status, 128 + the signal for a killed one).
+    What it printed stays in its sandbox's private folder, out of the grader's reach."""
+    from ddp_lab.i18n import _t
+
+    try:
+        code = proc.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        code = None
+    if code is not None and code > 128 and code - 128 in signal.valid_signals():
+        return _t(
+            "rank {rank} ended without an answer: its process was killed by {signal}",
+            rank=rank,
+            signal=signal.Signals(code - 128).name,
+        )
+    if code is not None:
+        return _t(
+            "rank {rank} ended without an answer: its process exited with status {code}",
+            rank=rank,
+            code=code,
+        )
+    return _t("rank {rank} ended without an answer", rank=rank)

@@ -33,6 +33,7 @@ from pathlib import Path
 from ddp_lab.course.grading import freeze, wire
 
 REQUEST_LIMIT = wire.MAX_BYTES + 4096  # one request line, read by the rank
+STARTUP_S = 600  # the grader's token comes first, as the rank starts (``rankhost.STARTUP_S``)
 _REFUSING: set = set()  # the refusals this rank entered, never left (``_serve``)
 
 
@@ -119,13 +120,15 @@ def _serve(
     reader: wire.LineReader,
     table: tuple,
     frozen: tuple = (),
+    encode: Callable = wire.dumps,
     changed: Callable = freeze.changed,
 ) -> tuple[dict, tuple]:
     """Run the probe on this rank's input; the reply (data or the error), and ``frozen``: the
     snapshot of the rank's modules (``course.grading.freeze``), taken at the seal and kept by
     ``main`` (a local of its frame, out of the learner's reach). With ``steps``, in lockstep
-    with the grader (``send`` a step, wait for its ``go`` on ``reader``). ``changed`` is bound
-    here, as a default the seal keeps: a module attribute could be replaced."""
+    with the grader (``send`` a step, wait for its ``go`` on ``reader``). ``encode``: the
+    rank's ``wire.encoder``, made before any learner code ran. ``changed`` is bound here, as a
+    default the seal keeps: a module attribute could be replaced."""
     import datetime
     import pickle
 
@@ -203,16 +206,16 @@ def _serve(
         if not steps:
             result = probe(rank, objects, data)
             moved = changed(frozen, stubs)
-            return (_replaced(moved), frozen) if moved else ({"ok": wire.dumps(result)}, frozen)
+            return (_replaced(moved), frozen) if moved else ({"ok": encode(result)}, frozen)
         out = []
         for k, item in enumerate(data):  # one call of the learner's code per step
             out.extend(probe(rank, objects, [item]))
             moved = changed(frozen, stubs)
             if moved:
                 return _replaced(moved), frozen
-            send({"done": wire.dumps(k)})
+            send({"done": encode(k)})
             _wait_go(reader)
-        return {"ok": wire.dumps(out)}, frozen
+        return {"ok": encode(out)}, frozen
     except Exception as exc:  # noqa: BLE001  # the learner's code raised
         err = error_of(exc)
         return {"error": {"type": err.type_name, "message": err.message[:500]}}, frozen
@@ -262,14 +265,30 @@ def main() -> int:
 
     keep_process_groups()  # gloo groups are dropped without destructors (see _rank)
     table = probe_table()  # before "ready", before any blob: the grader's time
-
+    # The grader's first line: this rank's token, which each reply carries. The pipe to the
+    # grader is a descriptor of this process, which the learner's code can write to (the
+    # token tells the grader's reader which lines are the rank's); the token is a local of
+    # this frame and a default of ``send``, out of reach without frames (``scan`` flags those).
+    first = reader.readline(STARTUP_S)
+    if first is None:
+        return 1
+    token = str(json.loads(first)["token"])
     # What the loop calls is bound here, before any learner code: their modules' attributes
-    # could be replaced later (``course.grading.freeze``), the defaults of a function defined
-    # in the package cannot (``guard.seal``).
+    # could be replaced later, for a moment even (a finalizer, a thread: put back before
+    # ``course.grading.freeze`` looks), the defaults of a function defined in the package
+    # cannot (``guard.seal``), and neither can what ``wire.encoder`` binds.
+    encode = wire.encoder()
+
     def send(
-        reply: dict, out: int = proto_out, dumps: Callable = json.dumps, write: Callable = os.write
+        reply: dict,
+        out: int = proto_out,
+        encode: Callable = encode,
+        write: Callable = os.write,
+        view: Callable = memoryview,
+        token: str = token,
     ) -> None:
-        data = memoryview(dumps(reply).encode() + b"\n")
+        reply["token"] = token
+        data = view(encode(reply).encode() + b"\n")
         while data:
             data = data[write(out, data) :]
 
@@ -283,7 +302,7 @@ def main() -> int:
             break
         if line is None:
             break
-        reply, frozen = serve(parse(line), send, reader, table, frozen)
+        reply, frozen = serve(parse(line), send, reader, table, frozen, encode)
         send(reply)
         if "replaced" in reply:  # the learner's code changed the rank's modules: serve no more
             break

@@ -18,6 +18,7 @@ import json
 import math
 import os
 import sys
+from collections.abc import Callable
 from typing import Any
 
 MAX_BYTES = 64 * 2**20  # one encoded message
@@ -53,50 +54,104 @@ class WireError(ValueError):
     """A value that cannot cross, or a message that is not a valid encoding."""
 
 
-def _enc(obj: Any, depth: int) -> Any:
-    if depth > MAX_DEPTH:
-        raise WireError("nested too deeply")
-    # Exact types only: a subclass of int or str could carry methods of the learner's.
-    if obj is None or type(obj) in (bool, int, str):
-        return obj
-    if type(obj) is float:
-        return obj if math.isfinite(obj) else {"__float__": repr(obj)}
-    if type(obj) is list:
-        return [_enc(x, depth + 1) for x in obj]
-    if type(obj) is tuple:
-        return {"__tuple__": [_enc(x, depth + 1) for x in obj]}
-    if type(obj) is dict:
-        if not all(type(k) is str for k in obj):
-            raise WireError("dict keys must be str")
-        if any(k.startswith("__") and k.endswith("__") for k in obj):
-            raise WireError("dict keys may not look like __name__")
-        return {k: _enc(v, depth + 1) for k, v in obj.items()}
+def encoder() -> Callable[[Any], str]:
+    """``dumps`` with everything it calls bound now, in its closure.
+
+    A graded rank (``rankserve``) builds its encoder before any of the learner's code runs,
+    and encodes its replies with it: the learner's code may have left something behind that
+    runs later (a finalizer, a thread) and replaces a module attribute for a moment, put back
+    before ``course.grading.freeze`` looks. ``dumps`` looked up ``base64.b64encode``,
+    ``json.dumps`` (and the ``json.encoder`` functions it calls), builtins and the tensors'
+    methods when it ran; an encoder made here calls the C functions it was given (``binascii``,
+    ``_json``'s encoder, ``torch._C.TensorBase``'s methods, immutable types) and nothing that
+    code can rebind. Tensors of a subclass are read as plain tensors (no ``__torch_function__``
+    of theirs runs)."""
+    import binascii
+    import json.encoder
+
+    isfinite, b2a, length, kind, inside = math.isfinite, binascii.b2a_base64, len, type, isinstance
+    as_repr, as_list, error = repr, list, WireError
+
+    def refuse_nan(value: Any) -> Any:
+        raise error(f"a {kind(value).__name__} cannot be sent")
+
+    # json.dumps(..., separators=(",", ":"), allow_nan=False), as the C encoder it builds
+    write = json.encoder.c_make_encoder(
+        None,
+        refuse_nan,
+        json.encoder.c_encode_basestring_ascii,
+        None,
+        ":",
+        ",",
+        False,
+        False,
+        False,
+    )
     torch = sys.modules.get("torch")  # no tensor can exist before torch is imported
-    if torch is not None and isinstance(obj, torch.Tensor):
-        t = obj.detach()
-        if t.layout != torch.strided:
-            t = t.to_dense()
-        name = str(t.dtype).removeprefix("torch.")
-        if name not in dtypes():
-            raise WireError(f"tensor dtype {name} cannot be sent")
-        t = t.cpu().contiguous()
-        raw = t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b""
-        return {
-            "__tensor__": {
-                "dtype": name,
-                "shape": list(t.shape),
-                "data": base64.b64encode(raw).decode(),
+    if torch is not None:
+        base = vars(torch._C.TensorBase)
+        tensor, strided, plain = torch.Tensor, torch.strided, torch._C.DisableTorchFunctionSubclass
+        detach, to_dense, cpu, contiguous = (
+            base[n] for n in ("detach", "to_dense", "cpu", "contiguous")
+        )
+        reshape, view, numpy, numel = (base[n] for n in ("reshape", "view", "numpy", "numel"))
+        layout, dtype, shape = (base[n].__get__ for n in ("layout", "dtype", "shape"))
+        names, uint8 = {v: k for k, v in dtypes().items()}, torch.uint8
+    else:
+        tensor = ()  # isinstance(x, ()) is False
+
+    def enc(obj: Any, depth: int) -> Any:
+        if depth > MAX_DEPTH:
+            raise error("nested too deeply")
+        # Exact types only: a subclass of int or str could carry methods of the learner's.
+        t = kind(obj)
+        if obj is None or t is bool or t is int or t is str:
+            return obj
+        if t is float:
+            return obj if isfinite(obj) else {"__float__": as_repr(obj)}
+        if t is list:
+            return [enc(x, depth + 1) for x in obj]
+        if t is tuple:
+            return {"__tuple__": [enc(x, depth + 1) for x in obj]}
+        if t is dict:
+            for k in obj:
+                if kind(k) is not str:
+                    raise error("dict keys must be str")
+                if k.startswith("__") and k.endswith("__"):
+                    raise error("dict keys may not look like __name__")
+            return {k: enc(v, depth + 1) for k, v in obj.items()}
+        if inside(obj, tensor):
+            with plain():
+                t = detach(obj)
+                if layout(t) != strided:
+                    t = to_dense(t)
+                name = names.get(dtype(t))
+                if name is None:
+                    raise error(f"tensor dtype {as_repr(dtype(t))[6:]} cannot be sent")  # "torch.x"
+                t = contiguous(cpu(t))
+                raw = numpy(view(reshape(t, (-1,)), uint8)).tobytes() if numel(t) else b""
+                size = as_list(shape(t))
+            return {
+                "__tensor__": {
+                    "dtype": name,
+                    "shape": size,
+                    "data": b2a(raw, newline=False).decode(),
+                }
             }
-        }
-    raise WireError(f"a {type(obj).__name__} cannot be sent (only data: numbers, str, tensors)")
+        raise error(f"a {t.__name__} cannot be sent (only data: numbers, str, tensors)")
+
+    def dumps(obj: Any) -> str:
+        text = "".join(write(enc(obj, 0), 0))
+        if length(text) > MAX_BYTES:
+            raise error(f"result too large ({length(text)} bytes)")
+        return text
+
+    return dumps
 
 
 def dumps(obj: Any) -> str:
     """Encode plain data (see the module docstring) as one line of JSON."""
-    text = json.dumps(_enc(obj, 0), separators=(",", ":"), allow_nan=False)
-    if len(text) > MAX_BYTES:
-        raise WireError(f"result too large ({len(text)} bytes)")
-    return text
+    return encoder()(obj)
 
 
 def _dec(obj: Any, depth: int) -> Any:
