@@ -1140,15 +1140,17 @@ dl.grade("04.all_gather", send_recv_all_gather)
 # %% [markdown] lang="en"
 # ## What next
 #
-# Your all-reduce sends the whole tensor to one root and back: its cost grows with N.
+# An all-reduce as reduce + broadcast (exercise 1 builds one) sends the whole tensor to one
+# root and back: its cost grows with N.
 # Chapter 05 builds the ring all-reduce, whose traffic per rank stays below 2S for any N,
 # and measures it against `dist.all_reduce`.
 
 # %% [markdown] lang="zh"
 # ## 接下来
 #
-# 你的全归约把整个张量发到一个根 rank 再发回来：代价随 N 增长。第 05 章将实现环形全归约，
-# 无论 N 多大，每个 rank 的通信量都低于 2S，并与 `dist.all_reduce` 做性能对比。
+# 用归约 + 广播实现的全归约（练习 1 就要实现一个）把整个张量发到一个根 rank 再发回来：
+# 代价随 N 增长。第 05 章将实现环形全归约，无论 N 多大，每个 rank 的通信量都低于 2S，
+# 并与 `dist.all_reduce` 做性能对比。
 
 
 # %% [markdown] lang="en"

@@ -115,14 +115,24 @@ def compare(got: Any, expected: Any) -> str:
 
 
 def show_source(obj: Any) -> Any:
-    """Display the source code of a ddp_lab function or class with syntax highlighting."""
+    """Display the source code of a ddp_lab function or class with syntax highlighting.
+
+    In IPython (a notebook's kernel) the code is displayed at once and None is returned, so
+    that it shows wherever the call sits in its cell: a returned object shows only as the
+    cell's last expression, and a ``show_source`` followed by more code showed nothing.
+    Elsewhere it returns the code (an ``IPython.display.Code``, or the text without IPython).
+    """
     source = inspect.getsource(obj)
     try:
-        from IPython.display import Code
-
-        return Code(source, language="python")
+        from IPython import get_ipython
+        from IPython.display import Code, display
     except ImportError:
         return source
+    code = Code(source, language="python")
+    if get_ipython() is None:
+        return code
+    display(code)
+    return None
 
 
 def scratch(name: str) -> Path:

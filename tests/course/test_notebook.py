@@ -56,6 +56,32 @@ def test_show_source_shows_package_code():
     assert "def spawn(" in text
 
 
+def test_show_source_shows_in_the_middle_of_a_cell():
+    # A real kernel: a show_source call followed by more code in the same cell (chapter 07's
+    # Hogwild cell, 12's two in a row) showed nothing when it only returned the code.
+    import nbformat
+    from nbclient import NotebookClient
+
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [
+        nbformat.v4.new_code_cell(
+            "import ddp_lab as dl\n"
+            "dl.show_source(dl.scratch)\n"
+            "dl.show_source(dl.tr)\n"
+            "print('after')"
+        ),
+        nbformat.v4.new_code_cell("dl.show_source(dl.compare)"),
+    ]
+    NotebookClient(nb, timeout=120, kernel_name="python3").execute()
+    middle, last = nb.cells[0].outputs, nb.cells[1].outputs
+    shown = [o["data"]["text/plain"] for o in middle if "data" in o]
+    assert ["def scratch(" in s for s in shown] == [True, False]
+    assert "def tr(" in shown[1]
+    assert middle[-1]["text"] == "after\n"
+    # as a cell's last expression it shows once, not twice
+    assert [("def compare(" in o["data"]["text/plain"]) for o in last] == [True]
+
+
 @pytest.mark.parametrize("lang", ["en", "zh"])
 def test_setup_returns_language(lang):
     try:

@@ -203,6 +203,8 @@ def test_all_gather_deadlock_is_reported_as_a_timeout(capsys):
     assert not grade_passes("04.all_gather", ag_blocking_sends_first)
     out = capsys.readouterr().out
     assert "FAIL" in out and "deadlock" in out
+    # the hint names the mistake made here (blocking sends first), not only a recv
+    assert "blocked in send" in out
 
 
 def test_all_gather_reference_passes():

@@ -302,9 +302,9 @@ def test_accuracy_checker_accepts_both_fixes(fixed):
 @pytest.mark.parametrize(
     ("wrong", "feedback"),
     [
-        (naive_mean, "expected accuracy"),
-        (trimmed_in_rank_order, "expected accuracy"),
-        (divided_by_dataset_len, "expected accuracy"),
+        (naive_mean, "include the padding's duplicates"),
+        (trimmed_in_rank_order, "include the padding's duplicates"),
+        (divided_by_dataset_len, "include the padding's duplicates"),
         (mean_of_rank_means, "expected accuracy"),
         (local_only, "expected accuracy"),
         (uses_the_package, "write it yourself: your function calls"),

@@ -143,7 +143,8 @@ def ranks_case(learner: Any, probe: Callable, per_rank: list, case: str, timeout
             raise fail(
                 _t(
                     "the ranks were still running after {seconds} s: a deadlock? (e.g. every "
-                    "rank waiting in recv, or ranks calling different operations)",
+                    "rank blocked in send or in recv, waiting for a peer that waits too, or "
+                    "ranks calling different operations)",
                     seconds=timeout,
                 ),
                 case,

@@ -165,6 +165,31 @@ def _kind(got: object) -> str:
     return type(got).__name__
 
 
+def _accuracy_mistake(
+    got: float, truth: float, n: int, replicas: int, in_rank_order: list[float]
+) -> str:
+    """The verdict on a wrong accuracy; a hint when ``got`` is what the padded results give
+    (their mean, their sum over ``n``, or the first ``n`` in rank order: on some cases two of
+    these agree, so one hint names both mistakes)."""
+    fields = {"expected": round(truth, 6), "got": round(got, 6), "n": n, "replicas": replicas}
+    total = len(in_rank_order)
+    padded = (
+        sum(in_rank_order) / total,  # all_gather + cat + mean
+        sum(in_rank_order) / n,  # ... divided by dataset_len
+        sum(in_rank_order[:n]) / n,  # ... trimmed to dataset_len in rank order
+    )
+    if total > n and any(abs(got - value) <= 1e-6 for value in padded):
+        return _t(
+            "expected accuracy {expected}, got {got}: the {total} gathered results include "
+            "the padding's duplicates, and rank r's j-th result is sample j * {replicas} + r, "
+            "so neither all of them nor the first {n} in rank order are the {n} samples: "
+            "count each sample once",
+            total=total,
+            **fields,
+        )
+    return _t("expected accuracy {expected}, got {got}", **fields)
+
+
 def _short(value: object) -> str:
     text = repr(value)
     return text if len(text) <= 120 else text[:117] + "..."
@@ -413,6 +438,7 @@ def check_accuracy(rng: random.Random, learner: Any) -> Iterator[object]:
         for k, (n, correct) in enumerate(datasets):
             label = f"world_size={replicas}, dataset_len={n}"
             truth = sum(correct) / n
+            in_rank_order = [x for shard in shards[k][1] for x in shard]  # all_gather + cat
             if type(results) is not list or len(results) != replicas:
                 got = len(results) if type(results) is list else _kind(results)
                 raise fail(
@@ -431,12 +457,5 @@ def check_accuracy(rng: random.Random, learner: Any) -> Iterator[object]:
                         _t("return the accuracy as a float, not {kind}", kind=_kind(got)), where
                     )
                 if not abs(got - truth) <= 1e-6:
-                    raise fail(
-                        _t(
-                            "expected accuracy {expected}, got {got}",
-                            expected=round(truth, 6),
-                            got=_short(got),
-                        ),
-                        where,
-                    )
+                    raise fail(_accuracy_mistake(got, truth, n, replicas, in_rank_order), where)
             yield label
