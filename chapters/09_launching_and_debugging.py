@@ -353,6 +353,8 @@ assert sorted(int(rec["RANK"]) for rec in rows) == [0, 1, 2, 3]
 
 # %% tags=["lesson"]
 dl.show_source(ld.worker_node_habits)
+
+# %% tags=["lesson"]
 rows = [rec for r in runs["habits"].result() for rec in r.records()]
 print(ld.format_table(sorted(rows, key=lambda rec: int(rec["RANK"])),
                       ("RANK", "GROUP_RANK", "LOCAL_RANK", "set_device_RANK",
@@ -990,8 +992,8 @@ errors.show_table()
 from ddp_lab.cluster import hosts
 from ddp_lab.labs import two_hosts as th
 
-dl.show_source(hosts.Cluster.up)
 gallery = th.Gallery()
+dl.show_source(hosts.Cluster.up)
 
 # %% [markdown] lang="en" tags=["lesson"]
 # Each host answers with its own name, address and `/etc/hosts`, and `ddp-lab doctor` (its

@@ -87,6 +87,8 @@ print(torch.__version__)
 from ddp_lab import tensor_parallel as tpmod
 
 dl.show_source(tpmod._CopyToParallelRegion)
+
+# %% tags=["lesson"]
 dl.show_source(tpmod.RowParallelLinear.forward)
 
 # %% [markdown] lang="en" tags=["lesson"]
