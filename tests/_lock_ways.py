@@ -8,21 +8,32 @@ looks for are built from pieces).
 
 from __future__ import annotations
 
+import contextlib
 import struct
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
 
 
-def _registrations() -> list[int]:
+def _registrations(read: Callable[[int, int], bytes] | None = None) -> list[int]:
     """The addresses of the ``torch._C._DispatchModule`` objects with one reference (the lock's
-    registration among them), found by reading ``/proc/self/mem`` (reading is allowed)."""
+    registration among them), found by reading the process's writable memory: through
+    ``/proc/self/mem``, or through ``read(address, n)`` (refused in a sealed rank since it holds
+    the rank's token; ``/proc/self/maps``, which says where the memory is, stays open)."""
     pattern = struct.pack("<Q", id(torch._C._DispatchModule))
     base = "/pr" + "oc/self/"
     with open(base + "maps") as f:
         regions = [line.split() for line in f]
     found = []
-    with open(base + "me" + "m", "rb", buffering=0) as mem:
+    with contextlib.ExitStack() as stack:
+        if read is None:
+            mem = stack.enter_context(open(base + "me" + "m", "rb", buffering=0))
+
+            def read(address: int, n: int) -> bytes:
+                mem.seek(address)
+                return mem.read(n)
+
         for region in regions:
             if not region[1].startswith("rw") or (len(region) > 5 and region[5][:2] == "[v"):
                 continue
@@ -30,8 +41,7 @@ def _registrations() -> list[int]:
             if hi - lo > 1 << 30:
                 continue
             try:
-                mem.seek(lo)
-                data = mem.read(hi - lo)
+                data = read(lo, hi - lo)
             except OSError:
                 continue
             i = data.find(pattern)
@@ -102,7 +112,7 @@ def reset_by_array_interface() -> int:
         return np.asarray(View(address, n))
 
     reset = 0
-    for address in _registrations():
+    for address in _registrations(lambda address, n: mem(address, n).tobytes()):
         if struct.unpack("<qQ", mem(address, 16).tobytes()) != (1, id(torch._C._DispatchModule)):
             continue
         holder: list = [None]

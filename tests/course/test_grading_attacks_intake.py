@@ -299,8 +299,10 @@ def test_neighbours_cannot_starve_or_fill_the_machine(chapter00_class) -> None:
     graded = chapter00_class
     book = graded.rows("a-bomb", "a-broken", HONEST, "filler")
     # The bomb gets nothing: its wrong answer fails, or (on a loaded machine, its 500
-    # processes waiting for a CPU) its own error.
-    assert book.pop("a-bomb") in {(0, 2, "failed"), (0, 2, "error")}
+    # processes waiting for a CPU) its own error, or its own timeout: its 8 spinning children
+    # share its cgroup's CPU with its later cells, which on CI's two busy cores ran past the
+    # 90 s cell timeout once. Either way nothing of it reaches the others (below).
+    assert book.pop("a-bomb") in {(0, 2, "failed"), (0, 2, "error"), (0, 2, "timeout")}
     assert book == {
         "a-broken": (0, 2, "invalid"),
         HONEST: (2, 2, "passed"),

@@ -14,57 +14,17 @@ the comparisons happen in the checker.
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Iterator
-from types import FunctionType
+from collections.abc import Iterator
 from typing import Any
 
 import torch
 from torch.utils.data import DistributedSampler
 
 from ddp_lab.course.grading import checker, fail, running
+from ddp_lab.course.grading.checks.ch06_names import uses_forbidden
 from ddp_lab.course.grading.checks.probes import _int_or_kind
 from ddp_lab.course.grading.learner import refuse
 from ddp_lab.i18n import N_, _t, lookup
-
-
-def _own_helper(fn: Callable, value: object) -> bool:
-    """Whether ``value`` is a function the learner wrote beside ``fn`` (same module, not the
-    package's or torch's): the lesson's names (``padded_indices``) are natural names for it."""
-    module = getattr(value, "__module__", None) or ""
-    return (
-        isinstance(value, FunctionType)
-        and (value.__globals__ is getattr(fn, "__globals__", None) or module == fn.__module__)
-        and not module.startswith(("ddp_lab", "torch"))
-    )
-
-
-def uses_forbidden(fn: Callable, names: set[str]) -> str:
-    """The first of ``names`` that ``fn``'s code refers to (the exercise must not call them).
-
-    A name bound to a helper the learner wrote beside ``fn`` is not a call of the package's
-    function: the helper's own code is read instead."""
-    todo = [fn] if getattr(fn, "__code__", None) is not None else []
-    done: set[int] = set()
-    hits: set[str] = set()
-    while todo:
-        f = todo.pop()
-        if id(f) in done:
-            continue
-        done.add(id(f))
-        codes, seen = [f.__code__], set()
-        while codes:
-            c = codes.pop()
-            seen |= set(c.co_names)
-            codes += [k for k in c.co_consts if hasattr(k, "co_names")]
-        scope = getattr(f, "__globals__", {})
-        for name in seen:
-            value = scope.get(name)
-            if _own_helper(fn, value):
-                todo.append(value)
-            elif name in names:
-                hits.add(name)
-    return sorted(hits)[0] if hits else ""
-
 
 FORBIDDEN = {
     "06.indices": {

@@ -51,6 +51,17 @@ MESSAGES = {
         "expected parameters and BatchNorm buffers equal to torch's "
         "DistributedDataParallel; rank {rank}: max difference {diff:.3g}"
     ),
+    # What the two commonest mistakes look like, said as such (the difference alone says
+    # nothing a learner can act on).
+    "naive_apart": N_(
+        "rank {rank} ended with other parameters or buffers than rank 0 (max difference "
+        "{diff:.3g}): here every rank starts from a model of its own, so broadcast rank 0's "
+        "parameters and buffers when you wrap the model, and average every gradient"
+    ),
+    "naive_sum": N_(
+        "rank {rank}'s parameters are what gradients summed over the ranks give, not "
+        "averaged: divide the all-reduced gradients by the world size"
+    ),
 }
 
 TOL = 1e-9  # float64 models: only summation order may differ from the oracles
@@ -263,10 +274,26 @@ def check_naive_ddp(rng: random.Random, learner: Any) -> Iterator[object]:
             expected = [_train_single(spec, world_size)] * world_size
         inputs = _rank_inputs(spec, world_size, own_models=True)
         got = _ranks(learner.ranks(probe_naive_ddp, inputs, timeout=120), world_size, label)
-        for rank, (out, want) in enumerate(zip(got, expected, strict=True)):
-            diff = (_states_of(out, want, rank, "states", label) - want).abs().max().item()
-            if not diff <= TOL:  # nan fails too
-                raise fail(lookup(MESSAGES, f"naive_{kind}", rank=rank, diff=diff), label)
+        states = [
+            _states_of(out, want, r, "states", label)
+            for r, (out, want) in enumerate(zip(got, expected, strict=True))
+        ]
+        diffs = [
+            (out - want).abs().max().item() for out, want in zip(states, expected, strict=True)
+        ]
+        wrong = [r for r, d in enumerate(diffs) if not d <= TOL]  # nan fails too
+        if wrong:
+            # The ranks apart from each other: something was not broadcast, or not averaged.
+            aparts = [(states[r] - states[0]).abs().max().item() for r in range(world_size)]
+            for rank, apart in enumerate(aparts):
+                if not apart <= TOL:
+                    raise fail(lookup(MESSAGES, "naive_apart", rank=rank, diff=apart), label)
+            rank = wrong[0]
+            if kind == "shifted":
+                summed = _train_single({**spec, "lr": spec["lr"] * world_size}, world_size)
+                if (states[rank] - summed).abs().max().item() <= TOL:
+                    raise fail(lookup(MESSAGES, "naive_sum", rank=rank), label)
+            raise fail(lookup(MESSAGES, f"naive_{kind}", rank=rank, diff=diffs[rank]), label)
         yield label
 
 
@@ -408,6 +435,9 @@ def check_bucketed(rng: random.Random, learner: Any) -> Iterator[object]:
             states = _states_of(out.get("states"), want, rank, "states", label)
             diff = (states - want).abs().max().item()
             if not diff <= TOL:
+                summed = _train_single({**spec, "lr": spec["lr"] * world_size}, world_size)
+                if (states - summed).abs().max().item() <= TOL:
+                    raise fail(lookup(MESSAGES, "naive_sum", rank=rank), label)
                 raise fail(
                     _t(
                         "expected parameters equal to a single-process model trained on the full "
