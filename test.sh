@@ -64,9 +64,13 @@ alone=(tests/course/test_grader.py tests/course/test_grading_*.py
 "${pytest[@]}" "${alone[@]}" || status=$?
 # The rest of tests/course (the checkers with a local learner, the build, the website's pages,
 # the terminology ...): it looks only at its own processes and files, so it runs in phase 2.
+# The checkers of chapters 10-12 run in the fourth run, after tests/cluster (mostly waiting):
+# in the first they made it the last to end by about ten minutes.
+late=(tests/course/checks/test_ch10*.py tests/course/checks/test_ch11.py
+  tests/course/checks/test_ch12.py)
 course=()
-for f in tests/course/checks tests/course/test_*.py; do
-  case " ${alone[*]} tests/course/test_exercises.py " in *" $f "*) continue ;; esac
+for f in tests/course/checks/test_*.py tests/course/test_*.py; do
+  case " ${alone[*]} ${late[*]} tests/course/test_exercises.py " in *" $f "*) continue ;; esac
   course+=("$f")
 done
 # 2. Four pytest runs side by side on the machine's cores, of what looks only at its own
@@ -89,7 +93,7 @@ set -m
 second=$!
 "${pytest[@]}" tests --ignore=tests/cluster --ignore=tests/course >build/test-unit.log 2>&1 &
 third=$!
-# After tests/cluster (what minds load most: rendezvous and process-group timeouts) and
+# After tests/cluster (what minds load most: rendezvous and process-group timeouts) and the late checkers, and
 # beside the rest of phase 2: the other Pythons, where DDP_LAB_PYTHONS names them (CI's
 # .ci/run does): a venv each with torch, and the tests that depend on the Python version
 # (tests/pythons.sh; none looks at other runs' processes or files). Run after the site, as
@@ -97,7 +101,7 @@ third=$!
 rm -f build/test-cluster.rc build/test-pythons.rc
 {
   rc=0
-  "${pytest[@]}" tests/cluster >build/test-cluster.log 2>&1 || rc=$?
+  "${pytest[@]}" tests/cluster "${late[@]}" >build/test-cluster.log 2>&1 || rc=$?
   echo "$rc" >build/test-cluster.rc
   if [ -n "${DDP_LAB_PYTHONS:-}" ]; then
     rc=0
@@ -115,7 +119,7 @@ wait "$third" || status=$?
 echo "--- tests without tests/cluster and tests/course (run beside the above) ---"
 cat build/test-unit.log
 wait "$fourth" || true
-echo "--- tests/cluster (run beside the above) ---"
+echo "--- tests/cluster and the checkers of chapters 10-12 (run beside the above) ---"
 cat build/test-cluster.log
 rc=$(cat build/test-cluster.rc 2>/dev/null || echo 1)
 [ "$rc" -eq 0 ] || status=$rc

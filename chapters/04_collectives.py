@@ -1030,7 +1030,7 @@ for stored_run in record["runs"]:
         found = shaped_links.measured_crossover(stored_run, name)
         print(f"{stored_run['rate_mbit']:>6g} Mbit/s {name:17s} model S* = "
               f"{shaped_links.crossover(stored_run, name) / 1024:8.1f} KiB | measured: "
-              f"{'-' if found is None else f'{found / 1024:g} KiB'}")
+              f"{'-' if found is None else shaped_links.size_label(found)}")
 fig, axes = plt.subplots(1, 2, figsize=(13, 4))
 shaped_links.plot(record["runs"], "ring", ax=axes[0])
 shaped_links.plot(record["runs"], "gather_broadcast", ax=axes[1])

@@ -364,8 +364,9 @@ dl.spawn(naive_vs_torch, nprocs=2, backend="gloo");
 #   equal to accumulation;
 # - BatchNorm: the gradients are equal (each micro-batch is normalised by its own
 #   statistics in both cases) but the running statistics are not: accumulation updates
-#   them N times, DDP keeps rank 0's. The cell prints `running_mean` and `running_var`
-#   (`num_batches_tracked`, a counter, is 2 against 1).
+#   them N times, DDP keeps rank 0's. The cell prints how far `running_mean` and
+#   `running_var` differ, and the counter `num_batches_tracked` (1 under DDP, 2 after
+#   accumulation).
 
 # %% [markdown] lang="zh"
 # ## 3. DDP 等于梯度累积吗？有条件
@@ -382,7 +383,7 @@ dl.spawn(naive_vs_torch, nprocs=2, backend="gloo");
 #   累积不逐位相等；
 # - BatchNorm：梯度相等（两种做法都用每个微批自己的统计量做归一化），但运行统计量不同：梯度
 #   累积会更新 N 次，DDP 保留的是 rank 0 的。单元分别打印 `running_mean` 和 `running_var` 的
-#   差（计数器 `num_batches_tracked` 则是 2 对 1）。
+#   差，以及计数器 `num_batches_tracked`（DDP 下是 1，梯度累积之后是 2）。
 
 # %% tags=["lesson"]
 def ddp_vs_accumulation(rank, world_size=2, per_rank=8):
@@ -413,9 +414,12 @@ def ddp_vs_accumulation(rank, world_size=2, per_rank=8):
         ratio = single[-1].weight.grad.norm() / ddp.module[-1].weight.grad.norm()
         stats = {n: (a - b).abs().max().item() for (n, a), b in zip(ddp.module.named_buffers(), single.buffers())
                  if n.endswith(("running_mean", "running_var"))}
+        counts = [f"num_batches_tracked: DDP {a.item()}, accumulation {b.item()}"
+                  for (n, a), b in zip(ddp.module.named_buffers(), single.buffers())
+                  if n.endswith("num_batches_tracked")]
         if rank == 0:
             print(f"{name:10s} max |grad DDP - grad accumulation| = {grad:.2e}  (norm ratio {ratio:.2f})  "
-                  + (" ".join(f"{n.split('.')[-1]} differs by {d:.3g}" for n, d in stats.items()) or ""))
+                  + " ".join([f"{n.split('.')[-1]} differs by {d:.3g}" for n, d in stats.items()] + counts))
 
 
 dl.spawn(ddp_vs_accumulation, nprocs=2, backend="gloo");

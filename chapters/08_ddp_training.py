@@ -508,7 +508,7 @@ except RuntimeError as err:
 with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")
     next(iter(DataLoader(TensorDataset(torch.arange(8.0)), batch_size=4, pin_memory=True)))
-print("DataLoader(pin_memory=True):", [str(w.message)[:90] for w in caught] or "no warning")
+print("DataLoader(pin_memory=True):", [str(w.message) for w in caught] or "no warning")
 
 # %% tags=["lesson"]
 if torch.cuda.is_available():

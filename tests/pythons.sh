@@ -67,7 +67,9 @@ for v in "$@"; do
     summary+=("python $v: FAILED to install (log: $log)")
     status=1
   else
-    version=$("$venv/bin/python" -c 'import sys, torch; print(sys.version.split()[0], "torch", torch.__version__)')
+    # Also writes the .pyc of what a rank imports, once: without them (PIP_COMPILE=0) two
+    # ranks of the first launches each compiled torch's modules, on cores busy with phase 2.
+    version=$("$venv/bin/python" -c 'import sys, torch, torch.distributed, ddp_lab.runtime; print(sys.version.split()[0], "torch", torch.__version__)')
     "$venv/bin/python" -m pytest -p no:cacheprovider -q --nbval-lax --nbval-cell-timeout=300 \
       -p ddp_lab.course.nbtraces "${TESTS[@]}" 2>&1 | tee -a "$log" | tail -n 15
     rc=${PIPESTATUS[0]}

@@ -305,7 +305,7 @@ def table(run: dict) -> str:
     lines = [head, f"{'size':>9}" + "".join(f" | {name + ' ms':>22} {'model':>7} {'ratio':>5}"
                                             for name in algorithms)]  # fmt: skip
     for size, per in sorted(by_size.items()):
-        line = f"{_size(size):>9}"
+        line = f"{size_label(size):>9}"
         for name in algorithms:
             t, m = per[name], predict(run, name, size)
             line += f" | {t * 1e3:>22.3f} {m * 1e3:>7.3f} {t / m:>5.2f}"
@@ -313,7 +313,8 @@ def table(run: dict) -> str:
     return "\n".join(lines)
 
 
-def _size(n: float) -> str:
+def size_label(n: float) -> str:
+    """Bytes as the tables print them: ``64 B``, ``4 KiB``, ``16 MiB``."""
     for unit in ("B", "KiB", "MiB"):
         if n < 1024 or unit == "MiB":
             return f"{n:g} {unit}"

@@ -183,7 +183,9 @@ def test_hang_in_mismatched_collectives_times_out_with_stacks(capfd, no_leaks):
 
     start = time.monotonic()
     with pytest.raises(dl.DistributedTimeoutError) as info:
-        dl.spawn(fn, nprocs=2, timeout=3)
+        # 15 s, not less: the ranks must be inside their hang when it fires. At 3 s, on two
+        # cores busy with three other test runs, a rank was still in init_process_group.
+        dl.spawn(fn, nprocs=2, timeout=15)
     assert time.monotonic() - start < 60  # the timeout given, not the default 120 s
     err = info.value
     assert isinstance(err, TimeoutError)
@@ -223,7 +225,7 @@ def test_timeout_names_each_ranks_call_and_the_last_one_completed(monkeypatch, n
 
     monkeypatch.setattr(_workdirs.tempfile, "mkdtemp", mkdtemp)
     with pytest.raises(dl.DistributedTimeoutError) as info:
-        dl.spawn(_skips_an_all_reduce, nprocs=2, timeout=3)
+        dl.spawn(_skips_an_all_reduce, nprocs=2, timeout=15)  # as above: past the ranks' start
     text = str(info.value)
     assert "  - rank 0: waits in all_reduce #2 (4.0 KiB)\n" in text
     assert (
@@ -462,7 +464,7 @@ def test_a_zygote_killed_mid_launch_takes_its_stopped_successor_along(monkeypatc
 
     thread = threading.Thread(target=launch)
     thread.start()
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + 180  # a hang, not a slow start (60 s passed once under load)
     while launcher._zygote is None or len(descendants(launcher._zygote.proc.pid)) < 2:
         assert time.monotonic() < deadline, "the launch never started"
         time.sleep(0.05)
@@ -512,7 +514,7 @@ def test_keyboard_interrupt_stops_every_rank(tmp_path):
     proc = subprocess.Popen(
         [sys.executable, str(script), str(marker)], stdout=subprocess.PIPE, text=True
     )
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + 180  # a hang, not a slow start (60 s passed once under load)
     # Non-empty, not just there: a rank creates its file before it writes its pid.
     while not all(_read(tmp_path / f"pid.{r}") for r in range(2)):
         assert time.monotonic() < deadline and proc.poll() is None
@@ -534,7 +536,7 @@ def test_parent_killed_takes_ranks_with_it(tmp_path):
     script.write_text(SCRIPT)
     marker = tmp_path / "pid"
     proc = subprocess.Popen([sys.executable, str(script), str(marker)], stdout=subprocess.PIPE)
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + 180  # a hang, not a slow start (60 s passed once under load)
     # Non-empty, not just there: a rank creates its file before it writes its pid.
     while not all(_read(tmp_path / f"pid.{r}") for r in range(2)):
         assert time.monotonic() < deadline and proc.poll() is None
@@ -558,7 +560,7 @@ def test_a_killed_callers_folder_is_removed_by_the_next_launch(tmp_path, monkeyp
     marker = tmp_path / "pid"
     env = {**os.environ, "TMPDIR": str(private)}
     proc = subprocess.Popen([sys.executable, str(script), str(marker)], env=env)
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + 180  # a hang, not a slow start (60 s passed once under load)
     while not all(_read(tmp_path / f"pid.{r}") for r in range(2)):
         assert time.monotonic() < deadline and proc.poll() is None
         time.sleep(0.05)
