@@ -201,7 +201,7 @@ def test_stored_run_has_every_algorithm_at_two_bandwidths_and_a_table() -> None:
         # the fitted beta is the shaped rate, within what TCP's headers and Python leave
         assert 0.5 <= 8 / run["beta"] / 1e6 / run["rate_mbit"] <= 1.1, run["rate_mbit"]
         text = sl.table(run)
-        assert all(sl._size(r["size"]) in text for r in run["rows"])
+        assert all(sl.size_label(r["size"]) in text for r in run["rows"])
         big = max(r["size"] for r in run["rows"])
         # at the largest size the link dominates: gather-broadcast moves twice the ring's bytes
         t = {r["algorithm"]: r["time"] for r in run["rows"] if r["size"] == big}
