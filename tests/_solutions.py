@@ -27,8 +27,9 @@ def _defines(tree: ast.Module, name: str) -> bool:
     return False
 
 
-def graded_solution(grade_id: str, lang: str = "en") -> tuple[Any, ...]:
-    """What the solution notebook's graded cell of ``grade_id`` passes to ``dl.grade``.
+def graded_solution(grade_id: str, lang: str = "en", kind: str = "solutions") -> tuple[Any, ...]:
+    """What the solution notebook's graded cell of ``grade_id`` passes to ``dl.grade``
+    (``kind="exercises"``: the released, unsolved notebook's, its stubs).
 
     The notebook's top-level imports run first, then each cell above the graded cell that
     defines one of the graded names (the last such cell per name), in a namespace of its
@@ -36,7 +37,7 @@ def graded_solution(grade_id: str, lang: str = "en") -> tuple[Any, ...]:
     a notebook's code.
     """
     chapter = grade_id.split(".", 1)[0]
-    (path,) = (ROOT / "solutions" / lang).glob(f"{chapter}_*.ipynb")
+    (path,) = (ROOT / kind / lang).glob(f"{chapter}_*.ipynb")
     cells = [c for c in nbformat.read(path, as_version=4).cells if c.cell_type == "code"]
     graded = next(i for i, c in enumerate(cells) if c.metadata.get("grade_id") == grade_id)
     call = ast.parse(cells[graded].source).body[0].value  # dl.grade("NN.x", name, ...)

@@ -15,9 +15,12 @@ from pathlib import Path
 
 import nbformat
 import pytest
+from _solutions import graded_solution
 from nbclient import NotebookClient
 
 from ddp_lab.course import build
+from ddp_lab.course.grading import load_checkers, run_checker
+from ddp_lab.course.grading.learner import LocalLearner
 from ddp_lab.i18n import _t
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -77,12 +80,33 @@ def test_nbval_with_the_shipped_sanitizer_passes_solved_and_fails_unsolved(tmp_p
     assert "NotImplementedError" in bad.stdout
 
 
-# Running an exercise notebook is the slow part. The zh notebooks are the en ones with zh stubs
-# (tests/course/test_build.py::test_code_identical_across_languages_and_kinds: the stub's text
-# is the only code that differs), so every en notebook runs, and of the zh ones chapters 00 and 05
-# (the ring, whose ranks' traffic is judged too): what the zh runs add is the language of the
-# messages, which the same code prints for every chapter.
-RUN = [p for p in EXERCISES if p.parent.name == "en" or p.stem.startswith(("00_", "05_"))]
+# Every graded cell of every unsolved notebook, both languages: the stubs the graded cell
+# passes to ``dl.grade`` (the same cells a kernel runs for them: the notebook's imports, then
+# the last cell above the graded one that defines each name; tests/_solutions.py) through
+# what ``dl.grade`` runs, the chapter's checker with a ``LocalLearner``. The lesson's other
+# cells (its demonstrations, seconds to minutes each) change nothing the checker sees.
+GRADED = [
+    (path.parent.name, cell.metadata["grade_id"])
+    for path in EXERCISES
+    for cell in nbformat.read(path, as_version=4).cells
+    if "grade" in cell.metadata.get("tags", [])
+]
+
+
+@pytest.mark.parametrize(("lang", "grade_id"), GRADED, ids=[f"{lang}/{g}" for lang, g in GRADED])
+def test_unsolved_stubs_fail_their_checker(lang: str, grade_id: str) -> None:
+    objects = graded_solution(grade_id, lang, kind="exercises")
+    passed, line = run_checker(load_checkers([grade_id])[grade_id], LocalLearner(objects), lang)
+    assert not passed, line
+    assert grade_id in line and build.grade_pass_line(grade_id, 0, lang)[:8] not in line, line
+    # the stub's own error, said as such (a concept check: no answer given)
+    assert grade_id.endswith(".concepts") or "NotImplementedError" in line, line
+
+
+# The whole unsolved notebook in a kernel, as a learner runs it, for two: chapter 05 (a rank
+# exercise whose ranks' traffic is judged too) in en, chapter 00 in zh (the verdict's
+# language from the notebook's folder). en 00 runs in the sanitizer's test above.
+RUN = [p for p in EXERCISES if f"{p.parent.name}/{p.stem[:2]}" in ("en/05", "zh/00")]
 
 
 @pytest.mark.parametrize("path", RUN, ids=lambda p: f"{p.parent.name}/{p.stem}")
