@@ -54,6 +54,8 @@ if [ "$#" -gt 0 ]; then
   "${pytest[@]}" tests notebooks solutions/en "$@"
   exit
 fi
+# Each run says when it ended (bash's SECONDS: since test.sh started), which the next
+# cut of CI's time starts from.
 status=0
 # 1. Alone: the grading tests that start sandboxes and verdict processes. Some look for
 #    leftovers machine-wide (grading's temporary folders, cgroups, sandbox users' processes),
@@ -62,6 +64,7 @@ status=0
 alone=(tests/course/test_grader.py tests/course/test_grading_*.py
   tests/course/test_sandbox.py tests/course/test_export.py tests/course/test_browser.py)
 "${pytest[@]}" "${alone[@]}" || status=$?
+echo "test.sh: phase 1 (alone) ended at ${SECONDS} s"
 # The rest of tests/course (the checkers with a local learner, the build, the website's pages,
 # the terminology ...): it looks only at its own processes and files, so it runs in phase 2.
 # The checkers of chapters 10-12 run in the fourth run, after tests/cluster (mostly waiting):
@@ -89,9 +92,9 @@ done
 #    `set -m`: a job started with & in a script would ignore SIGINT, which a kernel's interrupt is.
 mkdir -p build
 set -m
-"${pytest[@]}" notebooks/zh solutions/en tests/course/test_exercises.py >build/test-zh.log 2>&1 &
+{ rc=0; "${pytest[@]}" notebooks/zh solutions/en tests/course/test_exercises.py || rc=$?; echo "test.sh: ended at ${SECONDS} s"; exit "$rc"; } >build/test-zh.log 2>&1 &
 second=$!
-"${pytest[@]}" tests --ignore=tests/cluster --ignore=tests/course >build/test-unit.log 2>&1 &
+{ rc=0; "${pytest[@]}" tests --ignore=tests/cluster --ignore=tests/course || rc=$?; echo "test.sh: ended at ${SECONDS} s"; exit "$rc"; } >build/test-unit.log 2>&1 &
 third=$!
 # After tests/cluster (what minds load most: rendezvous and process-group timeouts) and the late checkers, and
 # beside the rest of phase 2: the other Pythons, where DDP_LAB_PYTHONS names them (CI's
@@ -103,15 +106,18 @@ rm -f build/test-cluster.rc build/test-pythons.rc
   rc=0
   "${pytest[@]}" tests/cluster "${late[@]}" >build/test-cluster.log 2>&1 || rc=$?
   echo "$rc" >build/test-cluster.rc
+  echo "test.sh: ended at ${SECONDS} s" >>build/test-cluster.log
   if [ -n "${DDP_LAB_PYTHONS:-}" ]; then
     rc=0
     bash tests/pythons.sh $DDP_LAB_PYTHONS >build/test-pythons.log 2>&1 || rc=$?
     echo "$rc" >build/test-pythons.rc
+    echo "test.sh: ended at ${SECONDS} s" >>build/test-pythons.log
   fi
 } &
 fourth=$!
 set +m
 "${pytest[@]}" notebooks/en "${course[@]}" || status=$?
+echo "test.sh: ended at ${SECONDS} s"
 wait "$second" || status=$?
 echo "--- notebooks/zh solutions/en tests/course/test_exercises.py (run beside the above) ---"
 cat build/test-zh.log
@@ -136,3 +142,4 @@ fi
 .venv/bin/ddp-lab site --out build/site --missing fail
 DDP_LAB_SITE=build/site .venv/bin/python -m pytest -p no:cacheprovider \
   tests/course/test_site.py::test_site_in_a_browser
+echo "test.sh: the site and its test ended at ${SECONDS} s"
