@@ -1,6 +1,7 @@
 """The released solutions' code, read from the built solution notebooks
 (``solutions/<lang>/NN_*.ipynb``): a test grades the code a learner is given as the
-answer, not a copy of it that could drift. Imported as ``from _solutions import ...``
+answer, not a copy of it that could drift (and, the same way, the stubs of the released
+unsolved notebooks, ``exercises/<lang>/``: tests/course/test_exercises.py). Imported as ``from _solutions import ...``
 (``tests/`` is on sys.path, as for ``conftest``).
 """
 
