@@ -54,6 +54,16 @@ if [ "$#" -gt 0 ]; then
   "${pytest[@]}" tests notebooks solutions/en "$@"
   exit
 fi
+# The other Pythons (DDP_LAB_PYTHONS, below): their venvs (torch's CUDA build from PyPI, GBs to
+# unpack) are installed from here on, in the background at the lowest priority, while phase 1
+# leaves part of the CPU idle; their tests run in the fourth run of phase 2
+# (tests/pythons.sh --install, then tests/pythons.sh on the venvs it left ready).
+install=""
+if [ -n "${DDP_LAB_PYTHONS:-}" ]; then
+  mkdir -p build
+  nice -n 19 bash tests/pythons.sh --install $DDP_LAB_PYTHONS >build/pythons-install.log 2>&1 &
+  install=$!
+fi
 # Each run says when it ended (bash's SECONDS: since test.sh started), which the next
 # cut of CI's time starts from.
 status=0
@@ -109,7 +119,10 @@ rm -f build/test-cluster.rc build/test-pythons.rc
   echo "test.sh: ended at ${SECONDS} s" >>build/test-cluster.log
   if [ -n "${DDP_LAB_PYTHONS:-}" ]; then
     rc=0
-    bash tests/pythons.sh $DDP_LAB_PYTHONS >build/test-pythons.log 2>&1 || rc=$?
+    # the install started at the beginning (not a child of this subshell: no `wait`)
+    while [ -n "$install" ] && kill -0 "$install" 2>/dev/null; do sleep 5; done
+    cat build/pythons-install.log >build/test-pythons.log 2>/dev/null
+    bash tests/pythons.sh $DDP_LAB_PYTHONS >>build/test-pythons.log 2>&1 || rc=$?
     echo "$rc" >build/test-pythons.rc
     echo "test.sh: ended at ${SECONDS} s" >>build/test-pythons.log
   fi

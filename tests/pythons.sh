@@ -6,6 +6,7 @@
 # exception lost its traceback on 3.13.
 #
 #   bash tests/pythons.sh 3.10 3.13        # each: a venv, torch, the course, the tests below
+#   bash tests/pythons.sh --install 3.10   # the venvs only, for a later run (test.sh)
 #
 # For each version it finds python3.X on PATH, else under pyenv ($PYENV_ROOT/versions/3.X.*,
 # the newest), and installs the course with setup.sh into a venv in build/pythons/3.X
@@ -47,6 +48,34 @@ find_python() {
   return 1
 }
 
+# --install: only install each version's venv, and leave it ready ($DIR/3.X.ready: the install's
+# seconds) for a later run without --install, which then runs the tests on it. test.sh starts
+# this at its beginning at the lowest priority, while the grading tests run alone and leave part
+# of the CPU idle: the install (GBs to unpack) was the larger part of this check, on the
+# critical path at the end of the run.
+install_only=0
+if [ "${1:-}" = --install ]; then
+  install_only=1
+  shift
+fi
+
+# Installed as a learner installs (README: `PYTHON=python3.12 bash setup.sh`), with the test
+# extra. PIP_COMPILE=0: no .pyc for torch's thousands of files up front (a minute of the
+# install); Python writes those it imports, and the import below writes those of what a rank
+# imports, once: without them two ranks of the first launches each compiled torch's modules.
+install() {  # VERSION PYTHON VENV LOG: 0 when the venv is ready
+  local v=$1 py=$2 venv=$3 log=$4 t0
+  if [ -f "$DIR/$v.ready" ] && [ -x "$venv/bin/python" ]; then
+    echo "(installed before the tests, in $(cat "$DIR/$v.ready") s)" >>"$log"
+    return 0
+  fi
+  rm -f "$DIR/$v.ready"
+  t0=$(date +%s)
+  PYTHON=$py VENV=$venv DDP_LAB_EXTRAS=test PIP_COMPILE=0 bash setup.sh --no-lab >"$log" 2>&1 &&
+    "$venv/bin/python" -c 'import torch, torch.distributed, ddp_lab.runtime' >>"$log" 2>&1 &&
+    echo "$(($(date +%s) - t0))" >"$DIR/$v.ready"
+}
+
 for v in "$@"; do
   if ! py=$(find_python "$v"); then
     summary+=("python $v: SKIPPED, not found (python$v on PATH or pyenv's versions/$v.*)")
@@ -55,34 +84,34 @@ for v in "$@"; do
   venv=$DIR/$v
   log=$DIR/$v.log
   mkdir -p "$DIR"
+  if [ "$install_only" = 1 ]; then
+    echo "--- python $v: installing $py into $venv (log: $log) ---"
+    install "$v" "$py" "$venv" "$log" || { tail -n 20 "$log"; status=1; }
+    continue
+  fi
   echo "--- python $v: $py -> $venv (log: $log) ---"
-  t0=$(date +%s)
-  # Installed as a learner installs (README: `PYTHON=python3.12 bash setup.sh`), with the test
-  # extra. PIP_COMPILE=0: no .pyc for torch's thousands of files up front (a minute of the
-  # install); Python writes those it imports. (pip reads PIP_NO_COMPILE=1 as "compile".)
-  PYTHON=$py VENV=$venv DDP_LAB_EXTRAS=test PIP_COMPILE=0 bash setup.sh --no-lab \
-    >"$log" 2>&1
-  if [ $? -ne 0 ]; then
+  if ! install "$v" "$py" "$venv" "$log"; then
     tail -n 20 "$log"
     summary+=("python $v: FAILED to install (log: $log)")
     status=1
   else
-    # Also writes the .pyc of what a rank imports, once: without them (PIP_COMPILE=0) two
-    # ranks of the first launches each compiled torch's modules, on cores busy with phase 2.
-    version=$("$venv/bin/python" -c 'import sys, torch, torch.distributed, ddp_lab.runtime; print(sys.version.split()[0], "torch", torch.__version__)')
+    t0=$(date +%s)
+    version=$("$venv/bin/python" -c 'import sys, torch; print(sys.version.split()[0], "torch", torch.__version__)')
     "$venv/bin/python" -m pytest -p no:cacheprovider -q --nbval-lax --nbval-cell-timeout=300 \
       -p ddp_lab.course.nbtraces "${TESTS[@]}" 2>&1 | tee -a "$log" | tail -n 15
     rc=${PIPESTATUS[0]}
     result=$(grep -E '^[0-9]+ (passed|failed)|^=+ .*(passed|failed)' "$log" | tail -n 1 | tr -d '=')
+    took="the install: $(cat "$DIR/$v.ready") s, the tests: $(($(date +%s) - t0)) s"
     if [ "$rc" -eq 0 ]; then
-      summary+=("python $v ($version): PASSED: ${result# } (with the install: $(( $(date +%s) - t0 )) s)")
+      summary+=("python $v ($version): PASSED: ${result# } ($took)")
     else
       summary+=("python $v ($version): FAILED (rc $rc): ${result# } (log: $log)")
       status=1
     fi
   fi
-  [ "${KEEP:-0}" = 1 ] || rm -rf "$venv"
+  [ "${KEEP:-0}" = 1 ] || rm -rf "$venv" "$DIR/$v.ready"
 done
+[ "$install_only" = 1 ] && exit "$status"
 echo "--- other Pythons ---"
 printf '%s\n' "${summary[@]}"
 exit "$status"

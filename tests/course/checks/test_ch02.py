@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 
 import pytest
-from cheats import EqualsAnyList, EqualsAnything, verdict
+from cheats import EqualsAnyList, EqualsAnything, verdict, verdict_here
 
 from ddp_lab.course.grading.checks import ch02
 from ddp_lab.tools import ranks
@@ -133,12 +133,13 @@ def test_no_seed_lets_a_wrong_visibility_rule_pass(
     wrong: Callable, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Each edge case holds both of its forms, so the rule fails under every seed, not only
-    under the seeds that happen to draw the form that tells it apart."""
+    under the seeds that happen to draw the form that tells it apart. The cases are what is
+    asked here: the probe runs in this process (``verdict_here``); the ranks' way is above."""
     monkeypatch.setattr(ranks, "torchrun_assignment", _torchrun_model)
     for seed in range(30):
         monkeypatch.setenv("DDP_LAB_GRADE_SEED", str(seed))
-        assert _verdict(_reference)[0]
-        passed, line = _verdict(wrong)
+        assert verdict_here("02.place", _reference)[0]
+        passed, line = verdict_here("02.place", wrong)
         assert not passed and "device should be None" in line, (seed, line)
 
 
