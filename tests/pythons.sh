@@ -61,8 +61,9 @@ fi
 
 # Installed as a learner installs (README: `PYTHON=python3.12 bash setup.sh`), with the test
 # extra. PIP_COMPILE=0: no .pyc for torch's thousands of files up front (a minute of the
-# install); Python writes those it imports, and the import below writes those of what a rank
-# imports, once: without them two ranks of the first launches each compiled torch's modules.
+# install; pip reads PIP_NO_COMPILE=1 as "compile"); Python writes those it imports, and the
+# import below writes those of what a rank imports, once: without them two ranks of the first
+# launches each compiled torch's modules.
 install() {  # VERSION PYTHON VENV LOG: 0 when the venv is ready
   local v=$1 py=$2 venv=$3 log=$4 t0
   if [ -f "$DIR/$v.ready" ] && [ -x "$venv/bin/python" ]; then
@@ -109,7 +110,10 @@ for v in "$@"; do
       status=1
     fi
   fi
-  [ "${KEEP:-0}" = 1 ] || rm -rf "$venv" "$DIR/$v.ready"
+  # the mark is for the run after --install only: a venv kept (KEEP=1) goes through setup.sh
+  # again next time, as it always did (idempotent), and takes the course's new dependencies
+  rm -f "$DIR/$v.ready"
+  [ "${KEEP:-0}" = 1 ] || rm -rf "$venv"
 done
 [ "$install_only" = 1 ] && exit "$status"
 echo "--- other Pythons ---"
