@@ -308,7 +308,7 @@ def test_neighbours_cannot_starve_or_fill_the_machine(chapter00_class) -> None:
         HONEST: (2, 2, "passed"),
         "filler": (0, 2, "failed"),
     }
-    assert graded.free_after > graded.free_before - 200 * 2**20
+    assert graded.grown < 200 * 2**20
     assert graded.leftovers == [] and graded.sandbox_users == []
     assert graded.cgroups == [] and cgroups_left() == []
 
