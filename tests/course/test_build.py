@@ -252,11 +252,35 @@ def test_a_graded_cell_says_its_cases_were_the_public_ones_except_a_concept_chec
     read as the instructor's verdict. A concept check's questions are everyone's."""
     from ddp_lab.course import build
 
-    for lang, words in (("en", "public cases"), ("zh", "公开测试用例")):
+    for lang, words in (("en", "from the default seed"), ("zh", "由默认种子生成")):
         code = build.notebook_pass_output("05.ring", 5, lang).splitlines()
         assert code[0] == build.grade_pass_line("05.ring", 5, lang) and words in code[1]
         concepts = build.notebook_pass_output("05.concepts", 2, lang)
         assert concepts == build.grade_pass_line("05.concepts", 2, lang)
+
+
+def test_a_self_check_under_another_seed_does_not_call_its_cases_the_default_ones(
+    monkeypatch, capsys
+) -> None:
+    # The note after a pass line says the cases are the default seed's: with
+    # DDP_LAB_GRADE_SEED set they are not, and the line is left out.
+    import torch
+
+    from ddp_lab.course.grading import checkers
+
+    def solved(value: torch.Tensor) -> torch.Tensor:
+        import torch.distributed as dist
+
+        out = value.clone()
+        dist.all_reduce(out)
+        return out / dist.get_world_size()
+
+    checkers.grade("00.average", solved)
+    assert "default seed" in capsys.readouterr().out
+    monkeypatch.setenv("DDP_LAB_GRADE_SEED", "an-instructor-seed")
+    checkers.grade("00.average", solved)
+    out = capsys.readouterr().out
+    assert out.startswith("PASS 00.average") and "default seed" not in out, out
 
 
 def test_build_says_when_nothing_changed_and_refuses_a_chapter_it_has_not(capsys) -> None:

@@ -104,9 +104,14 @@ def load_checkers(grade_ids: Iterable[str] | None = None) -> dict[str, Checker]:
     return REGISTRY
 
 
+def grading_seed() -> str:
+    """``DDP_LAB_GRADE_SEED``, or the default seed (in this file: anyone can run its cases)."""
+    return os.environ.get("DDP_LAB_GRADE_SEED", str(DEFAULT_SEED))
+
+
 def rng_for(grade_id: str) -> random.Random:
     """The hidden cases' generator: depends on the instructor's seed and the exercise."""
-    seed = os.environ.get("DDP_LAB_GRADE_SEED", str(DEFAULT_SEED))
+    seed = grading_seed()
     digest = hashlib.sha256(f"{seed}:{grade_id}".encode()).hexdigest()
     return random.Random(int(digest[:16], 16))
 
@@ -304,18 +309,26 @@ def grade(grade_id: str, *objects: Any) -> None:
     if not passed:
         raise GradeFailed(line)
     print(line)
-    note = public_cases_note(grade_id)
+    note = public_cases_note(grade_id) if grading_seed() == str(DEFAULT_SEED) else ""
     if note:
         print(note)
 
 
 def public_cases_note(grade_id: str, lang: str | None = None) -> str:
-    """The line after a self-check's pass line: the cases came from the public seed, and an
-    instructor's ``ddp-lab grade`` draws others. Empty for a concept check (its questions
-    are the same for everyone)."""
+    """The line after a self-check's pass line under the default seed: every learner can run
+    these cases, and an instructor's ``ddp-lab grade`` draws others. Empty for a concept
+    check (its questions are the same for everyone)."""
     if grade_id.endswith(".concepts"):
         return ""
-    return _t("Checked with the public cases; your instructor grades with other cases.", lang)
+    return default_seed_note(lang)
+
+
+def default_seed_note(lang: str | None = None) -> str:
+    return _t(
+        "These hidden cases come from the default seed, which every learner can run; "
+        "your instructor grades with a seed of their own, so with other cases.",
+        lang,
+    )
 
 
 class GradeFailed(AssertionError):

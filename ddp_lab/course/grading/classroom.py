@@ -24,7 +24,7 @@ Put this file and {release} in CLASSROOM/autograders/ASSIGNMENT/ of your classro
 repository. Runtime block for the assignment: {{"runs-on": "ubuntu-latest", "python": "3.11",
 "apt": ["bubblewrap", "iproute2"]}}. It grades {notebook} of the learner's checkout with
 `ddp-lab grade` against the release beside this file (not the learner's copy) and writes
-./result.json. It runs in the learner's own repository with the public cases: use it for
+./result.json. It runs in the learner's own repository with the default seed's cases: use it for
 feedback with points, and `ddp-lab grade` or Gradescope (the instructor's seed) for marks.
 """
 

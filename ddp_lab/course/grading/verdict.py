@@ -79,9 +79,18 @@ def build_job(
     return {"cells": cells, "lang": lang, "cell_timeout": cell_timeout, "of": total}
 
 
+# What `ddp-lab check` says while an exercise is checked: whose cases (True: the default seed's)
+_CHECKING = {
+    True: N_("Checking {grade_id} with the default seed's hidden cases ..."),
+    False: N_("Checking {grade_id} with the hidden cases of DDP_LAB_GRADE_SEED ..."),
+}
+
+
 def run(request: dict[str, Any]) -> dict[str, Any]:
     """Grade the exercises named in ``request``; see the module docstring."""
-    from ddp_lab.course.grading.checkers import load_checkers
+    from ddp_lab.course.grading.checkers import DEFAULT_SEED, grading_seed, load_checkers
+
+    default = grading_seed() == str(DEFAULT_SEED)
 
     release = nbformat.reads(request["release"], as_version=4)
     sub = nbformat.reads(request["submission"], as_version=4)
@@ -169,9 +178,7 @@ def run(request: dict[str, Any]) -> dict[str, Any]:
                 continue
             grade_id = str(msg.get("graded", ""))
             if grade_id in found and grade_id not in results:
-                progress(
-                    _t("Checking {grade_id} with the public cases ...", lang, grade_id=grade_id)
-                )
+                progress(_t(_CHECKING[default], lang, grade_id=grade_id))
                 handle = RemoteLearner(
                     grade_id,
                     proc.stdin,
