@@ -62,6 +62,10 @@ MESSAGES = {
         "rank {rank}'s parameters are what gradients summed over the ranks give, not "
         "averaged: divide the all-reduced gradients by the world size"
     ),
+    "bucketed_states": N_(
+        "expected parameters equal to a single-process model trained on the full "
+        "batch; rank {rank}: max difference {diff:.3g}"
+    ),
 }
 
 TOL = 1e-9  # float64 models: only summation order may differ from the oracles
@@ -290,11 +294,16 @@ def check_naive_ddp(rng: random.Random, learner: Any) -> Iterator[object]:
                     raise fail(lookup(MESSAGES, "naive_apart", rank=rank, diff=apart), label)
             rank = wrong[0]
             if kind == "shifted":
-                summed = _train_single({**spec, "lr": spec["lr"] * world_size}, world_size)
-                if (states[rank] - summed).abs().max().item() <= TOL:
-                    raise fail(lookup(MESSAGES, "naive_sum", rank=rank), label)
+                _fail_if_summed(states[rank], spec, world_size, rank, label)
             raise fail(lookup(MESSAGES, f"naive_{kind}", rank=rank, diff=diffs[rank]), label)
         yield label
+
+
+def _fail_if_summed(states: Any, spec: dict, world_size: int, rank: int, label: str) -> None:
+    """Gradients summed, not averaged, give one process's run with ``world_size`` times the lr."""
+    summed = _train_single({**spec, "lr": spec["lr"] * world_size}, world_size)
+    if (states - summed).abs().max().item() <= TOL:
+        raise fail(lookup(MESSAGES, "naive_sum", rank=rank), label)
 
 
 def probe_bucketed(
@@ -435,16 +444,6 @@ def check_bucketed(rng: random.Random, learner: Any) -> Iterator[object]:
             states = _states_of(out.get("states"), want, rank, "states", label)
             diff = (states - want).abs().max().item()
             if not diff <= TOL:
-                summed = _train_single({**spec, "lr": spec["lr"] * world_size}, world_size)
-                if (states - summed).abs().max().item() <= TOL:
-                    raise fail(lookup(MESSAGES, "naive_sum", rank=rank), label)
-                raise fail(
-                    _t(
-                        "expected parameters equal to a single-process model trained on the full "
-                        "batch; rank {rank}: max difference {diff:.3g}",
-                        rank=rank,
-                        diff=diff,
-                    ),
-                    label,
-                )
+                _fail_if_summed(states, spec, world_size, rank, label)
+                raise fail(lookup(MESSAGES, "bucketed_states", rank=rank, diff=diff), label)
         yield label
