@@ -50,8 +50,11 @@ export DDP_LAB_STORED_RUNS=1
 # --durations: each run ends with its slowest tests, what to look at when the suite grows.
 pytest=(.venv/bin/python -m pytest -p no:cacheprovider --nbval-lax --nbval-cell-timeout=300
   -p ddp_lab.course.nbcache --nb-cache build/nb-cache -p ddp_lab.course.nbtraces --durations=15)
+# The solution notebooks without the lesson cells they repeat: notebooks/en runs those
+# (tests/solution_cells.py; tests/course/test_solution_cells.py checks that nothing is left out).
+.venv/bin/python tests/solution_cells.py build/solutions-en >/dev/null || exit 1
 if [ "$#" -gt 0 ]; then
-  "${pytest[@]}" tests notebooks solutions/en "$@"
+  "${pytest[@]}" tests notebooks build/solutions-en "$@"
   exit
 fi
 # The other Pythons (DDP_LAB_PYTHONS, below): their venvs (torch's CUDA build from PyPI, GBs to
@@ -94,9 +97,10 @@ done
 #    processes and files (a launch demo's processes by their marker, /dev/shm files that stay,
 #    a checker's own temporary folders, a lab's own namespaces and Slurm jobs):
 #    - every lesson in en, and the rest of tests/course (above);
-#    - every lesson in zh, every solution notebook in en (the zh solutions are the same code
-#      cells, tests/course/test_build.py), and tests/course/test_exercises.py (every graded cell
-#      of an unsolved exercise fails);
+#    - every lesson in zh, every solution notebook in en less the lesson cells it repeats
+#      (build/solutions-en, above; the zh solutions are the same code cells,
+#      tests/course/test_build.py), and tests/course/test_exercises.py (every graded cell of an
+#      unsolved exercise fails);
 #    - the unit tests of the package (tests/runtime with the launcher's nbval notebooks,
 #      tests/parallel, tests/test_*.py);
 #    - tests/cluster: hosts in network namespaces, Slurm, the elastic and preemption runs, each
@@ -106,7 +110,7 @@ done
 #    `set -m`: a job started with & in a script would ignore SIGINT, which a kernel's interrupt is.
 mkdir -p build
 set -m
-{ rc=0; "${pytest[@]}" notebooks/zh solutions/en tests/course/test_exercises.py || rc=$?; echo "test.sh: ended at ${SECONDS} s"; exit "$rc"; } >build/test-zh.log 2>&1 &
+{ rc=0; "${pytest[@]}" notebooks/zh build/solutions-en tests/course/test_exercises.py || rc=$?; echo "test.sh: ended at ${SECONDS} s"; exit "$rc"; } >build/test-zh.log 2>&1 &
 second=$!
 { rc=0; "${pytest[@]}" tests --ignore=tests/cluster --ignore=tests/course --ignore=tests/test_leak_checks.py || rc=$?; echo "test.sh: ended at ${SECONDS} s"; exit "$rc"; } >build/test-unit.log 2>&1 &
 third=$!
@@ -136,7 +140,7 @@ set +m
 "${pytest[@]}" notebooks/en "${course[@]}" || status=$?
 echo "test.sh: ended at ${SECONDS} s"
 wait "$second" || status=$?
-echo "--- notebooks/zh solutions/en tests/course/test_exercises.py (run beside the above) ---"
+echo "--- notebooks/zh build/solutions-en tests/course/test_exercises.py (run beside the above) ---"
 cat build/test-zh.log
 wait "$third" || status=$?
 echo "--- tests without tests/cluster and tests/course (run beside the above) ---"
