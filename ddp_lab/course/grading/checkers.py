@@ -109,6 +109,11 @@ def grading_seed() -> str:
     return os.environ.get("DDP_LAB_GRADE_SEED", str(DEFAULT_SEED))
 
 
+def default_seed() -> bool:
+    """Whether the cases are the default seed's, which every learner can run."""
+    return grading_seed() == str(DEFAULT_SEED)
+
+
 def rng_for(grade_id: str) -> random.Random:
     """The hidden cases' generator: depends on the instructor's seed and the exercise."""
     seed = grading_seed()
@@ -309,7 +314,7 @@ def grade(grade_id: str, *objects: Any) -> None:
     if not passed:
         raise GradeFailed(line)
     print(line)
-    note = public_cases_note(grade_id) if grading_seed() == str(DEFAULT_SEED) else ""
+    note = public_cases_note(grade_id) if default_seed() else ""
     if note:
         print(note)
 

@@ -326,7 +326,7 @@ def _clash(
 def _say_what_runs(n: int, jobs: int, release: Path, lang: str) -> None:
     """The first lines: what is graded, and whose hidden cases (the default seed's are the
     ones learners can run at home: marks want the instructor's own)."""
-    from ddp_lab.course.grading.checkers import DEFAULT_SEED
+    from ddp_lab.course.grading.checkers import default_seed
 
     print(
         _t(
@@ -338,7 +338,7 @@ def _say_what_runs(n: int, jobs: int, release: Path, lang: str) -> None:
         ),
         flush=True,
     )
-    if os.environ.get("DDP_LAB_GRADE_SEED", str(DEFAULT_SEED)) == str(DEFAULT_SEED):
+    if default_seed():
         print(
             _t(
                 "warning: DDP_LAB_GRADE_SEED is not set: these are the default hidden cases, "

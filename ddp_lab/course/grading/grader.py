@@ -279,6 +279,6 @@ def check_main(args: argparse.Namespace) -> int:
     lang, results = graded.lang, graded.results
     print(report.shown(path, report.MAX_TEXT))  # stage 6
     print("\n".join(feedback.report_lines(results, lang)))
-    if checkers.grading_seed() == str(checkers.DEFAULT_SEED):
+    if checkers.default_seed():
         print(checkers.default_seed_note(lang))
     return 0 if results and all(r.status == "passed" for r in results) else 1

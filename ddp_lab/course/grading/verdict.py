@@ -88,9 +88,9 @@ _CHECKING = {
 
 def run(request: dict[str, Any]) -> dict[str, Any]:
     """Grade the exercises named in ``request``; see the module docstring."""
-    from ddp_lab.course.grading.checkers import DEFAULT_SEED, grading_seed, load_checkers
+    from ddp_lab.course.grading.checkers import default_seed, load_checkers
 
-    default = grading_seed() == str(DEFAULT_SEED)
+    default = default_seed()
 
     release = nbformat.reads(request["release"], as_version=4)
     sub = nbformat.reads(request["submission"], as_version=4)
