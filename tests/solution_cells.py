@@ -33,10 +33,9 @@ def reduced(solution: Path, lesson: Path) -> tuple[nbformat.NotebookNode, list[i
     taught = {c.source for c in nbformat.read(lesson, as_version=4).cells if c.cell_type == "code"}
     code = [c for c in nb.cells if c.cell_type == "code"]
     own = [i for i, c in enumerate(code) if c.source not in taught]
-    keep = needed_cells([c.source for c in code], own)
-    if keep is None:  # a cell whose names cannot be known: all of them
-        keep = list(range(len(code)))
-    kept = sorted(set(keep) | set(own))
+    kept = needed_cells([c.source for c in code], own)  # sorted, ``own`` included
+    if kept is None:  # a cell whose names cannot be known: all of them
+        kept = list(range(len(code)))
     nb.cells = [code[i] for i in kept]
     return nb, kept
 

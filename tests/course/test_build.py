@@ -264,21 +264,15 @@ def test_a_self_check_under_another_seed_does_not_call_its_cases_the_default_one
 ) -> None:
     # The note after a pass line says the cases are the default seed's: with
     # DDP_LAB_GRADE_SEED set they are not, and the line is left out.
-    import torch
+    from _solutions import graded_solution
 
     from ddp_lab.course.grading import checkers
 
-    def solved(value: torch.Tensor) -> torch.Tensor:
-        import torch.distributed as dist
-
-        out = value.clone()
-        dist.all_reduce(out)
-        return out / dist.get_world_size()
-
-    checkers.grade("00.average", solved)
+    solved = graded_solution("00.average")  # the released solution's objects
+    checkers.grade("00.average", *solved)
     assert "default seed" in capsys.readouterr().out
     monkeypatch.setenv("DDP_LAB_GRADE_SEED", "an-instructor-seed")
-    checkers.grade("00.average", solved)
+    checkers.grade("00.average", *solved)
     out = capsys.readouterr().out
     assert out.startswith("PASS 00.average") and "default seed" not in out, out
 

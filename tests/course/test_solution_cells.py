@@ -4,16 +4,9 @@ which runs whole."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import nbformat
 import pytest
-
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "tests"))
-
-from solution_cells import reduced, write_all  # noqa: E402
+from solution_cells import ROOT, reduced, write_all  # tests/ is on sys.path, as for conftest
 
 SOLUTIONS = sorted((ROOT / "solutions" / "en").glob("*.ipynb"))
 
