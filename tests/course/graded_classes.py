@@ -15,6 +15,9 @@ and ``chapter05_class`` of tests/conftest.py).
 Each submission still gets a sandbox, a verdict process and ranks of its own: sharing the run
 shares nothing between the submissions that grading does not share in a real class.
 
+Both classes are graded against their release without the lesson's demos
+(``test_grader.sliced``: the cells the graded cells need); no student here goes through them.
+
 The chapter-00 students come in tiers, each added only where what contains it exists:
 ``SAFE`` (graded anywhere, unsandboxed too, as their tests always were), ``SANDBOX`` (needs
 bubblewrap) and ``CONTAINED`` (attacks on shared resources: bubblewrap and cgroups).
@@ -39,6 +42,8 @@ from test_grader import (
     gradebook,
     leftover_processes,
     read,
+    sliced,
+    sliced_release,
     solved,
     with_cell_after_setup,
     write,
@@ -145,7 +150,7 @@ def grade_chapter00(tmp: Path) -> Graded:
 
     sandboxed = sandbox.available()
     contained = sandboxed and isolation.unavailable_reason() is None
-    release = read(RELEASE)
+    release_path, release = sliced_release(RELEASE, tmp / "release")
     subs = tmp / "subs"
     names: list[str] = []
 
@@ -161,7 +166,7 @@ def grade_chapter00(tmp: Path) -> Graded:
     student(HONEST, solved(release))
     student("wrong", solved(release, WRONG))
     student("unsolved", release)  # the released exercise, untouched
-    student("unsolved_zh", read(ROOT / "exercises" / "zh" / NAME))
+    student("unsolved_zh", sliced(read(ROOT / "exercises" / "zh" / NAME)))
     for cheat, cell in CHEATS.items():  # the verdict decided by the learner's own code
         student(cheat, with_cell_after_setup(solved(release, WRONG), cell))
     student("always_equal", solved(release, ALWAYS_EQUAL))
@@ -232,7 +237,7 @@ def grade_chapter00(tmp: Path) -> Graded:
     before = bytes_in_scratch(tmp)
     out = tmp / "out"
     try:
-        assert grade(RELEASE, subs, out, "--cell-timeout", CELL_TIMEOUT, "--jobs", "2") == 0
+        assert grade(release_path, subs, out, "--cell-timeout", CELL_TIMEOUT, "--jobs", "2") == 0
     finally:
         stop.set()
         thread.join()
@@ -268,7 +273,8 @@ def grade_chapter05(tmp: Path) -> Run:
     )
     from test_grading_attacks_verdict import IMPORT_REFERENCE
 
-    path, release, solution = _exercise("05")
+    released, _, solution = _exercise("05")
+    path, release = sliced_release(released, tmp / "release")
     marker = "def ring_all_reduce"
     subs = tmp / "subs"
     write(_with(release, marker, _solution_cell(solution, marker)), subs / "honest.ipynb")

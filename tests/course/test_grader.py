@@ -26,6 +26,7 @@ from hypothesis import strategies as st
 from ddp_lab.course import cli
 from ddp_lab.course.build import grade_pass_line
 from ddp_lab.course.grading import execute, grader, intake
+from ddp_lab.course.grading.needed import needed_cells
 from ddp_lab.course.grading.release import locate
 from ddp_lab.i18n import set_language
 
@@ -63,6 +64,35 @@ def stub_index(nb: nbformat.NotebookNode) -> int:
 
 def graded_index(nb: nbformat.NotebookNode) -> int:
     return next(i for i, c in enumerate(nb.cells) if "grade_id" in c.metadata)
+
+
+def sliced(release: nbformat.NotebookNode) -> nbformat.NotebookNode:
+    """The release with only the code cells its exercise and graded cells need (and the kernel
+    check): ``course.grading.needed``'s slice, what ``ddp-lab check`` runs; markdown kept.
+
+    ``ddp-lab grade`` runs every cell of a submission, the lesson's demos too: chapter 00's
+    launches cost a submission about 10 of its 32 CPU seconds here, and no attack or honest
+    answer of the grading tests goes through them. The classes of those tests are built from
+    this and graded against it; ``test_grade_chapter00_submissions_in_one_call`` grades the
+    release as it is.
+    """
+    code = [i for i, c in enumerate(release.cells) if c.cell_type == "code"]
+    wanted = {"grade", "exercise", "kernel-check"}
+    targets = [
+        k for k, i in enumerate(code) if wanted & set(release.cells[i].metadata.get("tags", []))
+    ]
+    kept = needed_cells([release.cells[i].source for i in code], targets)
+    assert kept is not None, "the graded cells' slice of a release is known"
+    dropped = {code[k] for k in range(len(code))} - {code[k] for k in kept}
+    nb = copy.deepcopy(release)
+    nb.cells = [c for i, c in enumerate(nb.cells) if i not in dropped]
+    return nb
+
+
+def sliced_release(path: Path, folder: Path) -> tuple[Path, nbformat.NotebookNode]:
+    """``sliced`` of the release at ``path``, written under ``folder`` (as its file name)."""
+    nb = sliced(read(path))
+    return write(nb, folder / path.name), nb
 
 
 def solved(release: nbformat.NotebookNode, code: str = SOLUTION) -> nbformat.NotebookNode:
@@ -338,6 +368,21 @@ def test_total_timeout_kills_every_process_the_notebook_started(tmp_path: Path) 
     left = subprocess.run(["pgrep", "-f", f"sleep {marker}"], capture_output=True, text=True)
     assert left.stdout.strip() == ""
     assert leftover_processes() == []
+
+
+def test_the_sliced_release_keeps_what_grading_reads_and_drops_the_demos() -> None:
+    from ddp_lab.course.grading.release import Release
+
+    release = read(RELEASE)
+    cut = sliced(release)
+    ids = [e.grade_id for e in Release.of(release).exercises]
+    assert [e.grade_id for e in Release.of(cut).exercises] == ids == ["00.average", "00.concepts"]
+    sources = [c.source for c in cut.cells if c.cell_type == "code"]
+    assert any("dl.setup()" in s for s in sources)  # what with_cell_after_setup follows
+    assert not any("dl.start(" in s or "def hello(" in s for s in sources)  # the lesson's demos
+    assert [c.source for c in cut.cells if c.cell_type == "markdown"] == [
+        c.source for c in release.cells if c.cell_type == "markdown"
+    ]
 
 
 def test_grade_chapter00_submissions_in_one_call(tmp_path: Path) -> None:

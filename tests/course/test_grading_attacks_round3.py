@@ -22,6 +22,7 @@ from test_grader import (
     gradebook,
     leftover_processes,
     read,
+    sliced_release,
     solved,
     with_cell_after_setup,
     write,
@@ -200,13 +201,13 @@ def test_the_learners_own_waits_do_not_move_the_canary() -> None:
 
 @needs_cgroups
 def test_chapter_00_a_forged_busy_machine_is_the_learners_timeout(tmp_path: Path) -> None:
-    release = read(RELEASE)
+    release_path, release = sliced_release(RELEASE, tmp_path / "release")
     subs = tmp_path / "subs"
     write(solved(release), subs / "honest.ipynb")
     write(solved(release, UNSOLVED_00), subs / "unsolved.ipynb")
     write(with_cell_after_setup(solved(release), SLEEPERS), subs / "sleepers.ipynb")
     out = tmp_path / "out"
-    assert grade(RELEASE, subs, out, "--cell-timeout", "30", "--jobs", "2") == 0
+    assert grade(release_path, subs, out, "--cell-timeout", "30", "--jobs", "2") == 0
     book = gradebook(out)
     assert book[("honest", "00.average")] == (2, 2, "passed")
     assert book[("unsolved", "00.average")][0] == 0
@@ -232,12 +233,17 @@ def test_the_canary_judges_the_stretch_asked_for() -> None:
     used[0] = 0.5
     stalled = sampled(0.5)  # the stalled cell starts after the start-up
     time.sleep(0.3)
+    ran_out = time.monotonic()  # its time runs out; then the teardown's 2 s of CPU
+    used[0] = 2.5
+    sampled(2.5)
     canary.stop()
     assert canary.proc.poll() is not None
-    _, cpu, wall = canary.since(stalled)
-    assert cpu == 0.0 and wall >= 0.3, (cpu, wall)
+    _, cpu, wall = canary.since(stalled, ran_out)
+    assert cpu == 0.0 and wall >= 0.25, (cpu, wall)
+    _, cpu, wall = canary.since(stalled)  # up to the end: the teardown counted
+    assert cpu == 2.0, (cpu, wall)
     _, cpu, wall = canary.since(canary.samples[0][0])  # the whole run
-    assert cpu == 0.5 and wall >= 0.3, (cpu, wall)
+    assert cpu == 2.5 and wall >= 0.3, (cpu, wall)
 
 
 @needs_cgroups
@@ -256,11 +262,11 @@ def test_a_sleeping_cell_on_a_starved_machine_is_the_learners_timeout(
 
     t0 = time.monotonic()
     monkeypatch.setattr(isolation.Canary, "_schedstat", starved_canary)
-    release = read(RELEASE)
+    release_path, release = sliced_release(RELEASE, tmp_path / "release")
     subs = tmp_path / "subs"
     write(with_cell_after_setup(solved(release), "import time\ntime.sleep(3600)"), subs / "s.ipynb")
     out = tmp_path / "out"
-    assert grade(RELEASE, subs, out, "--cell-timeout", "30", "--jobs", "1") == 0
+    assert grade(release_path, subs, out, "--cell-timeout", "30", "--jobs", "1") == 0
     assert gradebook(out)[("s", "00.average")] == (0, 2, "timeout"), gradebook(out)
     assert leftover_processes() == []
 
@@ -270,14 +276,14 @@ def test_learners_results_carry_no_instructor_notes(
 ) -> None:
     import json
 
-    release = read(RELEASE)
+    release_path, release = sliced_release(RELEASE, tmp_path / "release")
     subs = tmp_path / "subs"
     write(solved(release), subs / "honest.ipynb")
     write(solved(release, UNSOLVED_00), subs / "unsolved.ipynb")
     # A machine without cgroups: the grader notes it for the instructor.
     monkeypatch.setattr(isolation, "unavailable_reason", lambda: "a test's machine")
     out = tmp_path / "out"
-    assert grade(RELEASE, subs, out, "--cell-timeout", "60", "--jobs", "2") == 0
+    assert grade(release_path, subs, out, "--cell-timeout", "60", "--jobs", "2") == 0
     book = gradebook(out)
     assert book[("honest", "00.average")] == (2, 2, "passed")
     assert book[("unsolved", "00.average")][0] == 0

@@ -192,13 +192,21 @@ def run_verdict(
             v.get("status") in ("timeout", "timeout-cell") for v in results.values()
         ):
             # Judged on the stretch the timeout is about: from the start of the cell that
-            # stalled (the verdict's clock, this machine's), else the whole run. A cell that
-            # slept on a busy machine is the learner's timeout, however long the start-up
-            # before it took there (its CPU is no sign the stalled cell wanted any).
-            since = answer.get("stalled_since")
-            if type(since) is not float or not started <= since <= time.monotonic():
+            # stalled to when its time ran out (the verdict's clock, this machine's), else
+            # the whole run. A cell that slept on a busy machine is the learner's timeout,
+            # however long the start-up before it took there, and whatever the teardown after
+            # it cost (killing the sandbox, the verdict's own exit: the group's CPU too, and
+            # no sign the stalled cell wanted any).
+            since, until, now = (
+                answer.get("stalled_since"),
+                answer.get("stalled_until"),
+                time.monotonic(),
+            )
+            if type(since) is not float or not started <= since <= now:
                 since = started
-            busy, used, wall = watch.since(since)
+            if type(until) is not float or not since <= until <= now:
+                until = now
+            busy, used, wall = watch.since(since, until)
             if isolation.starved(busy, used, wall):
                 why = _t(
                     "the grading machine was too busy to give this notebook CPU time (it "

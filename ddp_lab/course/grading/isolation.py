@@ -399,14 +399,16 @@ class Canary:
             self.proc.wait()
         return self.since(self.samples[0][0])[0]
 
-    def since(self, t: float) -> tuple[float, float, float]:
+    def since(self, t: float, until: float | None = None) -> tuple[float, float, float]:
         """``(busy, used, wall)`` from the first sample at or after monotonic time ``t`` (the
-        last if none) to the last: the canary's waiting share, the submission's CPU seconds
-        and the wall seconds of that stretch, for ``starved``. At or after, not before: a
-        sample before ``t`` would count up to ``every`` seconds of what ran before it (the
-        start-up's CPU, against a stalled cell that only slept)."""
+        last if none) to the last at or before ``until`` (the last sample without it): the
+        canary's waiting share, the submission's CPU seconds and the wall seconds of that
+        stretch, for ``starved``. Inside, not around: a sample before ``t`` would count up to
+        ``every`` seconds of what ran before it (the start-up's CPU, against a stalled cell
+        that only slept), one after ``until`` what ran after (the sandbox's teardown)."""
         first = min((s for s in self.samples if s[0] >= t), default=self.samples[-1])
-        last = self.samples[-1]
+        inside = [s for s in self.samples if s[0] >= first[0] and (until is None or s[0] <= until)]
+        last = max(inside, default=first)
         ran, waited = last[1] - first[1], last[2] - first[2]
         busy = waited / (ran + waited) if ran + waited > 0 else 0.0
         return busy, last[3] - first[3], last[0] - first[0]

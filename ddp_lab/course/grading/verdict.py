@@ -10,8 +10,9 @@ and answer as JSON on stdin/stdout). That process
    only through ``RemoteLearner``: probes run in the sandbox, results come back as data;
    comparison and verdict here), then lets the runner go on;
 3. kills the sandbox (everything in it) and answers with one result per exercise (and, for
-   a cell past its time limit, when that cell began: ``stalled_since``, the stretch
-   ``execute.run_verdict`` judges starvation on).
+   a cell past its time limit, when that cell began and when its time ran out:
+   ``stalled_since`` and ``stalled_until``, the stretch ``execute.run_verdict`` judges
+   starvation on).
 
 Nothing the learner's code does to its own process (patching ``dl.grade``, the checkers,
 torch, IPython, printing a passing line) reaches this process.
@@ -123,6 +124,7 @@ def run(request: dict[str, Any]) -> dict[str, Any]:
     # past its time limit, the stretch execute.run_verdict judges starvation on.
     cell_started = time.monotonic()
     stalled_since: float | None = None
+    stalled_until = 0.0  # when the stalled cell's time ran out (before this process's teardown)
     current = -1  # the job's cell the runner said it started (its word: shown, never trusted)
     try:
         (work / "job.json").write_text(json.dumps(job), encoding="utf-8")
@@ -157,6 +159,7 @@ def run(request: dict[str, Any]) -> dict[str, Any]:
             if msg is None:  # no message in time: the runner is stuck
                 ended = "timeout" if time.monotonic() >= deadline else "timeout-cell"
                 stalled_since = cell_started if ended == "timeout-cell" else None
+                stalled_until = time.monotonic()
                 break
             if msg.get("flood"):  # a line past the limit: the runner is killed, not read
                 kill_group(proc)
@@ -167,6 +170,7 @@ def run(request: dict[str, Any]) -> dict[str, Any]:
                 break
             if "timeout" in msg:
                 ended, stalled_since = "timeout-cell", cell_started
+                stalled_until = time.monotonic()
                 break
             if msg.get("done"):
                 break
@@ -210,7 +214,11 @@ def run(request: dict[str, Any]) -> dict[str, Any]:
             results.setdefault(grade_id, {"status": ended, **stalled})
         if stalled_since is None:
             return {"results": results}
-        return {"results": results, "stalled_since": stalled_since}
+        return {
+            "results": results,
+            "stalled_since": stalled_since,
+            "stalled_until": stalled_until,
+        }
     finally:
         if proc is not None:
             kill_group(proc)
