@@ -108,6 +108,10 @@ def run(job: dict, proto_in: Any, proto_out: Any) -> None:
         proto_out.flush()
 
     shell = InteractiveShell.instance()
+    # A cell past its time is reported as soon as IPython has it, without formatting its
+    # traceback first (nobody reads it; its CPU would count in the stalled stretch that
+    # execute.run_verdict judges starvation on).
+    shell.set_custom_exc((CellTimeout,), lambda *args, **kwargs: None)
     shell.run_cell(f"import ddp_lab as dl\ndl.setup({job.get('lang', 'en')!r})", silent=True)
     signal.signal(signal.SIGALRM, _on_alarm)
     errors: list[str] = []
