@@ -83,9 +83,9 @@ def sliced(release: nbformat.NotebookNode) -> nbformat.NotebookNode:
     ]
     kept = needed_cells([release.cells[i].source for i in code], targets)
     assert kept is not None, "the graded cells' slice of a release is known"
-    dropped = {code[k] for k in range(len(code))} - {code[k] for k in kept}
+    keep = {code[k] for k in kept}
     nb = copy.deepcopy(release)
-    nb.cells = [c for i, c in enumerate(nb.cells) if i not in dropped]
+    nb.cells = [c for i, c in enumerate(nb.cells) if c.cell_type != "code" or i in keep]
     return nb
 
 

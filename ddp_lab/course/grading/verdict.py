@@ -124,7 +124,6 @@ def run(request: dict[str, Any]) -> dict[str, Any]:
     # past its time limit, the stretch execute.run_verdict judges starvation on.
     cell_started = time.monotonic()
     stalled_since: float | None = None
-    stalled_until = 0.0  # when the stalled cell's time ran out (before this process's teardown)
     current = -1  # the job's cell the runner said it started (its word: shown, never trusted)
     try:
         (work / "job.json").write_text(json.dumps(job), encoding="utf-8")
@@ -159,7 +158,6 @@ def run(request: dict[str, Any]) -> dict[str, Any]:
             if msg is None:  # no message in time: the runner is stuck
                 ended = "timeout" if time.monotonic() >= deadline else "timeout-cell"
                 stalled_since = cell_started if ended == "timeout-cell" else None
-                stalled_until = time.monotonic()
                 break
             if msg.get("flood"):  # a line past the limit: the runner is killed, not read
                 kill_group(proc)
@@ -170,7 +168,6 @@ def run(request: dict[str, Any]) -> dict[str, Any]:
                 break
             if "timeout" in msg:
                 ended, stalled_since = "timeout-cell", cell_started
-                stalled_until = time.monotonic()
                 break
             if msg.get("done"):
                 break
@@ -209,6 +206,8 @@ def run(request: dict[str, Any]) -> dict[str, Any]:
                 proc.stdin.flush()
             except OSError:
                 break
+        # The loop ends where a stalled cell's time ran out (before this process's teardown).
+        stalled_until = time.monotonic()
         stalled = _stalled_cell(job["cells"], current) if ended == "timeout-cell" else {}
         for grade_id in found:
             results.setdefault(grade_id, {"status": ended, **stalled})
